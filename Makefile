@@ -1,0 +1,48 @@
+# limiterd: the multi-region rate limiter.
+SHELL := /bin/bash
+GO ?= go
+BIN := $(CURDIR)/bin
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+RULES ?= examples/rules.yml
+
+.PHONY: run test test-short bench proto lint deps build clean
+
+## run: start limiterd on the embedded in-memory store with the example rules
+run:
+	$(GO) run ./cmd/limiterd --rules.file=$(RULES)
+
+## test: install what the tests need, then vet and run every test with the race detector
+test: deps lint
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## deps: install redis-server (Debian package) when it is missing
+deps:
+	@scripts/install-deps.sh
+
+## build: build the binaries into ./bin
+build:
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+## bench: go test benchmarks and a short load run against a local 3-primary cluster
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./internal/...
+	scripts/loadrun.sh
+
+## proto: regenerate the gRPC code with pinned protoc plugins
+proto:
+	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)
+	GOBIN=$(BIN) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(BIN) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH=$(BIN):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+		$$(find proto -name '*.proto')
+
+## lint: gofmt and go vet
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN)

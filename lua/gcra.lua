@@ -1,0 +1,16 @@
+-- GCRA. State: one integer, the theoretical arrival time (µs). A request of
+-- cost moves it by cost emission intervals and passes when the new value is
+-- within the burst tolerance of now. Reports whole requests remaining.
+local function gcra(key, cap, rate, cost, now)
+  local tolerance = round_us(cap * 1e6 / rate)
+  local tat = tonumber(read_string(key) or now) or now
+  if tat < now then tat = now end
+  local nxt = tat + round_us(cost * 1e6 / rate)
+  local allow_at = nxt - tolerance
+  if allow_at > now then
+    return 0, math.max(math.floor((tolerance - (tat - now)) * rate / 1e6), 0), allow_at - now, tat - now, nil
+  end
+  return 1, math.max(math.floor((tolerance - (nxt - now)) * rate / 1e6), 0), 0, nxt - now, function()
+    redis.call('SET', key, fmt_int(nxt), 'PX', fmt_int(math.ceil((nxt - now) / 1000)))
+  end
+end

@@ -1,0 +1,75 @@
+// Package lua holds the Redis scripts of every algorithm and composes them
+// into the scripts the store loads.
+//
+// Each algorithm file defines one local function with the same signature,
+// take(key, capacity, rate_or_window_us, cost, now) returning allowed,
+// remaining, retry_us, reset_us and, when allowed, a commit function that
+// writes the new state. A script is a clock, the shared helpers, the
+// algorithm and a main part; deciding before writing is what lets one script
+// check several rules all or nothing.
+package lua
+
+import (
+	"embed"
+	"fmt"
+	"strings"
+)
+
+//go:embed *.lua
+var files embed.FS
+
+// Algorithms are the names of the algorithm files, without ".lua".
+var Algorithms = []string{"token_bucket", "gcra", "sliding_window", "sliding_log", "fixed_window"}
+
+// Clock selects how a script reads the time.
+type Clock int
+
+const (
+	// StoreClock reads Redis's TIME: what production scripts use.
+	StoreClock Clock = iota
+	// FixedClock reads the instant (µs) from the last ARGV, for tests that
+	// step through fixed instants.
+	FixedClock
+)
+
+// Single returns the script that checks one rule of the named algorithm:
+// KEYS[1] the bucket, ARGV capacity, rate (tokens/s) or window (µs), cost,
+// and with FixedClock the instant. It replies {allowed, remaining (string),
+// retry_us, reset_us}.
+func Single(algorithm string, clock Clock) (string, error) {
+	alg, err := read(algorithm)
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	b.WriteString(mustRead(clockFile(clock)))
+	b.WriteString(mustRead("lib"))
+	b.WriteString(alg)
+	fmt.Fprintf(&b, "local take = %s\n", algorithm)
+	b.WriteString(mustRead("single"))
+	return b.String(), nil
+}
+
+func clockFile(c Clock) string {
+	if c == FixedClock {
+		return "clock_fixed"
+	}
+	return "clock"
+}
+
+func read(name string) (string, error) {
+	for _, a := range Algorithms {
+		if a == name {
+			return mustRead(name), nil
+		}
+	}
+	return "", fmt.Errorf("no script for algorithm %q", name)
+}
+
+func mustRead(name string) string {
+	b, err := files.ReadFile(name + ".lua")
+	if err != nil {
+		panic("lua: embedded script missing: " + name) // the embed pattern guarantees it
+	}
+	return string(b)
+}

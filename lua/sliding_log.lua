@@ -1,0 +1,31 @@
+-- Sliding window log. State: a sorted set of admitted instants (µs); only
+-- admitted requests are logged, so a flood cannot grow it past the limit.
+-- An entry exactly one window old no longer counts. Members are unique:
+-- the instant and the set's size after the add.
+local function sliding_log(key, cap, w, cost, now)
+  local trimmed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
+  if type(trimmed) == 'table' and trimmed.err then
+    redis.call('DEL', key)
+  end
+  local n = redis.call('ZCARD', key)
+  local newest = now
+  if n > 0 then
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    newest = tonumber(last[2])
+  end
+  if n + cost <= cap then
+    return 1, cap - (n + cost), 0, math.max(newest, now) + w - now, function()
+      local args = {}
+      local score = fmt_int(now)
+      for i = 1, cost do
+        args[#args + 1] = score
+        args[#args + 1] = string.format('%d.%d', now, n + i)
+      end
+      redis.call('ZADD', key, unpack(args))
+      redis.call('PEXPIRE', key, fmt_int(math.ceil((math.max(newest, now) + w - now) / 1000)))
+    end
+  end
+  local i = n + cost - cap - 1
+  local oldest = redis.call('ZRANGE', key, i, i, 'WITHSCORES')
+  return 0, math.max(cap - n, 0), math.max(tonumber(oldest[2]) + w - now, 1), newest + w - now, nil
+end

@@ -1,0 +1,263 @@
+package bucket
+
+import (
+	"math"
+	"time"
+)
+
+// State is the stored state of one bucket or window. The zero value is a
+// full bucket or an empty window. A State is not safe for concurrent use.
+//
+// The layout mirrors what the Lua scripts store in Redis:
+//   - TokenBucket: a = the instant (µs) at which the bucket is full again;
+//   - GCRA: a = the theoretical arrival time (µs);
+//   - SlidingWindow: a = window index, b = current count, c = previous count;
+//   - FixedWindow: a = window index, b = count;
+//   - SlidingLog: log = admitted instants (µs), oldest first.
+type State struct {
+	a   int64
+	b   float64
+	c   float64
+	log []int64
+}
+
+// Take decides a request of cost under l at the instant now (microseconds
+// since the Unix epoch), updating st when the request is allowed. cost must
+// already be normalized (NormalizeCost) and l valid (Validate). It does not
+// allocate, except a SlidingLog growing its log.
+func (l *Limit) Take(st *State, now int64, cost float64) Decision {
+	switch l.Algorithm {
+	case TokenBucket:
+		return l.takeTokenBucket(st, now, cost)
+	case GCRA:
+		return l.takeGCRA(st, now, cost)
+	case SlidingWindow:
+		return l.takeSlidingWindow(st, now, cost)
+	case FixedWindow:
+		return l.takeFixedWindow(st, now, cost)
+	case SlidingLog:
+		return l.takeSlidingLog(st, now, cost)
+	}
+	return Decision{Limit: l.Capacity}
+}
+
+// TakeAt is Take with a time.Time.
+func (l *Limit) TakeAt(st *State, now time.Time, cost float64) Decision {
+	return l.Take(st, now.UnixMicro(), cost)
+}
+
+// ExpiresAt is the instant (µs) after which st holds nothing that a fresh
+// State would not: the bucket is full again or the windows are clear.
+func (l *Limit) ExpiresAt(st *State) int64 {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		return st.a
+	case SlidingWindow:
+		return (st.a + 2) * l.windowMicros()
+	case FixedWindow:
+		return (st.a + 1) * l.windowMicros()
+	case SlidingLog:
+		if n := len(st.log); n > 0 {
+			return st.log[n-1] + l.windowMicros()
+		}
+	}
+	return 0
+}
+
+func (l *Limit) windowMicros() int64 { return l.Window.Microseconds() }
+
+func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
+
+// roundMicros rounds a duration in µs to the nearest whole µs, at least 1:
+// every spend moves the state by at least one microsecond.
+func roundMicros(us float64) int64 {
+	n := int64(math.Floor(us + 0.5))
+	if n < 1 {
+		n = 1
+	}
+	return n
+}
+
+// ceilMicros rounds up, at least 1: a rejection never says "retry now".
+func ceilMicros(us float64) int64 {
+	n := int64(math.Ceil(us))
+	if n < 1 {
+		n = 1
+	}
+	return n
+}
+
+// The token bucket keeps one number: the instant full at which it is full
+// again. Its tokens at now are capacity - (full-now)*rate, which is the lazy
+// refill min(C, tokens + elapsed*rate) without a second field.
+func (l *Limit) takeTokenBucket(st *State, now int64, cost float64) Decision {
+	rate := l.RefillPerSecond
+	full := st.a
+	if full < now {
+		full = now
+	}
+	tokens := l.Capacity - float64(full-now)*rate/1e6
+	if tokens >= cost {
+		full += roundMicros(cost * 1e6 / rate)
+		st.a = full
+		return Decision{
+			Allowed:    true,
+			Remaining:  math.Max(l.Capacity-float64(full-now)*rate/1e6, 0),
+			Limit:      l.Capacity,
+			ResetAfter: micros(full - now),
+		}
+	}
+	return Decision{
+		Remaining:  math.Max(tokens, 0),
+		Limit:      l.Capacity,
+		RetryAfter: micros(ceilMicros((cost - tokens) * 1e6 / rate)),
+		ResetAfter: micros(full - now),
+	}
+}
+
+// GCRA keeps the theoretical arrival time tat; a request of cost moves it by
+// cost emission intervals and passes if the new tat is within the burst
+// tolerance of now.
+func (l *Limit) takeGCRA(st *State, now int64, cost float64) Decision {
+	rate := l.RefillPerSecond
+	tolerance := roundMicros(l.Capacity * 1e6 / rate)
+	tat := st.a
+	if tat < now {
+		tat = now
+	}
+	next := tat + roundMicros(cost*1e6/rate)
+	if allowAt := next - tolerance; allowAt > now {
+		return Decision{
+			Remaining:  math.Max(math.Floor(float64(tolerance-(tat-now))*rate/1e6), 0),
+			Limit:      l.Capacity,
+			RetryAfter: micros(allowAt - now),
+			ResetAfter: micros(tat - now),
+		}
+	}
+	st.a = next
+	return Decision{
+		Allowed:    true,
+		Remaining:  math.Max(math.Floor(float64(tolerance-(next-now))*rate/1e6), 0),
+		Limit:      l.Capacity,
+		ResetAfter: micros(next - now),
+	}
+}
+
+// The sliding window counter estimates the last window's count as
+// previous*(1-f) + current, f the elapsed fraction of the current window.
+func (l *Limit) takeSlidingWindow(st *State, now int64, cost float64) Decision {
+	w := l.windowMicros()
+	idx := now / w
+	f := float64(now-idx*w) / float64(w)
+	var cur, prev float64
+	switch st.a {
+	case idx:
+		cur, prev = st.b, st.c
+	case idx - 1:
+		prev = st.b
+	}
+	// The explicit conversion keeps the compiler from fusing the multiply
+	// and add, which would round differently from the Lua script.
+	est := float64(prev*(1-f)) + cur
+	if est+cost <= l.Capacity {
+		st.a, st.b, st.c = idx, cur+cost, prev
+		return Decision{
+			Allowed:    true,
+			Remaining:  math.Max(l.Capacity-(est+cost), 0),
+			Limit:      l.Capacity,
+			ResetAfter: micros((idx+2)*w - now),
+		}
+	}
+	var at int64
+	if cur+cost <= l.Capacity {
+		// Passes within this window, once the previous one weighs less.
+		at = idx*w + int64(math.Ceil((1-(l.Capacity-cost-cur)/prev)*float64(w)))
+	} else {
+		// Passes in the next window, once this one weighs less.
+		at = (idx+1)*w + int64(math.Ceil((1-(l.Capacity-cost)/cur)*float64(w)))
+	}
+	reset := int64(0)
+	if cur > 0 {
+		reset = (idx+2)*w - now
+	} else if prev > 0 {
+		reset = (idx+1)*w - now
+	}
+	return Decision{
+		Remaining:  math.Max(l.Capacity-est, 0),
+		Limit:      l.Capacity,
+		RetryAfter: micros(max(at-now, 1)),
+		ResetAfter: micros(reset),
+	}
+}
+
+// The fixed window counts per window aligned to the epoch.
+func (l *Limit) takeFixedWindow(st *State, now int64, cost float64) Decision {
+	w := l.windowMicros()
+	idx := now / w
+	var count float64
+	if st.a == idx {
+		count = st.b
+	}
+	end := (idx+1)*w - now
+	if count+cost <= l.Capacity {
+		st.a, st.b = idx, count+cost
+		return Decision{
+			Allowed:    true,
+			Remaining:  math.Max(l.Capacity-(count+cost), 0),
+			Limit:      l.Capacity,
+			ResetAfter: micros(end),
+		}
+	}
+	return Decision{
+		Remaining:  math.Max(l.Capacity-count, 0),
+		Limit:      l.Capacity,
+		RetryAfter: micros(end),
+		ResetAfter: micros(end),
+	}
+}
+
+// The sliding log keeps every admitted instant of the last window; an entry
+// exactly one window old no longer counts.
+func (l *Limit) takeSlidingLog(st *State, now int64, cost float64) Decision {
+	w := l.windowMicros()
+	cut := 0
+	for cut < len(st.log) && st.log[cut] <= now-w {
+		cut++
+	}
+	if cut > 0 {
+		st.log = st.log[:copy(st.log, st.log[cut:])]
+	}
+	n := len(st.log)
+	k := int(cost)
+	if float64(n+k) <= l.Capacity {
+		for range k {
+			st.log = insertSorted(st.log, now)
+		}
+		return Decision{
+			Allowed:    true,
+			Remaining:  l.Capacity - float64(n+k),
+			Limit:      l.Capacity,
+			ResetAfter: micros(st.log[len(st.log)-1] + w - now),
+		}
+	}
+	// The oldest n+k-capacity entries must leave the window first.
+	oldest := st.log[n+k-int(l.Capacity)-1]
+	return Decision{
+		Remaining:  math.Max(l.Capacity-float64(n), 0),
+		Limit:      l.Capacity,
+		RetryAfter: micros(max(oldest+w-now, 1)),
+		ResetAfter: micros(st.log[n-1] + w - now),
+	}
+}
+
+// insertSorted appends t keeping log sorted; t is nearly always the newest.
+func insertSorted(log []int64, t int64) []int64 {
+	i := len(log)
+	for i > 0 && log[i-1] > t {
+		i--
+	}
+	log = append(log, 0)
+	copy(log[i+1:], log[i:])
+	log[i] = t
+	return log
+}

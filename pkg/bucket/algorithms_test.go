@@ -1,0 +1,243 @@
+package bucket
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+)
+
+// t0 is an instant aligned to a whole minute, so window boundaries are known.
+const t0 = int64(1_764_460_800_000_000) // 2025-11-30T00:00:00Z in µs
+
+const sec = int64(1_000_000)
+
+type step struct {
+	at      int64 // µs after t0
+	cost    float64
+	allowed bool
+	// remaining, retry and reset as expected; retry and reset in µs.
+	remaining    float64
+	retry, reset int64
+}
+
+func runSteps(t *testing.T, l Limit, steps []step) {
+	t.Helper()
+	if err := l.Validate(); err != nil {
+		t.Fatalf("limit: %v", err)
+	}
+	var st State
+	for i, s := range steps {
+		d := l.Take(&st, t0+s.at, s.cost)
+		want := Decision{Allowed: s.allowed, Remaining: s.remaining, Limit: l.Capacity,
+			RetryAfter: micros(s.retry), ResetAfter: micros(s.reset)}
+		if d.Allowed != want.Allowed || math.Abs(d.Remaining-want.Remaining) > 1e-9 ||
+			d.RetryAfter != want.RetryAfter || d.ResetAfter != want.ResetAfter || d.Limit != want.Limit {
+			t.Fatalf("step %d (t=+%dµs cost %v):\n got %+v\nwant %+v", i, s.at, s.cost, d, want)
+		}
+	}
+}
+
+func TestAlgorithms(t *testing.T) {
+	tests := []struct {
+		name  string
+		limit Limit
+		steps []step
+	}{
+		{
+			name:  "token bucket burst then refill",
+			limit: Limit{Algorithm: TokenBucket, Capacity: 3, RefillPerSecond: 1},
+			steps: []step{
+				{at: 0, cost: 1, allowed: true, remaining: 2, reset: 1 * sec},
+				{at: 0, cost: 1, allowed: true, remaining: 1, reset: 2 * sec},
+				{at: 0, cost: 1, allowed: true, remaining: 0, reset: 3 * sec},
+				{at: 0, cost: 1, allowed: false, remaining: 0, retry: 1 * sec, reset: 3 * sec},
+				{at: sec / 2, cost: 1, allowed: false, remaining: 0.5, retry: sec / 2, reset: 5 * sec / 2},
+				{at: sec, cost: 1, allowed: true, remaining: 0, reset: 3 * sec},
+				// Fully refilled after an idle period: never above capacity.
+				{at: 100 * sec, cost: 2, allowed: true, remaining: 1, reset: 2 * sec},
+			},
+		},
+		{
+			name:  "token bucket cost above remaining is refused whole",
+			limit: Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 2},
+			steps: []step{
+				{at: 0, cost: 7, allowed: true, remaining: 3, reset: 7 * sec / 2},
+				{at: 0, cost: 4, allowed: false, remaining: 3, retry: sec / 2, reset: 7 * sec / 2},
+				{at: 0, cost: 3, allowed: true, remaining: 0, reset: 5 * sec},
+			},
+		},
+		{
+			name: "token bucket with a rate that does not divide a second",
+			// 1e6/3 µs per token rounds to 333333: three tokens at once
+			// leave 3e-6, never a refusal of the third.
+			limit: Limit{Algorithm: TokenBucket, Capacity: 3, RefillPerSecond: 3},
+			steps: []step{
+				{at: 0, cost: 1, allowed: true, remaining: 3 - 333333*3/1e6, reset: 333333},
+				{at: 0, cost: 1, allowed: true, remaining: 3 - 666666*3/1e6, reset: 666666},
+				{at: 0, cost: 1, allowed: true, remaining: 3 - 999999*3/1e6, reset: 999999},
+				{at: 0, cost: 1, allowed: false, remaining: 3 - 999999*3/1e6, retry: 333333, reset: 999999},
+			},
+		},
+		{
+			name:  "gcra",
+			limit: Limit{Algorithm: GCRA, Capacity: 2, RefillPerSecond: 10},
+			steps: []step{
+				{at: 0, cost: 1, allowed: true, remaining: 1, reset: sec / 10},
+				{at: 0, cost: 1, allowed: true, remaining: 0, reset: 2 * sec / 10},
+				{at: 0, cost: 1, allowed: false, remaining: 0, retry: sec / 10, reset: 2 * sec / 10},
+				{at: sec / 20, cost: 1, allowed: false, remaining: 0, retry: sec / 20, reset: 3 * sec / 20},
+				{at: sec / 10, cost: 1, allowed: true, remaining: 0, reset: 2 * sec / 10},
+				{at: 2 * sec, cost: 2, allowed: true, remaining: 0, reset: 2 * sec / 10},
+			},
+		},
+		{
+			name:  "sliding window weighs the previous window",
+			limit: Limit{Algorithm: SlidingWindow, Capacity: 10, Window: time.Minute},
+			steps: []step{
+				{at: 0, cost: 4, allowed: true, remaining: 6, reset: 120 * sec},
+				{at: 30 * sec, cost: 6, allowed: true, remaining: 0, reset: 90 * sec},
+				{at: 30 * sec, cost: 1, allowed: false, remaining: 0, retry: 36 * sec, reset: 90 * sec},
+				// Next window, f = 0.5: estimate 10*0.5 = 5.
+				{at: 90 * sec, cost: 5, allowed: true, remaining: 0, reset: 90 * sec},
+				// estimate 5+5=10; passes when 10*(1-f)+5+1 <= 10: f >= 0.6.
+				{at: 90 * sec, cost: 1, allowed: false, remaining: 0, retry: 6 * sec, reset: 90 * sec},
+				{at: 96 * sec, cost: 1, allowed: true, remaining: 0, reset: 84 * sec},
+				// Two windows later both counters are gone.
+				{at: 240 * sec, cost: 10, allowed: true, remaining: 0, reset: 120 * sec},
+			},
+		},
+		{
+			name:  "sliding window rejection waits for the next window",
+			limit: Limit{Algorithm: SlidingWindow, Capacity: 4, Window: 10 * time.Second},
+			steps: []step{
+				{at: 0, cost: 4, allowed: true, remaining: 0, reset: 20 * sec},
+				// cur 4 + 2 > 4: in the next window 4*(1-g) <= 2 at g = 0.5.
+				{at: 1 * sec, cost: 2, allowed: false, remaining: 0, retry: 14 * sec, reset: 19 * sec},
+				{at: 15 * sec, cost: 2, allowed: true, remaining: 0, reset: 15 * sec},
+			},
+		},
+		{
+			name:  "fixed window resets at the boundary",
+			limit: Limit{Algorithm: FixedWindow, Capacity: 3, Window: time.Minute},
+			steps: []step{
+				{at: 10 * sec, cost: 2, allowed: true, remaining: 1, reset: 50 * sec},
+				{at: 20 * sec, cost: 2, allowed: false, remaining: 1, retry: 40 * sec, reset: 40 * sec},
+				{at: 20 * sec, cost: 1, allowed: true, remaining: 0, reset: 40 * sec},
+				{at: 59 * sec, cost: 1, allowed: false, remaining: 0, retry: 1 * sec, reset: 1 * sec},
+				{at: 60 * sec, cost: 3, allowed: true, remaining: 0, reset: 60 * sec},
+			},
+		},
+		{
+			name:  "sliding log is exact",
+			limit: Limit{Algorithm: SlidingLog, Capacity: 3, Window: 10 * time.Second},
+			steps: []step{
+				{at: 0, cost: 1, allowed: true, remaining: 2, reset: 10 * sec},
+				{at: 2 * sec, cost: 2, allowed: true, remaining: 0, reset: 10 * sec},
+				{at: 5 * sec, cost: 1, allowed: false, remaining: 0, retry: 5 * sec, reset: 7 * sec},
+				// Cost 2 needs the two entries at +2s to leave.
+				{at: 10 * sec, cost: 2, allowed: false, remaining: 1, retry: 2 * sec, reset: 2 * sec},
+				{at: 10 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
+				{at: 12 * sec, cost: 2, allowed: true, remaining: 0, reset: 10 * sec},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) { runSteps(t, tt.limit, tt.steps) })
+	}
+}
+
+// Over T seconds a token bucket admits at most C + r*T, whatever the pattern.
+func TestTokenBucketBound(t *testing.T) {
+	l := Limit{Algorithm: TokenBucket, Capacity: 50, RefillPerSecond: 7}
+	var st State
+	admitted := 0.0
+	const T = 60 * sec
+	for at := int64(0); at <= T; at += 997 {
+		if d := l.Take(&st, t0+at, 1); d.Allowed {
+			admitted++
+		}
+	}
+	limit := l.Capacity + l.RefillPerSecond*float64(T)/1e6
+	if admitted > limit || admitted < limit-1 {
+		t.Fatalf("admitted %v over 60s, want within [%v, %v]", admitted, limit-1, limit)
+	}
+}
+
+func TestNormalizeCost(t *testing.T) {
+	tb := Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1}
+	log := Limit{Algorithm: SlidingLog, Capacity: 5, Window: time.Second}
+	tests := []struct {
+		name  string
+		limit Limit
+		cost  float64
+		want  float64
+		err   error
+	}{
+		{"zero means one", tb, 0, 1, nil},
+		{"fraction", tb, 0.5, 0.5, nil},
+		{"capacity", tb, 10, 10, nil},
+		{"above capacity", tb, 10.5, 0, ErrInvalidCost},
+		{"negative", tb, -1, 0, ErrInvalidCost},
+		{"NaN", tb, math.NaN(), 0, ErrInvalidCost},
+		{"+Inf", tb, math.Inf(1), 0, ErrInvalidCost},
+		{"-Inf", tb, math.Inf(-1), 0, ErrInvalidCost},
+		{"log whole", log, 2, 2, nil},
+		{"log fraction", log, 1.5, 0, ErrInvalidCost},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.limit.NormalizeCost(tt.cost)
+			if !errors.Is(err, tt.err) || got != tt.want {
+				t.Fatalf("NormalizeCost(%v) = %v, %v; want %v, %v", tt.cost, got, err, tt.want, tt.err)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name  string
+		limit Limit
+		ok    bool
+	}{
+		{"token bucket", Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1}, true},
+		{"token bucket no refill", Limit{Algorithm: TokenBucket, Capacity: 10}, false},
+		{"token bucket NaN refill", Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: math.NaN()}, false},
+		{"token bucket with window", Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1, Window: time.Second}, false},
+		{"gcra", Limit{Algorithm: GCRA, Capacity: 1, RefillPerSecond: 0.5}, true},
+		{"zero capacity", Limit{Algorithm: GCRA, RefillPerSecond: 1}, false},
+		{"infinite capacity", Limit{Algorithm: FixedWindow, Capacity: math.Inf(1), Window: time.Second}, false},
+		{"fixed window", Limit{Algorithm: FixedWindow, Capacity: 100, Window: 24 * time.Hour}, true},
+		{"window too short", Limit{Algorithm: SlidingWindow, Capacity: 100, Window: time.Microsecond}, false},
+		{"window with refill", Limit{Algorithm: SlidingWindow, Capacity: 100, Window: time.Second, RefillPerSecond: 1}, false},
+		{"log", Limit{Algorithm: SlidingLog, Capacity: 20, Window: time.Hour}, true},
+		{"log too large", Limit{Algorithm: SlidingLog, Capacity: MaxLogCapacity + 1, Window: time.Hour}, false},
+		{"log fractional", Limit{Algorithm: SlidingLog, Capacity: 2.5, Window: time.Hour}, false},
+		{"no algorithm", Limit{Capacity: 1, RefillPerSecond: 1}, false},
+		{"unknown algorithm", Limit{Algorithm: "leaky", Capacity: 1, RefillPerSecond: 1}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.limit.Validate()
+			if (err == nil) != tt.ok {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalidLimit) {
+				t.Fatalf("error %v does not wrap ErrInvalidLimit", err)
+			}
+		})
+	}
+}
+
+func TestValidateKey(t *testing.T) {
+	if err := ValidateKey(""); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("empty key: %v", err)
+	}
+	if err := ValidateKey(string(make([]byte, MaxKeyLen+1))); !errors.Is(err, ErrInvalidKey) {
+		t.Fatalf("long key: %v", err)
+	}
+	if err := ValidateKey(string(make([]byte, MaxKeyLen))); err != nil {
+		t.Fatalf("key of MaxKeyLen: %v", err)
+	}
+}

@@ -1,0 +1,177 @@
+// Package bucket defines rate limits, the decisions they make and the stores
+// that hold their state, with a pure-Go implementation of every algorithm.
+//
+// Time is always a parameter: the algorithms take the current instant in
+// microseconds and never read a clock, so tests step through fixed instants.
+// The Lua scripts in the lua directory implement the same arithmetic in the
+// same order, and a conformance test holds the two to identical decisions.
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Algorithm names a rate limiting algorithm.
+type Algorithm string
+
+// The algorithms a Limit can use.
+const (
+	// TokenBucket holds up to Capacity tokens refilled at RefillPerSecond.
+	// Over T seconds it admits at most Capacity + RefillPerSecond*T.
+	TokenBucket Algorithm = "token_bucket"
+	// GCRA is the generic cell rate algorithm: the token bucket's admission
+	// kept as one theoretical arrival time, reporting whole requests left.
+	GCRA Algorithm = "gcra"
+	// SlidingWindow estimates the count of the last Window from the current
+	// and the previous fixed window, weighting the previous one by overlap.
+	SlidingWindow Algorithm = "sliding_window"
+	// SlidingLog keeps the time of every admitted request of the last Window.
+	// It is exact; its memory grows with Capacity, which is capped at MaxLogCapacity.
+	SlidingLog Algorithm = "sliding_log"
+	// FixedWindow counts per window aligned to the Unix epoch. Up to twice
+	// the limit passes around a boundary: use it for daily or monthly quotas.
+	FixedWindow Algorithm = "fixed_window"
+)
+
+// Algorithms lists every algorithm, in a stable order.
+var Algorithms = []Algorithm{TokenBucket, GCRA, SlidingWindow, SlidingLog, FixedWindow}
+
+// MaxLogCapacity caps the limit of a SlidingLog: every admitted request is a
+// member of a sorted set, and a long trim blocks the store.
+const MaxLogCapacity = 1000
+
+// MaxKeyLen is the longest client key, in bytes.
+const MaxKeyLen = 512
+
+// Errors returned for invalid input. Callers test them with errors.Is.
+var (
+	// ErrInvalidCost: a cost that is not finite, not above 0, above the
+	// limit's capacity, or not whole for a SlidingLog.
+	ErrInvalidCost = errors.New("invalid cost")
+	// ErrInvalidKey: an empty key or one longer than MaxKeyLen bytes.
+	ErrInvalidKey = errors.New("invalid key")
+	// ErrInvalidLimit: a Limit whose parameters cannot make decisions.
+	ErrInvalidLimit = errors.New("invalid limit")
+)
+
+// Limit is the budget of one rule. The zero value is not valid: call Validate.
+type Limit struct {
+	// Algorithm decides how the budget is counted.
+	Algorithm Algorithm
+	// Capacity is the burst of a TokenBucket or GCRA and the number of
+	// tokens per Window of the window algorithms.
+	Capacity float64
+	// RefillPerSecond is the refill rate of a TokenBucket or GCRA (> 0).
+	RefillPerSecond float64
+	// Window is the length of a window (at least a millisecond).
+	Window time.Duration
+}
+
+// Validate reports whether l can make decisions; its errors wrap ErrInvalidLimit.
+func (l Limit) Validate() error {
+	if !finitePositive(l.Capacity) {
+		return fmt.Errorf("%w: capacity must be finite and > 0, got %v", ErrInvalidLimit, l.Capacity)
+	}
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		if !finitePositive(l.RefillPerSecond) {
+			return fmt.Errorf("%w: refill_per_second must be finite and > 0, got %v", ErrInvalidLimit, l.RefillPerSecond)
+		}
+		if l.RefillPerSecond > 1e9 || l.Capacity/l.RefillPerSecond > 1e8 {
+			return fmt.Errorf("%w: refill_per_second %v out of range for capacity %v", ErrInvalidLimit, l.RefillPerSecond, l.Capacity)
+		}
+		if l.Window != 0 {
+			return fmt.Errorf("%w: window is not a parameter of %s", ErrInvalidLimit, l.Algorithm)
+		}
+	case SlidingWindow, SlidingLog, FixedWindow:
+		if l.Window < time.Millisecond || l.Window%time.Microsecond != 0 {
+			return fmt.Errorf("%w: window must be a whole number of microseconds, at least 1ms, got %v", ErrInvalidLimit, l.Window)
+		}
+		if l.Window > 366*24*time.Hour {
+			return fmt.Errorf("%w: window must be at most 366 days, got %v", ErrInvalidLimit, l.Window)
+		}
+		if l.RefillPerSecond != 0 {
+			return fmt.Errorf("%w: refill_per_second is not a parameter of %s", ErrInvalidLimit, l.Algorithm)
+		}
+		if l.Algorithm == SlidingLog && (l.Capacity > MaxLogCapacity || l.Capacity != math.Trunc(l.Capacity)) {
+			return fmt.Errorf("%w: a sliding_log limit must be a whole number up to %d, got %v", ErrInvalidLimit, MaxLogCapacity, l.Capacity)
+		}
+	case "":
+		return fmt.Errorf("%w: algorithm is empty", ErrInvalidLimit)
+	default:
+		return fmt.Errorf("%w: unknown algorithm %q", ErrInvalidLimit, string(l.Algorithm))
+	}
+	return nil
+}
+
+// NormalizeCost returns the cost a request spends under l: 0 means 1. It
+// rejects, wrapping ErrInvalidCost, a cost that is NaN, infinite, negative,
+// above the capacity (it could never pass) or, for a SlidingLog, not whole.
+func (l Limit) NormalizeCost(cost float64) (float64, error) {
+	if cost == 0 {
+		cost = 1
+	}
+	// Written so that NaN fails: every comparison with NaN is false.
+	if !(cost > 0) || math.IsInf(cost, 0) {
+		return 0, fmt.Errorf("%w: cost must be finite and > 0, got %v", ErrInvalidCost, cost)
+	}
+	if cost > l.Capacity {
+		return 0, fmt.Errorf("%w: cost %v is above the capacity %v and could never pass", ErrInvalidCost, cost, l.Capacity)
+	}
+	if l.Algorithm == SlidingLog && cost != math.Trunc(cost) {
+		return 0, fmt.Errorf("%w: a sliding_log cost must be whole, got %v", ErrInvalidCost, cost)
+	}
+	return cost, nil
+}
+
+// ValidateKey reports, wrapping ErrInvalidKey, a key that is empty or longer
+// than MaxKeyLen bytes.
+func ValidateKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: key is empty", ErrInvalidKey)
+	}
+	if len(key) > MaxKeyLen {
+		return fmt.Errorf("%w: key is %d bytes, the maximum is %d", ErrInvalidKey, len(key), MaxKeyLen)
+	}
+	return nil
+}
+
+func finitePositive(f float64) bool { return f > 0 && !math.IsInf(f, 0) }
+
+// Decision is the answer to one check. A rejection is a Decision with
+// Allowed false, not an error.
+type Decision struct {
+	// Allowed reports whether the cost was spent.
+	Allowed bool
+	// Remaining is what is left after the decision, never negative.
+	Remaining float64
+	// Limit is the limit's Capacity.
+	Limit float64
+	// RetryAfter is, when rejected, how long until the same cost can pass
+	// (> 0); 0 when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the bucket is full or the window clear.
+	ResetAfter time.Duration
+}
+
+// Request is one check: spend Cost of Limit from the bucket of Key under Rule.
+type Request struct {
+	// Rule is the rule's id; with Key it names the bucket.
+	Rule string
+	// Key is the client the rule counts against.
+	Key string
+	// Limit is the rule's budget.
+	Limit Limit
+	// Cost is the number of tokens to spend, already normalized.
+	Cost float64
+}
+
+// Store decides requests against state it holds. Implementations are safe
+// for concurrent use. Take returns an error only when it could not decide.
+type Store interface {
+	Take(ctx context.Context, req Request) (Decision, error)
+}

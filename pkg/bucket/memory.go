@@ -1,0 +1,112 @@
+package bucket
+
+import (
+	"context"
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+const (
+	memoryShards = 64
+	// memorySweepInterval is how often a shard drops buckets that are full
+	// again or windows that are clear; between sweeps they read as fresh.
+	memorySweepInterval = 10 * time.Second
+)
+
+// Memory is a Store that keeps state in this process: the embedded default
+// of a single limiterd and the local fallback when the shared store is down.
+// Its memory is bounded by the buckets active within their expiry. It is
+// safe for concurrent use; the zero value is not usable: call NewMemory.
+type Memory struct {
+	now    func() time.Time
+	seed   maphash.Seed
+	shards [memoryShards]memoryShard
+}
+
+type memoryShard struct {
+	mu        sync.Mutex
+	buckets   map[bucketID]*memoryEntry
+	nextSweep int64
+}
+
+type bucketID struct{ rule, key string }
+
+type memoryEntry struct {
+	st      State
+	expires int64
+}
+
+// MemoryOption configures a Memory.
+type MemoryOption func(*Memory)
+
+// WithClock makes a Memory read time from now instead of time.Now.
+func WithClock(now func() time.Time) MemoryOption {
+	return func(m *Memory) { m.now = now }
+}
+
+// NewMemory returns an empty in-process store.
+func NewMemory(opts ...MemoryOption) *Memory {
+	m := &Memory{now: time.Now, seed: maphash.MakeSeed()}
+	for _, o := range opts {
+		o(m)
+	}
+	for i := range m.shards {
+		m.shards[i].buckets = make(map[bucketID]*memoryEntry)
+	}
+	return m
+}
+
+// Take decides req against the bucket of (req.Rule, req.Key). It never
+// returns an error.
+func (m *Memory) Take(_ context.Context, req Request) (Decision, error) {
+	return m.take(m.now().UnixMicro(), req), nil
+}
+
+func (m *Memory) take(now int64, req Request) Decision {
+	id := bucketID{req.Rule, req.Key}
+	sh := &m.shards[maphash.String(m.seed, req.Key)%memoryShards]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if now >= sh.nextSweep {
+		sh.sweep(now)
+	}
+	e := sh.buckets[id]
+	if e != nil && e.expires <= now {
+		e.st = State{log: e.st.log[:0]}
+	}
+	if e == nil {
+		var fresh State
+		d := req.Limit.Take(&fresh, now, req.Cost)
+		if d.Allowed {
+			sh.buckets[id] = &memoryEntry{st: fresh, expires: req.Limit.ExpiresAt(&fresh)}
+		}
+		return d
+	}
+	d := req.Limit.Take(&e.st, now, req.Cost)
+	if d.Allowed {
+		e.expires = req.Limit.ExpiresAt(&e.st)
+	}
+	return d
+}
+
+func (sh *memoryShard) sweep(now int64) {
+	for id, e := range sh.buckets {
+		if e.expires <= now {
+			delete(sh.buckets, id)
+		}
+	}
+	sh.nextSweep = now + memorySweepInterval.Microseconds()
+}
+
+// Len returns the number of buckets held, expired ones not yet swept included.
+func (m *Memory) Len() int {
+	n := 0
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += len(sh.buckets)
+		sh.mu.Unlock()
+	}
+	return n
+}

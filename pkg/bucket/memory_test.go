@@ -1,0 +1,145 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+type fakeClock struct{ us atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.UnixMicro(c.us.Load()) }
+func (c *fakeClock) advance(d time.Duration) { c.us.Add(d.Microseconds()) }
+
+func TestMemoryConcurrentExact(t *testing.T) {
+	m := NewMemory()
+	lim := Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1e-6}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := m.Take(context.Background(), Request{Rule: "r", Key: "k", Limit: lim, Cost: 1})
+			if err != nil {
+				t.Error(err)
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 10 {
+		t.Fatalf("admitted %d of 50, want exactly 10", got)
+	}
+}
+
+func TestMemoryKeysAndRulesAreSeparate(t *testing.T) {
+	c := &fakeClock{}
+	c.us.Store(t0)
+	m := NewMemory(WithClock(c.now))
+	lim := Limit{Algorithm: FixedWindow, Capacity: 1, Window: time.Minute}
+	for _, req := range []Request{{Rule: "a", Key: "k"}, {Rule: "b", Key: "k"}, {Rule: "a", Key: "j"}} {
+		req.Limit, req.Cost = lim, 1
+		if d, _ := m.Take(context.Background(), req); !d.Allowed {
+			t.Fatalf("%+v: first request refused", req)
+		}
+		if d, _ := m.Take(context.Background(), req); d.Allowed {
+			t.Fatalf("%+v: second request allowed", req)
+		}
+	}
+}
+
+func TestMemoryExpiresIdleBuckets(t *testing.T) {
+	c := &fakeClock{}
+	c.us.Store(t0)
+	m := NewMemory(WithClock(c.now))
+	lim := Limit{Algorithm: TokenBucket, Capacity: 2, RefillPerSecond: 1}
+	ctx := context.Background()
+	for i := range 100 {
+		if d, _ := m.Take(ctx, Request{Rule: "r", Key: fmt.Sprint(i), Limit: lim, Cost: 1}); !d.Allowed {
+			t.Fatalf("key %d refused", i)
+		}
+	}
+	if n := m.Len(); n != 100 {
+		t.Fatalf("Len = %d, want 100", n)
+	}
+	// Rejections store nothing.
+	if d, _ := m.Take(ctx, Request{Rule: "r", Key: "big", Limit: lim, Cost: 2}); !d.Allowed {
+		t.Fatal("cost 2 refused on a full bucket")
+	}
+	c.advance(memorySweepInterval + time.Second)
+	// Touch every shard once, so each one sweeps.
+	touched, added := map[uint64]bool{}, 0
+	for i := 0; len(touched) < memoryShards; i++ {
+		key := fmt.Sprint("x", i)
+		if sh := maphash.String(m.seed, key) % memoryShards; !touched[sh] {
+			touched[sh] = true
+			added++
+			m.Take(ctx, Request{Rule: "other", Key: key, Limit: lim, Cost: 1})
+		}
+	}
+	if n := m.Len(); n != added {
+		t.Fatalf("after the sweep Len = %d, want %d (only the new buckets)", n, added)
+	}
+}
+
+func BenchmarkLimitTake(b *testing.B) {
+	for _, alg := range []Limit{
+		{Algorithm: TokenBucket, Capacity: 1e9, RefillPerSecond: 1e6},
+		{Algorithm: GCRA, Capacity: 1e9, RefillPerSecond: 1e6},
+		{Algorithm: SlidingWindow, Capacity: 1e12, Window: time.Minute},
+		{Algorithm: FixedWindow, Capacity: 1e12, Window: time.Minute},
+	} {
+		b.Run(string(alg.Algorithm), func(b *testing.B) {
+			var st State
+			now := t0
+			b.ReportAllocs()
+			for b.Loop() {
+				now++
+				alg.Take(&st, now, 1)
+			}
+		})
+	}
+}
+
+// BenchmarkMemoryTake is one in-memory decision through the Store: the
+// embedded default's cost per check.
+func BenchmarkMemoryTake(b *testing.B) {
+	m := NewMemory()
+	ctx := context.Background()
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%d", i)
+	}
+	lim := Limit{Algorithm: TokenBucket, Capacity: 1e9, RefillPerSecond: 1e6}
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		i++
+		m.Take(ctx, Request{Rule: "api", Key: keys[i&1023], Limit: lim, Cost: 1})
+	}
+}
+
+func BenchmarkMemoryTakeParallel(b *testing.B) {
+	m := NewMemory()
+	keys := make([]string, 1024)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("client-%d", i)
+	}
+	lim := Limit{Algorithm: TokenBucket, Capacity: 1e9, RefillPerSecond: 1e6}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		i := 0
+		for pb.Next() {
+			i++
+			m.Take(ctx, Request{Rule: "api", Key: keys[i&1023], Limit: lim, Cost: 1})
+		}
+	})
+}
