@@ -1,0 +1,135 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/lua"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// conformanceLimits covers every algorithm, with parameters that make
+// rounding matter (rates that do not divide a second, fractional costs).
+var conformanceLimits = []bucket.Limit{
+	{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 3},
+	{Algorithm: bucket.TokenBucket, Capacity: 2.5, RefillPerSecond: 0.7},
+	{Algorithm: bucket.GCRA, Capacity: 5, RefillPerSecond: 7},
+	{Algorithm: bucket.SlidingWindow, Capacity: 12, Window: 3 * time.Second},
+	{Algorithm: bucket.SlidingLog, Capacity: 6, Window: 2 * time.Second},
+	{Algorithm: bucket.FixedWindow, Capacity: 8, Window: time.Second},
+}
+
+// TestConformance runs one table of (time, cost) steps against the Go
+// algorithms and the Lua scripts on a real cluster, and requires the same
+// decisions at every step, and an expiry on every key a script wrote.
+func TestConformance(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+
+	for li, lim := range conformanceLimits {
+		t.Run(fmt.Sprintf("%s/%d", lim.Algorithm, li), func(t *testing.T) {
+			src, err := lua.Single(string(lim.Algorithm), lua.FixedClock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			script := redis.NewScript(src)
+			rng := rand.New(rand.NewPCG(uint64(li), 42))
+			// The fake clock starts at the real one and only runs ahead of
+			// it, so real expiry never removes state the algorithm needs.
+			now := time.Now().UnixMicro()
+			key := Key(fmt.Sprintf("conf%d", li), "client")
+			var st bucket.State
+			allowed, refused := 0, 0
+			for step := range 400 {
+				switch rng.IntN(4) {
+				case 0: // same instant
+				case 1:
+					now += rng.Int64N(1000)
+				case 2:
+					now += rng.Int64N(400_000)
+				case 3:
+					now += rng.Int64N(3_000_000)
+				}
+				cost := []float64{1, 1, 1, 2, 3}[rng.IntN(5)]
+				if lim.Algorithm != bucket.SlidingLog && rng.IntN(4) == 0 {
+					cost = 0.25 + float64(rng.IntN(8))/4
+				}
+				if cost > lim.Capacity {
+					cost = 1
+				}
+				want := lim.Take(&st, now, cost)
+				argv := append(args(lim, cost), strconv.FormatInt(now, 10))
+				res, err := script.Run(ctx, client, []string{key}, argv...).Slice()
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				got, err := parseDecision(res, lim.Capacity)
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				if got != want {
+					t.Fatalf("step %d at %d cost %v:\n  lua %+v\n   go %+v", step, now, cost, got, want)
+				}
+				if got.Allowed {
+					allowed++
+					ttl, err := client.PTTL(ctx, key).Result()
+					if err != nil || ttl <= 0 {
+						t.Fatalf("step %d: key written without an expiry: ttl %v, %v", step, ttl, err)
+					}
+				} else {
+					refused++
+				}
+			}
+			if allowed == 0 || refused == 0 {
+				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused", allowed, refused)
+			}
+		})
+	}
+}
+
+// TestStoreExpiry checks the expiry the production scripts set against
+// DESIGN: a bucket expires when it would be full again, a fixed window at its
+// end, a sliding window two windows on, a log one window after its newest entry.
+func TestStoreExpiry(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	ctx := context.Background()
+	s, err := New(ctx, Options{Addrs: c.Addrs(), Timeout: time.Second}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	tests := []struct {
+		lim      bucket.Limit
+		cost     float64
+		min, max time.Duration
+	}{
+		{bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 10}, 30, 2900 * time.Millisecond, 3 * time.Second},
+		{bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 10}, 5, 400 * time.Millisecond, 500 * time.Millisecond},
+		{bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 100, Window: time.Hour}, 1, time.Millisecond, time.Hour},
+		{bucket.Limit{Algorithm: bucket.SlidingWindow, Capacity: 100, Window: time.Hour}, 1, time.Hour, 2 * time.Hour},
+		{bucket.Limit{Algorithm: bucket.SlidingLog, Capacity: 10, Window: time.Minute}, 1, 59 * time.Second, time.Minute},
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.lim.Algorithm), func(t *testing.T) {
+			req := bucket.Request{Rule: "ttl-" + string(tt.lim.Algorithm), Key: "client{1}", Limit: tt.lim, Cost: tt.cost}
+			d, err := s.Take(ctx, req)
+			if err != nil || !d.Allowed {
+				t.Fatalf("Take = %+v, %v", d, err)
+			}
+			ttl, err := s.Client().PTTL(ctx, Key(req.Rule, req.Key)).Result()
+			if err != nil || ttl < tt.min || ttl > tt.max {
+				t.Fatalf("PTTL = %v (%v), want within [%v, %v]", ttl, err, tt.min, tt.max)
+			}
+		})
+	}
+}
