@@ -44,6 +44,9 @@ var Algorithms = []Algorithm{TokenBucket, GCRA, SlidingWindow, SlidingLog, Fixed
 // member of a sorted set, and a long trim blocks the store.
 const MaxLogCapacity = 1000
 
+// MaxRefillPerSecond is the highest refill rate of a TokenBucket or GCRA.
+const MaxRefillPerSecond = 1_000_000
+
 // MaxKeyLen is the longest client key, in bytes.
 const MaxKeyLen = 512
 
@@ -74,36 +77,42 @@ type Limit struct {
 // Validate reports whether l can make decisions; its errors wrap ErrInvalidLimit.
 func (l Limit) Validate() error {
 	if !finitePositive(l.Capacity) {
-		return fmt.Errorf("%w: capacity must be finite and > 0, got %v", ErrInvalidLimit, l.Capacity)
+		return limitErr("capacity", "capacity must be finite and > 0, got %v", l.Capacity)
 	}
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
 		if !finitePositive(l.RefillPerSecond) {
-			return fmt.Errorf("%w: refill_per_second must be finite and > 0, got %v", ErrInvalidLimit, l.RefillPerSecond)
+			return limitErr("refill_per_second", "refill_per_second must be finite and > 0, got %v", l.RefillPerSecond)
 		}
-		if l.RefillPerSecond > 1e9 || l.Capacity/l.RefillPerSecond > 1e8 {
-			return fmt.Errorf("%w: refill_per_second %v out of range for capacity %v", ErrInvalidLimit, l.RefillPerSecond, l.Capacity)
+		// The state moves by at least 1µs per spend, so a unit cost can
+		// refill at most a million times a second; and a bucket must fill
+		// within about three years, its longest expiry.
+		if l.RefillPerSecond > MaxRefillPerSecond {
+			return limitErr("refill_per_second", "refill_per_second must be at most %g, got %v", float64(MaxRefillPerSecond), l.RefillPerSecond)
+		}
+		if l.Capacity/l.RefillPerSecond > 1e8 {
+			return limitErr("refill_per_second", "refill_per_second %v fills capacity %v in over 1e8 seconds", l.RefillPerSecond, l.Capacity)
 		}
 		if l.Window != 0 {
-			return fmt.Errorf("%w: window is not a parameter of %s", ErrInvalidLimit, l.Algorithm)
+			return limitErr("window", "window is not a parameter of %s", l.Algorithm)
 		}
 	case SlidingWindow, SlidingLog, FixedWindow:
 		if l.Window < time.Millisecond || l.Window%time.Microsecond != 0 {
-			return fmt.Errorf("%w: window must be a whole number of microseconds, at least 1ms, got %v", ErrInvalidLimit, l.Window)
+			return limitErr("window", "window must be a whole number of microseconds, at least 1ms, got %v", l.Window)
 		}
 		if l.Window > 366*24*time.Hour {
-			return fmt.Errorf("%w: window must be at most 366 days, got %v", ErrInvalidLimit, l.Window)
+			return limitErr("window", "window must be at most 366 days, got %v", l.Window)
 		}
 		if l.RefillPerSecond != 0 {
-			return fmt.Errorf("%w: refill_per_second is not a parameter of %s", ErrInvalidLimit, l.Algorithm)
+			return limitErr("refill_per_second", "refill_per_second is not a parameter of %s", l.Algorithm)
 		}
 		if l.Algorithm == SlidingLog && (l.Capacity > MaxLogCapacity || l.Capacity != math.Trunc(l.Capacity)) {
-			return fmt.Errorf("%w: a sliding_log limit must be a whole number up to %d, got %v", ErrInvalidLimit, MaxLogCapacity, l.Capacity)
+			return limitErr("capacity", "a sliding_log limit must be a whole number up to %d, got %v", MaxLogCapacity, l.Capacity)
 		}
 	case "":
-		return fmt.Errorf("%w: algorithm is empty", ErrInvalidLimit)
+		return limitErr("algorithm", "algorithm is empty")
 	default:
-		return fmt.Errorf("%w: unknown algorithm %q", ErrInvalidLimit, string(l.Algorithm))
+		return limitErr("algorithm", "unknown algorithm %q", string(l.Algorithm))
 	}
 	return nil
 }
@@ -138,6 +147,24 @@ func ValidateKey(key string) error {
 		return fmt.Errorf("%w: key is %d bytes, the maximum is %d", ErrInvalidKey, len(key), MaxKeyLen)
 	}
 	return nil
+}
+
+// LimitError is the error of Validate: which field of a Limit is wrong and
+// why. It wraps ErrInvalidLimit.
+type LimitError struct {
+	// Field is the rule file's name of the field: capacity,
+	// refill_per_second, window or algorithm.
+	Field string
+	Msg   string
+}
+
+func (e *LimitError) Error() string { return fmt.Sprintf("%v: %s", ErrInvalidLimit, e.Msg) }
+
+// Unwrap returns ErrInvalidLimit.
+func (e *LimitError) Unwrap() error { return ErrInvalidLimit }
+
+func limitErr(field, format string, args ...any) error {
+	return &LimitError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
 func finitePositive(f float64) bool { return f > 0 && !math.IsInf(f, 0) }

@@ -1,0 +1,165 @@
+// Package rules loads and validates the rule set limiterd enforces.
+package rules
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// OnFailure says what a rule does when the store cannot decide.
+type OnFailure string
+
+const (
+	// FailOpen decides from a local in-memory bucket sized limit / fleet size.
+	FailOpen OnFailure = "open"
+	// FailClosed refuses: gRPC UNAVAILABLE, HTTP 503.
+	FailClosed OnFailure = "closed"
+)
+
+// ErrInvalid wraps every error about the content of a rules file.
+var ErrInvalid = errors.New("invalid rules")
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// Rule is one configured rule, as written in a rules file.
+type Rule struct {
+	// ID names the rule in checks, keys and metrics.
+	ID string `yaml:"id"`
+	// Algorithm defaults to token_bucket.
+	Algorithm bucket.Algorithm `yaml:"algorithm"`
+	// Capacity is the burst of a token bucket or GCRA; Limit the count per
+	// window of the window algorithms. Either name is accepted, not both.
+	Capacity *float64 `yaml:"capacity"`
+	Limit    *float64 `yaml:"limit"`
+	// RefillPerSecond is the refill rate of a token bucket or GCRA.
+	RefillPerSecond float64 `yaml:"refill_per_second"`
+	// Window is the window of the window algorithms, e.g. "1m", "24h".
+	Window Duration `yaml:"window"`
+	// OnFailure defaults to open.
+	OnFailure OnFailure `yaml:"on_failure"`
+
+	limit bucket.Limit
+}
+
+// Bucket returns the rule's validated limit.
+func (r *Rule) Bucket() bucket.Limit { return r.limit }
+
+// Duration is a time.Duration written as a Go duration string ("90s", "1h").
+type Duration time.Duration
+
+// UnmarshalYAML parses a duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// Set is a validated rule set. It is immutable and safe for concurrent use.
+type Set struct {
+	rules []*Rule
+	byID  map[string]*Rule
+}
+
+// Get returns the rule with id, or nil.
+func (s *Set) Get(id string) *Rule { return s.byID[id] }
+
+// Rules returns the rules in file order.
+func (s *Set) Rules() []*Rule { return s.rules }
+
+type file struct {
+	Rules []Rule `yaml:"rules"`
+}
+
+// Load reads and validates a rules file.
+func Load(path string) (*Set, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes a rules file strictly (unknown keys are errors) and
+// validates every rule. Errors name the file, the rule and the field.
+func Parse(name string, data []byte) (*Set, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var f file
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s: %w: the file is empty", name, ErrInvalid)
+		}
+		return nil, fmt.Errorf("%s: %w: %v", name, ErrInvalid, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: %w: more than one YAML document", name, ErrInvalid)
+	}
+	if len(f.Rules) == 0 {
+		return nil, fmt.Errorf("%s: %w: rules: no rules", name, ErrInvalid)
+	}
+	s := &Set{byID: make(map[string]*Rule, len(f.Rules))}
+	for i := range f.Rules {
+		r := &f.Rules[i]
+		if err := r.validate(); err != nil {
+			return nil, fmt.Errorf("%s: %w: rules[%d] (id %q): %v", name, ErrInvalid, i, r.ID, err)
+		}
+		if s.byID[r.ID] != nil {
+			return nil, fmt.Errorf("%s: %w: rules[%d]: id: %q is used twice", name, ErrInvalid, i, r.ID)
+		}
+		s.byID[r.ID] = r
+		s.rules = append(s.rules, r)
+	}
+	return s, nil
+}
+
+func (r *Rule) validate() error {
+	if !idPattern.MatchString(r.ID) {
+		return fmt.Errorf("id: must match %s", idPattern)
+	}
+	if r.Algorithm == "" {
+		r.Algorithm = bucket.TokenBucket
+	}
+	switch {
+	case r.Capacity != nil && r.Limit != nil:
+		return errors.New("capacity and limit: give one, not both")
+	case r.Capacity == nil && r.Limit == nil:
+		return errors.New("capacity: missing (or limit, for a window)")
+	}
+	capacity, field := r.Capacity, "capacity"
+	if capacity == nil {
+		capacity, field = r.Limit, "limit"
+	}
+	switch r.OnFailure {
+	case "":
+		r.OnFailure = FailOpen
+	case FailOpen, FailClosed:
+	default:
+		return fmt.Errorf("on_failure: must be open or closed, got %q", r.OnFailure)
+	}
+	r.limit = bucket.Limit{Algorithm: r.Algorithm, Capacity: *capacity, RefillPerSecond: r.RefillPerSecond, Window: time.Duration(r.Window)}
+	if err := r.limit.Validate(); err != nil {
+		var le *bucket.LimitError
+		if errors.As(err, &le) && le.Field != "capacity" {
+			field = le.Field
+		}
+		return fmt.Errorf("%s: %w", field, err)
+	}
+	return nil
+}
