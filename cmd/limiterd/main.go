@@ -1,0 +1,46 @@
+// Command limiterd answers rate limit checks over gRPC from its region's
+// Redis Cluster, or from an embedded in-memory store when none is given.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/limiterd/limiterd/internal/limiterd"
+	"github.com/limiterd/limiterd/internal/logging"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	fs := flag.NewFlagSet("limiterd", flag.ContinueOnError)
+	var opts limiterd.Options
+	opts.RegisterFlags(fs)
+	var logOpts logging.Options
+	logOpts.RegisterFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "limiterd: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	logger, err := logging.New(os.Stderr, logOpts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "limiterd:", err)
+		return 2
+	}
+	opts.Logger = logger
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := limiterd.Run(ctx, opts); err != nil {
+		logger.Error("limiterd failed", slog.Any("err", err))
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,253 @@
+// Package limiterd is the limiterd daemon: the gRPC check API over a Redis
+// Cluster store (or the embedded in-memory one), its HTTP endpoints and its
+// life cycle. Tests run it in-process with New, Start and Stop.
+package limiterd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// Daemon is one limiterd. Make it with New, then Start and Stop it once.
+type Daemon struct {
+	opts     Options
+	log      *slog.Logger
+	registry *prometheus.Registry
+	checker  *checker
+	redis    *redisstore.Store
+
+	grpcServer *grpc.Server
+	health     *health.Server
+	httpServer *http.Server
+	grpcLis    net.Listener
+	httpLis    net.Listener
+	ready      atomic.Bool
+	served     chan error
+}
+
+// New validates opts and loads the rules; it starts nothing.
+func New(opts Options) (*Daemon, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	set, err := rules.Load(opts.RulesFile)
+	if err != nil {
+		return nil, fmt.Errorf("--rules.file: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	d := &Daemon{
+		opts:     opts,
+		log:      opts.Logger.With("region", opts.Region),
+		registry: reg,
+		checker:  &checker{fallback: bucket.NewMemory(), m: m},
+		served:   make(chan error, 2),
+	}
+	d.checker.log = d.log
+	d.checker.rules.Store(newTable(set, opts.FleetSize, m.decisions))
+	return d, nil
+}
+
+// Registry is the daemon's metrics registry.
+func (d *Daemon) Registry() *prometheus.Registry { return d.registry }
+
+// Start connects the store and starts serving. It returns once both
+// listeners accept connections.
+func (d *Daemon) Start(ctx context.Context) error {
+	if len(d.opts.RedisAddrs) == 0 {
+		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
+			"store", "memory")
+		d.checker.store = bucket.NewMemory()
+	} else {
+		d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
+		ro := redisstore.Options{Addrs: d.opts.RedisAddrs, Username: d.opts.RedisUsername,
+			Timeout: d.opts.RedisTimeout, PoolSize: d.opts.RedisPoolSize}
+		if d.opts.RedisPasswordFile != "" {
+			b, err := os.ReadFile(d.opts.RedisPasswordFile)
+			if err != nil {
+				return fmt.Errorf("--redis.password-file: %w", err)
+			}
+			ro.Password = strings.TrimSpace(string(b))
+		}
+		if d.opts.RedisTLS {
+			ro.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		s, err := redisstore.New(connectCtx, ro, d.registry)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("--redis.addrs: %w", err)
+		}
+		d.redis = s
+		d.checker.store = s
+	}
+
+	var gopts []grpc.ServerOption
+	if d.opts.TLSCertFile != "" {
+		tc, err := serverTLS(d.opts.TLSCertFile, d.opts.TLSKeyFile, d.opts.TLSClientCAFile)
+		if err != nil {
+			d.closeStore()
+			return err
+		}
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
+	}
+	d.grpcServer = grpc.NewServer(gopts...)
+	limiterv1.RegisterLimiterServer(d.grpcServer, &limiterService{c: d.checker})
+	d.health = health.NewServer()
+	healthpb.RegisterHealthServer(d.grpcServer, d.health)
+	reflection.Register(d.grpcServer)
+
+	var err error
+	if d.grpcLis, err = net.Listen("tcp", d.opts.GRPCAddress); err != nil {
+		d.closeStore()
+		return fmt.Errorf("--grpc.listen-address: %w", err)
+	}
+	if d.httpLis, err = net.Listen("tcp", d.opts.HTTPAddress); err != nil {
+		d.grpcLis.Close()
+		d.closeStore()
+		return fmt.Errorf("--http.listen-address: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	// Readiness does not follow the store: a limiterd whose store is down
+	// still answers (fail-open rules locally), and taking every instance
+	// out of service would turn a store outage into an API outage.
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !d.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	d.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	go func() { d.served <- d.grpcServer.Serve(d.grpcLis) }()
+	go func() {
+		if err := d.httpServer.Serve(d.httpLis); !errors.Is(err, http.ErrServerClosed) {
+			d.served <- err
+		}
+	}()
+	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	d.health.SetServingStatus(limiterv1.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	d.ready.Store(true)
+	d.log.Info("limiterd serving", "grpc", d.grpcLis.Addr().String(), "http", d.httpLis.Addr().String(),
+		"rules", len(d.checker.rules.Load().byID))
+	return nil
+}
+
+// GRPCAddr is the gRPC listener's address, once started.
+func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
+
+// HTTPAddr is the HTTP listener's address, once started.
+func (d *Daemon) HTTPAddr() string { return d.httpLis.Addr().String() }
+
+// Stop drains the daemon: readiness turns false first, then after the
+// shutdown delay the listeners close and in-flight checks finish, for at
+// most the grace period, before the store connections close.
+func (d *Daemon) Stop(ctx context.Context) error {
+	if d.grpcServer == nil {
+		return nil
+	}
+	d.ready.Store(false)
+	d.health.Shutdown()
+	d.log.Info("draining", "delay", d.opts.ShutdownDelay, "grace_period", d.opts.GracePeriod)
+	select {
+	case <-time.After(d.opts.ShutdownDelay):
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() {
+		d.grpcServer.GracefulStop()
+		close(stopped)
+	}()
+	grace := time.NewTimer(d.opts.GracePeriod)
+	defer grace.Stop()
+	select {
+	case <-stopped:
+	case <-grace.C:
+		d.log.Warn("grace period over, cancelling the remaining checks")
+		d.grpcServer.Stop()
+		<-stopped
+	}
+	httpCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err := errors.Join(d.httpServer.Shutdown(httpCtx), d.closeStore())
+	d.log.Info("stopped")
+	return err
+}
+
+func (d *Daemon) closeStore() error {
+	if d.redis == nil {
+		return nil
+	}
+	return d.redis.Close()
+}
+
+// Run starts a daemon and serves until ctx ends or a server fails, then
+// drains it.
+func Run(ctx context.Context, opts Options) error {
+	d, err := New(opts)
+	if err != nil {
+		return err
+	}
+	if err := d.Start(ctx); err != nil {
+		return err
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-d.served:
+	}
+	return errors.Join(serveErr, d.Stop(context.Background()))
+}
+
+func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc.tls-cert-file, --grpc.tls-key-file: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCAFile != "" {
+		pem, err := os.ReadFile(clientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("--grpc.tls-client-ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--grpc.tls-client-ca-file: %s holds no PEM certificate", clientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}

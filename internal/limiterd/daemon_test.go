@@ -1,0 +1,327 @@
+package limiterd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// startDaemon runs a limiterd in-process on loopback ports.
+func startDaemon(t testing.TB, redisAddrs []string, mutate ...func(*Options)) *Daemon {
+	t.Helper()
+	opts := Options{
+		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0",
+		RulesFile: "testdata/rules.yml", RedisAddrs: redisAddrs,
+		RedisTimeout: time.Second, Logger: quietLogger(),
+	}
+	for _, m := range mutate {
+		m(&opts)
+	}
+	d, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop(context.Background()) })
+	return d
+}
+
+func dial(t testing.TB, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+func TestCheckValidation(t *testing.T) {
+	d := startDaemon(t, nil)
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	tests := []struct {
+		name string
+		req  *limiterv1.CheckRequest
+		code codes.Code
+		// field is the field the error message must name.
+		field string
+	}{
+		{"valid", &limiterv1.CheckRequest{RuleId: "tb", Key: "k"}, codes.OK, ""},
+		{"unknown rule", &limiterv1.CheckRequest{RuleId: "nope", Key: "k"}, codes.NotFound, "rule_id"},
+		{"empty rule", &limiterv1.CheckRequest{Key: "k"}, codes.NotFound, "rule_id"},
+		{"empty key", &limiterv1.CheckRequest{RuleId: "tb"}, codes.InvalidArgument, "key"},
+		{"long key", &limiterv1.CheckRequest{RuleId: "tb", Key: strings.Repeat("k", 513)}, codes.InvalidArgument, "key"},
+		{"key of 512 bytes", &limiterv1.CheckRequest{RuleId: "tb", Key: strings.Repeat("k", 512)}, codes.OK, ""},
+		{"NaN cost", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: math.NaN()}, codes.InvalidArgument, "cost"},
+		{"+Inf cost", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: math.Inf(1)}, codes.InvalidArgument, "cost"},
+		{"-Inf cost", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: math.Inf(-1)}, codes.InvalidArgument, "cost"},
+		{"negative cost", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: -1}, codes.InvalidArgument, "cost"},
+		{"cost above capacity", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: 11}, codes.InvalidArgument, "cost"},
+		{"fractional log cost", &limiterv1.CheckRequest{RuleId: "log", Key: "k", Cost: 1.5}, codes.InvalidArgument, "cost"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := client.Check(context.Background(), tt.req)
+			if got := status.Code(err); got != tt.code {
+				t.Fatalf("code = %v (%v), want %v", got, err, tt.code)
+			}
+			if err != nil && !strings.HasPrefix(status.Convert(err).Message(), tt.field+":") {
+				t.Fatalf("message %q does not start with the field %q", status.Convert(err).Message(), tt.field)
+			}
+			if err == nil && (!resp.Allowed || resp.Limit != 10) {
+				t.Fatalf("resp = %v", resp)
+			}
+		})
+	}
+}
+
+func TestCheckResponse(t *testing.T) {
+	d := startDaemon(t, nil)
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	ctx := context.Background()
+	for i := range 3 {
+		resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "log", Key: "u"})
+		if err != nil || !resp.Allowed || resp.Remaining != float64(2-i) || resp.RuleId != "log" {
+			t.Fatalf("check %d: %v, %v", i, resp, err)
+		}
+	}
+	resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "log", Key: "u"})
+	if err != nil || resp.Allowed || resp.RetryAfterMs <= 0 || resp.RetryAfterMs > 3600_000 || resp.ResetAfterMs <= 0 {
+		t.Fatalf("4th check: %v, %v; want a rejection with 0 < retry_after_ms <= 1h", resp, err)
+	}
+}
+
+// TestRaceTwoInstances: 50 concurrent clients through two limiterd
+// instances on one 3-primary cluster against a 10-token bucket admit
+// exactly 10, run after run.
+func TestRaceTwoInstances(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	a := startDaemon(t, c.Addrs())
+	b := startDaemon(t, c.Addrs())
+	clients := []limiterv1.LimiterClient{
+		limiterv1.NewLimiterClient(dial(t, a.GRPCAddr())),
+		limiterv1.NewLimiterClient(dial(t, b.GRPCAddr())),
+	}
+	for run := range 3 {
+		key := fmt.Sprintf("race-%d", run)
+		var admitted, failed atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i := range 50 {
+			wg.Go(func() {
+				<-start
+				resp, err := clients[i%2].Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: key})
+				switch {
+				case err != nil:
+					failed.Add(1)
+					t.Error(err)
+				case resp.Allowed:
+					admitted.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		t.Logf("run %d: %d of 50 admitted", run, admitted.Load())
+		if admitted.Load() != 10 || failed.Load() != 0 {
+			t.Fatalf("run %d: admitted %d, failed %d; want exactly 10 admitted", run, admitted.Load(), failed.Load())
+		}
+	}
+}
+
+// TestStoreDown: with every Redis node stopped, fail-open rules decide from
+// the local bucket and fail-closed rules answer UNAVAILABLE; with Redis back,
+// decisions come from the store again.
+func TestStoreDown(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 200 * time.Millisecond })
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	ctx := context.Background()
+	if _, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	c.StopAll()
+	allowed := 0
+	for range 6 {
+		resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "open", Key: "k"})
+		if err != nil {
+			t.Fatalf("fail-open rule: %v", err)
+		}
+		if resp.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 4 {
+		t.Fatalf("fail-open rule admitted %d of 6 locally, want its limit 4", allowed)
+	}
+	_, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("fail-closed rule with the store down: %v, want Unavailable", err)
+	}
+	c.StartAll()
+	c.WaitHealthy(t)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"})
+		if err == nil {
+			// The cluster restarted empty (no persistence): a fresh bucket.
+			if !resp.Allowed {
+				t.Fatalf("after recovery: %v", resp)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("store still failing 15s after it came back: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	body := scrape(t, d)
+	for _, want := range []string{
+		`limiter_decisions_total{result="fallback_allowed",rule="open"} 4`,
+		`limiter_decisions_total{result="fallback_limited",rule="open"} 2`,
+		`limiter_decisions_total{result="error",rule="closed"}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
+
+func scrape(t *testing.T, d *Daemon) string {
+	t.Helper()
+	resp, err := http.Get("http://" + d.HTTPAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func TestMetricsLint(t *testing.T) {
+	d := startDaemon(t, nil)
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	problems, err := promlint.NewWithMetricFamilies(mustGather(t, d)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	body := scrape(t, d)
+	for _, name := range []string{"limiter_decisions_total", "limiter_check_duration_seconds_bucket", "limiter_invalid_requests_total"} {
+		if !strings.Contains(body, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestMetricsLintRedis(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	d := startDaemon(t, c.Addrs())
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	problems, err := promlint.NewWithMetricFamilies(mustGather(t, d)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
+	if body := scrape(t, d); !strings.Contains(body, `limiter_store_script_duration_seconds_count{script="token_bucket"} 1`) {
+		t.Errorf("no store script duration recorded")
+	}
+}
+
+// TestDrain: on Stop, readiness and gRPC health turn false first, checks
+// are still answered during the shutdown delay, then the daemon stops.
+func TestDrain(t *testing.T) {
+	d := startDaemon(t, nil, func(o *Options) { o.ShutdownDelay = 500 * time.Millisecond; o.GracePeriod = time.Second })
+	cc := dial(t, d.GRPCAddr())
+	client := limiterv1.NewLimiterClient(cc)
+	ready := func() int {
+		resp, err := http.Get("http://" + d.HTTPAddr() + "/readyz")
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := ready(); got != http.StatusOK {
+		t.Fatalf("readyz before Stop = %d", got)
+	}
+	stopped := make(chan error)
+	go func() { stopped <- d.Stop(context.Background()) }()
+	deadline := time.Now().Add(400 * time.Millisecond)
+	for ready() != http.StatusServiceUnavailable {
+		if time.Now().After(deadline) {
+			t.Fatal("readyz still OK after Stop began")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	h, err := healthpb.NewHealthClient(cc).Check(context.Background(), &healthpb.HealthCheckRequest{})
+	if err != nil || h.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("gRPC health while draining: %v, %v", h, err)
+	}
+	if _, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"}); err != nil {
+		t.Fatalf("check during the shutdown delay: %v", err)
+	}
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stop did not return within the delay and the grace period")
+	}
+	if _, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"}); err == nil {
+		t.Fatal("check answered after Stop")
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	tests := []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"no rules", Options{}, "--rules.file"},
+		{"missing rules file", Options{RulesFile: "testdata/nope.yml"}, "--rules.file"},
+		{"bad region", Options{RulesFile: "testdata/rules.yml", Region: "US East"}, "--region"},
+		{"bad fleet", Options{RulesFile: "testdata/rules.yml", FleetSize: -2}, "--fleet.size"},
+		{"half TLS", Options{RulesFile: "testdata/rules.yml", TLSCertFile: "x.pem"}, "--grpc.tls-key-file"},
+		{"redis auth without redis", Options{RulesFile: "testdata/rules.yml", RedisUsername: "u"}, "--redis.addrs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.opts.Logger = quietLogger()
+			_, err := New(tt.opts)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,153 @@
+package limiterd
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+)
+
+// Defaults of the flags.
+const (
+	DefaultGRPCAddress   = "127.0.0.1:8081"
+	DefaultHTTPAddress   = "127.0.0.1:9091"
+	DefaultRegion        = "local"
+	DefaultGracePeriod   = 10 * time.Second
+	DefaultShutdownDelay = 0
+	DefaultFleetSize     = 1
+)
+
+var regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// Options configure a Daemon. Fields left zero take the defaults above.
+type Options struct {
+	// GRPCAddress is the check API's listen address; port 0 picks one.
+	GRPCAddress string
+	// HTTPAddress serves /metrics, /healthz and /readyz.
+	HTTPAddress string
+	// TLSCertFile and TLSKeyFile enable TLS on the gRPC listener;
+	// TLSClientCAFile also requires client certificates signed by it (mTLS).
+	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+
+	// RedisAddrs are the Redis Cluster seed nodes (or one standalone
+	// server). Empty: the embedded in-memory store.
+	RedisAddrs []string
+	// RedisUsername and RedisPasswordFile authenticate to Redis.
+	RedisUsername, RedisPasswordFile string
+	// RedisTLS connects to Redis over TLS.
+	RedisTLS bool
+	// RedisTimeout bounds each store call.
+	RedisTimeout time.Duration
+	// RedisPoolSize is the connection pool size per node (0: go-redis's default).
+	RedisPoolSize int
+
+	// RulesFile is the YAML rules file.
+	RulesFile string
+	// Region is this instance's region name.
+	Region string
+	// FleetSize is the number of limiterd instances sharing a region's
+	// limits: a fail-open rule decides locally with limit / FleetSize.
+	FleetSize int
+
+	// ShutdownDelay is how long the daemon stays up, not ready, before it
+	// stops accepting checks, so load balancers see it leave.
+	ShutdownDelay time.Duration
+	// GracePeriod bounds how long in-flight checks may take to finish.
+	GracePeriod time.Duration
+
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// RegisterFlags defines the daemon's flags on fs, writing into o.
+func (o *Options) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", DefaultGRPCAddress, "address of the gRPC check API")
+	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
+	fs.StringVar(&o.TLSCertFile, "grpc.tls-cert-file", "", "TLS certificate of the gRPC listener (PEM)")
+	fs.StringVar(&o.TLSKeyFile, "grpc.tls-key-file", "", "TLS private key of the gRPC listener (PEM)")
+	fs.StringVar(&o.TLSClientCAFile, "grpc.tls-client-ca-file", "", "CA bundle that client certificates must chain to (enables mTLS)")
+	fs.Func("redis.addrs", "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)", func(s string) error {
+		o.RedisAddrs = nil
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.RedisAddrs = append(o.RedisAddrs, a)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
+	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
+	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
+	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "deadline of one store call")
+	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")
+	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
+	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
+	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules decide locally with limit / fleet.size")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
+	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
+}
+
+func (o *Options) setDefaults() {
+	if o.GRPCAddress == "" {
+		o.GRPCAddress = DefaultGRPCAddress
+	}
+	if o.HTTPAddress == "" {
+		o.HTTPAddress = DefaultHTTPAddress
+	}
+	if o.Region == "" {
+		o.Region = DefaultRegion
+	}
+	if o.FleetSize == 0 {
+		o.FleetSize = DefaultFleetSize
+	}
+	if o.GracePeriod == 0 {
+		o.GracePeriod = DefaultGracePeriod
+	}
+	if o.RedisTimeout == 0 {
+		o.RedisTimeout = redisstore.DefaultTimeout
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// validate reports every bad option, each naming its flag.
+func (o *Options) validate() error {
+	var errs []error
+	if o.RulesFile == "" {
+		errs = append(errs, errors.New("--rules.file: required"))
+	}
+	if !regionPattern.MatchString(o.Region) {
+		errs = append(errs, fmt.Errorf("--region: %q must match %s", o.Region, regionPattern))
+	}
+	if o.FleetSize < 1 {
+		errs = append(errs, fmt.Errorf("--fleet.size: must be at least 1, got %d", o.FleetSize))
+	}
+	if o.RedisTimeout < 0 || o.RedisTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("--redis.timeout: must be in (0, 1m], got %v", o.RedisTimeout))
+	}
+	if o.RedisPoolSize < 0 {
+		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))
+	}
+	if o.GracePeriod < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown.grace-period: must be >= 0, got %v", o.GracePeriod))
+	}
+	if o.ShutdownDelay < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown.delay: must be >= 0, got %v", o.ShutdownDelay))
+	}
+	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
+		errs = append(errs, errors.New("--grpc.tls-cert-file and --grpc.tls-key-file: give both or neither"))
+	}
+	if o.TLSClientCAFile != "" && o.TLSCertFile == "" {
+		errs = append(errs, errors.New("--grpc.tls-client-ca-file: needs --grpc.tls-cert-file and --grpc.tls-key-file"))
+	}
+	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS) {
+		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls: need --redis.addrs"))
+	}
+	return errors.Join(errs...)
+}
