@@ -12,11 +12,13 @@ import (
 	"syscall"
 
 	"github.com/limiterd/limiterd/internal/loadgen"
+	"github.com/limiterd/limiterd/lua"
 )
 
 type options struct {
-	load loadgen.Options
-	json bool
+	load        loadgen.Options
+	json        bool
+	printScript string
 }
 
 func main() { os.Exit(run()) }
@@ -26,6 +28,7 @@ func run() int {
 	fs := flag.NewFlagSet("limiterbench", flag.ContinueOnError)
 	opts.load.RegisterFlags(fs)
 	fs.BoolVar(&opts.json, "json", false, "print the result as JSON instead of a table")
+	fs.StringVar(&opts.printScript, "print-script", "", "print limiterd's Lua script of this algorithm (for redis-benchmark) and exit")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -35,6 +38,15 @@ func run() int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "limiterbench: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if opts.printScript != "" {
+		src, err := lua.Single(opts.printScript, lua.StoreClock)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "limiterbench: --print-script: %v\n", err)
+			return 2
+		}
+		fmt.Print(src)
+		return 0
 	}
 	if err := opts.load.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "limiterbench: %v\n", err)

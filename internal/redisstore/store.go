@@ -82,6 +82,9 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, 
 		client = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs: opts.Addrs, Username: opts.Username, Password: opts.Password, TLSConfig: opts.TLS,
 			PoolSize: opts.PoolSize, ContextTimeoutEnabled: true,
+			// go-redis refreshes its slot map on MOVED, not when a primary
+			// stops answering: reload often, so a failover costs seconds.
+			ClusterStateReloadInterval: time.Second,
 			// A check is retried by its caller, not here: a retry spends
 			// the latency budget and can double-spend a script that ran.
 			MaxRetries: -1,

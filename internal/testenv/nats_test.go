@@ -1,0 +1,108 @@
+package testenv_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+func connect(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Timeout(time.Second))
+	if err != nil {
+		t.Fatalf("connect %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream: %v", err)
+	}
+	return nc, js
+}
+
+func TestNATSRestartKeepsStreams(t *testing.T) {
+	s := testenv.NATS(t)
+	ctx := t.Context()
+	url := s.URL()
+
+	nc, js := connect(t, url)
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:     "SPEND",
+		Subjects: []string{"spend.>"},
+		Storage:  jetstream.FileStorage,
+	})
+	if err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:   "reconciler",
+		AckPolicy: jetstream.AckExplicitPolicy,
+	}); err != nil {
+		t.Fatalf("create consumer: %v", err)
+	}
+	if _, err := js.Publish(ctx, "spend.eu", []byte("hello"), jetstream.WithMsgID("m1")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	nc.Close()
+
+	// An outage: clients cannot connect until the restart.
+	s.Shutdown()
+	if nc, err := nats.Connect(url, nats.Timeout(time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("connect succeeds after Shutdown")
+	}
+	s.Restart(t)
+	if got := s.URL(); got != url {
+		t.Fatalf("URL() = %s after Restart, want %s", got, url)
+	}
+
+	_, js = connect(t, url)
+	stream, err = js.Stream(ctx, "SPEND")
+	if err != nil {
+		t.Fatalf("stream after restart: %v", err)
+	}
+	if n := stream.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("stream holds %d messages after restart, want 1", n)
+	}
+	raw, err := stream.GetMsg(ctx, 1)
+	if err != nil || string(raw.Data) != "hello" {
+		t.Fatalf("GetMsg(1) = %v, %v; want hello", raw, err)
+	}
+
+	// The durable consumer survived, with its position.
+	cons, err := stream.Consumer(ctx, "reconciler")
+	if err != nil {
+		t.Fatalf("consumer after restart: %v", err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
+	if err != nil {
+		t.Fatalf("fetch: %v", err)
+	}
+	var got []string
+	for msg := range batch.Messages() {
+		got = append(got, string(msg.Data()))
+		if err := msg.Ack(); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
+		t.Fatalf("fetch: %v", err)
+	}
+	if len(got) != 1 || got[0] != "hello" {
+		t.Fatalf("fetched %q, want [hello]", got)
+	}
+
+	// So did the duplicate window.
+	ack, err := js.Publish(ctx, "spend.eu", []byte("hello"), jetstream.WithMsgID("m1"))
+	if err != nil {
+		t.Fatalf("publish again: %v", err)
+	}
+	if !ack.Duplicate {
+		t.Error("republishing message m1 after restart was not detected as a duplicate")
+	}
+}

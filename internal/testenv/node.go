@@ -1,0 +1,250 @@
+package testenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// startTimeout bounds the wait for a new redis-server to accept connections.
+const startTimeout = 10 * time.Second
+
+// errPortInUse says a redis-server could not bind its port (or bus port)
+// because another process took it first.
+var errPortInUse = errors.New("port already in use")
+
+// Node is one redis-server process started by RedisNode or RedisCluster.
+// It keeps its port, directory and configuration file across Stop and Start.
+//
+// Addr, Pid and Stop are safe for concurrent use. Start reports a failure
+// with Fatalf on the test that created the node, so call it from that test's
+// goroutine. A Node is only made by this package.
+type Node struct {
+	t      testing.TB
+	server string // path of redis-server
+	dir    string
+	port   int
+
+	mu   sync.Mutex
+	proc *process // nil while stopped
+}
+
+// process is one run of a Node.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once cmd.Wait returned
+	err  error         // the result of cmd.Wait, set before done is closed
+}
+
+// RedisNode starts one standalone (non-cluster) redis-server on a free
+// loopback port and stops it when the test ends. It skips the test when
+// redis-server is missing, or fails it if CI is true.
+func RedisNode(t testing.TB) *Node {
+	t.Helper()
+	server := lookBinary(t, "redis-server")
+	n, err := newNode(t, server, t.TempDir(), false)
+	if err != nil {
+		t.Fatalf("testenv: start redis-server: %v", err)
+	}
+	t.Cleanup(n.Stop)
+	return n
+}
+
+// newNode starts a redis-server whose files live in dir, picking another
+// port when the first one was taken. It does not register any cleanup.
+func newNode(t testing.TB, server, dir string, cluster bool) (*Node, error) {
+	var lastErr error
+	for range 5 {
+		port, err := reservePort(cluster)
+		if err != nil {
+			return nil, err
+		}
+		// A failed attempt may have left a nodes.conf naming the old port.
+		if err := os.RemoveAll(dir); err != nil {
+			return nil, err
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		n := &Node{t: t, server: server, dir: dir, port: port}
+		if err := n.writeConfig(cluster); err != nil {
+			return nil, err
+		}
+		p, err := n.spawn(t.Context())
+		if err == nil {
+			n.proc = p
+			return n, nil
+		}
+		if !errors.Is(err, errPortInUse) {
+			return nil, err
+		}
+		lastErr = err
+	}
+	return nil, lastErr
+}
+
+// writeConfig writes the node's redis.conf. Persistence is off: a restarted
+// node comes back empty (a cluster node keeps its identity in nodes.conf).
+func (n *Node) writeConfig(cluster bool) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "port %d\n", n.port)
+	b.WriteString("bind 127.0.0.1\n")
+	b.WriteString("daemonize no\n")
+	fmt.Fprintf(&b, "dir %q\n", n.dir)
+	fmt.Fprintf(&b, "logfile %q\n", n.logPath())
+	b.WriteString("save \"\"\n")
+	b.WriteString("appendonly no\n")
+	b.WriteString("repl-diskless-sync-delay 0\n")
+	if cluster {
+		b.WriteString("cluster-enabled yes\n")
+		b.WriteString("cluster-config-file nodes.conf\n")
+		b.WriteString("cluster-node-timeout 2000\n")
+	}
+	return os.WriteFile(n.confPath(), []byte(b.String()), 0o644)
+}
+
+func (n *Node) confPath() string   { return filepath.Join(n.dir, "redis.conf") }
+func (n *Node) logPath() string    { return filepath.Join(n.dir, "redis.log") }
+func (n *Node) outputPath() string { return filepath.Join(n.dir, "output.log") }
+
+// Addr returns the node's address, "127.0.0.1:port". It does not change
+// across Stop and Start.
+func (n *Node) Addr() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(n.port))
+}
+
+// Pid returns the process id of the running redis-server, or 0 while the
+// node is stopped.
+func (n *Node) Pid() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc == nil {
+		return 0
+	}
+	return n.proc.cmd.Process.Pid
+}
+
+// Stop kills the node's redis-server (SIGKILL, as in a crash) and waits for
+// it to exit. Stopping a stopped node does nothing.
+func (n *Node) Stop() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc == nil {
+		return
+	}
+	n.proc.kill()
+	n.proc = nil
+}
+
+// Start restarts a stopped node on the same port with the same directory
+// and configuration file, so a cluster node rejoins its cluster with its old
+// identity, though without data. It returns once the server accepts
+// connections; use Cluster.WaitHealthy to wait for the cluster. Starting a
+// running node does nothing.
+func (n *Node) Start() {
+	n.t.Helper()
+	if err := n.start(); err != nil {
+		n.t.Fatalf("testenv: restart redis-server %s: %v", n.Addr(), err)
+	}
+}
+
+func (n *Node) start() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.proc != nil {
+		return nil
+	}
+	p, err := n.spawn(n.t.Context())
+	if err != nil {
+		return err
+	}
+	n.proc = p
+	return nil
+}
+
+// running reports whether the node was started and not stopped since.
+func (n *Node) running() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.proc != nil
+}
+
+// spawn starts redis-server and waits until the process it started (not some
+// other server on the same port) answers.
+func (n *Node) spawn(ctx context.Context) (*process, error) {
+	out, err := os.OpenFile(n.outputPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(n.server, n.confPath())
+	cmd.Dir = n.dir
+	cmd.Stdout = out
+	cmd.Stderr = out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		out.Close()
+		close(p.done)
+	}()
+
+	pid := strconv.Itoa(cmd.Process.Pid)
+	deadline := time.Now().Add(startTimeout)
+	for {
+		select {
+		case <-p.done:
+			tail := n.logTail()
+			if strings.Contains(tail, "already in use") {
+				return nil, fmt.Errorf("%s: %w\n%s", n.Addr(), errPortInUse, tail)
+			}
+			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%v)\n%s", n.Addr(), p.err, tail)
+		default:
+		}
+		info, err := command(ctx, n.Addr(), "INFO", "server")
+		if err == nil && infoField(info, "process_id") == pid {
+			return p, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			p.kill()
+			return nil, fmt.Errorf("%s: redis-server not answering after %v (last: %v)\n%s", n.Addr(), startTimeout, err, n.logTail())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be reaped.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill() // fails only when the process is already gone
+	<-p.done
+}
+
+// logTail returns the last lines of the node's log and output files.
+func (n *Node) logTail() string {
+	const lines = 15
+	var b strings.Builder
+	for _, path := range []string{n.logPath(), n.outputPath()} {
+		data, err := os.ReadFile(path)
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+		if len(all) > lines {
+			all = all[len(all)-lines:]
+		}
+		fmt.Fprintf(&b, "--- %s (last %d lines)\n%s\n", path, len(all), strings.Join(all, "\n"))
+	}
+	return b.String()
+}

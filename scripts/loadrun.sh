@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A bounded load run on loopback: a 3-primary Redis Cluster, one limiterd on
+# it, and limiterbench at concurrency 1, 16 and 64, each next to the gRPC
+# health check on the same server (the transport ceiling); then
+# redis-benchmark's EVALSHA ceiling of the same token bucket script on one
+# standalone node. Stops everything it started, by pid, when it ends.
+#
+#   scripts/loadrun.sh                 # 5 s per run
+#   LOAD_DURATION=20s scripts/loadrun.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+duration=${LOAD_DURATION:-5s}
+concurrencies=${LOAD_CONCURRENCY:-"1 16 64"}
+base=${LOAD_PORT_BASE:-17300}
+work=$(mktemp -d)
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+	scripts/redis-cluster.sh stop "$work/cluster" || true
+	if [ -f "$work/single/redis.pid" ]; then kill "$(cat "$work/single/redis.pid")" 2>/dev/null || true; fi
+	rm -rf "$work"
+}
+trap cleanup EXIT
+
+go build -o bin/ ./cmd/limiterd ./cmd/limiterbench
+scripts/redis-cluster.sh start "$work/cluster" $((base)) $((base + 1)) $((base + 2))
+
+cat >"$work/rules.yml" <<'RULES'
+rules:
+  - id: bench
+    capacity: 1000000
+    refill_per_second: 1000000
+RULES
+grpc=127.0.0.1:$((base + 81))
+bin/limiterd --rules.file "$work/rules.yml" --grpc.listen-address "$grpc" \
+	--http.listen-address 127.0.0.1:$((base + 91)) \
+	--redis.addrs 127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2)) \
+	--redis.timeout 100ms --log.level warn &
+pids+=($!)
+for _ in $(seq 100); do
+	(exec 3<>"/dev/tcp/${grpc%:*}/${grpc#*:}") 2>/dev/null && break
+	sleep 0.1
+done
+
+echo "== limiterd on a 3-primary cluster, $duration per run"
+for c in $concurrencies; do
+	for mode in health check; do
+		conns=$((c < 4 ? c : 4))
+		bin/limiterbench --target "$grpc" --mode $mode --rule bench --concurrency "$c" --conns "$conns" \
+			--duration "$duration" --warmup 1s --keys 100000 --key-prefix "run$c$mode:" >"$work/out.txt"
+		printf '%-6s c=%-3s %s | %s | %s | %s\n' "$mode" "$c" \
+			"$(grep '^checks/s' "$work/out.txt" | tr -s ' ')" "$(grep '^latency p50' "$work/out.txt" | tr -s ' ')" \
+			"$(grep '^latency p99 ' "$work/out.txt" | tr -s ' ')" "$(grep '^errors' "$work/out.txt" | tr -s ' ')"
+	done
+done
+
+echo "== redis-benchmark: the token bucket script (EVALSHA) on one standalone node"
+mkdir -p "$work/single"
+redis-server --port $((base + 50)) --bind 127.0.0.1 --save '' --appendonly no --daemonize yes \
+	--dir "$work/single" --pidfile "$work/single/redis.pid" --logfile "$work/single/redis.log"
+for _ in $(seq 50); do redis-cli -p $((base + 50)) ping >/dev/null 2>&1 && break; sleep 0.1; done
+sha=$(redis-cli -p $((base + 50)) script load "$(bin/limiterbench --print-script token_bucket)")
+for p in 1 16; do
+	rps=$(redis-benchmark -p $((base + 50)) -c 50 -n 400000 -P $p -r 100000 -q \
+		evalsha "$sha" 1 'rl:{__rand_int__}:bench' 1000000 1000000 1 | grep -o '[0-9.]* requests per second' | head -1)
+	echo "EVALSHA -c 50 -P $p: $rps"
+done
