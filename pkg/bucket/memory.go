@@ -19,7 +19,9 @@ const (
 // Its memory is bounded by the buckets active within their expiry. It is
 // safe for concurrent use; the zero value is not usable: call NewMemory.
 type Memory struct {
-	now    func() time.Time
+	now    func() time.Time // nil: the monotonic clock below
+	start  time.Time
+	wallUs int64
 	seed   maphash.Seed
 	shards [memoryShards]memoryShard
 }
@@ -47,7 +49,8 @@ func WithClock(now func() time.Time) MemoryOption {
 
 // NewMemory returns an empty in-process store.
 func NewMemory(opts ...MemoryOption) *Memory {
-	m := &Memory{now: time.Now, seed: maphash.MakeSeed()}
+	start := time.Now()
+	m := &Memory{start: start, wallUs: start.UnixMicro(), seed: maphash.MakeSeed()}
 	for _, o := range opts {
 		o(m)
 	}
@@ -60,7 +63,16 @@ func NewMemory(opts ...MemoryOption) *Memory {
 // Take decides req against the bucket of (req.Rule, req.Key). It never
 // returns an error.
 func (m *Memory) Take(_ context.Context, req Request) (Decision, error) {
-	return m.take(m.now().UnixMicro(), req), nil
+	return m.take(m.nowMicros(), req), nil
+}
+
+// nowMicros reads the monotonic clock only, which costs half of time.Now
+// and never steps back when the wall clock is set.
+func (m *Memory) nowMicros() int64 {
+	if m.now != nil {
+		return m.now().UnixMicro()
+	}
+	return m.wallUs + int64(time.Since(m.start)/time.Microsecond)
 }
 
 func (m *Memory) take(now int64, req Request) Decision {
