@@ -50,6 +50,20 @@ func Single(algorithm string, clock Clock) (string, error) {
 	return b.String(), nil
 }
 
+// Debit returns the script that applies one source region's spends for one
+// client at most once (see debit_main.lua for its keys and arguments).
+func Debit(clock Clock) string {
+	var b strings.Builder
+	b.WriteString(mustRead(clockFile(clock)))
+	b.WriteString(mustRead("lib"))
+	for _, a := range Algorithms {
+		b.WriteString(mustRead(a))
+	}
+	b.WriteString(mustRead("debit"))
+	b.WriteString(mustRead("debit_main"))
+	return b.String()
+}
+
 func clockFile(c Clock) string {
 	if c == FixedClock {
 		return "clock_fixed"

@@ -2,12 +2,18 @@
 -- admitted requests are logged, so a flood cannot grow it past the limit.
 -- An entry exactly one window old no longer counts. Members are unique:
 -- the instant and the set's size after the add.
-local function sliding_log(key, cap, w, cost, now)
+
+-- Drops the entries one window old or older; returns how many are left.
+local function sliding_log_trim(key, w, now)
   local trimmed = redis.pcall('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - w))
   if type(trimmed) == 'table' and trimmed.err then
     redis.call('DEL', key)
   end
-  local n = redis.call('ZCARD', key)
+  return redis.call('ZCARD', key)
+end
+
+local function sliding_log(key, cap, w, cost, now)
+  local n = sliding_log_trim(key, w, now)
   local newest = now
   if n > 0 then
     local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')

@@ -2,25 +2,35 @@
 -- estimate = previous * (1 - f) + current, f the elapsed fraction of the
 -- current window. Expires two windows after the current one began, since it
 -- serves as the next window's previous one.
-local function sliding_window(key, cap, w, cost, now)
-  local idx = window_index(now, w)
-  local f = (now - idx * w) / w
-  local cur, prev = 0, 0
+
+-- The current and previous counts of window idx.
+local function sliding_window_read(key, idx)
   local v = read_string(key)
   if v then
     local a, b, c = string.match(v, '^(%d+) (%S+) (%S+)$')
     a = tonumber(a)
     if a == idx then
-      cur, prev = tonumber(b) or 0, tonumber(c) or 0
+      return tonumber(b) or 0, tonumber(c) or 0
     elseif a == idx - 1 then
-      prev = tonumber(b) or 0
+      return 0, tonumber(b) or 0
     end
   end
+  return 0, 0
+end
+
+local function sliding_window_write(key, idx, w, cur, prev, now)
+  redis.call('SET', key, string.format('%d %.17g %.17g', idx, cur, prev),
+    'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000)))
+end
+
+local function sliding_window(key, cap, w, cost, now)
+  local idx = window_index(now, w)
+  local f = (now - idx * w) / w
+  local cur, prev = sliding_window_read(key, idx)
   local est = prev * (1 - f) + cur
   if est + cost <= cap then
     return 1, math.max(cap - (est + cost), 0), 0, (idx + 2) * w - now, function()
-      redis.call('SET', key, string.format('%d %.17g %.17g', idx, cur + cost, prev),
-        'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000)))
+      sliding_window_write(key, idx, w, cur + cost, prev, now)
     end
   end
   local at

@@ -43,6 +43,8 @@ func TestConformance(t *testing.T) {
 				t.Fatal(err)
 			}
 			script := redis.NewScript(src)
+			debit := redis.NewScript(lua.Debit(lua.FixedClock))
+			seq := 0
 			rng := rand.New(rand.NewPCG(uint64(li), 42))
 			// The fake clock starts at the real one and only runs ahead of
 			// it, so real expiry never removes state the algorithm needs.
@@ -67,9 +69,28 @@ func TestConformance(t *testing.T) {
 				if cost > lim.Capacity {
 					cost = 1
 				}
+				if rng.IntN(5) == 0 {
+					// Another region spent some: debit both, compare later.
+					amount := float64(1 + rng.IntN(int(2*lim.Capacity)))
+					lim.Debit(&st, now, amount)
+					seq++
+					a := scriptArgs(lim, amount)
+					n, err := debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
+						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Int()
+					if err != nil || n != 1 {
+						t.Fatalf("step %d: debit = %d, %v", step, n, err)
+					}
+					// The same message again debits nothing.
+					n, err = debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
+						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Int()
+					if err != nil || n != 0 {
+						t.Fatalf("step %d: repeated debit = %d, %v; want 0 (duplicate)", step, n, err)
+					}
+					continue
+				}
 				want := lim.Take(&st, now, cost)
-				argv := append(args(lim, cost), strconv.FormatInt(now, 10))
-				res, err := script.Run(ctx, client, []string{key}, argv...).Slice()
+				a := scriptArgs(lim, cost)
+				res, err := script.Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}

@@ -30,7 +30,8 @@ func bytesPerBucket(t testing.TB, n int) float64 {
 		t.Fatal(err)
 	}
 	lim := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 0.01}
-	argv := args(lim, 1)
+	a := scriptArgs(lim, 1)
+	argv := []any{a[0], a[1], a[2]}
 	before := usedMemory(t, client)
 	const batch = 1000
 	for i := 0; i < n; i += batch {

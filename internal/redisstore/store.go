@@ -187,7 +187,8 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	start := time.Now()
-	res, err := s.scripts[i].Run(ctx, s.client, []string{Key(req.Rule, req.Key)}, args(req.Limit, req.Cost)...).Slice()
+	a := scriptArgs(req.Limit, req.Cost)
+	res, err := s.scripts[i].Run(ctx, s.client, []string{Key(req.Rule, req.Key)}, a[0], a[1], a[2]).Slice()
 	s.m.scriptDuration[i].Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.m.errors.Inc()
@@ -208,13 +209,14 @@ func (s *Store) withTimeout(ctx context.Context) (context.Context, context.Cance
 	return context.WithTimeout(ctx, s.timeout)
 }
 
-// args are the script's ARGV: capacity, rate (tokens/s) or window (µs), cost.
-func args(l bucket.Limit, cost float64) []any {
+// scriptArgs are a script's ARGV for one bucket: capacity, rate (tokens/s)
+// or window (µs), cost or amount.
+func scriptArgs(l bucket.Limit, cost float64) [3]string {
 	p := strconv.FormatInt(l.Window.Microseconds(), 10)
 	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
 		p = strconv.FormatFloat(l.RefillPerSecond, 'g', -1, 64)
 	}
-	return []any{strconv.FormatFloat(l.Capacity, 'g', -1, 64), p, strconv.FormatFloat(cost, 'g', -1, 64)}
+	return [3]string{strconv.FormatFloat(l.Capacity, 'g', -1, 64), p, strconv.FormatFloat(cost, 'g', -1, 64)}
 }
 
 // parseDecision reads the scripts' reply {allowed, remaining, retry_us, reset_us}.
@@ -245,12 +247,14 @@ func parseDecision(res []any, capacity float64) (bucket.Decision, error) {
 type metrics struct {
 	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
 	errors         prometheus.Counter
+	debitDuration  prometheus.Observer
+	debitErrors    prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "limiter_store_script_duration_seconds",
-		Help:    "Time of one store script call, round trip included.",
+		Help:    "Time of one store script call, round trip included; for debits, one pipeline.",
 		Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
 	}, []string{"script"})
 	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -262,7 +266,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
 	}
-	m := &metrics{errors: errs.WithLabelValues("script")}
+	m := &metrics{
+		errors:        errs.WithLabelValues("script"),
+		debitErrors:   errs.WithLabelValues("debit"),
+		debitDuration: dur.WithLabelValues("debit"),
+	}
 	for i, a := range scriptAlgorithms {
 		m.scriptDuration[i] = dur.WithLabelValues(string(a))
 	}

@@ -220,13 +220,7 @@ func (l *Limit) takeFixedWindow(st *State, now int64, cost float64) Decision {
 // exactly one window old no longer counts.
 func (l *Limit) takeSlidingLog(st *State, now int64, cost float64) Decision {
 	w := l.windowMicros()
-	cut := 0
-	for cut < len(st.log) && st.log[cut] <= now-w {
-		cut++
-	}
-	if cut > 0 {
-		st.log = st.log[:copy(st.log, st.log[cut:])]
-	}
+	st.trimLog(now - w)
 	n := len(st.log)
 	k := int(cost)
 	if float64(n+k) <= l.Capacity {
@@ -260,4 +254,60 @@ func insertSorted(log []int64, t int64) []int64 {
 	copy(log[i+1:], log[i:])
 	log[i] = t
 	return log
+}
+
+// Debit spends amount that was admitted elsewhere (another region), with no
+// decision. The debt is bounded so that remote traffic, or a corrupt report,
+// cannot block a key for long:
+//   - TokenBucket, GCRA: the state moves by amount / rate, at most to one
+//     capacity of debt (tokens >= -capacity);
+//   - SlidingWindow, FixedWindow: amount joins the current window's count,
+//     which stays at most twice the capacity;
+//   - SlidingLog: amount entries (rounded) join the log at now, up to capacity.
+//
+// It mirrors the Lua debit script, as Take mirrors the check scripts.
+func (l *Limit) Debit(st *State, now int64, amount float64) {
+	switch l.Algorithm {
+	case TokenBucket:
+		full := max(st.a, now)
+		st.a = min(full+roundMicros(amount*1e6/l.RefillPerSecond), now+roundMicros(2*l.Capacity*1e6/l.RefillPerSecond))
+	case GCRA:
+		tolerance := roundMicros(l.Capacity * 1e6 / l.RefillPerSecond)
+		tat := max(st.a, now)
+		st.a = min(tat+roundMicros(amount*1e6/l.RefillPerSecond), now+2*tolerance)
+	case SlidingWindow:
+		idx := now / l.windowMicros()
+		var cur, prev float64
+		switch st.a {
+		case idx:
+			cur, prev = st.b, st.c
+		case idx - 1:
+			prev = st.b
+		}
+		st.a, st.b, st.c = idx, math.Min(cur+amount, 2*l.Capacity), prev
+	case FixedWindow:
+		idx := now / l.windowMicros()
+		var count float64
+		if st.a == idx {
+			count = st.b
+		}
+		st.a, st.b = idx, math.Min(count+amount, 2*l.Capacity)
+	case SlidingLog:
+		st.trimLog(now - l.windowMicros())
+		k := min(int(math.Floor(amount+0.5)), int(l.Capacity)-len(st.log))
+		for range k {
+			st.log = insertSorted(st.log, now)
+		}
+	}
+}
+
+// trimLog drops the log entries at or before cut.
+func (st *State) trimLog(cut int64) {
+	n := 0
+	for n < len(st.log) && st.log[n] <= cut {
+		n++
+	}
+	if n > 0 {
+		st.log = st.log[:copy(st.log, st.log[n:])]
+	}
 }

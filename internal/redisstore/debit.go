@@ -1,0 +1,109 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limiterd/limiterd/lua"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// Debit is one bucket's share of a client's spends in another region.
+type Debit struct {
+	Rule   string
+	Limit  bucket.Limit
+	Amount float64
+}
+
+// ClientDebits are the debits of one client from one message.
+type ClientDebits struct {
+	Key    string
+	Debits []Debit
+}
+
+// MarkerKey is the key that records the last message of region src applied
+// to the buckets of key. It shares their hash tag, so one script checks it
+// and debits them; no rule id starts with '~'.
+func MarkerKey(key, src string) string {
+	return Key("~from:"+src, key)
+}
+
+var debitScript = redis.NewScript(lua.Debit(lua.StoreClock))
+
+// ApplyDebits applies message seq of region src: per client, one script
+// that debits every bucket unless the client's marker shows seq applied
+// already. The scripts are pipelined, one pipeline per node. Messages of one
+// source region must be applied in sequence order. It returns how many
+// clients were debited and how many were duplicates; on error some may have
+// been applied, and applying the message again is safe.
+func (s *Store) ApplyDebits(ctx context.Context, src string, seq uint64, markerTTL time.Duration, clients []ClientDebits) (applied, duplicates int, err error) {
+	if len(clients) == 0 {
+		return 0, 0, nil
+	}
+	cmds := make([]*redis.Cmd, len(clients))
+	keys := make([][]string, len(clients))
+	argv := make([][]any, len(clients))
+	seqArg := strconv.FormatUint(seq, 10)
+	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
+	for i, c := range clients {
+		keys[i], argv[i] = debitArgs(src, seqArg, ttlArg, c)
+	}
+	pipe := s.client.Pipeline()
+	for i := range clients {
+		cmds[i] = debitScript.EvalSha(ctx, pipe, keys[i], argv[i]...)
+	}
+	start := time.Now()
+	_, _ = pipe.Exec(ctx)
+	// A node that lost the script (restart, failover) answers NOSCRIPT:
+	// those clients go again with the script's text, which is safe since
+	// nothing was applied for them.
+	var retry []int
+	for i, cmd := range cmds {
+		if e := cmd.Err(); e != nil && strings.HasPrefix(e.Error(), "NOSCRIPT") {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		pipe = s.client.Pipeline()
+		for _, i := range retry {
+			cmds[i] = debitScript.Eval(ctx, pipe, keys[i], argv[i]...)
+		}
+		_, _ = pipe.Exec(ctx)
+	}
+	s.m.debitDuration.Observe(time.Since(start).Seconds())
+	var errs []error
+	for _, cmd := range cmds {
+		n, e := cmd.Int()
+		switch {
+		case e != nil:
+			errs = append(errs, e)
+		case n == 1:
+			applied++
+		default:
+			duplicates++
+		}
+	}
+	if len(errs) > 0 {
+		s.m.debitErrors.Add(float64(len(errs)))
+		return applied, duplicates, fmt.Errorf("debit %d of %d clients failed: %w", len(errs), len(clients), errs[0])
+	}
+	return applied, duplicates, nil
+}
+
+func debitArgs(src, seq, ttl string, c ClientDebits) ([]string, []any) {
+	keys := make([]string, 1, 1+len(c.Debits))
+	keys[0] = MarkerKey(c.Key, src)
+	args := make([]any, 2, 2+4*len(c.Debits))
+	args[0], args[1] = seq, ttl
+	for _, d := range c.Debits {
+		keys = append(keys, Key(d.Rule, c.Key))
+		a := scriptArgs(d.Limit, d.Amount)
+		args = append(args, string(d.Limit.Algorithm), a[0], a[1], a[2])
+	}
+	return keys, args
+}

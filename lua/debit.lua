@@ -1,0 +1,57 @@
+-- Debits: another region admitted amount tokens under a rule; spend them
+-- here too, without a decision. Each algorithm bounds the debt, so a burst of
+-- remote traffic (or a corrupt message) cannot block a key for long:
+--   token_bucket, gcra: the state moves by amount / rate, at most to one
+--     capacity of debt (tokens >= -capacity), refilling at the usual rate;
+--   sliding_window, fixed_window: amount joins the current window's count,
+--     at most twice the limit;
+--   sliding_log: amount entries join the log at now, up to the limit.
+
+local function debit_token_bucket(key, cap, rate, amount, now)
+  local full = tonumber(read_string(key) or now) or now
+  if full < now then full = now end
+  full = math.min(full + round_us(amount * 1e6 / rate), now + round_us(2 * cap * 1e6 / rate))
+  redis.call('SET', key, fmt_int(full), 'PX', fmt_int(math.ceil((full - now) / 1000)))
+end
+
+local function debit_gcra(key, cap, rate, amount, now)
+  local tolerance = round_us(cap * 1e6 / rate)
+  local tat = tonumber(read_string(key) or now) or now
+  if tat < now then tat = now end
+  tat = math.min(tat + round_us(amount * 1e6 / rate), now + 2 * tolerance)
+  redis.call('SET', key, fmt_int(tat), 'PX', fmt_int(math.ceil((tat - now) / 1000)))
+end
+
+local function debit_sliding_window(key, cap, w, amount, now)
+  local idx = window_index(now, w)
+  local cur, prev = sliding_window_read(key, idx)
+  sliding_window_write(key, idx, w, math.min(cur + amount, 2 * cap), prev, now)
+end
+
+local function debit_fixed_window(key, cap, w, amount, now)
+  local idx = window_index(now, w)
+  local count, fresh = fixed_window_read(key, idx)
+  fixed_window_write(key, idx, w, math.min(count + amount, 2 * cap), fresh)
+end
+
+local function debit_sliding_log(key, cap, w, amount, now, tag)
+  local n = sliding_log_trim(key, w, now)
+  local k = math.min(math.floor(amount + 0.5), cap - n)
+  if k < 1 then return end
+  local args = {}
+  local score = fmt_int(now)
+  for i = 1, k do
+    args[#args + 1] = score
+    args[#args + 1] = string.format('%d.d%s.%d', now, tag, i)
+  end
+  redis.call('ZADD', key, unpack(args))
+  redis.call('PEXPIRE', key, fmt_int(math.ceil(w / 1000)))
+end
+
+local debits = {
+  token_bucket = debit_token_bucket,
+  gcra = debit_gcra,
+  sliding_window = debit_sliding_window,
+  fixed_window = debit_fixed_window,
+  sliding_log = debit_sliding_log,
+}

@@ -1,0 +1,224 @@
+// Package gossip records the tokens a region admits and carries them to the
+// other regions: the accumulator limiterd fills on every admitted check, the
+// wire format (gossipv1.SpendBatch) with its size-bounded split and its
+// validation, and the names of the JetStream streams and subjects.
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
+)
+
+// Defaults shared by limiterd and the reconciler.
+const (
+	// DefaultInterval is how often spends are flushed and published.
+	DefaultInterval = time.Second
+	// MinInterval is the shortest interval allowed.
+	MinInterval = 100 * time.Millisecond
+	// DefaultMaxMessageBytes bounds one encoded SpendBatch.
+	DefaultMaxMessageBytes = 256 << 10
+	// MaxSpendsPerBatch bounds the entries of one SpendBatch.
+	MaxSpendsPerBatch = 20_000
+	// MaxKeyLen is the longest key a spend may carry, as in a check.
+	MaxKeyLen = 512
+	// MaxCost bounds one entry's cost: a larger one is a corrupt message.
+	MaxCost = 1e15
+)
+
+// Stream and subject names. Each region's limiterd instances publish their
+// flushes to its local stream; its reconcilers relay them, one to one, to the
+// spends stream that links the regions, where every other region consumes
+// them.
+const (
+	// SpendStream holds every region's relayed spends.
+	SpendStream = "LIMITER_SPENDS"
+	// SpendSubjectPrefix + region is the subject of a region's spends.
+	SpendSubjectPrefix = "limiter.spends."
+	// LocalStreamPrefix + REGION (upper case) is a region's local stream.
+	LocalStreamPrefix = "LIMITER_LOCAL_"
+	// LocalSubjectPrefix + region is the subject limiterd publishes to.
+	LocalSubjectPrefix = "limiter.local."
+)
+
+// SpendSubject is the subject of region's relayed spends.
+func SpendSubject(region string) string { return SpendSubjectPrefix + region }
+
+// LocalSubject is the subject of region's limiterd flushes.
+func LocalSubject(region string) string { return LocalSubjectPrefix + region }
+
+// LocalStream is the name of region's local stream.
+func LocalStream(region string) string {
+	b := []byte(region)
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z':
+			b[i] = c - 'a' + 'A'
+		case c == '-':
+			b[i] = '_'
+		}
+	}
+	return LocalStreamPrefix + string(b)
+}
+
+// ErrInvalidBatch wraps every reason a received batch is refused.
+var ErrInvalidBatch = errors.New("invalid spend batch")
+
+var (
+	ruleIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+)
+
+// Spend is the cost admitted under Rule for Key.
+type Spend struct {
+	Rule string
+	Key  string
+	Cost float64
+}
+
+// Accumulator sums the cost admitted per (rule, key) between two drains.
+// It is safe for concurrent use; the zero value is ready.
+type Accumulator struct {
+	mu    sync.Mutex
+	sums  map[spendID]float64
+	first int64
+}
+
+type spendID struct{ rule, key string }
+
+// Add records cost admitted under rule for key at now (µs since the epoch).
+func (a *Accumulator) Add(rule, key string, cost float64, now int64) {
+	id := spendID{rule, key}
+	a.mu.Lock()
+	if a.sums == nil {
+		a.sums = make(map[spendID]float64)
+	}
+	if len(a.sums) == 0 || now < a.first {
+		a.first = now
+	}
+	a.sums[id] += cost
+	a.mu.Unlock()
+}
+
+// Drain returns the sums since the last drain and the earliest admission
+// among them, and starts afresh.
+func (a *Accumulator) Drain() (spends []Spend, first int64) {
+	a.mu.Lock()
+	sums, first := a.sums, a.first
+	a.sums = nil
+	a.mu.Unlock()
+	spends = make([]Spend, 0, len(sums))
+	for id, c := range sums {
+		spends = append(spends, Spend{Rule: id.rule, Key: id.key, Cost: c})
+	}
+	return spends, first
+}
+
+// Len is the number of (rule, key) pairs waiting.
+func (a *Accumulator) Len() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.sums)
+}
+
+// Header is what every part of one flush shares.
+type Header struct {
+	Region, Instance string
+	Sequence         uint64
+	FirstAdmitted    int64
+	Flushed          int64
+}
+
+// Split encodes spends as SpendBatch messages of at most maxBytes each
+// (and MaxSpendsPerBatch entries), in order. An empty flush makes no message.
+func Split(h Header, spends []Spend, maxBytes int) ([][]byte, error) {
+	if len(spends) == 0 {
+		return nil, nil
+	}
+	var parts []*gossipv1.SpendBatch
+	cur := newBatch(h)
+	// The header's size, with room for the part counters.
+	size := proto.Size(cur) + 16
+	for _, s := range spends {
+		e := &gossipv1.Spend{RuleId: s.Rule, Key: s.Key, Cost: s.Cost}
+		n := proto.Size(e) + 4 // field tag and length prefix
+		if n+proto.Size(newBatch(h))+16 > maxBytes {
+			return nil, fmt.Errorf("spend of rule %q, key of %d bytes, does not fit in %d bytes", s.Rule, len(s.Key), maxBytes)
+		}
+		if len(cur.Spends) > 0 && (size+n > maxBytes || len(cur.Spends) >= MaxSpendsPerBatch) {
+			parts = append(parts, cur)
+			cur = newBatch(h)
+			size = proto.Size(cur) + 16
+		}
+		cur.Spends = append(cur.Spends, e)
+		size += n
+	}
+	parts = append(parts, cur)
+	out := make([][]byte, len(parts))
+	for i, p := range parts {
+		p.Part, p.Parts = uint32(i), uint32(len(parts))
+		b, err := proto.Marshal(p)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+func newBatch(h Header) *gossipv1.SpendBatch {
+	return &gossipv1.SpendBatch{
+		Region: h.Region, Instance: h.Instance, Sequence: h.Sequence,
+		FirstAdmittedUnixMicros: h.FirstAdmitted, FlushedUnixMicros: h.Flushed,
+	}
+}
+
+// Decode parses and validates a received batch of at most maxBytes. Errors
+// wrap ErrInvalidBatch and name the field at fault.
+func Decode(data []byte, maxBytes int) (*gossipv1.SpendBatch, error) {
+	if len(data) > maxBytes {
+		return nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
+	}
+	var b gossipv1.SpendBatch
+	if err := proto.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalidBatch, err)
+	}
+	if err := Validate(&b); err != nil {
+		return nil, err
+	}
+	return &b, nil
+}
+
+// Validate checks every field of a batch from another process.
+func Validate(b *gossipv1.SpendBatch) error {
+	switch {
+	case !regionPattern.MatchString(b.GetRegion()):
+		return fmt.Errorf("%w: region: %q is not a region name", ErrInvalidBatch, b.GetRegion())
+	case b.GetInstance() == "" || len(b.GetInstance()) > 128:
+		return fmt.Errorf("%w: instance: must be 1 to 128 bytes", ErrInvalidBatch)
+	case b.GetParts() == 0 || b.GetPart() >= b.GetParts():
+		return fmt.Errorf("%w: part: %d of %d", ErrInvalidBatch, b.GetPart(), b.GetParts())
+	case b.GetFirstAdmittedUnixMicros() <= 0 || b.GetFlushedUnixMicros() <= 0:
+		return fmt.Errorf("%w: first_admitted_unix_micros, flushed_unix_micros: must be set", ErrInvalidBatch)
+	case len(b.GetSpends()) == 0 || len(b.GetSpends()) > MaxSpendsPerBatch:
+		return fmt.Errorf("%w: spends: %d entries, want 1 to %d", ErrInvalidBatch, len(b.GetSpends()), MaxSpendsPerBatch)
+	}
+	for i, s := range b.GetSpends() {
+		switch {
+		case !ruleIDPattern.MatchString(s.GetRuleId()):
+			return fmt.Errorf("%w: spends[%d].rule_id: %q is not a rule id", ErrInvalidBatch, i, s.GetRuleId())
+		case s.GetKey() == "" || len(s.GetKey()) > MaxKeyLen:
+			return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
+		case !(s.GetCost() > 0) || math.IsInf(s.GetCost(), 0) || s.GetCost() > MaxCost:
+			return fmt.Errorf("%w: spends[%d].cost: %v is not in (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost)
+		}
+	}
+	return nil
+}
