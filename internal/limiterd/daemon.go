@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -29,6 +30,7 @@ import (
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -47,6 +49,57 @@ type Daemon struct {
 	httpLis    net.Listener
 	ready      atomic.Bool
 	served     chan error
+
+	spends     *spendPublisher
+	stopSpends context.CancelFunc
+	spendsDone chan struct{}
+	homeConns  []*grpc.ClientConn
+}
+
+// dialHomes prepares a client to every other region's limiterd, for checks
+// of pinned rules. Connections are made lazily by gRPC.
+func (d *Daemon) dialHomes() error {
+	creds := insecure.NewCredentials()
+	if d.opts.ForwardTLSCAFile != "" {
+		tc, err := clientTLS(d.opts.ForwardTLSCAFile, d.opts.TLSCertFile, d.opts.TLSKeyFile)
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(tc)
+	}
+	d.checker.homes = make(map[string]limiterv1.LimiterClient)
+	for _, r := range d.checker.topo.Regions() {
+		if r.Name == d.opts.Region {
+			continue
+		}
+		cc, err := grpc.NewClient(r.LimiterAddress, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return fmt.Errorf("--region.topology-file: region %s: %w", r.Name, err)
+		}
+		d.homeConns = append(d.homeConns, cc)
+		d.checker.homes[r.Name] = limiterv1.NewLimiterClient(cc)
+	}
+	return nil
+}
+
+func clientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--region.forward-tls-ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--region.forward-tls-ca-file: %s holds no PEM certificate", caFile)
+	}
+	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--grpc.tls-cert-file, --grpc.tls-key-file: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
 }
 
 // New validates opts and loads the rules; it starts nothing.
@@ -59,6 +112,22 @@ func New(opts Options) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--rules.file: %w", err)
 	}
+	var topo *region.Topology
+	regions := 1
+	if opts.TopologyFile != "" {
+		if topo, err = region.Load(opts.TopologyFile); err != nil {
+			return nil, fmt.Errorf("--region.topology-file: %w", err)
+		}
+		if !topo.Has(opts.Region) {
+			return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
+		}
+		for _, r := range set.Rules() {
+			if err := topo.ValidateHomes(r.HomeKeys); err != nil {
+				return nil, fmt.Errorf("--rules.file: rule %q: home_keys: %w", r.ID, err)
+			}
+		}
+		regions = len(topo.Names())
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := newMetrics(reg)
@@ -69,11 +138,12 @@ func New(opts Options) (*Daemon, error) {
 		opts:     opts,
 		log:      opts.Logger.With("region", opts.Region),
 		registry: reg,
-		checker:  &checker{fallback: bucket.NewMemory(), m: m},
-		served:   make(chan error, 2),
+		checker: &checker{fallback: bucket.NewMemory(), m: m, region: opts.Region, topo: topo,
+			forwardTimeout: opts.ForwardTimeout},
+		served: make(chan error, 2),
 	}
 	d.checker.log = d.log
-	d.checker.rules.Store(newTable(set, opts.FleetSize, m.decisions))
+	d.checker.rules.Store(newTable(set, opts.FleetSize, regions, m))
 	return d, nil
 }
 
@@ -109,6 +179,29 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 		d.redis = s
 		d.checker.store = s
+	}
+
+	if d.checker.topo != nil {
+		if err := d.dialHomes(); err != nil {
+			d.closeStore()
+			return err
+		}
+	}
+	if d.opts.NATSURL != "" {
+		p, err := newSpendPublisher(d.opts.NATSURL, d.opts.Region, d.opts.Instance, d.opts.GossipInterval, d.log, d.registry)
+		if err != nil {
+			d.closeStore()
+			return err
+		}
+		d.spends = p
+		d.checker.spends = &p.acc
+		pctx, cancel := context.WithCancel(context.Background())
+		d.stopSpends = cancel
+		d.spendsDone = make(chan struct{})
+		go func() {
+			p.run(pctx)
+			close(d.spendsDone)
+		}()
 	}
 
 	var gopts []grpc.ServerOption
@@ -198,6 +291,14 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		d.log.Warn("grace period over, cancelling the remaining checks")
 		d.grpcServer.Stop()
 		<-stopped
+	}
+	if d.stopSpends != nil {
+		// The last flush, after the last check.
+		d.stopSpends()
+		<-d.spendsDone
+	}
+	for _, cc := range d.homeConns {
+		cc.Close()
 	}
 	httpCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -26,7 +26,7 @@ func FuzzCheck(f *testing.F) {
 		f.Fatal(err)
 	}
 	c := &checker{store: bucket.NewMemory(), fallback: bucket.NewMemory(), log: quietLogger(), m: m}
-	c.rules.Store(newTable(set, 1, m.decisions))
+	c.rules.Store(newTable(set, 1, 1, m))
 	f.Add("tb", "client", 1.0)
 	f.Add("log", "k", 1.5)
 	f.Add("tb", "", math.NaN())

@@ -5,11 +5,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
 // Defaults of the flags.
@@ -20,9 +22,15 @@ const (
 	DefaultGracePeriod   = 10 * time.Second
 	DefaultShutdownDelay = 0
 	DefaultFleetSize     = 1
+	// DefaultForwardTimeout allows a cross-region round trip (50-150 ms)
+	// with room for one slow one.
+	DefaultForwardTimeout = 300 * time.Millisecond
 )
 
-var regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+var (
+	regionPattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+	instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+)
 
 // Options configure a Daemon. Fields left zero take the defaults above.
 type Options struct {
@@ -53,6 +61,22 @@ type Options struct {
 	// FleetSize is the number of limiterd instances sharing a region's
 	// limits: a fail-open rule decides locally with limit / FleetSize.
 	FleetSize int
+
+	// NATSURL is the region's NATS server: spends of reconciled rules are
+	// published there every GossipInterval. Empty: no reconciliation.
+	NATSURL string
+	// GossipInterval is how often spends are flushed.
+	GossipInterval time.Duration
+	// Instance names this limiterd in spend messages; default host-pid.
+	Instance string
+	// TopologyFile lists the regions and their limiterd addresses, for
+	// forwarding checks of pinned rules to a key's home region.
+	TopologyFile string
+	// ForwardTimeout bounds a check forwarded to the home region.
+	ForwardTimeout time.Duration
+	// ForwardTLSCAFile enables TLS to other regions' limiterd, trusting
+	// this CA; the gRPC listener's certificate, if any, is the client's.
+	ForwardTLSCAFile string
 
 	// ShutdownDelay is how long the daemon stays up, not ready, before it
 	// stops accepting checks, so load balancers see it leave.
@@ -88,6 +112,12 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
 	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules decide locally with limit / fleet.size")
+	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server of this region; spends of reconciled rules are published there (empty: no reconciliation)")
+	fs.DurationVar(&o.GossipInterval, "gossip.interval", gossip.DefaultInterval, "how often admitted spends are flushed to the reconcilers")
+	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
+	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
+	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
+	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
 	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
 }
@@ -110,6 +140,16 @@ func (o *Options) setDefaults() {
 	}
 	if o.RedisTimeout == 0 {
 		o.RedisTimeout = redisstore.DefaultTimeout
+	}
+	if o.GossipInterval == 0 {
+		o.GossipInterval = gossip.DefaultInterval
+	}
+	if o.ForwardTimeout == 0 {
+		o.ForwardTimeout = DefaultForwardTimeout
+	}
+	if o.Instance == "" {
+		host, _ := os.Hostname()
+		o.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -139,6 +179,15 @@ func (o *Options) validate() error {
 	}
 	if o.ShutdownDelay < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown.delay: must be >= 0, got %v", o.ShutdownDelay))
+	}
+	if o.GossipInterval < gossip.MinInterval || o.GossipInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.GossipInterval))
+	}
+	if o.ForwardTimeout < 0 || o.ForwardTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("--region.forward-timeout: must be in (0, 1m], got %v", o.ForwardTimeout))
+	}
+	if !instancePattern.MatchString(o.Instance) {
+		errs = append(errs, fmt.Errorf("--instance: %q must match %s", o.Instance, instancePattern))
 	}
 	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {
 		errs = append(errs, errors.New("--grpc.tls-cert-file and --grpc.tls-key-file: give both or neither"))

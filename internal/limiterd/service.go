@@ -9,10 +9,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/gossip"
+	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -28,10 +31,24 @@ const (
 // ruleEntry is a rule with everything the check path needs precomputed.
 type ruleEntry struct {
 	rule *rules.Rule
-	// limit is the rule's limit; local its share for fail-open decisions.
-	limit, local bucket.Limit
+	// limit is the rule's limit; local its share for fail-open decisions
+	// of one instance; regional a region's share of a pinned rule when the
+	// key's home region cannot answer.
+	limit, local, regional bucket.Limit
+	reconciled             bool
 	// decisions are the rule's counters, by result.
 	allowed, limited, failed, fallbackAllowed, fallbackLimited prometheus.Counter
+	// forwarded count checks answered by a key's home region.
+	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
+}
+
+func share(l bucket.Limit, n int) bucket.Limit {
+	l.Capacity /= float64(n)
+	l.RefillPerSecond /= float64(n)
+	if l.Algorithm == bucket.SlidingLog {
+		l.Capacity = max(1, float64(int(l.Capacity)))
+	}
+	return l
 }
 
 // table is an immutable rule set ready for the check path.
@@ -39,18 +56,17 @@ type table struct {
 	byID map[string]*ruleEntry
 }
 
-func newTable(set *rules.Set, fleet int, decisions *prometheus.CounterVec) *table {
+func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
+	decisions, forwarded := m.decisions, m.forwarded
 	t := &table{byID: make(map[string]*ruleEntry, len(set.Rules()))}
 	for _, r := range set.Rules() {
 		lim := r.Bucket()
-		local := lim
-		local.Capacity /= float64(fleet)
-		local.RefillPerSecond /= float64(fleet)
-		if local.Algorithm == bucket.SlidingLog {
-			local.Capacity = max(1, float64(int(local.Capacity)))
-		}
 		t.byID[r.ID] = &ruleEntry{
-			rule: r, limit: lim, local: local,
+			rule: r, limit: lim, local: share(lim, fleet), regional: share(lim, regions),
+			reconciled:      r.Reconciled(),
+			forwardedAllowed: forwarded.WithLabelValues(r.ID, resultAllowed),
+			forwardedLimited: forwarded.WithLabelValues(r.ID, resultLimited),
+			forwardedFailed:  forwarded.WithLabelValues(r.ID, resultError),
 			allowed:         decisions.WithLabelValues(r.ID, resultAllowed),
 			limited:         decisions.WithLabelValues(r.ID, resultLimited),
 			failed:          decisions.WithLabelValues(r.ID, resultError),
@@ -68,7 +84,19 @@ type checker struct {
 	rules    atomic.Pointer[table]
 	log      *slog.Logger
 	m        *metrics
+	// spends accumulates what reconciled rules admit; nil without NATS.
+	spends *gossip.Accumulator
+	// region is this region; topo, when set, the regions whose limiterd
+	// decides the keys of pinned rules homed there, reached through homes.
+	region         string
+	topo           *region.Topology
+	homes          map[string]limiterv1.LimiterClient
+	forwardTimeout time.Duration
 }
+
+// forwardedHeader marks a check forwarded by another region: it is decided
+// where it lands, never forwarded again.
+const forwardedHeader = "x-limiter-forwarded-from"
 
 // errUnavailable is a check a fail-closed rule could not decide.
 var errUnavailable = errors.New("store unavailable and the rule fails closed")
@@ -89,15 +117,92 @@ func (c *checker) check(ctx context.Context, ruleID, key string, cost float64) (
 		c.m.invalid.WithLabelValues("cost").Inc()
 		return bucket.Decision{}, e, status.Errorf(codes.InvalidArgument, "cost: %v", err)
 	}
+	if e.rule.Pinned() && c.topo != nil && !forwarded(ctx) {
+		if home := c.topo.Home(key, e.rule.HomeKeys); home != c.region {
+			d, err := c.forward(ctx, e, home, key, cost)
+			return d, e, err
+		}
+	}
 	d, err := c.store.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.limit, Cost: cost})
 	if err == nil {
 		if d.Allowed {
 			e.allowed.Inc()
+			c.record(e, key, cost)
 		} else {
 			e.limited.Inc()
 		}
 		return d, e, nil
 	}
+	return c.storeFailed(ctx, e, key, cost, err)
+}
+
+// record adds an admitted cost to the spends reported to other regions.
+func (c *checker) record(e *ruleEntry, key string, cost float64) {
+	if e.reconciled && c.spends != nil {
+		c.spends.Add(e.rule.ID, key, cost, time.Now().UnixMicro())
+	}
+}
+
+func forwarded(ctx context.Context) bool {
+	md, ok := metadata.FromIncomingContext(ctx)
+	return ok && len(md.Get(forwardedHeader)) > 0
+}
+
+// forward asks the key's home region to decide. When it cannot answer, the
+// rule's on_failure decides: closed refuses, open decides in this region's
+// store with this region's share of the limit.
+func (c *checker) forward(ctx context.Context, e *ruleEntry, home, key string, cost float64) (bucket.Decision, error) {
+	client := c.homes[home]
+	fctx, cancel := context.WithTimeout(ctx, c.forwardTimeout)
+	defer cancel()
+	fctx = metadata.AppendToOutgoingContext(fctx, forwardedHeader, c.region)
+	resp, err := client.Check(fctx, &limiterv1.CheckRequest{RuleId: e.rule.ID, Key: key, Cost: cost})
+	if err == nil {
+		if resp.GetAllowed() {
+			e.forwardedAllowed.Inc()
+		} else {
+			e.forwardedLimited.Inc()
+		}
+		return bucket.Decision{
+			Allowed: resp.GetAllowed(), Remaining: resp.GetRemaining(), Limit: resp.GetLimit(),
+			RetryAfter: time.Duration(resp.GetRetryAfterMs()) * time.Millisecond,
+			ResetAfter: time.Duration(resp.GetResetAfterMs()) * time.Millisecond,
+		}, nil
+	}
+	e.forwardedFailed.Inc()
+	if code := status.Code(err); code == codes.InvalidArgument || code == codes.NotFound {
+		// The home region's rules differ from ours: its answer stands.
+		return bucket.Decision{}, err
+	}
+	if ctx.Err() != nil {
+		return bucket.Decision{}, status.FromContextError(ctx.Err()).Err()
+	}
+	if e.rule.OnFailure == rules.FailClosed {
+		e.failed.Inc()
+		c.log.Warn("home region unreachable, fail-closed rule refused", "rule", e.rule.ID, "home", home, "err", err)
+		return bucket.Decision{}, status.Errorf(codes.Unavailable, "home region %s unreachable and the rule fails closed", home)
+	}
+	regional, nerr := e.regional.NormalizeCost(cost)
+	if nerr != nil {
+		e.fallbackLimited.Inc()
+		return bucket.Decision{Limit: e.limit.Capacity, RetryAfter: time.Second}, nil
+	}
+	d, err := c.store.Take(ctx, bucket.Request{Rule: e.rule.ID, Key: key, Limit: e.regional, Cost: regional})
+	if err != nil {
+		d, _ = c.fallback.Take(ctx, bucket.Request{Rule: e.rule.ID, Key: key, Limit: e.regional, Cost: regional})
+	}
+	d.Limit = e.limit.Capacity
+	if d.Allowed {
+		e.fallbackAllowed.Inc()
+	} else {
+		e.fallbackLimited.Inc()
+	}
+	return d, nil
+}
+
+// storeFailed decides a check the store could not: the rule's on_failure.
+func (c *checker) storeFailed(ctx context.Context, e *ruleEntry, key string, cost float64, err error) (bucket.Decision, *ruleEntry, error) {
+	ruleID := e.rule.ID
 	if ctx.Err() != nil {
 		// The caller gave up; nobody waits for a fallback decision.
 		e.failed.Inc()
@@ -114,10 +219,11 @@ func (c *checker) check(ctx context.Context, ruleID, key string, cost float64) (
 		e.fallbackLimited.Inc()
 		return bucket.Decision{Limit: e.limit.Capacity, RetryAfter: time.Second}, e, nil
 	}
-	d, _ = c.fallback.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.local, Cost: local})
+	d, _ := c.fallback.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.local, Cost: local})
 	d.Limit = e.limit.Capacity
 	if d.Allowed {
 		e.fallbackAllowed.Inc()
+		c.record(e, key, cost)
 	} else {
 		e.fallbackLimited.Inc()
 	}
@@ -154,6 +260,7 @@ func ceilMillis(d time.Duration) int64 {
 
 type metrics struct {
 	decisions *prometheus.CounterVec
+	forwarded *prometheus.CounterVec
 	invalid   *prometheus.CounterVec
 	duration  prometheus.Histogram
 }
@@ -163,6 +270,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_decisions_total",
 			Help: "Checks decided, by rule and result.",
+		}, []string{"rule", "result"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_forwarded_checks_total",
+			Help: "Checks of pinned rules forwarded to the key's home region, by rule and result (error: no answer).",
 		}, []string{"rule", "result"}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_invalid_requests_total",
@@ -174,7 +285,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.invalid, m.duration} {
+	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.invalid, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -28,7 +28,10 @@ const (
 // ErrInvalid wraps every error about the content of a rules file.
 var ErrInvalid = errors.New("invalid rules")
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+var (
+	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+)
 
 // Rule is one configured rule, as written in a rules file.
 type Rule struct {
@@ -46,9 +49,37 @@ type Rule struct {
 	Window Duration `yaml:"window"`
 	// OnFailure defaults to open.
 	OnFailure OnFailure `yaml:"on_failure"`
+	// Reconcile shares the rule's spends with the other regions (default
+	// true). A region that does not reconcile enforces the full limit on
+	// its own traffic only.
+	Reconcile *bool `yaml:"reconcile"`
+	// Home is "local" (the default: every region decides, spends are
+	// reconciled) or "pinned": each key is decided only in its home region,
+	// a hard global limit at the price of a cross-region round trip.
+	Home Home `yaml:"home"`
+	// HomeKeys pins keys to regions explicitly; other keys of a pinned
+	// rule go to a stable hash of the key over the regions.
+	HomeKeys map[string]string `yaml:"home_keys"`
 
 	limit bucket.Limit
 }
+
+// Home says where a rule's keys are decided.
+type Home string
+
+const (
+	// HomeLocal: every region decides with the full limit; reconciled.
+	HomeLocal Home = "local"
+	// HomePinned: each key is decided in its home region only.
+	HomePinned Home = "pinned"
+)
+
+// Pinned reports whether the rule's keys are decided in a home region.
+func (r *Rule) Pinned() bool { return r.Home == HomePinned }
+
+// Reconciled reports whether the rule's spends go to the other regions:
+// never for a pinned rule, whose only state is in the home region.
+func (r *Rule) Reconciled() bool { return !r.Pinned() && (r.Reconcile == nil || *r.Reconcile) }
 
 // Bucket returns the rule's validated limit.
 func (r *Rule) Bucket() bucket.Limit { return r.limit }
@@ -152,6 +183,27 @@ func (r *Rule) validate() error {
 	case FailOpen, FailClosed:
 	default:
 		return fmt.Errorf("on_failure: must be open or closed, got %q", r.OnFailure)
+	}
+	switch r.Home {
+	case "":
+		r.Home = HomeLocal
+	case HomeLocal, HomePinned:
+	default:
+		return fmt.Errorf("home: must be local or pinned, got %q", r.Home)
+	}
+	if len(r.HomeKeys) > 0 && r.Home != HomePinned {
+		return errors.New("home_keys: only a rule with home: pinned has home keys")
+	}
+	for k, reg := range r.HomeKeys {
+		if k == "" || len(k) > bucket.MaxKeyLen {
+			return fmt.Errorf("home_keys: a key must be 1 to %d bytes", bucket.MaxKeyLen)
+		}
+		if !regionPattern.MatchString(reg) {
+			return fmt.Errorf("home_keys: %q is not a region name", reg)
+		}
+	}
+	if r.Reconcile != nil && *r.Reconcile && r.Home == HomePinned {
+		return errors.New("reconcile: a pinned rule is decided in one region and has nothing to reconcile")
 	}
 	r.limit = bucket.Limit{Algorithm: r.Algorithm, Capacity: *capacity, RefillPerSecond: r.RefillPerSecond, Window: time.Duration(r.Window)}
 	if err := r.limit.Validate(); err != nil {
