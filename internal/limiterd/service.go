@@ -63,15 +63,15 @@ func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
 		lim := r.Bucket()
 		t.byID[r.ID] = &ruleEntry{
 			rule: r, limit: lim, local: share(lim, fleet), regional: share(lim, regions),
-			reconciled:      r.Reconciled(),
+			reconciled:       r.Reconciled(),
 			forwardedAllowed: forwarded.WithLabelValues(r.ID, resultAllowed),
 			forwardedLimited: forwarded.WithLabelValues(r.ID, resultLimited),
 			forwardedFailed:  forwarded.WithLabelValues(r.ID, resultError),
-			allowed:         decisions.WithLabelValues(r.ID, resultAllowed),
-			limited:         decisions.WithLabelValues(r.ID, resultLimited),
-			failed:          decisions.WithLabelValues(r.ID, resultError),
-			fallbackAllowed: decisions.WithLabelValues(r.ID, resultFallbackAllowed),
-			fallbackLimited: decisions.WithLabelValues(r.ID, resultFallbackLimited),
+			allowed:          decisions.WithLabelValues(r.ID, resultAllowed),
+			limited:          decisions.WithLabelValues(r.ID, resultLimited),
+			failed:           decisions.WithLabelValues(r.ID, resultError),
+			fallbackAllowed:  decisions.WithLabelValues(r.ID, resultFallbackAllowed),
+			fallbackLimited:  decisions.WithLabelValues(r.ID, resultFallbackLimited),
 		}
 	}
 	return t
