@@ -1,0 +1,262 @@
+package region
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestTestdata(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.yml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no testdata: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			topo, err := Load(f)
+			switch {
+			case strings.HasSuffix(f, ".good.yml"):
+				if err != nil {
+					t.Fatalf("Load: %v", err)
+				}
+				if len(topo.Regions()) == 0 {
+					t.Fatal("no regions loaded")
+				}
+			case strings.HasSuffix(f, ".bad.yml"):
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("Load = %v, want an error wrapping ErrInvalid", err)
+				}
+				if topo != nil {
+					t.Fatal("Load returned a topology with an error")
+				}
+				if !strings.HasPrefix(err.Error(), f+": ") {
+					t.Fatalf("error %q does not name the file", err)
+				}
+			default:
+				t.Fatalf("testdata file %s is neither .good.yml nor .bad.yml", f)
+			}
+		})
+	}
+}
+
+// Errors name the region and the field, so an operator can find the mistake.
+func TestErrorsNameRegionAndField(t *testing.T) {
+	tests := []struct {
+		name string
+		file string
+		want string
+	}{
+		{"unknown field", "unknown-field.bad.yml", "field zone not found"},
+		{"unknown top-level key", "unknown-top.bad.yml", "field region not found"},
+		{"duplicate name", "duplicate-name.bad.yml", `regions[1] (name "us-east"): name: already used by regions[0]`},
+		{"bad name", "bad-name.bad.yml", `regions[0] (name "US_East"): name: must match`},
+		{"leading dash", "leading-dash.bad.yml", `regions[0] (name "-east"): name:`},
+		{"name too long", "long-name.bad.yml", `regions[0] (name "a1234`},
+		{"missing name", "missing-name.bad.yml", `regions[0] (name ""): name:`},
+		{"missing address", "missing-address.bad.yml", `regions[1] (name "eu-west"): limiter_address: missing`},
+		{"no port", "no-port.bad.yml", `regions[0] (name "us-east"): limiter_address: "127.0.0.1" is not host:port`},
+		{"port too large", "bad-port.bad.yml", `regions[0] (name "us-east"): limiter_address: port "65536"`},
+		{"port zero", "zero-port.bad.yml", `limiter_address: port "0"`},
+		{"named port", "named-port.bad.yml", `limiter_address: port "grpc"`},
+		{"no host", "no-host.bad.yml", `limiter_address: ":8081" has no host`},
+		{"empty file", "empty.bad.yml", "invalid topology: the file is empty"},
+		{"comments only", "comments-only.bad.yml", "invalid topology: the file is empty"},
+		{"no regions", "no-regions.bad.yml", "invalid topology: regions: no regions"},
+		{"two documents", "two-documents.bad.yml", "more than one YAML document"},
+		{"wrong type", "wrong-type.bad.yml", "cannot unmarshal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join("testdata", tt.file)
+			_, err := Load(path)
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Load = %v, want an error wrapping ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Load = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.yml"))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Load = %v, want os.ErrNotExist", err)
+	}
+	if errors.Is(err, ErrInvalid) {
+		t.Fatal("a missing file is not invalid content")
+	}
+}
+
+func TestAccessors(t *testing.T) {
+	topo, err := Load("testdata/example.good.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRegions := []Region{
+		{Name: "us-east", LimiterAddress: "127.0.0.1:8081"},
+		{Name: "eu-west", LimiterAddress: "127.0.0.1:8082"},
+	}
+	if got := topo.Regions(); !slices.Equal(got, wantRegions) {
+		t.Fatalf("Regions = %v, want %v (file order)", got, wantRegions)
+	}
+	if got, want := topo.Names(), []string{"eu-west", "us-east"}; !slices.Equal(got, want) {
+		t.Fatalf("Names = %v, want %v (sorted)", got, want)
+	}
+	tests := []struct {
+		name   string
+		region string
+		want   Region
+		ok     bool
+	}{
+		{"first", "us-east", wantRegions[0], true},
+		{"second", "eu-west", wantRegions[1], true},
+		{"unknown", "ap-south", Region{}, false},
+		{"empty", "", Region{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := topo.Region(tt.region)
+			if got != tt.want || ok != tt.ok {
+				t.Fatalf("Region(%q) = %v, %v; want %v, %v", tt.region, got, ok, tt.want, tt.ok)
+			}
+			if has := topo.Has(tt.region); has != tt.ok {
+				t.Fatalf("Has(%q) = %v, want %v", tt.region, has, tt.ok)
+			}
+		})
+	}
+
+	// The topology is immutable: callers' slices are copies.
+	topo.Regions()[0].Name = "changed"
+	topo.Names()[0] = "changed"
+	if topo.Regions()[0].Name != "us-east" || topo.Names()[0] != "eu-west" {
+		t.Fatal("modifying a returned slice changed the topology")
+	}
+}
+
+// A name YAML would read as an integer is still a name: "0" is valid.
+func TestParseNumericName(t *testing.T) {
+	topo, err := Load("testdata/ipv6.good.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !topo.Has("0") || !topo.Has("ap-south-1") {
+		t.Fatalf("Names = %v", topo.Names())
+	}
+}
+
+func TestNew(t *testing.T) {
+	ok := Region{Name: "us-east", LimiterAddress: "10.0.0.1:8081"}
+	tests := []struct {
+		name    string
+		regions []Region
+		want    string // "" means valid
+	}{
+		{"one region", []Region{ok}, ""},
+		{"hostname", []Region{{Name: "eu-west", LimiterAddress: "limiter.eu-west.svc:443"}}, ""},
+		{"ipv6", []Region{{Name: "eu-west", LimiterAddress: "[2001:db8::1]:443"}}, ""},
+		{"nil", nil, "regions: no regions"},
+		{"empty", []Region{}, "regions: no regions"},
+		{"duplicate", []Region{ok, ok}, `regions[1] (name "us-east"): name: already used`},
+		{"upper case", []Region{{Name: "Us", LimiterAddress: "h:1"}}, `regions[0] (name "Us"): name:`},
+		{"dot", []Region{{Name: "us.east", LimiterAddress: "h:1"}}, `name:`},
+		{"63 bytes", []Region{{Name: strings.Repeat("a", 63), LimiterAddress: "h:1"}}, ""},
+		{"64 bytes", []Region{{Name: strings.Repeat("a", 64), LimiterAddress: "h:1"}}, "name:"},
+		{"ipv6 unbracketed", []Region{{Name: "a", LimiterAddress: "::1:80"}}, "limiter_address:"},
+		{"negative port", []Region{{Name: "a", LimiterAddress: "h:-1"}}, "limiter_address: port"},
+		{"signed port", []Region{{Name: "a", LimiterAddress: "h:+80"}}, "limiter_address: port"},
+		{"empty port", []Region{{Name: "a", LimiterAddress: "h:"}}, "limiter_address: port"},
+		{"space in host", []Region{{Name: "a", LimiterAddress: " h:80"}}, "limiter_address: host"},
+		{"url", []Region{{Name: "a", LimiterAddress: "http://h:80"}}, "limiter_address:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			topo, err := New(tt.regions)
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("New: %v", err)
+				}
+				if !slices.Equal(topo.Regions(), tt.regions) {
+					t.Fatalf("Regions = %v, want %v", topo.Regions(), tt.regions)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("New = %v, want an error wrapping ErrInvalid", err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New = %v, want it to contain %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestNewCopies(t *testing.T) {
+	regions := []Region{{Name: "a", LimiterAddress: "h:1"}}
+	topo, err := New(regions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regions[0].Name = "b"
+	if !topo.Has("a") || topo.Regions()[0].Name != "a" {
+		t.Fatal("New kept the caller's slice")
+	}
+}
+
+// FuzzParse: any input either parses to a topology whose every region passes
+// validation, or returns an error wrapping ErrInvalid; never a panic.
+func FuzzParse(f *testing.F) {
+	files, _ := filepath.Glob("testdata/*.yml")
+	for _, file := range files {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte("regions: [{name: a, limiter_address: 'h:1'}, {name: b, limiter_address: '[::1]:2'}]"))
+	f.Add([]byte("regions:\n  - &r {name: a, limiter_address: 'h:1'}\n  - *r\n"))
+	f.Add([]byte("regions: ~\n"))
+	f.Add([]byte("---\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		topo, err := Parse("fuzz.yml", data)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+			if topo != nil {
+				t.Fatal("Parse returned a topology with an error")
+			}
+			if !strings.HasPrefix(err.Error(), "fuzz.yml: ") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		regions := topo.Regions()
+		if len(regions) == 0 {
+			t.Fatal("a topology without regions was accepted")
+		}
+		for i, r := range regions {
+			if err := r.validate(); err != nil {
+				t.Fatalf("regions[%d] %+v accepted but invalid: %v", i, r, err)
+			}
+			if !topo.Has(r.Name) {
+				t.Fatalf("Has(%q) = false", r.Name)
+			}
+		}
+		if _, err := New(regions); err != nil {
+			t.Fatalf("New rejects the regions Parse accepted: %v", err)
+		}
+		names := topo.Names()
+		if len(names) != len(regions) || !slices.IsSorted(names) {
+			t.Fatalf("Names = %v for %d regions", names, len(regions))
+		}
+		if h := topo.Home(string(data), nil); !topo.Has(h) {
+			t.Fatalf("Home = %q, not a region of the topology", h)
+		}
+	})
+}
