@@ -1,15 +1,46 @@
-// Command reconciler publishes this region's spends to NATS JetStream and
-// applies the other regions' spends. It is not built yet.
+// Command reconciler relays its region's spends to NATS JetStream and
+// applies the other regions' spends to its region's Redis Cluster.
 package main
 
 import (
+	"context"
+	"flag"
 	"fmt"
+	"log/slog"
 	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/limiterd/limiterd/internal/logging"
+	"github.com/limiterd/limiterd/internal/reconciler"
 )
 
 func main() { os.Exit(run()) }
 
 func run() int {
-	fmt.Fprintln(os.Stderr, "reconciler: not built yet; limiterd enforces every limit per region on its own")
-	return 1
+	fs := flag.NewFlagSet("reconciler", flag.ContinueOnError)
+	var opts reconciler.Options
+	opts.RegisterFlags(fs)
+	var logOpts logging.Options
+	logOpts.RegisterFlags(fs)
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "reconciler: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	logger, err := logging.New(os.Stderr, logOpts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "reconciler:", err)
+		return 2
+	}
+	opts.Logger = logger
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := reconciler.Run(ctx, opts); err != nil {
+		logger.Error("reconciler failed", slog.Any("err", err))
+		return 1
+	}
+	return 0
 }

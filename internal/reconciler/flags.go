@@ -1,0 +1,35 @@
+package reconciler
+
+import (
+	"flag"
+	"strings"
+
+	"github.com/limiterd/limiterd/pkg/gossip"
+)
+
+// RegisterFlags defines the reconciler's flags on fs, writing into o.
+func (o *Options) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Region, "region", "", "name of this region (required; must be in the topology)")
+	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of the regions (required)")
+	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file, the same as limiterd's (required)")
+	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server holding the spend streams (required)")
+	fs.Func("redis.addrs", "comma-separated Redis Cluster seed addresses of this region (required)", func(s string) error {
+		o.RedisAddrs = nil
+		for _, a := range strings.Split(s, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				o.RedisAddrs = append(o.RedisAddrs, a)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
+	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
+	fs.DurationVar(&o.Interval, "gossip.interval", gossip.DefaultInterval, "longest wait for a spend message before looking again")
+	fs.DurationVar(&o.AckWait, "gossip.ack-wait", DefaultAckWait, "time before an unacknowledged message is delivered again")
+	fs.DurationVar(&o.MarkerTTL, "gossip.marker-ttl", DefaultMarkerTTL, "lifetime of a client's last-applied marker (at least 10 ack waits)")
+	fs.IntVar(&o.MaxMessageBytes, "gossip.max-message-bytes", gossip.DefaultMaxMessageBytes, "largest spend message accepted")
+	fs.DurationVar(&o.StreamMaxAge, "stream.max-age", DefaultStreamMaxAge, "oldest spend message kept (the longest partition whose spends still apply)")
+	fs.Int64Var(&o.StreamMaxBytes, "stream.max-bytes", DefaultStreamMaxBytes, "largest size of each spend stream")
+	fs.IntVar(&o.StreamReplicas, "stream.replicas", 1, "replicas of the spend streams in the NATS cluster")
+	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
+}

@@ -1,0 +1,326 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+// maxInWindow is the most admissions within any window of length w.
+func maxInWindow(times []time.Duration, w time.Duration) int {
+	best, j := 0, 0
+	for i := range times {
+		for times[i]-times[j] >= w {
+			j++
+		}
+		best = max(best, i-j+1)
+	}
+	return best
+}
+
+// TestOvershootBounded hammers one key through both regions well above its
+// rate for 10 s. With reconciliation the total admitted stays within
+// capacity + refill*T + one interval of remote spending (+ a small epsilon);
+// the same traffic on a rule that is not reconciled admits about twice that.
+func TestOvershootBounded(t *testing.T) {
+	const capacity, rate = 50.0, 20.0
+	interval := 500 * time.Millisecond
+	s := newStack(t, fmt.Sprintf(`rules:
+  - id: global
+    capacity: %v
+    refill_per_second: %v
+  - id: solo
+    capacity: %v
+    refill_per_second: %v
+    reconcile: false
+`, capacity, rate, capacity, rate), interval, 1)
+
+	const run = 10 * time.Second
+	var mu sync.Mutex
+	admitted := map[string]map[string][]time.Duration{"global": {}, "solo": {}}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, name := range stackRegions {
+		wg.Go(func() {
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for time.Since(start) < run {
+				<-tick.C
+				for _, rule := range []string{"global", "solo"} {
+					resp, err := s.check(name, rule, "hammered")
+					if err != nil {
+						t.Errorf("%s %s: %v", name, rule, err)
+						return
+					}
+					if resp.Allowed {
+						mu.Lock()
+						admitted[rule][name] = append(admitted[rule][name], time.Since(start))
+						mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start).Seconds()
+	total := func(rule string) int {
+		n := 0
+		for _, ts := range admitted[rule] {
+			n += len(ts)
+		}
+		return n
+	}
+	remote := 0
+	for _, name := range stackRegions {
+		remote = max(remote, maxInWindow(admitted["global"][name], interval))
+	}
+	base := capacity + rate*elapsed
+	// Epsilon: a spend waits up to one interval for its flush, then a few
+	// milliseconds for the relay and the debit; allow a tenth of the burst.
+	bound := base + float64(remote) + capacity/10
+	g, solo := total("global"), total("solo")
+	t.Logf("T=%.1fs: capacity+refill*T=%.0f; reconciled: %d admitted (us-east %d, eu-west %d), overshoot %.0f = %.2f x one interval of remote spending (%d); not reconciled: %d",
+		elapsed, base, g, len(admitted["global"]["us-east"]), len(admitted["global"]["eu-west"]), float64(g)-base, (float64(g)-base)/float64(remote), remote, solo)
+	if float64(g) > bound {
+		t.Errorf("reconciled rule admitted %d, above the bound %.0f", g, bound)
+	}
+	if float64(solo) < 1.5*base {
+		t.Errorf("rule without reconciliation admitted %d, expected about twice %.0f", solo, base)
+	}
+	if float64(g) < base-capacity {
+		t.Errorf("reconciled rule admitted %d, far below its limit %.0f: debits applied twice?", g, base)
+	}
+}
+
+// quotaRules counts every admission exactly: a huge fixed window, so the
+// stored count is the sum of local admissions and applied debits.
+const quotaRules = `rules:
+  - id: quota
+    algorithm: fixed_window
+    limit: 1000000000
+    window: 8760h
+`
+
+// count reads the quota's stored count for key in region.
+func (s *stack) count(region, key string) float64 {
+	s.t.Helper()
+	v, err := s.regions[region].redis.Get(context.Background(), redisstore.Key("quota", key)).Result()
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(v)
+	if len(f) != 2 {
+		s.t.Fatalf("quota state %q", v)
+	}
+	n, err := strconv.ParseFloat(f[1], 64)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return n
+}
+
+// send makes n checks of the quota for key through region; all must pass.
+func (s *stack) send(region, key string, n int) {
+	s.t.Helper()
+	for range n {
+		resp, err := s.check(region, "quota", key)
+		if err != nil || !resp.Allowed {
+			s.t.Fatalf("%s: %v, %v", region, resp, err)
+		}
+	}
+}
+
+// converge waits until every region's count for key is want, then makes
+// sure it stays there (nothing applied twice).
+func (s *stack) converge(key string, want float64) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ok := true
+		for _, name := range stackRegions {
+			if got := s.count(name, key); got != want {
+				ok = false
+				if got > want {
+					s.t.Fatalf("%s counts %v for %s, more than the %v admitted: a spend applied twice", name, got, key, want)
+				}
+			}
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("after 30s: us-east %v, eu-west %v, want %v", s.count("us-east", key), s.count("eu-west", key), want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(3*s.interval + 2*time.Second)
+	for _, name := range stackRegions {
+		if got := s.count(name, key); got != want {
+			s.t.Fatalf("%s counts %v for %s later, want %v", name, got, key, want)
+		}
+	}
+}
+
+// TestNATSOutage: with NATS gone for 5 s both regions keep answering; when
+// it returns every spend is applied once in the other region.
+func TestNATSOutage(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	s.send("us-east", "k", 20)
+	s.send("eu-west", "k", 30)
+	s.converge("k", 50)
+
+	s.nats.Shutdown()
+	sent := map[string]int{}
+	end := time.Now().Add(5 * time.Second)
+	for time.Now().Before(end) {
+		for _, name := range stackRegions {
+			s.send(name, "k", 1)
+			sent[name]++
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.nats.Restart(t)
+	s.send("us-east", "k", 5)
+	s.send("eu-west", "k", 7)
+	want := float64(50 + sent["us-east"] + sent["eu-west"] + 12)
+	t.Logf("sent during the outage: %v; converging on %v", sent, want)
+	s.converge("k", want)
+}
+
+// TestReconcilerDies: a reconciler dies after applying a message and before
+// acknowledging it, another (a second one in the same region) gets the
+// message again and skips it; a reconciler stopped and replaced mid-stream
+// loses nothing. The counts end exact.
+func TestReconcilerDies(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	// A second reconciler in eu-west shares the work.
+	second := s.startReconciler("eu-west")
+	victim := s.regions["eu-west"].recs[0]
+	var died atomic.Bool
+	victim.beforeAck = func(src string, seq uint64) bool {
+		if died.CompareAndSwap(false, true) {
+			go victim.Stop()
+			return false
+		}
+		return true
+	}
+	second.beforeAck = func(string, uint64) bool { return true }
+
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	sent := map[string]*atomic.Int64{"us-east": {}, "eu-west": {}}
+	for _, name := range stackRegions {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := s.check(name, "quota", "k")
+				if err != nil || !resp.Allowed {
+					t.Errorf("%s: %v, %v", name, resp, err)
+					return
+				}
+				sent[name].Add(1)
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(2 * time.Second)
+	// us-east's only reconciler goes mid-stream; a new one takes over.
+	s.regions["us-east"].recs[0].Stop()
+	time.Sleep(time.Second)
+	s.startReconciler("us-east")
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if !died.Load() {
+		t.Fatal("the eu-west reconciler never reached an ack")
+	}
+	want := float64(sent["us-east"].Load() + sent["eu-west"].Load())
+	s.converge("k", want)
+	dups := testutil.ToFloat64(second.m.duplicates.WithLabelValues("us-east"))
+	t.Logf("sent %v + %v; duplicates skipped by the surviving reconciler: %v", sent["us-east"].Load(), sent["eu-west"].Load(), dups)
+	if dups < 1 {
+		t.Errorf("the message the dead reconciler applied was not caught as a duplicate (duplicates %v)", dups)
+	}
+}
+
+// TestPinned: a pinned rule decides every key in its home region only, so
+// traffic through both regions admits exactly the limit; with the home
+// region down, on_failure decides.
+func TestPinned(t *testing.T) {
+	s := newStack(t, `rules:
+  - id: hard
+    capacity: 10
+    refill_per_second: 0.000001
+    home: pinned
+    on_failure: open
+  - id: hard-closed
+    capacity: 10
+    refill_per_second: 0.000001
+    home: pinned
+    on_failure: closed
+`, 200*time.Millisecond, 1)
+	topo, err := region.Load(filepath.Join(s.dir, "topology.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			resp, err := s.check(stackRegions[i%2], "hard", "tenant")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if resp.Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if admitted.Load() != 10 {
+		t.Fatalf("pinned rule admitted %d of 40 through both regions, want exactly 10", admitted.Load())
+	}
+
+	// A key homed in us-east, checked from eu-west with us-east down.
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprint("user-", i); topo.Home(k, nil) == "us-east" {
+			key = k
+		}
+	}
+	s.regions["us-east"].lim.Stop(context.Background())
+	allowed := 0
+	for range 8 {
+		resp, err := s.check("eu-west", "hard", key)
+		if err != nil {
+			t.Fatalf("fail-open pinned rule with its home down: %v", err)
+		}
+		if resp.Allowed {
+			allowed++
+		}
+	}
+	if allowed != 5 {
+		t.Errorf("with the home region down, eu-west admitted %d of 8, want its share 10/2 = 5", allowed)
+	}
+	if _, err := s.check("eu-west", "hard-closed", key); status.Code(err) != codes.Unavailable {
+		t.Errorf("fail-closed pinned rule with its home down: %v, want Unavailable", err)
+	}
+}

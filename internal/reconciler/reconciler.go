@@ -1,0 +1,625 @@
+// Package reconciler is the reconciler daemon: it relays its region's
+// limiterd flushes to the spends stream that links the regions, and applies
+// every other region's spends to this region's buckets, at most once each.
+//
+// Concurrency: one relay loop, and one apply loop per other region. Each
+// apply loop reads a durable consumer that delivers one message at a time,
+// in stream order, so a region's spends are applied in sequence; that order
+// is what lets the debit script tell a redelivery from a new message. Several
+// reconcilers of one region share the same durable consumers: the work is
+// spread over them, and when one dies its unacknowledged message goes to
+// another after the ack wait.
+package reconciler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/gossip"
+	"github.com/limiterd/limiterd/pkg/region"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
+)
+
+// Defaults of the flags.
+const (
+	DefaultHTTPAddress    = "127.0.0.1:9191"
+	DefaultAckWait        = 10 * time.Second
+	DefaultMarkerTTL      = 10 * time.Minute
+	DefaultStreamMaxAge   = time.Hour
+	DefaultStreamMaxBytes = 1 << 30
+	DefaultApplyTimeout   = 5 * time.Second
+)
+
+var regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// Options configure a Reconciler.
+type Options struct {
+	// Region is this region; it must be in the topology.
+	Region string
+	// TopologyFile lists the regions.
+	TopologyFile string
+	// RulesFile holds the rules, as limiterd's: a spend of a rule this
+	// region does not have, or does not reconcile, is skipped.
+	RulesFile string
+	// NATSURL is the NATS server (or cluster) holding the streams.
+	NATSURL string
+	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
+	RedisAddrs                      []string
+	RedisUsername, RedisPasswordFile string
+	// Interval is the longest a loop waits for a message before it looks
+	// again; limiterd flushes at its own --gossip.interval.
+	Interval time.Duration
+	// AckWait is how long a message may stay unacknowledged before it is
+	// delivered again (to this or another reconciler).
+	AckWait time.Duration
+	// MarkerTTL is how long a client's marker of the last applied message
+	// lives; it must outlast any redelivery (many AckWaits).
+	MarkerTTL time.Duration
+	// StreamMaxAge and StreamMaxBytes bound the streams: the backlog a
+	// partition can build before the oldest spends are dropped.
+	StreamMaxAge   time.Duration
+	StreamMaxBytes int64
+	// StreamReplicas is the replication of the streams (1 on one server).
+	StreamReplicas int
+	// MaxMessageBytes bounds a spend message.
+	MaxMessageBytes int
+	// HTTPAddress serves /metrics, /healthz and /readyz.
+	HTTPAddress string
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Reconciler is one reconciler process. Make it with New, Start and Stop it.
+type Reconciler struct {
+	opts     Options
+	log      *slog.Logger
+	registry *prometheus.Registry
+	rules    *rules.Set
+	topo     *region.Topology
+	sources  []string
+	m        *metrics
+
+	store   *redisstore.Store
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	httpLis net.Listener
+	httpSrv *http.Server
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	ready   atomic.Bool
+
+	// beforeAck, when set by a test, runs after a message's debits are
+	// applied and before its ack; returning false skips the ack, as a
+	// reconciler that dies at that moment would.
+	beforeAck func(src string, seq uint64) bool
+}
+
+func (o *Options) setDefaults() {
+	if o.Interval == 0 {
+		o.Interval = gossip.DefaultInterval
+	}
+	if o.AckWait == 0 {
+		o.AckWait = DefaultAckWait
+	}
+	if o.MarkerTTL == 0 {
+		o.MarkerTTL = DefaultMarkerTTL
+	}
+	if o.StreamMaxAge == 0 {
+		o.StreamMaxAge = DefaultStreamMaxAge
+	}
+	if o.StreamMaxBytes == 0 {
+		o.StreamMaxBytes = DefaultStreamMaxBytes
+	}
+	if o.StreamReplicas == 0 {
+		o.StreamReplicas = 1
+	}
+	if o.MaxMessageBytes == 0 {
+		o.MaxMessageBytes = gossip.DefaultMaxMessageBytes
+	}
+	if o.HTTPAddress == "" {
+		o.HTTPAddress = DefaultHTTPAddress
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if !regionPattern.MatchString(o.Region) {
+		errs = append(errs, fmt.Errorf("--region: %q must match %s", o.Region, regionPattern))
+	}
+	for flag, v := range map[string]string{"--region.topology-file": o.TopologyFile, "--rules.file": o.RulesFile, "--nats.url": o.NATSURL} {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s: required", flag))
+		}
+	}
+	if len(o.RedisAddrs) == 0 {
+		errs = append(errs, errors.New("--redis.addrs: required"))
+	}
+	if o.Interval < gossip.MinInterval || o.Interval > time.Minute {
+		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.Interval))
+	}
+	if o.AckWait < time.Second || o.AckWait > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("--gossip.ack-wait: must be in [1s, 10m], got %v", o.AckWait))
+	}
+	if o.MarkerTTL < 10*o.AckWait {
+		errs = append(errs, fmt.Errorf("--gossip.marker-ttl: must be at least 10 ack waits (%v), got %v", 10*o.AckWait, o.MarkerTTL))
+	}
+	if o.StreamMaxAge < time.Minute {
+		errs = append(errs, fmt.Errorf("--stream.max-age: must be at least 1m, got %v", o.StreamMaxAge))
+	}
+	if o.StreamMaxBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("--stream.max-bytes: must be at least 1MiB, got %d", o.StreamMaxBytes))
+	}
+	if o.StreamReplicas < 1 || o.StreamReplicas > 5 {
+		errs = append(errs, fmt.Errorf("--stream.replicas: must be 1 to 5, got %d", o.StreamReplicas))
+	}
+	if o.MaxMessageBytes < 4<<10 || o.MaxMessageBytes > 8<<20 {
+		errs = append(errs, fmt.Errorf("--gossip.max-message-bytes: must be 4KiB to 8MiB, got %d", o.MaxMessageBytes))
+	}
+	return errors.Join(errs...)
+}
+
+// New validates opts and loads the rules and the topology.
+func New(opts Options) (*Reconciler, error) {
+	opts.setDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	set, err := rules.Load(opts.RulesFile)
+	if err != nil {
+		return nil, fmt.Errorf("--rules.file: %w", err)
+	}
+	topo, err := region.Load(opts.TopologyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--region.topology-file: %w", err)
+	}
+	if !topo.Has(opts.Region) {
+		return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
+	}
+	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), rules: set, topo: topo}
+	for _, name := range topo.Names() {
+		if name != opts.Region {
+			r.sources = append(r.sources, name)
+		}
+	}
+	r.registry = prometheus.NewRegistry()
+	r.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if r.m, err = newMetrics(r.registry, opts.Region, r.sources); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Registry is the reconciler's metrics registry.
+func (r *Reconciler) Registry() *prometheus.Registry { return r.registry }
+
+// HTTPAddr is the HTTP listener's address, once started.
+func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
+
+// Start connects to Redis and NATS, creates or updates the streams and the
+// consumers, and starts the loops. NATS may be unreachable at start: the
+// loops wait for it.
+func (r *Reconciler) Start(ctx context.Context) error {
+	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Username: r.opts.RedisUsername, Timeout: DefaultApplyTimeout}
+	if r.opts.RedisPasswordFile != "" {
+		b, err := os.ReadFile(r.opts.RedisPasswordFile)
+		if err != nil {
+			return fmt.Errorf("--redis.password-file: %w", err)
+		}
+		ro.Password = strings.TrimSpace(string(b))
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	store, err := redisstore.New(cctx, ro, r.registry)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("--redis.addrs: %w", err)
+	}
+	r.store = store
+	r.nc, err = nats.Connect(r.opts.NATSURL, nats.Name("reconciler "+r.opts.Region), nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+	if err != nil {
+		store.Close()
+		return fmt.Errorf("--nats.url: %w", err)
+	}
+	if r.js, err = jetstream.New(r.nc); err != nil {
+		r.nc.Close()
+		store.Close()
+		return fmt.Errorf("--nats.url: %w", err)
+	}
+	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
+		r.nc.Close()
+		store.Close()
+		return fmt.Errorf("--http.listen-address: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.registry, promhttp.HandlerOpts{Registry: r.registry}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.ready.Load() {
+			http.Error(w, "streams not set up yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	r.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go r.httpSrv.Serve(r.httpLis)
+
+	lctx, stop := context.WithCancel(context.Background())
+	r.cancel = stop
+	r.wg.Go(func() { r.run(lctx) })
+	r.log.Info("reconciler started", "sources", strings.Join(r.sources, ","), "interval", r.opts.Interval)
+	return nil
+}
+
+// Stop ends the loops (a message being applied is finished first) and
+// closes the connections.
+func (r *Reconciler) Stop() error {
+	if r.cancel == nil {
+		return nil
+	}
+	r.cancel()
+	r.wg.Wait()
+	r.nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return errors.Join(r.httpSrv.Shutdown(ctx), r.store.Close())
+}
+
+// Run starts a reconciler and runs it until ctx ends.
+func Run(ctx context.Context, opts Options) error {
+	r, err := New(opts)
+	if err != nil {
+		return err
+	}
+	if err := r.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return r.Stop()
+}
+
+// run sets up the streams and consumers (retrying while NATS is away),
+// then runs the relay and apply loops until ctx ends.
+func (r *Reconciler) run(ctx context.Context) {
+	var relay jetstream.Consumer
+	apply := make(map[string]jetstream.Consumer)
+	for {
+		err := r.setup(ctx, &relay, apply)
+		if err == nil {
+			break
+		}
+		r.log.Warn("streams not set up, retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+	r.ready.Store(true)
+	var wg sync.WaitGroup
+	wg.Go(func() { r.relayLoop(ctx, relay) })
+	for _, src := range r.sources {
+		wg.Go(func() { r.applyLoop(ctx, src, apply[src]) })
+	}
+	wg.Go(func() { r.backlogLoop(ctx, relay, apply) })
+	wg.Wait()
+}
+
+// setup creates or updates the streams and the durable consumers; every
+// reconciler of every region runs it, and it is idempotent.
+func (r *Reconciler) setup(ctx context.Context, relay *jetstream.Consumer, apply map[string]jetstream.Consumer) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       gossip.SpendStream,
+		Subjects:   []string{gossip.SpendSubjectPrefix + ">"},
+		Retention:  jetstream.LimitsPolicy,
+		MaxAge:     r.opts.StreamMaxAge,
+		MaxBytes:   r.opts.StreamMaxBytes,
+		MaxMsgSize: int32(r.opts.MaxMessageBytes),
+		Discard:    jetstream.DiscardOld,
+		Duplicates: 2 * time.Minute,
+		Replicas:   r.opts.StreamReplicas,
+		Storage:    jetstream.FileStorage,
+	}); err != nil {
+		return fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
+	}
+	local := gossip.LocalStream(r.opts.Region)
+	if _, err := r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:       local,
+		Subjects:   []string{gossip.LocalSubject(r.opts.Region)},
+		Retention:  jetstream.WorkQueuePolicy,
+		MaxAge:     r.opts.StreamMaxAge,
+		MaxBytes:   r.opts.StreamMaxBytes,
+		MaxMsgSize: int32(r.opts.MaxMessageBytes),
+		Discard:    jetstream.DiscardOld,
+		Duplicates: 2 * time.Minute,
+		Replicas:   r.opts.StreamReplicas,
+		Storage:    jetstream.FileStorage,
+	}); err != nil {
+		return fmt.Errorf("stream %s: %w", local, err)
+	}
+	c, err := r.js.CreateOrUpdateConsumer(ctx, local, jetstream.ConsumerConfig{
+		Durable:       "relay",
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.opts.AckWait,
+		MaxAckPending: 1024,
+		MaxDeliver:    -1,
+	})
+	if err != nil {
+		return fmt.Errorf("consumer relay: %w", err)
+	}
+	*relay = c
+	for _, src := range r.sources {
+		c, err := r.js.CreateOrUpdateConsumer(ctx, gossip.SpendStream, jetstream.ConsumerConfig{
+			Durable:       applyConsumer(r.opts.Region, src),
+			FilterSubject: gossip.SpendSubject(src),
+			// A new region starts with what is published from now on.
+			DeliverPolicy: jetstream.DeliverNewPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       r.opts.AckWait,
+			// One message at a time, in order: see the package comment.
+			MaxAckPending: 1,
+			MaxDeliver:    -1,
+		})
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", applyConsumer(r.opts.Region, src), err)
+		}
+		apply[src] = c
+	}
+	return nil
+}
+
+func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
+
+// relayLoop forwards this region's limiterd flushes, one to one, to the
+// spends stream. The message id is the flush's own (instance, sequence,
+// part), so a relay that dies between publishing and acknowledging makes a
+// duplicate that the stream drops.
+func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
+	subject := gossip.SpendSubject(r.opts.Region)
+	for ctx.Err() == nil {
+		batch, err := c.Fetch(256, jetstream.FetchMaxWait(r.opts.Interval))
+		if err != nil {
+			r.pause(ctx, "relay fetch", err)
+			continue
+		}
+		for msg := range batch.Messages() {
+			b, err := gossip.Decode(msg.Data(), r.opts.MaxMessageBytes)
+			if err == nil && b.GetRegion() != r.opts.Region {
+				err = fmt.Errorf("%w: region: %q on %s's local stream", gossip.ErrInvalidBatch, b.GetRegion(), r.opts.Region)
+			}
+			if err != nil {
+				r.reject(msg, "relay", err)
+				continue
+			}
+			id := fmt.Sprintf("%s-%d-%d", b.GetInstance(), b.GetSequence(), b.GetPart())
+			pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
+			_, err = r.js.Publish(pctx, subject, msg.Data(), jetstream.WithMsgID(id))
+			cancel()
+			if err != nil {
+				r.log.Warn("relay publish failed, will retry", "err", err)
+				msg.NakWithDelay(r.opts.Interval)
+				continue
+			}
+			r.m.relayed.Add(float64(len(b.GetSpends())))
+			msg.Ack()
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			r.pause(ctx, "relay fetch", err)
+		}
+	}
+}
+
+// applyLoop applies src's spends, one message at a time, in order.
+func (r *Reconciler) applyLoop(ctx context.Context, src string, c jetstream.Consumer) {
+	for ctx.Err() == nil {
+		batch, err := c.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
+		if err != nil {
+			r.pause(ctx, "apply fetch", err)
+			continue
+		}
+		for msg := range batch.Messages() {
+			r.applyMessage(ctx, src, msg)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			r.pause(ctx, "apply fetch", err)
+		}
+	}
+}
+
+func (r *Reconciler) applyMessage(ctx context.Context, src string, msg jetstream.Msg) {
+	meta, err := msg.Metadata()
+	if err != nil {
+		r.reject(msg, src, err)
+		return
+	}
+	b, err := gossip.Decode(msg.Data(), r.opts.MaxMessageBytes)
+	if err == nil && b.GetRegion() != src {
+		err = fmt.Errorf("%w: region: %q on %s's subject", gossip.ErrInvalidBatch, b.GetRegion(), src)
+	}
+	if err != nil {
+		r.reject(msg, src, err)
+		return
+	}
+	clients, skipped := r.debits(b)
+	if skipped > 0 {
+		r.m.skipped.WithLabelValues(src).Add(float64(skipped))
+	}
+	actx, cancel := context.WithTimeout(context.Background(), DefaultApplyTimeout)
+	applied, dups, err := r.store.ApplyDebits(actx, src, meta.Sequence.Stream, r.opts.MarkerTTL, clients)
+	cancel()
+	r.m.applied.WithLabelValues(src).Add(float64(applied))
+	r.m.duplicates.WithLabelValues(src).Add(float64(dups))
+	if err != nil {
+		// Nothing is lost: the message comes again, and what was applied
+		// is marked, so it is not applied twice.
+		r.log.Warn("debits not applied, will retry", "source", src, "seq", meta.Sequence.Stream, "applied", applied, "err", err)
+		msg.NakWithDelay(time.Second)
+		return
+	}
+	if applied > 0 {
+		lag := time.Since(time.UnixMicro(b.GetFirstAdmittedUnixMicros()))
+		r.m.lag.WithLabelValues(src).Observe(max(lag.Seconds(), 0))
+	}
+	if r.beforeAck != nil && !r.beforeAck(src, meta.Sequence.Stream) {
+		return
+	}
+	ackCtx, cancelAck := context.WithTimeout(ctx, r.opts.AckWait/2)
+	defer cancelAck()
+	if err := msg.DoubleAck(ackCtx); err != nil {
+		// Redelivered later: a duplicate the markers catch.
+		r.log.Warn("ack failed", "source", src, "seq", meta.Sequence.Stream, "err", err)
+	}
+}
+
+// debits groups a batch's spends by client, with this region's limits;
+// spends of rules this region does not have or does not reconcile are
+// skipped.
+func (r *Reconciler) debits(b *gossipv1.SpendBatch) (clients []redisstore.ClientDebits, skipped int) {
+	byKey := make(map[string]int)
+	for _, s := range b.GetSpends() {
+		rule := r.rules.Get(s.GetRuleId())
+		if rule == nil || !rule.Reconciled() {
+			skipped++
+			continue
+		}
+		i, ok := byKey[s.GetKey()]
+		if !ok {
+			i = len(clients)
+			byKey[s.GetKey()] = i
+			clients = append(clients, redisstore.ClientDebits{Key: s.GetKey()})
+		}
+		d := &clients[i]
+		if j := slices.IndexFunc(d.Debits, func(x redisstore.Debit) bool { return x.Rule == rule.ID }); j >= 0 {
+			d.Debits[j].Amount += s.GetCost()
+			continue
+		}
+		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.Bucket(), Amount: s.GetCost()})
+	}
+	return clients, skipped
+}
+
+// reject terminates a message that can never be applied: it is counted and
+// logged, and the stream moves on.
+func (r *Reconciler) reject(msg jetstream.Msg, where string, err error) {
+	r.m.rejected.Inc()
+	r.log.Warn("spend message rejected", "from", where, "subject", msg.Subject(), "err", err)
+	msg.Term()
+}
+
+func (r *Reconciler) pause(ctx context.Context, what string, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	r.log.Debug(what, "err", err)
+	select {
+	case <-ctx.Done():
+	case <-time.After(250 * time.Millisecond):
+	}
+}
+
+// backlogLoop exports how many messages wait, per consumer, every interval.
+func (r *Reconciler) backlogLoop(ctx context.Context, relay jetstream.Consumer, apply map[string]jetstream.Consumer) {
+	t := time.NewTicker(r.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ictx, cancel := context.WithTimeout(ctx, r.opts.Interval)
+		if info, err := relay.Info(ictx); err == nil {
+			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
+		}
+		for src, c := range apply {
+			if info, err := c.Info(ictx); err == nil {
+				r.m.backlog.WithLabelValues(src).Set(float64(info.NumPending + uint64(info.NumAckPending)))
+			}
+		}
+		cancel()
+	}
+}
+
+type metrics struct {
+	relayed      prometheus.Counter
+	applied      *prometheus.CounterVec
+	duplicates   *prometheus.CounterVec
+	skipped      *prometheus.CounterVec
+	rejected     prometheus.Counter
+	lag          *prometheus.HistogramVec
+	backlog      *prometheus.GaugeVec
+	relayBacklog prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metrics, error) {
+	m := &metrics{
+		relayed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_spends_published_total",
+			Help: "Spend entries of this region relayed to the other regions.",
+		}),
+		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_applied_total",
+			Help: "Clients debited with another region's spends, by source region.",
+		}, []string{"source_region"}),
+		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_duplicates_total",
+			Help: "Clients whose debit was skipped because the message was applied already.",
+		}, []string{"source_region"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_skipped_total",
+			Help: "Spend entries of rules this region does not have or does not reconcile.",
+		}, []string{"source_region"}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_spend_messages_rejected_total",
+			Help: "Spend messages that were malformed, oversized or misaddressed, and terminated.",
+		}),
+		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "limiter_reconcile_lag_seconds",
+			Help:    "From a spend's admission in its source region to its debit here (the source's clock).",
+			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300},
+		}, []string{"source_region"}),
+		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_reconcile_backlog_messages",
+			Help: "Spend messages of a source region waiting to be applied here.",
+		}, []string{"source_region"}),
+		relayBacklog: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_relay_backlog_messages",
+			Help: "limiterd flushes of this region waiting to be relayed.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.relayed, m.applied, m.duplicates, m.skipped, m.rejected, m.lag, m.backlog, m.relayBacklog} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, src := range sources {
+		m.applied.WithLabelValues(src)
+		m.duplicates.WithLabelValues(src)
+		m.skipped.WithLabelValues(src)
+		m.backlog.WithLabelValues(src)
+	}
+	return m, nil
+}
