@@ -63,7 +63,7 @@ type Options struct {
 	// NATSURL is the NATS server (or cluster) holding the streams.
 	NATSURL string
 	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
-	RedisAddrs                      []string
+	RedisAddrs                       []string
 	RedisUsername, RedisPasswordFile string
 	// Interval is the longest a loop waits for a message before it looks
 	// again; limiterd flushes at its own --gossip.interval.
