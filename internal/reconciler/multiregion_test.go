@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -11,12 +12,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
 
 // maxInWindow is the most admissions within any window of length w.
@@ -322,5 +329,115 @@ func TestPinned(t *testing.T) {
 	}
 	if _, err := s.check("eu-west", "hard-closed", key); status.Code(err) != codes.Unavailable {
 		t.Errorf("fail-closed pinned rule with its home down: %v, want Unavailable", err)
+	}
+}
+
+// TestMalformedMessages: garbage, a batch on another region's subject and
+// an invalid batch are counted and terminated; the streams move on and
+// valid spends still apply exactly once.
+func TestMalformedMessages(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	nc, err := nats.Connect(s.nats.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	misaddressed, _ := gossip.Split(gossip.Header{Region: "eu-west", Instance: "x", Sequence: 1, FirstAdmitted: 1, Flushed: 1},
+		[]gossip.Spend{{Rule: "quota", Key: "k", Cost: 1000}}, gossip.DefaultMaxMessageBytes)
+	invalid, _ := proto.Marshal(&gossipv1.SpendBatch{Region: "us-east", Instance: "x", Parts: 1, FirstAdmittedUnixMicros: 1,
+		FlushedUnixMicros: 1, Spends: []*gossipv1.Spend{{RuleId: "quota", Key: "k", Cost: math.Inf(1)}}})
+	for subject, data := range map[string][]byte{
+		gossip.SpendSubject("us-east"): []byte("not a protobuf \xff\xff"),
+		gossip.SpendSubject("eu-west"): invalid,
+		gossip.LocalSubject("us-east"): misaddressed[0],
+	} {
+		if _, err := js.Publish(ctx, subject, data); err != nil {
+			t.Fatalf("publish to %s: %v", subject, err)
+		}
+	}
+	// The misaddressed batch again, on us-east's spends subject.
+	if _, err := js.Publish(ctx, gossip.SpendSubject("us-east"), misaddressed[0]); err != nil {
+		t.Fatal(err)
+	}
+	s.send("us-east", "k", 3)
+	s.send("eu-west", "k", 4)
+	s.converge("k", 7)
+	rejected := 0.0
+	for _, name := range stackRegions {
+		rejected += testutil.ToFloat64(s.regions[name].recs[0].m.rejected)
+	}
+	if rejected != 4 {
+		t.Fatalf("%v messages rejected, want 4", rejected)
+	}
+}
+
+func TestReconcilerMetricsLint(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	s.send("us-east", "k", 1)
+	s.converge("k", 1)
+	for _, name := range stackRegions {
+		rec := s.regions[name].recs[0]
+		mfs, err := rec.Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range problems {
+			t.Errorf("%s: promlint: %s: %s", name, p.Metric, p.Text)
+		}
+	}
+	// eu-west applied us-east's spend, and measured its lag.
+	rec := s.regions["eu-west"].recs[0]
+	if got := testutil.ToFloat64(rec.m.applied.WithLabelValues("us-east")); got != 1 {
+		t.Errorf("applied = %v, want 1", got)
+	}
+	if n := testutil.CollectAndCount(rec.m.lag); n != 1 {
+		t.Errorf("lag histogram has %d series, want 1", n)
+	}
+}
+
+func TestBadOptions(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, dir, "rules.yml", quotaRules)
+	writeFile(t, dir, "topology.yml", "regions:\n  - name: us-east\n    limiter_address: 127.0.0.1:1\n")
+	good := func() Options {
+		return Options{Region: "us-east", TopologyFile: filepath.Join(dir, "topology.yml"), RulesFile: filepath.Join(dir, "rules.yml"),
+			NATSURL: "nats://127.0.0.1:1", RedisAddrs: []string{"127.0.0.1:1"}, Logger: quiet()}
+	}
+	if _, err := New(good()); err != nil {
+		t.Fatalf("good options: %v", err)
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Options)
+		flag   string
+	}{
+		{"no region", func(o *Options) { o.Region = "" }, "--region"},
+		{"region not in topology", func(o *Options) { o.Region = "eu-west" }, "--region"},
+		{"no nats", func(o *Options) { o.NATSURL = "" }, "--nats.url"},
+		{"no redis", func(o *Options) { o.RedisAddrs = nil }, "--redis.addrs"},
+		{"interval too short", func(o *Options) { o.Interval = time.Millisecond }, "--gossip.interval"},
+		{"marker shorter than redeliveries", func(o *Options) { o.MarkerTTL = time.Second }, "--gossip.marker-ttl"},
+		{"missing rules", func(o *Options) { o.RulesFile = filepath.Join(dir, "none.yml") }, "--rules.file"},
+		{"missing topology", func(o *Options) { o.TopologyFile = filepath.Join(dir, "none.yml") }, "--region.topology-file"},
+		{"tiny stream", func(o *Options) { o.StreamMaxBytes = 10 }, "--stream.max-bytes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := good()
+			tt.mutate(&o)
+			_, err := New(o)
+			if err == nil || !strings.Contains(err.Error(), tt.flag) {
+				t.Fatalf("New = %v, want an error naming %s", err, tt.flag)
+			}
+		})
 	}
 }

@@ -1,0 +1,172 @@
+package gossip
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
+)
+
+func TestAccumulator(t *testing.T) {
+	var a Accumulator
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			for j := range 1000 {
+				a.Add("r", fmt.Sprint("k", j%10), 0.5, int64(100+i))
+			}
+		})
+	}
+	wg.Wait()
+	spends, first := a.Drain()
+	if len(spends) != 10 || first != 100 {
+		t.Fatalf("Drain: %d spends, first %d; want 10, 100", len(spends), first)
+	}
+	for _, s := range spends {
+		if s.Cost != 400 {
+			t.Fatalf("%+v: want cost 8*100*0.5 = 400", s)
+		}
+	}
+	if again, _ := a.Drain(); len(again) != 0 || a.Len() != 0 {
+		t.Fatalf("second Drain returned %d spends", len(again))
+	}
+}
+
+func header() Header {
+	return Header{Region: "us-east", Instance: "lim-1", Sequence: 7, FirstAdmitted: 1, Flushed: 2}
+}
+
+func TestSplitRoundTrip(t *testing.T) {
+	var spends []Spend
+	for i := range 5000 {
+		spends = append(spends, Spend{Rule: "api", Key: fmt.Sprintf("user:%06d", i), Cost: float64(i%7) + 0.5})
+	}
+	const maxBytes = 16 << 10
+	parts, err := Split(header(), spends, maxBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(parts) < 5 {
+		t.Fatalf("5000 spends in %d parts of at most %d bytes", len(parts), maxBytes)
+	}
+	var got []Spend
+	for i, p := range parts {
+		if len(p) > maxBytes {
+			t.Fatalf("part %d is %d bytes, above %d", i, len(p), maxBytes)
+		}
+		b, err := Decode(p, maxBytes)
+		if err != nil {
+			t.Fatalf("part %d: %v", i, err)
+		}
+		if b.GetPart() != uint32(i) || b.GetParts() != uint32(len(parts)) || b.GetSequence() != 7 || b.GetRegion() != "us-east" {
+			t.Fatalf("part %d header: %v", i, b)
+		}
+		for _, s := range b.GetSpends() {
+			got = append(got, Spend{Rule: s.GetRuleId(), Key: s.GetKey(), Cost: s.GetCost()})
+		}
+	}
+	if len(got) != len(spends) {
+		t.Fatalf("%d spends back, sent %d", len(got), len(spends))
+	}
+	for i := range got {
+		if got[i] != spends[i] {
+			t.Fatalf("spend %d: %+v, sent %+v", i, got[i], spends[i])
+		}
+	}
+	if parts, err := Split(header(), nil, maxBytes); err != nil || parts != nil {
+		t.Fatalf("empty flush: %v, %v", parts, err)
+	}
+	if _, err := Split(header(), []Spend{{Rule: "a", Key: strings.Repeat("k", 512), Cost: 1}}, 256); err == nil {
+		t.Fatal("a spend larger than a message was accepted")
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	valid := func() *gossipv1.SpendBatch {
+		return &gossipv1.SpendBatch{Region: "eu-west", Instance: "i", Sequence: 1, Part: 0, Parts: 1,
+			FirstAdmittedUnixMicros: 1, FlushedUnixMicros: 1,
+			Spends: []*gossipv1.Spend{{RuleId: "api", Key: "k", Cost: 1}}}
+	}
+	tests := []struct {
+		name   string
+		mutate func(*gossipv1.SpendBatch)
+		field  string
+	}{
+		{"valid", func(*gossipv1.SpendBatch) {}, ""},
+		{"bad region", func(b *gossipv1.SpendBatch) { b.Region = "EU West" }, "region"},
+		{"no instance", func(b *gossipv1.SpendBatch) { b.Instance = "" }, "instance"},
+		{"part out of range", func(b *gossipv1.SpendBatch) { b.Part = 1 }, "part"},
+		{"no time", func(b *gossipv1.SpendBatch) { b.FirstAdmittedUnixMicros = 0 }, "first_admitted"},
+		{"no spends", func(b *gossipv1.SpendBatch) { b.Spends = nil }, "spends"},
+		{"bad rule", func(b *gossipv1.SpendBatch) { b.Spends[0].RuleId = "~x" }, "spends[0].rule_id"},
+		{"empty key", func(b *gossipv1.SpendBatch) { b.Spends[0].Key = "" }, "spends[0].key"},
+		{"long key", func(b *gossipv1.SpendBatch) { b.Spends[0].Key = strings.Repeat("k", 513) }, "spends[0].key"},
+		{"NaN cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.NaN() }, "spends[0].cost"},
+		{"negative cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = -1 }, "spends[0].cost"},
+		{"infinite cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.Inf(1) }, "spends[0].cost"},
+		{"huge cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = 1e300 }, "spends[0].cost"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := valid()
+			tt.mutate(b)
+			data, err := proto.Marshal(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = Decode(data, DefaultMaxMessageBytes)
+			if tt.field == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidBatch) || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("Decode = %v, want ErrInvalidBatch naming %s", err, tt.field)
+			}
+		})
+	}
+	if _, err := Decode([]byte{0xff, 0xff, 0xff}, 100); !errors.Is(err, ErrInvalidBatch) {
+		t.Fatalf("garbage: %v", err)
+	}
+	if _, err := Decode(make([]byte, 101), 100); !errors.Is(err, ErrInvalidBatch) {
+		t.Fatalf("oversized: %v", err)
+	}
+}
+
+func TestNames(t *testing.T) {
+	if got := LocalStream("eu-west-2"); got != "LIMITER_LOCAL_EU_WEST_2" {
+		t.Fatalf("LocalStream = %q", got)
+	}
+	if SpendSubject("us-east") != "limiter.spends.us-east" || LocalSubject("us-east") != "limiter.local.us-east" {
+		t.Fatal("subjects changed")
+	}
+}
+
+// FuzzDecode: any bytes decode to a batch that passes Validate, or fail
+// with ErrInvalidBatch; never a panic.
+func FuzzDecode(f *testing.F) {
+	parts, _ := Split(header(), []Spend{{Rule: "api", Key: "k", Cost: 1}, {Rule: "b", Key: "j", Cost: 2.5}}, 1<<10)
+	for _, p := range parts {
+		f.Add(p)
+	}
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := Decode(data, 1<<16)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidBatch) {
+				t.Fatalf("error %v does not wrap ErrInvalidBatch", err)
+			}
+			return
+		}
+		if err := Validate(b); err != nil {
+			t.Fatalf("decoded batch fails Validate: %v", err)
+		}
+	})
+}
