@@ -38,6 +38,66 @@ func maxInWindow(times []time.Duration, w time.Duration) int {
 	return best
 }
 
+// hammered is what a hammer run admitted, per rule and region, at what time.
+type hammered struct {
+	elapsed  float64
+	admitted map[string]map[string][]time.Duration
+}
+
+func (h *hammered) total(rule string) int {
+	n := 0
+	for _, ts := range h.admitted[rule] {
+		n += len(ts)
+	}
+	return n
+}
+
+// remoteWindow is the most one region admitted within one interval: the
+// spending another region may not know of yet.
+func (h *hammered) remoteWindow(rule string, interval time.Duration) int {
+	m := 0
+	for _, ts := range h.admitted[rule] {
+		m = max(m, maxInWindow(ts, interval))
+	}
+	return m
+}
+
+// hammer checks one key under each rule through every region, one check
+// per rule every period per region, for run.
+func (s *stack) hammer(run, period time.Duration, rules ...string) *hammered {
+	var mu sync.Mutex
+	h := &hammered{admitted: map[string]map[string][]time.Duration{}}
+	for _, r := range rules {
+		h.admitted[r] = map[string][]time.Duration{}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, name := range stackRegions {
+		wg.Go(func() {
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for time.Since(start) < run {
+				<-tick.C
+				for _, rule := range rules {
+					resp, err := s.check(name, rule, "hammered")
+					if err != nil {
+						s.t.Errorf("%s %s: %v", name, rule, err)
+						return
+					}
+					if resp.Allowed {
+						mu.Lock()
+						h.admitted[rule][name] = append(h.admitted[rule][name], time.Since(start))
+						mu.Unlock()
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	h.elapsed = time.Since(start).Seconds()
+	return h
+}
+
 // TestOvershootBounded hammers one key through both regions well above its
 // rate for 10 s. With reconciliation the total admitted stays within
 // capacity + refill*T + one interval of remote spending (+ a small epsilon);
@@ -55,45 +115,10 @@ func TestOvershootBounded(t *testing.T) {
     reconcile: false
 `, capacity, rate, capacity, rate), interval, 1)
 
-	const run = 10 * time.Second
-	var mu sync.Mutex
-	admitted := map[string]map[string][]time.Duration{"global": {}, "solo": {}}
-	start := time.Now()
-	var wg sync.WaitGroup
-	for _, name := range stackRegions {
-		wg.Go(func() {
-			tick := time.NewTicker(10 * time.Millisecond)
-			defer tick.Stop()
-			for time.Since(start) < run {
-				<-tick.C
-				for _, rule := range []string{"global", "solo"} {
-					resp, err := s.check(name, rule, "hammered")
-					if err != nil {
-						t.Errorf("%s %s: %v", name, rule, err)
-						return
-					}
-					if resp.Allowed {
-						mu.Lock()
-						admitted[rule][name] = append(admitted[rule][name], time.Since(start))
-						mu.Unlock()
-					}
-				}
-			}
-		})
-	}
-	wg.Wait()
-	elapsed := time.Since(start).Seconds()
-	total := func(rule string) int {
-		n := 0
-		for _, ts := range admitted[rule] {
-			n += len(ts)
-		}
-		return n
-	}
-	remote := 0
-	for _, name := range stackRegions {
-		remote = max(remote, maxInWindow(admitted["global"][name], interval))
-	}
+	h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
+	elapsed, admitted := h.elapsed, h.admitted
+	total := h.total
+	remote := h.remoteWindow("global", interval)
 	base := capacity + rate*elapsed
 	// Epsilon: a spend waits up to one interval for its flush, then a few
 	// milliseconds for the relay and the debit; allow a tenth of the burst.

@@ -24,7 +24,7 @@ import (
 // stack is two regions on loopback: for each a real Redis Cluster, a
 // limiterd and reconcilers, all on one in-process JetStream server.
 type stack struct {
-	t        *testing.T
+	t        testing.TB
 	nats     *testenv.NATSServer
 	dir      string
 	interval time.Duration
@@ -51,7 +51,7 @@ func quiet() *slog.Logger {
 
 // newStack starts both regions with the rules given, reconciling every
 // interval, with reconcilers reconcilers per region.
-func newStack(t *testing.T, rulesYAML string, interval time.Duration, reconcilers int) *stack {
+func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconcilers int) *stack {
 	t.Helper()
 	s := &stack{t: t, nats: testenv.NATS(t), dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
 	writeFile(t, s.dir, "rules.yml", rulesYAML)
@@ -143,7 +143,7 @@ func (s *stack) waitReady() {
 }
 
 // freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -153,7 +153,7 @@ func freeAddr(t *testing.T) string {
 	return l.Addr().String()
 }
 
-func writeFile(t *testing.T, dir, name, content string) {
+func writeFile(t testing.TB, dir, name, content string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 		t.Fatal(err)

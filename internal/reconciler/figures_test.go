@@ -1,0 +1,127 @@
+package reconciler
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/pkg/gossip"
+)
+
+// The figures in the README's multi-region section:
+//
+//	go test -run '^$' -bench . -benchtime 1x ./internal/reconciler
+
+const figureRules = `rules:
+  - id: global
+    capacity: 50
+    refill_per_second: 20
+  - id: solo
+    capacity: 50
+    refill_per_second: 20
+    reconcile: false
+`
+
+// BenchmarkOvershoot hammers one key through both regions at 100 checks/s
+// each for 10 s, against capacity 50 and refill 20/s, and reports the
+// overshoot over capacity + refill*T, with and without reconciliation.
+func BenchmarkOvershoot(b *testing.B) {
+	for _, interval := range []time.Duration{time.Second, 250 * time.Millisecond, 100 * time.Millisecond} {
+		b.Run("interval="+interval.String(), func(b *testing.B) {
+			for b.Loop() {
+				s := newStack(b, figureRules, interval, 1)
+				h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
+				base := 50 + 20*h.elapsed
+				over := float64(h.total("global")) - base
+				remote := h.remoteWindow("global", interval)
+				b.ReportMetric(over, "overshoot")
+				b.ReportMetric(over/float64(remote), "x_remote_interval")
+				b.ReportMetric(float64(remote), "remote_interval_admits")
+				b.ReportMetric(float64(h.total("solo"))-base, "overshoot_unreconciled")
+			}
+		})
+	}
+}
+
+// BenchmarkReconcileLag measures, 60 times, from a check admitted in
+// us-east to its debit visible in eu-west's Redis.
+func BenchmarkReconcileLag(b *testing.B) {
+	for _, interval := range []time.Duration{time.Second, 100 * time.Millisecond} {
+		b.Run("interval="+interval.String(), func(b *testing.B) {
+			for b.Loop() {
+				s := newStack(b, quotaRules, interval, 1)
+				var lags []time.Duration
+				for i := range 60 {
+					// Spread the samples over the flush cycle.
+					time.Sleep(time.Duration(rand.Int64N(int64(interval))))
+					key := fmt.Sprint("lag-", i)
+					start := time.Now()
+					s.send("us-east", key, 1)
+					for s.count("eu-west", key) != 1 {
+						if time.Since(start) > 30*time.Second {
+							b.Fatalf("spend of %s not applied after 30s", key)
+						}
+						time.Sleep(2 * time.Millisecond)
+					}
+					lags = append(lags, time.Since(start))
+				}
+				slices.Sort(lags)
+				b.ReportMetric(float64(lags[len(lags)/2].Milliseconds()), "p50_ms")
+				b.ReportMetric(float64(lags[len(lags)*99/100].Milliseconds()), "p99_ms")
+			}
+		})
+	}
+}
+
+// BenchmarkApplyThroughput publishes 20 messages of 5,000 distinct keys as
+// us-east's spends and reports how fast eu-west's reconciler applies them.
+func BenchmarkApplyThroughput(b *testing.B) {
+	for b.Loop() {
+		s := newStack(b, quotaRules, 100*time.Millisecond, 1)
+		nc, err := nats.Connect(s.nats.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		js, err := jetstream.New(nc)
+		if err != nil {
+			b.Fatal(err)
+		}
+		const messages, keys = 20, 5000
+		var payloads [][]byte
+		for m := range messages {
+			spends := make([]gossip.Spend, keys)
+			for k := range spends {
+				spends[k] = gossip.Spend{Rule: "quota", Key: fmt.Sprintf("t%d-%d", m, k), Cost: 1}
+			}
+			now := time.Now().UnixMicro()
+			parts, err := gossip.Split(gossip.Header{Region: "us-east", Instance: "bench", Sequence: uint64(m + 1),
+				FirstAdmitted: now, Flushed: now}, spends, gossip.DefaultMaxMessageBytes)
+			if err != nil || len(parts) != 1 {
+				b.Fatalf("split: %d parts, %v", len(parts), err)
+			}
+			payloads = append(payloads, parts[0])
+		}
+		rec := s.regions["eu-west"].recs[0]
+		start := time.Now()
+		for _, p := range payloads {
+			if _, err := js.Publish(context.Background(), gossip.SpendSubject("us-east"), p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for testutil.ToFloat64(rec.m.applied.WithLabelValues("us-east")) < messages*keys {
+			if time.Since(start) > 2*time.Minute {
+				b.Fatal("not applied after 2 minutes")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		b.ReportMetric(messages*keys/time.Since(start).Seconds(), "keys/s")
+		nc.Close()
+	}
+}
