@@ -232,9 +232,16 @@ func TestMetricsLint(t *testing.T) {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
 	body := scrape(t, d)
-	for _, name := range []string{"limiter_decisions_total", "limiter_check_duration_seconds_bucket", "limiter_invalid_requests_total"} {
-		if !strings.Contains(body, name) {
-			t.Errorf("/metrics lacks %s", name)
+	for _, want := range []string{
+		`limiter_decisions_total{result="allowed",rule="tb"} 1`,
+		`limiter_admitted_cost_total{rule="tb"} 1`,
+		`limiter_rule_capacity{rule="tb"} 10`,
+		`limiter_rule_sustained_rate{rule="log"} 0.000833`,
+		"limiter_check_duration_seconds_bucket",
+		`limiter_invalid_requests_total{field="cost"} 0`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
 	}
 }

@@ -38,6 +38,8 @@ type ruleEntry struct {
 	reconciled             bool
 	// decisions are the rule's counters, by result.
 	allowed, limited, failed, fallbackAllowed, fallbackLimited prometheus.Counter
+	// admittedCost sums the tokens admitted here, for global dashboards.
+	admittedCost prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
@@ -61,8 +63,11 @@ func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
 	t := &table{byID: make(map[string]*ruleEntry, len(set.Rules()))}
 	for _, r := range set.Rules() {
 		lim := r.Bucket()
+		m.ruleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
+		m.ruleRate.WithLabelValues(r.ID).Set(sustainedRate(lim))
 		t.byID[r.ID] = &ruleEntry{
 			rule: r, limit: lim, local: share(lim, fleet), regional: share(lim, regions),
+			admittedCost:     m.admittedCost.WithLabelValues(r.ID),
 			reconciled:       r.Reconciled(),
 			forwardedAllowed: forwarded.WithLabelValues(r.ID, resultAllowed),
 			forwardedLimited: forwarded.WithLabelValues(r.ID, resultLimited),
@@ -136,8 +141,18 @@ func (c *checker) check(ctx context.Context, ruleID, key string, cost float64) (
 	return c.storeFailed(ctx, e, key, cost, err)
 }
 
-// record adds an admitted cost to the spends reported to other regions.
+// sustainedRate is a limit's long-run tokens per second.
+func sustainedRate(l bucket.Limit) float64 {
+	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
+		return l.RefillPerSecond
+	}
+	return l.Capacity / l.Window.Seconds()
+}
+
+// record counts an admitted cost, and adds it to the spends reported to
+// the other regions.
 func (c *checker) record(e *ruleEntry, key string, cost float64) {
+	e.admittedCost.Add(cost)
 	if e.reconciled && c.spends != nil {
 		c.spends.Add(e.rule.ID, key, cost, time.Now().UnixMicro())
 	}
@@ -193,6 +208,7 @@ func (c *checker) forward(ctx context.Context, e *ruleEntry, home, key string, c
 	}
 	d.Limit = e.limit.Capacity
 	if d.Allowed {
+		e.admittedCost.Add(cost)
 		e.fallbackAllowed.Inc()
 	} else {
 		e.fallbackLimited.Inc()
@@ -259,8 +275,11 @@ func ceilMillis(d time.Duration) int64 {
 }
 
 type metrics struct {
-	decisions *prometheus.CounterVec
-	forwarded *prometheus.CounterVec
+	decisions    *prometheus.CounterVec
+	forwarded    *prometheus.CounterVec
+	admittedCost *prometheus.CounterVec
+	ruleLimit    *prometheus.GaugeVec
+	ruleRate     *prometheus.GaugeVec
 	invalid   *prometheus.CounterVec
 	duration  prometheus.Histogram
 }
@@ -275,6 +294,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_forwarded_checks_total",
 			Help: "Checks of pinned rules forwarded to the key's home region, by rule and result (error: no answer).",
 		}, []string{"rule", "result"}),
+		admittedCost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_admitted_cost_total",
+			Help: "Tokens admitted by this instance, by rule; summed over every instance of every region it is the global admission.",
+		}, []string{"rule"}),
+		ruleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_rule_capacity",
+			Help: "A rule's capacity: the burst of a bucket, the limit of a window.",
+		}, []string{"rule"}),
+		ruleRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_rule_sustained_rate",
+			Help: "A rule's long-run tokens per second: its refill rate, or its limit over its window.",
+		}, []string{"rule"}),
 		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_invalid_requests_total",
 			Help: "Checks refused as invalid, by the field at fault.",
@@ -285,7 +316,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.invalid, m.duration} {
+	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.ruleLimit, m.ruleRate, m.invalid, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
