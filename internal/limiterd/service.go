@@ -280,8 +280,8 @@ type metrics struct {
 	admittedCost *prometheus.CounterVec
 	ruleLimit    *prometheus.GaugeVec
 	ruleRate     *prometheus.GaugeVec
-	invalid   *prometheus.CounterVec
-	duration  prometheus.Histogram
+	invalid      *prometheus.CounterVec
+	duration     prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
