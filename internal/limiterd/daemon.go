@@ -160,7 +160,8 @@ func (d *Daemon) Start(ctx context.Context) error {
 	} else {
 		d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
 		ro := redisstore.Options{Addrs: d.opts.RedisAddrs, Username: d.opts.RedisUsername,
-			Timeout: d.opts.RedisTimeout, PoolSize: d.opts.RedisPoolSize}
+			Timeout: d.opts.RedisTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
+			MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, BreakerOpen: d.opts.RedisBreakerOpen}
 		if d.opts.RedisPasswordFile != "" {
 			b, err := os.ReadFile(d.opts.RedisPasswordFile)
 			if err != nil {

@@ -53,6 +53,14 @@ type Options struct {
 	RedisTimeout time.Duration
 	// RedisPoolSize is the connection pool size per node (0: go-redis's default).
 	RedisPoolSize int
+	// RedisNoCoalesce sends each check on its own instead of pipelining
+	// the checks bound for one node together.
+	RedisNoCoalesce bool
+	// RedisMaxBatch bounds one pipeline; RedisPipelines is how many may be
+	// in flight to one node.
+	RedisMaxBatch, RedisPipelines int
+	// RedisBreakerOpen is how long a failing node is not called before a probe.
+	RedisBreakerOpen time.Duration
 
 	// RulesFile is the YAML rules file.
 	RulesFile string
@@ -109,6 +117,13 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
 	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "deadline of one store call")
 	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")
+	fs.BoolFunc("redis.no-coalesce", "send each check on its own instead of pipelining the checks bound for one node", func(string) error {
+		o.RedisNoCoalesce = true
+		return nil
+	})
+	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
+	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
+	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
 	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules decide locally with limit / fleet.size")
@@ -170,6 +185,15 @@ func (o *Options) validate() error {
 	}
 	if o.RedisTimeout < 0 || o.RedisTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.timeout: must be in (0, 1m], got %v", o.RedisTimeout))
+	}
+	if o.RedisMaxBatch < 0 || o.RedisMaxBatch > 10000 {
+		errs = append(errs, fmt.Errorf("--redis.max-batch: must be 0 to 10000, got %d", o.RedisMaxBatch))
+	}
+	if o.RedisPipelines < 0 || o.RedisPipelines > 64 {
+		errs = append(errs, fmt.Errorf("--redis.pipelines-per-node: must be 0 to 64, got %d", o.RedisPipelines))
+	}
+	if o.RedisBreakerOpen < 0 || o.RedisBreakerOpen > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("--redis.breaker-open: must be 0 to 5m, got %v", o.RedisBreakerOpen))
 	}
 	if o.RedisPoolSize < 0 {
 		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))

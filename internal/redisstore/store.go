@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,6 +37,17 @@ type Options struct {
 	Timeout time.Duration
 	// PoolSize is the connection pool size per node; 0 lets go-redis choose.
 	PoolSize int
+	// NoCoalesce sends every check on its own instead of batching the
+	// checks bound for one node into one pipeline.
+	NoCoalesce bool
+	// MaxBatch bounds the checks in one pipeline (0: DefaultMaxBatch).
+	MaxBatch int
+	// PipelinesPerNode is how many pipelines may be in flight to one node
+	// (0: DefaultPipelinesPerNode).
+	PipelinesPerNode int
+	// BreakerOpen is how long a node's open breaker refuses calls before
+	// it lets a probe through (0: DefaultBreakerOpen).
+	BreakerOpen time.Duration
 }
 
 // Store is a bucket.Store on Redis. It is safe for concurrent use.
@@ -44,6 +57,17 @@ type Store struct {
 	timeout time.Duration
 	scripts [len(scriptAlgorithms)]*redis.Script
 	m       *metrics
+
+	coalesce    bool
+	maxBatch    int
+	pipelines   int
+	breakerOpen time.Duration
+	nodesMu     sync.RWMutex
+	nodes       map[string]*node
+	life        context.Context
+	stop        context.CancelFunc
+	workers     sync.WaitGroup
+	lastReload  atomic.Int64
 }
 
 var scriptAlgorithms = [...]bucket.Algorithm{bucket.TokenBucket, bucket.GCRA, bucket.SlidingWindow, bucket.SlidingLog, bucket.FixedWindow}
@@ -95,7 +119,7 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, 
 			PoolSize: opts.PoolSize, ContextTimeoutEnabled: true, MaxRetries: -1,
 		})
 	}
-	s, err := newStore(client, cluster, opts.Timeout, reg)
+	s, err := newStore(client, cluster, opts, reg)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -107,15 +131,29 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, 
 	return s, nil
 }
 
-func newStore(client redis.UniversalClient, cluster bool, timeout time.Duration, reg prometheus.Registerer) (*Store, error) {
-	if timeout <= 0 {
-		timeout = DefaultTimeout
-	}
+func newStore(client redis.UniversalClient, cluster bool, opts Options, reg prometheus.Registerer) (*Store, error) {
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{client: client, cluster: cluster, timeout: timeout, m: m}
+	s := &Store{
+		client: client, cluster: cluster, m: m, timeout: opts.Timeout,
+		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode,
+		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node),
+	}
+	if s.timeout <= 0 {
+		s.timeout = DefaultTimeout
+	}
+	if s.maxBatch <= 0 {
+		s.maxBatch = DefaultMaxBatch
+	}
+	if s.pipelines <= 0 {
+		s.pipelines = DefaultPipelinesPerNode
+	}
+	if s.breakerOpen <= 0 {
+		s.breakerOpen = DefaultBreakerOpen
+	}
+	s.life, s.stop = context.WithCancel(context.Background())
 	for i, a := range scriptAlgorithms {
 		src, err := lua.Single(string(a), lua.StoreClock)
 		if err != nil {
@@ -146,8 +184,12 @@ func (s *Store) Load(ctx context.Context) error {
 // Client returns the underlying client, for health checks and admin reads.
 func (s *Store) Client() redis.UniversalClient { return s.client }
 
-// Close closes every connection.
-func (s *Store) Close() error { return s.client.Close() }
+// Close stops the pipelines and closes every connection.
+func (s *Store) Close() error {
+	s.stop()
+	s.workers.Wait()
+	return s.client.Close()
+}
 
 // Ping reports whether every primary answers.
 func (s *Store) Ping(ctx context.Context) error {
@@ -186,8 +228,11 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 	}
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
-	start := time.Now()
 	a := scriptArgs(req.Limit, req.Cost)
+	if s.coalesce {
+		return s.takeCoalesced(ctx, i, Key(req.Rule, req.Key), a, req.Limit.Capacity)
+	}
+	start := time.Now()
 	res, err := s.scripts[i].Run(ctx, s.client, []string{Key(req.Rule, req.Key)}, a[0], a[1], a[2]).Slice()
 	s.m.scriptDuration[i].Observe(time.Since(start).Seconds())
 	if err != nil {
@@ -245,6 +290,7 @@ func parseDecision(res []any, capacity float64) (bucket.Decision, error) {
 }
 
 type metrics struct {
+	coalesceMetrics
 	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
 	errors         prometheus.Counter
 	debitDuration  prometheus.Observer
@@ -266,10 +312,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
 	}
+	cm, err := newCoalesceMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("register store metrics: %w", err)
+	}
 	m := &metrics{
-		errors:        errs.WithLabelValues("script"),
-		debitErrors:   errs.WithLabelValues("debit"),
-		debitDuration: dur.WithLabelValues("debit"),
+		coalesceMetrics: cm,
+		errors:          errs.WithLabelValues("script"),
+		debitErrors:     errs.WithLabelValues("debit"),
+		debitDuration:   dur.WithLabelValues("debit"),
 	}
 	for i, a := range scriptAlgorithms {
 		m.scriptDuration[i] = dur.WithLabelValues(string(a))
