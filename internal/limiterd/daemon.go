@@ -139,10 +139,16 @@ func New(opts Options) (*Daemon, error) {
 		log:      opts.Logger.With("region", opts.Region),
 		registry: reg,
 		checker: &checker{fallback: bucket.NewMemory(), m: m, region: opts.Region, topo: topo,
-			forwardTimeout: opts.ForwardTimeout},
+			forwardTimeout: opts.ForwardTimeout, deny: newDenyCache(opts.DenyCacheSize)},
 		served: make(chan error, 2),
 	}
 	d.checker.log = d.log
+	if dc := d.checker.deny; dc != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_deny_cache_entries",
+			Help: "Denials held by the deny cache.",
+		}, func() float64 { return float64(dc.len()) }))
+	}
 	d.checker.rules.Store(newTable(set, opts.FleetSize, regions, m))
 	return d, nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -61,6 +62,10 @@ type Options struct {
 	RedisMaxBatch, RedisPipelines int
 	// RedisBreakerOpen is how long a failing node is not called before a probe.
 	RedisBreakerOpen time.Duration
+
+	// DenyCacheSize bounds the deny cache: 0 means DefaultDenyCacheSize,
+	// a negative size disables it.
+	DenyCacheSize int
 
 	// RulesFile is the YAML rules file.
 	RulesFile string
@@ -124,6 +129,16 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
 	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
 	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")
+	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", DefaultDenyCacheSize), func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return err
+		}
+		if o.DenyCacheSize = n; n == 0 {
+			o.DenyCacheSize = -1
+		}
+		return nil
+	})
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
 	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules decide locally with limit / fleet.size")
@@ -155,6 +170,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.RedisTimeout == 0 {
 		o.RedisTimeout = redisstore.DefaultTimeout
+	}
+	if o.DenyCacheSize == 0 {
+		o.DenyCacheSize = DefaultDenyCacheSize
 	}
 	if o.GossipInterval == 0 {
 		o.GossipInterval = gossip.DefaultInterval
@@ -194,6 +212,9 @@ func (o *Options) validate() error {
 	}
 	if o.RedisBreakerOpen < 0 || o.RedisBreakerOpen > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.breaker-open: must be 0 to 5m, got %v", o.RedisBreakerOpen))
+	}
+	if o.DenyCacheSize < -1 || o.DenyCacheSize > 100_000_000 {
+		errs = append(errs, fmt.Errorf("--deny-cache.size: must be 0 to 1e8, got %d", o.DenyCacheSize))
 	}
 	if o.RedisPoolSize < 0 {
 		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))

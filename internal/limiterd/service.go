@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -40,6 +41,8 @@ type ruleEntry struct {
 	allowed, limited, failed, fallbackAllowed, fallbackLimited prometheus.Counter
 	// admittedCost sums the tokens admitted here, for global dashboards.
 	admittedCost prometheus.Counter
+	// denyHits count checks rejected by the deny cache.
+	denyHits prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
@@ -68,6 +71,7 @@ func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
 		t.byID[r.ID] = &ruleEntry{
 			rule: r, limit: lim, local: share(lim, fleet), regional: share(lim, regions),
 			admittedCost:     m.admittedCost.WithLabelValues(r.ID),
+			denyHits:         m.denyHits.WithLabelValues(r.ID),
 			reconciled:       r.Reconciled(),
 			forwardedAllowed: forwarded.WithLabelValues(r.ID, resultAllowed),
 			forwardedLimited: forwarded.WithLabelValues(r.ID, resultLimited),
@@ -91,6 +95,8 @@ type checker struct {
 	m        *metrics
 	// spends accumulates what reconciled rules admit; nil without NATS.
 	spends *gossip.Accumulator
+	// deny remembers rejections until their retry time; nil: disabled.
+	deny *denyCache
 	// region is this region; topo, when set, the regions whose limiterd
 	// decides the keys of pinned rules homed there, reached through homes.
 	region         string
@@ -122,23 +128,66 @@ func (c *checker) check(ctx context.Context, ruleID, key string, cost float64) (
 		c.m.invalid.WithLabelValues("cost").Inc()
 		return bucket.Decision{}, e, status.Errorf(codes.InvalidArgument, "cost: %v", err)
 	}
+	probe := false
+	if c.deny != nil {
+		var retry, reset time.Duration
+		var hit bool
+		if retry, reset, hit, probe = c.deny.get(ruleID, key, cost); hit {
+			e.denyHits.Inc()
+			e.limited.Inc()
+			return bucket.Decision{Limit: e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}, e, nil
+		}
+	}
+	d, remembered, err := c.decide(ctx, e, key, cost)
+	if probe && !remembered {
+		// The probe's answer leaves the key free to ask the store again.
+		c.deny.forget(ruleID, key)
+	}
+	return d, e, err
+}
+
+// decide asks the key's home region or the store, and remembers denials;
+// remembered reports whether it put one in the deny cache.
+func (c *checker) decide(ctx context.Context, e *ruleEntry, key string, cost float64) (d bucket.Decision, remembered bool, err error) {
+	ruleID := e.rule.ID
+	var sent int64
+	if c.deny != nil {
+		sent = c.deny.now()
+	}
 	if e.rule.Pinned() && c.topo != nil && !forwarded(ctx) {
 		if home := c.topo.Home(key, e.rule.HomeKeys); home != c.region {
 			d, err := c.forward(ctx, e, home, key, cost)
-			return d, e, err
+			if err == nil && !d.Allowed && c.deny != nil {
+				c.deny.put(ruleID, key, cost, sent, d.RetryAfter, d.ResetAfter)
+				remembered = true
+			}
+			return d, remembered, err
 		}
 	}
-	d, err := c.store.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.limit, Cost: cost})
+	d, err = c.store.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.limit, Cost: cost})
 	if err == nil {
 		if d.Allowed {
 			e.allowed.Inc()
 			c.record(e, key, cost)
+			if c.deny != nil {
+				// When the answer shows the next check of this cost must
+				// fail, remember it now rather than ask again.
+				if retry, ok := nextDenial(e.limit, d, cost); ok {
+					c.deny.put(ruleID, key, cost, sent, retry, d.ResetAfter)
+					remembered = true
+				}
+			}
 		} else {
 			e.limited.Inc()
+			if c.deny != nil {
+				c.deny.put(ruleID, key, cost, sent, d.RetryAfter, d.ResetAfter)
+				remembered = true
+			}
 		}
-		return d, e, nil
+		return d, remembered, nil
 	}
-	return c.storeFailed(ctx, e, key, cost, err)
+	d, err = c.storeFailed(ctx, e, key, cost, err)
+	return d, false, err
 }
 
 // sustainedRate is a limit's long-run tokens per second.
@@ -216,24 +265,42 @@ func (c *checker) forward(ctx context.Context, e *ruleEntry, home, key string, c
 	return d, nil
 }
 
+// nextDenial tells, from an allowed decision, how long another check of the
+// same cost is sure to be refused: when fewer tokens remain than it costs, a
+// token bucket needs (cost - remaining) / rate, a fixed window its end.
+// Other algorithms report too little to be sure.
+func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration, bool) {
+	if d.Remaining >= cost {
+		return 0, false
+	}
+	switch l.Algorithm {
+	case bucket.TokenBucket:
+		// The store's arithmetic: whole microseconds, rounded up.
+		return time.Duration(math.Ceil((cost-d.Remaining)*1e6/l.RefillPerSecond)) * time.Microsecond, true
+	case bucket.FixedWindow:
+		return d.ResetAfter, true
+	}
+	return 0, false
+}
+
 // storeFailed decides a check the store could not: the rule's on_failure.
-func (c *checker) storeFailed(ctx context.Context, e *ruleEntry, key string, cost float64, err error) (bucket.Decision, *ruleEntry, error) {
+func (c *checker) storeFailed(ctx context.Context, e *ruleEntry, key string, cost float64, err error) (bucket.Decision, error) {
 	ruleID := e.rule.ID
 	if ctx.Err() != nil {
 		// The caller gave up; nobody waits for a fallback decision.
 		e.failed.Inc()
-		return bucket.Decision{}, e, status.FromContextError(ctx.Err()).Err()
+		return bucket.Decision{}, status.FromContextError(ctx.Err()).Err()
 	}
 	if e.rule.OnFailure == rules.FailClosed {
 		e.failed.Inc()
 		c.log.Warn("store failed, fail-closed rule refused", "rule", ruleID, "err", err)
-		return bucket.Decision{}, e, status.Error(codes.Unavailable, errUnavailable.Error())
+		return bucket.Decision{}, status.Error(codes.Unavailable, errUnavailable.Error())
 	}
 	local, _ := e.local.NormalizeCost(cost)
 	if local == 0 {
 		// The cost exceeds this instance's share: refuse locally.
 		e.fallbackLimited.Inc()
-		return bucket.Decision{Limit: e.limit.Capacity, RetryAfter: time.Second}, e, nil
+		return bucket.Decision{Limit: e.limit.Capacity, RetryAfter: time.Second}, nil
 	}
 	d, _ := c.fallback.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.local, Cost: local})
 	d.Limit = e.limit.Capacity
@@ -243,7 +310,7 @@ func (c *checker) storeFailed(ctx context.Context, e *ruleEntry, key string, cos
 	} else {
 		e.fallbackLimited.Inc()
 	}
-	return d, e, nil
+	return d, nil
 }
 
 // limiterService is the gRPC limiter.v1.Limiter service.
@@ -278,6 +345,7 @@ type metrics struct {
 	decisions    *prometheus.CounterVec
 	forwarded    *prometheus.CounterVec
 	admittedCost *prometheus.CounterVec
+	denyHits     *prometheus.CounterVec
 	ruleLimit    *prometheus.GaugeVec
 	ruleRate     *prometheus.GaugeVec
 	invalid      *prometheus.CounterVec
@@ -298,6 +366,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_admitted_cost_total",
 			Help: "Tokens admitted by this instance, by rule; summed over every instance of every region it is the global admission.",
 		}, []string{"rule"}),
+		denyHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_deny_cache_hits_total",
+			Help: "Checks rejected from the deny cache, without a store call, by rule.",
+		}, []string{"rule"}),
 		ruleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_rule_capacity",
 			Help: "A rule's capacity: the burst of a bucket, the limit of a window.",
@@ -316,7 +388,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.ruleLimit, m.ruleRate, m.invalid, m.duration} {
+	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.ruleLimit, m.ruleRate, m.invalid, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -1,0 +1,139 @@
+package limiterd
+
+import (
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// DefaultDenyCacheSize is the default number of denials remembered.
+const DefaultDenyCacheSize = 100_000
+
+const denyShards = 64
+
+// denyCache remembers rejections: (rule, key) is denied until an instant,
+// for any cost at least the one rejected. Until then a check is rejected
+// here, without the store. It holds denials only, so it can never admit
+// what the store would refuse: tokens only come back with time, and other
+// instances and regions only spend them. It is bounded: past its size a
+// random entry makes room (a forgotten denial costs one store call).
+// Safe for concurrent use.
+type denyCache struct {
+	seed     maphash.Seed
+	perShard int
+	start    time.Time
+	shards   [denyShards]denyShard
+}
+
+type denyShard struct {
+	mu sync.Mutex
+	m  map[bucketKey]denial
+}
+
+type bucketKey struct{ rule, key string }
+
+type denial struct {
+	// until and reset are monotonic nanoseconds since the cache's start.
+	until, reset int64
+	cost         float64
+	// probing: the denial expired and one check is asking the store.
+	probing bool
+}
+
+func newDenyCache(size int) *denyCache {
+	if size <= 0 {
+		return nil
+	}
+	c := &denyCache{seed: maphash.MakeSeed(), perShard: max(1, size/denyShards), start: time.Now()}
+	for i := range c.shards {
+		c.shards[i].m = make(map[bucketKey]denial)
+	}
+	return c
+}
+
+func (c *denyCache) now() int64 { return int64(time.Since(c.start)) }
+
+// probeWindow bounds how long the checks of a key wait for the answer of
+// the one check sent to the store when its denial expired.
+const probeWindow = 100 * time.Millisecond
+
+// get reports whether (rule, key) is denied for cost, and for how long.
+// When a denial has just expired, the first caller gets probe true: it goes
+// to the store alone while the others stay denied for up to probeWindow,
+// and it must then call put (denied again) or forget (allowed, or failed).
+// A flooding key then costs one store call per refill, not one per caller.
+func (c *denyCache) get(rule, key string, cost float64) (retry, reset time.Duration, ok, probe bool) {
+	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
+	id := bucketKey{rule, key}
+	now := c.now()
+	sh.mu.Lock()
+	d, found := sh.m[id]
+	if found && now >= d.until {
+		if d.probing {
+			// The probe never reported: forget the key.
+			delete(sh.m, id)
+			sh.mu.Unlock()
+			return 0, 0, false, false
+		}
+		d.until, d.probing = now+int64(probeWindow), true
+		sh.m[id] = d
+		sh.mu.Unlock()
+		return 0, 0, false, true
+	}
+	sh.mu.Unlock()
+	if !found || cost < d.cost {
+		return 0, 0, false, false
+	}
+	return time.Duration(d.until - now), time.Duration(max(d.reset-now, 0)), true, false
+}
+
+// forget drops the denial of (rule, key): its probe was allowed or failed.
+func (c *denyCache) forget(rule, key string) {
+	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
+	sh.mu.Lock()
+	delete(sh.m, bucketKey{rule, key})
+	sh.mu.Unlock()
+}
+
+// put remembers that cost is denied for (rule, key) for retry after sent,
+// the instant (c.now) the store call that said so was sent: counting from
+// then, never from the answer, keeps the denial within the store's own.
+func (c *denyCache) put(rule, key string, cost float64, sent int64, retry, reset time.Duration) {
+	if retry <= 0 {
+		return
+	}
+	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
+	d := denial{until: sent + int64(retry), reset: sent + int64(reset), cost: cost}
+	id := bucketKey{rule, key}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if _, ok := sh.m[id]; !ok && len(sh.m) >= c.perShard {
+		for victim := range sh.m {
+			delete(sh.m, victim)
+			break
+		}
+	}
+	sh.m[id] = d
+}
+
+// len is the number of denials held, expired ones not yet dropped included.
+func (c *denyCache) len() int {
+	n := 0
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// clear forgets every denial: the rules changed.
+func (c *denyCache) clear() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		clear(sh.m)
+		sh.mu.Unlock()
+	}
+}

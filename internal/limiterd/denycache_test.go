@@ -1,0 +1,139 @@
+package limiterd
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+func TestDenyCache(t *testing.T) {
+	c := newDenyCache(denyShards * 2)
+	c.put("r", "k", 2, c.now(), 50*time.Millisecond, time.Second)
+	if _, _, ok, _ := c.get("r", "k", 1); ok {
+		t.Fatal("a denial of cost 2 denied cost 1, which may pass")
+	}
+	retry, reset, ok, _ := c.get("r", "k", 3)
+	if !ok || retry <= 0 || retry > 50*time.Millisecond || reset <= 0 || reset > time.Second {
+		t.Fatalf("get cost 3 = %v, %v, %v; want denied with 0 < retry <= 50ms", retry, reset, ok)
+	}
+	if _, _, ok, _ := c.get("other", "k", 3); ok {
+		t.Fatal("denial leaked to another rule")
+	}
+	time.Sleep(60 * time.Millisecond)
+	// The first check after expiry probes the store; the others wait for it.
+	if _, _, ok, probe := c.get("r", "k", 3); ok || !probe {
+		t.Fatalf("first check after the retry time: denied %v, probe %v; want a probe", ok, probe)
+	}
+	if _, _, ok, probe := c.get("r", "k", 3); !ok || probe {
+		t.Fatalf("second check while probing: denied %v, probe %v; want denied", ok, probe)
+	}
+	c.forget("r", "k")
+	if _, _, ok, probe := c.get("r", "k", 3); ok || probe {
+		t.Fatal("a forgotten key is still denied")
+	}
+	c.put("r", "p", 1, c.now(), time.Millisecond, time.Millisecond)
+	time.Sleep(2 * time.Millisecond)
+	c.get("r", "p", 1) // becomes the probe, which never reports
+	time.Sleep(probeWindow + 10*time.Millisecond)
+	if _, _, ok, probe := c.get("r", "p", 1); ok || probe {
+		t.Fatal("a probe that never reported keeps its key denied")
+	}
+	if c.len() != 0 {
+		t.Fatalf("expired denials kept: len %d", c.len())
+	}
+	for i := range 10_000 {
+		c.put("r", strconv.Itoa(i), 1, c.now(), time.Hour, time.Hour)
+	}
+	if n := c.len(); n > denyShards*2 {
+		t.Fatalf("cache of size %d holds %d", denyShards*2, n)
+	}
+	c.clear()
+	if c.len() != 0 {
+		t.Fatal("clear left denials")
+	}
+	if newDenyCache(0) != nil {
+		t.Fatal("size 0 made a cache")
+	}
+}
+
+// evalshaCalls sums the EVALSHA and EVAL calls the cluster's primaries served.
+func evalshaCalls(t testing.TB, addrs []string) int64 {
+	t.Helper()
+	var total int64
+	for _, a := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: a})
+		info, err := c.Info(context.Background(), "commandstats").Result()
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+				continue
+			}
+			_, rest, _ := strings.Cut(line, "calls=")
+			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			total += n
+		}
+	}
+	return total
+}
+
+// flood sends checks for one key from workers goroutines for d; it returns
+// the checks made and the store calls they cost.
+func flood(t testing.TB, c *testenv.Cluster, cacheSize, workers int, d time.Duration) (checks, calls int64) {
+	t.Helper()
+	dm := startDaemon(t, c.Addrs(), func(o *Options) { o.DenyCacheSize = cacheSize })
+	client := limiterv1.NewLimiterClient(dial(t, dm.GRPCAddr()))
+	key := fmt.Sprint("flood-", cacheSize)
+	before := evalshaCalls(t, c.Addrs())
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for range workers {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				if _, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "flood", Key: key}); err != nil {
+					t.Error(err)
+					return
+				}
+				n.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	return n.Load(), evalshaCalls(t, c.Addrs()) - before
+}
+
+// TestDenyCacheSparesTheStore: one key flooding far over its limit costs
+// the store about one call per refill, not one per check.
+func TestDenyCacheSparesTheStore(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	const workers, capacity, rate = 16, 10, 2.0
+	run := 3 * time.Second
+	checks, calls := flood(t, c, 0, workers, run)
+	// The burst (the last token's answer already denies), then one probe
+	// each time a denial expires (every 1/rate s).
+	bound := capacity + workers + rate*run.Seconds() + 1
+	t.Logf("with the deny cache: %d checks, %d store calls (bound %.0f); %.0f checks per store call", checks, calls, bound, float64(checks)/float64(calls))
+	if float64(calls) > bound {
+		t.Fatalf("%d store calls for %d checks of one flooding key, bound %.0f", calls, checks, bound)
+	}
+	off, offCalls := flood(t, c, -1, workers, time.Second)
+	if offCalls < off {
+		t.Fatalf("without the cache %d checks made %d store calls, want one each", off, offCalls)
+	}
+}
