@@ -50,6 +50,7 @@ type Daemon struct {
 	ready      atomic.Bool
 	served     chan error
 
+	stopGuard  context.CancelFunc
 	spends     *spendPublisher
 	stopSpends context.CancelFunc
 	spendsDone chan struct{}
@@ -186,6 +187,23 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 		d.redis = s
 		d.checker.store = s
+		gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		guard, err := redisstore.NewGuard(gctx, s, d.opts.RedisAllowUnsafeEviction, d.registry)
+		cancel()
+		if err != nil {
+			d.closeStore()
+			return fmt.Errorf("--redis.addrs: %w (--redis.allow-unsafe-eviction overrides)", err)
+		}
+		for _, r := range guard.Readings() {
+			if r.Unsafe() {
+				d.log.Warn("a Redis node may evict live counters: limits are then silently lost", "node", r.Node, "policy", r.Policy)
+			}
+		}
+		var lctx context.Context
+		lctx, d.stopGuard = context.WithCancel(context.Background())
+		go guard.Run(lctx, redisstore.GuardInterval, func(r redisstore.MemoryReading) {
+			d.log.Warn("a Redis node may evict live counters: limits are then silently lost", "node", r.Node, "policy", r.Policy)
+		})
 	}
 
 	if d.checker.topo != nil {
@@ -315,6 +333,9 @@ func (d *Daemon) Stop(ctx context.Context) error {
 }
 
 func (d *Daemon) closeStore() error {
+	if d.stopGuard != nil {
+		d.stopGuard()
+	}
 	if d.redis == nil {
 		return nil
 	}

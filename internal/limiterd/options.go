@@ -62,6 +62,9 @@ type Options struct {
 	RedisMaxBatch, RedisPipelines int
 	// RedisBreakerOpen is how long a failing node is not called before a probe.
 	RedisBreakerOpen time.Duration
+	// RedisAllowUnsafeEviction starts even when a node's maxmemory-policy
+	// is allkeys-* (with a warning).
+	RedisAllowUnsafeEviction bool
 
 	// DenyCacheSize bounds the deny cache: 0 means DefaultDenyCacheSize,
 	// a negative size disables it.
@@ -126,6 +129,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		o.RedisNoCoalesce = true
 		return nil
 	})
+	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is allkeys-* (live counters may be evicted)")
 	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
 	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
 	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")

@@ -1,0 +1,57 @@
+package limiterd
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+// TestEvictionGuard: a node whose maxmemory-policy evicts any key stops
+// limiterd at start, unless allowed; the readings are exported.
+func TestEvictionGuard(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	ctx := context.Background()
+	for _, a := range c.PrimaryAddrs() {
+		rc := redis.NewClient(&redis.Options{Addr: a})
+		if err := rc.ConfigSet(ctx, "maxmemory", "256mb").Err(); err != nil {
+			t.Fatal(err)
+		}
+		rc.Close()
+	}
+	first := redis.NewClient(&redis.Options{Addr: c.PrimaryAddrs()[0]})
+	defer first.Close()
+	if err := first.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
+		RedisAddrs: c.Addrs(), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = d.Start(ctx)
+	if !errors.Is(err, redisstore.ErrUnsafeEviction) || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Fatalf("Start with an allkeys-lru node = %v, want ErrUnsafeEviction naming the policy", err)
+	}
+
+	allowed := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisAllowUnsafeEviction = true })
+	body := scrape(t, allowed)
+	for _, want := range []string{"limiter_store_unsafe_eviction_policy 1", "limiter_store_evicted_keys_total 0", "limiter_store_memory_used_ratio 0.0"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+
+	if err := first.ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err(); err != nil {
+		t.Fatal(err)
+	}
+	safe := startDaemon(t, c.Addrs())
+	if body := scrape(t, safe); !strings.Contains(body, "limiter_store_unsafe_eviction_policy 0") {
+		t.Error("a volatile-ttl cluster reads as unsafe")
+	}
+}
