@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A bounded load run on loopback: a 3-primary Redis Cluster, one limiterd on
 # it, and limiterbench at concurrency 1, 16 and 64, each next to the gRPC
-# health check on the same server (the transport ceiling); then
+# health check on the same server (the transport ceiling) and next to a
+# limiterd that sends each check on its own (--redis.no-coalesce); then
 # redis-benchmark's EVALSHA ceiling of the same token bucket script on one
 # standalone node. Stops everything it started, by pid, when it ends.
 #
@@ -33,22 +34,33 @@ rules:
     capacity: 1000000
     refill_per_second: 1000000
 RULES
+# Two limiterd on the same cluster: coalescing (the default) and not.
 grpc=127.0.0.1:$((base + 81))
+grpc_single=127.0.0.1:$((base + 82))
+redis_addrs=127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))
 bin/limiterd --rules.file "$work/rules.yml" --grpc.listen-address "$grpc" \
-	--http.listen-address 127.0.0.1:$((base + 91)) \
-	--redis.addrs 127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2)) \
+	--http.listen-address 127.0.0.1:$((base + 91)) --redis.addrs "$redis_addrs" \
 	--redis.timeout 100ms --log.level warn &
 pids+=($!)
-for _ in $(seq 100); do
-	(exec 3<>"/dev/tcp/${grpc%:*}/${grpc#*:}") 2>/dev/null && break
-	sleep 0.1
+bin/limiterd --rules.file "$work/rules.yml" --grpc.listen-address "$grpc_single" \
+	--http.listen-address 127.0.0.1:$((base + 92)) --redis.addrs "$redis_addrs" \
+	--redis.timeout 100ms --redis.no-coalesce --log.level warn &
+pids+=($!)
+for addr in "$grpc" "$grpc_single"; do
+	for _ in $(seq 100); do
+		(exec 3<>"/dev/tcp/${addr%:*}/${addr#*:}") 2>/dev/null && break
+		sleep 0.1
+	done
 done
 
 echo "== limiterd on a 3-primary cluster, $duration per run"
 for c in $concurrencies; do
-	for mode in health check; do
+	for mode in health check single; do
 		conns=$((c < 4 ? c : 4))
-		bin/limiterbench --target "$grpc" --mode $mode --rule bench --concurrency "$c" --conns "$conns" \
+		target=$grpc
+		bmode=$mode
+		if [ "$mode" = single ]; then target=$grpc_single; bmode=check; fi
+		bin/limiterbench --target "$target" --mode $bmode --rule bench --concurrency "$c" --conns "$conns" \
 			--duration "$duration" --warmup 1s --keys 100000 --key-prefix "run$c$mode:" >"$work/out.txt"
 		printf '%-6s c=%-3s %s | %s | %s | %s\n' "$mode" "$c" \
 			"$(grep '^checks/s' "$work/out.txt" | tr -s ' ')" "$(grep '^latency p50' "$work/out.txt" | tr -s ' ')" \
