@@ -64,6 +64,12 @@ func Debit(clock Clock) string {
 	return b.String()
 }
 
+// Refund returns the script that gives leased tokens back to a token
+// bucket or GCRA (see refund.lua).
+func Refund(clock Clock) string {
+	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("refund")
+}
+
 func clockFile(c Clock) string {
 	if c == FixedClock {
 		return "clock_fixed"

@@ -140,7 +140,7 @@ func New(opts Options) (*Daemon, error) {
 		log:      opts.Logger.With("region", opts.Region),
 		registry: reg,
 		checker: &checker{fallback: bucket.NewMemory(), m: m, region: opts.Region, topo: topo,
-			forwardTimeout: opts.ForwardTimeout, deny: newDenyCache(opts.DenyCacheSize)},
+			forwardTimeout: opts.ForwardTimeout, deny: newDenyCache(opts.DenyCacheSize), leases: newLeases()},
 		served: make(chan error, 2),
 	}
 	d.checker.log = d.log
@@ -317,6 +317,7 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		d.grpcServer.Stop()
 		<-stopped
 	}
+	d.refundLeases()
 	if d.stopSpends != nil {
 		// The last flush, after the last check.
 		d.stopSpends()
@@ -330,6 +331,31 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	err := errors.Join(d.httpServer.Shutdown(httpCtx), d.closeStore())
 	d.log.Info("stopped")
 	return err
+}
+
+// refundLeases gives the tokens leased and not handed out back to the
+// shared buckets, where the algorithm allows.
+func (d *Daemon) refundLeases() {
+	left := d.checker.leases.drain()
+	if d.redis == nil || len(left) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	t := d.checker.rules.Load()
+	refunded := 0
+	for _, l := range left {
+		e := t.byID[l.rule]
+		if e == nil {
+			continue
+		}
+		if err := d.redis.Refund(ctx, l.rule, l.key, e.limit, l.tokens); err != nil {
+			d.log.Warn("leased tokens not given back", "rule", l.rule, "err", err)
+			return
+		}
+		refunded++
+	}
+	d.log.Info("leased tokens given back", "leases", refunded)
 }
 
 func (d *Daemon) closeStore() error {

@@ -43,6 +43,8 @@ type ruleEntry struct {
 	admittedCost prometheus.Counter
 	// denyHits count checks rejected by the deny cache.
 	denyHits prometheus.Counter
+	// leased counts checks admitted from this instance's lease.
+	leased prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
@@ -72,6 +74,7 @@ func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
 			rule: r, limit: lim, local: share(lim, fleet), regional: share(lim, regions),
 			admittedCost:     m.admittedCost.WithLabelValues(r.ID),
 			denyHits:         m.denyHits.WithLabelValues(r.ID),
+			leased:           m.leased.WithLabelValues(r.ID),
 			reconciled:       r.Reconciled(),
 			forwardedAllowed: forwarded.WithLabelValues(r.ID, resultAllowed),
 			forwardedLimited: forwarded.WithLabelValues(r.ID, resultLimited),
@@ -97,6 +100,8 @@ type checker struct {
 	spends *gossip.Accumulator
 	// deny remembers rejections until their retry time; nil: disabled.
 	deny *denyCache
+	// leases hold tokens taken in batches for rules with a lease size.
+	leases *leases
 	// region is this region; topo, when set, the regions whose limiterd
 	// decides the keys of pinned rules homed there, reached through homes.
 	region         string
@@ -164,6 +169,20 @@ func (c *checker) decide(ctx context.Context, e *ruleEntry, key string, cost flo
 			return d, remembered, err
 		}
 	}
+	if e.rule.Lease > 0 && c.leases != nil {
+		return c.leased(ctx, e, key, cost, sent)
+	}
+	d, remembered, err = c.single(ctx, e, key, cost, sent)
+	if err != nil {
+		d, err = c.storeFailed(ctx, e, key, cost, err)
+	}
+	return d, remembered, err
+}
+
+// single asks the store for one check and remembers a denial; a store
+// error is returned as is, for the caller's on_failure.
+func (c *checker) single(ctx context.Context, e *ruleEntry, key string, cost float64, sent int64) (d bucket.Decision, remembered bool, err error) {
+	ruleID := e.rule.ID
 	d, err = c.store.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.limit, Cost: cost})
 	if err == nil {
 		if d.Allowed {
@@ -186,7 +205,6 @@ func (c *checker) decide(ctx context.Context, e *ruleEntry, key string, cost flo
 		}
 		return d, remembered, nil
 	}
-	d, err = c.storeFailed(ctx, e, key, cost, err)
 	return d, false, err
 }
 
@@ -263,6 +281,69 @@ func (c *checker) forward(ctx context.Context, e *ruleEntry, home, key string, c
 		e.fallbackLimited.Inc()
 	}
 	return d, nil
+}
+
+// leased admits from this instance's lease of (rule, key), taking the next
+// batch from the shared bucket in one call when the lease runs out. The
+// checks that arrive meanwhile wait for that call rather than make their
+// own; when less than a batch is left, the same check asks for its own cost
+// and, if refused, leaves the denial in the deny cache for the waiters.
+func (c *checker) leased(ctx context.Context, e *ruleEntry, key string, cost float64, sent int64) (bucket.Decision, bool, error) {
+	ruleID := e.rule.ID
+	for {
+		left, ok, wait, fetch := c.leases.take(ruleID, key, cost)
+		switch {
+		case ok:
+			e.allowed.Inc()
+			e.leased.Inc()
+			e.admittedCost.Add(cost)
+			return bucket.Decision{Allowed: true, Remaining: left, Limit: e.limit.Capacity}, false, nil
+		case wait != nil:
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return bucket.Decision{}, false, status.FromContextError(ctx.Err()).Err()
+			}
+			if c.deny != nil {
+				if retry, reset, hit, _ := c.deny.get(ruleID, key, cost); hit {
+					e.denyHits.Inc()
+					e.limited.Inc()
+					return bucket.Decision{Limit: e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}, false, nil
+				}
+			}
+			continue
+		case !fetch:
+			continue
+		}
+		batch := max(e.rule.Lease, cost)
+		d, err := c.store.Take(ctx, bucket.Request{Rule: ruleID, Key: key, Limit: e.limit, Cost: batch})
+		if err == nil && d.Allowed {
+			e.allowed.Inc()
+			e.admittedCost.Add(cost)
+			if e.reconciled && c.spends != nil {
+				c.spends.Add(ruleID, key, batch, time.Now().UnixMicro())
+			}
+			c.leases.fetched(ruleID, key, batch-cost)
+			d.Remaining += batch - cost
+			return d, false, nil
+		}
+		remembered := false
+		if err == nil && batch > cost {
+			// Less than a batch is left: this check's own cost, alone.
+			d, remembered, err = c.single(ctx, e, key, cost, sent)
+		} else if err == nil {
+			e.limited.Inc()
+			if c.deny != nil {
+				c.deny.put(ruleID, key, cost, sent, d.RetryAfter, d.ResetAfter)
+				remembered = true
+			}
+		}
+		c.leases.fetched(ruleID, key, 0)
+		if err != nil {
+			d, err = c.storeFailed(ctx, e, key, cost, err)
+		}
+		return d, remembered, err
+	}
 }
 
 // nextDenial tells, from an allowed decision, how long another check of the
@@ -346,6 +427,7 @@ type metrics struct {
 	forwarded    *prometheus.CounterVec
 	admittedCost *prometheus.CounterVec
 	denyHits     *prometheus.CounterVec
+	leased       *prometheus.CounterVec
 	ruleLimit    *prometheus.GaugeVec
 	ruleRate     *prometheus.GaugeVec
 	invalid      *prometheus.CounterVec
@@ -370,6 +452,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_deny_cache_hits_total",
 			Help: "Checks rejected from the deny cache, without a store call, by rule.",
 		}, []string{"rule"}),
+		leased: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_leased_checks_total",
+			Help: "Checks admitted from this instance's leased tokens, without a store call, by rule.",
+		}, []string{"rule"}),
 		ruleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_rule_capacity",
 			Help: "A rule's capacity: the burst of a bucket, the limit of a window.",
@@ -388,7 +474,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.ruleLimit, m.ruleRate, m.invalid, m.duration} {
+	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.leased, m.ruleLimit, m.ruleRate, m.invalid, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

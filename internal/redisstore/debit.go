@@ -107,3 +107,15 @@ func debitArgs(src, seq, ttl string, c ClientDebits) ([]string, []any) {
 	}
 	return keys, args
 }
+
+var refundScript = redis.NewScript(lua.Refund(lua.StoreClock))
+
+// Refund gives amount leased tokens back to the bucket of key under rule,
+// for a token bucket or GCRA; other algorithms keep what they spent.
+func (s *Store) Refund(ctx context.Context, rule, key string, lim bucket.Limit, amount float64) error {
+	if lim.Algorithm != bucket.TokenBucket && lim.Algorithm != bucket.GCRA {
+		return nil
+	}
+	return refundScript.Run(ctx, s.client, []string{Key(rule, key)},
+		strconv.FormatFloat(lim.RefillPerSecond, 'g', -1, 64), strconv.FormatFloat(amount, 'g', -1, 64)).Err()
+}

@@ -57,6 +57,10 @@ type Rule struct {
 	// reconciled) or "pinned": each key is decided only in its home region,
 	// a hard global limit at the price of a cross-region round trip.
 	Home Home `yaml:"home"`
+	// Lease, when set, lets each limiterd take this many tokens from the
+	// shared bucket in one call and hand them out locally (token_bucket
+	// and gcra only): for trusted high-rate clients.
+	Lease float64 `yaml:"lease"`
 	// HomeKeys pins keys to regions explicitly; other keys of a pinned
 	// rule go to a stable hash of the key over the regions.
 	HomeKeys map[string]string `yaml:"home_keys"`
@@ -200,6 +204,17 @@ func (r *Rule) validate() error {
 		}
 		if !regionPattern.MatchString(reg) {
 			return fmt.Errorf("home_keys: %q is not a region name", reg)
+		}
+	}
+	if r.Lease != 0 {
+		if r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA {
+			return fmt.Errorf("lease: only token_bucket and gcra rules lease tokens, not %s", r.Algorithm)
+		}
+		if !(r.Lease > 0) || r.Lease > *capacity {
+			return fmt.Errorf("lease: must be > 0 and at most the capacity %v, got %v", *capacity, r.Lease)
+		}
+		if r.Home == HomePinned {
+			return errors.New("lease: a pinned rule is decided in its home region and cannot lease")
 		}
 	}
 	if r.Reconcile != nil && *r.Reconcile && r.Home == HomePinned {

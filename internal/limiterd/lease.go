@@ -1,0 +1,131 @@
+package limiterd
+
+import (
+	"hash/maphash"
+	"sync"
+	"time"
+)
+
+// leaseTTL bounds how long leased tokens are handed out: a lease unused by
+// then is dropped (the shared bucket refills meanwhile), so a lease never
+// admits what the limit would not have admitted recently.
+const leaseTTL = time.Second
+
+const leaseShards = 32
+
+// leases holds the tokens this instance took from shared buckets in
+// batches and has not handed out yet. Safe for concurrent use.
+type leases struct {
+	seed   maphash.Seed
+	start  time.Time
+	shards [leaseShards]leaseShard
+}
+
+type leaseShard struct {
+	mu sync.Mutex
+	m  map[bucketKey]*lease
+}
+
+type lease struct {
+	tokens  float64
+	expires int64 // monotonic ns since start
+	// fetching is open while one check takes the next batch; the others
+	// of the key wait for it instead of asking the store themselves.
+	fetching chan struct{}
+}
+
+func newLeases() *leases {
+	l := &leases{seed: maphash.MakeSeed(), start: time.Now()}
+	for i := range l.shards {
+		l.shards[i].m = make(map[bucketKey]*lease)
+	}
+	return l
+}
+
+func (l *leases) shard(key string) *leaseShard {
+	return &l.shards[maphash.String(l.seed, key)%leaseShards]
+}
+
+// take hands out cost from the lease of (rule, key), if it holds enough.
+// Otherwise, when a batch is being taken, it returns a channel closed when
+// that is done; when none is, the caller becomes the one to take it (fetch
+// true) and must call fetched.
+func (l *leases) take(rule, key string, cost float64) (left float64, ok bool, wait <-chan struct{}, fetch bool) {
+	sh := l.shard(key)
+	id := bucketKey{rule, key}
+	now := int64(time.Since(l.start))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	ls := sh.m[id]
+	if ls == nil {
+		ls = &lease{}
+		sh.m[id] = ls
+	}
+	if now >= ls.expires {
+		ls.tokens = 0
+	}
+	if ls.tokens >= cost {
+		ls.tokens -= cost
+		return ls.tokens, true, nil, false
+	}
+	if ls.fetching != nil {
+		return 0, false, ls.fetching, false
+	}
+	ls.fetching = make(chan struct{})
+	return 0, false, nil, true
+}
+
+// fetched ends the batch taken by the caller that take chose, adding the
+// tokens it leaves over, and wakes the checks waiting for it.
+func (l *leases) fetched(rule, key string, tokens float64) {
+	sh := l.shard(key)
+	id := bucketKey{rule, key}
+	now := int64(time.Since(l.start))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	ls := sh.m[id]
+	if ls == nil {
+		return
+	}
+	if ch := ls.fetching; ch != nil {
+		close(ch)
+		ls.fetching = nil
+	}
+	if tokens > 0 {
+		if now >= ls.expires {
+			ls.tokens = 0
+		}
+		ls.tokens += tokens
+		ls.expires = now + int64(leaseTTL)
+	} else if ls.tokens <= 0 || now >= ls.expires {
+		delete(sh.m, id)
+	}
+}
+
+// leftover is what a lease still holds.
+type leftover struct {
+	rule, key string
+	tokens    float64
+}
+
+// drain empties every lease and returns the unexpired leftovers, to give
+// back to the shared buckets at shutdown.
+func (l *leases) drain() []leftover {
+	now := int64(time.Since(l.start))
+	var out []leftover
+	for i := range l.shards {
+		sh := &l.shards[i]
+		sh.mu.Lock()
+		for id, ls := range sh.m {
+			if now < ls.expires && ls.tokens > 0 {
+				out = append(out, leftover{rule: id.rule, key: id.key, tokens: ls.tokens})
+			}
+			ls.tokens = 0
+			if ls.fetching == nil {
+				delete(sh.m, id)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return out
+}
