@@ -1,6 +1,7 @@
 package limiterd
 
 import (
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -13,4 +14,16 @@ func mustGather(t *testing.T, d *Daemon) []*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	return mfs
+}
+
+// containsNonZero reports whether the exposition has the series prefix
+// with a value other than 0.
+func containsNonZero(body, series string) bool {
+	for _, line := range strings.Split(body, "\n") {
+		if strings.HasPrefix(line, series) {
+			f := strings.Fields(line)
+			return len(f) == 2 && f[1] != "0"
+		}
+	}
+	return false
 }
