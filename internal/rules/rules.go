@@ -57,6 +57,18 @@ type Rule struct {
 	// reconciled) or "pinned": each key is decided only in its home region,
 	// a hard global limit at the price of a cross-region round trip.
 	Home Home `yaml:"home"`
+	// Match selects the requests of attribute-based checks the rule
+	// applies to; without it the rule applies only to checks naming it.
+	Match *Match `yaml:"match"`
+	// KeyBy picks the client key from a request's attributes: api_key,
+	// user, ip (an IPv6 address counts by its /64), global (one bucket for
+	// everyone) or attr:NAME. Default api_key.
+	KeyBy string `yaml:"key_by"`
+	// Cost is what one request spends under this rule (default 1; a check's
+	// own cost multiplies it).
+	Cost float64 `yaml:"cost"`
+	// Shadow counts and logs what the rule would reject, and rejects nothing.
+	Shadow bool `yaml:"shadow"`
 	// Lease, when set, lets each limiterd take this many tokens from the
 	// shared bucket in one call and hand them out locally (token_bucket
 	// and gcra only): for trusted high-rate clients.
@@ -107,8 +119,9 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // Set is a validated rule set. It is immutable and safe for concurrent use.
 type Set struct {
-	rules []*Rule
-	byID  map[string]*Rule
+	rules     []*Rule
+	byID      map[string]*Rule
+	matchable []*Rule
 }
 
 // Get returns the rule with id, or nil.
@@ -160,6 +173,9 @@ func Parse(name string, data []byte) (*Set, error) {
 		}
 		s.byID[r.ID] = r
 		s.rules = append(s.rules, r)
+		if r.Match != nil {
+			s.matchable = append(s.matchable, r)
+		}
 	}
 	return s, nil
 }
@@ -220,6 +236,20 @@ func (r *Rule) validate() error {
 	if r.Reconcile != nil && *r.Reconcile && r.Home == HomePinned {
 		return errors.New("reconcile: a pinned rule is decided in one region and has nothing to reconcile")
 	}
+	if r.KeyBy == "" {
+		r.KeyBy = KeyByAPIKey
+	}
+	if !validKeyBy(r.KeyBy) {
+		return fmt.Errorf("key_by: must be api_key, user, ip, global or attr:NAME, got %q", r.KeyBy)
+	}
+	if r.Match != nil {
+		if err := r.Match.validate(); err != nil {
+			return err
+		}
+	}
+	if r.Shadow && r.Lease != 0 {
+		return errors.New("shadow: a shadow rule rejects nothing and cannot lease")
+	}
 	r.limit = bucket.Limit{Algorithm: r.Algorithm, Capacity: *capacity, RefillPerSecond: r.RefillPerSecond, Window: time.Duration(r.Window)}
 	if err := r.limit.Validate(); err != nil {
 		var le *bucket.LimitError
@@ -228,5 +258,5 @@ func (r *Rule) validate() error {
 		}
 		return fmt.Errorf("%s: %w", field, err)
 	}
-	return nil
+	return r.validateCost(r.limit)
 }
