@@ -23,6 +23,9 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// A check names one rule and key (rule_id, key), or describes the request
+// (attributes): then every rule whose match the attributes satisfy is
+// checked, each against the key its key_by picks, all or nothing.
 type CheckRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The rule to check, as configured in the rules file.
@@ -31,8 +34,11 @@ type CheckRequest struct {
 	// from the authenticated identity, never from a value the client chooses.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Tokens to spend: finite, > 0 and not above the rule's capacity. 0 or unset
-	// means 1.
-	Cost          float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	// means 1. With attributes, it multiplies each rule's own cost.
+	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	// The request, for a check of every matching rule; rule_id and key must
+	// then be empty.
+	Attributes    *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -88,6 +94,118 @@ func (x *CheckRequest) GetCost() float64 {
 	return 0
 }
 
+func (x *CheckRequest) GetAttributes() *Attributes {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+// Attributes of a request. Identities (api_key, user, ip) must come from the
+// authenticated request, never from a value the client chooses.
+type Attributes struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	ApiKey string                 `protobuf:"bytes,1,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
+	User   string                 `protobuf:"bytes,2,opt,name=user,proto3" json:"user,omitempty"`
+	// An IPv4 or IPv6 address; IPv6 clients count by their /64.
+	Ip     string `protobuf:"bytes,3,opt,name=ip,proto3" json:"ip,omitempty"`
+	Path   string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	Method string `protobuf:"bytes,5,opt,name=method,proto3" json:"method,omitempty"`
+	Plan   string `protobuf:"bytes,6,opt,name=plan,proto3" json:"plan,omitempty"`
+	// The Envoy rate limit domain, for rules matching on it.
+	Domain string `protobuf:"bytes,7,opt,name=domain,proto3" json:"domain,omitempty"`
+	// Named attributes, for key_by attr:NAME and match.attributes.
+	Extra         map[string]string `protobuf:"bytes,8,rep,name=extra,proto3" json:"extra,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Attributes) Reset() {
+	*x = Attributes{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Attributes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Attributes) ProtoMessage() {}
+
+func (x *Attributes) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Attributes.ProtoReflect.Descriptor instead.
+func (*Attributes) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Attributes) GetApiKey() string {
+	if x != nil {
+		return x.ApiKey
+	}
+	return ""
+}
+
+func (x *Attributes) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Attributes) GetIp() string {
+	if x != nil {
+		return x.Ip
+	}
+	return ""
+}
+
+func (x *Attributes) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Attributes) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *Attributes) GetPlan() string {
+	if x != nil {
+		return x.Plan
+	}
+	return ""
+}
+
+func (x *Attributes) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+func (x *Attributes) GetExtra() map[string]string {
+	if x != nil {
+		return x.Extra
+	}
+	return nil
+}
+
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Whether the request may proceed. When false nothing was spent.
@@ -100,15 +218,21 @@ type CheckResponse struct {
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// Time until the bucket is full again or the window is clear.
 	ResetAfterMs int64 `protobuf:"varint,5,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
-	// The rule that decided.
-	RuleId        string `protobuf:"bytes,6,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// The rule that decided: the one that refused (the longest retry), or,
+	// when allowed, the one with the least left relative to its limit.
+	RuleId string `protobuf:"bytes,6,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// The rule's window for quota headers: the window of a window rule, the
+	// time to fill an empty bucket for a token bucket or GCRA.
+	WindowMs int64 `protobuf:"varint,7,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	// With attributes: one status per rule checked, shadow rules included.
+	Statuses      []*RuleStatus `protobuf:"bytes,8,rep,name=statuses,proto3" json:"statuses,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -120,7 +244,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -133,7 +257,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -178,23 +302,169 @@ func (x *CheckResponse) GetRuleId() string {
 	return ""
 }
 
+func (x *CheckResponse) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetStatuses() []*RuleStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+// RuleStatus is one rule's verdict on an attribute-based check.
+type RuleStatus struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// Whether this rule alone would allow the request. A shadow rule's
+	// refusal refuses nothing.
+	Allowed       bool    `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Remaining     float64 `protobuf:"fixed64,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	Limit         float64 `protobuf:"fixed64,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	RetryAfterMs  int64   `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	ResetAfterMs  int64   `protobuf:"varint,6,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
+	WindowMs      int64   `protobuf:"varint,7,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Shadow        bool    `protobuf:"varint,8,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleStatus) Reset() {
+	*x = RuleStatus{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleStatus) ProtoMessage() {}
+
+func (x *RuleStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleStatus.ProtoReflect.Descriptor instead.
+func (*RuleStatus) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RuleStatus) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *RuleStatus) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *RuleStatus) GetRemaining() float64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *RuleStatus) GetLimit() float64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuleStatus) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *RuleStatus) GetResetAfterMs() int64 {
+	if x != nil {
+		return x.ResetAfterMs
+	}
+	return 0
+}
+
+func (x *RuleStatus) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *RuleStatus) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
 var File_limiter_v1_limiter_proto protoreflect.FileDescriptor
 
 const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"\x18limiter/v1/limiter.proto\x12\n" +
-	"limiter.v1\"M\n" +
+	"limiter.v1\"\x85\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x01R\x04cost\"\xc2\x01\n" +
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\x126\n" +
+	"\n" +
+	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
+	"attributes\"\x94\x02\n" +
+	"\n" +
+	"Attributes\x12\x17\n" +
+	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
+	"\x04user\x18\x02 \x01(\tR\x04user\x12\x0e\n" +
+	"\x02ip\x18\x03 \x01(\tR\x02ip\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x16\n" +
+	"\x06method\x18\x05 \x01(\tR\x06method\x12\x12\n" +
+	"\x04plan\x18\x06 \x01(\tR\x04plan\x12\x16\n" +
+	"\x06domain\x18\a \x01(\tR\x06domain\x127\n" +
+	"\x05extra\x18\b \x03(\v2!.limiter.v1.Attributes.ExtraEntryR\x05extra\x1a8\n" +
+	"\n" +
+	"ExtraEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x02\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x1c\n" +
 	"\tremaining\x18\x02 \x01(\x01R\tremaining\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\x01R\x05limit\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12$\n" +
 	"\x0ereset_after_ms\x18\x05 \x01(\x03R\fresetAfterMs\x12\x17\n" +
-	"\arule_id\x18\x06 \x01(\tR\x06ruleId2G\n" +
+	"\arule_id\x18\x06 \x01(\tR\x06ruleId\x12\x1b\n" +
+	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x122\n" +
+	"\bstatuses\x18\b \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"\xf4\x01\n" +
+	"\n" +
+	"RuleStatus\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x18\n" +
+	"\aallowed\x18\x02 \x01(\bR\aallowed\x12\x1c\n" +
+	"\tremaining\x18\x03 \x01(\x01R\tremaining\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x01R\x05limit\x12$\n" +
+	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12$\n" +
+	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x1b\n" +
+	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x12\x16\n" +
+	"\x06shadow\x18\b \x01(\bR\x06shadow2G\n" +
 	"\aLimiter\x12<\n" +
 	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
@@ -210,19 +480,25 @@ func file_limiter_v1_limiter_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_limiter_proto_rawDescData
 }
 
-var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_limiter_v1_limiter_proto_goTypes = []any{
 	(*CheckRequest)(nil),  // 0: limiter.v1.CheckRequest
-	(*CheckResponse)(nil), // 1: limiter.v1.CheckResponse
+	(*Attributes)(nil),    // 1: limiter.v1.Attributes
+	(*CheckResponse)(nil), // 2: limiter.v1.CheckResponse
+	(*RuleStatus)(nil),    // 3: limiter.v1.RuleStatus
+	nil,                   // 4: limiter.v1.Attributes.ExtraEntry
 }
 var file_limiter_v1_limiter_proto_depIdxs = []int32{
-	0, // 0: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	1, // 1: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	1, // 0: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	4, // 1: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	3, // 2: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	0, // 3: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	2, // 4: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	4, // [4:5] is the sub-list for method output_type
+	3, // [3:4] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_limiter_proto_init() }
@@ -236,7 +512,7 @@ func file_limiter_v1_limiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_limiter_proto_rawDesc), len(file_limiter_v1_limiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
