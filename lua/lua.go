@@ -52,15 +52,25 @@ func Single(algorithm string, clock Clock) (string, error) {
 
 // Debit returns the script that applies one source region's spends for one
 // client at most once (see debit_main.lua for its keys and arguments).
-func Debit(clock Clock) string {
+func Debit(clock Clock) string { return withAll(clock, "debit") + mustRead("debit_main") }
+
+// Multi returns the script that checks several rules of one client all or
+// nothing (see multi_main.lua).
+func Multi(clock Clock) string { return withAll(clock, "multi_main") }
+
+// Undo returns the script that gives back the spends of an all-or-nothing
+// check refused by another client slot (see undo.lua).
+func Undo(clock Clock) string { return withAll(clock, "undo") }
+
+// withAll is a clock, the helpers, every algorithm, then main.
+func withAll(clock Clock, main string) string {
 	var b strings.Builder
 	b.WriteString(mustRead(clockFile(clock)))
 	b.WriteString(mustRead("lib"))
 	for _, a := range Algorithms {
 		b.WriteString(mustRead(a))
 	}
-	b.WriteString(mustRead("debit"))
-	b.WriteString(mustRead("debit_main"))
+	b.WriteString(mustRead(main))
 	return b.String()
 }
 

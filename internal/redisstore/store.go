@@ -167,8 +167,9 @@ func newStore(client redis.UniversalClient, cluster bool, opts Options, reg prom
 // Load loads every script on every primary, so checks run by hash. A node
 // that lost them (a restart, a failover) is served by EVAL until the next Load.
 func (s *Store) Load(ctx context.Context) error {
+	all := append(s.scripts[:len(s.scripts):len(s.scripts)], multiScript, undoScript, debitScript, refundScript)
 	load := func(ctx context.Context, c *redis.Client) error {
-		for _, sc := range s.scripts {
+		for _, sc := range all {
 			if err := sc.Load(ctx, c).Err(); err != nil {
 				return fmt.Errorf("load scripts on %s: %w", c.Options().Addr, err)
 			}
@@ -294,6 +295,7 @@ type metrics struct {
 	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
 	errors         prometheus.Counter
 	debitDuration  prometheus.Observer
+	multiDuration  prometheus.Observer
 	debitErrors    prometheus.Counter
 }
 
@@ -321,6 +323,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		errors:          errs.WithLabelValues("script"),
 		debitErrors:     errs.WithLabelValues("debit"),
 		debitDuration:   dur.WithLabelValues("debit"),
+		multiDuration:   dur.WithLabelValues("multi"),
 	}
 	for i, a := range scriptAlgorithms {
 		m.scriptDuration[i] = dur.WithLabelValues(string(a))

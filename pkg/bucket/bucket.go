@@ -202,3 +202,12 @@ type Request struct {
 type Store interface {
 	Take(ctx context.Context, req Request) (Decision, error)
 }
+
+// MultiStore decides several requests of one check together, all or
+// nothing: when any is refused, none spends. Requests must name distinct
+// (Rule, Key) buckets. The decisions are in the order of the requests, each
+// the verdict of its own bucket.
+type MultiStore interface {
+	Store
+	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
+}

@@ -102,6 +102,51 @@ func (m *Memory) take(now int64, req Request) Decision {
 	return d
 }
 
+// TakeAll decides reqs all or nothing. It never returns an error.
+func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) {
+	now := m.nowMicros()
+	// Lock every shard involved, in index order, so that concurrent
+	// TakeAlls cannot deadlock.
+	idx := make([]int, len(reqs))
+	var locked [memoryShards]bool
+	for i, r := range reqs {
+		idx[i] = int(maphash.String(m.seed, r.Key) % memoryShards)
+		locked[idx[i]] = true
+	}
+	for i := range m.shards {
+		if locked[i] {
+			m.shards[i].mu.Lock()
+			defer m.shards[i].mu.Unlock()
+		}
+	}
+	out := make([]Decision, len(reqs))
+	next := make([]State, len(reqs))
+	all := true
+	for i, r := range reqs {
+		if e := m.shards[idx[i]].buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
+			next[i] = e.st
+			// Decide on a copy: the log is changed in place.
+			next[i].log = append([]int64(nil), e.st.log...)
+		}
+		out[i] = r.Limit.Take(&next[i], now, r.Cost)
+		all = all && out[i].Allowed
+	}
+	if !all {
+		return out, nil
+	}
+	for i, r := range reqs {
+		sh := &m.shards[idx[i]]
+		id := bucketID{r.Rule, r.Key}
+		e := sh.buckets[id]
+		if e == nil {
+			e = &memoryEntry{}
+			sh.buckets[id] = e
+		}
+		e.st, e.expires = next[i], r.Limit.ExpiresAt(&next[i])
+	}
+	return out, nil
+}
+
 func (sh *memoryShard) sweep(now int64) {
 	for id, e := range sh.buckets {
 		if e.expires <= now {

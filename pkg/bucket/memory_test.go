@@ -143,3 +143,25 @@ func BenchmarkMemoryTakeParallel(b *testing.B) {
 		}
 	})
 }
+
+func TestMemoryTakeAllIsAllOrNothing(t *testing.T) {
+	c := &fakeClock{}
+	c.us.Store(t0)
+	m := NewMemory(WithClock(c.now))
+	ctx := context.Background()
+	small := Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1e-6}
+	big := Limit{Algorithm: SlidingLog, Capacity: 10, Window: time.Hour}
+	reqs := []Request{{Rule: "small", Key: "k", Limit: small, Cost: 1}, {Rule: "big", Key: "other", Limit: big, Cost: 1}}
+	d, _ := m.TakeAll(ctx, reqs)
+	if !d[0].Allowed || !d[1].Allowed || d[1].Remaining != 9 {
+		t.Fatalf("first: %+v", d)
+	}
+	d, _ = m.TakeAll(ctx, reqs)
+	if d[0].Allowed || !d[1].Allowed {
+		t.Fatalf("second: %+v; want small refused, big would allow", d)
+	}
+	// big spent nothing on the refused check.
+	if got, _ := m.Take(ctx, Request{Rule: "big", Key: "other", Limit: big, Cost: 1}); got.Remaining != 8 {
+		t.Fatalf("big after a refused multi-check: remaining %v, want 8", got.Remaining)
+	}
+}
