@@ -27,6 +27,8 @@ const (
 	resultError           = "error"
 	resultFallbackAllowed = "fallback_allowed"
 	resultFallbackLimited = "fallback_limited"
+	resultShadowAllowed   = "shadow_allowed"
+	resultShadowLimited   = "shadow_limited"
 )
 
 // ruleEntry is a rule with everything the check path needs precomputed.
@@ -45,6 +47,8 @@ type ruleEntry struct {
 	denyHits prometheus.Counter
 	// leased counts checks admitted from this instance's lease.
 	leased prometheus.Counter
+	// shadow count a shadow rule's verdicts.
+	shadowAllowed, shadowLimited prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
@@ -60,12 +64,13 @@ func share(l bucket.Limit, n int) bucket.Limit {
 
 // table is an immutable rule set ready for the check path.
 type table struct {
+	set  *rules.Set
 	byID map[string]*ruleEntry
 }
 
 func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
 	decisions, forwarded := m.decisions, m.forwarded
-	t := &table{byID: make(map[string]*ruleEntry, len(set.Rules()))}
+	t := &table{set: set, byID: make(map[string]*ruleEntry, len(set.Rules()))}
 	for _, r := range set.Rules() {
 		lim := r.Bucket()
 		m.ruleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
@@ -75,6 +80,8 @@ func newTable(set *rules.Set, fleet, regions int, m *metrics) *table {
 			admittedCost:     m.admittedCost.WithLabelValues(r.ID),
 			denyHits:         m.denyHits.WithLabelValues(r.ID),
 			leased:           m.leased.WithLabelValues(r.ID),
+			shadowAllowed:    decisions.WithLabelValues(r.ID, resultShadowAllowed),
+			shadowLimited:    decisions.WithLabelValues(r.ID, resultShadowLimited),
 			reconciled:       r.Reconciled(),
 			forwardedAllowed: forwarded.WithLabelValues(r.ID, resultAllowed),
 			forwardedLimited: forwarded.WithLabelValues(r.ID, resultLimited),
@@ -402,8 +409,14 @@ type limiterService struct {
 
 func (s *limiterService) Check(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
 	start := time.Now()
-	d, _, err := s.c.check(ctx, req.GetRuleId(), req.GetKey(), req.GetCost())
-	s.c.m.duration.Observe(time.Since(start).Seconds())
+	defer func() { s.c.m.duration.Observe(time.Since(start).Seconds()) }()
+	if req.GetAttributes() != nil {
+		if req.GetRuleId() != "" || req.GetKey() != "" {
+			return nil, status.Error(codes.InvalidArgument, "rule_id, key: must be empty in a check by attributes")
+		}
+		return s.c.checkAttributes(ctx, req.GetAttributes(), req.GetCost())
+	}
+	d, e, err := s.c.check(ctx, req.GetRuleId(), req.GetKey(), req.GetCost())
 	if err != nil {
 		return nil, err
 	}
@@ -414,6 +427,7 @@ func (s *limiterService) Check(ctx context.Context, req *limiterv1.CheckRequest)
 		RetryAfterMs: ceilMillis(d.RetryAfter),
 		ResetAfterMs: ceilMillis(d.ResetAfter),
 		RuleId:       req.GetRuleId(),
+		WindowMs:     windowMillis(e.limit),
 	}, nil
 }
 
@@ -479,7 +493,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			return nil, err
 		}
 	}
-	for _, f := range []string{"rule_id", "key", "cost"} {
+	for _, f := range []string{"rule_id", "key", "cost", "attributes"} {
 		m.invalid.WithLabelValues(f)
 	}
 	return m, nil
