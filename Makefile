@@ -5,8 +5,9 @@ BIN := $(CURDIR)/bin
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
+GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-short bench proto lint deps build clean
+.PHONY: run test test-short bench proto lint deps build clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -19,6 +20,19 @@ test: deps lint
 ## deps: install redis-server (Debian package) when it is missing
 deps:
 	@scripts/install-deps.sh
+
+## up: start two regions on loopback (Redis Clusters, limiterd, reconcilers, NATS); state in .stack/
+up: deps
+	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) scripts/stack.sh up
+
+## down: stop what `make up` started, by its recorded pids, and remove .stack/
+down:
+	@scripts/stack.sh down
+
+## demo: one key through both regions, reconciled rule then unreconciled (needs `make up`)
+demo:
+	$(GO) build -o $(BIN)/limiterdemo ./cmd/limiterdemo
+	$(BIN)/limiterdemo --rules.file=$(RULES) --gossip.interval=$(GOSSIP_INTERVAL) $(DEMO_FLAGS)
 
 ## build: build the binaries into ./bin
 build:

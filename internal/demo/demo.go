@@ -106,6 +106,10 @@ func demoRule(set *rules.Set, flag, id string, reconciled bool, file string) (*r
 		return nil, optErr(flag, "rule %q is a %s: the demo needs a %s or %s (capacity + refill*T)", id, r.Algorithm, bucket.TokenBucket, bucket.GCRA)
 	case r.Pinned():
 		return nil, optErr(flag, "rule %q is pinned to a home region", id)
+	case r.Shadow:
+		return nil, optErr(flag, "rule %q is a shadow rule: it refuses nothing", id)
+	case r.Cost != 1:
+		return nil, optErr(flag, "rule %q costs %v per request: the demo counts one token per check", id, r.Cost)
 	case r.Reconciled() != reconciled:
 		if reconciled {
 			return nil, optErr(flag, "rule %q has reconcile: false", id)

@@ -85,6 +85,14 @@ const testRules = `rules:
     algorithm: fixed_window
     limit: 10
     window: 1m
+  - id: shadow
+    capacity: 10
+    refill_per_second: 2
+    shadow: true
+  - id: costly
+    capacity: 10
+    refill_per_second: 2
+    cost: 2
 `
 
 // testOptions is a run of 1 s at 20 checks/s per region against us and eu,
@@ -227,6 +235,8 @@ func TestMeasureFails(t *testing.T) {
 		{name: "reconciled rule not reconciled", edit: func(_ *testing.T, o *Options) { o.ReconciledRule = "solo"; o.UnreconciledRule = "shared" }, flag: "rule.reconciled"},
 		{name: "unreconciled rule reconciled", edit: func(_ *testing.T, o *Options) { o.UnreconciledRule = "pinned"; o.ReconciledRule = "shared" }, flag: "rule.unreconciled"},
 		{name: "not a bucket", edit: func(_ *testing.T, o *Options) { o.ReconciledRule = "window" }, flag: "rule.reconciled"},
+		{name: "shadow rule", edit: func(_ *testing.T, o *Options) { o.ReconciledRule = "shadow" }, flag: "rule.reconciled"},
+		{name: "two tokens a check", edit: func(_ *testing.T, o *Options) { o.ReconciledRule = "costly" }, flag: "rule.reconciled"},
 		{name: "region down", edit: func(t *testing.T, o *Options) { o.EUWestAddress = down(t) }, code: codes.Unavailable},
 		{name: "region fails during the run", edit: func(t *testing.T, o *Options) { o.EUWestAddress = serve(t, &fakeLimiter{admit: 5, failAfter: 10}) }, code: codes.Unavailable},
 	}

@@ -45,7 +45,7 @@ const (
 	DefaultAckWait        = 10 * time.Second
 	DefaultMarkerTTL      = 10 * time.Minute
 	DefaultStreamMaxAge   = time.Hour
-	DefaultStreamMaxBytes = 1 << 30
+	DefaultStreamMaxBytes = 256 << 20
 	DefaultApplyTimeout   = 5 * time.Second
 )
 
@@ -309,7 +309,12 @@ func (r *Reconciler) run(ctx context.Context) {
 		if err == nil {
 			break
 		}
-		r.log.Warn("streams not set up, retrying", "err", err)
+		if strings.Contains(err.Error(), "insufficient") {
+			r.log.Error("streams not set up: the NATS server's JetStream store is smaller than the streams asked for; lower --stream.max-bytes or raise the server's max_file_store (retrying)",
+				"stream_max_bytes", r.opts.StreamMaxBytes, "err", err)
+		} else {
+			r.log.Warn("streams not set up, retrying", "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return

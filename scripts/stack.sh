@@ -1,0 +1,320 @@
+#!/usr/bin/env bash
+# The local two-region stack, on loopback: for each of us-east and eu-west a
+# 3-primary Redis Cluster, a reconciler and a limiterd, all on one NATS
+# server with JetStream. Every process it starts is recorded by pid under
+# .stack/ and stopped by that pid only, never by name.
+#
+#   scripts/stack.sh up       # build, start, wait until healthy, print the addresses
+#   scripts/stack.sh status   # what is running, and whether it answers
+#   scripts/stack.sh down     # stop what `up` started and remove .stack/; safe to repeat
+#
+# Environment: GO (default go), RULES (default examples/rules.yml),
+# STACK_TIMEOUT (seconds each component may take to become healthy, default 30),
+# GOSSIP_INTERVAL (default 1s).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+
+GO=${GO:-go}
+rules=${RULES:-examples/rules.yml}
+timeout_s=${STACK_TIMEOUT:-30}
+interval=${GOSSIP_INTERVAL:-1s}
+state=$root/.stack
+pids_file=$state/pids # one line per process: name pid binary log
+bin=$root/bin
+
+regions=(us-east eu-west)
+declare -A redis_ports=([us-east]="7000 7001 7002" [eu-west]="7100 7101 7102")
+declare -A grpc_addr=([us-east]=127.0.0.1:8081 [eu-west]=127.0.0.1:8082)
+declare -A http_addr=([us-east]=127.0.0.1:9091 [eu-west]=127.0.0.1:9092)
+declare -A rec_addr=([us-east]=127.0.0.1:9191 [eu-west]=127.0.0.1:9192)
+nats_addr=127.0.0.1:4222
+nats_mon=127.0.0.1:8222
+
+log() { echo "stack: $*"; }
+err() { echo "stack: $*" >&2; }
+
+# in_use ADDR: something accepts connections on ADDR (host:port).
+in_use() { (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; }
+
+# http_ok ADDR PATH: GET http://ADDR/PATH answers 200 within 2 s. Plain bash,
+# so a machine with only Go needs no curl.
+http_ok() {
+	timeout 2 bash -c '
+		exec 3<>"/dev/tcp/${0%:*}/${0##*:}" || exit 1
+		printf "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n" "$1" "$0" >&3
+		IFS= read -r status <&3 || exit 1
+		case $status in "HTTP/1."?" 200 "*) exit 0 ;; esac
+		exit 1' "$1" "$2" 2>/dev/null
+}
+
+# alive PID BINARY: PID is running and is BINARY (not a recycled pid).
+alive() {
+	local exe
+	kill -0 "$1" 2>/dev/null || return 1
+	exe=$(readlink "/proc/$1/exe" 2>/dev/null) || return 1
+	[ "${exe% (deleted)}" = "$2" ]
+}
+
+# started PID: PID, which this script just started, has not exited. Its
+# executable may still be nohup's for a moment, so alive does not fit yet.
+started() { kill -0 "$1" 2>/dev/null && ! grep -qs '^State:[[:space:]]*Z' "/proc/$1/status"; }
+
+tail_log() {
+	echo "---- last lines of $1 ----" >&2
+	tail -n 30 "$1" >&2 2>/dev/null || echo "(no log)" >&2
+	echo "----" >&2
+}
+
+every_port() {
+	local r p
+	for r in "${regions[@]}"; do
+		for p in ${redis_ports[$r]}; do
+			echo "127.0.0.1:$p redis-$r"
+			echo "127.0.0.1:$((p + 10000)) redis-$r-cluster-bus"
+		done
+		echo "${grpc_addr[$r]} limiterd-$r-grpc"
+		echo "${http_addr[$r]} limiterd-$r-http"
+		echo "${rec_addr[$r]} reconciler-$r-http"
+	done
+	echo "$nats_addr nats"
+	echo "$nats_mon nats-monitoring"
+}
+
+# running: the recorded processes that are still alive, one "name pid" a line.
+running() {
+	local name pid binary logf r p
+	if [ -f "$pids_file" ]; then
+		while read -r name pid binary logf; do
+			if alive "$pid" "$binary"; then echo "$name $pid"; fi
+		done <"$pids_file"
+	fi
+	for r in "${regions[@]}"; do
+		for p in ${redis_ports[$r]}; do
+			pid=$(cat "$state/redis/$r/$p/redis.pid" 2>/dev/null) || continue
+			if [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ]; then echo "redis-$r:$p $pid"; fi
+		done
+	done
+}
+
+# stop_all: stop the recorded processes, newest first (limiterd flushes its
+# spends before the reconcilers and NATS go), then the Redis nodes.
+stop_all() {
+	local name pid binary logf lines i r pidfile
+	if [ -f "$pids_file" ]; then
+		mapfile -t lines <"$pids_file"
+		for ((i = ${#lines[@]} - 1; i >= 0; i--)); do
+			read -r name pid binary logf <<<"${lines[$i]}"
+			if alive "$pid" "$binary"; then
+				kill "$pid" 2>/dev/null || true
+				for _ in $(seq 100); do alive "$pid" "$binary" || break; sleep 0.1; done
+				if alive "$pid" "$binary"; then
+					err "$name (pid $pid) still running 10 s after SIGTERM: sending SIGKILL"
+					kill -9 "$pid" 2>/dev/null || true
+				fi
+				log "stopped $name (pid $pid)"
+			fi
+		done
+		rm -f "$pids_file"
+	fi
+	for r in "${regions[@]}"; do
+		# redis-cluster.sh stops by pid file: drop a file whose pid is no
+		# longer a redis-server, so that a reused pid is never signalled.
+		for pidfile in "$state/redis/$r"/*/redis.pid; do
+			[ -f "$pidfile" ] || continue
+			pid=$(cat "$pidfile")
+			[ "$(cat "/proc/$pid/comm" 2>/dev/null)" = redis-server ] || rm -f "$pidfile"
+		done
+		if compgen -G "$state/redis/$r/*/redis.pid" >/dev/null; then
+			scripts/redis-cluster.sh stop "$state/redis/$r"
+			log "stopped redis-$r (127.0.0.1:${redis_ports[$r]// /,})"
+		fi
+	done
+}
+
+# start NAME LOG BINARY ARGS...: start a process in the background, record it.
+start() {
+	local name=$1 logf=$2 binary=$3
+	shift 3
+	nohup "$binary" "$@" </dev/null >"$logf" 2>&1 &
+	echo "$name $! $binary $logf" >>"$pids_file"
+}
+
+# wait_healthy NAME ADDR PATH: wait until GET ADDR/PATH answers 200, or fail
+# with the log tail when the process exits or the timeout passes.
+wait_healthy() {
+	local name=$1 addr=$2 path=$3 pid binary logf deadline
+	read -r _ pid binary logf < <(grep "^$name " "$pids_file")
+	deadline=$((SECONDS + timeout_s))
+	until http_ok "$addr" "$path"; do
+		if ! started "$pid"; then
+			err "$name exited before it was healthy (log $logf)"
+			tail_log "$logf"
+			return 1
+		fi
+		if ((SECONDS >= deadline)); then
+			err "$name not healthy after ${timeout_s}s: http://$addr$path does not answer 200 (log $logf)"
+			tail_log "$logf"
+			return 1
+		fi
+		sleep 0.2
+	done
+	log "$name healthy (http://$addr$path)"
+}
+
+up() {
+	local r busy=() addr what p
+	if [ -n "$(running)" ]; then
+		err "the stack is already up (state in $state); run 'make down' first"
+		running | sed 's/^/  /' >&2
+		exit 1
+	fi
+	while read -r addr what; do
+		if in_use "$addr"; then busy+=("$addr ($what)"); fi
+	done < <(every_port)
+	if [ ${#busy[@]} -gt 0 ]; then
+		err "refusing to start: these ports are already in use:"
+		printf '  %s\n' "${busy[@]}" >&2
+		exit 1
+	fi
+	[ -f "$rules" ] || { err "rules file $rules not found"; exit 1; }
+	command -v redis-server >/dev/null && command -v redis-cli >/dev/null ||
+		{ err "redis-server or redis-cli missing: run scripts/install-deps.sh"; exit 1; }
+
+	log "building bin/limiterd, bin/reconciler and bin/nats-server"
+	"$GO" build -o "$bin/" ./cmd/limiterd ./cmd/reconciler
+	"$GO" build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
+
+	rm -rf "$state"
+	mkdir -p "$state/logs" "$state/nats/jetstream" "$state/redis"
+	: >"$pids_file"
+	# From here on, a failure stops whatever was started; the logs stay.
+	trap 'rc=$?; if [ $rc -ne 0 ]; then err "start-up failed: stopping what was started; logs kept in $state/logs"; stop_all; fi' EXIT
+	trap 'exit 130' INT TERM
+
+	{
+		echo "# Generated by scripts/stack.sh: the two local regions."
+		echo "regions:"
+		for r in "${regions[@]}"; do
+			echo "  - name: $r"
+			echo "    limiter_address: ${grpc_addr[$r]}"
+		done
+	} >"$state/topology.yml"
+
+	for r in "${regions[@]}"; do
+		# shellcheck disable=SC2086 # the ports are meant to split.
+		if ! scripts/redis-cluster.sh start "$state/redis/$r" ${redis_ports[$r]} >"$state/logs/redis-$r.log" 2>&1; then
+			err "the Redis Cluster of $r did not start"
+			tail_log "$state/logs/redis-$r.log"
+			for p in ${redis_ports[$r]}; do tail_log "$state/redis/$r/$p/redis.log"; done
+			exit 1
+		fi
+		log "redis-$r: cluster ok on 127.0.0.1:${redis_ports[$r]// /,}"
+	done
+
+	# JetStream limits: the defaults are most of the disk and a share of
+	# memory. Three streams (the spends stream and each region's local
+	# stream) of at most --stream.max-bytes each fit in max_file_store.
+	cat >"$state/nats/nats.conf" <<-EOF
+		# Generated by scripts/stack.sh.
+		server_name: limiterd-stack
+		listen: $nats_addr
+		http: $nats_mon
+		jetstream {
+		  store_dir: "$state/nats/jetstream"
+		  max_memory_store: 64MB
+		  max_file_store: 1GB
+		}
+	EOF
+	start nats "$state/logs/nats.log" "$bin/nats-server" -c "$state/nats/nats.conf"
+	wait_healthy nats "$nats_mon" "/healthz?js-enabled-only=true"
+
+	local redis_addrs
+	for r in "${regions[@]}"; do
+		redis_addrs=$(printf '127.0.0.1:%s,' ${redis_ports[$r]})
+		redis_addrs=${redis_addrs%,}
+		start "reconciler-$r" "$state/logs/reconciler-$r.log" "$bin/reconciler" \
+			--region "$r" --region.topology-file "$state/topology.yml" --rules.file "$rules" \
+			--nats.url "nats://$nats_addr" --redis.addrs "$redis_addrs" \
+			--http.listen-address "${rec_addr[$r]}" --gossip.interval "$interval" \
+			--stream.max-bytes $((256 << 20))
+	done
+	for r in "${regions[@]}"; do wait_healthy "reconciler-$r" "${rec_addr[$r]}" /readyz; done
+
+	for r in "${regions[@]}"; do
+		redis_addrs=$(printf '127.0.0.1:%s,' ${redis_ports[$r]})
+		redis_addrs=${redis_addrs%,}
+		# --redis.timeout: the 5ms default is meant for a dedicated store;
+		# here two clusters, NATS and the daemons share the machine's cores.
+		start "limiterd-$r" "$state/logs/limiterd-$r.log" "$bin/limiterd" \
+			--region "$r" --region.topology-file "$state/topology.yml" --rules.file "$rules" \
+			--redis.addrs "$redis_addrs" --redis.timeout 50ms \
+			--grpc.listen-address "${grpc_addr[$r]}" --http.listen-address "${http_addr[$r]}" \
+			--nats.url "nats://$nats_addr" --gossip.interval "$interval" --instance "limiterd-$r"
+	done
+	for r in "${regions[@]}"; do wait_healthy "limiterd-$r" "${http_addr[$r]}" /readyz; done
+
+	trap - EXIT INT TERM
+	echo
+	echo "Two regions are up (rules $rules, gossip interval $interval):"
+	for r in "${regions[@]}"; do
+		printf '  %-8s limiterd gRPC %s  HTTP http://%s/metrics  reconciler http://%s/metrics  Redis 127.0.0.1:%s\n' \
+			"$r" "${grpc_addr[$r]}" "${http_addr[$r]}" "${rec_addr[$r]}" "${redis_ports[$r]// /,}"
+	done
+	echo "  NATS     nats://$nats_addr (JetStream), monitoring http://$nats_mon"
+	echo "  logs     $state/logs/ (Redis nodes: $state/redis/<region>/<port>/redis.log)"
+	echo "  topology $state/topology.yml"
+	echo "Try: make demo; stop with: make down"
+}
+
+status() {
+	local name pid binary logf addr
+	if [ ! -f "$pids_file" ]; then
+		echo "stack: not up (no $pids_file)"
+		return 0
+	fi
+	while read -r name pid binary logf; do
+		case $name in
+		nats) addr="$nats_mon /healthz?js-enabled-only=true" ;;
+		reconciler-*) addr="${rec_addr[${name#reconciler-}]} /readyz" ;;
+		limiterd-*) addr="${http_addr[${name#limiterd-}]} /readyz" ;;
+		esac
+		if ! alive "$pid" "$binary"; then
+			printf '  %-18s pid %-7s DOWN  (log %s)\n' "$name" "$pid" "$logf"
+		elif http_ok ${addr}; then
+			printf '  %-18s pid %-7s ok    http://%s\n' "$name" "$pid" "${addr/ /}"
+		else
+			printf '  %-18s pid %-7s NOT READY (http://%s; log %s)\n' "$name" "$pid" "${addr/ /}" "$logf"
+		fi
+	done <"$pids_file"
+	for r in "${regions[@]}"; do
+		for p in ${redis_ports[$r]}; do
+			pid=$(cat "$state/redis/$r/$p/redis.pid" 2>/dev/null || echo "-")
+			if redis-cli -p "$p" cluster info 2>/dev/null | grep -q cluster_state:ok; then
+				printf '  %-18s pid %-7s ok    127.0.0.1:%s\n' "redis-$r" "$pid" "$p"
+			else
+				printf '  %-18s pid %-7s DOWN  127.0.0.1:%s\n' "redis-$r" "$pid" "$p"
+			fi
+		done
+	done
+}
+
+down() {
+	if [ ! -d "$state" ]; then
+		log "nothing to stop (no $state)"
+		return 0
+	fi
+	stop_all
+	rm -rf "$state"
+	log "down; removed $state"
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+status) status ;;
+*)
+	echo "usage: scripts/stack.sh up|down|status" >&2
+	exit 2
+	;;
+esac
