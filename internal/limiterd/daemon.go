@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -29,6 +30,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -41,6 +43,8 @@ type Daemon struct {
 	registry *prometheus.Registry
 	checker  *checker
 	redis    *redisstore.Store
+	// service is the Check service, also called in-process by forward-auth.
+	service *limiterService
 
 	grpcServer *grpc.Server
 	health     *health.Server
@@ -51,6 +55,12 @@ type Daemon struct {
 	served     chan error
 
 	stopGuard  context.CancelFunc
+	rules      *rulesource.Source
+	regions    int
+	admin      *admin
+	nc         *nats.Conn
+	stopRules  context.CancelFunc
+	rulesDone  chan struct{}
 	spends     *spendPublisher
 	stopSpends context.CancelFunc
 	spendsDone chan struct{}
@@ -109,10 +119,16 @@ func New(opts Options) (*Daemon, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	set, err := rules.Load(opts.RulesFile)
+	reg := prometheus.NewRegistry()
+	var d *Daemon
+	src, err := rulesource.New(rulesource.Options{
+		File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
+		OnChange: func(set *rules.Set) { d.setRules(set) },
+	}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("--rules.file: %w", err)
 	}
+	set := src.Current()
 	var topo *region.Topology
 	regions := 1
 	if opts.TopologyFile != "" {
@@ -129,16 +145,17 @@ func New(opts Options) (*Daemon, error) {
 		}
 		regions = len(topo.Names())
 	}
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{
+	d = &Daemon{
 		opts:     opts,
 		log:      opts.Logger.With("region", opts.Region),
 		registry: reg,
+		rules:    src,
+		regions:  regions,
 		checker: &checker{fallback: bucket.NewMemory(), m: m, region: opts.Region, topo: topo,
 			forwardTimeout: opts.ForwardTimeout, deny: newDenyCache(opts.DenyCacheSize), leases: newLeases()},
 		served: make(chan error, 2),
@@ -151,7 +168,28 @@ func New(opts Options) (*Daemon, error) {
 		}, func() float64 { return float64(dc.len()) }))
 	}
 	d.checker.rules.Store(newTable(set, opts.FleetSize, regions, m))
+	if d.admin, err = newAdmin(src, opts.AdminTokenFile, opts.TLSClientCAFile != ""); err != nil {
+		return nil, err
+	}
 	return d, nil
+}
+
+// setRules puts a new rule set in force; a set whose pinned rules name
+// regions the topology lacks is refused, and the rules in force stay.
+func (d *Daemon) setRules(set *rules.Set) {
+	if d.checker.topo != nil {
+		for _, r := range set.Rules() {
+			if err := d.checker.topo.ValidateHomes(r.HomeKeys); err != nil {
+				d.log.Error("rules refused, the rules in force stay", "rule", r.ID, "err", err)
+				return
+			}
+		}
+	}
+	d.checker.rules.Store(newTable(set, d.opts.FleetSize, d.regions, d.checker.m))
+	if d.checker.deny != nil {
+		// Limits may have grown: a remembered denial may no longer hold.
+		d.checker.deny.clear()
+	}
 }
 
 // Registry is the daemon's metrics registry.
@@ -213,7 +251,15 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 	}
 	if d.opts.NATSURL != "" {
-		p, err := newSpendPublisher(d.opts.NATSURL, d.opts.Region, d.opts.Instance, d.opts.GossipInterval, d.log, d.registry)
+		nc, err := nats.Connect(d.opts.NATSURL, nats.Name("limiterd "+d.opts.Instance), nats.MaxReconnects(-1),
+			nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+		if err != nil {
+			d.closeStore()
+			return fmt.Errorf("--nats.url: %w", err)
+		}
+		d.nc = nc
+		d.rules.UseNATS(nc)
+		p, err := newSpendPublisher(nc, d.opts.Region, d.opts.Instance, d.opts.GossipInterval, d.log, d.registry)
 		if err != nil {
 			d.closeStore()
 			return err
@@ -238,8 +284,18 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
+	gopts = append(gopts, grpc.ChainUnaryInterceptor(d.admin.interceptor))
 	d.grpcServer = grpc.NewServer(gopts...)
-	limiterv1.RegisterLimiterServer(d.grpcServer, &limiterService{c: d.checker})
+	d.service = &limiterService{c: d.checker}
+	limiterv1.RegisterLimiterServer(d.grpcServer, d.service)
+	limiterv1.RegisterAdminServer(d.grpcServer, d.admin)
+	rctx, stopRules := context.WithCancel(context.Background())
+	d.stopRules = stopRules
+	d.rulesDone = make(chan struct{})
+	go func() {
+		d.rules.Run(rctx)
+		close(d.rulesDone)
+	}()
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpcServer, d.health)
 	reflection.Register(d.grpcServer)
@@ -256,6 +312,10 @@ func (d *Daemon) Start(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
+	d.admin.routes(mux)
+	if d.opts.ForwardAuth {
+		mux.Handle(ForwardAuthPath, d.forwardAuthHandler())
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	// Readiness does not follow the store: a limiterd whose store is down
 	// still answers (fail-open rules locally), and taking every instance
@@ -325,6 +385,13 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	}
 	for _, cc := range d.homeConns {
 		cc.Close()
+	}
+	if d.stopRules != nil {
+		d.stopRules()
+		<-d.rulesDone
+	}
+	if d.nc != nil {
+		d.nc.Close()
 	}
 	httpCtx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -94,11 +94,26 @@ type Options struct {
 	// this CA; the gRPC listener's certificate, if any, is the client's.
 	ForwardTLSCAFile string
 
+	// AdminTokenFile holds the bearer token of the admin API (gRPC Admin,
+	// HTTP /admin/rules). Without it only mTLS clients may call it.
+	AdminTokenFile string
+
 	// ShutdownDelay is how long the daemon stays up, not ready, before it
 	// stops accepting checks, so load balancers see it leave.
 	ShutdownDelay time.Duration
 	// GracePeriod bounds how long in-flight checks may take to finish.
 	GracePeriod time.Duration
+
+	// ForwardAuth serves GET /forward-auth on the HTTP listener, for nginx
+	// auth_request and Traefik forwardAuth (forwardauth.go).
+	ForwardAuth bool
+	// ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader,
+	// ForwardAuthURIHeader, ForwardAuthMethodHeader and ForwardAuthIPHeader
+	// name the request headers forward-auth reads the attributes from. The
+	// proxy must set each itself. "" takes the default (none for api key and
+	// plan); "none" turns one off.
+	ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader string
+	ForwardAuthURIHeader, ForwardAuthMethodHeader, ForwardAuthIPHeader    string
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -152,8 +167,16 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
 	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
+	fs.StringVar(&o.AdminTokenFile, "admin.token-file", "", "file holding the admin API's bearer token (at least 16 characters)")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
 	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
+	fs.BoolVar(&o.ForwardAuth, "forward-auth.enabled", false, "serve "+ForwardAuthPath+" on the HTTP listener for nginx auth_request and Traefik forwardAuth")
+	fs.StringVar(&o.ForwardAuthUserHeader, "forward-auth.user-header", DefaultForwardAuthUserHeader, "forward-auth: header with the authenticated user, set by the proxy (none: off)")
+	fs.StringVar(&o.ForwardAuthAPIKeyHeader, "forward-auth.api-key-header", ForwardAuthNoHeader, "forward-auth: header with the authenticated API key, set by the proxy (none: off)")
+	fs.StringVar(&o.ForwardAuthPlanHeader, "forward-auth.plan-header", ForwardAuthNoHeader, "forward-auth: header with the client's plan, set by the proxy (none: off)")
+	fs.StringVar(&o.ForwardAuthURIHeader, "forward-auth.uri-header", DefaultForwardAuthURIHeader, "forward-auth: header with the original request URI (none: off)")
+	fs.StringVar(&o.ForwardAuthMethodHeader, "forward-auth.method-header", DefaultForwardAuthMethodHeader, "forward-auth: header with the original request method (none: off)")
+	fs.StringVar(&o.ForwardAuthIPHeader, "forward-auth.ip-header", DefaultForwardAuthIPHeader, "forward-auth: header with the client address, its rightmost entry (none: off)")
 }
 
 func (o *Options) setDefaults() {
@@ -191,6 +214,7 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	o.setForwardAuthDefaults()
 }
 
 // validate reports every bad option, each naming its flag.
@@ -247,5 +271,6 @@ func (o *Options) validate() error {
 	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS) {
 		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls: need --redis.addrs"))
 	}
+	errs = append(errs, o.validateForwardAuth()...)
 	return errors.Join(errs...)
 }

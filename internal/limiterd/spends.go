@@ -44,15 +44,9 @@ type pendingFlush struct {
 	data []byte
 }
 
-func newSpendPublisher(url, region, instance string, interval time.Duration, log *slog.Logger, reg prometheus.Registerer) (*spendPublisher, error) {
-	nc, err := nats.Connect(url, nats.Name("limiterd "+instance), nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
-	if err != nil {
-		return nil, fmt.Errorf("--nats.url: %w", err)
-	}
+func newSpendPublisher(nc *nats.Conn, region, instance string, interval time.Duration, log *slog.Logger, reg prometheus.Registerer) (*spendPublisher, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
-		nc.Close()
 		return nil, fmt.Errorf("--nats.url: %w", err)
 	}
 	p := &spendPublisher{
@@ -77,7 +71,6 @@ func newSpendPublisher(url, region, instance string, interval time.Duration, log
 	}
 	for _, c := range []prometheus.Collector{p.published, p.dropped, p.failures, p.backlogGauge} {
 		if err := reg.Register(c); err != nil {
-			nc.Close()
 			return nil, err
 		}
 	}
@@ -97,7 +90,6 @@ func (p *spendPublisher) run(ctx context.Context) {
 			if n := len(p.backlog); n > 0 {
 				p.log.Warn("spends not published at shutdown", "messages", n)
 			}
-			p.nc.Close()
 			return
 		case <-t.C:
 			p.flush(ctx)

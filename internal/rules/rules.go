@@ -3,11 +3,14 @@ package rules
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"regexp"
+	"sort"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -77,8 +80,18 @@ type Rule struct {
 	// rule go to a stable hash of the key over the regions.
 	HomeKeys map[string]string `yaml:"home_keys"`
 
-	limit bucket.Limit
+	limit  bucket.Limit
+	source string
 }
+
+// Source is where the rule comes from: "file" or "admin".
+func (r *Rule) Source() string { return r.source }
+
+// Sources of rules.
+const (
+	SourceFile  = "file"
+	SourceAdmin = "admin"
+)
 
 // Home says where a rule's keys are decided.
 type Home string
@@ -103,6 +116,14 @@ func (r *Rule) Bucket() bucket.Limit { return r.limit }
 // Duration is a time.Duration written as a Go duration string ("90s", "1h").
 type Duration time.Duration
 
+// MarshalYAML writes a duration string, omitted when zero.
+func (d Duration) MarshalYAML() (any, error) {
+	if d == 0 {
+		return nil, nil
+	}
+	return time.Duration(d).String(), nil
+}
+
 // UnmarshalYAML parses a duration string.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	var s string
@@ -122,6 +143,7 @@ type Set struct {
 	rules     []*Rule
 	byID      map[string]*Rule
 	matchable []*Rule
+	version   string
 }
 
 // Get returns the rule with id, or nil.
@@ -162,14 +184,28 @@ func Parse(name string, data []byte) (*Set, error) {
 	if len(f.Rules) == 0 {
 		return nil, fmt.Errorf("%s: %w: rules: no rules", name, ErrInvalid)
 	}
-	s := &Set{byID: make(map[string]*Rule, len(f.Rules))}
+	list := make([]*Rule, len(f.Rules))
 	for i := range f.Rules {
 		r := &f.Rules[i]
+		r.source = SourceFile
 		if err := r.validate(); err != nil {
 			return nil, fmt.Errorf("%s: %w: rules[%d] (id %q): %v", name, ErrInvalid, i, r.ID, err)
 		}
+		list[i] = r
+	}
+	s, err := Build(list)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return s, nil
+}
+
+// Build makes a set of validated rules; an id used twice is an error.
+func Build(list []*Rule) (*Set, error) {
+	s := &Set{byID: make(map[string]*Rule, len(list))}
+	for i, r := range list {
 		if s.byID[r.ID] != nil {
-			return nil, fmt.Errorf("%s: %w: rules[%d]: id: %q is used twice", name, ErrInvalid, i, r.ID)
+			return nil, fmt.Errorf("%w: rules[%d]: id: %q is used twice (%s and %s)", ErrInvalid, i, r.ID, s.byID[r.ID].source, r.source)
 		}
 		s.byID[r.ID] = r
 		s.rules = append(s.rules, r)
@@ -177,7 +213,53 @@ func Parse(name string, data []byte) (*Set, error) {
 			s.matchable = append(s.matchable, r)
 		}
 	}
+	s.version = s.digest()
 	return s, nil
+}
+
+// ParseRule decodes one rule (an entry of "rules:", YAML or JSON) strictly
+// and validates it; source says where it came from.
+func ParseRule(data []byte, source string) (*Rule, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var r Rule
+	if err := dec.Decode(&r); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w: the rule is empty", ErrInvalid)
+		}
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	r.source = source
+	if err := r.validate(); err != nil {
+		return nil, fmt.Errorf("%w: rule %q: %v", ErrInvalid, r.ID, err)
+	}
+	return &r, nil
+}
+
+// YAML is the rule in the rules file's format, defaults filled in.
+func (r *Rule) YAML() []byte {
+	b, err := yaml.Marshal(r)
+	if err != nil {
+		panic("rules: a validated rule does not marshal: " + err.Error())
+	}
+	return b
+}
+
+// Version is a digest of the rules: equal sets have equal versions.
+func (s *Set) Version() string { return s.version }
+
+func (s *Set) digest() string {
+	ids := make([]string, 0, len(s.rules))
+	for _, r := range s.rules {
+		ids = append(ids, r.ID)
+	}
+	sort.Strings(ids)
+	h := sha256.New()
+	for _, id := range ids {
+		h.Write(s.byID[id].YAML())
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 func (r *Rule) validate() error {

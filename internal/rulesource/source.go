@@ -1,0 +1,426 @@
+// Package rulesource keeps a daemon's rules current without a deploy: the
+// rules file, reloaded when it changes, and the rules put through the admin
+// API, kept in a NATS JetStream key-value bucket that every limiterd and
+// reconciler watches, with a periodic full read that heals a missed update.
+package rulesource
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/internal/rules"
+)
+
+// Defaults.
+const (
+	DefaultBucket         = "limiter_rules"
+	DefaultFileInterval   = time.Second
+	DefaultResyncInterval = 30 * time.Second
+)
+
+// ErrNoStore is returned by Put and Delete without a key-value bucket.
+var ErrNoStore = errors.New("no rules store: start with --nats.url to change rules at run time")
+
+// ErrNotFound is returned by Delete for an id the bucket does not hold.
+var ErrNotFound = errors.New("no such rule put through the admin API")
+
+// Options configure a Source.
+type Options struct {
+	// File is the rules file; it is read again when its content changes.
+	File string
+	// FileInterval is how often the file is looked at.
+	FileInterval time.Duration
+	// NATS, when set, holds the admin rules in Bucket.
+	NATS   *nats.Conn
+	Bucket string
+	// ResyncInterval is how often the whole bucket is read again.
+	ResyncInterval time.Duration
+	// OnChange gets every new rule set, from the goroutine of Run.
+	OnChange func(*rules.Set)
+	Logger   *slog.Logger
+}
+
+// Source is the current rule set of one daemon. Safe for concurrent use.
+type Source struct {
+	opts Options
+	log  *slog.Logger
+	m    *metrics
+
+	mu        sync.Mutex
+	fileRules []*rules.Rule
+	fileData  []byte
+	kvRules   map[string]kvRule
+	current   *rules.Set
+
+	kvMu sync.Mutex
+	kv   jetstream.KeyValue
+}
+
+type kvRule struct {
+	rule     *rules.Rule
+	revision uint64
+}
+
+// New loads the rules file: a bad file is an error here, since a daemon
+// must not start without its rules. Later bad versions are refused and the
+// rules in force kept.
+func New(opts Options, reg prometheus.Registerer) (*Source, error) {
+	if opts.FileInterval <= 0 {
+		opts.FileInterval = DefaultFileInterval
+	}
+	if opts.ResyncInterval <= 0 {
+		opts.ResyncInterval = DefaultResyncInterval
+	}
+	if opts.Bucket == "" {
+		opts.Bucket = DefaultBucket
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}}
+	data, err := os.ReadFile(opts.File)
+	if err != nil {
+		return nil, err
+	}
+	set, err := rules.Parse(opts.File, data)
+	if err != nil {
+		return nil, err
+	}
+	s.fileRules, s.fileData, s.current = set.Rules(), data, set
+	if s.m, err = newMetrics(reg, s); err != nil {
+		return nil, err
+	}
+	s.m.reloads.WithLabelValues("file", "success").Inc()
+	return s, nil
+}
+
+// UseNATS gives the source its connection, before Run.
+func (s *Source) UseNATS(nc *nats.Conn) { s.opts.NATS = nc }
+
+// Current is the rule set in force.
+func (s *Source) Current() *rules.Set {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+// Run watches the file and the bucket until ctx ends.
+func (s *Source) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Go(func() { s.watchFile(ctx) })
+	if s.opts.NATS != nil {
+		wg.Go(func() { s.watchBucket(ctx) })
+	}
+	wg.Wait()
+}
+
+func (s *Source) watchFile(ctx context.Context) {
+	t := time.NewTicker(s.opts.FileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		data, err := os.ReadFile(s.opts.File)
+		if err != nil {
+			s.failed("file", fmt.Errorf("read %s: %w", s.opts.File, err))
+			continue
+		}
+		s.mu.Lock()
+		same := bytes.Equal(data, s.fileData)
+		s.mu.Unlock()
+		if same {
+			continue
+		}
+		set, err := rules.Parse(s.opts.File, data)
+		if err != nil {
+			s.mu.Lock()
+			s.fileData = data // do not log the same bad file every second
+			s.mu.Unlock()
+			s.failed("file", err)
+			continue
+		}
+		s.mu.Lock()
+		s.fileRules, s.fileData = set.Rules(), data
+		s.mu.Unlock()
+		s.rebuild("file")
+	}
+}
+
+func (s *Source) failed(source string, err error) {
+	s.m.reloads.WithLabelValues(source, "failure").Inc()
+	s.log.Error("rules not reloaded; the rules in force stay", "source", source, "err", err)
+}
+
+// rebuild makes the set from the file's rules and the bucket's. A bucket
+// rule that clashes with the file's is left out, with an error.
+func (s *Source) rebuild(source string) {
+	s.mu.Lock()
+	list := slices.Clone(s.fileRules)
+	ids := make(map[string]bool, len(list))
+	for _, r := range list {
+		ids[r.ID] = true
+	}
+	kvIDs := make([]string, 0, len(s.kvRules))
+	for id := range s.kvRules {
+		kvIDs = append(kvIDs, id)
+	}
+	slices.Sort(kvIDs)
+	var clashes []string
+	for _, id := range kvIDs {
+		if ids[id] {
+			clashes = append(clashes, id)
+			continue
+		}
+		list = append(list, s.kvRules[id].rule)
+	}
+	set, err := rules.Build(list)
+	if err == nil {
+		s.current = set
+	}
+	s.mu.Unlock()
+	if len(clashes) > 0 {
+		s.log.Error("admin rules with the id of a file rule are ignored", "ids", clashes)
+	}
+	if err != nil {
+		s.failed(source, err)
+		return
+	}
+	s.m.reloads.WithLabelValues(source, "success").Inc()
+	s.m.lastReload.SetToCurrentTime()
+	s.log.Info("rules in force", "source", source, "rules", len(set.Rules()), "version", set.Version())
+	if s.opts.OnChange != nil {
+		s.opts.OnChange(set)
+	}
+}
+
+// bucket opens (creating when needed) the key-value bucket.
+func (s *Source) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	s.kvMu.Lock()
+	defer s.kvMu.Unlock()
+	if s.kv != nil {
+		return s.kv, nil
+	}
+	if s.opts.NATS == nil {
+		return nil, ErrNoStore
+	}
+	js, err := jetstream.New(s.opts.NATS)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: s.opts.Bucket, Description: "limiterd rules put through the admin API", History: 5,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("key-value bucket %s: %w", s.opts.Bucket, err)
+	}
+	s.kv = kv
+	return kv, nil
+}
+
+// watchBucket follows the bucket's updates, and reads it whole every
+// ResyncInterval; both retry while NATS is away.
+func (s *Source) watchBucket(ctx context.Context) {
+	for ctx.Err() == nil {
+		if err := s.watchOnce(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("rules bucket not watched, retrying", "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+		}
+	}
+}
+
+func (s *Source) watchOnce(ctx context.Context) error {
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer w.Stop()
+	resync := time.NewTicker(s.opts.ResyncInterval)
+	defer resync.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-resync.C:
+			if err := s.resync(ctx, kv); err != nil {
+				return err
+			}
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watcher closed")
+			}
+			if e == nil {
+				// The initial values are in.
+				s.rebuild("admin")
+				continue
+			}
+			if s.apply(e) {
+				s.rebuild("admin")
+			}
+		}
+	}
+}
+
+// apply records one bucket entry; it reports whether anything changed.
+func (s *Source) apply(e jetstream.KeyValueEntry) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	id := e.Key()
+	if e.Operation() != jetstream.KeyValuePut {
+		if _, ok := s.kvRules[id]; !ok {
+			return false
+		}
+		delete(s.kvRules, id)
+		return true
+	}
+	if old, ok := s.kvRules[id]; ok && old.revision == e.Revision() {
+		return false
+	}
+	r, err := rules.ParseRule(e.Value(), rules.SourceAdmin)
+	if err == nil && r.ID != id {
+		err = fmt.Errorf("stored under %q but its id is %q", id, r.ID)
+	}
+	if err != nil {
+		// Written around the API: refuse it, keep the rest.
+		s.m.reloads.WithLabelValues("admin", "failure").Inc()
+		s.log.Error("admin rule refused", "id", id, "err", err)
+		return false
+	}
+	s.kvRules[id] = kvRule{rule: r, revision: e.Revision()}
+	return true
+}
+
+// resync reads the whole bucket, healing an update the watcher missed.
+func (s *Source) resync(ctx context.Context, kv jetstream.KeyValue) error {
+	lister, err := kv.ListKeys(ctx)
+	if err != nil {
+		return err
+	}
+	seen := map[string]bool{}
+	changed := false
+	for id := range lister.Keys() {
+		seen[id] = true
+		e, err := kv.Get(ctx, id)
+		if err != nil {
+			continue
+		}
+		changed = s.apply(e) || changed
+	}
+	s.mu.Lock()
+	for id := range s.kvRules {
+		if !seen[id] {
+			delete(s.kvRules, id)
+			changed = true
+		}
+	}
+	s.mu.Unlock()
+	if changed {
+		s.rebuild("admin")
+	}
+	return nil
+}
+
+// Put validates a rule (one entry of "rules:", YAML or JSON) against the
+// rules in force and stores it; every watcher then puts it in force. An
+// invalid rule is an error wrapping rules.ErrInvalid, and nothing changes.
+func (s *Source) Put(ctx context.Context, data []byte) (uint64, error) {
+	r, err := rules.ParseRule(data, rules.SourceAdmin)
+	if err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	for _, f := range s.fileRules {
+		if f.ID == r.ID {
+			s.mu.Unlock()
+			return 0, fmt.Errorf("%w: id: %q is a rule of the rules file; change it there", rules.ErrInvalid, r.ID)
+		}
+	}
+	s.mu.Unlock()
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return kv.Put(ctx, r.ID, r.YAML())
+}
+
+// Delete removes a rule put through the admin API.
+func (s *Source) Delete(ctx context.Context, id string) error {
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Get(ctx, id); errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("%w: %q", ErrNotFound, id)
+	} else if err != nil {
+		return err
+	}
+	return kv.Delete(ctx, id)
+}
+
+type metrics struct {
+	reloads    *prometheus.CounterVec
+	lastReload prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, s *Source) (*metrics, error) {
+	m := &metrics{
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_rules_reloads_total",
+			Help: "Rule set reloads, by source (file, admin) and result (success, failure: the rules in force stay).",
+		}, []string{"source", "result"}),
+		lastReload: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_rules_last_reload_timestamp_seconds",
+			Help: "When the rules in force were last changed.",
+		}),
+	}
+	info := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "limiter_rules_in_force",
+		Help: "Rules in force.",
+	}, func() float64 { return float64(len(s.Current().Rules())) })
+	version := &versionCollector{s: s, desc: prometheus.NewDesc("limiter_rules_version_info",
+		"The version (a digest) of the rules in force, as a label; 1.", []string{"version"}, nil)}
+	for _, c := range []prometheus.Collector{m.reloads, m.lastReload, info, version} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, src := range []string{"file", "admin"} {
+		for _, res := range []string{"success", "failure"} {
+			m.reloads.WithLabelValues(src, res)
+		}
+	}
+	m.lastReload.SetToCurrentTime()
+	return m, nil
+}
+
+// versionCollector exports the current version as an info metric.
+type versionCollector struct {
+	s    *Source
+	desc *prometheus.Desc
+}
+
+func (c *versionCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *versionCollector) Collect(ch chan<- prometheus.Metric) {
+	ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, 1, c.s.Current().Version())
+}
