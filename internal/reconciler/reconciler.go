@@ -33,7 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
-	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
@@ -93,7 +93,7 @@ type Reconciler struct {
 	opts     Options
 	log      *slog.Logger
 	registry *prometheus.Registry
-	rules    *rules.Set
+	rules    *rulesource.Source
 	topo     *region.Topology
 	sources  []string
 	m        *metrics
@@ -186,7 +186,8 @@ func New(opts Options) (*Reconciler, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	set, err := rules.Load(opts.RulesFile)
+	reg := prometheus.NewRegistry()
+	src, err := rulesource.New(rulesource.Options{File: opts.RulesFile, Logger: opts.Logger.With("component", "rules")}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("--rules.file: %w", err)
 	}
@@ -197,13 +198,13 @@ func New(opts Options) (*Reconciler, error) {
 	if !topo.Has(opts.Region) {
 		return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
 	}
-	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), rules: set, topo: topo}
+	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), rules: src, topo: topo}
 	for _, name := range topo.Names() {
 		if name != opts.Region {
 			r.sources = append(r.sources, name)
 		}
 	}
-	r.registry = prometheus.NewRegistry()
+	r.registry = reg
 	r.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if r.m, err = newMetrics(r.registry, opts.Region, r.sources); err != nil {
 		return nil, err
@@ -267,6 +268,8 @@ func (r *Reconciler) Start(ctx context.Context) error {
 
 	lctx, stop := context.WithCancel(context.Background())
 	r.cancel = stop
+	r.rules.UseNATS(r.nc)
+	r.wg.Go(func() { r.rules.Run(lctx) })
 	r.wg.Go(func() { r.run(lctx) })
 	r.log.Info("reconciler started", "sources", strings.Join(r.sources, ","), "interval", r.opts.Interval)
 	return nil
@@ -504,8 +507,9 @@ func (r *Reconciler) applyMessage(ctx context.Context, src string, msg jetstream
 // skipped.
 func (r *Reconciler) debits(b *gossipv1.SpendBatch) (clients []redisstore.ClientDebits, skipped int) {
 	byKey := make(map[string]int)
+	set := r.rules.Current()
 	for _, s := range b.GetSpends() {
-		rule := r.rules.Get(s.GetRuleId())
+		rule := set.Get(s.GetRuleId())
 		if rule == nil || !rule.Reconciled() {
 			skipped++
 			continue
