@@ -45,34 +45,9 @@ func (c *checker) checkAttributes(ctx context.Context, attrs *limiterv1.Attribut
 		c.m.invalid.WithLabelValues("cost").Inc()
 		return nil, status.Errorf(codes.InvalidArgument, "cost: %v is not finite and > 0", reqCost)
 	}
-	a := attributesOf(attrs)
-	t := c.rules.Load()
-	var enforce, shadow []*item
-	for _, r := range t.set.Matching(a) {
-		key, ok, err := r.KeyOf(a)
-		if err != nil {
-			c.m.invalid.WithLabelValues("attributes").Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "attributes.%v", err)
-		}
-		if !ok {
-			continue
-		}
-		if err := bucket.ValidateKey(key); err != nil {
-			c.m.invalid.WithLabelValues("attributes").Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "attributes: rule %q: %v", r.ID, err)
-		}
-		e := t.byID[r.ID]
-		cost, err := e.limit.NormalizeCost(r.Cost * reqCost)
-		if err != nil {
-			c.m.invalid.WithLabelValues("cost").Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "cost: rule %q: %v", r.ID, err)
-		}
-		it := &item{e: e, key: key, cost: cost}
-		if r.Shadow {
-			shadow = append(shadow, it)
-		} else {
-			enforce = append(enforce, it)
-		}
+	enforce, shadow, err := c.matchItems(c.rules.Load(), attributesOf(attrs), reqCost)
+	if err != nil {
+		return nil, err
 	}
 	allowed, err := c.enforce(ctx, enforce)
 	if err != nil {
@@ -84,8 +59,59 @@ func (c *checker) checkAttributes(ctx context.Context, attrs *limiterv1.Attribut
 	return response(enforce, shadow, allowed), nil
 }
 
-// enforce decides the enforced rules of one check together.
+// matchItems lists the rules of t that a matches, each with the key its
+// key_by picks and its cost times reqCost (finite, > 0): the enforced
+// rules, and the shadow ones. Errors are gRPC statuses.
+func (c *checker) matchItems(t *table, a *rules.Attributes, reqCost float64) (enforce, shadow []*item, err error) {
+	for _, r := range t.set.Matching(a) {
+		key, ok, err := r.KeyOf(a)
+		if err != nil {
+			c.m.invalid.WithLabelValues("attributes").Inc()
+			return nil, nil, status.Errorf(codes.InvalidArgument, "attributes.%v", err)
+		}
+		if !ok {
+			continue
+		}
+		if err := bucket.ValidateKey(key); err != nil {
+			c.m.invalid.WithLabelValues("attributes").Inc()
+			return nil, nil, status.Errorf(codes.InvalidArgument, "attributes: rule %q: %v", r.ID, err)
+		}
+		e := t.byID[r.ID]
+		cost, err := e.limit.NormalizeCost(r.Cost * reqCost)
+		if err != nil {
+			c.m.invalid.WithLabelValues("cost").Inc()
+			return nil, nil, status.Errorf(codes.InvalidArgument, "cost: rule %q: %v", r.ID, err)
+		}
+		it := &item{e: e, key: key, cost: cost}
+		if r.Shadow {
+			shadow = append(shadow, it)
+		} else {
+			enforce = append(enforce, it)
+		}
+	}
+	return enforce, shadow, nil
+}
+
+// enforce decides the enforced rules of one check together. Afterwards
+// every item has a decision: a rule left undecided (another refused first)
+// or that would have allowed a refused check reports what it has, since
+// nothing was spent from it.
 func (c *checker) enforce(ctx context.Context, items []*item) (bool, error) {
+	for _, it := range items {
+		it.d = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
+	}
+	allowed, err := c.enforceAll(ctx, items)
+	if err == nil && !allowed {
+		for _, it := range items {
+			if it.d.Allowed && it.d.Remaining < it.d.Limit {
+				it.d.Remaining = min(it.d.Limit, it.d.Remaining+it.cost)
+			}
+		}
+	}
+	return allowed, err
+}
+
+func (c *checker) enforceAll(ctx context.Context, items []*item) (bool, error) {
 	switch len(items) {
 	case 0:
 		return true, nil

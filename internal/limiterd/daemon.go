@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -288,6 +289,7 @@ func (d *Daemon) Start(ctx context.Context) error {
 	d.grpcServer = grpc.NewServer(gopts...)
 	d.service = &limiterService{c: d.checker}
 	limiterv1.RegisterLimiterServer(d.grpcServer, d.service)
+	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, &envoyService{c: d.checker})
 	limiterv1.RegisterAdminServer(d.grpcServer, d.admin)
 	rctx, stopRules := context.WithCancel(context.Background())
 	d.stopRules = stopRules

@@ -162,8 +162,9 @@ func (h forwardAuthHeaders) attributes(r *http.Request) (*limiterv1.Attributes, 
 		if raw == "" {
 			return nil, fmt.Errorf("%s missing", h.uri)
 		}
+		// The origin form only, as proxies send it: a path and a query.
 		u, err := url.ParseRequestURI(raw)
-		if err != nil || u.Path == "" || u.Path[0] != '/' {
+		if err != nil || raw[0] != '/' || u.Path == "" {
 			return nil, fmt.Errorf("%s: %q is not a request path", h.uri, raw)
 		}
 		// As the upstream will route it: /api/%2e%2e/admin is /admin.

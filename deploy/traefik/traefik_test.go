@@ -1,0 +1,272 @@
+// Package traefik tests dynamic.yml, the Traefik configuration of
+// limiterd's forward-auth, against the limiterd it points at.
+package traefik
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/limiterd/limiterd/internal/limiterd"
+	"github.com/limiterd/limiterd/pkg/httplimit"
+)
+
+// dynamic is the part of Traefik's dynamic configuration schema that
+// dynamic.yml uses, with Traefik's field names; unknown keys are refused.
+type dynamic struct {
+	HTTP struct {
+		Routers     map[string]router     `yaml:"routers"`
+		Middlewares map[string]middleware `yaml:"middlewares"`
+		Services    map[string]service    `yaml:"services"`
+	} `yaml:"http"`
+}
+
+type router struct {
+	EntryPoints []string `yaml:"entryPoints"`
+	Rule        string   `yaml:"rule"`
+	Middlewares []string `yaml:"middlewares"`
+	Service     string   `yaml:"service"`
+	Priority    int      `yaml:"priority"`
+}
+
+type middleware struct {
+	Chain *struct {
+		Middlewares []string `yaml:"middlewares"`
+	} `yaml:"chain"`
+	BasicAuth *struct {
+		Users        []string `yaml:"users"`
+		UsersFile    string   `yaml:"usersFile"`
+		Realm        string   `yaml:"realm"`
+		HeaderField  string   `yaml:"headerField"`
+		RemoveHeader bool     `yaml:"removeHeader"`
+	} `yaml:"basicAuth"`
+	ForwardAuth *forwardAuth `yaml:"forwardAuth"`
+}
+
+type forwardAuth struct {
+	Address                  string   `yaml:"address"`
+	TrustForwardHeader       bool     `yaml:"trustForwardHeader"`
+	AuthResponseHeaders      []string `yaml:"authResponseHeaders"`
+	AuthResponseHeadersRegex string   `yaml:"authResponseHeadersRegex"`
+	AuthRequestHeaders       []string `yaml:"authRequestHeaders"`
+	AddAuthCookiesToResponse []string `yaml:"addAuthCookiesToResponse"`
+	HeaderField              string   `yaml:"headerField"`
+	ForwardBody              bool     `yaml:"forwardBody"`
+	MaxBodySize              int64    `yaml:"maxBodySize"`
+	PreserveLocationHeader   bool     `yaml:"preserveLocationHeader"`
+	PreserveRequestMethod    bool     `yaml:"preserveRequestMethod"`
+}
+
+type service struct {
+	LoadBalancer struct {
+		Servers []struct {
+			URL string `yaml:"url"`
+		} `yaml:"servers"`
+	} `yaml:"loadBalancer"`
+}
+
+func decode(b []byte) (*dynamic, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var d dynamic
+	if err := dec.Decode(&d); err != nil {
+		return nil, err
+	}
+	return &d, nil
+}
+
+func load(t *testing.T) *dynamic {
+	t.Helper()
+	b, err := os.ReadFile("dynamic.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := decode(b)
+	if err != nil {
+		t.Fatalf("dynamic.yml: %v", err)
+	}
+	return d
+}
+
+func TestDecodeIsStrict(t *testing.T) {
+	_, err := decode([]byte("http:\n  middlewares:\n    x:\n      forwardAuth:\n        authResponseHeader: [A]\n"))
+	if err == nil {
+		t.Fatal("a misspelt key decoded without error")
+	}
+}
+
+// limiterdMiddleware is the forwardAuth middleware of dynamic.yml.
+func limiterdMiddleware(t *testing.T, d *dynamic) *forwardAuth {
+	t.Helper()
+	var fa *forwardAuth
+	for name, m := range d.HTTP.Middlewares {
+		if m.ForwardAuth != nil {
+			if fa != nil {
+				t.Fatalf("more than one forwardAuth middleware (%s)", name)
+			}
+			fa = m.ForwardAuth
+		}
+	}
+	if fa == nil {
+		t.Fatal("no forwardAuth middleware")
+	}
+	return fa
+}
+
+func TestDynamicConfig(t *testing.T) {
+	d := load(t)
+	fa := limiterdMiddleware(t, d)
+
+	u, err := url.Parse(fa.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Scheme != "http" || u.Path != limiterd.ForwardAuthPath || u.RawQuery != "" {
+		t.Errorf("address %s: want http://HOST:PORT%s (no mode=nginx: Traefik passes a 429 through as it is)", fa.Address, limiterd.ForwardAuthPath)
+	}
+	if u.Host != limiterd.DefaultHTTPAddress {
+		t.Errorf("address %s: host %s is not limiterd's default --http.listen-address %s", fa.Address, u.Host, limiterd.DefaultHTTPAddress)
+	}
+	if fa.TrustForwardHeader {
+		t.Error("trustForwardHeader: true lets the client choose X-Forwarded-For, the address limiterd keys ip rules by")
+	}
+	if !slices.Equal(sorted(fa.AuthResponseHeaders), sorted(httplimit.HeaderNames)) {
+		t.Errorf("authResponseHeaders %v, want the headers limiterd sets: %v", fa.AuthResponseHeaders, httplimit.HeaderNames)
+	}
+	if !slices.Equal(fa.AuthRequestHeaders, []string{limiterd.DefaultForwardAuthUserHeader}) {
+		t.Errorf("authRequestHeaders %v, want only %s: no other header of the client's reaches limiterd",
+			fa.AuthRequestHeaders, limiterd.DefaultForwardAuthUserHeader)
+	}
+
+	// Every router through the forwardAuth goes through authentication
+	// first, and that authentication sets the header limiterd reads.
+	for name, r := range d.HTTP.Routers {
+		if _, ok := d.HTTP.Services[r.Service]; !ok {
+			t.Errorf("router %s: unknown service %q", name, r.Service)
+		}
+		flat := flatten(t, d, r.Middlewares)
+		at := slices.IndexFunc(flat, func(m string) bool { return d.HTTP.Middlewares[m].ForwardAuth != nil })
+		if at < 0 {
+			t.Errorf("router %s: does not go through limiterd", name)
+			continue
+		}
+		auth := slices.IndexFunc(flat[:at], func(m string) bool { return d.HTTP.Middlewares[m].BasicAuth != nil })
+		if auth < 0 {
+			t.Errorf("router %s: no authentication before limiterd (%v)", name, flat)
+			continue
+		}
+		if ba := d.HTTP.Middlewares[flat[auth]].BasicAuth; ba.HeaderField != limiterd.DefaultForwardAuthUserHeader {
+			t.Errorf("basicAuth %s: headerField %q, want %s", flat[auth], ba.HeaderField, limiterd.DefaultForwardAuthUserHeader)
+		}
+	}
+}
+
+// flatten expands chains into the middlewares they run, in order.
+func flatten(t *testing.T, d *dynamic, names []string) []string {
+	t.Helper()
+	var out []string
+	for _, n := range names {
+		m, ok := d.HTTP.Middlewares[n]
+		if !ok {
+			t.Fatalf("unknown middleware %q", n)
+		}
+		if m.Chain != nil {
+			out = append(out, flatten(t, d, m.Chain.Middlewares)...)
+			continue
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
+const rulesYAML = `rules:
+  - id: api
+    capacity: 2
+    refill_per_second: 0.01
+    key_by: user
+    match:
+      path: /api/**
+`
+
+// TestForwardAuthAsTraefikAsks sends limiterd the request Traefik's
+// forwardAuth makes (a GET to the address with X-Forwarded-* set by
+// Traefik and the authRequestHeaders), and checks the answers carry the
+// authResponseHeaders.
+func TestForwardAuthAsTraefikAsks(t *testing.T) {
+	fa := limiterdMiddleware(t, load(t))
+	rules := filepath.Join(t.TempDir(), "rules.yml")
+	if err := os.WriteFile(rules, []byte(rulesYAML), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := limiterd.New(limiterd.Options{
+		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules, ForwardAuth: true,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Stop(context.Background()) })
+	u, _ := url.Parse(fa.Address)
+	_, port, _ := net.SplitHostPort(d.HTTPAddr())
+	u.Host = net.JoinHostPort(u.Hostname(), port)
+
+	ask := func() *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
+		req.Header.Set("X-Forwarded-Method", "POST")
+		req.Header.Set("X-Forwarded-Proto", "https")
+		req.Header.Set("X-Forwarded-Host", "api.example.com")
+		req.Header.Set("X-Forwarded-Uri", "/api/orders?page=2")
+		req.Header.Set("X-Forwarded-For", "203.0.113.9")
+		for _, h := range fa.AuthRequestHeaders {
+			req.Header.Set(h, "alice")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	for i := range 2 {
+		resp := ask()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("check %d: %d", i, resp.StatusCode)
+		}
+		for _, h := range fa.AuthResponseHeaders {
+			if got := resp.Header.Get(h); (got == "") != (h == httplimit.HeaderRetryAfter) {
+				t.Errorf("check %d: %s = %q", i, h, got)
+			}
+		}
+	}
+	resp := ask()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("3rd check: %d, want 429", resp.StatusCode)
+	}
+	for _, h := range fa.AuthResponseHeaders {
+		if v := resp.Header.Get(h); v == "" || (h == httplimit.HeaderRetryAfter && strings.TrimLeft(v, "0") == "") {
+			t.Errorf("429: %s = %q", h, v)
+		}
+	}
+}

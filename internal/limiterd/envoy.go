@@ -1,0 +1,348 @@
+package limiterd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/httplimit"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// envoyService is Envoy's rate limit service, envoy.service.ratelimit.v3
+// RateLimitService, so that an Envoy gateway's ratelimit filter works
+// unchanged. It decides in-process, with the same checker as
+// limiter.v1.Limiter/Check by attributes; it is safe for concurrent use.
+//
+// The mapping of a RateLimitRequest:
+//
+//   - domain is Attributes.domain (match.domain of a rule). It must not be
+//     empty.
+//   - Each descriptor is one set of attributes: every entry is a named
+//     attribute (Attributes.extra: key → value, for match.attributes and
+//     key_by attr:NAME), and these keys also fill the typed fields:
+//     remote_address → ip (so key_by ip counts IPv6 clients by their /64),
+//     path or :path → path (without its query), method or :method → method,
+//     api_key, user and plan. When two entries fill one field, the later
+//     wins. A descriptor needs at least one entry; a key given twice in one
+//     descriptor is an error (set descriptor_key on Envoy's actions to tell
+//     them apart).
+//   - hits_addend is the cost (0 means 1); a descriptor's own hits_addend,
+//     when set and not 0, overrides it for that descriptor. Like the cost
+//     of a Check, it multiplies each rule's own cost. is_negative_hits is
+//     refused; a descriptor's limit override is ignored: the rules file
+//     sets the limits.
+//
+// Every rule a descriptor matches is checked against the key its key_by
+// picks from that descriptor, and the rules of all descriptors are checked
+// together, all or nothing: when one descriptor is over its limit, nothing
+// is spent for any. A rule that several descriptors match with the same key
+// is checked once, at the largest of their costs. Shadow rules are checked
+// for a request that passed, and never refuse.
+//
+// The response has one status per descriptor, in the request's order: code
+// OVER_LIMIT when one of the rules the descriptor matches refused, OK
+// otherwise (also when it matches no rule; its status then has no limit);
+// current_limit, limit_remaining (rounded down) and duration_until_reset are
+// those of its most restrictive rule (the refusal with the longest retry, or
+// the rule with the least left for its limit). current_limit is named by the
+// rule's id; its unit is the rule's window (see windowMillis) when that is
+// a second, a minute, an hour or a day, otherwise the limit over the window
+// scaled to a per-second rate, or per minute, hour or day when that rate
+// rounds to less than 1. overall_code is OVER_LIMIT when any descriptor is,
+// OK otherwise, UNKNOWN for a request without descriptors.
+// response_headers_to_add are the quota headers pkg/httplimit's SetHeaders
+// writes for the most restrictive rule of all descriptors (RateLimit-Limit,
+// RateLimit-Remaining, RateLimit-Reset in seconds, X-RateLimit-Limit,
+// X-RateLimit-Remaining, X-RateLimit-Reset as a Unix time, Retry-After in
+// whole seconds, rounded up, when over the limit; RateLimit-Policy and
+// RateLimit list every enforced rule checked), in lower case; none when
+// no rule matched.
+//
+// Errors: INVALID_ARGUMENT for invalid input (the message names the
+// descriptor), UNAVAILABLE when a fail-closed rule cannot be decided. Envoy
+// then applies its filter's failure_mode_deny to the whole request, as it
+// does when limiterd cannot be reached. Where fail-open rules go it must be
+// false (Envoy's default) for them to stay open: limiterd decides those
+// itself when its store is down. A filter with false lets a fail-closed
+// rule's request through too, so the descriptors of fail-closed rules
+// belong to a filter of another stage with failure_mode_deny true
+// (deploy/envoy/envoy.yaml does so).
+type envoyService struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	c *checker
+}
+
+// Descriptor entry keys that also fill typed attributes.
+const (
+	envoyKeyRemoteAddress = "remote_address"
+	envoyKeyPath          = "path"
+	envoyKeyPseudoPath    = ":path"
+	envoyKeyMethod        = "method"
+	envoyKeyPseudoMethod  = ":method"
+)
+
+func (s *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	start := time.Now()
+	defer func() { s.c.m.duration.Observe(time.Since(start).Seconds()) }()
+	if req.GetDomain() == "" {
+		s.c.m.invalid.WithLabelValues("attributes").Inc()
+		return nil, status.Error(codes.InvalidArgument, "domain: must not be empty")
+	}
+	if len(req.GetDescriptors()) == 0 {
+		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_UNKNOWN}, nil
+	}
+	cost := float64(req.GetHitsAddend())
+	if cost == 0 {
+		cost = 1
+	}
+	t := s.c.rules.Load()
+	sets := make([]itemSet, len(req.GetDescriptors()))
+	for i, desc := range req.GetDescriptors() {
+		a, descCost, err := envoyAttributes(req.GetDomain(), desc, cost)
+		if err != nil {
+			s.c.m.invalid.WithLabelValues("attributes").Inc()
+			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].%v", i, err)
+		}
+		if sets[i].enforce, sets[i].shadow, err = s.c.matchItems(t, a, descCost); err != nil {
+			// A status, counted by matchItems: name the descriptor.
+			st := status.Convert(err)
+			return nil, status.Errorf(st.Code(), "descriptors[%d]: %s", i, st.Message())
+		}
+	}
+	allowed, err := s.c.checkSets(ctx, sets)
+	if err != nil {
+		return nil, err
+	}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	if !allowed {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	var all []*item
+	for _, set := range sets {
+		resp.Statuses = append(resp.Statuses, descriptorStatus(set.enforce))
+		for _, it := range set.enforce {
+			if !slices.Contains(all, it) {
+				all = append(all, it)
+			}
+		}
+	}
+	if top := mostRestrictive(all); top != nil {
+		quota := top.checkResponse()
+		for _, it := range all {
+			quota.Statuses = append(quota.Statuses, it.ruleStatus())
+		}
+		h := make(http.Header)
+		httplimit.SetHeaders(h, quota, time.Now())
+		resp.ResponseHeadersToAdd = envoyHeaders(h)
+	}
+	return resp, nil
+}
+
+// envoyAttributes maps one descriptor onto attributes, and its cost.
+func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost float64) (*rules.Attributes, float64, error) {
+	if desc.GetIsNegativeHits() {
+		return nil, 0, errors.New("is_negative_hits: not supported: limiterd gives no tokens back on request")
+	}
+	if h := desc.GetHitsAddend(); h != nil && h.GetValue() != 0 {
+		cost = float64(h.GetValue())
+	}
+	entries := desc.GetEntries()
+	if len(entries) == 0 {
+		return nil, 0, errors.New("entries: a descriptor needs at least one entry")
+	}
+	a := &rules.Attributes{Domain: domain, Extra: make(map[string]string, len(entries))}
+	for j, e := range entries {
+		k, v := e.GetKey(), e.GetValue()
+		if k == "" {
+			return nil, 0, fmt.Errorf("entries[%d].key: empty", j)
+		}
+		if _, dup := a.Extra[k]; dup {
+			return nil, 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)
+		}
+		a.Extra[k] = v
+		switch k {
+		case envoyKeyRemoteAddress:
+			a.IP = v
+		case envoyKeyPath, envoyKeyPseudoPath:
+			a.Path, _, _ = strings.Cut(v, "?")
+		case envoyKeyMethod, envoyKeyPseudoMethod:
+			a.Method = v
+		case rules.KeyByAPIKey:
+			a.APIKey = v
+		case rules.KeyByUser:
+			a.User = v
+		case "plan":
+			a.Plan = v
+		}
+	}
+	return a, cost, nil
+}
+
+// itemSet is the rules one set of attributes matches, in a check of
+// several sets.
+type itemSet struct {
+	enforce, shadow []*item
+}
+
+// checkSets checks the rules of several sets of attributes together, all
+// or nothing: when one rule refuses, nothing is spent for any set. A rule
+// that several sets match with the same key is one bucket, checked once at
+// the largest cost: the sets are rewritten to share that item. Every
+// enforced item has a decision afterwards; one that allowed in a check
+// that refused reports what it had, since nothing was spent.
+func (c *checker) checkSets(ctx context.Context, sets []itemSet) (bool, error) {
+	type bucketID struct{ rule, key string }
+	seen := make(map[bucketID]*item)
+	var enforce, shadow []*item
+	dedupe := func(list []*item, into *[]*item) {
+		for i, it := range list {
+			id := bucketID{it.e.rule.ID, it.key}
+			if first := seen[id]; first != nil {
+				first.cost = max(first.cost, it.cost)
+				list[i] = first
+				continue
+			}
+			seen[id] = it
+			*into = append(*into, it)
+		}
+	}
+	for i := range sets {
+		dedupe(sets[i].enforce, &enforce)
+		dedupe(sets[i].shadow, &shadow)
+	}
+	allowed, err := c.enforce(ctx, enforce)
+	if err != nil {
+		return false, err
+	}
+	if allowed {
+		c.shadows(ctx, shadow)
+	}
+	return allowed, nil
+}
+
+// mostRestrictive is the item that decides: the refusal with the longest
+// retry, or, when all allowed, the one with the least left for its limit.
+func mostRestrictive(items []*item) *item {
+	var top *item
+	for _, it := range items {
+		switch {
+		case top == nil:
+			top = it
+		case !it.d.Allowed || !top.d.Allowed:
+			if !it.d.Allowed && (top.d.Allowed || it.d.RetryAfter > top.d.RetryAfter) {
+				top = it
+			}
+		case it.d.Remaining/it.d.Limit < top.d.Remaining/top.d.Limit:
+			top = it
+		}
+	}
+	return top
+}
+
+// checkResponse is the item's decision as limiter.v1 reports it.
+func (it *item) checkResponse() *limiterv1.CheckResponse {
+	return &limiterv1.CheckResponse{
+		Allowed: it.d.Allowed, Remaining: it.d.Remaining, Limit: it.d.Limit,
+		RetryAfterMs: ceilMillis(it.d.RetryAfter), ResetAfterMs: ceilMillis(it.d.ResetAfter),
+		RuleId: it.e.rule.ID, WindowMs: windowMillis(it.e.limit),
+	}
+}
+
+// ruleStatus is the item's decision as one status of limiter.v1.
+func (it *item) ruleStatus() *limiterv1.RuleStatus {
+	return &limiterv1.RuleStatus{
+		RuleId: it.e.rule.ID, Allowed: it.d.Allowed, Remaining: it.d.Remaining, Limit: it.d.Limit,
+		RetryAfterMs: ceilMillis(it.d.RetryAfter), ResetAfterMs: ceilMillis(it.d.ResetAfter),
+		WindowMs: windowMillis(it.e.limit), Shadow: it.e.rule.Shadow,
+	}
+}
+
+// descriptorStatus reports a descriptor by its most restrictive rule.
+func descriptorStatus(items []*item) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	top := mostRestrictive(items)
+	if top == nil {
+		return st
+	}
+	if !top.d.Allowed {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	st.CurrentLimit = envoyLimit(top.e.rule.ID, top.d.Limit, windowMillis(top.e.limit))
+	st.LimitRemaining = clampUint32(math.Floor(top.d.Remaining))
+	st.DurationUntilReset = durationpb.New(time.Duration(ceilMillis(top.d.ResetAfter)) * time.Millisecond)
+	return st
+}
+
+// envoyUnits are Envoy's units of a limit, shortest first.
+var envoyUnits = []struct {
+	unit   rlsv3.RateLimitResponse_RateLimit_Unit
+	length time.Duration
+}{
+	{rlsv3.RateLimitResponse_RateLimit_SECOND, time.Second},
+	{rlsv3.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+	{rlsv3.RateLimitResponse_RateLimit_HOUR, time.Hour},
+	{rlsv3.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+}
+
+// envoyLimit expresses limit per windowMs in Envoy's units: exactly when
+// the window is one unit, otherwise scaled to the shortest unit in which
+// it is at least 1 request (a day at most). Envoy's quota headers ignore
+// unit_multiplier, so it is not used.
+func envoyLimit(name string, limit float64, windowMs int64) *rlsv3.RateLimitResponse_RateLimit {
+	window := time.Duration(windowMs) * time.Millisecond
+	for _, u := range envoyUnits {
+		if window == u.length {
+			return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(math.Floor(limit)), Unit: u.unit}
+		}
+	}
+	var perUnit float64
+	unit := rlsv3.RateLimitResponse_RateLimit_DAY
+	for _, u := range envoyUnits {
+		if perUnit = limit * float64(u.length) / float64(max(window, time.Millisecond)); math.Round(perUnit) >= 1 {
+			unit = u.unit
+			break
+		}
+	}
+	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(max(1, math.Round(perUnit))), Unit: unit}
+}
+
+func clampUint32(f float64) uint32 {
+	switch {
+	case !(f > 0):
+		return 0
+	case f >= math.MaxUint32:
+		return math.MaxUint32
+	}
+	return uint32(f)
+}
+
+// envoyHeaders converts h to Envoy's header values, names in lower case
+// (as HTTP/2 sends them), sorted.
+func envoyHeaders(h http.Header) []*corev3.HeaderValue {
+	names := make([]string, 0, len(h))
+	for k := range h {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	var out []*corev3.HeaderValue
+	for _, k := range names {
+		for _, v := range h[k] {
+			out = append(out, &corev3.HeaderValue{Key: strings.ToLower(k), Value: v})
+		}
+	}
+	return out
+}

@@ -1,0 +1,396 @@
+package limiterd
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+const envoyRulesFile = "testdata/envoy_rules.yml"
+
+// envoyDesc is a descriptor of key, value pairs.
+func envoyDesc(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// envoyHeader returns the values of the response header name.
+func envoyHeader(resp *rlsv3.RateLimitResponse, name string) []string {
+	var out []string
+	for _, h := range resp.GetResponseHeadersToAdd() {
+		if h.GetKey() == strings.ToLower(name) {
+			out = append(out, h.GetValue())
+		}
+	}
+	return out
+}
+
+// envoyIntHeader returns the one integer value of a response header.
+func envoyIntHeader(t *testing.T, resp *rlsv3.RateLimitResponse, name string) int64 {
+	t.Helper()
+	vs := envoyHeader(resp, name)
+	if len(vs) != 1 {
+		t.Fatalf("header %s: %q, want one value; headers %v", name, vs, resp.GetResponseHeadersToAdd())
+	}
+	n, err := strconv.ParseInt(vs[0], 10, 64)
+	if err != nil {
+		t.Fatalf("header %s: %v", name, err)
+	}
+	return n
+}
+
+// TestEnvoyRateLimitService drives the Envoy rate limit service with
+// go-control-plane's client against a limiterd on a real Redis Cluster.
+func TestEnvoyRateLimitService(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RulesFile = envoyRulesFile })
+	client := rlsv3.NewRateLimitServiceClient(dial(t, d.GRPCAddr()))
+	ctx := context.Background()
+	call := func(t *testing.T, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := client.ShouldRateLimit(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetStatuses()) != len(req.GetDescriptors()) {
+			t.Fatalf("%d statuses for %d descriptors: %v", len(resp.GetStatuses()), len(req.GetDescriptors()), resp)
+		}
+		return resp
+	}
+	edge := func(hits uint32, descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: descs, HitsAddend: hits}
+	}
+
+	t.Run("ok then over limit", func(t *testing.T) {
+		desc := envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.1")
+		wantLimit := &rlsv3.RateLimitResponse_RateLimit{Name: "envoy-ip", RequestsPerUnit: 3, Unit: rlsv3.RateLimitResponse_RateLimit_MINUTE}
+		for i := range 3 {
+			before := time.Now()
+			resp := call(t, edge(0, desc))
+			after := time.Now()
+			st := resp.GetStatuses()[0]
+			if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK ||
+				!proto.Equal(st.GetCurrentLimit(), wantLimit) || st.GetLimitRemaining() != uint32(2-i) {
+				t.Fatalf("check %d: %v; want OK, limit %v, %d remaining", i, resp, wantLimit, 2-i)
+			}
+			if reset := st.GetDurationUntilReset().AsDuration(); reset <= 0 || reset > 2*time.Minute {
+				t.Fatalf("check %d: duration_until_reset %v", i, reset)
+			}
+			if got := envoyIntHeader(t, resp, "RateLimit-Limit"); got != 3 {
+				t.Errorf("check %d: RateLimit-Limit %d", i, got)
+			}
+			if got := envoyIntHeader(t, resp, "X-RateLimit-Limit"); got != 3 {
+				t.Errorf("check %d: X-RateLimit-Limit %d", i, got)
+			}
+			if got := envoyIntHeader(t, resp, "RateLimit-Remaining"); got != int64(2-i) {
+				t.Errorf("check %d: RateLimit-Remaining %d", i, got)
+			}
+			if got := envoyIntHeader(t, resp, "X-RateLimit-Remaining"); got != int64(2-i) {
+				t.Errorf("check %d: X-RateLimit-Remaining %d", i, got)
+			}
+			reset := envoyIntHeader(t, resp, "RateLimit-Reset")
+			if reset < 1 || reset > 120 {
+				t.Errorf("check %d: RateLimit-Reset %d, want seconds in [1, 120]", i, reset)
+			}
+			if at := envoyIntHeader(t, resp, "X-RateLimit-Reset"); at < before.Unix() || at > after.Unix()+reset+1 {
+				t.Errorf("check %d: X-RateLimit-Reset %d, want a Unix time in [%d, %d]", i, at, before.Unix(), after.Unix()+reset+1)
+			}
+			if v := envoyHeader(resp, "Retry-After"); v != nil {
+				t.Errorf("check %d: Retry-After %q on an allowed request", i, v)
+			}
+		}
+		resp := call(t, edge(0, desc))
+		st := resp.GetStatuses()[0]
+		if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+			!proto.Equal(st.GetCurrentLimit(), wantLimit) || st.GetLimitRemaining() != 0 {
+			t.Fatalf("4th check: %v; want OVER_LIMIT with 0 remaining", resp)
+		}
+		// A sliding window frees a request within two windows.
+		if retry := envoyIntHeader(t, resp, "Retry-After"); retry < 1 || retry > 120 {
+			t.Errorf("4th check: Retry-After %d, want whole seconds in [1, 120]", retry)
+		}
+		if got := envoyIntHeader(t, resp, "RateLimit-Remaining"); got != 0 {
+			t.Errorf("4th check: RateLimit-Remaining %d", got)
+		}
+		// Another client address has its own limit.
+		if resp := call(t, edge(0, envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.2"))); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("another address: %v", resp)
+		}
+	})
+
+	t.Run("one descriptor over spends nothing on the others", func(t *testing.T) {
+		perKey := envoyDesc("generic_key", "per-key", "api_key", "k-both")
+		perIP := envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.20")
+		for i := range 3 {
+			if resp := call(t, edge(0, perIP)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				t.Fatalf("per-ip check %d: %v", i, resp)
+			}
+		}
+		for i := range 3 {
+			resp := call(t, edge(0, perKey, perIP))
+			key, ip := resp.GetStatuses()[0], resp.GetStatuses()[1]
+			if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT ||
+				key.GetCode() != rlsv3.RateLimitResponse_OK || key.GetCurrentLimit().GetName() != "envoy-key" || key.GetLimitRemaining() != 5 ||
+				ip.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || ip.GetCurrentLimit().GetName() != "envoy-ip" {
+				t.Fatalf("both, check %d: %v; want OVER_LIMIT by the per-ip descriptor, 5 left for the key", i, resp)
+			}
+			// The headers are those of the refusing descriptor.
+			if got := envoyIntHeader(t, resp, "RateLimit-Limit"); got != 3 {
+				t.Fatalf("both, check %d: RateLimit-Limit %d, want the per-ip limit 3", i, got)
+			}
+			envoyIntHeader(t, resp, "Retry-After")
+		}
+		// The statuses follow the descriptors' order.
+		resp := call(t, edge(0, perIP, perKey))
+		if resp.GetStatuses()[0].GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || resp.GetStatuses()[1].GetCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("reversed: %v", resp)
+		}
+		// Nothing was spent from the api key's bucket: all 5 are left.
+		for i := range 5 {
+			resp := call(t, edge(0, perKey))
+			if st := resp.GetStatuses()[0]; resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != uint32(4-i) {
+				t.Fatalf("per-key check %d after the refused ones: %v; want OK with %d left", i, resp, 4-i)
+			}
+		}
+		if resp := call(t, edge(0, perKey)); resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("6th per-key check: %v; want OVER_LIMIT", resp)
+		}
+	})
+
+	t.Run("a rule two descriptors match is spent once", func(t *testing.T) {
+		desc := envoyDesc("generic_key", "per-key", "api_key", "k-twice")
+		resp := call(t, edge(0, desc, envoyDesc("generic_key", "per-key", "api_key", "k-twice", "path", "/x")))
+		for i, st := range resp.GetStatuses() {
+			if st.GetCode() != rlsv3.RateLimitResponse_OK || st.GetLimitRemaining() != 4 {
+				t.Fatalf("status %d: %v; want OK with 4 left", i, resp)
+			}
+		}
+	})
+
+	t.Run("hits_addend is the cost", func(t *testing.T) {
+		desc := envoyDesc("generic_key", "per-user", "user", "u-cost")
+		steps := []struct {
+			hits      uint32
+			code      rlsv3.RateLimitResponse_Code
+			remaining uint32
+		}{
+			{4, rlsv3.RateLimitResponse_OK, 6},
+			{7, rlsv3.RateLimitResponse_OVER_LIMIT, 6},
+			{0, rlsv3.RateLimitResponse_OK, 5}, // 0 means 1
+			{5, rlsv3.RateLimitResponse_OK, 0},
+		}
+		for i, s := range steps {
+			resp := call(t, edge(s.hits, desc))
+			if st := resp.GetStatuses()[0]; resp.GetOverallCode() != s.code || st.GetLimitRemaining() != s.remaining {
+				t.Fatalf("step %d (hits_addend %d): %v; want %v with %d left", i, s.hits, resp, s.code, s.remaining)
+			}
+		}
+		// A descriptor's own hits_addend overrides the request's.
+		own := envoyDesc("generic_key", "per-user", "user", "u-own")
+		own.HitsAddend = wrapperspb.UInt64(3)
+		resp := call(t, edge(1, own, envoyDesc("generic_key", "per-user", "user", "u-other")))
+		if resp.GetStatuses()[0].GetLimitRemaining() != 7 || resp.GetStatuses()[1].GetLimitRemaining() != 9 {
+			t.Fatalf("descriptor hits_addend: %v; want 7 and 9 left", resp)
+		}
+	})
+
+	t.Run("no matching rule", func(t *testing.T) {
+		for _, req := range []*rlsv3.RateLimitRequest{
+			edge(0, envoyDesc("generic_key", "nothing", "remote_address", "192.0.2.30")),
+			// Rule attributes of domain edge in another domain.
+			{Domain: "nowhere", Descriptors: []*ratelimitv3.RateLimitDescriptor{envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.1")}},
+		} {
+			for range 5 {
+				resp := call(t, req)
+				if st := resp.GetStatuses()[0]; resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || st.GetCode() != rlsv3.RateLimitResponse_OK ||
+					st.GetCurrentLimit() != nil || len(resp.GetResponseHeadersToAdd()) != 0 {
+					t.Fatalf("%v: %v; want OK without a limit or headers", req, resp)
+				}
+			}
+		}
+		// The domain selects the rules: the other domain has its own.
+		resp := call(t, &rlsv3.RateLimitRequest{Domain: "internal", Descriptors: []*ratelimitv3.RateLimitDescriptor{envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.1")}})
+		if name := resp.GetStatuses()[0].GetCurrentLimit().GetName(); resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || name != "envoy-other-domain" {
+			t.Fatalf("domain internal: %v", resp)
+		}
+		resp, err := client.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge"})
+		if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_UNKNOWN || len(resp.GetStatuses()) != 0 {
+			t.Fatalf("no descriptors: %v, %v; want UNKNOWN", resp, err)
+		}
+	})
+
+	t.Run("invalid", func(t *testing.T) {
+		negative := envoyDesc("generic_key", "per-key", "api_key", "k")
+		negative.IsNegativeHits = true
+		tests := []struct {
+			name string
+			req  *rlsv3.RateLimitRequest
+			// prefix is how the message must start.
+			prefix string
+		}{
+			{"empty domain", &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{envoyDesc("generic_key", "per-key")}}, "domain:"},
+			{"no entries", edge(0, envoyDesc("generic_key", "per-key"), &ratelimitv3.RateLimitDescriptor{}), "descriptors[1].entries:"},
+			{"empty key", edge(0, envoyDesc("", "v")), "descriptors[0].entries[0].key:"},
+			{"key twice", edge(0, envoyDesc("generic_key", "a", "generic_key", "b")), "descriptors[0].entries[1].key:"},
+			{"negative hits", edge(0, negative), "descriptors[0].is_negative_hits:"},
+			{"bad address", edge(0, envoyDesc("generic_key", "per-ip", "remote_address", "not-an-ip")), "descriptors[0]: attributes."},
+			{"cost above the capacity", edge(11, envoyDesc("generic_key", "per-user", "user", "u-big")), "descriptors[0]: cost: rule \"envoy-user\""},
+		}
+		for _, tt := range tests {
+			t.Run(tt.name, func(t *testing.T) {
+				_, err := client.ShouldRateLimit(ctx, tt.req)
+				if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), tt.prefix) {
+					t.Fatalf("ShouldRateLimit = %v, want InvalidArgument starting with %q", err, tt.prefix)
+				}
+			})
+		}
+	})
+}
+
+// TestEnvoyStoreDown: with Redis stopped, a descriptor of a fail-closed
+// rule makes the whole request UNAVAILABLE (Envoy's failure_mode_deny then
+// decides), while fail-open rules still answer from the local bucket.
+func TestEnvoyStoreDown(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	d := startDaemon(t, c.Addrs(), func(o *Options) {
+		o.RulesFile = envoyRulesFile
+		o.RedisTimeout = 200 * time.Millisecond
+	})
+	client := rlsv3.NewRateLimitServiceClient(dial(t, d.GRPCAddr()))
+	ctx := context.Background()
+	login := envoyDesc("generic_key", "login", "remote_address", "192.0.2.40")
+	perKey := envoyDesc("generic_key", "per-key", "api_key", "k-down")
+	req := func(descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
+		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: descs}
+	}
+	if resp, err := client.ShouldRateLimit(ctx, req(login)); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("before the outage: %v, %v", resp, err)
+	}
+	c.StopAll()
+	for _, tt := range []struct {
+		name string
+		req  *rlsv3.RateLimitRequest
+	}{
+		{"fail-closed alone", req(login)},
+		{"fail-closed with a fail-open", req(perKey, login)},
+	} {
+		if _, err := client.ShouldRateLimit(ctx, tt.req); status.Code(err) != codes.Unavailable {
+			t.Fatalf("%s with the store down: %v, want Unavailable", tt.name, err)
+		}
+	}
+	resp, err := client.ShouldRateLimit(ctx, req(perKey))
+	if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("fail-open rule with the store down: %v, %v; want OK from the local bucket", resp, err)
+	}
+}
+
+// TestEnvoyAttributes: how a descriptor maps onto attributes and a cost.
+func TestEnvoyAttributes(t *testing.T) {
+	withHits := func(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+		d.HitsAddend = wrapperspb.UInt64(n)
+		return d
+	}
+	tests := []struct {
+		name string
+		desc *ratelimitv3.RateLimitDescriptor
+		want rules.Attributes
+		cost float64
+	}{
+		{
+			name: "well-known keys",
+			desc: envoyDesc("remote_address", "2001:db8::1", ":path", "/a/b?c=d", "method", "POST", "api_key", "k", "user", "u", "plan", "pro"),
+			want: rules.Attributes{IP: "2001:db8::1", Path: "/a/b", Method: "POST", APIKey: "k", User: "u", Plan: "pro"},
+			cost: 2,
+		},
+		{
+			name: "other keys only extra",
+			desc: envoyDesc("generic_key", "g", "x-tenant", "t"),
+			cost: 2,
+		},
+		{
+			name: "the later of path and :path",
+			desc: envoyDesc("path", "/one", ":method", "GET", ":path", "/two"),
+			want: rules.Attributes{Path: "/two", Method: "GET"},
+			cost: 2,
+		},
+		{
+			name: "descriptor hits_addend",
+			desc: withHits(envoyDesc("generic_key", "g"), 7),
+			cost: 7,
+		},
+		{
+			name: "descriptor hits_addend 0 keeps the request's",
+			desc: withHits(envoyDesc("generic_key", "g"), 0),
+			cost: 2,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, cost, err := envoyAttributes("edge", tt.desc, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Domain != "edge" || a.IP != tt.want.IP || a.Path != tt.want.Path || a.Method != tt.want.Method ||
+				a.APIKey != tt.want.APIKey || a.User != tt.want.User || a.Plan != tt.want.Plan || cost != tt.cost {
+				t.Fatalf("attributes %+v, cost %v; want %+v, cost %v", a, cost, tt.want, tt.cost)
+			}
+			for _, e := range tt.desc.GetEntries() {
+				if a.Extra[e.GetKey()] != e.GetValue() {
+					t.Fatalf("extra %v lacks %s=%s", a.Extra, e.GetKey(), e.GetValue())
+				}
+			}
+		})
+	}
+}
+
+// TestEnvoyLimitUnits: a limit is in the unit its window is, or scaled.
+func TestEnvoyLimitUnits(t *testing.T) {
+	const (
+		second = rlsv3.RateLimitResponse_RateLimit_SECOND
+		minute = rlsv3.RateLimitResponse_RateLimit_MINUTE
+		hour   = rlsv3.RateLimitResponse_RateLimit_HOUR
+		day    = rlsv3.RateLimitResponse_RateLimit_DAY
+	)
+	tests := []struct {
+		name     string
+		limit    float64
+		window   time.Duration
+		perUnit  uint32
+		wantUnit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{"a second", 10, time.Second, 10, second},
+		{"a minute", 100, time.Minute, 100, minute},
+		{"an hour", 5, time.Hour, 5, hour},
+		{"a day", 1000, 24 * time.Hour, 1000, day},
+		{"fractional limit rounds down", 2.5, time.Minute, 2, minute},
+		{"10s scaled to seconds", 100, 10 * time.Second, 10, second},
+		{"90s under 1/s scaled to minutes", 5, 90 * time.Second, 3, minute},
+		{"a week scaled to days", 70, 7 * 24 * time.Hour, 10, day},
+		{"under 1 a day is 1 a day", 5, 5_000_000 * time.Second, 1, day},
+		{"above uint32", 1e12, time.Second, math.MaxUint32, second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := envoyLimit("r", tt.limit, tt.window.Milliseconds())
+			if got.GetName() != "r" || got.GetRequestsPerUnit() != tt.perUnit || got.GetUnit() != tt.wantUnit {
+				t.Fatalf("envoyLimit(%v per %v) = %v, want %d per %v", tt.limit, tt.window, got, tt.perUnit, tt.wantUnit)
+			}
+		})
+	}
+}
