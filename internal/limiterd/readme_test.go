@@ -1,0 +1,29 @@
+package limiterd
+
+import (
+	"flag"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/limiterd/limiterd/internal/logging"
+)
+
+// TestREADMEListsEveryFlag keeps the README's flag tables true: every flag
+// limiterd defines is documented there.
+func TestREADMEListsEveryFlag(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("limiterd", flag.ContinueOnError)
+	var o Options
+	o.RegisterFlags(fs)
+	var l logging.Options
+	l.RegisterFlags(fs)
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(string(readme), "--"+f.Name) {
+			t.Errorf("README.md does not document --%s", f.Name)
+		}
+	})
+}
