@@ -17,9 +17,10 @@ run:
 test: deps lint
 	$(GO) test -race -count=1 -timeout 20m ./...
 
-## deps: install redis-server (Debian package) when it is missing
+## deps: install what the tests need when it is missing: redis-server, nginx (Debian packages), promtool (Go module)
 deps:
 	@scripts/install-deps.sh
+	@deploy/install-promtool.sh
 
 ## up: start two regions on loopback (Redis Clusters, limiterd, reconcilers, NATS); state in .stack/
 up: deps
