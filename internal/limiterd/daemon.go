@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -260,7 +261,11 @@ func (d *Daemon) Start(ctx context.Context) error {
 		}
 		d.nc = nc
 		d.rules.UseNATS(nc)
-		p, err := newSpendPublisher(nc, d.opts.Region, d.opts.Instance, d.opts.GossipInterval, d.log, d.registry)
+		// The flush counter starts again at every start: the start time in
+		// the name keeps a restarted process (same host, same pid, as in a
+		// container) from reusing message ids the streams would drop.
+		instance := d.opts.Instance + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		p, err := newSpendPublisher(nc, d.opts.Region, instance, d.opts.GossipInterval, d.log, d.registry)
 		if err != nil {
 			d.closeStore()
 			return err

@@ -259,7 +259,7 @@ func (o *Options) validate() error {
 	if o.ForwardTimeout < 0 || o.ForwardTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--region.forward-timeout: must be in (0, 1m], got %v", o.ForwardTimeout))
 	}
-	if !instancePattern.MatchString(o.Instance) {
+	if !instancePattern.MatchString(o.Instance) || len(o.Instance) > 100 {
 		errs = append(errs, fmt.Errorf("--instance: %q must match %s", o.Instance, instancePattern))
 	}
 	if (o.TLSCertFile == "") != (o.TLSKeyFile == "") {

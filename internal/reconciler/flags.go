@@ -24,6 +24,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
 	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
+	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
 	fs.DurationVar(&o.Interval, "gossip.interval", gossip.DefaultInterval, "longest wait for a spend message before looking again")
 	fs.DurationVar(&o.AckWait, "gossip.ack-wait", DefaultAckWait, "time before an unacknowledged message is delivered again")
 	fs.DurationVar(&o.MarkerTTL, "gossip.marker-ttl", DefaultMarkerTTL, "lifetime of a client's last-applied marker (at least 10 ack waits)")

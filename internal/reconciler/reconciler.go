@@ -13,6 +13,7 @@ package reconciler
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -65,6 +66,8 @@ type Options struct {
 	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
 	RedisAddrs                       []string
 	RedisUsername, RedisPasswordFile string
+	// RedisTLS connects to Redis over TLS.
+	RedisTLS bool
 	// Interval is the longest a loop waits for a message before it looks
 	// again; limiterd flushes at its own --gossip.interval.
 	Interval time.Duration
@@ -223,6 +226,9 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
 	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Username: r.opts.RedisUsername, Timeout: DefaultApplyTimeout}
+	if r.opts.RedisTLS {
+		ro.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
 	if r.opts.RedisPasswordFile != "" {
 		b, err := os.ReadFile(r.opts.RedisPasswordFile)
 		if err != nil {
