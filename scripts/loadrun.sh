@@ -65,8 +65,20 @@ for c in $concurrencies; do
 		printf '%-6s c=%-3s %s | %s | %s | %s\n' "$mode" "$c" \
 			"$(grep '^checks/s' "$work/out.txt" | tr -s ' ')" "$(grep '^latency p50' "$work/out.txt" | tr -s ' ')" \
 			"$(grep '^latency p99 ' "$work/out.txt" | tr -s ' ')" "$(grep '^errors' "$work/out.txt" | tr -s ' ')"
+		if [ "$mode" = check ]; then
+			peak=$(grep '^checks/s' "$work/out.txt" | tr -s ' ' | cut -d' ' -f2)
+		fi
 	done
 done
+
+# Latency at half the highest rate reached, open loop (measured from each
+# request's intended send time).
+half=$(awk -v p="$peak" 'BEGIN { printf "%d", p / 2 }')
+bin/limiterbench --target "$grpc" --mode check --rule bench --concurrency 64 --conns 4 --rate "$half" \
+	--duration "$duration" --warmup 1s --keys 100000 --key-prefix "half:" >"$work/out.txt"
+printf 'check  rate=%s (half the peak) | %s | %s | %s\n' "$half" \
+	"$(grep '^latency p50' "$work/out.txt" | tr -s ' ')" "$(grep '^latency p99 ' "$work/out.txt" | tr -s ' ')" \
+	"$(grep '^errors' "$work/out.txt" | tr -s ' ')"
 
 echo "== redis-benchmark: the token bucket script (EVALSHA) on one standalone node"
 mkdir -p "$work/single"
