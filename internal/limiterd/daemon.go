@@ -22,7 +22,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,6 +29,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
@@ -317,23 +317,14 @@ func (d *Daemon) Start(ctx context.Context) error {
 		d.closeStore()
 		return fmt.Errorf("--http.listen-address: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(d.registry, promhttp.HandlerOpts{Registry: d.registry}))
+	// Readiness does not follow the store: a limiterd whose store is down
+	// still answers (fail-open rules locally), and taking every instance
+	// out of service would turn a store outage into an API outage.
+	mux := opshttp.NewMux(d.registry, &d.ready, "not ready")
 	d.admin.routes(mux)
 	if d.opts.ForwardAuth {
 		mux.Handle(ForwardAuthPath, d.forwardAuthHandler())
 	}
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	// Readiness does not follow the store: a limiterd whose store is down
-	// still answers (fail-open rules locally), and taking every instance
-	// out of service would turn a store outage into an API outage.
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !d.ready.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
 	d.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
 	go func() { d.served <- d.grpcServer.Serve(d.grpcLis) }()

@@ -2,8 +2,8 @@ package reconciler
 
 import (
 	"flag"
-	"strings"
 
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -13,15 +13,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of the regions (required)")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file, the same as limiterd's (required)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server holding the spend streams (required)")
-	fs.Func("redis.addrs", "comma-separated Redis Cluster seed addresses of this region (required)", func(s string) error {
-		o.RedisAddrs = nil
-		for _, a := range strings.Split(s, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				o.RedisAddrs = append(o.RedisAddrs, a)
-			}
-		}
-		return nil
-	})
+	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses of this region (required)")
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
 	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
 	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")

@@ -330,3 +330,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// AddrsFlag is a flag.Value for a comma-separated list of addresses.
+type AddrsFlag struct{ Addrs *[]string }
+
+func (f AddrsFlag) String() string {
+	if f.Addrs == nil {
+		return ""
+	}
+	return strings.Join(*f.Addrs, ",")
+}
+
+// Set parses a comma-separated list, dropping empty entries.
+func (f AddrsFlag) Set(s string) error {
+	*f.Addrs = nil
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			*f.Addrs = append(*f.Addrs, a)
+		}
+	}
+	return nil
+}
