@@ -53,18 +53,32 @@ for addr in "$grpc" "$grpc_single"; do
 	done
 done
 
+# cpu prints a limiterd's process CPU seconds, from its /metrics.
+cpu() {
+	exec 3<>"/dev/tcp/127.0.0.1/$1"
+	printf 'GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n' >&3
+	awk '/^process_cpu_seconds_total/ { print $2 }' <&3
+	exec 3>&-
+}
+
 echo "== limiterd on a 3-primary cluster, $duration per run"
 for c in $concurrencies; do
 	for mode in health check single; do
 		conns=$((c < 4 ? c : 4))
 		target=$grpc
 		bmode=$mode
-		if [ "$mode" = single ]; then target=$grpc_single; bmode=check; fi
+		http_port=$((base + 91))
+		if [ "$mode" = single ]; then target=$grpc_single; bmode=check; http_port=$((base + 92)); fi
+		before=$(cpu "$http_port")
 		bin/limiterbench --target "$target" --mode $bmode --rule bench --concurrency "$c" --conns "$conns" \
 			--duration "$duration" --warmup 1s --keys 100000 --key-prefix "run$c$mode:" >"$work/out.txt"
-		printf '%-6s c=%-3s %s | %s | %s | %s\n' "$mode" "$c" \
+		after=$(cpu "$http_port")
+		# Warmup checks count too: the CPU was spent on them as well.
+		checks=$(awk -v s="$duration" '/^checks\/s/ { r = $2 } END { print r }' "$work/out.txt")
+		per=$(awk -v b="$before" -v a="$after" -v r="$checks" -v d="${duration%s}" 'BEGIN { printf "%.0f", (a - b) * 1e6 / (r * (d + 1)) }')
+		printf '%-6s c=%-3s %s | %s | %s | %s | server CPU ~%s µs/check\n' "$mode" "$c" \
 			"$(grep '^checks/s' "$work/out.txt" | tr -s ' ')" "$(grep '^latency p50' "$work/out.txt" | tr -s ' ')" \
-			"$(grep '^latency p99 ' "$work/out.txt" | tr -s ' ')" "$(grep '^errors' "$work/out.txt" | tr -s ' ')"
+			"$(grep '^latency p99 ' "$work/out.txt" | tr -s ' ')" "$(grep '^errors' "$work/out.txt" | tr -s ' ')" "$per"
 		if [ "$mode" = check ]; then
 			peak=$(grep '^checks/s' "$work/out.txt" | tr -s ' ' | cut -d' ' -f2)
 		fi
