@@ -1,0 +1,143 @@
+package rulesource
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+const fileRules = "rules:\n  - id: from-file\n    capacity: 1\n    refill_per_second: 1\n"
+
+// watcher collects the sets a Source hands over.
+type watcher struct {
+	mu   sync.Mutex
+	sets []*rules.Set
+}
+
+func (w *watcher) onChange(s *rules.Set) {
+	w.mu.Lock()
+	w.sets = append(w.sets, s)
+	w.mu.Unlock()
+}
+
+func (w *watcher) waitFor(t *testing.T, ok func(*rules.Set) bool) *rules.Set {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		w.mu.Lock()
+		var last *rules.Set
+		if n := len(w.sets); n > 0 {
+			last = w.sets[n-1]
+		}
+		w.mu.Unlock()
+		if last != nil && ok(last) {
+			return last
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("the expected rule set never came")
+	return nil
+}
+
+func newSource(t *testing.T, nc *nats.Conn, w *watcher) (*Source, *prometheus.Registry) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "rules.yml")
+	if err := os.WriteFile(file, []byte(fileRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{File: file, NATS: nc, ResyncInterval: 200 * time.Millisecond, OnChange: w.onChange,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s, reg
+}
+
+// TestBucketRules: rules put in the bucket join the file's; a rule that
+// clashes with a file rule or does not validate is refused; one written
+// around the API that does not parse is left out, and the rest stay.
+func TestBucketRules(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc, err := nats.Connect(ns.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	var w watcher
+	s, reg := newSource(t, nc, &w)
+	ctx := context.Background()
+	if _, err := s.Put(ctx, []byte("id: dyn\ncapacity: 3\nrefill_per_second: 1\n")); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, func(set *rules.Set) bool { return set.Get("dyn") != nil && set.Get("from-file") != nil })
+
+	if _, err := s.Put(ctx, []byte("id: from-file\ncapacity: 3\nrefill_per_second: 1\n")); !errors.Is(err, rules.ErrInvalid) {
+		t.Fatalf("Put of a file rule's id: %v", err)
+	}
+	if _, err := s.Put(ctx, []byte("id: bad\ncapacity: -3\n")); !errors.Is(err, rules.ErrInvalid) {
+		t.Fatalf("Put of an invalid rule: %v", err)
+	}
+
+	// Written around the API: refused, counted, the rest in force.
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(ctx, DefaultBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "broken", []byte("id: broken\ncapacity: lots\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "more", []byte("id: more\ncapacity: 1\nrefill_per_second: 1\n")); err != nil {
+		t.Fatal(err)
+	}
+	set := w.waitFor(t, func(set *rules.Set) bool { return set.Get("more") != nil })
+	if set.Get("broken") != nil || set.Get("dyn") == nil {
+		t.Fatalf("rules in force: %v", set.Rules())
+	}
+	if got := testutil.ToFloat64(s.m.reloads.WithLabelValues("admin", "failure")); got < 1 {
+		t.Fatalf("the refused bucket entry is not counted (%v)", got)
+	}
+
+	if err := s.Delete(ctx, "dyn"); err != nil {
+		t.Fatal(err)
+	}
+	w.waitFor(t, func(set *rules.Set) bool { return set.Get("dyn") == nil })
+	if err := s.Delete(ctx, "dyn"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second Delete: %v", err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "limiter_rules_version_info"); err != nil || n != 1 {
+		t.Fatalf("version info series: %d, %v", n, err)
+	}
+}
+
+// TestNoBucket: without NATS the file's rules are in force, and Put says why
+// it cannot change them.
+func TestNoBucket(t *testing.T) {
+	var w watcher
+	s, _ := newSource(t, nil, &w)
+	if s.Current().Get("from-file") == nil {
+		t.Fatal("file rule not in force")
+	}
+	if _, err := s.Put(context.Background(), []byte("id: dyn\ncapacity: 3\nrefill_per_second: 1\n")); !errors.Is(err, ErrNoStore) {
+		t.Fatalf("Put without a bucket: %v", err)
+	}
+}
