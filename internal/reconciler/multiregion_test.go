@@ -129,6 +129,33 @@ func TestOvershootBounded(t *testing.T) {
 	if float64(g) > bound {
 		t.Errorf("reconciled rule admitted %d, above the bound %.0f", g, bound)
 	}
+	// Both regions' first bursts necessarily overshoot, and each region
+	// sees it when it applies the other's spends.
+	time.Sleep(2 * interval)
+	for _, name := range stackRegions {
+		mfs, err := s.regions[name].recs[0].Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen bool
+		for _, mf := range mfs {
+			if mf.GetName() != "limiter_overshoot_tokens" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				h := m.GetHistogram()
+				rule := m.GetLabel()[0].GetValue()
+				t.Logf("%s: rule %s: %d debits, overshoot %.1f tokens on average", name, rule, h.GetSampleCount(), h.GetSampleSum()/float64(h.GetSampleCount()))
+				if rule == "solo" {
+					t.Errorf("%s: overshoot reported for a rule that is not reconciled", name)
+				}
+				seen = seen || (rule == "global" && h.GetSampleSum() > 0)
+			}
+		}
+		if !seen {
+			t.Errorf("%s: no overshoot reported for the hammered rule", name)
+		}
+	}
 	if float64(solo) < 1.5*base {
 		t.Errorf("rule without reconciliation admitted %d, expected about twice %.0f", solo, base)
 	}

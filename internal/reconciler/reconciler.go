@@ -477,6 +477,11 @@ func (r *Reconciler) applyMessage(ctx context.Context, src string, msg jetstream
 	cancel()
 	r.m.applied.WithLabelValues(src).Add(float64(applied))
 	r.m.duplicates.WithLabelValues(src).Add(float64(dups))
+	for _, c := range clients {
+		for _, d := range c.Debits {
+			r.m.overshoot.WithLabelValues(d.Rule, src).Observe(d.Overshoot)
+		}
+	}
 	if err != nil {
 		// Nothing is lost: the message comes again, and what was applied
 		// is marked, so it is not applied twice.
@@ -570,6 +575,7 @@ func (r *Reconciler) backlogLoop(ctx context.Context, relay jetstream.Consumer, 
 }
 
 type metrics struct {
+	overshoot    *prometheus.HistogramVec
 	relayed      prometheus.Counter
 	applied      *prometheus.CounterVec
 	duplicates   *prometheus.CounterVec
@@ -582,6 +588,11 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metrics, error) {
 	m := &metrics{
+		overshoot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "limiter_overshoot_tokens",
+			Help: "For each key debited with another region's spends, by how much the admissions known here exceed the rule's limit right after (0: within it): the cross-region overshoot, by rule and source region.",
+			Buckets: []float64{0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000},
+		}, []string{"rule", "source_region"}),
 		relayed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_spends_published_total",
 			Help: "Spend entries of this region relayed to the other regions.",
@@ -616,7 +627,7 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Help: "limiterd flushes of this region waiting to be relayed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.relayed, m.applied, m.duplicates, m.skipped, m.rejected, m.lag, m.backlog, m.relayBacklog} {
+	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.skipped, m.rejected, m.lag, m.backlog, m.relayBacklog} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

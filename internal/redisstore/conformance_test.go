@@ -72,19 +72,22 @@ func TestConformance(t *testing.T) {
 				if rng.IntN(5) == 0 {
 					// Another region spent some: debit both, compare later.
 					amount := float64(1 + rng.IntN(int(2*lim.Capacity)))
-					lim.Debit(&st, now, amount)
+					wantOver := lim.Debit(&st, now, amount)
 					seq++
 					a := scriptArgs(lim, amount)
-					n, err := debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
-						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Int()
-					if err != nil || n != 1 {
-						t.Fatalf("step %d: debit = %d, %v", step, n, err)
+					res, err := debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
+						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+					if err != nil || len(res) != 2 || res[0] != int64(1) {
+						t.Fatalf("step %d: debit = %v, %v", step, res, err)
+					}
+					if over, _ := strconv.ParseFloat(res[1].(string), 64); over != wantOver {
+						t.Fatalf("step %d: debit of %v: overshoot lua %v, go %v", step, amount, over, wantOver)
 					}
 					// The same message again debits nothing.
-					n, err = debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
-						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Int()
-					if err != nil || n != 0 {
-						t.Fatalf("step %d: repeated debit = %d, %v; want 0 (duplicate)", step, n, err)
+					res, err = debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
+						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+					if err != nil || len(res) != 1 || res[0] != int64(0) {
+						t.Fatalf("step %d: repeated debit = %v, %v; want {0} (duplicate)", step, res, err)
 					}
 					continue
 				}

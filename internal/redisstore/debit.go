@@ -18,6 +18,9 @@ type Debit struct {
 	Rule   string
 	Limit  bucket.Limit
 	Amount float64
+	// Overshoot is set by ApplyDebits: by how much the admissions this
+	// region knows of exceed the limit right after the debit.
+	Overshoot float64
 }
 
 // ClientDebits are the debits of one client from one message.
@@ -77,13 +80,20 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, seq uint64, markerT
 	}
 	s.m.debitDuration.Observe(time.Since(start).Seconds())
 	var errs []error
-	for _, cmd := range cmds {
-		n, e := cmd.Int()
+	for i, cmd := range cmds {
+		res, e := cmd.Slice()
+		if e == nil && (len(res) == 0 || (res[0] == int64(1) && len(res) != 1+len(clients[i].Debits))) {
+			e = fmt.Errorf("debit reply %v", res)
+		}
 		switch {
 		case e != nil:
 			errs = append(errs, e)
-		case n == 1:
+		case res[0] == int64(1):
 			applied++
+			for j := range clients[i].Debits {
+				s, _ := res[1+j].(string)
+				clients[i].Debits[j].Overshoot, _ = strconv.ParseFloat(s, 64)
+			}
 		default:
 			duplicates++
 		}

@@ -265,18 +265,25 @@ func insertSorted(log []int64, t int64) []int64 {
 //     which stays at most twice the capacity;
 //   - SlidingLog: amount entries (rounded) join the log at now, up to capacity.
 //
-// It mirrors the Lua debit script, as Take mirrors the check scripts.
-func (l *Limit) Debit(st *State, now int64, amount float64) {
+// It returns the overshoot it finds: by how much the admissions known here,
+// this state's and the debited ones, exceed the limit right after the debit
+// (0 when there was room). It mirrors the Lua debit script, as Take mirrors
+// the check scripts.
+func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) {
+	rate := l.RefillPerSecond
 	switch l.Algorithm {
 	case TokenBucket:
 		full := max(st.a, now)
-		st.a = min(full+roundMicros(amount*1e6/l.RefillPerSecond), now+roundMicros(2*l.Capacity*1e6/l.RefillPerSecond))
+		overshoot = overshootOf(amount, l.Capacity-float64(full-now)*rate/1e6)
+		st.a = min(full+roundMicros(amount*1e6/rate), now+roundMicros(2*l.Capacity*1e6/rate))
 	case GCRA:
-		tolerance := roundMicros(l.Capacity * 1e6 / l.RefillPerSecond)
+		tolerance := roundMicros(l.Capacity * 1e6 / rate)
 		tat := max(st.a, now)
-		st.a = min(tat+roundMicros(amount*1e6/l.RefillPerSecond), now+2*tolerance)
+		overshoot = overshootOf(amount, float64(tolerance-(tat-now))*rate/1e6)
+		st.a = min(tat+roundMicros(amount*1e6/rate), now+2*tolerance)
 	case SlidingWindow:
-		idx := now / l.windowMicros()
+		w := l.windowMicros()
+		idx := now / w
 		var cur, prev float64
 		switch st.a {
 		case idx:
@@ -284,6 +291,8 @@ func (l *Limit) Debit(st *State, now int64, amount float64) {
 		case idx - 1:
 			prev = st.b
 		}
+		f := float64(now-idx*w) / float64(w)
+		overshoot = overshootOf(amount, l.Capacity-(float64(prev*(1-f))+cur))
 		st.a, st.b, st.c = idx, math.Min(cur+amount, 2*l.Capacity), prev
 	case FixedWindow:
 		idx := now / l.windowMicros()
@@ -291,14 +300,22 @@ func (l *Limit) Debit(st *State, now int64, amount float64) {
 		if st.a == idx {
 			count = st.b
 		}
+		overshoot = overshootOf(amount, l.Capacity-count)
 		st.a, st.b = idx, math.Min(count+amount, 2*l.Capacity)
 	case SlidingLog:
 		st.trimLog(now - l.windowMicros())
+		overshoot = overshootOf(amount, l.Capacity-float64(len(st.log)))
 		k := min(int(math.Floor(amount+0.5)), int(l.Capacity)-len(st.log))
 		for range k {
 			st.log = insertSorted(st.log, now)
 		}
 	}
+	return overshoot
+}
+
+// overshootOf is by how much amount exceeds room: the debt it leaves.
+func overshootOf(amount, room float64) float64 {
+	return math.Max(amount-room, 0)
 }
 
 // trimLog drops the log entries at or before cut.

@@ -241,3 +241,28 @@ func TestValidateKey(t *testing.T) {
 		t.Fatalf("key of MaxKeyLen: %v", err)
 	}
 }
+
+// Debit reports the overshoot: by how much the admissions known here exceed
+// the limit after the debit.
+func TestDebitOvershoot(t *testing.T) {
+	l := Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1}
+	var st State
+	for range 6 {
+		l.Take(&st, t0, 1)
+	}
+	if got := l.Debit(&st, t0, 3); got != 0 {
+		t.Fatalf("3 remote tokens with 4 left: overshoot %v, want 0", got)
+	}
+	if got := l.Debit(&st, t0, 5); got != 4 {
+		t.Fatalf("5 remote tokens with 1 left: overshoot %v, want 4", got)
+	}
+	if got := l.Debit(&st, t0, 2); got != 6 {
+		t.Fatalf("2 remote tokens with 4 of debt: overshoot %v, want 6", got)
+	}
+	fw := Limit{Algorithm: FixedWindow, Capacity: 5, Window: time.Minute}
+	var w State
+	fw.Take(&w, t0, 4)
+	if got := fw.Debit(&w, t0, 3); got != 2 {
+		t.Fatalf("fixed window 4 of 5 used, 3 remote: overshoot %v, want 2", got)
+	}
+}
