@@ -589,8 +589,8 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metrics, error) {
 	m := &metrics{
 		overshoot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "limiter_overshoot_tokens",
-			Help: "For each key debited with another region's spends, by how much the admissions known here exceed the rule's limit right after (0: within it): the cross-region overshoot, by rule and source region.",
+			Name:    "limiter_overshoot_tokens",
+			Help:    "For each key debited with another region's spends, by how much the admissions known here exceed the rule's limit right after (0: within it): the cross-region overshoot, by rule and source region.",
 			Buckets: []float64{0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000},
 		}, []string{"rule", "source_region"}),
 		relayed: prometheus.NewCounter(prometheus.CounterOpts{
