@@ -7,15 +7,26 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-short bench proto lint deps build clean up down demo
+.PHONY: run test test-repeat bench proto lint deps build clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
 	$(GO) run ./cmd/limiterd --rules.file=$(RULES)
 
+# The integration tests run nats-server as a process, built from the
+# nats-server/v2 module pinned in go.mod (a tool of this module), not under
+# the race detector: a race inside NATS is not ours to fail on.
+NATS_SERVER = $$($(GO) tool -n nats-server)
+
 ## test: install what the tests need, then vet and run every test with the race detector
 test: deps lint
-	$(GO) test -race -count=1 -timeout 20m ./...
+	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -race -count=1 -timeout 20m ./...
+
+## test-repeat: run PKG's tests N times in a row with the race detector and count the failures (N=20, PKG=./internal/reconciler; PKG=./... for the suite)
+N ?= 20
+PKG ?= ./internal/reconciler
+test-repeat: deps
+	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test-repeat.sh $(N) $(PKG)
 
 ## deps: install what the tests need when it is missing: redis-server, nginx (Debian packages), promtool (Go module)
 deps:

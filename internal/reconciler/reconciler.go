@@ -32,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
@@ -331,12 +332,13 @@ func (r *Reconciler) run(ctx context.Context) {
 	wg.Wait()
 }
 
-// setup creates or updates the streams and the durable consumers; every
-// reconciler of every region runs it, and it is idempotent.
+// setup creates the streams and the durable consumers, or updates those
+// whose configuration differs; every reconciler of every region runs it,
+// and it is idempotent: a matching stream is not rewritten.
 func (r *Reconciler) setup(ctx context.Context, relay *jetstream.Consumer, apply map[string]jetstream.Consumer) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := natsconn.EnsureStream(ctx, r.js, jetstream.StreamConfig{
 		Name:       gossip.SpendStream,
 		Subjects:   []string{gossip.SpendSubjectPrefix + ">"},
 		Retention:  jetstream.LimitsPolicy,
@@ -348,10 +350,10 @@ func (r *Reconciler) setup(ctx context.Context, relay *jetstream.Consumer, apply
 		Replicas:   r.opts.StreamReplicas,
 		Storage:    jetstream.FileStorage,
 	}); err != nil {
-		return fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
+		return err
 	}
 	local := gossip.LocalStream(r.opts.Region)
-	if _, err := r.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := natsconn.EnsureStream(ctx, r.js, jetstream.StreamConfig{
 		Name:       local,
 		Subjects:   []string{gossip.LocalSubject(r.opts.Region)},
 		Retention:  jetstream.WorkQueuePolicy,
@@ -363,7 +365,7 @@ func (r *Reconciler) setup(ctx context.Context, relay *jetstream.Consumer, apply
 		Replicas:   r.opts.StreamReplicas,
 		Storage:    jetstream.FileStorage,
 	}); err != nil {
-		return fmt.Errorf("stream %s: %w", local, err)
+		return err
 	}
 	c, err := r.js.CreateOrUpdateConsumer(ctx, local, jetstream.ConsumerConfig{
 		Durable:       "relay",

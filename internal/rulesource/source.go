@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/rules"
 )
 
@@ -207,7 +208,7 @@ func (s *Source) rebuild(source string) {
 	}
 }
 
-// bucket opens (creating when needed) the key-value bucket.
+// bucket opens the key-value bucket, creating it when it is missing.
 func (s *Source) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	s.kvMu.Lock()
 	defer s.kvMu.Unlock()
@@ -221,11 +222,11 @@ func (s *Source) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := natsconn.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket: s.opts.Bucket, Description: "limiterd rules put through the admin API", History: 5,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("key-value bucket %s: %w", s.opts.Bucket, err)
+		return nil, err
 	}
 	s.kv = kv
 	return kv, nil

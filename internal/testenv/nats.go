@@ -1,61 +1,136 @@
 package testenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats-server/v2/server"
 )
 
 const (
-	// natsReadyTimeout bounds the wait for a nats-server to accept clients.
-	natsReadyTimeout = 10 * time.Second
+	// natsReadyTimeout bounds the wait for a nats-server to be healthy.
+	natsReadyTimeout = 15 * time.Second
 	// natsRestartTimeout bounds Restart's retries to bind the old port.
 	natsRestartTimeout = 10 * time.Second
+	// natsStopTimeout bounds a graceful stop before the server is killed.
+	natsStopTimeout = 10 * time.Second
 
 	natsMaxMemory = 256 << 20 // JetStream memory storage limit
 	natsMaxStore  = 1 << 30   // JetStream file storage limit
+
+	// NATSServerEnv names the environment variable that may hold the path
+	// of a nats-server binary; without it the helper builds one from the
+	// nats-server/v2 module this module requires (`go tool -n nats-server`).
+	NATSServerEnv = "LIMITER_NATS_SERVER"
 )
 
-// NATSServer is an in-process nats-server with JetStream, started by NATS.
-// Its port and JetStream store directory stay the same across Shutdown and
-// Restart, so streams, their messages and durable consumers survive an
-// outage.
+// NATSServer is one nats-server process with JetStream, started by NATS.
+// Its ports and JetStream store directory stay the same across Shutdown,
+// Kill and Restart, so streams, their messages and durable consumers
+// survive an outage.
 //
-// URL and Shutdown are safe for concurrent use; Restart fails the test it is
-// given, so call it from that test's goroutine. A NATSServer is only made by
-// this package.
+// The server runs as a separate process, as in production: a test can stop
+// or kill it like a real one, and the race detector of the test binary
+// watches this project's code, not the server's.
+//
+// URL, Pid, Shutdown and Kill are safe for concurrent use; Restart fails the
+// test it is given, so call it from that test's goroutine. A NATSServer is
+// only made by this package.
 type NATSServer struct {
-	dir string
+	bin  string
+	dir  string
+	name string
 
-	mu   sync.Mutex
-	port int
-	srv  *server.Server // nil while shut down
+	mu      sync.Mutex
+	port    int
+	monitor int
+	proc    *process // nil while stopped
 }
 
-// NATS starts a nats-server in the test process on a random loopback port,
-// with JetStream storing in a fresh t.TempDir() (limits: 256 MiB of memory,
-// 1 GiB of files), and shuts it down when the test ends.
+// NATS starts a nats-server process on free loopback ports, with JetStream
+// storing in a fresh t.TempDir() (limits: 256 MiB of memory, 1 GiB of
+// files), and stops it when the test ends. The binary is the one named by
+// $LIMITER_NATS_SERVER, or else built (once, then cached by the go command)
+// from the nats-server/v2 module pinned in go.mod.
 func NATS(t testing.TB) *NATSServer {
 	t.Helper()
-	s := &NATSServer{dir: t.TempDir()}
-	srv, err := s.run(-1)
-	if err != nil {
-		t.Fatalf("testenv: start nats-server: %v", err)
+	s := &NATSServer{bin: natsBinary(t), dir: t.TempDir(), name: "testenv"}
+	var err error
+	for range 5 {
+		if s.port, err = reservePort(false); err != nil {
+			break
+		}
+		if s.monitor, err = reservePort(false); err != nil {
+			break
+		}
+		var p *process
+		if p, err = s.spawn(); err == nil {
+			s.proc = p
+			t.Cleanup(s.Shutdown)
+			return s
+		}
+		if !errors.Is(err, errPortInUse) {
+			break
+		}
 	}
-	addr, ok := srv.Addr().(*net.TCPAddr)
-	if !ok {
-		srv.Shutdown()
-		t.Fatalf("testenv: nats-server listens on unexpected address %v", srv.Addr())
+	t.Fatalf("testenv: start nats-server: %v", err)
+	return nil
+}
+
+var natsBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// natsBinary returns the nats-server executable, building it on first use.
+func natsBinary(t testing.TB) string {
+	t.Helper()
+	natsBin.once.Do(func() {
+		if p := os.Getenv(NATSServerEnv); p != "" {
+			natsBin.path = p
+			if _, err := os.Stat(p); err != nil {
+				natsBin.err = fmt.Errorf("$%s: %w", NATSServerEnv, err)
+			}
+			return
+		}
+		gobin, err := exec.LookPath("go")
+		if err != nil {
+			natsBin.err = fmt.Errorf("the go command is not on PATH to build nats-server; set $%s to a nats-server binary", NATSServerEnv)
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		// -n prints where the go command cached the tool's binary after
+		// building it, without running it.
+		out, err := exec.CommandContext(ctx, gobin, "tool", "-n", "nats-server").Output()
+		if err != nil {
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				err = fmt.Errorf("%w: %s", err, ee.Stderr)
+			}
+			natsBin.err = fmt.Errorf("go tool -n nats-server: %w", err)
+			return
+		}
+		natsBin.path = strings.TrimSpace(string(out))
+	})
+	if natsBin.err != nil {
+		if inCI() {
+			t.Fatalf("testenv: no nats-server and CI=true, so this is a failure, not a skip: %v", natsBin.err)
+		}
+		t.Skipf("testenv: no nats-server: %v", natsBin.err)
 	}
-	s.srv, s.port = srv, addr.Port
-	t.Cleanup(s.Shutdown)
-	return s
+	return natsBin.path
 }
 
 // URL returns the client URL, "nats://127.0.0.1:port". It does not change
@@ -66,41 +141,62 @@ func (s *NATSServer) URL() string {
 	return "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 }
 
-// Shutdown stops the server and waits until it has stopped; clients see the
+// Pid returns the process id of the running server, or 0 while stopped.
+func (s *NATSServer) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc == nil {
+		return 0
+	}
+	return s.proc.cmd.Process.Pid
+}
+
+// Shutdown stops the server gracefully (SIGTERM, then SIGKILL if it has not
+// exited within 10 s) and waits until it has exited; clients see the
 // connection drop. Shutting down a stopped server does nothing.
 func (s *NATSServer) Shutdown() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.srv == nil {
+	if s.proc == nil {
 		return
 	}
-	s.srv.Shutdown()
-	s.srv.WaitForShutdown()
-	s.srv = nil
+	_ = s.proc.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.proc.done:
+	case <-time.After(natsStopTimeout):
+		s.proc.kill()
+	}
+	s.proc = nil
 }
 
-// Restart shuts the server down if it is running and starts a new one on
-// the same port with the same JetStream store directory, retrying for a
-// while if the port is still busy. Clients that reconnect find their
-// streams, messages and durable consumers again.
-func (s *NATSServer) Restart(t testing.TB) {
-	t.Helper()
+// Kill ends the server with SIGKILL, as in a crash, and waits for it to
+// exit. Killing a stopped server does nothing.
+func (s *NATSServer) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.srv != nil {
-		s.srv.Shutdown()
-		s.srv.WaitForShutdown()
-		s.srv = nil
+	if s.proc == nil {
+		return
 	}
+	s.proc.kill()
+	s.proc = nil
+}
+
+// Restart stops the server if it is running and starts it again on the same
+// ports with the same JetStream store directory, retrying for a while if a
+// port is still busy. Clients that reconnect find their streams, messages
+// and durable consumers again.
+func (s *NATSServer) Restart(t testing.TB) {
+	t.Helper()
+	s.Shutdown()
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	deadline := time.Now().Add(natsRestartTimeout)
 	for {
-		// A server that cannot bind waits out its whole ready timeout, so
-		// check the port first.
-		err := fmt.Errorf("port %d is busy", s.port)
-		if canListen(s.port) {
-			var srv *server.Server
-			if srv, err = s.run(s.port); err == nil {
-				s.srv = srv
+		err := fmt.Errorf("port %d or %d is busy", s.port, s.monitor)
+		if canListen(s.port) && canListen(s.monitor) {
+			var p *process
+			if p, err = s.spawn(); err == nil {
+				s.proc = p
 				return
 			}
 		}
@@ -111,32 +207,75 @@ func (s *NATSServer) Restart(t testing.TB) {
 	}
 }
 
-// run starts a server listening on port (-1 for a random one).
-func (s *NATSServer) run(port int) (*server.Server, error) {
-	srv, err := server.NewServer(&server.Options{
-		ServerName:         "testenv",
-		Host:               "127.0.0.1",
-		Port:               port,
-		NoLog:              true,
-		NoSigs:             true,
-		JetStream:          true,
-		JetStreamMaxMemory: natsMaxMemory,
-		JetStreamMaxStore:  natsMaxStore,
-		StoreDir:           s.dir,
-	})
+func (s *NATSServer) confPath() string { return filepath.Join(s.dir, "nats.conf") }
+func (s *NATSServer) logPath() string  { return filepath.Join(s.dir, "nats.log") }
+
+// writeConfig writes the server's configuration file for its current ports.
+func (s *NATSServer) writeConfig() error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "server_name: %q\n", s.name)
+	fmt.Fprintf(&b, "listen: \"127.0.0.1:%d\"\n", s.port)
+	fmt.Fprintf(&b, "http: \"127.0.0.1:%d\"\n", s.monitor)
+	fmt.Fprintf(&b, "log_file: %q\n", s.logPath())
+	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  max_memory_store: %d\n  max_file_store: %d\n}\n",
+		filepath.Join(s.dir, "jetstream"), natsMaxMemory, natsMaxStore)
+	return os.WriteFile(s.confPath(), []byte(b.String()), 0o644)
+}
+
+// spawn starts the server and waits until it reports healthy with
+// JetStream on; errPortInUse says another process holds one of its ports.
+func (s *NATSServer) spawn() (*process, error) {
+	if err := s.writeConfig(); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(s.bin, "-c", s.confPath())
+	cmd.Dir = s.dir
+	out, err := os.OpenFile(filepath.Join(s.dir, "output.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	go srv.Start()
-	if !srv.ReadyForConnections(natsReadyTimeout) {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		return nil, fmt.Errorf("not ready for connections after %v", natsReadyTimeout)
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		return nil, err
 	}
-	if !srv.JetStreamEnabled() {
-		srv.Shutdown()
-		srv.WaitForShutdown()
-		return nil, errors.New("jetstream is not enabled")
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		out.Close()
+		close(p.done)
+	}()
+	health := fmt.Sprintf("http://127.0.0.1:%d/healthz", s.monitor)
+	client := &http.Client{Timeout: time.Second}
+	deadline := time.Now().Add(natsReadyTimeout)
+	for {
+		select {
+		case <-p.done:
+			tail := s.logTail()
+			if strings.Contains(tail, "address already in use") {
+				return nil, fmt.Errorf("127.0.0.1:%d: %w\n%s", s.port, errPortInUse, tail)
+			}
+			return nil, fmt.Errorf("nats-server exited before it was healthy (%v)\n%s", p.err, tail)
+		default:
+		}
+		resp, err := client.Get(health)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return p, nil
+			}
+			err = fmt.Errorf("healthz: %s", resp.Status)
+		}
+		if time.Now().After(deadline) {
+			p.kill()
+			return nil, fmt.Errorf("nats-server not healthy after %v (last: %v)\n%s", natsReadyTimeout, err, s.logTail())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return srv, nil
+}
+
+// logTail returns the last lines of the server's log and output files.
+func (s *NATSServer) logTail() string {
+	return tailFiles(s.logPath(), filepath.Join(s.dir, "output.log"))
 }

@@ -2,6 +2,8 @@ package testenv_test
 
 import (
 	"errors"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -104,5 +106,43 @@ func TestNATSRestartKeepsStreams(t *testing.T) {
 	}
 	if !ack.Duplicate {
 		t.Error("republishing message m1 after restart was not detected as a duplicate")
+	}
+}
+
+func TestNATSKillIsACrash(t *testing.T) {
+	s := testenv.NATS(t)
+	ctx := t.Context()
+	pid := s.Pid()
+	if pid == 0 {
+		t.Fatal("Pid() = 0 for a running server")
+	}
+	nc, js := connect(t, s.URL())
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "K", Subjects: []string{"k"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatalf("create stream: %v", err)
+	}
+	if _, err := js.Publish(ctx, "k", []byte("x")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	nc.Close()
+
+	s.Kill()
+	if got := s.Pid(); got != 0 {
+		t.Fatalf("Pid() = %d after Kill, want 0", got)
+	}
+	// The process is gone: signal 0 to its pid fails.
+	if p, err := os.FindProcess(pid); err == nil && p.Signal(syscall.Signal(0)) == nil {
+		t.Fatalf("nats-server pid %d still runs after Kill", pid)
+	}
+	s.Restart(t)
+	if s.Pid() == 0 || s.Pid() == pid {
+		t.Fatalf("Pid() = %d after Restart (was %d)", s.Pid(), pid)
+	}
+	_, js = connect(t, s.URL())
+	stream, err := js.Stream(ctx, "K")
+	if err != nil {
+		t.Fatalf("stream after a kill and restart: %v", err)
+	}
+	if n := stream.CachedInfo().State.Msgs; n != 1 {
+		t.Fatalf("stream holds %d messages after a kill and restart, want 1", n)
 	}
 }

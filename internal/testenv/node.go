@@ -232,10 +232,13 @@ func (p *process) kill() {
 }
 
 // logTail returns the last lines of the node's log and output files.
-func (n *Node) logTail() string {
+func (n *Node) logTail() string { return tailFiles(n.logPath(), n.outputPath()) }
+
+// tailFiles returns the last lines of each file that exists and is not empty.
+func tailFiles(paths ...string) string {
 	const lines = 15
 	var b strings.Builder
-	for _, path := range []string{n.logPath(), n.outputPath()} {
+	for _, path := range paths {
 		data, err := os.ReadFile(path)
 		if err != nil || len(data) == 0 {
 			continue

@@ -1,7 +1,7 @@
 // Package testenv starts real servers for integration tests.
 //
 // RedisCluster and RedisNode run redis-server processes on free loopback
-// ports; NATS runs an in-process nats-server with JetStream. Everything a
+// ports; NATS runs a nats-server process with JetStream. Everything a
 // helper starts is stopped with t.Cleanup. When a binary is missing the helper
 // skips the test and names the install command, except when the environment
 // variable CI is true: there a missing server fails the test, so that a green
