@@ -197,6 +197,53 @@ type Request struct {
 	Cost float64
 }
 
+// Errors a Store returns when it could not decide. Callers test them with
+// errors.Is; any other error of a Store means the request was not applied
+// (nothing was spent), so a fallback may decide it.
+var (
+	// ErrOverloaded: the request waited in the store client's own queue
+	// longer than allowed and was never sent. Nothing was spent; the
+	// caller is overloaded, not the store.
+	ErrOverloaded = errors.New("store client overloaded: request not sent")
+	// ErrOutcomeUnknown: the request was sent but no reply came in time.
+	// It may have been applied, so deciding it again elsewhere could count
+	// it twice.
+	ErrOutcomeUnknown = errors.New("store reply not received in time: outcome unknown")
+)
+
+// MultiError is the error of a TakeAll that decided some requests and not
+// others. Errs[i] is nil for a request that was decided, whose decision is
+// then in the decisions returned beside it; otherwise it is that request's
+// error. A decided request that was refused refuses the whole check.
+type MultiError struct {
+	Errs []error
+}
+
+func (e *MultiError) Error() string {
+	failed, first := 0, error(nil)
+	for _, err := range e.Errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			failed++
+		}
+	}
+	return fmt.Sprintf("%d of %d requests not decided: %v", failed, len(e.Errs), first)
+}
+
+// Unwrap returns the errors of the requests not decided, so errors.Is
+// finds ErrOutcomeUnknown or ErrOverloaded among them.
+func (e *MultiError) Unwrap() []error {
+	var errs []error
+	for _, err := range e.Errs {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
 // Store decides requests against state it holds. Implementations are safe
 // for concurrent use. Take returns an error only when it could not decide.
 type Store interface {
@@ -206,7 +253,8 @@ type Store interface {
 // MultiStore decides several requests of one check together, all or
 // nothing: when any is refused, none spends. Requests must name distinct
 // (Rule, Key) buckets. The decisions are in the order of the requests, each
-// the verdict of its own bucket.
+// the verdict of its own bucket. When some requests could not be decided
+// the error is a *MultiError and the decisions hold those of the others.
 type MultiStore interface {
 	Store
 	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
