@@ -10,8 +10,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/pkg/gossip"
+	"github.com/limiterd/limiterd/pkg/region"
 )
 
 // Defaults of the flags.
@@ -21,16 +24,27 @@ const (
 	DefaultRegion        = "local"
 	DefaultGracePeriod   = 10 * time.Second
 	DefaultShutdownDelay = 0
-	DefaultFleetSize     = 1
+	// DefaultFleetSize 0: the live count of the region's instances.
+	DefaultFleetSize = 0
 	// DefaultForwardTimeout allows a cross-region round trip (50-150 ms)
 	// with room for one slow one.
-	DefaultForwardTimeout = 300 * time.Millisecond
+	DefaultForwardTimeout = engine.DefaultForwardTimeout
+	// DefaultDenyCacheSize is the default number of denials remembered.
+	DefaultDenyCacheSize = engine.DefaultDenyCacheSize
 )
 
-var (
-	regionPattern   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
-	instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+// The forward-auth names, as package forwardauth defines them.
+const (
+	DefaultForwardAuthUserHeader   = forwardauth.DefaultUserHeader
+	DefaultForwardAuthURIHeader    = forwardauth.DefaultURIHeader
+	DefaultForwardAuthMethodHeader = forwardauth.DefaultMethodHeader
+	DefaultForwardAuthIPHeader     = forwardauth.DefaultIPHeader
+	ForwardAuthNoHeader            = forwardauth.NoHeader
+	ForwardAuthPath                = forwardauth.Path
+	ForwardAuthStatusHeader        = forwardauth.StatusHeader
 )
+
+var instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // Options configure a Daemon. Fields left zero take the defaults above.
 type Options struct {
@@ -73,8 +87,10 @@ type Options struct {
 	RulesFile string
 	// Region is this instance's region name.
 	Region string
-	// FleetSize is the number of limiterd instances sharing a region's
-	// limits: a fail-open rule decides locally with limit / FleetSize.
+	// FleetSize, when > 0, is the number of limiterd instances sharing a
+	// region's limits: a fail-open rule whose store is down decides here
+	// with limit / FleetSize. 0: the live count, from a heartbeat in the
+	// region's Redis (the last count seen holds through an outage).
 	FleetSize int
 
 	// NATSURL is the region's NATS server: spends of reconciled rules are
@@ -92,6 +108,18 @@ type Options struct {
 	// ForwardTLSCAFile enables TLS to other regions' limiterd, trusting
 	// this CA; the gRPC listener's certificate, if any, is the client's.
 	ForwardTLSCAFile string
+	// PeerSecretFile holds the secret that peer regions share: sent with
+	// every check forwarded to a home region, required of every call to
+	// the Peer service (unless the caller's certificate is allowed by
+	// PeerIdentities). One of the two is required with TopologyFile.
+	PeerSecretFile string
+	// PeerIdentities are the client certificate identities (DNS or URI
+	// SAN, or common name) of peer regions' limiterd, verified by the
+	// listener's --grpc.tls-client-ca-file.
+	PeerIdentities []string
+	// GossipSpoolDir, when set, keeps the spends not yet published on disk
+	// while NATS is unreachable, so a crash loses at most one interval.
+	GossipSpoolDir string
 
 	// AdminTokenFile holds the bearer token of the admin API (gRPC Admin,
 	// HTTP /admin/rules). Without it only mTLS clients may call it.
@@ -104,7 +132,7 @@ type Options struct {
 	GracePeriod time.Duration
 
 	// ForwardAuth serves GET /forward-auth on the HTTP listener, for nginx
-	// auth_request and Traefik forwardAuth (forwardauth.go).
+	// auth_request and Traefik forwardAuth (package forwardauth).
 	ForwardAuth bool
 	// ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader,
 	// ForwardAuthURIHeader, ForwardAuthMethodHeader and ForwardAuthIPHeader
@@ -151,13 +179,16 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
-	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules decide locally with limit / fleet.size")
+	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server of this region; spends of reconciled rules are published there (empty: no reconciliation)")
 	fs.DurationVar(&o.GossipInterval, "gossip.interval", gossip.DefaultInterval, "how often admitted spends are flushed to the reconcilers")
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
 	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
+	fs.StringVar(&o.PeerSecretFile, "region.peer-secret-file", "", "file holding the secret peer regions share (mode 0600, at least 16 characters): sent with forwarded checks, required of Peer calls")
+	fs.Var(redisstore.AddrsFlag{Addrs: &o.PeerIdentities}, "region.peer-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) of peer regions' limiterd, allowed to call the Peer service (needs --grpc.tls-client-ca-file)")
+	fs.StringVar(&o.GossipSpoolDir, "gossip.spool-dir", "", "directory keeping unpublished spends on disk while NATS is unreachable (a crash then loses at most one interval)")
 	fs.StringVar(&o.AdminTokenFile, "admin.token-file", "", "file holding the admin API's bearer token (at least 16 characters)")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
 	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
@@ -179,9 +210,6 @@ func (o *Options) setDefaults() {
 	}
 	if o.Region == "" {
 		o.Region = DefaultRegion
-	}
-	if o.FleetSize == 0 {
-		o.FleetSize = DefaultFleetSize
 	}
 	if o.GracePeriod == 0 {
 		o.GracePeriod = DefaultGracePeriod
@@ -205,7 +233,22 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	o.setForwardAuthDefaults()
+	o.ForwardAuthUserHeader, o.ForwardAuthAPIKeyHeader, o.ForwardAuthPlanHeader = or(o.ForwardAuthUserHeader, DefaultForwardAuthUserHeader), or(o.ForwardAuthAPIKeyHeader, ForwardAuthNoHeader), or(o.ForwardAuthPlanHeader, ForwardAuthNoHeader)
+	o.ForwardAuthURIHeader, o.ForwardAuthMethodHeader, o.ForwardAuthIPHeader = or(o.ForwardAuthURIHeader, DefaultForwardAuthURIHeader), or(o.ForwardAuthMethodHeader, DefaultForwardAuthMethodHeader), or(o.ForwardAuthIPHeader, DefaultForwardAuthIPHeader)
+}
+
+func or(v, def string) string {
+	if v == "" {
+		return def
+	}
+	return v
+}
+
+func (o *Options) forwardAuthHeaders() forwardauth.Headers {
+	return forwardauth.Headers{
+		User: o.ForwardAuthUserHeader, APIKey: o.ForwardAuthAPIKeyHeader, Plan: o.ForwardAuthPlanHeader,
+		URI: o.ForwardAuthURIHeader, Method: o.ForwardAuthMethodHeader, IP: o.ForwardAuthIPHeader,
+	}
 }
 
 // validate reports every bad option, each naming its flag.
@@ -214,11 +257,17 @@ func (o *Options) validate() error {
 	if o.RulesFile == "" {
 		errs = append(errs, errors.New("--rules.file: required"))
 	}
-	if !regionPattern.MatchString(o.Region) {
-		errs = append(errs, fmt.Errorf("--region: %q must match %s", o.Region, regionPattern))
+	if err := region.ValidateName(o.Region); err != nil {
+		errs = append(errs, fmt.Errorf("--region: %w", err))
 	}
-	if o.FleetSize < 1 {
-		errs = append(errs, fmt.Errorf("--fleet.size: must be at least 1, got %d", o.FleetSize))
+	if o.FleetSize < 0 || o.FleetSize > 100_000 {
+		errs = append(errs, fmt.Errorf("--fleet.size: must be 0 (the live count) to 100000, got %d", o.FleetSize))
+	}
+	if o.TopologyFile != "" && o.PeerSecretFile == "" && len(o.PeerIdentities) == 0 {
+		errs = append(errs, errors.New("--region.peer-secret-file or --region.peer-identities: one is required with --region.topology-file, so that only peer regions may decide pinned rules' checks"))
+	}
+	if len(o.PeerIdentities) > 0 && o.TLSClientCAFile == "" {
+		errs = append(errs, errors.New("--region.peer-identities: needs --grpc.tls-client-ca-file to verify the peers' certificates"))
 	}
 	if o.RedisTimeout < 0 || o.RedisTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.timeout: must be in (0, 1m], got %v", o.RedisTimeout))
@@ -262,6 +311,6 @@ func (o *Options) validate() error {
 	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS) {
 		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls: need --redis.addrs"))
 	}
-	errs = append(errs, o.validateForwardAuth()...)
+	errs = append(errs, o.forwardAuthHeaders().Validate()...)
 	return errors.Join(errs...)
 }

@@ -20,7 +20,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -50,8 +49,6 @@ const (
 	DefaultStreamMaxBytes = 256 << 20
 	DefaultApplyTimeout   = 5 * time.Second
 )
-
-var regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
 // Options configure a Reconciler.
 type Options struct {
@@ -149,8 +146,8 @@ func (o *Options) setDefaults() {
 
 func (o *Options) validate() error {
 	var errs []error
-	if !regionPattern.MatchString(o.Region) {
-		errs = append(errs, fmt.Errorf("--region: %q must match %s", o.Region, regionPattern))
+	if err := region.ValidateName(o.Region); err != nil {
+		errs = append(errs, fmt.Errorf("--region: %w", err))
 	}
 	for flag, v := range map[string]string{"--region.topology-file": o.TopologyFile, "--rules.file": o.RulesFile, "--nats.url": o.NATSURL} {
 		if v == "" {

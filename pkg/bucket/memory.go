@@ -75,9 +75,13 @@ func (m *Memory) nowMicros() int64 {
 	return m.wallUs + int64(time.Since(m.start)/time.Microsecond)
 }
 
+func (m *Memory) shard(key string) *memoryShard {
+	return &m.shards[maphash.String(m.seed, key)%memoryShards]
+}
+
 func (m *Memory) take(now int64, req Request) Decision {
 	id := bucketID{req.Rule, req.Key}
-	sh := &m.shards[maphash.String(m.seed, req.Key)%memoryShards]
+	sh := m.shard(req.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if now >= sh.nextSweep {

@@ -39,6 +39,19 @@ var ErrInvalid = errors.New("invalid topology")
 // dashes, not starting with a dash, at most 63 bytes (a DNS label's length).
 var namePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 
+// ErrInvalidName: a region name not of the form namePattern describes.
+var ErrInvalidName = errors.New("invalid region name")
+
+// ValidateName reports whether name can name a region: 1 to 63 lower-case
+// letters, digits and dashes, not starting with a dash. Its error wraps
+// ErrInvalidName.
+func ValidateName(name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("%w: %q must match %s", ErrInvalidName, name, namePattern)
+	}
+	return nil
+}
+
 // Region is one region of a deployment, as written in a topology file.
 type Region struct {
 	// Name identifies the region, e.g. "us-east". It matches
@@ -51,8 +64,8 @@ type Region struct {
 
 // validate checks one region on its own; uniqueness is the topology's job.
 func (r Region) validate() error {
-	if !namePattern.MatchString(r.Name) {
-		return fmt.Errorf("name: must match %s", namePattern)
+	if err := ValidateName(r.Name); err != nil {
+		return fmt.Errorf("name: %w", err)
 	}
 	if r.LimiterAddress == "" {
 		return errors.New("limiter_address: missing")

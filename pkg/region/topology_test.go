@@ -52,7 +52,7 @@ func TestErrorsNameRegionAndField(t *testing.T) {
 		{"unknown field", "unknown-field.bad.yml", "field zone not found"},
 		{"unknown top-level key", "unknown-top.bad.yml", "field region not found"},
 		{"duplicate name", "duplicate-name.bad.yml", `regions[1] (name "us-east"): name: already used by regions[0]`},
-		{"bad name", "bad-name.bad.yml", `regions[0] (name "US_East"): name: must match`},
+		{"bad name", "bad-name.bad.yml", `regions[0] (name "US_East"): name: invalid region name`},
 		{"leading dash", "leading-dash.bad.yml", `regions[0] (name "-east"): name:`},
 		{"name too long", "long-name.bad.yml", `regions[0] (name "a1234`},
 		{"missing name", "missing-name.bad.yml", `regions[0] (name ""): name:`},

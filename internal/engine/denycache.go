@@ -1,13 +1,11 @@
-package limiterd
+package engine
 
 import (
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
-
-// DefaultDenyCacheSize is the default number of denials remembered.
-const DefaultDenyCacheSize = 100_000
 
 const denyShards = 64
 
@@ -17,8 +15,13 @@ const denyShards = 64
 // what the store would refuse: tokens only come back with time, and other
 // instances and regions only spend them. It is bounded: past its size a
 // random entry makes room (a forgotten denial costs one store call).
+//
+// Denials belong to a generation of the rules: a rule change starts a new
+// one (reset), which forgets every denial, and a check that was decided
+// under the old rules cannot put its denial in the new generation.
 // Safe for concurrent use.
 type denyCache struct {
+	gen      atomic.Uint64
 	seed     maphash.Seed
 	perShard int
 	start    time.Time
@@ -98,15 +101,22 @@ func (c *denyCache) forget(rule, key string) {
 // put remembers that cost is denied for (rule, key) for retry after sent,
 // the instant (c.now) the store call that said so was sent: counting from
 // then, never from the answer, keeps the denial within the store's own.
-func (c *denyCache) put(rule, key string, cost float64, sent int64, retry, reset time.Duration) {
+// gen is the generation of the rules the check was decided under: a denial
+// of an older generation is dropped. It reports whether it remembered.
+func (c *denyCache) put(gen uint64, rule, key string, cost float64, sent int64, retry, reset time.Duration) bool {
 	if retry <= 0 {
-		return
+		return false
 	}
 	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
 	d := denial{until: sent + int64(retry), reset: sent + int64(reset), cost: cost}
 	id := bucketKey{rule, key}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	// Under the shard's lock: a reset that cleared this shard has already
+	// moved the generation on.
+	if gen != c.gen.Load() {
+		return false
+	}
 	if _, ok := sh.m[id]; !ok && len(sh.m) >= c.perShard {
 		for victim := range sh.m {
 			delete(sh.m, victim)
@@ -114,6 +124,7 @@ func (c *denyCache) put(rule, key string, cost float64, sent int64, retry, reset
 		}
 	}
 	sh.m[id] = d
+	return true
 }
 
 // len is the number of denials held, expired ones not yet dropped included.
@@ -128,7 +139,20 @@ func (c *denyCache) len() int {
 	return n
 }
 
-// clear forgets every denial: the rules changed.
+// reset starts generation gen, the rules' new one, and forgets every
+// denial: the limits may have grown.
+func (c *denyCache) reset(gen uint64) {
+	for i := range c.shards {
+		c.shards[i].mu.Lock()
+	}
+	c.gen.Store(gen)
+	for i := range c.shards {
+		clear(c.shards[i].m)
+		c.shards[i].mu.Unlock()
+	}
+}
+
+// clear forgets every denial, keeping the generation.
 func (c *denyCache) clear() {
 	for i := range c.shards {
 		sh := &c.shards[i]

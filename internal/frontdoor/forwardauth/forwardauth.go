@@ -1,7 +1,13 @@
-package limiterd
+// Package forwardauth is the HTTP front door for nginx auth_request and
+// Traefik forwardAuth: the proxy describes the request in headers, and the
+// engine decides every rule it matches.
+package forwardauth
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"path"
@@ -9,9 +15,8 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
+	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/pkg/httplimit"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -21,67 +26,77 @@ import (
 // and the header an authentication layer in front sets to the user it
 // authenticated.
 const (
-	DefaultForwardAuthUserHeader   = "X-Auth-User"
-	DefaultForwardAuthURIHeader    = "X-Forwarded-Uri"
-	DefaultForwardAuthMethodHeader = "X-Forwarded-Method"
-	DefaultForwardAuthIPHeader     = "X-Forwarded-For"
-	// ForwardAuthNoHeader turns a forward-auth header off.
-	ForwardAuthNoHeader = "none"
-	// ForwardAuthPath is the forward-auth route on the HTTP listener.
-	ForwardAuthPath = "/forward-auth"
-	// ForwardAuthStatusHeader carries the real status of a refusal in
-	// nginx mode, where it is always 403.
-	ForwardAuthStatusHeader = "X-Limiterd-Status"
+	DefaultUserHeader   = "X-Auth-User"
+	DefaultURIHeader    = "X-Forwarded-Uri"
+	DefaultMethodHeader = "X-Forwarded-Method"
+	DefaultIPHeader     = "X-Forwarded-For"
+	// NoHeader turns a forward-auth header off.
+	NoHeader = "none"
+	// Path is the forward-auth route on the HTTP listener.
+	Path = "/forward-auth"
+	// StatusHeader carries the real status of a refusal in nginx mode,
+	// where it is always 403.
+	StatusHeader = "X-Limiterd-Status"
 )
 
 var headerNamePattern = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
-// forwardAuthHeaders are the request headers forward-auth trusts, each ""
-// when off.
-type forwardAuthHeaders struct {
-	user, apiKey, plan, uri, method, ip string
+// Headers name the request headers forward-auth reads the attributes
+// from; the proxy must set each itself. "" takes the default (none for the
+// API key and the plan); NoHeader turns one off.
+type Headers struct {
+	User, APIKey, Plan, URI, Method, IP string
 }
 
-func (o *Options) forwardAuthHeaders() forwardAuthHeaders {
-	on := func(h string) string {
-		if h == ForwardAuthNoHeader {
-			return ""
-		}
-		return h
-	}
-	return forwardAuthHeaders{
-		user: on(o.ForwardAuthUserHeader), apiKey: on(o.ForwardAuthAPIKeyHeader), plan: on(o.ForwardAuthPlanHeader),
-		uri: on(o.ForwardAuthURIHeader), method: on(o.ForwardAuthMethodHeader), ip: on(o.ForwardAuthIPHeader),
-	}
-}
-
-func (o *Options) setForwardAuthDefaults() {
+// WithDefaults fills the headers left "" with their defaults.
+func (h Headers) WithDefaults() Headers {
 	for _, f := range []struct {
 		v   *string
 		def string
 	}{
-		{&o.ForwardAuthUserHeader, DefaultForwardAuthUserHeader}, {&o.ForwardAuthURIHeader, DefaultForwardAuthURIHeader},
-		{&o.ForwardAuthMethodHeader, DefaultForwardAuthMethodHeader}, {&o.ForwardAuthIPHeader, DefaultForwardAuthIPHeader},
+		{&h.User, DefaultUserHeader}, {&h.URI, DefaultURIHeader},
+		{&h.Method, DefaultMethodHeader}, {&h.IP, DefaultIPHeader},
+		{&h.APIKey, NoHeader}, {&h.Plan, NoHeader},
 	} {
 		if *f.v == "" {
 			*f.v = f.def
 		}
 	}
+	return h
 }
 
-// validateForwardAuth checks the header names, each naming its flag.
-func (o *Options) validateForwardAuth() []error {
+// Validate checks the header names, each error naming its flag
+// (--forward-auth.user-header, ...).
+func (h Headers) Validate() []error {
 	var errs []error
 	for _, f := range []struct{ flag, v string }{
-		{"user-header", o.ForwardAuthUserHeader}, {"api-key-header", o.ForwardAuthAPIKeyHeader},
-		{"plan-header", o.ForwardAuthPlanHeader}, {"uri-header", o.ForwardAuthURIHeader},
-		{"method-header", o.ForwardAuthMethodHeader}, {"ip-header", o.ForwardAuthIPHeader},
+		{"user-header", h.User}, {"api-key-header", h.APIKey},
+		{"plan-header", h.Plan}, {"uri-header", h.URI},
+		{"method-header", h.Method}, {"ip-header", h.IP},
 	} {
-		if f.v != "" && f.v != ForwardAuthNoHeader && !headerNamePattern.MatchString(f.v) {
-			errs = append(errs, fmt.Errorf("--forward-auth.%s: %q is not a header name (or %q)", f.flag, f.v, ForwardAuthNoHeader))
+		if f.v != "" && f.v != NoHeader && !headerNamePattern.MatchString(f.v) {
+			errs = append(errs, fmt.Errorf("--forward-auth.%s: %q is not a header name (or %q)", f.flag, f.v, NoHeader))
 		}
 	}
 	return errs
+}
+
+// headers are the request headers forward-auth trusts, each "" when off.
+type headers struct {
+	user, apiKey, plan, uri, method, ip string
+}
+
+func (h Headers) on() headers {
+	on := func(h string) string {
+		if h == NoHeader {
+			return ""
+		}
+		return h
+	}
+	return headers{
+		user: on(h.User), apiKey: on(h.APIKey), plan: on(h.Plan),
+		uri: on(h.URI), method: on(h.Method), ip: on(h.IP),
+	}
 }
 
 // forwardAuthHandler answers nginx auth_request and Traefik forwardAuth: it
@@ -101,13 +116,13 @@ func (o *Options) validateForwardAuth() []error {
 // The headers are trusted as they come: only the proxy may reach this
 // endpoint, and the proxy must set each of them itself, overwriting what
 // the client sent.
-func (d *Daemon) forwardAuthHandler() http.Handler {
-	h := d.opts.forwardAuthHeaders()
+func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
+	h := hs.WithDefaults().on()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		nginx := r.URL.Query().Get("mode") == "nginx"
 		refuse := func(code int, msg string) {
 			if nginx {
-				w.Header().Set(ForwardAuthStatusHeader, fmt.Sprint(code))
+				w.Header().Set(StatusHeader, fmt.Sprint(code))
 				code = http.StatusForbidden
 			}
 			w.Header().Set("Cache-Control", "no-store")
@@ -118,16 +133,18 @@ func (d *Daemon) forwardAuthHandler() http.Handler {
 			refuse(http.StatusBadRequest, err.Error())
 			return
 		}
-		resp, err := d.service.Check(r.Context(), &limiterv1.CheckRequest{Attributes: a})
+		resp, err := svc.Decide(r.Context(), &limiterv1.CheckRequest{Attributes: a})
 		if err != nil {
-			switch status.Code(err) {
-			case codes.InvalidArgument:
-				refuse(http.StatusBadRequest, status.Convert(err).Message())
-			case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-				refuse(http.StatusServiceUnavailable, "rate limit undecided: "+status.Convert(err).Message())
+			var inv *engine.InvalidError
+			switch {
+			case errors.As(err, &inv):
+				refuse(http.StatusBadRequest, err.Error())
+			case errors.Is(err, engine.ErrUnavailable), errors.Is(err, engine.ErrOverloaded),
+				errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+				refuse(http.StatusServiceUnavailable, "rate limit undecided: "+err.Error())
 			default:
-				d.log.Warn("forward-auth check failed", "code", status.Code(err).String(), "err", err)
-				refuse(http.StatusInternalServerError, status.Convert(err).Message())
+				log.Warn("forward-auth check failed", "err", err)
+				refuse(http.StatusInternalServerError, err.Error())
 			}
 			return
 		}
@@ -143,7 +160,7 @@ func (d *Daemon) forwardAuthHandler() http.Handler {
 
 // attributes reads the request the proxy describes; the error says which
 // header is missing or wrong.
-func (h forwardAuthHeaders) attributes(r *http.Request) (*limiterv1.Attributes, error) {
+func (h headers) attributes(r *http.Request) (*limiterv1.Attributes, error) {
 	a := &limiterv1.Attributes{}
 	if h.user != "" {
 		a.User = r.Header.Get(h.user)

@@ -1,4 +1,7 @@
-package limiterd
+// Package envoyrls is Envoy's rate limit service (envoy.service.ratelimit.v3)
+// as a front door of the engine, so that an Envoy gateway's ratelimit
+// filter works unchanged.
+package envoyrls
 
 import (
 	"context"
@@ -13,18 +16,16 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/httplimit"
-	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
-// envoyService is Envoy's rate limit service, envoy.service.ratelimit.v3
-// RateLimitService, so that an Envoy gateway's ratelimit filter works
-// unchanged. It decides in-process, with the same checker as
+// Service is Envoy's rate limit service, envoy.service.ratelimit.v3
+// RateLimitService. It decides in-process, with the same engine as
 // limiter.v1.Limiter/Check by attributes; it is safe for concurrent use.
 //
 // The mapping of a RateLimitRequest:
@@ -59,7 +60,7 @@ import (
 // current_limit, limit_remaining (rounded down) and duration_until_reset are
 // those of its most restrictive rule (the refusal with the longest retry, or
 // the rule with the least left for its limit). current_limit is named by the
-// rule's id; its unit is the rule's window (see windowMillis) when that is
+// rule's id; its unit is the rule's window (see engine.WindowMillis) when that is
 // a second, a minute, an hour or a day, otherwise the limit over the window
 // scaled to a per-second rate, or per minute, hour or day when that rate
 // rounds to less than 1. overall_code is OVER_LIMIT when any descriptor is,
@@ -81,10 +82,13 @@ import (
 // rule's request through too, so the descriptors of fail-closed rules
 // belong to a filter of another stage with failure_mode_deny true
 // (deploy/envoy/envoy.yaml does so).
-type envoyService struct {
+type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	c *checker
+	e *engine.Engine
 }
+
+// New returns the service deciding with e.
+func New(e *engine.Engine) *Service { return &Service{e: e} }
 
 // Descriptor entry keys that also fill typed attributes.
 const (
@@ -95,12 +99,21 @@ const (
 	envoyKeyPseudoMethod  = ":method"
 )
 
-func (s *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// ShouldRateLimit decides every descriptor's rules together.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	defer func() { s.c.m.duration.Observe(time.Since(start).Seconds()) }()
+	defer func() { s.e.Observe(time.Since(start).Seconds()) }()
+	resp, err := s.decide(ctx, req)
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	return resp, nil
+}
+
+func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
-		s.c.m.invalid.WithLabelValues("attributes").Inc()
-		return nil, status.Error(codes.InvalidArgument, "domain: must not be empty")
+		s.e.Invalid("attributes")
+		return nil, &engine.InvalidError{Field: "attributes", Err: errNoDomain}
 	}
 	if len(req.GetDescriptors()) == 0 {
 		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_UNKNOWN}, nil
@@ -109,41 +122,39 @@ func (s *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimit
 	if cost == 0 {
 		cost = 1
 	}
-	t := s.c.rules.Load()
-	sets := make([]itemSet, len(req.GetDescriptors()))
+	c := s.e.NewCheck()
+	sets := make([][]*engine.Item, len(req.GetDescriptors()))
 	for i, desc := range req.GetDescriptors() {
 		a, descCost, err := envoyAttributes(req.GetDomain(), desc, cost)
 		if err != nil {
-			s.c.m.invalid.WithLabelValues("attributes").Inc()
-			return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].%v", i, err)
+			s.e.Invalid("attributes")
+			return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
 		}
-		if sets[i].enforce, sets[i].shadow, err = s.c.matchItems(t, a, descCost); err != nil {
-			// A status, counted by matchItems: name the descriptor.
-			st := status.Convert(err)
-			return nil, status.Errorf(st.Code(), "descriptors[%d]: %s", i, st.Message())
+		if sets[i], _, err = c.AddAttributes(a, descCost); err != nil {
+			var inv *engine.InvalidError
+			if errors.As(err, &inv) {
+				inv.Err = fmt.Errorf("descriptors[%d]: %w", i, inv.Err)
+				return nil, inv
+			}
+			return nil, err
 		}
 	}
-	allowed, err := s.c.checkSets(ctx, sets)
+	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sets))}
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	var all []*item
-	for _, set := range sets {
-		resp.Statuses = append(resp.Statuses, descriptorStatus(set.enforce))
-		for _, it := range set.enforce {
-			if !slices.Contains(all, it) {
-				all = append(all, it)
-			}
-		}
+	for i, set := range sets {
+		resp.Statuses[i] = descriptorStatus(set)
 	}
-	if top := mostRestrictive(all); top != nil {
-		quota := top.checkResponse()
+	all := c.Enforced()
+	if top := engine.MostRestrictive(all); top != nil {
+		quota := checkapi.Response([]*engine.Item{top}, nil, allowed, false)
 		for _, it := range all {
-			quota.Statuses = append(quota.Statuses, it.ruleStatus())
+			quota.Statuses = append(quota.Statuses, checkapi.RuleStatus(it))
 		}
 		h := make(http.Header)
 		httplimit.SetHeaders(h, quota, time.Now())
@@ -151,6 +162,8 @@ func (s *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimit
 	}
 	return resp, nil
 }
+
+var errNoDomain = errors.New("domain: must not be empty")
 
 // envoyAttributes maps one descriptor onto attributes, and its cost.
 func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost float64) (*rules.Attributes, float64, error) {
@@ -192,98 +205,20 @@ func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost 
 	return a, cost, nil
 }
 
-// itemSet is the rules one set of attributes matches, in a check of
-// several sets.
-type itemSet struct {
-	enforce, shadow []*item
-}
-
-// checkSets checks the rules of several sets of attributes together, all
-// or nothing: when one rule refuses, nothing is spent for any set. A rule
-// that several sets match with the same key is one bucket, checked once at
-// the largest cost: the sets are rewritten to share that item. Every
-// enforced item has a decision afterwards; one that allowed in a check
-// that refused reports what it had, since nothing was spent.
-func (c *checker) checkSets(ctx context.Context, sets []itemSet) (bool, error) {
-	type bucketID struct{ rule, key string }
-	seen := make(map[bucketID]*item)
-	var enforce, shadow []*item
-	dedupe := func(list []*item, into *[]*item) {
-		for i, it := range list {
-			id := bucketID{it.e.rule.ID, it.key}
-			if first := seen[id]; first != nil {
-				first.cost = max(first.cost, it.cost)
-				list[i] = first
-				continue
-			}
-			seen[id] = it
-			*into = append(*into, it)
-		}
-	}
-	for i := range sets {
-		dedupe(sets[i].enforce, &enforce)
-		dedupe(sets[i].shadow, &shadow)
-	}
-	allowed, err := c.enforce(ctx, enforce)
-	if err != nil {
-		return false, err
-	}
-	if allowed {
-		c.shadows(ctx, shadow)
-	}
-	return allowed, nil
-}
-
-// mostRestrictive is the item that decides: the refusal with the longest
-// retry, or, when all allowed, the one with the least left for its limit.
-func mostRestrictive(items []*item) *item {
-	var top *item
-	for _, it := range items {
-		switch {
-		case top == nil:
-			top = it
-		case !it.d.Allowed || !top.d.Allowed:
-			if !it.d.Allowed && (top.d.Allowed || it.d.RetryAfter > top.d.RetryAfter) {
-				top = it
-			}
-		case it.d.Remaining/it.d.Limit < top.d.Remaining/top.d.Limit:
-			top = it
-		}
-	}
-	return top
-}
-
-// checkResponse is the item's decision as limiter.v1 reports it.
-func (it *item) checkResponse() *limiterv1.CheckResponse {
-	return &limiterv1.CheckResponse{
-		Allowed: it.d.Allowed, Remaining: it.d.Remaining, Limit: it.d.Limit,
-		RetryAfterMs: ceilMillis(it.d.RetryAfter), ResetAfterMs: ceilMillis(it.d.ResetAfter),
-		RuleId: it.e.rule.ID, WindowMs: windowMillis(it.e.limit),
-	}
-}
-
-// ruleStatus is the item's decision as one status of limiter.v1.
-func (it *item) ruleStatus() *limiterv1.RuleStatus {
-	return &limiterv1.RuleStatus{
-		RuleId: it.e.rule.ID, Allowed: it.d.Allowed, Remaining: it.d.Remaining, Limit: it.d.Limit,
-		RetryAfterMs: ceilMillis(it.d.RetryAfter), ResetAfterMs: ceilMillis(it.d.ResetAfter),
-		WindowMs: windowMillis(it.e.limit), Shadow: it.e.rule.Shadow,
-	}
-}
-
 // descriptorStatus reports a descriptor by its most restrictive rule.
-func descriptorStatus(items []*item) *rlsv3.RateLimitResponse_DescriptorStatus {
+func descriptorStatus(items []*engine.Item) *rlsv3.RateLimitResponse_DescriptorStatus {
 	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	top := mostRestrictive(items)
+	top := engine.MostRestrictive(items)
 	if top == nil {
 		return st
 	}
-	if !top.d.Allowed {
+	d := top.Decision
+	if !d.Allowed {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	st.CurrentLimit = envoyLimit(top.e.rule.ID, top.d.Limit, windowMillis(top.e.limit))
-	st.LimitRemaining = clampUint32(math.Floor(top.d.Remaining))
-	st.DurationUntilReset = durationpb.New(time.Duration(ceilMillis(top.d.ResetAfter)) * time.Millisecond)
+	st.CurrentLimit = envoyLimit(top.Rule.ID, d.Limit, top.WindowMillis())
+	st.LimitRemaining = clampUint32(math.Floor(d.Remaining))
+	st.DurationUntilReset = durationpb.New(time.Duration(engine.CeilMillis(d.ResetAfter)) * time.Millisecond)
 	return st
 }
 

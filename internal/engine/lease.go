@@ -1,4 +1,4 @@
-package limiterd
+package engine
 
 import (
 	"hash/maphash"
@@ -128,4 +128,18 @@ func (l *leases) drain() []leftover {
 		sh.mu.Unlock()
 	}
 	return out
+}
+
+// giveBack returns cost to the lease of (rule, key), when a check that took
+// it was refused by another rule. Tokens of a lease that expired meanwhile
+// are not given back: the shared bucket has refilled since.
+func (l *leases) giveBack(rule, key string, cost float64) {
+	sh := l.shard(key)
+	id := bucketKey{rule, key}
+	now := int64(time.Since(l.start))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if ls := sh.m[id]; ls != nil && now < ls.expires {
+		ls.tokens += cost
+	}
 }

@@ -1,4 +1,7 @@
-package limiterd
+// Package admin is limiterd's admin API: rule changes over gRPC
+// (limiter.v1.Admin) and HTTP (/admin/rules), authenticated by a bearer
+// token or a client certificate, stored through the rules source.
+package admin
 
 import (
 	"context"
@@ -26,18 +29,18 @@ import (
 // maxRuleBytes bounds an admin request's body.
 const maxRuleBytes = 64 << 10
 
-// admin changes the rules through the rules source. Callers are
+// Admin changes the rules through the rules source. Callers are
 // authenticated by a bearer token, or, on gRPC, by a client certificate the
 // listener verified (mTLS).
-type admin struct {
+type Admin struct {
 	limiterv1.UnimplementedAdminServer
 	src   *rulesource.Source
 	token []byte
 	mtls  bool
 }
 
-func newAdmin(src *rulesource.Source, tokenFile string, mtls bool) (*admin, error) {
-	a := &admin{src: src, mtls: mtls}
+func New(src *rulesource.Source, tokenFile string, mtls bool) (*Admin, error) {
+	a := &Admin{src: src, mtls: mtls}
 	if tokenFile != "" {
 		b, err := os.ReadFile(tokenFile)
 		if err != nil {
@@ -50,13 +53,13 @@ func newAdmin(src *rulesource.Source, tokenFile string, mtls bool) (*admin, erro
 	return a, nil
 }
 
-func (a *admin) tokenOK(got string) bool {
+func (a *Admin) tokenOK(got string) bool {
 	tok, ok := strings.CutPrefix(got, "Bearer ")
 	return ok && len(a.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), a.token) == 1
 }
 
 // authorize admits a gRPC call with the token or a verified client certificate.
-func (a *admin) authorize(ctx context.Context) error {
+func (a *Admin) authorize(ctx context.Context) error {
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		for _, v := range md.Get("authorization") {
 			if a.tokenOK(v) {
@@ -75,7 +78,7 @@ func (a *admin) authorize(ctx context.Context) error {
 }
 
 // interceptor authenticates every call of the Admin service.
-func (a *admin) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+func (a *Admin) Interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if strings.HasPrefix(info.FullMethod, "/"+limiterv1.Admin_ServiceDesc.ServiceName+"/") {
 		if err := a.authorize(ctx); err != nil {
 			return nil, err
@@ -96,7 +99,7 @@ func adminStatus(err error) error {
 	return status.Error(codes.Unavailable, err.Error())
 }
 
-func (a *admin) PutRule(ctx context.Context, req *limiterv1.PutRuleRequest) (*limiterv1.PutRuleResponse, error) {
+func (a *Admin) PutRule(ctx context.Context, req *limiterv1.PutRuleRequest) (*limiterv1.PutRuleResponse, error) {
 	if len(req.GetRule()) > maxRuleBytes {
 		return nil, status.Errorf(codes.InvalidArgument, "rule: over %d bytes", maxRuleBytes)
 	}
@@ -107,14 +110,14 @@ func (a *admin) PutRule(ctx context.Context, req *limiterv1.PutRuleRequest) (*li
 	return &limiterv1.PutRuleResponse{Revision: rev}, nil
 }
 
-func (a *admin) DeleteRule(ctx context.Context, req *limiterv1.DeleteRuleRequest) (*limiterv1.DeleteRuleResponse, error) {
+func (a *Admin) DeleteRule(ctx context.Context, req *limiterv1.DeleteRuleRequest) (*limiterv1.DeleteRuleResponse, error) {
 	if err := a.src.Delete(ctx, req.GetId()); err != nil {
 		return nil, adminStatus(err)
 	}
 	return &limiterv1.DeleteRuleResponse{}, nil
 }
 
-func (a *admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limiterv1.ListRulesResponse, error) {
+func (a *Admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limiterv1.ListRulesResponse, error) {
 	set := a.src.Current()
 	resp := &limiterv1.ListRulesResponse{Version: set.Version()}
 	for _, r := range set.Rules() {
@@ -125,7 +128,7 @@ func (a *admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limite
 
 // routes serves the same calls over HTTP: PUT, DELETE and GET on
 // /admin/rules/{id}, GET /admin/rules. Bodies and answers are YAML.
-func (a *admin) routes(mux *http.ServeMux) {
+func (a *Admin) Routes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
 			if !a.tokenOK(r.Header.Get("Authorization")) {

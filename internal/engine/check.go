@@ -1,0 +1,236 @@
+package engine
+
+import (
+	"errors"
+	"math"
+	"time"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// route says where an item was decided.
+type route uint8
+
+const (
+	routeNone     route = iota // not decided (another rule refused first)
+	routeDeny                  // refused by the deny cache
+	routeStore                 // this region's store
+	routeHome                  // the key's home region
+	routeLease                 // this instance's lease
+	routeFallback              // this instance's memory: the store failed
+	routeUnknown               // sent to the store, no reply in time
+)
+
+// Item is one enforced or shadow rule of a check: the bucket of Key under
+// Rule, spending Cost. After Decide, Decision is its verdict. An Item
+// belongs to one Check and is not safe for concurrent use.
+type Item struct {
+	// Rule is the rule, as in force when the check was built.
+	Rule *rules.Rule
+	// Key is the client the rule counts against.
+	Key string
+	// Cost is what the request spends under the rule, normalized.
+	Cost float64
+	// Decision is the verdict of this rule's bucket. In a check refused by
+	// another rule it reports what the bucket has, since nothing was spent.
+	Decision bucket.Decision
+
+	e     *entry
+	route route
+	// limit is what the item is decided against: the rule's limit, or
+	// the region's share of a pinned rule whose home did not answer.
+	limit bucket.Limit
+	// batch, for the check that takes the next lease batch, is what it
+	// asks the store for (at least Cost).
+	batch float64
+	// probe: this check is the deny cache's one probe of the bucket;
+	// remembered: the check put a denial of it in the deny cache.
+	probe, remembered bool
+}
+
+// Limit is the rule's limit.
+func (it *Item) Limit() bucket.Limit { return it.e.limit }
+
+// WindowMillis is the rule's window for quota headers: the window of a
+// window rule, the time to fill an empty bucket for a token bucket or GCRA.
+func (it *Item) WindowMillis() int64 { return WindowMillis(it.e.limit) }
+
+// WindowMillis is a limit's window for quota headers: a window rule's
+// window, the time to fill an empty bucket otherwise.
+func WindowMillis(l bucket.Limit) int64 {
+	if l.Window > 0 {
+		return l.Window.Milliseconds()
+	}
+	return int64(math.Ceil(l.Capacity / l.RefillPerSecond * 1000))
+}
+
+// Check is one request's rules, decided together by Engine.Decide. Build it
+// with Engine.NewCheck and its Add methods; it uses the rules in force when
+// it was made, throughout. Not safe for concurrent use.
+type Check struct {
+	t       *table
+	m       *metrics
+	enforce []*Item
+	shadow  []*Item
+	seen    map[bucketKey]*Item
+	// peer is the region that forwarded this check to its keys' home:
+	// pinned rules are decided here, never forwarded again.
+	peer string
+}
+
+// NewCheck starts a check under the rules in force now.
+func (e *Engine) NewCheck() *Check { return &Check{t: e.table.Load(), m: e.m} }
+
+// FromPeer marks the check as forwarded by an authenticated peer region:
+// this region is its keys' home, so pinned rules are decided here.
+func (c *Check) FromPeer(region string) { c.peer = region }
+
+// Enforced returns the check's enforced rules, in the order added.
+func (c *Check) Enforced() []*Item { return c.enforce }
+
+// Shadows returns the check's shadow rules, in the order added.
+func (c *Check) Shadows() []*Item { return c.shadow }
+
+// AddRule adds the rule ruleID for key at cost (0 means 1). Errors are an
+// *InvalidError naming rule_id (wrapping ErrUnknownRule), key or cost; each
+// is counted in limiter_invalid_requests_total.
+func (c *Check) AddRule(ruleID, key string, cost float64) (*Item, error) {
+	it, err := c.addRule(ruleID, key, cost)
+	c.counted(err)
+	return it, err
+}
+
+// counted counts an invalid request by its field.
+func (c *Check) counted(err error) {
+	var inv *InvalidError
+	if errors.As(err, &inv) {
+		c.m.invalid.WithLabelValues(inv.Field).Inc()
+	}
+}
+
+func (c *Check) addRule(ruleID, key string, cost float64) (*Item, error) {
+	en := c.t.byID[ruleID]
+	if en == nil {
+		return nil, invalid("rule_id", "rule_id: %w", errUnknownRule(ruleID))
+	}
+	if err := bucket.ValidateKey(key); err != nil {
+		return nil, invalid("key", "key: %w", err)
+	}
+	cost, err := en.limit.NormalizeCost(cost)
+	if err != nil {
+		return nil, invalid("cost", "cost: %w", err)
+	}
+	return c.add(en, key, cost)
+}
+
+type unknownRuleError struct{ id string }
+
+func (e *unknownRuleError) Error() string { return "unknown rule " + quote(e.id) }
+func (e *unknownRuleError) Unwrap() error { return ErrUnknownRule }
+
+func errUnknownRule(id string) error { return &unknownRuleError{id} }
+
+func quote(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return `"` + s + `"`
+}
+
+// AddAttributes adds every rule whose match a satisfies, each against the
+// key its key_by picks, at its own cost times reqCost (0 means 1): the
+// enforced rules and the shadow ones it added. A rule already in the check
+// with the same key is one bucket, checked once at the larger cost (Envoy's
+// descriptors may name it twice). Errors are *InvalidError naming
+// attributes or cost, counted as AddRule's are.
+func (c *Check) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*Item, err error) {
+	enforce, shadow, err = c.addAttributes(a, reqCost)
+	c.counted(err)
+	return enforce, shadow, err
+}
+
+func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*Item, err error) {
+	if reqCost == 0 {
+		reqCost = 1
+	}
+	if !(reqCost > 0) || math.IsInf(reqCost, 0) {
+		return nil, nil, invalid("cost", "cost: %v is not finite and > 0", reqCost)
+	}
+	for _, r := range c.t.set.Matching(a) {
+		key, ok, err := r.KeyOf(a)
+		if err != nil {
+			return nil, nil, invalid("attributes", "attributes.%w", err)
+		}
+		if !ok {
+			continue
+		}
+		if err := bucket.ValidateKey(key); err != nil {
+			return nil, nil, invalid("attributes", "attributes: rule %q: %w", r.ID, err)
+		}
+		en := c.t.byID[r.ID]
+		cost, err := en.limit.NormalizeCost(r.Cost * reqCost)
+		if err != nil {
+			return nil, nil, invalid("cost", "cost: rule %q: %w", r.ID, err)
+		}
+		it, err := c.add(en, key, cost)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.Shadow {
+			shadow = append(shadow, it)
+		} else {
+			enforce = append(enforce, it)
+		}
+	}
+	return enforce, shadow, nil
+}
+
+var errTooManyRules = errors.New("the check has more rules than the most one check may have")
+
+func (c *Check) add(en *entry, key string, cost float64) (*Item, error) {
+	id := bucketKey{en.rule.ID, key}
+	if it := c.seen[id]; it != nil {
+		it.Cost = max(it.Cost, cost)
+		return it, nil
+	}
+	list := &c.enforce
+	if en.rule.Shadow {
+		list = &c.shadow
+	}
+	if len(*list) >= MaxItems {
+		return nil, invalid("attributes", "attributes: %w (%d)", errTooManyRules, MaxItems)
+	}
+	if c.seen == nil {
+		c.seen = make(map[bucketKey]*Item, 4)
+	}
+	it := &Item{Rule: en.rule, Key: key, Cost: cost, e: en, limit: en.limit}
+	c.seen[id] = it
+	*list = append(*list, it)
+	return it, nil
+}
+
+// MostRestrictive is the item that decides a check: the refusal with the
+// longest retry, or, when all allowed, the one with the least left for its
+// limit; nil for no items.
+func MostRestrictive(items []*Item) *Item {
+	var top *Item
+	for _, it := range items {
+		switch {
+		case top == nil:
+			top = it
+		case !it.Decision.Allowed || !top.Decision.Allowed:
+			if !it.Decision.Allowed && (top.Decision.Allowed || it.Decision.RetryAfter > top.Decision.RetryAfter) {
+				top = it
+			}
+		case it.Decision.Remaining/it.Decision.Limit < top.Decision.Remaining/top.Decision.Limit:
+			top = it
+		}
+	}
+	return top
+}
+
+// CeilMillis rounds up: a rejection never says retry in 0 ms.
+func CeilMillis(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}

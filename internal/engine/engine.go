@@ -1,0 +1,319 @@
+// Package engine decides checks: it is the one pipeline behind every front
+// door (a check by rule id, by attributes, Envoy's rate limit service,
+// forward-auth, and the checks other regions forward). A front door builds
+// a Check from its request, calls Decide, and translates the items'
+// decisions into its answer; the deny cache, leases, home-region
+// forwarding, the store-failure policy and the decision metrics live here
+// and nowhere else.
+//
+// A check is all or nothing: when any enforced rule refuses, nothing is
+// spent for any of them, wherever they were decided (this region's store,
+// a lease, a key's home region).
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+// Defaults of Options.
+const (
+	// DefaultDenyCacheSize is the default number of denials remembered.
+	DefaultDenyCacheSize = 100_000
+	// DefaultForwardTimeout allows a cross-region round trip (50-150 ms)
+	// with room for one slow one.
+	DefaultForwardTimeout = 300 * time.Millisecond
+	// MaxItems bounds the enforced rules of one check (and again its
+	// shadow rules): what one request may cost the store.
+	MaxItems = 64
+)
+
+// Errors of Decide and of building a check. Front doors test them with
+// errors.Is and errors.As and translate them into their own statuses.
+var (
+	// ErrUnknownRule: a check by rule id names no rule in force.
+	ErrUnknownRule = errors.New("unknown rule")
+	// ErrUnavailable: a fail-closed rule could not be decided (its store,
+	// or its key's home region, did not answer).
+	ErrUnavailable = errors.New("rule undecided and it fails closed")
+	// ErrOverloaded: the check waited in this process too long for the
+	// store; nothing was spent. It says limiterd is busy, not the store.
+	ErrOverloaded = errors.New("overloaded: the check waited too long to reach the store")
+)
+
+// InvalidError is a check refused as invalid. Field names the request field
+// at fault: rule_id, key, cost or attributes.
+type InvalidError struct {
+	Field string
+	Err   error
+}
+
+// Error is the cause's message, which starts with the path of the field
+// (rule_id, key, cost, attributes.ip, descriptors[1].entries, ...).
+func (e *InvalidError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the cause (bucket.ErrInvalidCost, bucket.ErrInvalidKey, ...).
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// invalid is an *InvalidError of field whose message is format, which
+// must start with the field's path.
+func invalid(field string, format string, args ...any) *InvalidError {
+	return &InvalidError{Field: field, Err: fmt.Errorf(format, args...)}
+}
+
+// Home is another region's limiterd, for the rules pinned to a key's home
+// region. Errors: an *InvalidError or ErrUnknownRule when the home refused
+// the items as invalid (its answer stands); any other error means it did
+// not answer, and the rules' on_failure decides.
+type Home interface {
+	// Decide decides items in the home region, all or nothing; it returns
+	// one decision per item and the home's instant of the decision.
+	Decide(ctx context.Context, items []HomeItem) (allowed bool, ds []bucket.Decision, at time.Time, err error)
+	// Refund gives back what an allowed Decide spent.
+	Refund(ctx context.Context, items []HomeItem, at time.Time) error
+}
+
+// HomeItem is one rule of a check forwarded to its key's home region.
+type HomeItem struct {
+	Rule string
+	Key  string
+	Cost float64
+}
+
+// SpendRecorder collects the tokens admitted for reconciled rules, for the
+// other regions (gossip.Accumulator).
+type SpendRecorder interface {
+	Add(rule, key string, cost float64, admittedMicros int64)
+}
+
+// Options configure an Engine. Store is required.
+type Options struct {
+	// Store is this region's shared store.
+	Store bucket.MultiStore
+	// Region is this region; Topology, when set, the regions that pinned
+	// rules' keys have as homes, reached through Homes (one per other region).
+	Region   string
+	Topology *region.Topology
+	Homes    map[string]Home
+	// ForwardTimeout bounds a check forwarded to a home region (0:
+	// DefaultForwardTimeout).
+	ForwardTimeout time.Duration
+	// DenyCacheSize bounds the deny cache (0: DefaultDenyCacheSize; < 0: off).
+	DenyCacheSize int
+	// FleetSize returns the live number of limiterd instances in this
+	// region (at least 1); a fail-open rule whose store is down decides
+	// with limit / FleetSize(). Nil: 1.
+	FleetSize func() int
+	// Spends, when set, receives what reconciled rules admit.
+	Spends SpendRecorder
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Engine decides checks. Make it with New; it is safe for concurrent use.
+type Engine struct {
+	store    bucket.MultiStore
+	fallback *bucket.Memory
+	table    atomic.Pointer[table]
+	gen      atomic.Uint64
+	rulesMu  sync.Mutex
+	deny     *denyCache
+	leases   *leases
+	region   string
+	topo     *region.Topology
+	homes    map[string]Home
+	regions  int
+	fwdTO    time.Duration
+	fleet    func() int
+	spends   SpendRecorder
+	log      *slog.Logger
+	m        *metrics
+	// refunds are the home-region refunds still under way.
+	refunds sync.WaitGroup
+}
+
+// New makes an engine with the rules of set, registering its metrics on reg.
+func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, error) {
+	if opts.Store == nil {
+		return nil, errors.New("engine: no store")
+	}
+	if opts.ForwardTimeout <= 0 {
+		opts.ForwardTimeout = DefaultForwardTimeout
+	}
+	if opts.DenyCacheSize == 0 {
+		opts.DenyCacheSize = DefaultDenyCacheSize
+	}
+	if opts.FleetSize == nil {
+		opts.FleetSize = func() int { return 1 }
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	e := &Engine{
+		store: opts.Store, fallback: bucket.NewMemory(), deny: newDenyCache(opts.DenyCacheSize), leases: newLeases(),
+		region: opts.Region, topo: opts.Topology, homes: opts.Homes, regions: 1, fwdTO: opts.ForwardTimeout,
+		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
+	}
+	if e.topo != nil {
+		e.regions = len(e.topo.Names())
+	}
+	if e.deny != nil {
+		dc := e.deny
+		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_deny_cache_entries",
+			Help: "Denials held by the deny cache.",
+		}, func() float64 { return float64(dc.len()) })); err != nil {
+			return nil, err
+		}
+	}
+	if err := e.SetRules(set); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// SetRules puts set in force for every check that starts from now on. A
+// set whose pinned rules name a home region the topology lacks is refused
+// (the rules in force stay). Denials remembered under the old rules are
+// forgotten, and the metric series of rules no longer in force removed.
+func (e *Engine) SetRules(set *rules.Set) error {
+	if e.topo != nil {
+		for _, r := range set.Rules() {
+			if err := e.topo.ValidateHomes(r.HomeKeys); err != nil {
+				return fmt.Errorf("rule %q: home_keys: %w", r.ID, err)
+			}
+		}
+	}
+	e.rulesMu.Lock()
+	defer e.rulesMu.Unlock()
+	gen := e.gen.Add(1)
+	old := e.table.Load()
+	t := newTable(set, gen, e.regions, e.m)
+	e.table.Store(t)
+	if e.deny != nil {
+		e.deny.reset(gen)
+	}
+	if old != nil {
+		for id := range old.byID {
+			if t.byID[id] == nil {
+				e.m.forget(id)
+			}
+		}
+	}
+	return nil
+}
+
+// Rules returns the rule set in force.
+func (e *Engine) Rules() *rules.Set { return e.table.Load().set }
+
+// Rule returns the rule in force with id, or nil.
+func (e *Engine) Rule(id string) *rules.Rule {
+	if en := e.table.Load().byID[id]; en != nil {
+		return en.rule
+	}
+	return nil
+}
+
+// LeftOver is what a lease still holds at shutdown.
+type LeftOver struct {
+	Rule, Key string
+	Limit     bucket.Limit
+	Tokens    float64
+}
+
+// DrainLeases empties every lease and returns the unexpired leftovers, to
+// give back to the shared buckets when this instance stops. Checks after
+// it take new leases.
+func (e *Engine) DrainLeases() []LeftOver {
+	t := e.table.Load()
+	var out []LeftOver
+	for _, l := range e.leases.drain() {
+		if en := t.byID[l.rule]; en != nil {
+			out = append(out, LeftOver{Rule: l.rule, Key: l.key, Limit: en.limit, Tokens: l.tokens})
+		}
+	}
+	return out
+}
+
+// Wait waits for the refunds to home regions still under way, or ctx.
+func (e *Engine) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() {
+		e.refunds.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// share is one of n equal parts of l, for fail-open decisions.
+func share(l bucket.Limit, n int) bucket.Limit {
+	if n <= 1 {
+		return l
+	}
+	l.Capacity /= float64(n)
+	l.RefillPerSecond /= float64(n)
+	if l.Algorithm == bucket.SlidingLog {
+		l.Capacity = max(1, float64(int(l.Capacity)))
+	}
+	return l
+}
+
+// SustainedRate is a limit's long-run tokens per second.
+func SustainedRate(l bucket.Limit) float64 {
+	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
+		return l.RefillPerSecond
+	}
+	return l.Capacity / l.Window.Seconds()
+}
+
+// ErrNoUndo: the store cannot give back a spend (it implements no
+// bucket.Undoer).
+var ErrNoUndo = errors.New("the store cannot give spends back")
+
+// Refund gives back what an allowed Decide of a peer region's check spent
+// here, in the keys' home region (the Peer service's Refund). Items of
+// rules no longer in force are skipped; costs are normalized against the
+// rule as Decide did.
+func (e *Engine) Refund(ctx context.Context, items []HomeItem, at time.Time) error {
+	u, ok := e.store.(bucket.Undoer)
+	if !ok {
+		return ErrNoUndo
+	}
+	t := e.table.Load()
+	reqs := make([]bucket.Request, 0, len(items))
+	for _, it := range items {
+		en := t.byID[it.Rule]
+		if en == nil {
+			continue
+		}
+		cost, err := en.limit.NormalizeCost(it.Cost)
+		if err != nil {
+			return &InvalidError{Field: "cost", Err: err}
+		}
+		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit, Cost: cost})
+	}
+	if len(reqs) == 0 {
+		return nil
+	}
+	return u.Undo(ctx, reqs, at)
+}

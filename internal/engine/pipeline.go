@@ -1,0 +1,553 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// shadowLogRate is the share of shadow refusals logged.
+const shadowLogRate = 0.01
+
+// Decide decides the check's enforced rules together, all or nothing, and
+// then, when it is allowed, its shadow rules (which refuse nothing).
+// Afterwards every item has a Decision. A refusal is a decision: allowed
+// false and a nil error. Errors: ErrUnavailable when a fail-closed rule
+// could not be decided, ErrOverloaded, the context's error, or the home
+// region's *InvalidError or ErrUnknownRule for a pinned rule.
+//
+// The order: the deny cache (a denial already known refuses at once,
+// spending nothing); the rules pinned to another home region, forwarded
+// there; the rules with leases, from this instance's lease; the rest in
+// one store call (one script per client slot). A later part that refuses
+// gives back what the earlier parts spent: the leases here, the home
+// region's spend by a refund.
+func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
+	for _, it := range c.enforce {
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
+		it.route, it.limit, it.batch, it.probe, it.remembered = routeNone, it.e.limit, 0, false, false
+	}
+	allowed, err := e.decide(ctx, c)
+	if e.deny != nil {
+		for _, it := range c.enforce {
+			if it.probe && !it.remembered {
+				// The probe's answer leaves the key free to ask the store.
+				e.deny.forget(it.Rule.ID, it.Key)
+			}
+		}
+	}
+	if err != nil {
+		return false, err
+	}
+	e.count(c, allowed)
+	if !allowed {
+		for _, it := range c.enforce {
+			if it.Decision.Allowed && it.route != routeNone && it.Decision.Remaining < it.Decision.Limit {
+				// Its spend was given back.
+				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+it.Cost)
+			}
+		}
+		return false, nil
+	}
+	e.shadows(ctx, c.shadow)
+	return true, nil
+}
+
+// spent is what the earlier parts of a check spent, to give back when a
+// later part refuses.
+type spent struct {
+	leases []*Item
+	homes  []homeSpend
+}
+
+type homeSpend struct {
+	home  string
+	items []*Item
+	at    time.Time
+}
+
+func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) {
+	items := c.enforce
+	if len(items) == 0 {
+		return true, nil
+	}
+	// A denial already known refuses the whole check.
+	var sent int64
+	if e.deny != nil {
+		refused := false
+		for _, it := range items {
+			retry, reset, hit, probe := e.deny.get(it.Rule.ID, it.Key, it.Cost)
+			it.probe = probe
+			if hit {
+				it.route = routeDeny
+				it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
+				refused = true
+			}
+		}
+		if refused {
+			return false, nil
+		}
+		sent = e.deny.now()
+	}
+	var homes []string
+	var remote map[string][]*Item
+	var leased, local []*Item
+	for _, it := range items {
+		if home := e.homeOf(c, it); home != "" {
+			if remote == nil {
+				remote = make(map[string][]*Item)
+			}
+			if remote[home] == nil {
+				homes = append(homes, home)
+			}
+			remote[home] = append(remote[home], it)
+			continue
+		}
+		if it.Rule.Lease > 0 {
+			leased = append(leased, it)
+			continue
+		}
+		local = append(local, it)
+	}
+	slices.Sort(homes)
+	var sp spent
+	refuse := func() (bool, error) {
+		e.giveBack(ctx, &sp)
+		return false, nil
+	}
+	fail := func(err error) (bool, error) {
+		e.giveBack(ctx, &sp)
+		return false, err
+	}
+
+	// The home regions of pinned rules.
+	for _, home := range homes {
+		its := remote[home]
+		allowed, at, err := e.forward(ctx, home, its)
+		if err == nil {
+			if !allowed {
+				e.remember(c, its, sent)
+				return refuse()
+			}
+			sp.homes = append(sp.homes, homeSpend{home: home, items: its, at: at})
+			continue
+		}
+		if ctx.Err() != nil {
+			return fail(ctxErr(ctx))
+		}
+		var inv *InvalidError
+		if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
+			// The home region's rules differ from ours: its answer stands.
+			return fail(err)
+		}
+		for _, it := range its {
+			if it.e.closed {
+				it.e.failed.Inc()
+				e.log.Warn("home region unreachable, fail-closed rule refused", "rule", it.Rule.ID, "home", home, "err", err)
+				return fail(ErrUnavailable)
+			}
+		}
+		// Fail open: decide here with this region's share of the limit.
+		for _, it := range its {
+			it.limit = it.e.regional
+			local = append(local, it)
+		}
+	}
+
+	// Leases: what this instance holds, or a batch taken with the rest.
+	for _, it := range leased {
+		ok, err := e.fromLease(ctx, c, it)
+		switch {
+		case err != nil:
+			return fail(err)
+		case !ok:
+			return refuse()
+		case it.route == routeLease:
+			sp.leases = append(sp.leases, it)
+		default:
+			// This check takes the next batch, with the rest.
+			local = append(local, it)
+		}
+	}
+	defer func() {
+		for _, it := range local {
+			if it.batch > 0 {
+				left := 0.0
+				if admitted && it.route == routeStore {
+					left = it.batch - it.Cost
+				}
+				e.leases.fetched(it.Rule.ID, it.Key, left)
+			}
+		}
+	}()
+
+	if len(local) == 0 {
+		return true, nil
+	}
+	allowed, err := e.fromStore(ctx, c, local, sent)
+	if err != nil {
+		return fail(err)
+	}
+	if !allowed {
+		return refuse()
+	}
+	return true, nil
+}
+
+// homeOf is the home region a check of it must be forwarded to, or "" to
+// decide it here.
+func (e *Engine) homeOf(c *Check, it *Item) string {
+	if !it.e.pinned || e.topo == nil || c.peer != "" {
+		return ""
+	}
+	if home := e.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
+		return home
+	}
+	return ""
+}
+
+// forward asks home to decide its items.
+func (e *Engine) forward(ctx context.Context, home string, its []*Item) (bool, time.Time, error) {
+	h := e.homes[home]
+	if h == nil {
+		return false, time.Time{}, errors.New("no client for home region " + home)
+	}
+	req := make([]HomeItem, len(its))
+	for i, it := range its {
+		req[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost}
+	}
+	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
+	defer cancel()
+	allowed, ds, at, err := h.Decide(fctx, req)
+	if err == nil && len(ds) != len(its) {
+		err = errors.New("home region answered for another number of rules")
+	}
+	if err != nil {
+		for _, it := range its {
+			it.e.forwardedFailed.Inc()
+		}
+		return false, time.Time{}, err
+	}
+	for i, it := range its {
+		it.route = routeHome
+		it.Decision = ds[i]
+		it.Decision.Limit = it.e.limit.Capacity
+	}
+	return allowed, at, nil
+}
+
+// fromLease hands out it.Cost from this instance's lease. When the lease
+// runs short and no other check is taking the next batch, it makes this
+// check the one to take it, with the store call of the check (route stays
+// routeNone, batch set); checks that arrive meanwhile wait for that batch.
+func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error) {
+	for {
+		left, ok, wait, fetch := e.leases.take(it.Rule.ID, it.Key, it.Cost)
+		switch {
+		case ok:
+			it.route = routeLease
+			it.Decision = bucket.Decision{Allowed: true, Remaining: left, Limit: it.e.limit.Capacity}
+			return true, nil
+		case fetch:
+			it.batch = max(it.Rule.Lease, it.Cost)
+			return true, nil
+		case wait != nil:
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return false, ctxErr(ctx)
+			}
+			if e.deny != nil {
+				if retry, reset, hit, _ := e.deny.get(it.Rule.ID, it.Key, it.Cost); hit {
+					it.route = routeDeny
+					it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
+					return false, nil
+				}
+			}
+		}
+	}
+}
+
+// fromStore decides items in one store call; when the store fails, the
+// rules' on_failure decides.
+func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent int64) (bool, error) {
+	reqs := make([]bucket.Request, len(items))
+	for i, it := range items {
+		cost := it.Cost
+		if it.batch > 0 {
+			cost = it.batch
+		}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.limit, Cost: cost}
+	}
+	ds, err := e.takeAll(ctx, reqs)
+	if err == nil && !allAllowed(ds) {
+		// A lease batch larger than what is left: ask again with the
+		// check's own costs.
+		retry := false
+		for i, it := range items {
+			if it.batch > it.Cost && !ds[i].Allowed {
+				reqs[i].Cost, it.batch, retry = it.Cost, it.Cost, true
+			}
+		}
+		if retry {
+			ds, err = e.takeAll(ctx, reqs)
+		}
+	}
+	var me *bucket.MultiError
+	if err != nil && errors.As(err, &me) && len(me.Errs) == len(items) {
+		// Some were decided: a refusal among them refuses the check (the
+		// store gave back what the others spent).
+		refused := false
+		for i, it := range items {
+			if me.Errs[i] == nil && !ds[i].Allowed {
+				it.route, it.Decision, refused = routeStore, ds[i], true
+				it.Decision.Limit = it.e.limit.Capacity
+			}
+		}
+		if refused {
+			e.remember(c, items, sent)
+			return false, nil
+		}
+	}
+	if err == nil {
+		all := true
+		for i, it := range items {
+			it.route, it.Decision = routeStore, ds[i]
+			it.Decision.Limit = it.e.limit.Capacity
+			all = all && ds[i].Allowed
+		}
+		e.remember(c, items, sent)
+		if all {
+			for _, it := range items {
+				if it.batch > it.Cost {
+					// What the batch leaves over is this instance's.
+					it.Decision.Remaining += it.batch - it.Cost
+				}
+			}
+		}
+		return all, nil
+	}
+	return e.storeFailed(ctx, items, reqs, err)
+}
+
+func (e *Engine) takeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
+	if len(reqs) == 1 {
+		d, err := e.store.Take(ctx, reqs[0])
+		if err != nil {
+			return nil, err
+		}
+		return []bucket.Decision{d}, nil
+	}
+	return e.store.TakeAll(ctx, reqs)
+}
+
+func allAllowed(ds []bucket.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// storeFailed decides items the store could not: fail-closed rules refuse
+// the check (ErrUnavailable); an overloaded client answers ErrOverloaded;
+// a check the store may have counted is allowed without spending more
+// (never decided a second time); otherwise this instance's memory decides,
+// each rule with its share of the limit: limit / fleet, or for a pinned
+// rule whose home did not answer, limit / (regions × fleet).
+func (e *Engine) storeFailed(ctx context.Context, items []*Item, reqs []bucket.Request, err error) (bool, error) {
+	if ctx.Err() != nil {
+		for _, it := range items {
+			it.e.failed.Inc()
+		}
+		return false, ctxErr(ctx)
+	}
+	if errors.Is(err, bucket.ErrOverloaded) {
+		e.m.overloaded.Inc()
+		return false, ErrOverloaded
+	}
+	for _, it := range items {
+		if it.e.closed {
+			it.e.failed.Inc()
+			e.log.Warn("store failed, fail-closed rule refused", "rule", it.Rule.ID, "err", err)
+			return false, ErrUnavailable
+		}
+	}
+	if errors.Is(err, bucket.ErrOutcomeUnknown) {
+		for _, it := range items {
+			it.route = routeUnknown
+			it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
+		}
+		return true, nil
+	}
+	fleet := max(e.fleet(), 1)
+	for i, it := range items {
+		it.route = routeFallback
+		lim := share(it.limit, fleet)
+		cost, cerr := lim.NormalizeCost(it.Cost)
+		if cerr != nil {
+			// More than this instance's share: refuse here.
+			it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: time.Second}
+			return false, nil
+		}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost}
+	}
+	ds, _ := e.fallback.TakeAll(ctx, reqs)
+	all := true
+	for i, it := range items {
+		it.Decision = ds[i]
+		it.Decision.Limit = it.e.limit.Capacity
+		all = all && ds[i].Allowed
+	}
+	return all, nil
+}
+
+// remember puts the refusals of items the store or a home region decided
+// in the deny cache; and for allowed ones whose answer shows the next
+// check of the same cost must fail, that denial too.
+func (e *Engine) remember(c *Check, items []*Item, sent int64) {
+	if e.deny == nil {
+		return
+	}
+	for _, it := range items {
+		if it.route != routeStore && it.route != routeHome {
+			continue
+		}
+		d := it.Decision
+		retry := d.RetryAfter
+		if d.Allowed && it.batch > 0 {
+			continue // the lease holds what the batch left over
+		}
+		if d.Allowed {
+			var ok bool
+			if retry, ok = nextDenial(it.limit, d, it.Cost); !ok {
+				continue
+			}
+		}
+		if e.deny.put(c.t.gen, it.Rule.ID, it.Key, it.Cost, sent, retry, d.ResetAfter) {
+			it.remembered = true
+		}
+	}
+}
+
+// nextDenial tells, from an allowed decision, how long another check of the
+// same cost is sure to be refused: when fewer tokens remain than it costs, a
+// token bucket needs (cost - remaining) / rate, a fixed window its end.
+// Other algorithms report too little to be sure.
+func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration, bool) {
+	if d.Remaining >= cost {
+		return 0, false
+	}
+	switch l.Algorithm {
+	case bucket.TokenBucket:
+		// The store's arithmetic: whole microseconds, rounded up.
+		return time.Duration(math.Ceil((cost-d.Remaining)*1e6/l.RefillPerSecond)) * time.Microsecond, true
+	case bucket.FixedWindow:
+		return d.ResetAfter, true
+	}
+	return 0, false
+}
+
+// giveBack returns what the earlier parts of a refused check spent: the
+// leased tokens at once, the home regions' spends by a refund that runs on
+// after the answer (its own deadline, not the caller's).
+func (e *Engine) giveBack(ctx context.Context, sp *spent) {
+	for _, it := range sp.leases {
+		e.leases.giveBack(it.Rule.ID, it.Key, it.Cost)
+	}
+	for _, hs := range sp.homes {
+		items := make([]HomeItem, len(hs.items))
+		for i, it := range hs.items {
+			items[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost}
+		}
+		h := e.homes[hs.home]
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+		e.refunds.Go(func() {
+			defer cancel()
+			if err := h.Refund(rctx, items, hs.at); err != nil {
+				e.m.refunds.WithLabelValues("error").Inc()
+				e.log.Warn("home region refund failed: its tokens stay spent", "home", hs.home, "err", err)
+				return
+			}
+			e.m.refunds.WithLabelValues("ok").Inc()
+		})
+	}
+}
+
+// count updates the metrics of a decided check and records what it
+// admitted for the other regions.
+func (e *Engine) count(c *Check, allowed bool) {
+	now := time.Now().UnixMicro()
+	for _, it := range c.enforce {
+		en := it.e
+		if !allowed {
+			switch {
+			case it.Decision.Allowed || it.route == routeNone:
+			case it.route == routeDeny:
+				en.denyHits.Inc()
+				en.limited.Inc()
+			case it.route == routeHome:
+				en.forwardedLimited.Inc()
+			case it.route == routeFallback:
+				en.fallbackLimited.Inc()
+			default:
+				en.limited.Inc()
+			}
+			continue
+		}
+		en.admittedCost.Add(it.Cost)
+		spend := it.Cost
+		switch it.route {
+		case routeHome:
+			en.forwardedAllowed.Inc()
+			continue // the home region reports its own spends
+		case routeLease:
+			en.allowed.Inc()
+			en.leased.Inc()
+			continue // reported when the batch was taken
+		case routeFallback:
+			en.fallbackAllowed.Inc()
+		case routeUnknown:
+			en.uncertain.Inc()
+		default:
+			en.allowed.Inc()
+			if it.batch > 0 {
+				spend = it.batch
+			}
+		}
+		if en.reconciled && e.spends != nil {
+			e.spends.Add(it.Rule.ID, it.Key, spend, now)
+		}
+	}
+}
+
+// shadows checks shadow rules for a request that passed: a refusal is
+// counted and sampled to the log, and refuses nothing.
+func (e *Engine) shadows(ctx context.Context, items []*Item) {
+	for _, it := range items {
+		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.limit, Cost: it.Cost})
+		if err != nil {
+			it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
+			continue
+		}
+		it.Decision = d
+		it.Decision.Limit = it.e.limit.Capacity
+		if d.Allowed {
+			it.e.shadowAllowed.Inc()
+			continue
+		}
+		it.e.shadowLimited.Inc()
+		if rand.Float64() < shadowLogRate {
+			e.log.Info("shadow rule would have refused (1% of them logged)", "rule", it.Rule.ID, "retry_after", d.RetryAfter)
+		}
+	}
+}
+
+// ctxErr is the context's error: context.Canceled or DeadlineExceeded.
+func ctxErr(ctx context.Context) error { return ctx.Err() }

@@ -1,0 +1,169 @@
+package engine
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// Decision results, the values of the result label.
+const (
+	resultAllowed          = "allowed"
+	resultLimited          = "limited"
+	resultError            = "error"
+	resultFallbackAllowed  = "fallback_allowed"
+	resultFallbackLimited  = "fallback_limited"
+	resultUncertainAllowed = "uncertain_allowed"
+	resultShadowAllowed    = "shadow_allowed"
+	resultShadowLimited    = "shadow_limited"
+)
+
+// entry is a rule with what the pipeline needs precomputed.
+type entry struct {
+	rule *rules.Rule
+	// limit is the rule's limit; regional a region's share of a pinned
+	// rule, for when the key's home region cannot answer.
+	limit, regional bucket.Limit
+	reconciled      bool
+	pinned          bool
+	closed          bool
+	// The rule's counters, by result.
+	allowed, limited, failed, fallbackAllowed, fallbackLimited, uncertain prometheus.Counter
+	shadowAllowed, shadowLimited                                          prometheus.Counter
+	// admittedCost sums the tokens admitted here, for global dashboards.
+	admittedCost prometheus.Counter
+	// denyHits count checks refused by the deny cache; leased those
+	// admitted from this instance's lease.
+	denyHits, leased prometheus.Counter
+	// forwarded count checks answered by a key's home region.
+	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
+}
+
+// table is an immutable rule set ready for the pipeline.
+type table struct {
+	set  *rules.Set
+	gen  uint64
+	byID map[string]*entry
+}
+
+func newTable(set *rules.Set, gen uint64, regions int, m *metrics) *table {
+	d, f := m.decisions, m.forwarded
+	t := &table{set: set, gen: gen, byID: make(map[string]*entry, len(set.Rules()))}
+	for _, r := range set.Rules() {
+		lim := r.Bucket()
+		m.ruleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
+		m.ruleRate.WithLabelValues(r.ID).Set(SustainedRate(lim))
+		id := r.ID
+		t.byID[id] = &entry{
+			rule: r, limit: lim, regional: share(lim, regions),
+			reconciled: r.Reconciled(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
+			allowed: d.WithLabelValues(id, resultAllowed), limited: d.WithLabelValues(id, resultLimited),
+			failed:          d.WithLabelValues(id, resultError),
+			fallbackAllowed: d.WithLabelValues(id, resultFallbackAllowed), fallbackLimited: d.WithLabelValues(id, resultFallbackLimited),
+			uncertain:     d.WithLabelValues(id, resultUncertainAllowed),
+			shadowAllowed: d.WithLabelValues(id, resultShadowAllowed), shadowLimited: d.WithLabelValues(id, resultShadowLimited),
+			admittedCost: m.admittedCost.WithLabelValues(id),
+			denyHits:     m.denyHits.WithLabelValues(id), leased: m.leased.WithLabelValues(id),
+			forwardedAllowed: f.WithLabelValues(id, resultAllowed), forwardedLimited: f.WithLabelValues(id, resultLimited),
+			forwardedFailed: f.WithLabelValues(id, resultError),
+		}
+	}
+	return t
+}
+
+type metrics struct {
+	decisions    *prometheus.CounterVec
+	forwarded    *prometheus.CounterVec
+	admittedCost *prometheus.CounterVec
+	denyHits     *prometheus.CounterVec
+	leased       *prometheus.CounterVec
+	ruleLimit    *prometheus.GaugeVec
+	ruleRate     *prometheus.GaugeVec
+	invalid      *prometheus.CounterVec
+	overloaded   prometheus.Counter
+	refunds      *prometheus.CounterVec
+	duration     prometheus.Histogram
+}
+
+// Invalid counts a request a front door refused as invalid before its
+// check was built, by the field at fault (rule_id, key, cost, attributes).
+func (e *Engine) Invalid(field string) { e.m.invalid.WithLabelValues(field).Inc() }
+
+// Observe records the time a front door took to answer one check.
+func (e *Engine) Observe(seconds float64) { e.m.duration.Observe(seconds) }
+
+// forget removes the series of a rule no longer in force.
+func (m *metrics) forget(rule string) {
+	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded} {
+		v.DeletePartialMatch(prometheus.Labels{"rule": rule})
+	}
+	for _, v := range []*prometheus.CounterVec{m.admittedCost, m.denyHits, m.leased} {
+		v.DeleteLabelValues(rule)
+	}
+	m.ruleLimit.DeleteLabelValues(rule)
+	m.ruleRate.DeleteLabelValues(rule)
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_decisions_total",
+			Help: "Checks decided, by rule and result (uncertain_allowed: the store may have counted it, its reply did not come in time).",
+		}, []string{"rule", "result"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_forwarded_checks_total",
+			Help: "Checks of pinned rules forwarded to the key's home region, by rule and result (error: no answer).",
+		}, []string{"rule", "result"}),
+		admittedCost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_admitted_cost_total",
+			Help: "Tokens admitted by this instance, by rule; summed over every instance of every region it is the global admission.",
+		}, []string{"rule"}),
+		denyHits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_deny_cache_hits_total",
+			Help: "Checks rejected from the deny cache, without a store call, by rule.",
+		}, []string{"rule"}),
+		leased: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_leased_checks_total",
+			Help: "Checks admitted from this instance's leased tokens, without a store call, by rule.",
+		}, []string{"rule"}),
+		ruleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_rule_capacity",
+			Help: "A rule's capacity: the burst of a bucket, the limit of a window.",
+		}, []string{"rule"}),
+		ruleRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_rule_sustained_rate",
+			Help: "A rule's long-run tokens per second: its refill rate, or its limit over its window.",
+		}, []string{"rule"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_invalid_requests_total",
+			Help: "Checks refused as invalid, by the field at fault.",
+		}, []string{"field"}),
+		overloaded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_overloaded_checks_total",
+			Help: "Checks answered RESOURCE_EXHAUSTED: they waited in this process too long to reach the store (nothing spent).",
+		}),
+		refunds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_home_refunds_total",
+			Help: "Refunds to a key's home region of a pinned rule's spend, when another rule of the check refused, by result.",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "limiter_check_duration_seconds",
+			Help:    "Time to decide one check inside limiterd.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
+		}),
+	}
+	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.leased,
+		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.duration} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	for _, f := range []string{"rule_id", "key", "cost", "attributes"} {
+		m.invalid.WithLabelValues(f)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.refunds.WithLabelValues(r)
+	}
+	return m, nil
+}

@@ -1,0 +1,140 @@
+// Package checkapi is the limiter.v1.Limiter gRPC service: a front door
+// that translates Check requests into engine checks and their decisions
+// into responses, and engine errors into gRPC statuses for every front
+// door.
+package checkapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/rules"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// Service is limiter.v1.Limiter over an engine. Safe for concurrent use.
+type Service struct {
+	limiterv1.UnimplementedLimiterServer
+	e *engine.Engine
+}
+
+// New returns the service deciding with e.
+func New(e *engine.Engine) *Service { return &Service{e: e} }
+
+// Check decides one rule and key, or every rule the attributes match.
+func (s *Service) Check(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
+	start := time.Now()
+	defer func() { s.e.Observe(time.Since(start).Seconds()) }()
+	resp, err := s.Decide(ctx, req)
+	if err != nil {
+		return nil, Status(err)
+	}
+	return resp, nil
+}
+
+// Decide is Check with the engine's errors as they are, for in-process
+// front doors (forward-auth) that translate them themselves.
+func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
+	c := s.e.NewCheck()
+	if a := req.GetAttributes(); a != nil {
+		if req.GetRuleId() != "" || req.GetKey() != "" {
+			s.e.Invalid("attributes")
+			return nil, &engine.InvalidError{Field: "attributes", Err: errAttributesAlone}
+		}
+		enforce, shadow, err := c.AddAttributes(Attributes(a), req.GetCost())
+		if err != nil {
+			return nil, err
+		}
+		allowed, err := s.e.Decide(ctx, c)
+		if err != nil {
+			return nil, err
+		}
+		return Response(enforce, shadow, allowed, true), nil
+	}
+	it, err := c.AddRule(req.GetRuleId(), req.GetKey(), req.GetCost())
+	if err != nil {
+		return nil, err
+	}
+	allowed, err := s.e.Decide(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	if it.Rule.Shadow {
+		// A check of a shadow rule by its id: its verdict, refusing nothing.
+		return Response([]*engine.Item{it}, nil, true, false), nil
+	}
+	return Response([]*engine.Item{it}, nil, allowed, false), nil
+}
+
+var errAttributesAlone = errors.New("rule_id, key: must be empty in a check by attributes")
+
+// Attributes converts the API's attributes to the rules' matching input.
+func Attributes(a *limiterv1.Attributes) *rules.Attributes {
+	return &rules.Attributes{
+		APIKey: a.GetApiKey(), User: a.GetUser(), IP: a.GetIp(), Path: a.GetPath(),
+		Method: a.GetMethod(), Plan: a.GetPlan(), Domain: a.GetDomain(), Extra: a.GetExtra(),
+	}
+}
+
+// Response reports a check: the deciding rule (the refusal with the longest
+// retry, or the rule with the least left for its limit) and, with statuses,
+// every rule's status, shadow rules included.
+func Response(enforce, shadow []*engine.Item, allowed, statuses bool) *limiterv1.CheckResponse {
+	resp := &limiterv1.CheckResponse{Allowed: allowed}
+	if top := engine.MostRestrictive(enforce); top != nil {
+		d := top.Decision
+		resp.Remaining, resp.Limit = d.Remaining, d.Limit
+		resp.RetryAfterMs, resp.ResetAfterMs = engine.CeilMillis(d.RetryAfter), engine.CeilMillis(d.ResetAfter)
+		resp.RuleId, resp.WindowMs = top.Rule.ID, top.WindowMillis()
+	} else if top := engine.MostRestrictive(shadow); top != nil && !statuses {
+		resp.RuleId = top.Rule.ID
+	}
+	if statuses {
+		for _, list := range [][]*engine.Item{enforce, shadow} {
+			for _, it := range list {
+				resp.Statuses = append(resp.Statuses, RuleStatus(it))
+			}
+		}
+	}
+	return resp
+}
+
+// RuleStatus is one item's decision as limiter.v1 reports it.
+func RuleStatus(it *engine.Item) *limiterv1.RuleStatus {
+	d := it.Decision
+	return &limiterv1.RuleStatus{
+		RuleId: it.Rule.ID, Allowed: d.Allowed, Remaining: d.Remaining, Limit: d.Limit,
+		RetryAfterMs: engine.CeilMillis(d.RetryAfter), ResetAfterMs: engine.CeilMillis(d.ResetAfter),
+		WindowMs: it.WindowMillis(), Shadow: it.Rule.Shadow,
+	}
+}
+
+// Status translates an error of the engine into a gRPC status: NOT_FOUND
+// for an unknown rule,
+// INVALID_ARGUMENT naming the field, UNAVAILABLE for an undecided
+// fail-closed rule, RESOURCE_EXHAUSTED when limiterd is overloaded, and
+// the context's status.
+func Status(err error) error {
+	var inv *engine.InvalidError
+	switch {
+	case errors.Is(err, engine.ErrUnknownRule):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.As(err, &inv):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, engine.ErrUnavailable):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, engine.ErrOverloaded):
+		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Internal, err.Error())
+}

@@ -1,0 +1,117 @@
+package envoyrls
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/limiterd/limiterd/internal/rules"
+)
+
+// envoyDesc is a descriptor of key, value pairs.
+func envoyDesc(kv ...string) *ratelimitv3.RateLimitDescriptor {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// TestEnvoyAttributes: how a descriptor maps onto attributes and a cost.
+func TestEnvoyAttributes(t *testing.T) {
+	withHits := func(d *ratelimitv3.RateLimitDescriptor, n uint64) *ratelimitv3.RateLimitDescriptor {
+		d.HitsAddend = wrapperspb.UInt64(n)
+		return d
+	}
+	tests := []struct {
+		name string
+		desc *ratelimitv3.RateLimitDescriptor
+		want rules.Attributes
+		cost float64
+	}{
+		{
+			name: "well-known keys",
+			desc: envoyDesc("remote_address", "2001:db8::1", ":path", "/a/b?c=d", "method", "POST", "api_key", "k", "user", "u", "plan", "pro"),
+			want: rules.Attributes{IP: "2001:db8::1", Path: "/a/b", Method: "POST", APIKey: "k", User: "u", Plan: "pro"},
+			cost: 2,
+		},
+		{
+			name: "other keys only extra",
+			desc: envoyDesc("generic_key", "g", "x-tenant", "t"),
+			cost: 2,
+		},
+		{
+			name: "the later of path and :path",
+			desc: envoyDesc("path", "/one", ":method", "GET", ":path", "/two"),
+			want: rules.Attributes{Path: "/two", Method: "GET"},
+			cost: 2,
+		},
+		{
+			name: "descriptor hits_addend",
+			desc: withHits(envoyDesc("generic_key", "g"), 7),
+			cost: 7,
+		},
+		{
+			name: "descriptor hits_addend 0 keeps the request's",
+			desc: withHits(envoyDesc("generic_key", "g"), 0),
+			cost: 2,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, cost, err := envoyAttributes("edge", tt.desc, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if a.Domain != "edge" || a.IP != tt.want.IP || a.Path != tt.want.Path || a.Method != tt.want.Method ||
+				a.APIKey != tt.want.APIKey || a.User != tt.want.User || a.Plan != tt.want.Plan || cost != tt.cost {
+				t.Fatalf("attributes %+v, cost %v; want %+v, cost %v", a, cost, tt.want, tt.cost)
+			}
+			for _, e := range tt.desc.GetEntries() {
+				if a.Extra[e.GetKey()] != e.GetValue() {
+					t.Fatalf("extra %v lacks %s=%s", a.Extra, e.GetKey(), e.GetValue())
+				}
+			}
+		})
+	}
+}
+
+// TestEnvoyLimitUnits: a limit is in the unit its window is, or scaled.
+func TestEnvoyLimitUnits(t *testing.T) {
+	const (
+		second = rlsv3.RateLimitResponse_RateLimit_SECOND
+		minute = rlsv3.RateLimitResponse_RateLimit_MINUTE
+		hour   = rlsv3.RateLimitResponse_RateLimit_HOUR
+		day    = rlsv3.RateLimitResponse_RateLimit_DAY
+	)
+	tests := []struct {
+		name     string
+		limit    float64
+		window   time.Duration
+		perUnit  uint32
+		wantUnit rlsv3.RateLimitResponse_RateLimit_Unit
+	}{
+		{"a second", 10, time.Second, 10, second},
+		{"a minute", 100, time.Minute, 100, minute},
+		{"an hour", 5, time.Hour, 5, hour},
+		{"a day", 1000, 24 * time.Hour, 1000, day},
+		{"fractional limit rounds down", 2.5, time.Minute, 2, minute},
+		{"10s scaled to seconds", 100, 10 * time.Second, 10, second},
+		{"90s under 1/s scaled to minutes", 5, 90 * time.Second, 3, minute},
+		{"a week scaled to days", 70, 7 * 24 * time.Hour, 10, day},
+		{"under 1 a day is 1 a day", 5, 5_000_000 * time.Second, 1, day},
+		{"above uint32", 1e12, time.Second, math.MaxUint32, second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := envoyLimit("r", tt.limit, tt.window.Milliseconds())
+			if got.GetName() != "r" || got.GetRequestsPerUnit() != tt.perUnit || got.GetUnit() != tt.wantUnit {
+				t.Fatalf("envoyLimit(%v per %v) = %v, want %d per %v", tt.limit, tt.window, got, tt.perUnit, tt.wantUnit)
+			}
+		})
+	}
+}

@@ -1,0 +1,280 @@
+// Package peer is the link between regions for rules pinned to a key's home
+// region: the limiter.v1.Peer service, which decides and refunds the items
+// other regions forward, open only to authenticated peer regions; and its
+// client, the engine's Home.
+//
+// A caller is a peer when it presents a client certificate the listener
+// verified whose identity (a DNS or URI subject alternative name, or the
+// common name) is in the allowed list, or the shared peer secret in the
+// x-limiter-peer-secret metadata. Anything else is refused and counted.
+package peer
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// SecretHeader is the metadata that carries the shared peer secret.
+const SecretHeader = "x-limiter-peer-secret"
+
+// LegacyForwardedHeader is the marker older versions set on a forwarded
+// Check. A Check that carries it is refused: forwarded checks go through
+// the Peer service, authenticated.
+const LegacyForwardedHeader = "x-limiter-forwarded-from"
+
+// MinSecretLen is the shortest peer secret accepted.
+const MinSecretLen = 16
+
+// ErrUnauthenticated: a Peer call from a caller that is not a known peer.
+var ErrUnauthenticated = errors.New("not an authenticated peer region")
+
+// Auth says who may call the Peer service. The zero value admits nobody.
+type Auth struct {
+	// Secret is the shared peer secret; empty: none.
+	Secret []byte
+	// Identities are the allowed client certificate identities.
+	Identities []string
+}
+
+// ReadSecret reads a peer secret file: at least MinSecretLen characters,
+// not readable by group or others.
+func ReadSecret(path string) ([]byte, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("%s is readable by group or others (mode %v): chmod 600 it", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	s := []byte(strings.TrimSpace(string(b)))
+	if len(s) < MinSecretLen {
+		return nil, fmt.Errorf("%s: the secret must be at least %d characters", path, MinSecretLen)
+	}
+	return s, nil
+}
+
+// Check reports whether ctx's caller is a peer: nil, or ErrUnauthenticated.
+func (a Auth) Check(ctx context.Context) error {
+	if len(a.Secret) > 0 {
+		if md, ok := metadata.FromIncomingContext(ctx); ok {
+			for _, v := range md.Get(SecretHeader) {
+				if subtle.ConstantTimeCompare([]byte(v), a.Secret) == 1 {
+					return nil
+				}
+			}
+		}
+	}
+	if len(a.Identities) > 0 {
+		if p, ok := grpcpeer.FromContext(ctx); ok {
+			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+				leaf := ti.State.VerifiedChains[0][0]
+				ids := append(slices.Clone(leaf.DNSNames), leaf.Subject.CommonName)
+				for _, u := range leaf.URIs {
+					ids = append(ids, u.String())
+				}
+				for _, id := range ids {
+					if id != "" && slices.Contains(a.Identities, id) {
+						return nil
+					}
+				}
+			}
+		}
+	}
+	return ErrUnauthenticated
+}
+
+// Service is limiter.v1.Peer over an engine. Safe for concurrent use.
+type Service struct {
+	limiterv1.UnimplementedPeerServer
+	e       *engine.Engine
+	topo    *region.Topology
+	auth    Auth
+	refused *prometheus.CounterVec
+}
+
+// NewService returns the Peer service of a region with topology topo.
+func NewService(e *engine.Engine, topo *region.Topology, auth Auth, reg prometheus.Registerer) (*Service, error) {
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "limiter_peer_calls_refused_total",
+		Help: "Calls claiming to come from a peer region that were refused, by reason (unauthenticated: no valid peer credentials; legacy_marker: a Check carrying the old forwarded marker).",
+	}, []string{"reason"})
+	if err := reg.Register(refused); err != nil {
+		return nil, err
+	}
+	for _, r := range []string{"unauthenticated", "legacy_marker", "invalid"} {
+		refused.WithLabelValues(r)
+	}
+	return &Service{e: e, topo: topo, auth: auth, refused: refused}, nil
+}
+
+// RefuseLegacyMarker is a unary interceptor for the Limiter service: a
+// Check with the old forwarded marker is refused and counted, since the
+// marker alone once let any client decide a pinned rule locally.
+func (s *Service) RefuseLegacyMarker(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if info.FullMethod == limiterv1.Limiter_Check_FullMethodName {
+		if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(LegacyForwardedHeader)) > 0 {
+			s.refused.WithLabelValues("legacy_marker").Inc()
+			return nil, status.Errorf(codes.PermissionDenied, "%s: checks forwarded by a peer region go through limiter.v1.Peer, authenticated", LegacyForwardedHeader)
+		}
+	}
+	return h(ctx, req)
+}
+
+// MaxItems bounds the items of one Peer request.
+const MaxItems = engine.MaxItems
+
+func (s *Service) authorize(ctx context.Context, origin string) error {
+	if err := s.auth.Check(ctx); err != nil {
+		s.refused.WithLabelValues("unauthenticated").Inc()
+		return status.Error(codes.PermissionDenied, err.Error())
+	}
+	if s.topo == nil || !s.topo.Has(origin) {
+		s.refused.WithLabelValues("invalid").Inc()
+		return status.Errorf(codes.InvalidArgument, "origin_region: %q is not a region of the topology", origin)
+	}
+	return nil
+}
+
+// Decide decides the items here, their keys' home, all or nothing.
+func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) (*limiterv1.PeerDecideResponse, error) {
+	if err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	if n := len(req.GetItems()); n == 0 || n > MaxItems {
+		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
+	}
+	c := s.e.NewCheck()
+	c.FromPeer(req.GetOriginRegion())
+	items := make([]*engine.Item, len(req.GetItems()))
+	for i, pi := range req.GetItems() {
+		it, err := c.AddRule(pi.GetRuleId(), pi.GetKey(), pi.GetCost())
+		if err != nil {
+			return nil, checkapi.Status(fmt.Errorf("items[%d].%w", i, err))
+		}
+		if slices.Contains(items[:i], it) {
+			return nil, status.Errorf(codes.InvalidArgument, "items[%d]: rule %q and key given twice", i, pi.GetRuleId())
+		}
+		items[i] = it
+	}
+	at := time.Now()
+	allowed, err := s.e.Decide(ctx, c)
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	resp := &limiterv1.PeerDecideResponse{Allowed: allowed, DecidedAtUs: at.UnixMicro()}
+	for _, it := range items {
+		resp.Statuses = append(resp.Statuses, checkapi.RuleStatus(it))
+	}
+	return resp, nil
+}
+
+// Refund gives back what an allowed Decide spent.
+func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) (*limiterv1.PeerRefundResponse, error) {
+	if err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	if n := len(req.GetItems()); n == 0 || n > MaxItems {
+		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
+	}
+	items := make([]engine.HomeItem, len(req.GetItems()))
+	for i, pi := range req.GetItems() {
+		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
+		}
+		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost()}
+	}
+	if err := s.e.Refund(ctx, items, time.UnixMicro(req.GetDecidedAtUs())); err != nil {
+		return nil, checkapi.Status(err)
+	}
+	return &limiterv1.PeerRefundResponse{}, nil
+}
+
+// Client is another region's limiterd, as the engine's Home.
+type Client struct {
+	origin string
+	secret []byte
+	c      limiterv1.PeerClient
+}
+
+// NewClient returns the Home of a region reached over cc, for checks
+// forwarded from region origin, authenticated by secret (when not empty)
+// and by cc's client certificate (when it has one).
+func NewClient(cc grpc.ClientConnInterface, origin string, secret []byte) *Client {
+	return &Client{origin: origin, secret: secret, c: limiterv1.NewPeerClient(cc)}
+}
+
+func (c *Client) outgoing(ctx context.Context) context.Context {
+	if len(c.secret) > 0 {
+		return metadata.AppendToOutgoingContext(ctx, SecretHeader, string(c.secret))
+	}
+	return ctx
+}
+
+func items(its []engine.HomeItem) []*limiterv1.PeerItem {
+	out := make([]*limiterv1.PeerItem, len(its))
+	for i, it := range its {
+		out[i] = &limiterv1.PeerItem{RuleId: it.Rule, Key: it.Key, Cost: it.Cost}
+	}
+	return out
+}
+
+// Decide forwards items to the home region.
+func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, time.Time, error) {
+	resp, err := c.c.Decide(c.outgoing(ctx), &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its)})
+	if err != nil {
+		return false, nil, time.Time{}, homeError(err)
+	}
+	ds := make([]bucket.Decision, len(resp.GetStatuses()))
+	for i, st := range resp.GetStatuses() {
+		ds[i] = bucket.Decision{
+			Allowed: st.GetAllowed(), Remaining: st.GetRemaining(), Limit: st.GetLimit(),
+			RetryAfter: time.Duration(st.GetRetryAfterMs()) * time.Millisecond,
+			ResetAfter: time.Duration(st.GetResetAfterMs()) * time.Millisecond,
+		}
+	}
+	return resp.GetAllowed(), ds, time.UnixMicro(resp.GetDecidedAtUs()), nil
+}
+
+// Refund gives back what Decide spent at the home region.
+func (c *Client) Refund(ctx context.Context, its []engine.HomeItem, at time.Time) error {
+	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its), DecidedAtUs: at.UnixMicro()})
+	return homeError(err)
+}
+
+// homeError makes the home's verdict on invalid items an engine error (its
+// answer stands); any other error means it did not answer.
+func homeError(err error) error {
+	switch status.Code(err) {
+	case codes.OK:
+		return nil
+	case codes.InvalidArgument:
+		return &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
+	case codes.NotFound:
+		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrUnknownRule)
+	}
+	return err
+}

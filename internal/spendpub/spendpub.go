@@ -1,0 +1,253 @@
+// Package spendpub publishes what a limiterd admitted for reconciled rules
+// to its region's local spends stream, every gossip interval, for the
+// reconcilers to relay to the other regions.
+package spendpub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/pkg/gossip"
+)
+
+// maxSpendBacklog bounds the flushes kept while NATS is unreachable; past it
+// the oldest are dropped (and counted): a partition then costs accuracy,
+// never memory.
+const maxSpendBacklog = 600
+
+// Publisher flushes the accumulated spends of this instance to the
+// region's local stream every interval, for the reconcilers to relay. A crash
+// loses what was admitted since the last flush: at most one interval of
+// this instance's spends.
+//
+// Its Accumulator is safe for concurrent use; Run is called once.
+type Publisher struct {
+	acc      gossip.Accumulator
+	region   string
+	instance string
+	interval time.Duration
+	subject  string
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	log      *slog.Logger
+
+	seq     uint64
+	backlog []pendingFlush
+	spool   string
+
+	published, dropped, failures prometheus.Counter
+	backlogGauge                 prometheus.Gauge
+}
+
+type pendingFlush struct {
+	id   string
+	data []byte
+	// file is where the flush is spooled, once a publish of it failed;
+	// "" while it is in memory only.
+	file string
+}
+
+// New returns a publisher for region's local stream. With spoolDir set,
+// a flush that could not be published is written there before the next
+// interval, and the flushes found there at start are published first (their
+// message ids unchanged, so a flush published before a crash is dropped as
+// a duplicate): a crash during a NATS outage then loses at most the last
+// interval. Without it, the unpublished backlog lives in memory only.
+func New(nc *nats.Conn, region, instance string, interval time.Duration, spoolDir string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("--nats.url: %w", err)
+	}
+	p := &Publisher{
+		region: region, instance: instance, interval: interval,
+		subject: gossip.LocalSubject(region), nc: nc, js: js, log: log,
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_spends_flushed_total",
+			Help: "Spend entries (rule, key) this instance published for reconciliation.",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_spend_flushes_dropped_total",
+			Help: "Spend messages dropped because the backlog was full while NATS was unreachable.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_spend_publish_errors_total",
+			Help: "Failed attempts to publish a spend message (retried next interval).",
+		}),
+		backlogGauge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "limiter_spend_backlog_messages",
+			Help: "Spend messages waiting to be published.",
+		}),
+	}
+	for _, c := range []prometheus.Collector{p.published, p.dropped, p.failures, p.backlogGauge} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	if spoolDir != "" {
+		p.spool = spoolDir
+		if err := p.loadSpool(); err != nil {
+			return nil, fmt.Errorf("--gossip.spool-dir: %w", err)
+		}
+	}
+	return p, nil
+}
+
+const spoolExt = ".spend"
+
+// loadSpool reads the flushes a previous run spooled, oldest first.
+func (p *Publisher) loadSpool() error {
+	if err := os.MkdirAll(p.spool, 0o700); err != nil {
+		return err
+	}
+	names, err := filepath.Glob(filepath.Join(p.spool, "*"+spoolExt))
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			return err
+		}
+		// The name is <unix nanoseconds>_<message id>.spend.
+		_, id, ok := strings.Cut(strings.TrimSuffix(filepath.Base(name), spoolExt), "_")
+		if !ok || id == "" {
+			p.log.Warn("spool file with an unexpected name skipped", "file", name)
+			continue
+		}
+		p.backlog = append(p.backlog, pendingFlush{id: id, data: data, file: name})
+	}
+	if len(p.backlog) > 0 {
+		p.log.Info("spooled spends found, publishing them first", "messages", len(p.backlog))
+	}
+	return nil
+}
+
+// spoolBacklog writes the flushes not yet spooled to the spool directory.
+func (p *Publisher) spoolBacklog() {
+	if p.spool == "" {
+		return
+	}
+	for i := range p.backlog {
+		f := &p.backlog[i]
+		if f.file != "" {
+			continue
+		}
+		name := filepath.Join(p.spool, fmt.Sprintf("%019d_%s%s", time.Now().UnixNano(), f.id, spoolExt))
+		if err := writeSynced(name, f.data); err != nil {
+			p.log.Warn("spends not spooled: a crash now loses them", "err", err)
+			return
+		}
+		f.file = name
+	}
+}
+
+func writeSynced(name string, data []byte) error {
+	tmp := name + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, name)
+	}
+	if err != nil {
+		os.Remove(tmp)
+	}
+	return err
+}
+
+func (p *Publisher) unspool(f pendingFlush) {
+	if f.file != "" {
+		if err := os.Remove(f.file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			p.log.Warn("spool file not removed: it is published again (a duplicate) at the next start", "file", f.file, "err", err)
+		}
+	}
+}
+
+// Run flushes every interval until ctx ends, then flushes once more.
+func (p *Publisher) Run(ctx context.Context) {
+	t := time.NewTicker(p.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			final, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			p.flush(final)
+			cancel()
+			if n := len(p.backlog); n > 0 {
+				p.log.Warn("spends not published at shutdown", "messages", n)
+			}
+			return
+		case <-t.C:
+			p.flush(ctx)
+		}
+	}
+}
+
+// flush queues what accumulated since the last flush and publishes the
+// backlog in order, stopping at the first failure.
+func (p *Publisher) flush(ctx context.Context) {
+	spends, first := p.acc.Drain()
+	if len(spends) > 0 {
+		p.seq++
+		parts, err := gossip.Split(gossip.Header{
+			Region: p.region, Instance: p.instance, Sequence: p.seq,
+			FirstAdmitted: first, Flushed: time.Now().UnixMicro(),
+		}, spends, gossip.DefaultMaxMessageBytes)
+		if err != nil {
+			p.log.Error("spends not encoded", "err", err)
+		}
+		for i, data := range parts {
+			p.backlog = append(p.backlog, pendingFlush{id: fmt.Sprintf("%s-%d-%d", p.instance, p.seq, i), data: data})
+		}
+		p.published.Add(float64(len(spends)))
+	}
+	if over := len(p.backlog) - maxSpendBacklog; over > 0 {
+		for _, f := range p.backlog[:over] {
+			p.unspool(f)
+		}
+		p.backlog = p.backlog[over:]
+		p.dropped.Add(float64(over))
+	}
+	sent := 0
+	for _, f := range p.backlog {
+		pctx, cancel := context.WithTimeout(ctx, max(p.interval, time.Second))
+		_, err := p.js.Publish(pctx, p.subject, f.data, jetstream.WithMsgID(f.id))
+		cancel()
+		if err != nil {
+			p.failures.Inc()
+			if sent == 0 {
+				p.log.Warn("spends not published, retrying next interval", "backlog", len(p.backlog), "err", err)
+			}
+			break
+		}
+		p.unspool(f)
+		sent++
+	}
+	p.backlog = p.backlog[sent:]
+	p.spoolBacklog()
+	p.backlogGauge.Set(float64(len(p.backlog)))
+}
+
+// Accumulator collects what this instance admits, for the next flush.
+func (p *Publisher) Accumulator() *gossip.Accumulator { return &p.acc }

@@ -1,0 +1,65 @@
+package bucket
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// Undoer is a Store that can give back what it admitted, when the check the
+// spend was part of was refused by a rule decided elsewhere (another
+// region, another store). Undo gives back each request's Cost, spent at
+// the instant at; it never gives back more than was spent, and gives back
+// nothing of what has expired since.
+type Undoer interface {
+	Undo(ctx context.Context, reqs []Request, at time.Time) error
+}
+
+// Undo gives back amount, spent at the instant at (µs since the Unix
+// epoch), to st at now:
+//   - TokenBucket, GCRA: the state moves back by amount / rate (rounded
+//     down), never before now;
+//   - SlidingWindow, FixedWindow: the count of the window at fell in goes
+//     down by amount, never below 0, while that window still counts;
+//   - SlidingLog: up to amount of the newest entries at or after at go.
+func (l *Limit) Undo(st *State, now, at int64, amount float64) {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		if st.a <= now {
+			return
+		}
+		st.a = max(st.a-int64(math.Floor(amount*1e6/l.RefillPerSecond)), now)
+	case SlidingWindow:
+		switch at / l.windowMicros() {
+		case st.a:
+			st.b = math.Max(st.b-amount, 0)
+		case st.a - 1:
+			st.c = math.Max(st.c-amount, 0)
+		}
+	case FixedWindow:
+		if at/l.windowMicros() == st.a {
+			st.b = math.Max(st.b-amount, 0)
+		}
+	case SlidingLog:
+		n := int(math.Floor(amount + 0.5))
+		for n > 0 && len(st.log) > 0 && st.log[len(st.log)-1] >= at {
+			st.log = st.log[:len(st.log)-1]
+			n--
+		}
+	}
+}
+
+// Undo gives back reqs spent at at; it never returns an error.
+func (m *Memory) Undo(_ context.Context, reqs []Request, at time.Time) error {
+	now, atUs := m.nowMicros(), at.UnixMicro()
+	for _, r := range reqs {
+		sh := m.shard(r.Key)
+		sh.mu.Lock()
+		if e := sh.buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
+			r.Limit.Undo(&e.st, now, atUs, r.Cost)
+			e.expires = r.Limit.ExpiresAt(&e.st)
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}
