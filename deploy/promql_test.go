@@ -521,7 +521,8 @@ func TestPromQLMetricsExported(t *testing.T) {
 
 	d, err := limiterd.New(limiterd.Options{
 		GRPCAddress: grpcAddr, HTTPAddress: "127.0.0.1:0", RulesFile: rulesFile, TopologyFile: topology,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: time.Second, Region: "us-east", NATSURL: nats.URL(),
+		PeerSecretFile: testenv.SecretFile(t),
+		RedisAddrs:     cluster.Addrs(), RedisTimeout: time.Second, Region: "us-east", NATSURL: nats.URL(),
 		GossipInterval: 100 * time.Millisecond, Instance: "limiterd-deploy-test", Logger: quiet,
 	})
 	if err != nil {

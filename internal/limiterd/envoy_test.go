@@ -297,4 +297,3 @@ func TestEnvoyStoreDown(t *testing.T) {
 		t.Fatalf("fail-open rule with the store down: %v, %v; want OK from the local bucket", resp, err)
 	}
 }
-

@@ -221,4 +221,3 @@ func TestForwardAuthOptions(t *testing.T) {
 		}
 	})
 }
-

@@ -70,11 +70,12 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 		fmt.Fprintf(&topo, "  - name: %s\n    limiter_address: %s\n", name, addrs[name])
 	}
 	writeFile(t, s.dir, "topology.yml", topo.String())
+	secret := testenv.SecretFile(t)
 	for _, name := range stackRegions {
 		r := s.regions[name]
 		d, err := limiterd.New(limiterd.Options{
 			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
-			TopologyFile: filepath.Join(s.dir, "topology.yml"), ForwardTimeout: time.Second,
+			TopologyFile: filepath.Join(s.dir, "topology.yml"), ForwardTimeout: time.Second, PeerSecretFile: secret,
 			RulesFile: filepath.Join(s.dir, "rules.yml"), RedisAddrs: r.cluster.Addrs(), RedisTimeout: time.Second,
 			Region: name, NATSURL: s.nats.URL(), GossipInterval: interval, Instance: "limiterd-" + name,
 			Logger: quiet().With("component", "limiterd"),

@@ -9,8 +9,11 @@
 package testenv
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"testing"
 )
@@ -37,4 +40,20 @@ func lookBinary(t testing.TB, name string) string {
 	}
 	t.Skipf("testenv: %s not found on PATH; install it with: %s", name, installHint)
 	return ""
+}
+
+// SecretFile writes a fresh random secret (32 hex characters) to a file of
+// mode 0600 in a temporary directory and returns its path, for the flags
+// that read secrets from files (--region.peer-secret-file, ...).
+func SecretFile(t testing.TB) string {
+	t.Helper()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(path, []byte(hex.EncodeToString(b)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
