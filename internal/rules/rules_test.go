@@ -31,8 +31,9 @@ func TestTestdata(t *testing.T) {
 				if !errors.Is(err, ErrInvalid) {
 					t.Fatalf("Load = %v, want an error wrapping ErrInvalid", err)
 				}
-				if !strings.HasPrefix(err.Error(), f+": ") {
-					t.Fatalf("error %q does not name the file", err)
+				var e *Error
+				if !errors.As(err, &e) || e.File != f {
+					t.Fatalf("Load = %v, want an *Error naming the file %s", err, f)
 				}
 			default:
 				t.Fatalf("testdata file %s is neither .good.yml nor .bad.yml", f)
@@ -43,22 +44,72 @@ func TestTestdata(t *testing.T) {
 
 // Errors name the rule and the field, so an operator can find the mistake.
 func TestErrorsNameRuleAndField(t *testing.T) {
-	tests := []struct{ file, want string }{
-		{"testdata/zero-refill.bad.yml", `rules[0] (id "a"): refill_per_second:`},
-		{"testdata/negative-capacity.bad.yml", `rules[0] (id "a"): capacity:`},
-		{"testdata/bad-window.bad.yml", `window`},
-		{"testdata/missing-window.bad.yml", `rules[0] (id "a"): window:`},
-		{"testdata/log-too-large.bad.yml", `rules[0] (id "a"): limit:`},
-		{"testdata/unknown-algorithm.bad.yml", `rules[0] (id "a"): algorithm:`},
-		{"testdata/bad-on-failure.bad.yml", `on_failure:`},
-		{"testdata/unknown-field.bad.yml", `field burst not found`},
-		{"testdata/duplicate-id.bad.yml", `rules[1]: id: "a" is used twice`},
+	tests := []struct {
+		name  string
+		file  string
+		index int // -1: about the whole file
+		id    string
+		field string
+		line  int
+	}{
+		{name: "zero refill", file: "zero-refill.bad.yml", index: 0, id: "a", field: "refill_per_second", line: 2},
+		{name: "negative capacity", file: "negative-capacity.bad.yml", index: 0, id: "a", field: "capacity", line: 3},
+		{name: "missing window", file: "missing-window.bad.yml", index: 0, id: "a", field: "window", line: 2},
+		{name: "sliding log too large", file: "log-too-large.bad.yml", index: 0, id: "a", field: "limit", line: 4},
+		{name: "unknown algorithm", file: "unknown-algorithm.bad.yml", index: 0, id: "a", field: "algorithm", line: 3},
+		{name: "bad on_failure", file: "bad-on-failure.bad.yml", index: 0, id: "a", field: "on_failure", line: 5},
+		{name: "bad match path", file: "bad-match-path.bad.yml", index: 0, id: "a", field: "match.path", line: 6},
+		{name: "capacity and limit", file: "both-capacity-limit.bad.yml", index: 0, id: "a", field: "limit", line: 4},
+		{name: "cost above capacity", file: "cost-above-capacity.bad.yml", index: 0, id: "a", field: "cost", line: 5},
+		{name: "duplicate id", file: "duplicate-id.bad.yml", index: 1, id: "a", field: "id"},
+		{name: "no rules", file: "no-rules.bad.yml", index: -1, field: "rules", line: 1},
 	}
 	for _, tt := range tests {
-		t.Run(filepath.Base(tt.file), func(t *testing.T) {
-			_, err := Load(tt.file)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("Load = %v, want it to contain %q", err, tt.want)
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join("testdata", tt.file)
+			_, err := Load(file)
+			var e *Error
+			if !errors.As(err, &e) {
+				t.Fatalf("Load = %v, want an *Error", err)
+			}
+			got := Error{File: e.File, Index: e.Index, ID: e.ID, Field: e.Field, Line: e.Line}
+			want := Error{File: file, Index: tt.index, ID: tt.id, Field: tt.field, Line: tt.line}
+			if tt.line == 0 {
+				got.Line = 0 // not asserted
+			}
+			if got != want {
+				t.Fatalf("Load = %v\n  at  %+v\n  want %+v", err, got, want)
+			}
+		})
+	}
+}
+
+// A rule given alone (the admin API) names its id and field, at index -1.
+func TestParseRuleErrors(t *testing.T) {
+	tests := []struct {
+		name  string
+		rule  string
+		id    string
+		field string
+		line  int
+		cause error
+	}{
+		{name: "bad capacity", rule: "id: r\ncapacity: -1\nrefill_per_second: 1\n", id: "r", field: "capacity", line: 2, cause: bucket.ErrInvalidLimit},
+		{name: "bad cost", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\ncost: 2\n", id: "r", field: "cost", line: 4, cause: bucket.ErrInvalidCost},
+		{name: "bad id", rule: "id: a b\ncapacity: 1\nrefill_per_second: 1\n", id: "a b", field: "id", line: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseRule([]byte(tt.rule), SourceAdmin)
+			var e *Error
+			if !errors.As(err, &e) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ParseRule = %v, want an *Error wrapping ErrInvalid", err)
+			}
+			if e.File != "" || e.Index != -1 || e.ID != tt.id || e.Field != tt.field || e.Line != tt.line {
+				t.Fatalf("ParseRule = %v: at %+v, want id %q, field %q, line %d, index -1, no file", err, *e, tt.id, tt.field, tt.line)
+			}
+			if tt.cause != nil && !errors.Is(err, tt.cause) {
+				t.Fatalf("ParseRule = %v, want it to wrap %v", err, tt.cause)
 			}
 		})
 	}
@@ -124,4 +175,27 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// An error reads file, rule, line, field, cause: the README shows one.
+func TestErrorMessage(t *testing.T) {
+	cause := errors.New("cause")
+	tests := []struct {
+		name string
+		err  *Error
+		want string
+	}{
+		{name: "rule of a file", err: &Error{File: "rules.yml", Index: 3, ID: "r", Field: "window", Line: 24, Err: cause}, want: `rules.yml: invalid rules: rules[3] (id "r"), line 24: window: cause`},
+		{name: "rule without id", err: &Error{File: "rules.yml", Index: 0, Field: "id", Line: 2, Err: cause}, want: `rules.yml: invalid rules: rules[0], line 2: id: cause`},
+		{name: "whole file", err: &Error{File: "rules.yml", Index: -1, Field: "rules", Line: 1, Err: cause}, want: `rules.yml: invalid rules: line 1: rules: cause`},
+		{name: "rule alone", err: &Error{Index: -1, ID: "r", Field: "cost", Line: 4, Err: cause}, want: `invalid rules: rule "r", line 4: cost: cause`},
+		{name: "no cause", err: &Error{Index: -1, ID: "r"}, want: `invalid rules: rule "r"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.err.Error(); got != tt.want {
+				t.Fatalf("Error() = %q, want %q", got, tt.want)
+			}
+		})
+	}
 }

@@ -1,0 +1,149 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Error is an error about the content of a rules file or of one rule: it
+// names the file, the rule and the field, so an operator can find the
+// mistake. It wraps ErrInvalid and its cause; callers get at its parts with
+// errors.As. Errors are made by Parse, Load, ParseRule and Build.
+type Error struct {
+	// File is the rules file's name; empty for a rule given alone
+	// (ParseRule) and for Build.
+	File string
+	// Index is the rule's place in the file's rules (or in Build's list),
+	// from 0; -1 for a rule given alone and for an error about the whole
+	// file.
+	Index int
+	// ID is the rule's id as written; empty when it has none.
+	ID string
+	// Field is the field at fault, dotted below the rule ("window",
+	// "match.path"), or a key of the file ("rules") for an error about the
+	// whole file; empty when the error is about no one field.
+	Field string
+	// Line is the line of the field in the file (of the rule when the
+	// field is not written), from 1; 0 when unknown.
+	Line int
+	// Err is the cause.
+	Err error
+}
+
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File + ": ")
+	}
+	b.WriteString(ErrInvalid.Error() + ": ")
+	var where string
+	switch {
+	case e.Index >= 0 && e.ID != "":
+		where = fmt.Sprintf("rules[%d] (id %q)", e.Index, e.ID)
+	case e.Index >= 0:
+		where = fmt.Sprintf("rules[%d]", e.Index)
+	case e.ID != "":
+		where = fmt.Sprintf("rule %q", e.ID)
+	}
+	if e.Line > 0 {
+		if where != "" {
+			where += ", "
+		}
+		where += fmt.Sprintf("line %d", e.Line)
+	}
+	if where != "" {
+		b.WriteString(where + ": ")
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field + ": ")
+	}
+	if e.Err != nil {
+		b.WriteString(e.Err.Error())
+	}
+	return strings.TrimSuffix(b.String(), ": ")
+}
+
+// Unwrap returns ErrInvalid and the cause.
+func (e *Error) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrInvalid}
+	}
+	return []error{ErrInvalid, e.Err}
+}
+
+// fieldError is an error about field of a rule, which the caller places in
+// its file and rule with at.
+func fieldError(field string, err error) error {
+	return &Error{Index: -1, Field: field, Err: err}
+}
+
+func fieldErrorf(field, format string, args ...any) error {
+	return fieldError(field, fmt.Errorf(format, args...))
+}
+
+// at places err, an error about the rule of node n (nil when unknown), at
+// index of file: the file, the rule's index and id, and the field's line.
+func at(err error, file string, index int, id string, n *yaml.Node) error {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Index: -1, Err: err}
+	}
+	e.File, e.Index = file, index
+	if e.ID == "" {
+		e.ID = id
+	}
+	if e.Line == 0 && n != nil {
+		e.Line = fieldLine(n, e.Field)
+	}
+	return e
+}
+
+// resolve follows an alias to the node it names.
+func resolve(n *yaml.Node) *yaml.Node {
+	for n != nil && n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	return n
+}
+
+// lookup returns the key and value nodes of key in the mapping n, or nils.
+func lookup(n *yaml.Node, key string) (k, v *yaml.Node) {
+	n = resolve(n)
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil, nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i], n.Content[i+1]
+		}
+	}
+	return nil, nil
+}
+
+// fieldLine is the line of the dotted field in the mapping n, or of the
+// deepest part of it that is written, or of n.
+func fieldLine(n *yaml.Node, field string) int {
+	line := n.Line
+	if field == "" {
+		return line
+	}
+	for name := range strings.SplitSeq(field, ".") {
+		k, v := lookup(n, name)
+		if k == nil {
+			break
+		}
+		line, n = k.Line, v
+	}
+	return line
+}
+
+// idOf is the id written in the rule of mapping n, or "".
+func idOf(n *yaml.Node) string {
+	if _, v := lookup(n, "id"); v != nil && resolve(v).Kind == yaml.ScalarNode {
+		return resolve(v).Value
+	}
+	return ""
+}
