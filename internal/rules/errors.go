@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -146,4 +147,48 @@ func idOf(n *yaml.Node) string {
 		return resolve(v).Value
 	}
 	return ""
+}
+
+// ChoiceError is the cause of an Error about a field that takes one of a
+// few names (algorithm, on_failure, home) and got another, or none.
+type ChoiceError struct {
+	// Got is the value as written; empty when the field is written empty.
+	Got string
+	// Valid lists the names the field takes, in order.
+	Valid []string
+}
+
+func (e *ChoiceError) Error() string {
+	valid := strings.Join(e.Valid, ", ")
+	if i := strings.LastIndex(valid, ", "); i >= 0 {
+		valid = valid[:i] + " or " + valid[i+2:]
+	}
+	if e.Got == "" {
+		return "empty: must be " + valid
+	}
+	return fmt.Sprintf("must be %s, got %q", valid, e.Got)
+}
+
+// choice checks got against valid; an empty got is left to the caller's
+// default.
+func choice[T ~string](field string, got T, valid ...T) error {
+	if got == "" || slices.Contains(valid, got) {
+		return nil
+	}
+	names := make([]string, len(valid))
+	for i, v := range valid {
+		names[i] = string(v)
+	}
+	return fieldError(field, &ChoiceError{Got: string(got), Valid: names})
+}
+
+// writtenEmpty reports whether the mapping n has key with an empty or null
+// value: written, so meant, and not the same as leaving the key out.
+func writtenEmpty(n *yaml.Node, key string) bool {
+	k, v := lookup(n, key)
+	if k == nil {
+		return false
+	}
+	v = resolve(v)
+	return v.Kind == yaml.ScalarNode && (v.Value == "" || v.ShortTag() == "!!null")
 }

@@ -112,6 +112,14 @@ func (r *Rule) Pinned() bool { return r.Home == HomePinned }
 // never for a pinned rule, whose only state is in the home region.
 func (r *Rule) Reconciled() bool { return !r.Pinned() && (r.Reconcile == nil || *r.Reconcile) }
 
+func algorithmNames() []string {
+	names := make([]string, len(bucket.Algorithms))
+	for i, a := range bucket.Algorithms {
+		names[i] = string(a)
+	}
+	return names
+}
+
 // Bucket returns the rule's validated limit.
 func (r *Rule) Bucket() bucket.Limit { return r.limit }
 
@@ -211,7 +219,7 @@ func Parse(name string, data []byte) (*Set, error) {
 		if i < len(nodes) {
 			n = resolve(nodes[i])
 		}
-		if err := r.validate(); err != nil {
+		if err := r.validate(n); err != nil {
 			return nil, at(err, name, i, r.ID, n)
 		}
 		list[i] = r
@@ -266,7 +274,7 @@ func ParseRule(data []byte, source string) (*Rule, error) {
 		return nil, &Error{Index: -1, ID: idOf(n), Err: err}
 	}
 	r.source = source
-	if err := r.validate(); err != nil {
+	if err := r.validate(n); err != nil {
 		return nil, at(err, "", -1, r.ID, n)
 	}
 	return &r, nil
@@ -298,11 +306,19 @@ func (s *Set) digest() string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-func (r *Rule) validate() error {
+// validate checks r and fills in its defaults; n is the rule's YAML, nil
+// when unknown.
+func (r *Rule) validate(n *yaml.Node) error {
 	if !idPattern.MatchString(r.ID) {
 		return fieldErrorf("id", "must match %s", idPattern)
 	}
+	if err := choice("algorithm", r.Algorithm, bucket.Algorithms...); err != nil {
+		return err
+	}
 	if r.Algorithm == "" {
+		if n != nil && writtenEmpty(n, "algorithm") {
+			return fieldError("algorithm", &ChoiceError{Valid: algorithmNames()})
+		}
 		r.Algorithm = bucket.TokenBucket
 	}
 	switch {
@@ -315,19 +331,17 @@ func (r *Rule) validate() error {
 	if capacity == nil {
 		capacity, field = r.Limit, "limit"
 	}
-	switch r.OnFailure {
-	case "":
-		r.OnFailure = FailOpen
-	case FailOpen, FailClosed:
-	default:
-		return fieldErrorf("on_failure", "must be open or closed, got %q", r.OnFailure)
+	if err := choice("on_failure", r.OnFailure, FailOpen, FailClosed); err != nil {
+		return err
 	}
-	switch r.Home {
-	case "":
+	if r.OnFailure == "" {
+		r.OnFailure = FailOpen
+	}
+	if err := choice("home", r.Home, HomeLocal, HomePinned); err != nil {
+		return err
+	}
+	if r.Home == "" {
 		r.Home = HomeLocal
-	case HomeLocal, HomePinned:
-	default:
-		return fieldErrorf("home", "must be local or pinned, got %q", r.Home)
 	}
 	if len(r.HomeKeys) > 0 && r.Home != HomePinned {
 		return fieldError("home_keys", errors.New("only a rule with home: pinned has home keys"))

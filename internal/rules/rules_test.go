@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -195,6 +196,42 @@ func TestErrorMessage(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := tt.err.Error(); got != tt.want {
 				t.Fatalf("Error() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// An unknown or empty algorithm lists the valid ones; a rule that leaves
+// the algorithm out is a token bucket.
+func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
+	var valid []string
+	for _, a := range bucket.Algorithms {
+		valid = append(valid, string(a))
+	}
+	tests := []struct {
+		name  string
+		file  string
+		index int
+		line  int
+		got   string
+	}{
+		{name: "unknown", file: "unknown-algorithm.bad.yml", index: 0, line: 3, got: "leaky_bucket"},
+		{name: "empty string", file: "empty-algorithm.bad.yml", index: 0, line: 3, got: ""},
+		{name: "null", file: "null-algorithm.bad.yml", index: 1, line: 6, got: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Load(filepath.Join("testdata", tt.file))
+			var e *Error
+			var ce *ChoiceError
+			if !errors.As(err, &e) || !errors.As(err, &ce) {
+				t.Fatalf("Load = %v, want an *Error caused by a *ChoiceError", err)
+			}
+			if e.Index != tt.index || e.Field != "algorithm" || e.Line != tt.line {
+				t.Fatalf("Load = %v: rules[%d] field %q line %d, want rules[%d] field algorithm line %d", err, e.Index, e.Field, e.Line, tt.index, tt.line)
+			}
+			if ce.Got != tt.got || !slices.Equal(ce.Valid, valid) {
+				t.Fatalf("Load = %v: got %q, valid %q; want got %q, valid %q", err, ce.Got, ce.Valid, tt.got, valid)
 			}
 		})
 	}
