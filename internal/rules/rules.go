@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
 	"time"
@@ -194,15 +195,24 @@ func Parse(name string, data []byte) (*Set, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fileErr("", extra.Line, errors.New("more than one YAML document"))
 	}
+	top := resolve(&doc)
+	if top.Kind == yaml.DocumentNode && len(top.Content) == 1 {
+		top = resolve(top.Content[0])
+	}
+	if err := checkFields(top, reflect.TypeFor[file](), ""); err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			e.File = name
+		}
+		return nil, err
+	}
+	// checkFields found what a strict decode would refuse, and names it;
+	// decoding strictly still guards against a gap in checkFields.
 	strict := yaml.NewDecoder(bytes.NewReader(data))
 	strict.KnownFields(true)
 	var f file
 	if err := strict.Decode(&f); err != nil {
 		return nil, fileErr("", 0, err)
-	}
-	top := resolve(&doc)
-	if top.Kind == yaml.DocumentNode && len(top.Content) == 1 {
-		top = resolve(top.Content[0])
 	}
 	if len(f.Rules) == 0 {
 		return nil, fileErr("rules", fieldLine(top, "rules"), errors.New("no rules"))
@@ -266,6 +276,9 @@ func ParseRule(data []byte, source string) (*Rule, error) {
 	n := resolve(&doc)
 	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
 		n = resolve(n.Content[0])
+	}
+	if err := checkFields(n, reflect.TypeFor[Rule](), ""); err != nil {
+		return nil, at(err, "", -1, idOf(n), nil)
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -64,6 +65,11 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "cost above capacity", file: "cost-above-capacity.bad.yml", index: 0, id: "a", field: "cost", line: 5},
 		{name: "duplicate id", file: "duplicate-id.bad.yml", index: 1, id: "a", field: "id"},
 		{name: "no rules", file: "no-rules.bad.yml", index: -1, field: "rules", line: 1},
+		{name: "unknown field", file: "unknown-field.bad.yml", index: 0, id: "a", field: "burst", line: 5},
+		{name: "unknown match field", file: "match-unknown-field.bad.yml", index: 0, id: "a", field: "match.host", line: 7},
+		{name: "unknown top-level key", file: "unknown-top.bad.yml", index: -1, field: "rule", line: 1},
+		{name: "wrong type", file: "wrong-type.bad.yml", index: 0, id: "a", field: "capacity", line: 3},
+		{name: "bad window", file: "bad-window.bad.yml", index: 0, id: "a", field: "window", line: 5},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -234,5 +240,113 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 				t.Fatalf("Load = %v: got %q, valid %q; want got %q, valid %q", err, ce.Got, ce.Valid, tt.got, valid)
 			}
 		})
+	}
+}
+
+// An unknown key names the field it is likely a typo of.
+func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
+	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "home_keys"}
+	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
+	tests := []struct {
+		name       string
+		file       string
+		index      int
+		field      string
+		suggestion string
+		known      []string
+	}{
+		{name: "typo", file: "typo-refill.bad.yml", index: 0, field: "refil_per_second", suggestion: "refill_per_second", known: ruleFields},
+		{name: "typo in match", file: "typo-match.bad.yml", index: 1, field: "match.methds", suggestion: "methods", known: matchFields},
+		{name: "another limiter's name", file: "unknown-field.bad.yml", index: 0, field: "burst", suggestion: "capacity", known: ruleFields},
+		{name: "top level", file: "unknown-top.bad.yml", index: -1, field: "rule", suggestion: "rules", known: []string{"rules"}},
+		{name: "nothing near", file: "match-unknown-field.bad.yml", index: 0, field: "match.host", suggestion: "", known: matchFields},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Load(filepath.Join("testdata", tt.file))
+			var e *Error
+			var ue *UnknownFieldError
+			if !errors.As(err, &e) || !errors.As(err, &ue) {
+				t.Fatalf("Load = %v, want an *Error caused by an *UnknownFieldError", err)
+			}
+			if e.Index != tt.index || e.Field != tt.field {
+				t.Fatalf("Load = %v: rules[%d] field %q, want rules[%d] field %q", err, e.Index, e.Field, tt.index, tt.field)
+			}
+			if ue.Suggestion != tt.suggestion || !slices.Equal(ue.Known, tt.known) {
+				t.Fatalf("Load = %v: suggestion %q, known %q; want %q, %q", err, ue.Suggestion, ue.Known, tt.suggestion, tt.known)
+			}
+		})
+	}
+}
+
+// The admin API's rules get the same suggestions.
+func TestParseRuleSuggests(t *testing.T) {
+	tests := []struct {
+		name, key, suggestion string
+	}{
+		{name: "missing letter", key: "capacty", suggestion: "capacity"},
+		{name: "dashes", key: "refill-per-second", suggestion: "refill_per_second"},
+		{name: "capitals", key: "Window", suggestion: "window"},
+		{name: "prefix", key: "refill", suggestion: "refill_per_second"},
+		{name: "plural", key: "home_key", suggestion: "home_keys"},
+		{name: "synonym", key: "rate", suggestion: "refill_per_second"},
+		{name: "unrelated", key: "colour", suggestion: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseRule([]byte("id: r\ncapacity: 1\nrefill_per_second: 1\n"+tt.key+": 1\n"), SourceAdmin)
+			var e *Error
+			var ue *UnknownFieldError
+			if !errors.As(err, &e) || !errors.As(err, &ue) {
+				t.Fatalf("ParseRule = %v, want an *Error caused by an *UnknownFieldError", err)
+			}
+			if e.ID != "r" || e.Field != tt.key || e.Line != 4 || ue.Key != tt.key || ue.Suggestion != tt.suggestion {
+				t.Fatalf("ParseRule = %v: id %q field %q line %d suggestion %q; want id r, field %q, line 4, suggestion %q",
+					err, e.ID, e.Field, e.Line, ue.Suggestion, tt.key, tt.suggestion)
+			}
+		})
+	}
+}
+
+// Aliases can make a YAML graph with a loop; an error, never a hang or a
+// stack overflow.
+func TestAliasLoops(t *testing.T) {
+	tests := []struct{ name, yaml string }{
+		{name: "rule merges itself", yaml: "rules:\n  - &a\n    id: a\n    <<: *a\n"},
+		{name: "match merges itself", yaml: "rules:\n  - id: a\n    capacity: 1\n    refill_per_second: 1\n    match: &m\n      <<: *m\n"},
+		{name: "list holds itself", yaml: "rules: &r [*r]\n"},
+		{name: "attributes hold their match", yaml: "rules:\n  - id: a\n    capacity: 1\n    refill_per_second: 1\n    match: &m\n      attributes: *m\n"},
+		{name: "home keys hold themselves", yaml: "rules:\n  - id: a\n    capacity: 1\n    refill_per_second: 1\n    home: pinned\n    home_keys: &h {k: *h}\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := Parse("loop.yml", []byte(tt.yaml)); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("Parse = %v, want an error wrapping ErrInvalid", err)
+			}
+			rule := strings.TrimPrefix(strings.ReplaceAll(tt.yaml, "\n    ", "\n"), "rules:\n  - ")
+			if _, err := ParseRule([]byte(rule), SourceAdmin); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("ParseRule(%q) = %v, want an error wrapping ErrInvalid", rule, err)
+			}
+		})
+	}
+}
+
+// Merges of merges name the first rule 2^n times; checking them is linear.
+func TestMergeBomb(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("rules:\n  - &x0 {id: r0, capacity: 1, refill_per_second: 1}\n")
+	for i := 1; i <= 40; i++ {
+		fmt.Fprintf(&b, "  - &x%d {<<: [*x%d, *x%d], id: r%d}\n", i, i-1, i-1, i)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := Parse("bomb.yml", []byte(b.String()))
+		done <- err
+	}()
+	select {
+	case <-done: // valid or refused for its aliases: either way, decided
+	case <-time.After(10 * time.Second):
+		t.Fatal("Parse still checking after 10s")
 	}
 }
