@@ -192,3 +192,36 @@ func writtenEmpty(n *yaml.Node, key string) bool {
 	v = resolve(v)
 	return v.Kind == yaml.ScalarNode && (v.Value == "" || v.ShortTag() == "!!null")
 }
+
+// DuplicateIDError is the cause of an Error about a rule whose id an
+// earlier rule has; the Error is about the later one.
+type DuplicateIDError struct {
+	ID string
+	// First and Second are the two rules with the id.
+	First, Second Place
+}
+
+func (e *DuplicateIDError) Error() string {
+	return fmt.Sprintf("%q is used twice: %v and %v", e.ID, e.First, e.Second)
+}
+
+// Place is where a rule of a list is.
+type Place struct {
+	// Index is the rule's place in the list, from 0.
+	Index int
+	// Line is its line in its file, 0 when unknown.
+	Line int
+	// Source is where it comes from: SourceFile or SourceAdmin.
+	Source string
+}
+
+func (p Place) String() string {
+	s := fmt.Sprintf("rules[%d]", p.Index)
+	switch {
+	case p.Line > 0:
+		s += fmt.Sprintf(" at line %d", p.Line)
+	case p.Source != "":
+		s += " (" + p.Source + ")"
+	}
+	return s
+}

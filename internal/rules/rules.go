@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"os"
 	"reflect"
@@ -222,16 +221,25 @@ func Parse(name string, data []byte) (*Set, error) {
 		nodes = resolve(v).Content
 	}
 	list := make([]*Rule, len(f.Rules))
+	lines := make([]int, len(f.Rules)) // of each rule's id
+	first := make(map[string]int, len(f.Rules))
 	for i := range f.Rules {
 		r := &f.Rules[i]
 		r.source = SourceFile
 		var n *yaml.Node
 		if i < len(nodes) {
 			n = resolve(nodes[i])
+			lines[i] = fieldLine(n, "id")
 		}
 		if err := r.validate(n); err != nil {
 			return nil, at(err, name, i, r.ID, n)
 		}
+		if j, ok := first[r.ID]; ok {
+			return nil, &Error{File: name, Index: i, ID: r.ID, Field: "id", Line: lines[i], Err: &DuplicateIDError{ID: r.ID,
+				First:  Place{Index: j, Line: lines[j], Source: SourceFile},
+				Second: Place{Index: i, Line: lines[i], Source: SourceFile}}}
+		}
+		first[r.ID] = i
 		list[i] = r
 	}
 	s, err := Build(list)
@@ -245,13 +253,18 @@ func Parse(name string, data []byte) (*Set, error) {
 	return s, nil
 }
 
-// Build makes a set of validated rules; an id used twice is an error.
+// Build makes a set of validated rules; an id used twice is an *Error
+// caused by a *DuplicateIDError.
 func Build(list []*Rule) (*Set, error) {
 	s := &Set{byID: make(map[string]*Rule, len(list))}
+	index := make(map[string]int, len(list))
 	for i, r := range list {
-		if s.byID[r.ID] != nil {
-			return nil, &Error{Index: i, ID: r.ID, Field: "id", Err: fmt.Errorf("%q is used twice (%s and %s)", r.ID, s.byID[r.ID].source, r.source)}
+		if j, ok := index[r.ID]; ok {
+			return nil, &Error{Index: i, ID: r.ID, Field: "id", Err: &DuplicateIDError{ID: r.ID,
+				First:  Place{Index: j, Source: list[j].source},
+				Second: Place{Index: i, Source: r.source}}}
 		}
+		index[r.ID] = i
 		s.byID[r.ID] = r
 		s.rules = append(s.rules, r)
 		if r.Match != nil {

@@ -63,7 +63,7 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "bad match path", file: "bad-match-path.bad.yml", index: 0, id: "a", field: "match.path", line: 6},
 		{name: "capacity and limit", file: "both-capacity-limit.bad.yml", index: 0, id: "a", field: "limit", line: 4},
 		{name: "cost above capacity", file: "cost-above-capacity.bad.yml", index: 0, id: "a", field: "cost", line: 5},
-		{name: "duplicate id", file: "duplicate-id.bad.yml", index: 1, id: "a", field: "id"},
+		{name: "duplicate id", file: "duplicate-id.bad.yml", index: 1, id: "a", field: "id", line: 5},
 		{name: "no rules", file: "no-rules.bad.yml", index: -1, field: "rules", line: 1},
 		{name: "unknown field", file: "unknown-field.bad.yml", index: 0, id: "a", field: "burst", line: 5},
 		{name: "unknown match field", file: "match-unknown-field.bad.yml", index: 0, id: "a", field: "match.host", line: 7},
@@ -348,5 +348,59 @@ func TestMergeBomb(t *testing.T) {
 	case <-done: // valid or refused for its aliases: either way, decided
 	case <-time.After(10 * time.Second):
 		t.Fatal("Parse still checking after 10s")
+	}
+}
+
+// A duplicate id names both rules, with their lines in the file.
+func TestDuplicateIDNamesBothPlaces(t *testing.T) {
+	tests := []struct {
+		name          string
+		file          string
+		first, second Place
+	}{
+		{name: "next to each other", file: "duplicate-id.bad.yml", first: Place{Index: 0, Line: 2, Source: SourceFile}, second: Place{Index: 1, Line: 5, Source: SourceFile}},
+		{name: "apart, id last", file: "duplicate-id-apart.bad.yml", first: Place{Index: 0, Line: 2, Source: SourceFile}, second: Place{Index: 2, Line: 10, Source: SourceFile}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := filepath.Join("testdata", tt.file)
+			_, err := Load(file)
+			var e *Error
+			var de *DuplicateIDError
+			if !errors.As(err, &e) || !errors.As(err, &de) {
+				t.Fatalf("Load = %v, want an *Error caused by a *DuplicateIDError", err)
+			}
+			if e.File != file || e.Index != tt.second.Index || e.Field != "id" || e.Line != tt.second.Line {
+				t.Fatalf("Load = %v: at %s rules[%d] field %q line %d, want the second rule's id", err, e.File, e.Index, e.Field, e.Line)
+			}
+			if de.ID != "a" || de.First != tt.first || de.Second != tt.second {
+				t.Fatalf("Load = %v: %+v, want id a at %+v and %+v", err, *de, tt.first, tt.second)
+			}
+		})
+	}
+}
+
+// Build, which joins the file's rules and the admin API's, names both
+// rules' places and sources.
+func TestBuildDuplicateID(t *testing.T) {
+	rule := []byte("id: a\ncapacity: 1\nrefill_per_second: 1\n")
+	var list []*Rule
+	for _, src := range []string{SourceFile, SourceFile, SourceAdmin} {
+		r, err := ParseRule(rule, src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		list = append(list, r)
+	}
+	list[1].ID = "b"
+	_, err := Build(list)
+	var e *Error
+	var de *DuplicateIDError
+	if !errors.As(err, &e) || !errors.As(err, &de) {
+		t.Fatalf("Build = %v, want an *Error caused by a *DuplicateIDError", err)
+	}
+	want := DuplicateIDError{ID: "a", First: Place{Index: 0, Source: SourceFile}, Second: Place{Index: 2, Source: SourceAdmin}}
+	if e.Index != 2 || e.Field != "id" || de.ID != want.ID || de.First != want.First || de.Second != want.Second {
+		t.Fatalf("Build = %v: rules[%d] %q, %+v; want rules[2] id, %+v", err, e.Index, e.Field, *de, want)
 	}
 }
