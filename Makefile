@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat bench proto lint deps build clean up down demo
+.PHONY: run test test-repeat bench proto lint deps up-deps build clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -28,13 +28,17 @@ PKG ?= ./internal/reconciler
 test-repeat: deps
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test-repeat.sh $(N) $(PKG)
 
-## deps: install what the tests need when it is missing: redis-server, nginx (Debian packages), promtool (Go module)
+## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race (Debian packages), promtool (Go module)
 deps:
-	@scripts/install-deps.sh
+	@GO=$(GO) scripts/install-deps.sh redis nginx cc
 	@deploy/install-promtool.sh
 
+## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli (NATS and the daemons are built by `up`)
+up-deps:
+	@GO=$(GO) scripts/install-deps.sh redis
+
 ## up: start two regions on loopback (Redis Clusters, limiterd, reconcilers, NATS); state in .stack/
-up: deps
+up: up-deps
 	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) scripts/stack.sh up
 
 ## down: stop what `make up` started, by its recorded pids, and remove .stack/

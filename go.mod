@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/HdrHistogram/hdrhistogram-go v1.4.0
+	github.com/agext/levenshtein v1.2.1
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/hcl/v2 v2.25.0
 	github.com/nats-io/nats.go v1.55.0
@@ -27,7 +28,6 @@ require (
 
 require (
 	cel.dev/expr v0.25.3 // indirect
-	github.com/agext/levenshtein v1.2.1 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/apparentlymart/go-textseg/v15 v15.0.0 // indirect
 	github.com/apparentlymart/go-textseg/v17 v17.0.1 // indirect

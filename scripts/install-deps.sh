@@ -1,33 +1,105 @@
 #!/usr/bin/env bash
-# Installs what the integration tests need, from Debian packages, when it is
-# missing: redis-server and redis-cli (packages redis-server, redis-tools),
-# and nginx (package nginx, for deploy/nginx's test; it may be in /usr/sbin,
-# which is not on every user's PATH). Called by `make deps` and `make test`.
+# Installs, from Debian packages, what is missing of the tools named on the
+# command line (all three when none is named):
+#
+#   redis  redis-server and redis-cli (packages redis-server, redis-tools):
+#          the integration tests and the local stack (make up)
+#   nginx  nginx (package nginx), for deploy/nginx's test; it may be in
+#          /usr/sbin, which is not on every user's PATH
+#   cc     the C compiler go uses (`go env CC`, gcc by default; packages gcc,
+#          libc6-dev): go test -race needs cgo, and without a C compiler go
+#          turns cgo off
+#
+# `make test` and `make deps` install all three, `make up` only redis.
 # Prints one line saying what it did.
 set -euo pipefail
 
-have_nginx() { command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ]; }
-nginx_bin() { command -v nginx 2>/dev/null || echo /usr/sbin/nginx; }
+usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc]" >&2; }
+
+want=("$@")
+if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc); fi
+for w in "${want[@]}"; do
+	case $w in
+	redis | nginx | cc) ;;
+	*)
+		usage
+		exit 2
+		;;
+	esac
+done
+
+cc=$("${GO:-go}" env CC 2>/dev/null || true)
+cc=${cc%% *} # CC may carry flags
+cc=${cc:-gcc}
+
+have() {
+	case $1 in
+	redis) command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 ;;
+	nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] ;;
+	cc) command -v "$cc" >/dev/null 2>&1 ;;
+	esac
+}
+packages_of() {
+	case $1 in
+	redis) echo "redis-server redis-tools" ;;
+	nginx) echo "nginx" ;;
+	cc) echo "gcc libc6-dev" ;;
+	esac
+}
+name_of() {
+	case $1 in
+	redis) echo "redis-server or redis-cli" ;;
+	nginx) echo "nginx" ;;
+	cc) echo "a C compiler ($cc)" ;;
+	esac
+}
+version_of() {
+	case $1 in
+	redis) echo "redis $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')" ;;
+	nginx) "$(command -v nginx 2>/dev/null || echo /usr/sbin/nginx)" -v 2>&1 | sed -n 's/.*nginx\/\([^ ]*\).*/nginx \1/p' ;;
+	cc) echo "$cc $("$cc" -dumpfullversion 2>/dev/null || "$cc" -dumpversion 2>/dev/null)" ;;
+	esac
+}
+# list WORDS...: "a", "a and b", "a, b and c".
+list() {
+	local out="" i
+	for ((i = 1; i <= $#; i++)); do
+		if ((i == 1)); then
+			out=${!i}
+		elif ((i == $#)); then
+			out="$out and ${!i}"
+		else
+			out="$out, ${!i}"
+		fi
+	done
+	echo "$out"
+}
+names() {
+	local w ns=()
+	for w in "${want[@]}"; do
+		if [ "$w" = redis ]; then ns+=(redis-server redis-cli); else ns+=("$(name_of "$w")"); fi
+	done
+	list "${ns[@]}"
+}
 versions() {
-	echo "redis $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'), $("$(nginx_bin)" -v 2>&1 | sed -n 's/.*nginx\/\([^ ]*\).*/nginx \1/p')"
+	local w vs=()
+	for w in "${want[@]}"; do vs+=("$(version_of "$w")"); done
+	(IFS=,; echo "${vs[*]}") | sed 's/,/, /g'
 }
 
 packages=""
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-	packages="redis-server redis-tools"
-fi
-if ! have_nginx; then
-	packages="${packages:+$packages }nginx"
-fi
+for w in "${want[@]}"; do
+	if ! have "$w"; then packages="${packages:+$packages }$(packages_of "$w")"; fi
+done
 install="apt-get update && apt-get install -y $packages"
 
 if [ -z "$packages" ]; then
-	echo "install-deps: redis-server, redis-cli and nginx already installed ($(versions)), nothing to do"
+	echo "install-deps: $(names) already installed ($(versions)), nothing to do"
 	exit 0
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request; Debian/Ubuntu: $install)" >&2
+	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race; Debian/Ubuntu: $install)" >&2
 	exit 1
 fi
 
@@ -48,8 +120,10 @@ if ! { $sudo apt-get update -q && $sudo env DEBIAN_FRONTEND=noninteractive apt-g
 	echo "install-deps: failed: ${sudo:+$sudo }$install" >&2
 	exit 1
 fi
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1 || ! have_nginx; then
-	echo "install-deps: apt-get installed $packages but redis-server, redis-cli or nginx is still not found (PATH $PATH, /usr/sbin/nginx)" >&2
-	exit 1
-fi
+for w in "${want[@]}"; do
+	if ! have "$w"; then
+		echo "install-deps: apt-get installed $packages but $(name_of "$w") is still not found (PATH $PATH, /usr/sbin/nginx)" >&2
+		exit 1
+	fi
+done
 echo "install-deps: installed $packages with ${sudo:+$sudo }apt-get ($(versions))"

@@ -4,9 +4,13 @@
 # server with JetStream. Every process it starts is recorded by pid under
 # .stack/ and stopped by that pid only, never by name.
 #
-#   scripts/stack.sh up       # build, start, wait until healthy, print the addresses
-#   scripts/stack.sh status   # what is running, and whether it answers
-#   scripts/stack.sh down     # stop what `up` started and remove .stack/; safe to repeat
+#   scripts/stack.sh up             # build, start, wait until healthy, print the addresses
+#   scripts/stack.sh status         # what is running, and whether it answers
+#   scripts/stack.sh down           # stop what `up` started and remove .stack/; safe to repeat
+#   scripts/stack.sh admin-example  # the admin API calls `up` prints (README.md shows them)
+#
+# `up` writes a random bearer token for the limiterds' admin API into
+# .stack/admin-token (mode 0600).
 #
 # Environment: GO (default go), RULES (default examples/rules.yml),
 # STACK_TIMEOUT (seconds each component may take to become healthy, default 30),
@@ -21,6 +25,7 @@ timeout_s=${STACK_TIMEOUT:-30}
 interval=${GOSSIP_INTERVAL:-1s}
 state=$root/.stack
 pids_file=$state/pids # one line per process: name pid binary log
+token_file=$state/admin-token
 bin=$root/bin
 
 regions=(us-east eu-west)
@@ -33,6 +38,15 @@ nats_mon=127.0.0.1:8222
 
 log() { echo "stack: $*"; }
 err() { echo "stack: $*" >&2; }
+
+# admin_example: ready-to-paste calls of us-east's admin API, from the repo
+# root: put a rule, then read it back. README.md holds the same lines.
+admin_example() {
+	local auth='-H "Authorization: Bearer $(cat .stack/admin-token)"'
+	echo "curl -X PUT $auth --data-binary \\"
+	echo "  \$'id: burst\\ncapacity: 5\\nrefill_per_second: 1\\n' ${http_addr[us-east]}/admin/rules/burst"
+	echo "curl $auth ${http_addr[us-east]}/admin/rules/burst"
+}
 
 # in_use ADDR: something accepts connections on ADDR (host:port).
 in_use() { (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null; }
@@ -188,6 +202,8 @@ up() {
 	rm -rf "$state"
 	mkdir -p "$state/logs" "$state/nats/jetstream" "$state/redis"
 	: >"$pids_file"
+	# 32 random bytes in hex: the admin API wants at least 16 characters.
+	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$token_file")
 	# From here on, a failure stops whatever was started; the logs stay.
 	trap 'rc=$?; if [ $rc -ne 0 ]; then err "start-up failed: stopping what was started; logs kept in $state/logs"; stop_all; fi' EXIT
 	trap 'exit 130' INT TERM
@@ -250,7 +266,8 @@ up() {
 			--region "$r" --region.topology-file "$state/topology.yml" --rules.file "$rules" \
 			--redis.addrs "$redis_addrs" --redis.timeout 50ms \
 			--grpc.listen-address "${grpc_addr[$r]}" --http.listen-address "${http_addr[$r]}" \
-			--nats.url "nats://$nats_addr" --gossip.interval "$interval" --instance "limiterd-$r"
+			--nats.url "nats://$nats_addr" --gossip.interval "$interval" --instance "limiterd-$r" \
+			--admin.token-file "$token_file"
 	done
 	for r in "${regions[@]}"; do wait_healthy "limiterd-$r" "${http_addr[$r]}" /readyz; done
 
@@ -264,6 +281,10 @@ up() {
 	echo "  NATS     nats://$nats_addr (JetStream), monitoring http://$nats_mon"
 	echo "  logs     $state/logs/ (Redis nodes: $state/redis/<region>/<port>/redis.log)"
 	echo "  topology $state/topology.yml"
+	echo "  admin    bearer token in $token_file (mode 0600); from the repo root, put a rule and read it back:"
+	echo
+	admin_example
+	echo
 	echo "Try: make demo; stop with: make down"
 }
 
@@ -313,8 +334,9 @@ case ${1:-} in
 up) up ;;
 down) down ;;
 status) status ;;
+admin-example) admin_example ;;
 *)
-	echo "usage: scripts/stack.sh up|down|status" >&2
+	echo "usage: scripts/stack.sh up|down|status|admin-example" >&2
 	exit 2
 	;;
 esac

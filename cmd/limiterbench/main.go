@@ -3,6 +3,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -29,10 +30,16 @@ func run() int {
 	opts.load.RegisterFlags(fs)
 	fs.BoolVar(&opts.json, "json", false, "print the result as JSON instead of a table")
 	fs.StringVar(&opts.printScript, "print-script", "", "print limiterd's Lua script of this algorithm (for redis-benchmark) and exit")
+	// Usage goes to stdout when asked for (exit 0), to stderr with the
+	// error of a bad flag (exit 2).
+	var usage bytes.Buffer
+	fs.SetOutput(&usage)
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			os.Stdout.Write(usage.Bytes())
 			return 0
 		}
+		os.Stderr.Write(usage.Bytes())
 		return 2
 	}
 	if fs.NArg() > 0 {

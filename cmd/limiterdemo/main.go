@@ -4,7 +4,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -20,7 +22,16 @@ func run() int {
 	fs := flag.NewFlagSet("limiterdemo", flag.ContinueOnError)
 	opts := demo.DefaultOptions()
 	opts.RegisterFlags(fs)
+	// Usage goes to stdout when asked for (exit 0), to stderr with the
+	// error of a bad flag (exit 2).
+	var usage bytes.Buffer
+	fs.SetOutput(&usage)
 	if err := fs.Parse(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			os.Stdout.Write(usage.Bytes())
+			return 0
+		}
+		os.Stderr.Write(usage.Bytes())
 		return 2
 	}
 	if fs.NArg() > 0 {

@@ -48,20 +48,20 @@ const (
 func (m *Match) validate() error {
 	if m.Path != "" {
 		if !strings.HasPrefix(m.Path, "/") {
-			return fmt.Errorf("match.path: must start with /, got %q", m.Path)
+			return fieldErrorf("match.path", "must start with /, got %q", m.Path)
 		}
 		if _, err := path.Match(strings.TrimSuffix(m.Path, "/**"), "/"); err != nil {
-			return fmt.Errorf("match.path: %q: %v", m.Path, err)
+			return fieldErrorf("match.path", "%q: %w", m.Path, err)
 		}
 	}
 	for _, meth := range m.Methods {
 		if meth == "" || strings.ContainsAny(meth, " \t") {
-			return fmt.Errorf("match.methods: %q is not a method", meth)
+			return fieldErrorf("match.methods", "%q is not a method", meth)
 		}
 	}
 	for k := range m.Attributes {
 		if k == "" {
-			return errors.New("match.attributes: empty name")
+			return fieldError("match.attributes", errors.New("empty name"))
 		}
 	}
 	return nil
@@ -172,7 +172,7 @@ func (r *Rule) validateCost(l bucket.Limit) error {
 		r.Cost = 1
 	}
 	if _, err := l.NormalizeCost(r.Cost); err != nil {
-		return fmt.Errorf("cost: %w", err)
+		return fieldError("cost", err)
 	}
 	return nil
 }

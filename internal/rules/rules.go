@@ -6,9 +6,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"regexp"
 	"sort"
 	"time"
@@ -28,7 +28,9 @@ const (
 	FailClosed OnFailure = "closed"
 )
 
-// ErrInvalid wraps every error about the content of a rules file.
+// ErrInvalid wraps every error about the content of a rules file or rule.
+// Those of Parse, Load, ParseRule and Build are an *Error, which names the
+// file, the rule and the field.
 var ErrInvalid = errors.New("invalid rules")
 
 var (
@@ -110,6 +112,14 @@ func (r *Rule) Pinned() bool { return r.Home == HomePinned }
 // never for a pinned rule, whose only state is in the home region.
 func (r *Rule) Reconciled() bool { return !r.Pinned() && (r.Reconcile == nil || *r.Reconcile) }
 
+func algorithmNames() []string {
+	names := make([]string, len(bucket.Algorithms))
+	for i, a := range bucket.Algorithms {
+		names[i] = string(a)
+	}
+	return names
+}
+
 // Bucket returns the rule's validated limit.
 func (r *Rule) Bucket() bucket.Limit { return r.limit }
 
@@ -132,7 +142,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
+		return err
 	}
 	*d = Duration(v)
 	return nil
@@ -166,47 +176,95 @@ func Load(path string) (*Set, error) {
 }
 
 // Parse decodes a rules file strictly (unknown keys are errors) and
-// validates every rule. Errors name the file, the rule and the field.
+// validates every rule. Its errors are an *Error naming the file, the rule
+// and the field.
 func Parse(name string, data []byte) (*Set, error) {
+	fileErr := func(field string, line int, err error) error {
+		return &Error{File: name, Index: -1, Field: field, Line: line, Err: err}
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var f file
-	if err := dec.Decode(&f); err != nil {
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%s: %w: the file is empty", name, ErrInvalid)
+			return nil, fileErr("", 0, errors.New("the file is empty"))
 		}
-		return nil, fmt.Errorf("%s: %w: %v", name, ErrInvalid, err)
+		return nil, fileErr("", 0, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%s: %w: more than one YAML document", name, ErrInvalid)
+		return nil, fileErr("", extra.Line, errors.New("more than one YAML document"))
+	}
+	top := resolve(&doc)
+	if top.Kind == yaml.DocumentNode && len(top.Content) == 1 {
+		top = resolve(top.Content[0])
+	}
+	if err := checkFields(top, reflect.TypeFor[file](), ""); err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			e.File = name
+		}
+		return nil, err
+	}
+	// checkFields found what a strict decode would refuse, and names it;
+	// decoding strictly still guards against a gap in checkFields.
+	strict := yaml.NewDecoder(bytes.NewReader(data))
+	strict.KnownFields(true)
+	var f file
+	if err := strict.Decode(&f); err != nil {
+		return nil, fileErr("", 0, err)
 	}
 	if len(f.Rules) == 0 {
-		return nil, fmt.Errorf("%s: %w: rules: no rules", name, ErrInvalid)
+		return nil, fileErr("rules", fieldLine(top, "rules"), errors.New("no rules"))
+	}
+	var nodes []*yaml.Node
+	if _, v := lookup(top, "rules"); v != nil && resolve(v).Kind == yaml.SequenceNode {
+		nodes = resolve(v).Content
 	}
 	list := make([]*Rule, len(f.Rules))
+	lines := make([]int, len(f.Rules)) // of each rule's id
+	first := make(map[string]int, len(f.Rules))
 	for i := range f.Rules {
 		r := &f.Rules[i]
 		r.source = SourceFile
-		if err := r.validate(); err != nil {
-			return nil, fmt.Errorf("%s: %w: rules[%d] (id %q): %v", name, ErrInvalid, i, r.ID, err)
+		var n *yaml.Node
+		if i < len(nodes) {
+			n = resolve(nodes[i])
+			lines[i] = fieldLine(n, "id")
 		}
+		if err := r.validate(n); err != nil {
+			return nil, at(err, name, i, r.ID, n)
+		}
+		if j, ok := first[r.ID]; ok {
+			return nil, &Error{File: name, Index: i, ID: r.ID, Field: "id", Line: lines[i], Err: &DuplicateIDError{ID: r.ID,
+				First:  Place{Index: j, Line: lines[j], Source: SourceFile},
+				Second: Place{Index: i, Line: lines[i], Source: SourceFile}}}
+		}
+		first[r.ID] = i
 		list[i] = r
 	}
 	s, err := Build(list)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+		var e *Error
+		if errors.As(err, &e) {
+			e.File = name
+		}
+		return nil, err
 	}
 	return s, nil
 }
 
-// Build makes a set of validated rules; an id used twice is an error.
+// Build makes a set of validated rules; an id used twice is an *Error
+// caused by a *DuplicateIDError.
 func Build(list []*Rule) (*Set, error) {
 	s := &Set{byID: make(map[string]*Rule, len(list))}
+	index := make(map[string]int, len(list))
 	for i, r := range list {
-		if s.byID[r.ID] != nil {
-			return nil, fmt.Errorf("%w: rules[%d]: id: %q is used twice (%s and %s)", ErrInvalid, i, r.ID, s.byID[r.ID].source, r.source)
+		if j, ok := index[r.ID]; ok {
+			return nil, &Error{Index: i, ID: r.ID, Field: "id", Err: &DuplicateIDError{ID: r.ID,
+				First:  Place{Index: j, Source: list[j].source},
+				Second: Place{Index: i, Source: r.source}}}
 		}
+		index[r.ID] = i
 		s.byID[r.ID] = r
 		s.rules = append(s.rules, r)
 		if r.Match != nil {
@@ -218,20 +276,32 @@ func Build(list []*Rule) (*Set, error) {
 }
 
 // ParseRule decodes one rule (an entry of "rules:", YAML or JSON) strictly
-// and validates it; source says where it came from.
+// and validates it; source says where it came from. Its errors are an
+// *Error naming the field, with Index -1.
 func ParseRule(data []byte, source string) (*Rule, error) {
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &Error{Index: -1, Err: errors.New("the rule is empty")}
+		}
+		return nil, &Error{Index: -1, Err: err}
+	}
+	n := resolve(&doc)
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = resolve(n.Content[0])
+	}
+	if err := checkFields(n, reflect.TypeFor[Rule](), ""); err != nil {
+		return nil, at(err, "", -1, idOf(n), nil)
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	var r Rule
 	if err := dec.Decode(&r); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, fmt.Errorf("%w: the rule is empty", ErrInvalid)
-		}
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, &Error{Index: -1, ID: idOf(n), Err: err}
 	}
 	r.source = source
-	if err := r.validate(); err != nil {
-		return nil, fmt.Errorf("%w: rule %q: %v", ErrInvalid, r.ID, err)
+	if err := r.validate(n); err != nil {
+		return nil, at(err, "", -1, r.ID, n)
 	}
 	return &r, nil
 }
@@ -262,67 +332,73 @@ func (s *Set) digest() string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-func (r *Rule) validate() error {
+// validate checks r and fills in its defaults; n is the rule's YAML, nil
+// when unknown.
+func (r *Rule) validate(n *yaml.Node) error {
 	if !idPattern.MatchString(r.ID) {
-		return fmt.Errorf("id: must match %s", idPattern)
+		return fieldErrorf("id", "must match %s", idPattern)
+	}
+	if err := choice("algorithm", r.Algorithm, bucket.Algorithms...); err != nil {
+		return err
 	}
 	if r.Algorithm == "" {
+		if n != nil && writtenEmpty(n, "algorithm") {
+			return fieldError("algorithm", &ChoiceError{Valid: algorithmNames()})
+		}
 		r.Algorithm = bucket.TokenBucket
 	}
 	switch {
 	case r.Capacity != nil && r.Limit != nil:
-		return errors.New("capacity and limit: give one, not both")
+		return fieldError("limit", errors.New("capacity is given too: give one of capacity and limit, not both"))
 	case r.Capacity == nil && r.Limit == nil:
-		return errors.New("capacity: missing (or limit, for a window)")
+		return fieldError("capacity", errors.New("missing (or limit, for a window)"))
 	}
 	capacity, field := r.Capacity, "capacity"
 	if capacity == nil {
 		capacity, field = r.Limit, "limit"
 	}
-	switch r.OnFailure {
-	case "":
-		r.OnFailure = FailOpen
-	case FailOpen, FailClosed:
-	default:
-		return fmt.Errorf("on_failure: must be open or closed, got %q", r.OnFailure)
+	if err := choice("on_failure", r.OnFailure, FailOpen, FailClosed); err != nil {
+		return err
 	}
-	switch r.Home {
-	case "":
+	if r.OnFailure == "" {
+		r.OnFailure = FailOpen
+	}
+	if err := choice("home", r.Home, HomeLocal, HomePinned); err != nil {
+		return err
+	}
+	if r.Home == "" {
 		r.Home = HomeLocal
-	case HomeLocal, HomePinned:
-	default:
-		return fmt.Errorf("home: must be local or pinned, got %q", r.Home)
 	}
 	if len(r.HomeKeys) > 0 && r.Home != HomePinned {
-		return errors.New("home_keys: only a rule with home: pinned has home keys")
+		return fieldError("home_keys", errors.New("only a rule with home: pinned has home keys"))
 	}
 	for k, reg := range r.HomeKeys {
 		if k == "" || len(k) > bucket.MaxKeyLen {
-			return fmt.Errorf("home_keys: a key must be 1 to %d bytes", bucket.MaxKeyLen)
+			return fieldErrorf("home_keys", "a key must be 1 to %d bytes", bucket.MaxKeyLen)
 		}
 		if !regionPattern.MatchString(reg) {
-			return fmt.Errorf("home_keys: %q is not a region name", reg)
+			return fieldErrorf("home_keys", "%q is not a region name", reg)
 		}
 	}
 	if r.Lease != 0 {
 		if r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA {
-			return fmt.Errorf("lease: only token_bucket and gcra rules lease tokens, not %s", r.Algorithm)
+			return fieldErrorf("lease", "only token_bucket and gcra rules lease tokens, not %s", r.Algorithm)
 		}
 		if !(r.Lease > 0) || r.Lease > *capacity {
-			return fmt.Errorf("lease: must be > 0 and at most the capacity %v, got %v", *capacity, r.Lease)
+			return fieldErrorf("lease", "must be > 0 and at most the capacity %v, got %v", *capacity, r.Lease)
 		}
 		if r.Home == HomePinned {
-			return errors.New("lease: a pinned rule is decided in its home region and cannot lease")
+			return fieldError("lease", errors.New("a pinned rule is decided in its home region and cannot lease"))
 		}
 	}
 	if r.Reconcile != nil && *r.Reconcile && r.Home == HomePinned {
-		return errors.New("reconcile: a pinned rule is decided in one region and has nothing to reconcile")
+		return fieldError("reconcile", errors.New("a pinned rule is decided in one region and has nothing to reconcile"))
 	}
 	if r.KeyBy == "" {
 		r.KeyBy = KeyByAPIKey
 	}
 	if !validKeyBy(r.KeyBy) {
-		return fmt.Errorf("key_by: must be api_key, user, ip, global or attr:NAME, got %q", r.KeyBy)
+		return fieldErrorf("key_by", "must be api_key, user, ip, global or attr:NAME, got %q", r.KeyBy)
 	}
 	if r.Match != nil {
 		if err := r.Match.validate(); err != nil {
@@ -330,7 +406,7 @@ func (r *Rule) validate() error {
 		}
 	}
 	if r.Shadow && r.Lease != 0 {
-		return errors.New("shadow: a shadow rule rejects nothing and cannot lease")
+		return fieldError("shadow", errors.New("a shadow rule rejects nothing and cannot lease"))
 	}
 	r.limit = bucket.Limit{Algorithm: r.Algorithm, Capacity: *capacity, RefillPerSecond: r.RefillPerSecond, Window: time.Duration(r.Window)}
 	if err := r.limit.Validate(); err != nil {
@@ -338,7 +414,7 @@ func (r *Rule) validate() error {
 		if errors.As(err, &le) && le.Field != "capacity" {
 			field = le.Field
 		}
-		return fmt.Errorf("%s: %w", field, err)
+		return fieldError(field, err)
 	}
 	return r.validateCost(r.limit)
 }
