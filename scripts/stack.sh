@@ -26,6 +26,7 @@ interval=${GOSSIP_INTERVAL:-1s}
 state=$root/.stack
 pids_file=$state/pids # one line per process: name pid binary log
 token_file=$state/admin-token
+peer_secret_file=$state/peer-secret
 bin=$root/bin
 
 regions=(us-east eu-west)
@@ -204,6 +205,9 @@ up() {
 	: >"$pids_file"
 	# 32 random bytes in hex: the admin API wants at least 16 characters.
 	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$token_file")
+	# The secret the regions share for checks of pinned rules forwarded to
+	# a key's home region (limiter.v1.Peer refuses any call without it).
+	(umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' >"$peer_secret_file")
 	# From here on, a failure stops whatever was started; the logs stay.
 	trap 'rc=$?; if [ $rc -ne 0 ]; then err "start-up failed: stopping what was started; logs kept in $state/logs"; stop_all; fi' EXIT
 	trap 'exit 130' INT TERM
@@ -263,8 +267,8 @@ up() {
 		# --redis.timeout: the 5ms default is meant for a dedicated store;
 		# here two clusters, NATS and the daemons share the machine's cores.
 		start "limiterd-$r" "$state/logs/limiterd-$r.log" "$bin/limiterd" \
-			--region "$r" --region.topology-file "$state/topology.yml" --rules.file "$rules" \
-			--redis.addrs "$redis_addrs" --redis.timeout 50ms \
+			--region "$r" --region.topology-file "$state/topology.yml" --region.peer-secret-file "$peer_secret_file" \
+			--rules.file "$rules" --redis.addrs "$redis_addrs" --redis.timeout 50ms \
 			--grpc.listen-address "${grpc_addr[$r]}" --http.listen-address "${http_addr[$r]}" \
 			--nats.url "nats://$nats_addr" --gossip.interval "$interval" --instance "limiterd-$r" \
 			--admin.token-file "$token_file"
