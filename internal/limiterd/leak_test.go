@@ -1,0 +1,51 @@
+package limiterd
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+// TestStartFailuresLeakNothing: a Start that fails at any step releases
+// what the steps before it started: goroutines, connections, listeners.
+func TestStartFailuresLeakNothing(t *testing.T) {
+	cluster := testenv.RedisCluster(t, 3, 0)
+	nats := testenv.NATS(t)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	tests := []struct {
+		name   string
+		mutate func(*Options)
+	}{
+		{"grpc address taken", func(o *Options) { o.GRPCAddress = busy.Addr().String() }},
+		{"http address taken", func(o *Options) { o.HTTPAddress = busy.Addr().String() }},
+		{"peer secret readable by others", func(o *Options) {
+			o.Region, o.TopologyFile, o.PeerSecretFile = "us-east", twoRegionTopology(t), "testdata/rules.yml"
+		}},
+		{"missing password file", func(o *Options) { o.RedisPasswordFile = "testdata/none" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ignore := goleak.IgnoreCurrent()
+			opts := Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
+				RedisAddrs: cluster.Addrs(), NATSURL: nats.URL(), Logger: quietLogger()}
+			tt.mutate(&opts)
+			d, err := New(opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Start(context.Background()); err == nil {
+				d.Stop(context.Background())
+				t.Fatal("Start succeeded")
+			}
+			goleak.VerifyNone(t, ignore)
+		})
+	}
+}

@@ -1,0 +1,173 @@
+package limiterd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/peer"
+	"github.com/limiterd/limiterd/internal/testenv"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// twoRegionTopology writes a topology where this daemon is us-east and
+// eu-west is elsewhere (never reached by these tests).
+func twoRegionTopology(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "topology.yml")
+	if err := os.WriteFile(path, []byte("regions:\n  - name: us-east\n    limiter_address: 127.0.0.1:1\n  - name: eu-west\n    limiter_address: 127.0.0.1:2\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func refusedPeerCalls(t *testing.T, d *Daemon, reason string) float64 {
+	t.Helper()
+	n, err := testutil.GatherAndCount(d.Registry(), "limiter_peer_calls_refused_total")
+	if err != nil || n == 0 {
+		t.Fatalf("limiter_peer_calls_refused_total not exported: %v", err)
+	}
+	for _, mf := range mustGather(t, d) {
+		if mf.GetName() != "limiter_peer_calls_refused_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "reason" && l.GetValue() == reason {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestPeerCallsNeedCredentials: only a caller with the peer secret may have
+// a check decided as the key's home; the old marker on a Check, which once
+// let any client decide a pinned rule locally with the full limit, is
+// refused. Each refusal is counted.
+func TestPeerCallsNeedCredentials(t *testing.T) {
+	secretFile := testenv.SecretFile(t)
+	secret, err := peer.ReadSecret(secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, func(o *Options) {
+		o.Region = "us-east"
+		o.TopologyFile = twoRegionTopology(t)
+		o.PeerSecretFile = secretFile
+	})
+	cc := dial(t, d.GRPCAddr())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	marked := metadata.AppendToOutgoingContext(ctx, peer.LegacyForwardedHeader, "eu-west")
+	_, err = limiterv1.NewLimiterClient(cc).Check(marked, &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Check with %s: %v, want PermissionDenied", peer.LegacyForwardedHeader, err)
+	}
+	if got := refusedPeerCalls(t, d, "legacy_marker"); got != 1 {
+		t.Errorf("legacy_marker refusals = %v, want 1", got)
+	}
+
+	p := limiterv1.NewPeerClient(cc)
+	req := &limiterv1.PeerDecideRequest{OriginRegion: "eu-west", Items: []*limiterv1.PeerItem{{RuleId: "tb", Key: "k", Cost: 1}}}
+	tests := []struct {
+		name string
+		ctx  context.Context
+		req  *limiterv1.PeerDecideRequest
+		want codes.Code
+	}{
+		{"no secret", ctx, req, codes.PermissionDenied},
+		{"wrong secret", metadata.AppendToOutgoingContext(ctx, peer.SecretHeader, "not-the-secret-at-all"), req, codes.PermissionDenied},
+		{"origin not in the topology", metadata.AppendToOutgoingContext(ctx, peer.SecretHeader, string(secret)),
+			&limiterv1.PeerDecideRequest{OriginRegion: "mars", Items: req.Items}, codes.InvalidArgument},
+		{"no items", metadata.AppendToOutgoingContext(ctx, peer.SecretHeader, string(secret)),
+			&limiterv1.PeerDecideRequest{OriginRegion: "eu-west"}, codes.InvalidArgument},
+		{"the secret", metadata.AppendToOutgoingContext(ctx, peer.SecretHeader, string(secret)), req, codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := p.Decide(tt.ctx, tt.req)
+			if status.Code(err) != tt.want {
+				t.Fatalf("Decide = %v, %v; want %v", resp, err, tt.want)
+			}
+			if tt.want == codes.OK && (!resp.GetAllowed() || len(resp.GetStatuses()) != 1 || resp.GetStatuses()[0].GetRemaining() != 9) {
+				t.Fatalf("Decide = %v, want allowed with 9 left", resp)
+			}
+		})
+	}
+	if got := refusedPeerCalls(t, d, "unauthenticated"); got != 2 {
+		t.Errorf("unauthenticated refusals = %v, want 2", got)
+	}
+}
+
+// TestPeerIdentityByCertificate: with --region.peer-identities, a client
+// certificate naming an allowed identity is a peer; another certificate of
+// the same CA (any gateway's) is not.
+func TestPeerIdentityByCertificate(t *testing.T) {
+	dir := t.TempDir()
+	ca := newCA(t)
+	srvCert, srvKey := ca.issue(t, 2, true)
+	cliCert, cliKey := ca.issue(t, 3, false) // CommonName "test"
+	d := startDaemon(t, nil, func(o *Options) {
+		o.Region = "us-east"
+		o.TopologyFile = twoRegionTopology(t)
+		o.TLSCertFile = writeFile(t, dir, "server.pem", srvCert)
+		o.TLSKeyFile = writeFile(t, dir, "server.key", srvKey)
+		o.TLSClientCAFile = writeFile(t, dir, "ca.pem", ca.pem)
+		o.PeerIdentities = []string{"limiterd.eu-west"}
+	})
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	pair, err := tls.X509KeyPair(cliCert, cliKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = limiterv1.NewPeerClient(cc).Decide(ctx, &limiterv1.PeerDecideRequest{OriginRegion: "eu-west",
+		Items: []*limiterv1.PeerItem{{RuleId: "tb", Key: "k", Cost: 1}}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Decide with a gateway's certificate (CN test): %v, want PermissionDenied", err)
+	}
+}
+
+// TestTopologyNeedsPeerCredentials: a limiterd with a topology and no way
+// to tell peers from anyone else does not start.
+func TestTopologyNeedsPeerCredentials(t *testing.T) {
+	_, err := New(Options{RulesFile: "testdata/rules.yml", Region: "us-east", TopologyFile: twoRegionTopology(t), Logger: quietLogger()})
+	if err == nil {
+		t.Fatal("New accepted a topology without --region.peer-secret-file or --region.peer-identities")
+	}
+	// A secret readable by others is refused at start.
+	f := testenv.SecretFile(t)
+	if err := os.Chmod(f, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
+		Region: "us-east", TopologyFile: twoRegionTopology(t), PeerSecretFile: f, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Start(context.Background()); err == nil {
+		d.Stop(context.Background())
+		t.Fatal("Start accepted a world-readable peer secret")
+	}
+}
