@@ -160,10 +160,10 @@ rules:
 `
 
 type regions struct {
-	east, west       *Engine
+	east, west        *Engine
 	eastStore, wStore *faultStore
-	home             *fakeHome
-	fleet            atomic.Int64
+	home              *fakeHome
+	fleet             atomic.Int64
 }
 
 // twoRegions is us-east deciding with eu-west as the home of pinned keys.
