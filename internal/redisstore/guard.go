@@ -17,7 +17,7 @@ import (
 // GuardInterval is how often the eviction guard reads the nodes.
 const GuardInterval = 10 * time.Second
 
-// ErrUnsafeEviction: a node evicts any key under memory pressure. Live
+// ErrUnsafeEviction: a node evicts keys under memory pressure. Live
 // counters would vanish, every request would be admitted, and every
 // dashboard would stay green.
 var ErrUnsafeEviction = errors.New("maxmemory-policy evicts live counters")
@@ -31,9 +31,13 @@ type MemoryReading struct {
 	Evicted int64
 }
 
-// Unsafe reports a policy that may evict keys without an expiry too, or
-// any key regardless of its expiry: allkeys-*.
-func (r MemoryReading) Unsafe() bool { return strings.HasPrefix(r.Policy, "allkeys-") }
+// Unsafe reports a policy that may evict keys: every policy but noeviction.
+// volatile-* policies evict only keys with an expiry, but every bucket has
+// one, so they evict live counters exactly like allkeys-*. With noeviction a
+// full node refuses the scripts' writes with an error, which the checks see
+// and answer by their rules' on_failure. A reading without a policy (an
+// INFO that lacks the field) is not reported unsafe.
+func (r MemoryReading) Unsafe() bool { return r.Policy != "" && r.Policy != "noeviction" }
 
 // ReadMemory reads every primary's INFO memory and stats. It works where
 // CONFIG is disabled (managed services).
@@ -84,8 +88,8 @@ func parseMemory(info string) MemoryReading {
 }
 
 // Guard reads the nodes' memory at start and every GuardInterval and
-// exports it. At start, an allkeys-* policy on any node is an error
-// wrapping ErrUnsafeEviction unless allowUnsafe.
+// exports it. At start, a policy other than noeviction on any node is an
+// error wrapping ErrUnsafeEviction unless allowUnsafe.
 type Guard struct {
 	s           *Store
 	allowUnsafe bool
@@ -103,7 +107,7 @@ func NewGuard(ctx context.Context, s *Store, allowUnsafe bool, reg prometheus.Re
 	}
 	for _, r := range readings {
 		if r.Unsafe() && !allowUnsafe {
-			return nil, fmt.Errorf("%w: node %s has maxmemory-policy %s; use volatile-ttl (or another volatile-* policy), or allow it explicitly",
+			return nil, fmt.Errorf("%w: node %s has maxmemory-policy %s; every bucket has an expiry, so only noeviction keeps live counters; set it, or allow the policy explicitly",
 				ErrUnsafeEviction, r.Node, r.Policy)
 		}
 	}
@@ -123,7 +127,7 @@ func NewGuard(ctx context.Context, s *Store, allowUnsafe bool, reg prometheus.Re
 		}, func() float64 { return g.sum(func(r MemoryReading) float64 { return float64(r.Evicted) }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_store_unsafe_eviction_policy",
-			Help: "1 when a primary's maxmemory-policy is allkeys-*.",
+			Help: "Primaries whose maxmemory-policy may evict keys (any but noeviction).",
 		}, func() float64 {
 			return g.sum(func(r MemoryReading) float64 {
 				if r.Unsafe() {
