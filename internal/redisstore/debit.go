@@ -126,6 +126,12 @@ func (s *Store) Refund(ctx context.Context, rule, key string, lim bucket.Limit, 
 	if lim.Algorithm != bucket.TokenBucket && lim.Algorithm != bucket.GCRA {
 		return nil
 	}
-	return refundScript.Run(ctx, s.client, []string{Key(rule, key)},
-		strconv.FormatFloat(lim.RefillPerSecond, 'g', -1, 64), strconv.FormatFloat(amount, 'g', -1, 64)).Err()
+	return refundScript.Run(ctx, s.client, []string{Key(rule, key)}, refundArgs(lim, amount)...).Err()
+}
+
+// refundArgs are the refund script's ARGV: algorithm, capacity, rate
+// (tokens/s) and amount.
+func refundArgs(lim bucket.Limit, amount float64) []any {
+	a := scriptArgs(lim, amount)
+	return []any{string(lim.Algorithm), a[0], a[1], a[2]}
 }
