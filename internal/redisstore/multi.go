@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,10 +33,12 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 	ctx, cancel := s.withTimeout(ctx)
 	defer cancel()
 	type group struct {
+		reqs []bucket.Request
 		idx  []int
 		keys []string
 		args []any
 		cmd  *redis.Cmd
+		at   int64
 	}
 	var groups []*group
 	byKey := map[string]*group{}
@@ -49,10 +52,11 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 			byKey[r.Key] = g
 			groups = append(groups, g)
 		}
-		a := scriptArgs(r.Limit, r.Cost)
 		g.idx = append(g.idx, i)
-		g.keys = append(g.keys, Key(r.Rule, r.Key))
-		g.args = append(g.args, string(r.Limit.Algorithm), a[0], a[1], a[2])
+		g.reqs = append(g.reqs, r)
+	}
+	for _, g := range groups {
+		g.keys, g.args = groupArgs(g.reqs)
 	}
 	start := time.Now()
 	run := func(useEval bool, only func(*group) bool) {
@@ -79,8 +83,9 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 	var firstErr error
 	for gi, g := range groups {
 		res, err := g.cmd.Slice()
-		if err == nil && len(res) != 4*len(g.idx) {
-			err = fmt.Errorf("reply has %d elements, want %d", len(res), 4*len(g.idx))
+		var ds []bucket.Decision
+		if err == nil {
+			ds, g.at, err = parseMultiReply(res, g.reqs)
 		}
 		if err != nil {
 			if firstErr == nil {
@@ -91,12 +96,8 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 		}
 		groupAllowed := true
 		for k, i := range g.idx {
-			d, err := parseDecision(res[4*k:4*k+4], reqs[i].Limit.Capacity)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			out[i] = d
-			groupAllowed = groupAllowed && d.Allowed
+			out[i] = ds[k]
+			groupAllowed = groupAllowed && ds[k].Allowed
 		}
 		spent[gi] = groupAllowed
 		all = all && groupAllowed
@@ -107,7 +108,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 		n := 0
 		for gi, g := range groups {
 			if spent[gi] {
-				undoScript.Eval(ctx, pipe, g.keys, g.args...)
+				undoScript.Eval(ctx, pipe, g.keys, undoArgs(g.at, g.args)...)
 				n++
 			}
 		}
@@ -125,4 +126,46 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 		return nil, fmt.Errorf("eval multi: %w", firstErr)
 	}
 	return out, nil
+}
+
+// groupArgs are the multi script's KEYS and ARGV for the requests of one
+// client: four ARGV per bucket, algorithm, capacity, rate or window, cost.
+// The undo script takes the same, after the instant of the spend.
+func groupArgs(reqs []bucket.Request) (keys []string, args []any) {
+	keys = make([]string, 0, len(reqs))
+	args = make([]any, 0, 4*len(reqs))
+	for _, r := range reqs {
+		a := scriptArgs(r.Limit, r.Cost)
+		keys = append(keys, Key(r.Rule, r.Key))
+		args = append(args, string(r.Limit.Algorithm), a[0], a[1], a[2])
+	}
+	return keys, args
+}
+
+// parseMultiReply reads the multi script's reply: four values per bucket
+// (see parseDecision), then the instant (µs, the store's clock) at which it
+// decided and, when all allowed, spent.
+func parseMultiReply(res []any, reqs []bucket.Request) ([]bucket.Decision, int64, error) {
+	if len(res) != 4*len(reqs)+1 {
+		return nil, 0, fmt.Errorf("reply has %d elements, want %d", len(res), 4*len(reqs)+1)
+	}
+	at, ok := res[len(res)-1].(int64)
+	if !ok {
+		return nil, 0, fmt.Errorf("unexpected instant %v", res[len(res)-1])
+	}
+	ds := make([]bucket.Decision, len(reqs))
+	for k, r := range reqs {
+		d, err := parseDecision(res[4*k:4*k+4], r.Limit.Capacity)
+		if err != nil {
+			return nil, 0, err
+		}
+		ds[k] = d
+	}
+	return ds, at, nil
+}
+
+// undoArgs are the undo script's ARGV: the instant of the spend to give
+// back, then a group's ARGV (groupArgs).
+func undoArgs(at int64, args []any) []any {
+	return append([]any{strconv.FormatInt(at, 10)}, args...)
 }
