@@ -98,9 +98,7 @@ func (s *Store) nodeOptions(addr string) *redis.Options {
 		// Pipelines share the main pool, so PoolSize and PoolTimeout bound them.
 		PipelinePoolSize: -1,
 		DisableIdentity:  true,
-		// TLSConfig is set so that go-redis knows the connection is TLS; the
-		// dialer does the handshake.
-		TLSConfig:                s.opts.TLS,
+		// TLS, when set, is done by the dialer: TLSConfig stays nil.
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	}
 }
@@ -112,7 +110,7 @@ func (s *Store) newBackend(cluster bool) *backend {
 	}
 	o := s.nodeOptions("")
 	return &backend{cluster: true, admin: redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: s.opts.Addrs, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
+		Addrs: s.opts.Addrs, Username: o.Username, Password: o.Password,
 		PoolSize: o.PoolSize, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries, DialTimeout: o.DialTimeout,
 		Dialer: o.Dialer, OnConnect: o.OnConnect, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
 		ContextTimeoutEnabled: true, PipelinePoolSize: -1, DisableIdentity: true,
