@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -670,4 +672,50 @@ func TestMetricsLint(t *testing.T) {
 	for _, p := range problems {
 		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
 	}
+}
+
+// TestCloseStopsGoroutines: Close ends every goroutine the store started
+// (the pipelines' workers, the background probe) and those of its clients,
+// also after nodes went down and came back.
+func TestCloseStopsGoroutines(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	before := storeGoroutines()
+	s, err := New(context.Background(), Options{Addrs: c.Addrs(), Timeout: time.Second}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range 20 {
+		k := "close-" + strconv.Itoa(i)
+		if _, err := s.TakeAll(ctx, []bucket.Request{
+			{Rule: "a", Key: k, Limit: testLimit, Cost: 1},
+			{Rule: "b", Key: k + "-other", Limit: testLimit, Cost: 1},
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "without the store's goroutines", func() bool { return len(storeGoroutines()) <= len(before) })
+	if _, err := s.Take(ctx, bucket.Request{Rule: "a", Key: "k", Limit: testLimit, Cost: 1}); !errors.Is(err, redis.ErrClosed) {
+		t.Fatalf("Take after Close = %v, want redis.ErrClosed", err)
+	}
+}
+
+// storeGoroutines lists the goroutines running code of this package (but
+// not its tests) or of go-redis.
+func storeGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "_test.go") {
+			continue
+		}
+		if strings.Contains(g, "limiterd/internal/redisstore.") || strings.Contains(g, "go-redis/v9") {
+			out = append(out, g)
+		}
+	}
+	return out
 }
