@@ -127,10 +127,10 @@ type health struct{ err error }
 // Health reports the store's reachability as the background probe last
 // found it (every ProbeInterval; no I/O here), for a readiness detail or a
 // log line. It is nil when every primary answered; otherwise its error
-// names the nodes that did not, and wraps ErrNotConnected while no node has
-// answered since New. A store that is not healthy still serves: checks
-// bound for a node that is down fail at once (not applied), so a caller's
-// on_failure policy decides them.
+// names the nodes that did not, and wraps ErrNotConnected while the store
+// is not connected (see Connected). A store that is not healthy still
+// serves: checks bound for a node that is down fail at once (not applied),
+// so a caller's on_failure policy decides them.
 func (s *Store) Health() error {
 	if h := s.health.Load(); h != nil {
 		return h.err
@@ -138,9 +138,11 @@ func (s *Store) Health() error {
 	return ErrNotConnected
 }
 
-// Connected reports whether the store has reached Redis since New: it knows
-// the mode and, for a cluster, the slot map. Until then every check fails
-// with ErrNotConnected.
+// Connected reports whether the store sends checks: it knows the mode and,
+// for a cluster, the slot map, learnt from a node that answered (with
+// ModeStandalone, from New on). Until then every check fails at once with
+// ErrNotConnected. It stays true through a later outage, when the nodes'
+// breakers fail the checks instead.
 func (s *Store) Connected() bool { return s.ready.Load() }
 
 // run probes the nodes every ProbeInterval until the store closes.
