@@ -3,6 +3,7 @@
 -- remote traffic (or a corrupt message) cannot block a key for long:
 --   token_bucket, gcra: the state moves by amount / rate, at most to one
 --     capacity of debt (tokens >= -capacity), refilling at the usual rate;
+--     checks read the state with the same bound, so the debt is kept;
 --   sliding_window, fixed_window: amount joins the current window's count,
 --     at most twice the limit;
 --   sliding_log: amount entries join the log at now, up to the limit.
@@ -15,8 +16,7 @@ local function overshoot(amount, room)
 end
 
 local function debit_token_bucket(key, cap, rate, amount, now)
-  local full = tonumber(read_string(key) or now) or now
-  if full < now then full = now end
+  local full = token_bucket_full(key, cap, rate, now)
   local over = overshoot(amount, cap - (full - now) * rate / 1e6)
   full = math.min(full + round_us(amount * 1e6 / rate), now + round_us(2 * cap * 1e6 / rate))
   redis.call('SET', key, fmt_int(full), 'PX', fmt_int(math.ceil((full - now) / 1000)))
@@ -25,8 +25,7 @@ end
 
 local function debit_gcra(key, cap, rate, amount, now)
   local tolerance = round_us(cap * 1e6 / rate)
-  local tat = tonumber(read_string(key) or now) or now
-  if tat < now then tat = now end
+  local tat = gcra_tat(key, cap, rate, now)
   local over = overshoot(amount, (tolerance - (tat - now)) * rate / 1e6)
   tat = math.min(tat + round_us(amount * 1e6 / rate), now + 2 * tolerance)
   redis.call('SET', key, fmt_int(tat), 'PX', fmt_int(math.ceil((tat - now) / 1000)))

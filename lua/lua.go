@@ -75,10 +75,9 @@ func withAll(clock Clock, main string) string {
 }
 
 // Refund returns the script that gives leased tokens back to a token
-// bucket or GCRA (see refund.lua).
-func Refund(clock Clock) string {
-	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("refund")
-}
+// bucket or GCRA (see refund.lua). It reads the state with the algorithms'
+// own functions, so it is composed like Multi.
+func Refund(clock Clock) string { return withAll(clock, "refund") }
 
 func clockFile(c Clock) string {
 	if c == FixedClock {

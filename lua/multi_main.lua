@@ -2,7 +2,8 @@
 -- (one hash tag, so one slot); ARGV four per bucket: algorithm, capacity,
 -- rate (tokens/s) or window (µs), cost. Every bucket is decided before any
 -- is written; only when all allow are they all spent. Replies four values
--- per bucket: allowed, remaining (string), retry_us, reset_us.
+-- per bucket: allowed, remaining (string), retry_us, reset_us; then the
+-- instant (µs) it decided at, which an undo of its spends needs (undo.lua).
 local now = now_us()
 local takes = {
   token_bucket = token_bucket,
@@ -30,4 +31,5 @@ end
 if all then
   for i = 1, #KEYS do commits[i]() end
 end
+out[#out + 1] = now
 return out

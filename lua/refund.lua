@@ -1,11 +1,20 @@
--- Gives back tokens leased and never handed out: KEYS[1] the bucket, ARGV
--- rate (tokens/s) and amount. Token buckets and GCRA only: their state is
--- the instant the bucket is full again, which moves back by amount / rate,
--- rounded down so a refund never returns more than was taken, and never
--- before now (a full bucket is deleted). Returns 1 when something changed.
+-- Gives back tokens leased and never handed out: KEYS[1] the bucket; ARGV
+-- algorithm, capacity, rate (tokens/s), amount. Token buckets and GCRA only:
+-- their state is the instant the bucket is full again, read as a check reads
+-- it (at most one capacity of debt ahead, see token_bucket_full), which moves
+-- back by amount / rate, rounded down so a refund never returns more than was
+-- taken, and never before now (a full bucket is deleted). Returns 1 when
+-- something changed.
 local now = now_us()
-local rate, amount = tonumber(ARGV[1]), tonumber(ARGV[2])
-local full = tonumber(read_string(KEYS[1]) or 0) or 0
+local alg, cap, rate, amount = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local full
+if alg == 'token_bucket' then
+  full = token_bucket_full(KEYS[1], cap, rate, now)
+elseif alg == 'gcra' then
+  full = gcra_tat(KEYS[1], cap, rate, now)
+else
+  return 0
+end
 if full <= now then
   return 0
 end

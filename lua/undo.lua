@@ -1,55 +1,74 @@
--- Undoes spends that an all-or-nothing check made on one client's buckets
--- when a rule of another client (another slot) refused the same request.
--- KEYS the buckets; ARGV four per bucket: algorithm, capacity, rate or
--- window (µs), amount. Each gives back at most what was taken:
---   token_bucket, gcra: the state moves back by amount / rate (rounded
---     down), never before now;
---   sliding_window, fixed_window: the count of the window spent in goes
---     down by amount, never below 0;
---   sliding_log: the newest amount entries go.
+-- Undoes the spends of an all-or-nothing check on one client's buckets when
+-- a rule of another client (another slot) refused the same request.
+-- KEYS the buckets; ARGV[1] the instant (µs) at which the multi script spent
+-- (the last value of its reply), then four per bucket: algorithm, capacity,
+-- rate or window (µs), amount. Each gives back at most what that spend took,
+-- to the window the spend counted in, and nothing when that window is gone:
+--   token_bucket, gcra: the state, read as a check reads it, moves back by
+--     amount / rate (rounded down), never before now;
+--   fixed_window: the spend's window, if the key still holds it, counts
+--     amount less, never below 0;
+--   sliding_window: the spend's window, still the current or now the
+--     previous one of the key, counts amount less, never below 0;
+--   sliding_log: up to amount entries logged at the spend's instant go, if
+--     that instant is still in the window.
 local now = now_us()
+local at = tonumber(ARGV[1])
 
-local function undo_instant(key, rate, amount)
-  local t = tonumber(read_string(key) or 0) or 0
-  if t <= now then return end
-  t = t - math.floor(amount * 1e6 / rate)
-  if t <= now then
+local function undo_instant(key, full, rate, amount)
+  if full <= now then return end
+  full = full - math.floor(amount * 1e6 / rate)
+  if full <= now then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, fmt_int(t), 'PX', fmt_int(math.ceil((t - now) / 1000)))
+    redis.call('SET', key, fmt_int(full), 'PX', fmt_int(math.ceil((full - now) / 1000)))
   end
 end
 
 local undos = {
-  token_bucket = function(key, cap, rate, amount) undo_instant(key, rate, amount) end,
-  gcra = function(key, cap, rate, amount) undo_instant(key, rate, amount) end,
-  sliding_window = function(key, cap, w, amount)
-    local idx = window_index(now, w)
-    local cur, prev = sliding_window_read(key, idx)
-    local v = read_string(key)
-    if not v then return end
-    local stored = tonumber(string.match(v, '^(%d+) '))
-    if stored == idx then
-      sliding_window_write(key, idx, w, math.max(cur - amount, 0), prev, now)
-    elseif stored == idx - 1 then
-      -- Spent in the window that has just become the previous one.
-      sliding_window_write(key, idx, w, 0, math.max(prev - amount, 0), now)
-    end
+  token_bucket = function(key, cap, rate, amount)
+    undo_instant(key, token_bucket_full(key, cap, rate, now), rate, amount)
+  end,
+  gcra = function(key, cap, rate, amount)
+    undo_instant(key, gcra_tat(key, cap, rate, now), rate, amount)
   end,
   fixed_window = function(key, cap, w, amount)
-    local idx = window_index(now, w)
-    local count, fresh = fixed_window_read(key, idx)
-    if not fresh then
+    local idx = window_index(at, w)
+    local count, other = fixed_window_read(key, idx)
+    if not other then
       fixed_window_write(key, idx, w, math.max(count - amount, 0), false)
     end
   end,
+  sliding_window = function(key, cap, w, amount)
+    local v = read_string(key)
+    if not v then return end
+    local a, cur, prev = string.match(v, '^(%d+) (%S+) (%S+)$')
+    a, cur, prev = tonumber(a), tonumber(cur) or 0, tonumber(prev) or 0
+    local spent = window_index(at, w)
+    if a == spent then
+      cur = math.max(cur - amount, 0)
+    elseif a == spent + 1 then
+      prev = math.max(prev - amount, 0)
+    else
+      return
+    end
+    -- The state stops counting two windows after its own began.
+    if (a + 2) * w - now > 0 then
+      sliding_window_write(key, a, w, cur, prev, now)
+    end
+  end,
   sliding_log = function(key, cap, w, amount)
-    redis.pcall('ZPOPMAX', key, math.floor(amount + 0.5))
+    if at <= now - w then return end
+    local score = fmt_int(at)
+    local members = redis.pcall('ZRANGEBYSCORE', key, score, score, 'LIMIT', 0, math.floor(amount + 0.5))
+    if type(members) == 'table' and not members.err and #members > 0 then
+      redis.call('ZREM', key, unpack(members))
+    end
   end,
 }
 
 for i = 1, #KEYS do
-  local j = (i - 1) * 4
+  local j = 1 + (i - 1) * 4
   local undo = undos[ARGV[j + 1]]
   if undo then
     undo(KEYS[i], tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3]), tonumber(ARGV[j + 4]))

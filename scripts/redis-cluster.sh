@@ -28,7 +28,7 @@ start)
 			--cluster-config-file "$d/nodes.conf" --cluster-node-timeout 2000 \
 			--save '' --appendonly no --dir "$d" --daemonize yes \
 			--pidfile "$d/redis.pid" --logfile "$d/redis.log" \
-			--maxmemory 512mb --maxmemory-policy volatile-ttl
+			--maxmemory 512mb --maxmemory-policy noeviction
 		nodes+=("127.0.0.1:$port")
 	done
 	for port in "$@"; do

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,69 +20,117 @@ const (
 	DefaultMaxBatch         = 128
 	DefaultPipelinesPerNode = 2
 	DefaultBreakerOpen      = 2 * time.Second
-	// breakerFailures in a row open a node's breaker.
-	breakerFailures = 5
 )
 
-// ErrBreakerOpen is returned, without calling Redis, for a check bound for
-// a node whose circuit breaker is open.
-var ErrBreakerOpen = errors.New("redis node circuit breaker open")
+// A node's circuit breaker opens on evidence that the node is unhealthy,
+// never on a few slow answers (a slow answer is as likely a busy limiterd as
+// a busy Redis, and an open breaker hands the node's checks to the
+// fallback):
+//   - breakerConnFailures connection errors in a row open it: dials that
+//     fail (refused, unreachable, timed out) or connections the node closed
+//     or reset. A dial to a stopped node fails at once, so this is quick.
+//   - over a rolling window of breakerWindow (in steps of breakerBucket),
+//     at least breakerMinCalls calls of which at least breakerFailureRatio
+//     failed (replies that timed out count here) open it: a node that
+//     answers but mostly too late.
+//
+// A call is one pipeline (or, with NoCoalesce, one check). Checks refused
+// as overloaded are not counted: they never reached the node. Once open, it
+// refuses calls (ErrBreakerOpen, nothing sent) for Options.BreakerOpen,
+// then lets one call through, and closes when that call gets its replies.
+const (
+	breakerConnFailures = 3
+	breakerWindow       = 10 * time.Second
+	breakerBucket       = time.Second
+	breakerMinCalls     = 20
+	breakerFailureRatio = 0.5
+)
 
-// call is one check waiting for its node's next pipeline.
-type call struct {
-	ctx    context.Context
-	key    string
-	script int
-	args   [3]string
-	limit  float64
-	done   chan result
-}
+// staleAfter is how long a worker's connection may stay idle before it is
+// pinged again before carrying checks: a node that restarted meanwhile is
+// then found by the ping (nothing sent) instead of by a pipeline of checks
+// whose outcome would be unknown.
+const staleAfter = time.Second
 
-type result struct {
-	d   bucket.Decision
-	err error
-}
+// errNothingSent ends a breaker call that sent nothing; it is not counted.
+var errNothingSent = errors.New("nothing sent")
 
-var callPool = sync.Pool{New: func() any { return &call{done: make(chan result, 1)} }}
-
-// node is one primary's queue: checks bound for it wait there and go out
-// together, as one pipeline, while the previous pipelines are in flight
-// (no timer: a lone check goes out at once). Its breaker stops calling a
-// node that keeps failing, and lets a probe through after a while.
+// node is one primary: its queue of checks, the workers that send them as
+// pipelines, its clients and its breaker.
 type node struct {
-	s       *Store
-	client  *redis.Client
-	calls   chan *call
-	breaker *gobreaker.CircuitBreaker[struct{}]
+	s    *Store
+	addr string
+	// base carries the workers' connections: the context of each pipeline
+	// has the store timeout as its deadline, set when it is written.
+	base *redis.Client
+	// pooled carries the checks sent one by one (NoCoalesce, redirects):
+	// its sockets take no deadline from the context (which bounds the wait
+	// for a connection and the dial) and the store timeout from the write.
+	pooled       *redis.Client
+	calls        chan *call
+	breaker      *gobreaker.CircuitBreaker[struct{}]
+	connFailures atomic.Int32
+	unsafe       atomic.Bool
 }
 
-// queueFor returns the queue of the primary serving key.
-func (s *Store) queueFor(ctx context.Context, key string) (*node, error) {
-	client, ok := s.client.(*redis.Client)
-	if !ok {
-		var err error
-		if client, err = s.client.(*redis.ClusterClient).MasterForKey(ctx, key); err != nil {
-			return nil, err
-		}
+// nodeFor returns the node of the primary serving key.
+func (s *Store) nodeFor(ctx context.Context, key string) (*node, error) {
+	if s.closed.Load() {
+		return nil, redis.ErrClosed
 	}
-	addr := client.Options().Addr
+	be := s.be.Load()
+	if be == nil || !s.ready.Load() {
+		return nil, ErrNotConnected
+	}
+	addr := s.opts.Addrs[0]
+	if cc, ok := be.admin.(*redis.ClusterClient); ok {
+		c, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("slot of key: %w", err)
+		}
+		addr = c.Options().Addr
+	}
+	n := s.node(addr)
+	if n.unsafe.Load() {
+		return nil, fmt.Errorf("redis %s: %w: its checks are not sent", addr, ErrUnsafeEviction)
+	}
+	return n, nil
+}
+
+// node returns the node of addr, making it on first use.
+func (s *Store) node(addr string) *node {
 	s.nodesMu.RLock()
 	n := s.nodes[addr]
 	s.nodesMu.RUnlock()
 	if n != nil {
-		return n, nil
+		return n
 	}
 	s.nodesMu.Lock()
 	defer s.nodesMu.Unlock()
 	if n = s.nodes[addr]; n != nil {
-		return n, nil
+		return n
 	}
-	n = &node{s: s, client: client, calls: make(chan *call, 4*s.maxBatch)}
+	pooled := s.nodeOptions(addr)
+	pooled.ContextTimeoutEnabled = false
+	pooled.ReadTimeout, pooled.WriteTimeout = s.timeout, s.timeout
+	pooled.PoolTimeout = s.maxQueueWait
+	n = &node{s: s, addr: addr, base: redis.NewClient(s.nodeOptions(addr)), pooled: redis.NewClient(pooled),
+		calls: make(chan *call, 4*s.maxBatch)}
+	n.unsafe.Store(s.unsafe[addr])
 	n.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
-		Name:        addr,
-		MaxRequests: 1,
-		Timeout:     s.breakerOpen,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= breakerFailures },
+		Name:         addr,
+		MaxRequests:  1,
+		Interval:     breakerWindow,
+		BucketPeriod: breakerBucket,
+		Timeout:      s.breakerOpen,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			if n.connFailures.Load() >= breakerConnFailures {
+				return true
+			}
+			done := c.TotalSuccesses + c.TotalFailures
+			return done >= breakerMinCalls && float64(c.TotalFailures) >= breakerFailureRatio*float64(done)
+		},
+		IsExcluded: func(err error) bool { return errors.Is(err, errNothingSent) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			s.m.breakerTransitions.WithLabelValues(to.String()).Inc()
 			switch {
@@ -94,164 +142,101 @@ func (s *Store) queueFor(ctx context.Context, key string) (*node, error) {
 		},
 	})
 	s.nodes[addr] = n
-	for range s.pipelines {
-		s.workers.Go(func() { n.work(s.life) })
+	if s.coalesce && !s.closed.Load() {
+		for range s.pipelines {
+			s.workers.Go(func() { n.work(s.life) })
+		}
 	}
-	return n, nil
+	return n
 }
 
-// takeCoalesced queues one check on its node and waits for the answer.
-func (s *Store) takeCoalesced(ctx context.Context, i int, key string, a [3]string, capacity float64) (bucket.Decision, error) {
-	n, err := s.queueFor(ctx, key)
+func (n *node) close() error {
+	return errors.Join(n.base.Close(), n.pooled.Close())
+}
+
+// noteFailure counts a failed call toward the breaker's connection errors
+// in a row. It runs inside the breaker's call, before ReadyToTrip.
+func (n *node) noteFailure(err error) {
+	if isConnectionError(err) {
+		n.connFailures.Add(1)
+	}
+}
+
+func breakerRefused(err error) bool {
+	return errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)
+}
+
+// result is the outcome of one store call: the script's reply, or an error
+// and what it means (f).
+type result struct {
+	res []any
+	f   failure
+	err error
+}
+
+// eval runs sc on the node of key and says what a failure means. A reply
+// that the slot moved (a failover, a resharding) is followed once.
+func (s *Store) eval(ctx context.Context, o op, key string, sc scriptCall, dur prometheus.Observer) ([]any, error) {
+	n, err := s.nodeFor(ctx, key)
 	if err != nil {
-		return bucket.Decision{}, err
+		s.m.errors[o].Inc()
+		return nil, err
 	}
-	c := callPool.Get().(*call)
-	c.ctx, c.key, c.script, c.args, c.limit = ctx, key, i, a, capacity
-	select {
-	case n.calls <- c:
-	case <-ctx.Done():
-		callPool.Put(c)
-		return bucket.Decision{}, ctx.Err()
+	r := n.eval(ctx, sc, dur)
+	if r.err != nil && isRedirect(r.err) {
+		r = s.redirect(ctx, r.err, sc)
 	}
-	// The worker always answers: with the result, or with the context's
-	// error if it finds the context done.
-	r := <-c.done
-	c.ctx = nil
-	callPool.Put(c)
-	return r.d, r.err
+	if r.err != nil {
+		s.m.failed(o, r.f)
+		return nil, r.err
+	}
+	return r.res, nil
 }
 
-// work sends the node's queued checks, a pipeline at a time.
-func (n *node) work(life context.Context) {
-	batch := make([]*call, 0, n.s.maxBatch)
-	for {
-		select {
-		case c := <-n.calls:
-			batch = append(batch[:0], c)
-		case <-life.Done():
-			return
-		}
-	more:
-		for len(batch) < n.s.maxBatch {
-			select {
-			case c := <-n.calls:
-				batch = append(batch, c)
-			default:
-				break more
-			}
-		}
-		n.run(batch)
+// eval sends sc: coalesced into the node's next pipeline, or on its own.
+func (n *node) eval(ctx context.Context, sc scriptCall, dur prometheus.Observer) result {
+	if !n.s.coalesce {
+		start := time.Now()
+		r := n.direct(ctx, sc, nil)
+		dur.Observe(time.Since(start).Seconds())
+		return r
 	}
+	c := n.start(sc, dur)
+	return n.wait(ctx, c)
 }
 
-// run sends one pipeline and answers every call in it.
-func (n *node) run(batch []*call) {
-	live := batch[:0]
-	var deadline time.Time
-	for _, c := range batch {
-		if err := c.ctx.Err(); err != nil {
-			c.done <- result{err: err}
-			continue
-		}
-		dl, ok := c.ctx.Deadline()
-		if !ok {
-			dl = time.Now().Add(n.s.timeout)
-		}
-		if deadline.IsZero() || dl.After(deadline) {
-			deadline = dl
-		}
-		live = append(live, c)
-	}
-	if len(live) == 0 {
-		return
-	}
-	n.s.m.batchSize.Observe(float64(len(live)))
-	// The pipeline lives until the last deadline of its calls; a call whose
-	// own deadline passes first is answered as failed by its context.
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	start := time.Now()
-	cmds := make([]*redis.Cmd, len(live))
-	_, err := n.breaker.Execute(func() (struct{}, error) {
-		pipe := n.client.Pipeline()
-		for i, c := range live {
-			cmds[i] = n.s.scripts[c.script].EvalSha(ctx, pipe, []string{c.key}, c.args[0], c.args[1], c.args[2])
-		}
-		_, _ = pipe.Exec(ctx)
-		var retry []int
-		for i, cmd := range cmds {
-			if e := cmd.Err(); e != nil && strings.HasPrefix(e.Error(), "NOSCRIPT") {
-				retry = append(retry, i)
-			}
-		}
-		if len(retry) > 0 {
-			// The node lost the scripts (restart, failover): nothing ran for
-			// these calls, so sending the text is safe.
-			pipe = n.client.Pipeline()
-			for _, i := range retry {
-				c := live[i]
-				cmds[i] = n.s.scripts[c.script].Eval(ctx, pipe, []string{c.key}, c.args[0], c.args[1], c.args[2])
-			}
-			_, _ = pipe.Exec(ctx)
-		}
-		return struct{}{}, nodeError(cmds)
-	})
-	elapsed := time.Since(start).Seconds()
-	for i, c := range live {
-		n.s.m.scriptDuration[c.script].Observe(elapsed)
-		if err != nil && cmds[i] == nil {
-			// The breaker refused the pipeline.
-			n.s.m.errors.Inc()
-			c.done <- result{err: fmt.Errorf("%w: %s", ErrBreakerOpen, n.client.Options().Addr)}
-			continue
-		}
-		res, cerr := cmds[i].Slice()
-		if cerr != nil && isRedirect(cerr) {
-			// A failover or a resharding moved the slot: this once, let
-			// the cluster client follow the redirect.
-			n.s.reroute()
-			res, cerr = n.s.scripts[c.script].Run(c.ctx, n.s.client, []string{c.key}, c.args[0], c.args[1], c.args[2]).Slice()
-		}
-		if cerr != nil {
-			n.s.m.errors.Inc()
-			c.done <- result{err: fmt.Errorf("eval %s: %w", scriptAlgorithms[c.script], cerr)}
-			continue
-		}
-		d, perr := parseDecision(res, c.limit)
-		if perr != nil {
-			n.s.m.errors.Inc()
-		}
-		c.done <- result{d: d, err: perr}
-	}
-}
-
-// nodeError is the first failure of the node itself (connection, timeout),
-// not of a script, among a pipeline's commands: what the breaker counts.
-func nodeError(cmds []*redis.Cmd) error {
-	for _, cmd := range cmds {
-		err := cmd.Err()
-		if err == nil || errors.Is(err, redis.Nil) {
-			continue
-		}
-		var rerr redis.Error
-		if errors.As(err, &rerr) {
-			continue
-		}
-		return err
-	}
-	return nil
-}
-
+// isRedirect reports a reply that the key's slot is served elsewhere, or
+// not served right now; the slot map is then reloaded.
 func isRedirect(err error) bool {
-	msg := err.Error()
-	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "TRYAGAIN") ||
-		strings.HasPrefix(msg, "CLUSTERDOWN")
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	if _, ok := redis.IsAskError(err); ok {
+		return true
+	}
+	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err)
+}
+
+// redirect follows a MOVED or ASK reply once, on the node it names. Nothing
+// ran on the node that answered it.
+func (s *Store) redirect(ctx context.Context, err error, sc scriptCall) result {
+	s.reroute()
+	if addr, ok := redis.IsMovedError(err); ok {
+		return s.node(addr).direct(ctx, sc, nil)
+	}
+	if addr, ok := redis.IsAskError(err); ok {
+		return s.node(addr).direct(ctx, sc, func(p redis.Pipeliner) { p.Do(ctx, "asking") })
+	}
+	return result{f: notApplied, err: err}
 }
 
 // reroute refreshes the cluster's slot map, at most once a second.
 func (s *Store) reroute() {
-	cc, ok := s.client.(*redis.ClusterClient)
+	be := s.be.Load()
+	if be == nil {
+		return
+	}
+	cc, ok := be.admin.(*redis.ClusterClient)
 	if !ok {
 		return
 	}
@@ -260,36 +245,315 @@ func (s *Store) reroute() {
 	if now-last < int64(time.Second) || !s.lastReload.CompareAndSwap(last, now) {
 		return
 	}
-	go cc.ReloadState(context.Background())
+	cc.ReloadState(s.life) // in the background
 }
 
-type coalesceMetrics struct {
-	batchSize          prometheus.Observer
-	breakersOpen       prometheus.Gauge
-	breakerTransitions *prometheus.CounterVec
+// direct sends sc on its own through the pooled client, under the breaker.
+func (n *node) direct(ctx context.Context, sc scriptCall, before func(redis.Pipeliner)) result {
+	if n.unsafe.Load() {
+		return result{f: notApplied, err: fmt.Errorf("redis %s: %w: its checks are not sent", n.addr, ErrUnsafeEviction)}
+	}
+	var p connPhase
+	pctx := withConnPhase(ctx, &p)
+	var r result
+	_, err := n.breaker.Execute(func() (struct{}, error) {
+		cmds, _ := runScripts(pctx, n.pooled, []scriptCall{sc}, before)
+		res, err := cmds[0].Slice()
+		if err == nil || isReply(err) {
+			n.connFailures.Store(0)
+			r = result{res: res, f: notApplied, err: err}
+			return struct{}{}, nil
+		}
+		r = result{f: classifyPooled(err, &p), err: err}
+		if r.f == overloaded {
+			return struct{}{}, errNothingSent
+		}
+		n.noteFailure(err)
+		return struct{}{}, err
+	})
+	if breakerRefused(err) {
+		return result{f: notApplied, err: fmt.Errorf("%w: %s", ErrBreakerOpen, n.addr)}
+	}
+	if r.err != nil {
+		r.err = r.f.wrap(n.addr, r.err)
+	}
+	return r
 }
 
-func newCoalesceMetrics(reg prometheus.Registerer) (coalesceMetrics, error) {
-	batch := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "limiter_store_pipeline_checks",
-		Help:    "Checks sent together in one pipeline to one Redis node.",
-		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-	})
-	open := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "limiter_store_breakers_open",
-		Help: "Redis nodes whose circuit breaker is open (not called until a probe succeeds).",
-	})
-	trans := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "limiter_store_breaker_transitions_total",
-		Help: "Circuit breaker state changes, by the state entered.",
-	}, []string{"state"})
-	for _, c := range []prometheus.Collector{batch, open, trans} {
-		if err := reg.Register(c); err != nil {
-			return coalesceMetrics{}, err
+// The states of a call. A call is owned by its caller until it is queued;
+// then by whichever side moves it to callAbandoned, or by the caller again
+// once it received the reply.
+const (
+	callQueued    int32 = iota // in the node's queue
+	callTaken                  // a worker took it; not written yet
+	callSent                   // in a pipeline being written or awaiting replies
+	callAbandoned              // its caller left; the worker recycles it
+)
+
+// call is one check waiting for its node's next pipeline.
+type call struct {
+	state atomic.Int32
+	sc    scriptCall
+	dur   prometheus.Observer
+	done  chan result
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan result, 1)} }}
+
+func putCall(c *call) {
+	c.sc, c.dur = scriptCall{}, nil
+	callPool.Put(c)
+}
+
+var timerPool = sync.Pool{New: func() any {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return t
+}}
+
+// start makes the call of sc.
+func (n *node) start(sc scriptCall, dur prometheus.Observer) *call {
+	c := callPool.Get().(*call)
+	c.sc, c.dur = sc, dur
+	c.state.Store(callQueued)
+	return c
+}
+
+// wait queues c and waits for its result. The time before a worker sends it
+// is bounded by ctx and the queue cap: past either, it is taken back unsent
+// and the result is an error wrapping bucket.ErrOverloaded. Once sent, the
+// wait for the reply is bounded by the store timeout, which the worker
+// applies from the write, and by ctx: a caller that gives up then gets an
+// error wrapping bucket.ErrOutcomeUnknown.
+func (n *node) wait(ctx context.Context, c *call) result {
+	t := timerPool.Get().(*time.Timer)
+	t.Reset(n.s.maxQueueWait)
+	defer func() {
+		t.Stop()
+		timerPool.Put(t)
+	}()
+	select {
+	case n.calls <- c:
+	case <-t.C:
+		putCall(c)
+		return n.overloaded(nil)
+	case <-ctx.Done():
+		putCall(c)
+		return n.overloaded(ctx.Err())
+	}
+	var cause error
+	select {
+	case r := <-c.done:
+		putCall(c)
+		return r
+	case <-t.C:
+	case <-ctx.Done():
+		cause = ctx.Err()
+	}
+	if c.state.CompareAndSwap(callQueued, callAbandoned) {
+		return n.overloaded(cause)
+	}
+	// A worker has it: it is being sent, or its connection is being made.
+	select {
+	case r := <-c.done:
+		putCall(c)
+		return r
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-c.done:
+		putCall(c)
+		return r
+	default:
+	}
+	if c.state.CompareAndSwap(callTaken, callAbandoned) {
+		return result{f: notApplied, err: fmt.Errorf("redis %s: connecting: %w", n.addr, ctx.Err())}
+	}
+	// Sent: the worker answers into c.done, which nobody reads; c is left
+	// to the garbage collector.
+	c.state.CompareAndSwap(callSent, callAbandoned)
+	return result{f: unknown, err: unknown.wrap(n.addr, ctx.Err())}
+}
+
+func (n *node) overloaded(cause error) result {
+	err := fmt.Errorf("%w: waited %v in the queue of %s", bucket.ErrOverloaded, n.s.maxQueueWait, n.addr)
+	if cause != nil {
+		err = fmt.Errorf("%w: in the queue of %s: %w", bucket.ErrOverloaded, n.addr, cause)
+	}
+	return result{f: overloaded, err: err}
+}
+
+// answer hands r to c's caller, unless the caller left.
+func answer(c *call, r result) {
+	if c.state.Load() == callAbandoned {
+		putCall(c)
+		return
+	}
+	c.done <- r
+}
+
+// workerConn is a worker's own connection to its node.
+type workerConn struct {
+	n    *node
+	conn *redis.Conn
+	used time.Time
+}
+
+// ready makes sure the worker has a connection that answers: it opens one
+// (dial, handshake and a PING, within the dial timeout) when it has none,
+// and pings one idle for staleAfter. An error means nothing was sent.
+func (w *workerConn) ready(life context.Context) error {
+	if w.conn != nil && time.Since(w.used) < staleAfter {
+		return nil
+	}
+	ping := func() error {
+		ctx, cancel := context.WithTimeout(life, w.n.s.dialTimeout)
+		defer cancel()
+		return w.conn.Ping(ctx).Err()
+	}
+	if w.conn != nil {
+		if ping() == nil {
+			w.used = time.Now()
+			return nil
+		}
+		w.close()
+	}
+	w.conn = w.n.base.Conn()
+	if err := ping(); err != nil {
+		w.close()
+		return err
+	}
+	w.used = time.Now()
+	return nil
+}
+
+func (w *workerConn) close() {
+	if w.conn != nil {
+		_ = w.conn.Close() // a connection that failed is dropped, not pooled
+		w.conn = nil
+	}
+}
+
+// work sends the node's queued checks, a pipeline at a time: those that
+// queued while the previous pipelines were in flight go out together (no
+// timer: a lone check goes out at once).
+func (n *node) work(life context.Context) {
+	w := &workerConn{n: n}
+	defer w.close()
+	batch := make([]*call, 0, n.s.maxBatch)
+	for {
+		batch = batch[:0]
+		select {
+		case c := <-n.calls:
+			batch = take(batch, c)
+		case <-life.Done():
+			return
+		}
+	more:
+		for len(batch) < n.s.maxBatch {
+			select {
+			case c := <-n.calls:
+				batch = take(batch, c)
+			default:
+				break more
+			}
+		}
+		if len(batch) > 0 {
+			n.run(life, w, batch)
 		}
 	}
-	for _, st := range []gobreaker.State{gobreaker.StateClosed, gobreaker.StateHalfOpen, gobreaker.StateOpen} {
-		trans.WithLabelValues(st.String())
+}
+
+// take adds c to batch, unless its caller left.
+func take(batch []*call, c *call) []*call {
+	if c.state.CompareAndSwap(callQueued, callTaken) {
+		return append(batch, c)
 	}
-	return coalesceMetrics{batchSize: batch, breakersOpen: open, breakerTransitions: trans}, nil
+	putCall(c)
+	return batch
+}
+
+// run sends one pipeline and answers every call in it.
+func (n *node) run(life context.Context, w *workerConn, batch []*call) {
+	if n.unsafe.Load() {
+		err := fmt.Errorf("redis %s: %w: its checks are not sent", n.addr, ErrUnsafeEviction)
+		for _, c := range batch {
+			answer(c, result{f: notApplied, err: err})
+		}
+		return
+	}
+	var (
+		connectErr error
+		live       []*call
+		cmds       []*redis.Cmd
+		start      time.Time
+	)
+	_, err := n.breaker.Execute(func() (struct{}, error) {
+		if connectErr = w.ready(life); connectErr != nil {
+			n.noteFailure(connectErr)
+			return struct{}{}, connectErr
+		}
+		live = batch[:0]
+		for _, c := range batch {
+			if c.state.CompareAndSwap(callTaken, callSent) {
+				live = append(live, c)
+			} else {
+				putCall(c) // its caller left while the connection was made
+			}
+		}
+		if len(live) == 0 {
+			return struct{}{}, errNothingSent
+		}
+		n.s.m.batchSize.Observe(float64(len(live)))
+		calls := make([]scriptCall, len(live))
+		for i, c := range live {
+			calls[i] = c.sc
+		}
+		// The store timeout starts here, when the pipeline is written.
+		start = time.Now()
+		ctx, cancel := context.WithDeadline(context.Background(), start.Add(n.s.timeout))
+		cmds, _ = runScripts(ctx, w.conn, calls, nil)
+		cancel()
+		w.used = time.Now()
+		for _, cmd := range cmds {
+			if err := cmd.Err(); err != nil && !isReply(err) {
+				// A timeout or a broken connection: replies may still
+				// come, so the connection is not used again.
+				w.close()
+				n.noteFailure(err)
+				return struct{}{}, err
+			}
+		}
+		n.connFailures.Store(0)
+		return struct{}{}, nil
+	})
+	switch {
+	case breakerRefused(err):
+		err = fmt.Errorf("%w: %s", ErrBreakerOpen, n.addr)
+		for _, c := range batch {
+			answer(c, result{f: notApplied, err: err})
+		}
+		return
+	case connectErr != nil:
+		err := notApplied.wrap(n.addr, fmt.Errorf("connect: %w", connectErr))
+		for _, c := range batch {
+			answer(c, result{f: notApplied, err: err})
+		}
+		return
+	case len(live) == 0:
+		return
+	}
+	elapsed := time.Since(start).Seconds()
+	for i, c := range live {
+		c.dur.Observe(elapsed)
+		res, err := cmds[i].Slice()
+		switch {
+		case err == nil:
+			answer(c, result{res: res})
+		case isReply(err):
+			answer(c, result{f: notApplied, err: err})
+		default:
+			answer(c, result{f: unknown, err: unknown.wrap(n.addr, err)})
+		}
+	}
 }

@@ -16,15 +16,33 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// conformanceLimits covers every algorithm, with parameters that make
-// rounding matter (rates that do not divide a second, fractional costs).
-var conformanceLimits = []bucket.Limit{
-	{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 3},
-	{Algorithm: bucket.TokenBucket, Capacity: 2.5, RefillPerSecond: 0.7},
-	{Algorithm: bucket.GCRA, Capacity: 5, RefillPerSecond: 7},
-	{Algorithm: bucket.SlidingWindow, Capacity: 12, Window: 3 * time.Second},
-	{Algorithm: bucket.SlidingLog, Capacity: 6, Window: 2 * time.Second},
-	{Algorithm: bucket.FixedWindow, Capacity: 8, Window: time.Second},
+// conformanceCases cover every algorithm, with parameters that make
+// rounding matter (rates that do not divide a second, fractional costs), and
+// rules whose capacity changes under an active key: halfway through, the
+// steps go on under then.
+var conformanceCases = []struct {
+	name string
+	lim  bucket.Limit
+	then *bucket.Limit
+}{
+	{name: "token bucket", lim: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 3}},
+	{name: "token bucket fractional", lim: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 2.5, RefillPerSecond: 0.7}},
+	{name: "gcra", lim: bucket.Limit{Algorithm: bucket.GCRA, Capacity: 5, RefillPerSecond: 7}},
+	{name: "sliding window", lim: bucket.Limit{Algorithm: bucket.SlidingWindow, Capacity: 12, Window: 3 * time.Second}},
+	{name: "sliding log", lim: bucket.Limit{Algorithm: bucket.SlidingLog, Capacity: 6, Window: 2 * time.Second}},
+	{name: "fixed window", lim: bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 8, Window: time.Second}},
+	{name: "token bucket capacity lowered",
+		lim:  bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1000, RefillPerSecond: 1},
+		then: &bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 1}},
+	{name: "token bucket capacity raised",
+		lim:  bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 1},
+		then: &bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1000, RefillPerSecond: 1}},
+	{name: "gcra capacity lowered",
+		lim:  bucket.Limit{Algorithm: bucket.GCRA, Capacity: 1000, RefillPerSecond: 1},
+		then: &bucket.Limit{Algorithm: bucket.GCRA, Capacity: 10, RefillPerSecond: 1}},
+	{name: "gcra rate raised",
+		lim:  bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 0.5},
+		then: &bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 20}},
 }
 
 // TestConformance runs one table of (time, cost) steps against the Go
@@ -36,8 +54,9 @@ func TestConformance(t *testing.T) {
 	t.Cleanup(func() { client.Close() })
 	ctx := context.Background()
 
-	for li, lim := range conformanceLimits {
-		t.Run(fmt.Sprintf("%s/%d", lim.Algorithm, li), func(t *testing.T) {
+	for li, tc := range conformanceCases {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := tc.lim
 			src, err := lua.Single(string(lim.Algorithm), lua.FixedClock)
 			if err != nil {
 				t.Fatal(err)
@@ -51,8 +70,12 @@ func TestConformance(t *testing.T) {
 			now := time.Now().UnixMicro()
 			key := Key(fmt.Sprintf("conf%d", li), "client")
 			var st bucket.State
-			allowed, refused := 0, 0
-			for step := range 400 {
+			allowed, refused, refusedAfterChange := 0, 0, 0
+			const steps = 400
+			for step := range steps {
+				if step == steps/2 && tc.then != nil {
+					lim = *tc.then
+				}
 				switch rng.IntN(4) {
 				case 0: // same instant
 				case 1:
@@ -112,10 +135,16 @@ func TestConformance(t *testing.T) {
 					}
 				} else {
 					refused++
+					if step >= steps/2 {
+						refusedAfterChange++
+					}
 				}
 			}
 			if allowed == 0 || refused == 0 {
 				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused", allowed, refused)
+			}
+			if tc.then != nil && refusedAfterChange == 0 {
+				t.Fatalf("no refusal after the change to %+v", *tc.then)
 			}
 		})
 	}

@@ -4,12 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -36,8 +32,6 @@ func MarkerKey(key, src string) string {
 	return Key("~from:"+src, key)
 }
 
-var debitScript = redis.NewScript(lua.Debit(lua.StoreClock))
-
 // ApplyDebits applies message seq of region src: per client, one script
 // that debits every bucket unless the client's marker shows seq applied
 // already. The scripts are pipelined, one pipeline per node. Messages of one
@@ -48,36 +42,19 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, seq uint64, markerT
 	if len(clients) == 0 {
 		return 0, 0, nil
 	}
-	cmds := make([]*redis.Cmd, len(clients))
-	keys := make([][]string, len(clients))
-	argv := make([][]any, len(clients))
+	admin, err := s.admin()
+	if err != nil {
+		return 0, 0, err
+	}
 	seqArg := strconv.FormatUint(seq, 10)
 	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
+	calls := make([]scriptCall, len(clients))
 	for i, c := range clients {
-		keys[i], argv[i] = debitArgs(src, seqArg, ttlArg, c)
-	}
-	pipe := s.client.Pipeline()
-	for i := range clients {
-		cmds[i] = debitScript.EvalSha(ctx, pipe, keys[i], argv[i]...)
+		keys, args := debitArgs(src, seqArg, ttlArg, c)
+		calls[i] = scriptCall{script: debitScript, keys: keys, args: args}
 	}
 	start := time.Now()
-	_, _ = pipe.Exec(ctx)
-	// A node that lost the script (restart, failover) answers NOSCRIPT:
-	// those clients go again with the script's text, which is safe since
-	// nothing was applied for them.
-	var retry []int
-	for i, cmd := range cmds {
-		if e := cmd.Err(); e != nil && strings.HasPrefix(e.Error(), "NOSCRIPT") {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) > 0 {
-		pipe = s.client.Pipeline()
-		for _, i := range retry {
-			cmds[i] = debitScript.Eval(ctx, pipe, keys[i], argv[i]...)
-		}
-		_, _ = pipe.Exec(ctx)
-	}
+	cmds, _ := runScripts(ctx, admin, calls, nil)
 	s.m.debitDuration.Observe(time.Since(start).Seconds())
 	var errs []error
 	for i, cmd := range cmds {
@@ -99,12 +76,13 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, seq uint64, markerT
 		}
 	}
 	if len(errs) > 0 {
-		s.m.debitErrors.Add(float64(len(errs)))
+		s.m.errors[opDebit].Add(float64(len(errs)))
 		return applied, duplicates, fmt.Errorf("debit %d of %d clients failed: %w", len(errs), len(clients), errs[0])
 	}
 	return applied, duplicates, nil
 }
 
+// debitArgs are the debit script's KEYS and ARGV for one client.
 func debitArgs(src, seq, ttl string, c ClientDebits) ([]string, []any) {
 	keys := make([]string, 1, 1+len(c.Debits))
 	keys[0] = MarkerKey(c.Key, src)
@@ -118,14 +96,28 @@ func debitArgs(src, seq, ttl string, c ClientDebits) ([]string, []any) {
 	return keys, args
 }
 
-var refundScript = redis.NewScript(lua.Refund(lua.StoreClock))
-
 // Refund gives amount leased tokens back to the bucket of key under rule,
-// for a token bucket or GCRA; other algorithms keep what they spent.
+// for a token bucket or GCRA; other algorithms keep what they spent. It
+// takes its deadline from ctx.
 func (s *Store) Refund(ctx context.Context, rule, key string, lim bucket.Limit, amount float64) error {
 	if lim.Algorithm != bucket.TokenBucket && lim.Algorithm != bucket.GCRA {
 		return nil
 	}
-	return refundScript.Run(ctx, s.client, []string{Key(rule, key)},
-		strconv.FormatFloat(lim.RefillPerSecond, 'g', -1, 64), strconv.FormatFloat(amount, 'g', -1, 64)).Err()
+	admin, err := s.admin()
+	if err != nil {
+		return err
+	}
+	_, err = runScripts(ctx, admin, []scriptCall{{script: refundScript, keys: []string{Key(rule, key)}, args: refundArgs(lim, amount)}}, nil)
+	if err != nil {
+		s.m.errors[opRefund].Inc()
+		return fmt.Errorf("refund: %w", err)
+	}
+	return nil
+}
+
+// refundArgs are the refund script's ARGV: algorithm, capacity, rate
+// (tokens/s) and amount.
+func refundArgs(lim bucket.Limit, amount float64) []any {
+	a := scriptArgs(lim, amount)
+	return []any{string(lim.Algorithm), a[0], a[1], a[2]}
 }

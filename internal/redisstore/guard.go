@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,7 +18,7 @@ import (
 // GuardInterval is how often the eviction guard reads the nodes.
 const GuardInterval = 10 * time.Second
 
-// ErrUnsafeEviction: a node evicts any key under memory pressure. Live
+// ErrUnsafeEviction: a node evicts keys under memory pressure. Live
 // counters would vanish, every request would be admitted, and every
 // dashboard would stay green.
 var ErrUnsafeEviction = errors.New("maxmemory-policy evicts live counters")
@@ -31,16 +32,21 @@ type MemoryReading struct {
 	Evicted int64
 }
 
-// Unsafe reports a policy that may evict keys without an expiry too, or
-// any key regardless of its expiry: allkeys-*.
-func (r MemoryReading) Unsafe() bool { return strings.HasPrefix(r.Policy, "allkeys-") }
+// Unsafe reports a policy that may evict keys: every policy but noeviction.
+// volatile-* policies evict only keys with an expiry, but every bucket has
+// one, so they evict live counters exactly like allkeys-*. With noeviction a
+// full node refuses the scripts' writes with an error, which the checks see
+// and answer by their rules' on_failure. A reading without a policy (an
+// INFO that lacks the field) is not reported unsafe.
+func (r MemoryReading) Unsafe() bool { return r.Policy != "" && r.Policy != "noeviction" }
 
 // ReadMemory reads every primary's INFO memory and stats. It works where
-// CONFIG is disabled (managed services).
+// CONFIG is disabled (managed services). It returns the readings of the
+// primaries that answered and, joined, the errors of those that did not.
 func (s *Store) ReadMemory(ctx context.Context) ([]MemoryReading, error) {
 	var mu sync.Mutex
 	var out []MemoryReading
-	read := func(ctx context.Context, c *redis.Client) error {
+	err := s.forEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "memory", "stats").Result()
 		if err != nil {
 			return fmt.Errorf("info %s: %w", c.Options().Addr, err)
@@ -51,14 +57,24 @@ func (s *Store) ReadMemory(ctx context.Context) ([]MemoryReading, error) {
 		out = append(out, r)
 		mu.Unlock()
 		return nil
-	}
-	var err error
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, read)
-	} else {
-		err = read(ctx, s.client.(*redis.Client))
-	}
+	})
+	slices.SortFunc(out, func(a, b MemoryReading) int { return strings.Compare(a.Node, b.Node) })
 	return out, err
+}
+
+// setUnsafe marks the checks of node addr as failed (not sent), or clears
+// the mark.
+func (s *Store) setUnsafe(addr string, unsafe bool) {
+	s.nodesMu.Lock()
+	defer s.nodesMu.Unlock()
+	if unsafe {
+		s.unsafe[addr] = true
+	} else {
+		delete(s.unsafe, addr)
+	}
+	if n := s.nodes[addr]; n != nil {
+		n.unsafe.Store(unsafe)
+	}
 }
 
 func parseMemory(info string) MemoryReading {
@@ -84,30 +100,41 @@ func parseMemory(info string) MemoryReading {
 }
 
 // Guard reads the nodes' memory at start and every GuardInterval and
-// exports it. At start, an allkeys-* policy on any node is an error
-// wrapping ErrUnsafeEviction unless allowUnsafe.
+// exports it. A node whose policy may evict keys (MemoryReading.Unsafe):
+//   - found by NewGuard, is an error wrapping ErrUnsafeEviction unless
+//     allowUnsafe: the caller should not start;
+//   - found later by Run (a node that was unreachable at start, or whose
+//     policy changed), is reported to Run's onUnsafe and exported, and unless
+//     allowUnsafe its checks fail, unsent, with an error wrapping
+//     ErrUnsafeEviction (not applied: the rules' on_failure decides them),
+//     until a reading finds it safe again.
+//
+// A Guard is safe for concurrent use.
 type Guard struct {
 	s           *Store
 	allowUnsafe bool
 
 	mu       sync.Mutex
-	readings []MemoryReading
+	readings map[string]MemoryReading // by node
 }
 
-// NewGuard checks the nodes once and registers the guard's metrics.
+// guardRetry is how soon the guard reads again after a read that did not
+// reach every node (such as at start while the store is unreachable).
+const guardRetry = time.Second
+
+// NewGuard reads the nodes that answer and registers the guard's metrics.
+// Nodes that do not answer (or a store not connected yet) are read later
+// by Run; that is not an error.
 func NewGuard(ctx context.Context, s *Store, allowUnsafe bool, reg prometheus.Registerer) (*Guard, error) {
-	g := &Guard{s: s, allowUnsafe: allowUnsafe}
-	readings, err := s.ReadMemory(ctx)
-	if err != nil {
-		return nil, err
-	}
+	g := &Guard{s: s, allowUnsafe: allowUnsafe, readings: make(map[string]MemoryReading)}
+	readings, _ := s.ReadMemory(ctx)
 	for _, r := range readings {
 		if r.Unsafe() && !allowUnsafe {
-			return nil, fmt.Errorf("%w: node %s has maxmemory-policy %s; use volatile-ttl (or another volatile-* policy), or allow it explicitly",
+			return nil, fmt.Errorf("%w: node %s has maxmemory-policy %s; every bucket has an expiry, so only noeviction keeps live counters; set it, or allow the policy explicitly",
 				ErrUnsafeEviction, r.Node, r.Policy)
 		}
 	}
-	g.readings = readings
+	g.update(readings)
 	for _, c := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_store_memory_used_bytes",
@@ -123,7 +150,7 @@ func NewGuard(ctx context.Context, s *Store, allowUnsafe bool, reg prometheus.Re
 		}, func() float64 { return g.sum(func(r MemoryReading) float64 { return float64(r.Evicted) }) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_store_unsafe_eviction_policy",
-			Help: "1 when a primary's maxmemory-policy is allkeys-*.",
+			Help: "Primaries whose maxmemory-policy may evict keys (any but noeviction).",
 		}, func() float64 {
 			return g.sum(func(r MemoryReading) float64 {
 				if r.Unsafe() {
@@ -162,17 +189,38 @@ func (g *Guard) maxRatio() float64 {
 	return m
 }
 
-// Readings returns the last readings.
+// Readings returns the last reading of every node read so far, by node.
 func (g *Guard) Readings() []MemoryReading {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return append([]MemoryReading(nil), g.readings...)
+	out := make([]MemoryReading, 0, len(g.readings))
+	for _, r := range g.readings {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b MemoryReading) int { return strings.Compare(a.Node, b.Node) })
+	return out
 }
 
-// Run reads the nodes every interval until ctx ends; failed reads keep the
-// last readings (the store's own errors show the outage).
+// update keeps readings as the last of their nodes and marks the store's
+// unsafe nodes.
+func (g *Guard) update(readings []MemoryReading) {
+	g.mu.Lock()
+	for _, r := range readings {
+		g.readings[r.Node] = r
+	}
+	g.mu.Unlock()
+	for _, r := range readings {
+		g.s.setUnsafe(r.Node, r.Unsafe() && !g.allowUnsafe)
+	}
+}
+
+// Run reads the nodes every interval until ctx ends, and sooner (every
+// second) while a read misses some node. A node that does not answer keeps
+// its last reading (the store's own errors show the outage). onUnsafe, when
+// not nil, is called with every reading of a node whose policy may evict
+// keys.
 func (g *Guard) Run(ctx context.Context, interval time.Duration, onUnsafe func(MemoryReading)) {
-	t := time.NewTicker(interval)
+	t := time.NewTimer(min(interval, guardRetry))
 	defer t.Stop()
 	for {
 		select {
@@ -183,16 +231,16 @@ func (g *Guard) Run(ctx context.Context, interval time.Duration, onUnsafe func(M
 		rctx, cancel := context.WithTimeout(ctx, interval)
 		readings, err := g.s.ReadMemory(rctx)
 		cancel()
-		if err != nil {
-			continue
-		}
+		g.update(readings)
 		for _, r := range readings {
 			if r.Unsafe() && onUnsafe != nil {
 				onUnsafe(r)
 			}
 		}
-		g.mu.Lock()
-		g.readings = readings
-		g.mu.Unlock()
+		next := interval
+		if err != nil {
+			next = min(interval, guardRetry)
+		}
+		t.Reset(next)
 	}
 }

@@ -3,126 +3,199 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"strings"
+	"strconv"
+	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-var (
-	multiScript = redis.NewScript(lua.Multi(lua.StoreClock))
-	undoScript  = redis.NewScript(lua.Undo(lua.StoreClock))
-)
+// UndoTimeout bounds the undo of a refused all-or-nothing check. The undo
+// runs on a context of its own (the caller's values, not its deadline or
+// cancellation, which may have passed by then), so the tokens spent for a
+// refused check are given back even when its caller gave up.
+const UndoTimeout = 100 * time.Millisecond
+
+// group is the requests of one client in a TakeAll: one slot, one script.
+type group struct {
+	idx  []int
+	reqs []bucket.Request
+	keys []string
+	args []any
+	ds   []bucket.Decision
+	at   int64 // the instant the script decided at
+	err  error
+}
 
 // TakeAll decides reqs all or nothing. The buckets of one client share a
 // slot and are decided by one script, which spends only if all of them
 // allow. Buckets of different clients live in different slots, where no
-// script reaches across: each client's script runs (in one pipeline), and
-// when any refuses, the clients whose scripts spent are given their tokens
-// back by a second script. Between the two, another check may see those
-// tokens spent: a refusal a little early, never an admission too many.
+// script reaches across: each client's script runs (coalesced like single
+// checks, or concurrently), and when any refuses, the clients whose scripts
+// spent are given their tokens back by a second script, on a context of its
+// own (UndoTimeout). Between the two, another check may see those tokens
+// spent: a refusal a little early, never an admission too many.
+//
+// When some clients' scripts fail, the error is a *bucket.MultiError whose
+// Errs hold, for each request not decided, its client's error (wrapping
+// bucket.ErrOverloaded, bucket.ErrOutcomeUnknown, or neither: not applied),
+// and the decisions returned hold those of the others. A decided refusal
+// refuses the whole check; then every client that spent is given its tokens
+// back, and a client whose outcome is unknown is never touched (an undo
+// must not give back what may not have been spent). When the decided
+// clients all allowed, they stay spent: the caller decides the rest, and a
+// refusal from it costs those clients tokens early, never an admission.
 func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
+	for _, r := range reqs {
+		if scriptIndex(r.Limit.Algorithm) < 0 {
+			return nil, fmt.Errorf("%w: no script for algorithm %q", bucket.ErrInvalidLimit, r.Limit.Algorithm)
+		}
+	}
 	if len(reqs) == 1 {
 		d, err := s.Take(ctx, reqs[0])
-		return []bucket.Decision{d}, err
-	}
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
-	type group struct {
-		idx  []int
-		keys []string
-		args []any
-		cmd  *redis.Cmd
+		if err != nil {
+			return []bucket.Decision{{}}, &bucket.MultiError{Errs: []error{err}}
+		}
+		return []bucket.Decision{d}, nil
 	}
 	var groups []*group
 	byKey := map[string]*group{}
 	for i, r := range reqs {
-		if scriptIndex(r.Limit.Algorithm) < 0 {
-			return nil, fmt.Errorf("%w: no script for algorithm %q", bucket.ErrInvalidLimit, r.Limit.Algorithm)
-		}
 		g := byKey[r.Key]
 		if g == nil {
 			g = &group{}
 			byKey[r.Key] = g
 			groups = append(groups, g)
 		}
-		a := scriptArgs(r.Limit, r.Cost)
 		g.idx = append(g.idx, i)
-		g.keys = append(g.keys, Key(r.Rule, r.Key))
-		g.args = append(g.args, string(r.Limit.Algorithm), a[0], a[1], a[2])
+		g.reqs = append(g.reqs, r)
 	}
-	start := time.Now()
-	run := func(useEval bool, only func(*group) bool) {
-		pipe := s.client.Pipeline()
-		for _, g := range groups {
-			if only != nil && !only(g) {
-				continue
-			}
-			if useEval {
-				g.cmd = multiScript.Eval(ctx, pipe, g.keys, g.args...)
-			} else {
-				g.cmd = multiScript.EvalSha(ctx, pipe, g.keys, g.args...)
+	run := func(g *group) {
+		g.keys, g.args = groupArgs(g.reqs)
+		res, err := s.eval(ctx, opMulti, g.keys[0], scriptCall{script: multiScript, keys: g.keys, args: g.args}, s.m.multiDuration)
+		if err == nil {
+			if g.ds, g.at, err = parseMultiReply(res, g.reqs); err != nil {
+				// It ran, and what it did is not known.
+				s.m.failed(opMulti, unknown)
+				err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
 			}
 		}
-		_, _ = pipe.Exec(ctx)
+		g.err = err
 	}
-	run(false, nil)
-	run(true, func(g *group) bool { return g.cmd.Err() != nil && strings.HasPrefix(g.cmd.Err().Error(), "NOSCRIPT") })
-	s.m.multiDuration.Observe(time.Since(start).Seconds())
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Go(func() { run(g) })
+	}
+	run(groups[0])
+	wg.Wait()
 
 	out := make([]bucket.Decision, len(reqs))
-	spent := make([]bool, len(groups))
-	all := true
-	var firstErr error
-	for gi, g := range groups {
-		res, err := g.cmd.Slice()
-		if err == nil && len(res) != 4*len(g.idx) {
-			err = fmt.Errorf("reply has %d elements, want %d", len(res), 4*len(g.idx))
-		}
-		if err != nil {
-			if firstErr == nil {
-				firstErr = err
+	var errs []error
+	refused := false
+	for _, g := range groups {
+		if g.err != nil {
+			if errs == nil {
+				errs = make([]error, len(reqs))
 			}
-			all = false
+			for _, i := range g.idx {
+				errs[i] = fmt.Errorf("eval multi: %w", g.err)
+			}
 			continue
 		}
-		groupAllowed := true
 		for k, i := range g.idx {
-			d, err := parseDecision(res[4*k:4*k+4], reqs[i].Limit.Capacity)
-			if err != nil && firstErr == nil {
-				firstErr = err
-			}
-			out[i] = d
-			groupAllowed = groupAllowed && d.Allowed
-		}
-		spent[gi] = groupAllowed
-		all = all && groupAllowed
-	}
-	if !all {
-		// Give back what the clients that allowed have spent.
-		pipe := s.client.Pipeline()
-		n := 0
-		for gi, g := range groups {
-			if spent[gi] {
-				undoScript.Eval(ctx, pipe, g.keys, g.args...)
-				n++
-			}
-		}
-		if n > 0 {
-			if _, err := pipe.Exec(ctx); err != nil {
-				s.m.errors.Inc()
-				if firstErr == nil {
-					firstErr = fmt.Errorf("undo: %w", err)
-				}
-			}
+			out[i] = g.ds[k]
+			refused = refused || !g.ds[k].Allowed
 		}
 	}
-	if firstErr != nil {
-		s.m.errors.Inc()
-		return nil, fmt.Errorf("eval multi: %w", firstErr)
+	if refused {
+		var spent []*group
+		for _, g := range groups {
+			if g.err == nil && allAllowed(g.ds) {
+				spent = append(spent, g)
+			}
+		}
+		s.undo(ctx, spent)
+	}
+	if errs != nil {
+		return out, &bucket.MultiError{Errs: errs}
 	}
 	return out, nil
+}
+
+func allAllowed(ds []bucket.Decision) bool {
+	for _, d := range ds {
+		if !d.Allowed {
+			return false
+		}
+	}
+	return true
+}
+
+// undo gives back what groups spent, each in the window it spent in.
+func (s *Store) undo(ctx context.Context, groups []*group) {
+	if len(groups) == 0 {
+		return
+	}
+	if s.beforeUndo != nil {
+		s.beforeUndo()
+	}
+	admin, err := s.admin()
+	if err != nil {
+		s.m.errors[opUndo].Add(float64(len(groups)))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UndoTimeout)
+	defer cancel()
+	calls := make([]scriptCall, len(groups))
+	for i, g := range groups {
+		calls[i] = scriptCall{script: undoScript, keys: g.keys, args: undoArgs(g.at, g.args)}
+	}
+	cmds, _ := runScripts(ctx, admin, calls, nil)
+	for _, cmd := range cmds {
+		if cmd.Err() != nil {
+			s.m.errors[opUndo].Inc()
+		}
+	}
+}
+
+// groupArgs are the multi script's KEYS and ARGV for the requests of one
+// client: four ARGV per bucket, algorithm, capacity, rate or window, cost.
+// The undo script takes the same, after the instant of the spend.
+func groupArgs(reqs []bucket.Request) (keys []string, args []any) {
+	keys = make([]string, 0, len(reqs))
+	args = make([]any, 0, 4*len(reqs))
+	for _, r := range reqs {
+		a := scriptArgs(r.Limit, r.Cost)
+		keys = append(keys, Key(r.Rule, r.Key))
+		args = append(args, string(r.Limit.Algorithm), a[0], a[1], a[2])
+	}
+	return keys, args
+}
+
+// parseMultiReply reads the multi script's reply: four values per bucket
+// (see parseDecision), then the instant (µs, the store's clock) at which it
+// decided and, when all allowed, spent.
+func parseMultiReply(res []any, reqs []bucket.Request) ([]bucket.Decision, int64, error) {
+	if len(res) != 4*len(reqs)+1 {
+		return nil, 0, fmt.Errorf("reply has %d elements, want %d", len(res), 4*len(reqs)+1)
+	}
+	at, ok := res[len(res)-1].(int64)
+	if !ok {
+		return nil, 0, fmt.Errorf("unexpected instant %v", res[len(res)-1])
+	}
+	ds := make([]bucket.Decision, len(reqs))
+	for k, r := range reqs {
+		d, err := parseDecision(res[4*k:4*k+4], r.Limit.Capacity)
+		if err != nil {
+			return nil, 0, err
+		}
+		ds[k] = d
+	}
+	return ds, at, nil
+}
+
+// undoArgs are the undo script's ARGV: the instant of the spend to give
+// back, then a group's ARGV (groupArgs).
+func undoArgs(at int64, args []any) []any {
+	return append([]any{strconv.FormatInt(at, 10)}, args...)
 }

@@ -1,5 +1,12 @@
 // Package redisstore decides checks on a Redis Cluster (or one Redis node)
 // with one atomic Lua script per check.
+//
+// A store error says what happened to the request: bucket.ErrOverloaded
+// (never sent: it waited in limiterd's own queue past its deadline or
+// Options.MaxQueueWait), bucket.ErrOutcomeUnknown (sent, and no reply came
+// within Options.Timeout: it may have run), and any other error (a node
+// refused the connection, its breaker is open, the store is not connected,
+// Redis answered an error) means nothing was applied.
 package redisstore
 
 import (
@@ -14,28 +21,51 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// DefaultTimeout bounds one store call when the caller's context has no
-// earlier deadline.
-const DefaultTimeout = 5 * time.Millisecond
+// Defaults of Options.
+const (
+	// DefaultTimeout bounds the wait for a store reply, from the moment the
+	// command is written to Redis.
+	DefaultTimeout = 5 * time.Millisecond
+	// DefaultMaxQueueWait bounds the time a check waits in limiterd's own
+	// queue (or for a pooled connection) before it is sent.
+	DefaultMaxQueueWait = 50 * time.Millisecond
+	// DefaultDialTimeout bounds opening a connection to a node, its
+	// handshake included.
+	DefaultDialTimeout = 250 * time.Millisecond
+)
 
 // Options configure a Store.
 type Options struct {
-	// Addrs are the seed nodes; one address may be a cluster node or a
-	// standalone server, which New tells apart.
+	// Addrs are the seed nodes of a cluster, or one standalone server.
 	Addrs []string
+	// Mode tells a cluster from a standalone server; the zero value,
+	// ModeAuto, takes more than one address for a cluster and asks one
+	// address when it first answers.
+	Mode Mode
 	// Username and Password authenticate (Redis ACL), when set.
 	Username, Password string
 	// TLS, when set, is used for every connection.
 	TLS *tls.Config
-	// Timeout bounds each call; 0 means DefaultTimeout.
+	// Timeout bounds the wait for the reply of a check, from the moment it
+	// is written to Redis; time in limiterd's queue does not count (see
+	// MaxQueueWait). A check that was written and got no reply in time
+	// fails with an error wrapping bucket.ErrOutcomeUnknown. 0 means
+	// DefaultTimeout.
 	Timeout time.Duration
-	// PoolSize is the connection pool size per node; 0 lets go-redis choose.
+	// MaxQueueWait bounds the time a check waits before it is sent: in its
+	// node's queue, or for a connection of the pool with NoCoalesce. The
+	// caller's deadline bounds it too. Past it the check fails, unsent,
+	// with an error wrapping bucket.ErrOverloaded. 0 means
+	// DefaultMaxQueueWait.
+	MaxQueueWait time.Duration
+	// DialTimeout bounds opening a connection to a node (0:
+	// DefaultDialTimeout).
+	DialTimeout time.Duration
+	// PoolSize is the pool size per node; 0 lets go-redis choose.
 	PoolSize int
 	// NoCoalesce sends every check on its own instead of batching the
 	// checks bound for one node into one pipeline.
@@ -50,99 +80,64 @@ type Options struct {
 	BreakerOpen time.Duration
 }
 
-// Store is a bucket.Store on Redis. It is safe for concurrent use.
+// Store is a bucket.Store and bucket.MultiStore on Redis. It is safe for
+// concurrent use. It serves from New on, whether or not Redis answers: it
+// connects in the background (see Health), and a check it cannot send
+// fails at once with an error that says it was not applied.
 type Store struct {
-	client  redis.UniversalClient
-	cluster bool
-	timeout time.Duration
-	scripts [len(scriptAlgorithms)]*redis.Script
-	m       *metrics
-
-	coalesce    bool
-	maxBatch    int
-	pipelines   int
-	breakerOpen time.Duration
-	nodesMu     sync.RWMutex
-	nodes       map[string]*node
-	life        context.Context
-	stop        context.CancelFunc
-	workers     sync.WaitGroup
-	lastReload  atomic.Int64
+	opts                     Options
+	timeout, maxQueueWait    time.Duration
+	dialTimeout, breakerOpen time.Duration
+	coalesce                 bool
+	maxBatch, pipelines      int
+	m                        *metrics
+	life                     context.Context
+	stop                     context.CancelFunc
+	workers                  sync.WaitGroup
+	closed                   atomic.Bool
+	lastReload               atomic.Int64
+	beMu                     sync.Mutex // guards the creation of be against Close
+	be                       atomic.Pointer[backend]
+	ready                    atomic.Bool
+	health                   atomic.Pointer[health]
+	upMu                     sync.Mutex
+	up                       map[string]bool
+	nodesMu                  sync.RWMutex
+	nodes                    map[string]*node
+	unsafe                   map[string]bool // under nodesMu
+	beforeUndo               func()          // a test's hook, nil otherwise
 }
 
-var scriptAlgorithms = [...]bucket.Algorithm{bucket.TokenBucket, bucket.GCRA, bucket.SlidingWindow, bucket.SlidingLog, bucket.FixedWindow}
-
-func scriptIndex(a bucket.Algorithm) int {
-	for i, s := range scriptAlgorithms {
-		if s == a {
-			return i
-		}
-	}
-	return -1
-}
-
-// New connects to Redis, tells a cluster from a standalone server, and loads
-// the scripts on every primary. Its metrics are registered on reg.
+// New returns a Store for opts, with its metrics registered on reg. It
+// tries Redis once within ctx (learning the mode and the slot map, loading
+// the scripts), but a Redis that does not answer is not an error: the store
+// serves anyway and connects when it can. New fails only on invalid options
+// or metrics.
 func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, error) {
 	if len(opts.Addrs) == 0 {
 		return nil, errors.New("redis: no addresses")
 	}
-	cluster := len(opts.Addrs) > 1
-	if !cluster {
-		c := redis.NewClient(&redis.Options{Addr: opts.Addrs[0], Username: opts.Username, Password: opts.Password,
-			TLSConfig: opts.TLS, MaxRetries: -1})
-		info, err := c.Do(ctx, "CLUSTER", "INFO").Text()
-		c.Close()
-		switch {
-		case err == nil:
-			cluster = strings.Contains(info, "cluster_state:")
-		case strings.Contains(err.Error(), "cluster support disabled"):
-		default:
-			return nil, fmt.Errorf("redis %s: %w", opts.Addrs[0], err)
-		}
+	if opts.Mode == ModeStandalone && len(opts.Addrs) > 1 {
+		return nil, fmt.Errorf("redis: %d addresses for a standalone server", len(opts.Addrs))
 	}
-	var client redis.UniversalClient
-	if cluster {
-		client = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs: opts.Addrs, Username: opts.Username, Password: opts.Password, TLSConfig: opts.TLS,
-			PoolSize: opts.PoolSize, ContextTimeoutEnabled: true,
-			// go-redis refreshes its slot map on MOVED, not when a primary
-			// stops answering: reload often, so a failover costs seconds.
-			ClusterStateReloadInterval: time.Second,
-			// A check is retried by its caller, not here: a retry spends
-			// the latency budget and can double-spend a script that ran.
-			MaxRetries: -1,
-		})
-	} else {
-		client = redis.NewClient(&redis.Options{
-			Addr: opts.Addrs[0], Username: opts.Username, Password: opts.Password, TLSConfig: opts.TLS,
-			PoolSize: opts.PoolSize, ContextTimeoutEnabled: true, MaxRetries: -1,
-		})
-	}
-	s, err := newStore(client, cluster, opts, reg)
-	if err != nil {
-		client.Close()
-		return nil, err
-	}
-	if err := s.Load(ctx); err != nil {
-		client.Close()
-		return nil, err
-	}
-	return s, nil
-}
-
-func newStore(client redis.UniversalClient, cluster bool, opts Options, reg prometheus.Registerer) (*Store, error) {
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
 	s := &Store{
-		client: client, cluster: cluster, m: m, timeout: opts.Timeout,
+		opts: opts, m: m, timeout: opts.Timeout, maxQueueWait: opts.MaxQueueWait, dialTimeout: opts.DialTimeout,
 		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode,
-		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node),
+		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node), unsafe: make(map[string]bool),
+		up: make(map[string]bool),
 	}
 	if s.timeout <= 0 {
 		s.timeout = DefaultTimeout
+	}
+	if s.maxQueueWait <= 0 {
+		s.maxQueueWait = DefaultMaxQueueWait
+	}
+	if s.dialTimeout <= 0 {
+		s.dialTimeout = DefaultDialTimeout
 	}
 	if s.maxBatch <= 0 {
 		s.maxBatch = DefaultMaxBatch
@@ -154,52 +149,35 @@ func newStore(client redis.UniversalClient, cluster bool, opts Options, reg prom
 		s.breakerOpen = DefaultBreakerOpen
 	}
 	s.life, s.stop = context.WithCancel(context.Background())
-	for i, a := range scriptAlgorithms {
-		src, err := lua.Single(string(a), lua.StoreClock)
-		if err != nil {
-			return nil, err
-		}
-		s.scripts[i] = redis.NewScript(src)
-	}
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	s.probe(pctx)
+	cancel()
+	s.workers.Go(func() { s.run(s.life) })
 	return s, nil
 }
 
-// Load loads every script on every primary, so checks run by hash. A node
-// that lost them (a restart, a failover) is served by EVAL until the next Load.
-func (s *Store) Load(ctx context.Context) error {
-	all := append(s.scripts[:len(s.scripts):len(s.scripts)], multiScript, undoScript, debitScript, refundScript)
-	load := func(ctx context.Context, c *redis.Client) error {
-		for _, sc := range all {
-			if err := sc.Load(ctx, c).Err(); err != nil {
-				return fmt.Errorf("load scripts on %s: %w", c.Options().Addr, err)
-			}
-		}
-		return nil
-	}
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, load)
-	}
-	return load(ctx, s.client.(*redis.Client))
-}
-
-// Client returns the underlying client, for health checks and admin reads.
-func (s *Store) Client() redis.UniversalClient { return s.client }
-
-// Close stops the pipelines and closes every connection.
+// Close stops the background probe and the pipelines and closes every
+// connection. Checks made after Close fail with redis.ErrClosed.
 func (s *Store) Close() error {
+	// Under both locks, so that no backend or node (with its workers) is
+	// made once Close waits for the workers.
+	s.beMu.Lock()
+	s.nodesMu.Lock()
+	s.closed.Store(true)
+	s.nodesMu.Unlock()
+	s.beMu.Unlock()
 	s.stop()
 	s.workers.Wait()
-	return s.client.Close()
-}
-
-// Ping reports whether every primary answers.
-func (s *Store) Ping(ctx context.Context) error {
-	if cc, ok := s.client.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return c.Ping(ctx).Err()
-		})
+	var errs []error
+	s.nodesMu.Lock()
+	for _, n := range s.nodes {
+		errs = append(errs, n.close())
 	}
-	return s.client.Ping(ctx).Err()
+	s.nodesMu.Unlock()
+	if be := s.be.Load(); be != nil {
+		errs = append(errs, be.admin.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // Key is the Redis key of the bucket of key under rule: rl:{key}:rule. The
@@ -221,38 +199,26 @@ func Key(rule, key string) string {
 
 var keyEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
 
-// Take runs the rule's script on the client's shard.
+// Take runs the rule's script on the client's shard. Its errors wrap
+// bucket.ErrOverloaded when the check waited too long to be sent and
+// bucket.ErrOutcomeUnknown when it was sent and no reply came in time;
+// any other error means the check was not applied.
 func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, error) {
 	i := scriptIndex(req.Limit.Algorithm)
 	if i < 0 {
 		return bucket.Decision{}, fmt.Errorf("%w: no script for algorithm %q", bucket.ErrInvalidLimit, req.Limit.Algorithm)
 	}
-	ctx, cancel := s.withTimeout(ctx)
-	defer cancel()
+	key := Key(req.Rule, req.Key)
 	a := scriptArgs(req.Limit, req.Cost)
-	if s.coalesce {
-		return s.takeCoalesced(ctx, i, Key(req.Rule, req.Key), a, req.Limit.Capacity)
+	res, err := s.eval(ctx, opScript, key, scriptCall{script: singleScripts[i], keys: []string{key}, args: []any{a[0], a[1], a[2]}}, s.m.scriptDuration[i])
+	if err == nil {
+		var d bucket.Decision
+		if d, err = parseDecision(res, req.Limit.Capacity); err == nil {
+			return d, nil
+		}
+		s.m.errors[opScript].Inc()
 	}
-	start := time.Now()
-	res, err := s.scripts[i].Run(ctx, s.client, []string{Key(req.Rule, req.Key)}, a[0], a[1], a[2]).Slice()
-	s.m.scriptDuration[i].Observe(time.Since(start).Seconds())
-	if err != nil {
-		s.m.errors.Inc()
-		return bucket.Decision{}, fmt.Errorf("eval %s: %w", req.Limit.Algorithm, err)
-	}
-	d, err := parseDecision(res, req.Limit.Capacity)
-	if err != nil {
-		s.m.errors.Inc()
-		return bucket.Decision{}, fmt.Errorf("eval %s: %w", req.Limit.Algorithm, err)
-	}
-	return d, nil
-}
-
-func (s *Store) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= s.timeout {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, s.timeout)
+	return bucket.Decision{}, fmt.Errorf("eval %s: %w", req.Limit.Algorithm, err)
 }
 
 // scriptArgs are a script's ARGV for one bucket: capacity, rate (tokens/s)
@@ -288,47 +254,6 @@ func parseDecision(res []any, capacity float64) (bucket.Decision, error) {
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
 	}, nil
-}
-
-type metrics struct {
-	coalesceMetrics
-	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
-	errors         prometheus.Counter
-	debitDuration  prometheus.Observer
-	multiDuration  prometheus.Observer
-	debitErrors    prometheus.Counter
-}
-
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	dur := prometheus.NewHistogramVec(prometheus.HistogramOpts{
-		Name:    "limiter_store_script_duration_seconds",
-		Help:    "Time of one store script call, round trip included; for debits, one pipeline.",
-		Buckets: []float64{.0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
-	}, []string{"script"})
-	errs := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "limiter_store_errors_total",
-		Help: "Store calls that failed, by operation.",
-	}, []string{"op"})
-	for _, c := range []prometheus.Collector{dur, errs} {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register store metrics: %w", err)
-		}
-	}
-	cm, err := newCoalesceMetrics(reg)
-	if err != nil {
-		return nil, fmt.Errorf("register store metrics: %w", err)
-	}
-	m := &metrics{
-		coalesceMetrics: cm,
-		errors:          errs.WithLabelValues("script"),
-		debitErrors:     errs.WithLabelValues("debit"),
-		debitDuration:   dur.WithLabelValues("debit"),
-		multiDuration:   dur.WithLabelValues("multi"),
-	}
-	for i, a := range scriptAlgorithms {
-		m.scriptDuration[i] = dur.WithLabelValues(string(a))
-	}
-	return m, nil
 }
 
 // AddrsFlag is a flag.Value for a comma-separated list of addresses.

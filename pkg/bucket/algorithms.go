@@ -22,7 +22,9 @@ type State struct {
 }
 
 // Take decides a request of cost under l at the instant now (microseconds
-// since the Unix epoch), updating st when the request is allowed. cost must
+// since the Unix epoch), updating st when the request is allowed (and, for
+// a token bucket or GCRA, clamping a debt a lowered capacity left: see
+// clampDebt). cost must
 // already be normalized (NormalizeCost) and l valid (Validate). It does not
 // allocate, except a SlidingLog growing its log.
 func (l *Limit) Take(st *State, now int64, cost float64) Decision {
@@ -92,10 +94,8 @@ func ceilMicros(us float64) int64 {
 // refill min(C, tokens + elapsed*rate) without a second field.
 func (l *Limit) takeTokenBucket(st *State, now int64, cost float64) Decision {
 	rate := l.RefillPerSecond
-	full := st.a
-	if full < now {
-		full = now
-	}
+	l.clampDebt(st, now)
+	full := max(st.a, now)
 	tokens := l.Capacity - float64(full-now)*rate/1e6
 	if tokens >= cost {
 		full += roundMicros(cost * 1e6 / rate)
@@ -115,16 +115,34 @@ func (l *Limit) takeTokenBucket(st *State, now int64, cost float64) Decision {
 	}
 }
 
+// clampDebt bounds a token bucket's or a GCRA's state at now to one
+// capacity of debt (tokens >= -capacity): the instant it is full again, or
+// its theoretical arrival time, is never more than two capacities' refill
+// time ahead. Takes alone never go below 0 tokens; debits, other regions'
+// spends, may take a bucket down to -capacity, and that debt is kept: Debit
+// stops at the same bound. A state beyond it was left by a larger capacity
+// (or a lower rate): a rule's capacity lowered under an active key. Clamped,
+// it reads as the largest debt the new rule allows, so the key waits at most
+// (cost + capacity) / rate, not the old capacity's refill time. The clamp is
+// kept in st even when the request is refused: it changes no decision, and
+// from there the debt refills at the rule's rate. The Lua scripts do the same.
+func (l *Limit) clampDebt(st *State, now int64) {
+	switch l.Algorithm {
+	case TokenBucket:
+		st.a = min(st.a, now+roundMicros(2*l.Capacity*1e6/l.RefillPerSecond))
+	case GCRA:
+		st.a = min(st.a, now+2*roundMicros(l.Capacity*1e6/l.RefillPerSecond))
+	}
+}
+
 // GCRA keeps the theoretical arrival time tat; a request of cost moves it by
 // cost emission intervals and passes if the new tat is within the burst
 // tolerance of now.
 func (l *Limit) takeGCRA(st *State, now int64, cost float64) Decision {
 	rate := l.RefillPerSecond
 	tolerance := roundMicros(l.Capacity * 1e6 / rate)
-	tat := st.a
-	if tat < now {
-		tat = now
-	}
+	l.clampDebt(st, now)
+	tat := max(st.a, now)
 	next := tat + roundMicros(cost*1e6/rate)
 	if allowAt := next - tolerance; allowAt > now {
 		return Decision{
@@ -260,7 +278,8 @@ func insertSorted(log []int64, t int64) []int64 {
 // decision. The debt is bounded so that remote traffic, or a corrupt report,
 // cannot block a key for long:
 //   - TokenBucket, GCRA: the state moves by amount / rate, at most to one
-//     capacity of debt (tokens >= -capacity);
+//     capacity of debt (tokens >= -capacity); Take reads the state with the
+//     same bound, so the debt is kept (see clampDebt);
 //   - SlidingWindow, FixedWindow: amount joins the current window's count,
 //     which stays at most twice the capacity;
 //   - SlidingLog: amount entries (rounded) join the log at now, up to capacity.
@@ -273,11 +292,13 @@ func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) 
 	rate := l.RefillPerSecond
 	switch l.Algorithm {
 	case TokenBucket:
+		l.clampDebt(st, now)
 		full := max(st.a, now)
 		overshoot = overshootOf(amount, l.Capacity-float64(full-now)*rate/1e6)
 		st.a = min(full+roundMicros(amount*1e6/rate), now+roundMicros(2*l.Capacity*1e6/rate))
 	case GCRA:
 		tolerance := roundMicros(l.Capacity * 1e6 / rate)
+		l.clampDebt(st, now)
 		tat := max(st.a, now)
 		overshoot = overshootOf(amount, float64(tolerance-(tat-now))*rate/1e6)
 		st.a = min(tat+roundMicros(amount*1e6/rate), now+2*tolerance)

@@ -266,3 +266,70 @@ func TestDebitOvershoot(t *testing.T) {
 		t.Fatalf("fixed window 4 of 5 used, 3 remote: overshoot %v, want 2", got)
 	}
 }
+
+// TestLoweredCapacity: a rule's capacity lowered under an active key. The
+// stored instant (full again, or the theoretical arrival time) of the old
+// capacity reads as at most one capacity of debt under the new one, the most
+// a debit leaves, so the key waits (cost + capacity) / rate at most, not the
+// old capacity's refill time.
+func TestLoweredCapacity(t *testing.T) {
+	tests := []struct {
+		name       string
+		algorithm  Algorithm
+		drain      float64
+		afterDrain []step // under the new limit
+	}{
+		{
+			name: "token bucket", algorithm: TokenBucket, drain: 1000,
+			afterDrain: []step{
+				// Full at t0+1000s reads as t0+21s: 10 tokens of debt.
+				{at: sec, cost: 1, allowed: false, remaining: 0, retry: 11 * sec, reset: 20 * sec},
+				{at: 12 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
+				{at: 12 * sec, cost: 1, allowed: false, remaining: 0, retry: sec, reset: 10 * sec},
+			},
+		},
+		{
+			name: "gcra", algorithm: GCRA, drain: 1000,
+			afterDrain: []step{
+				{at: sec, cost: 1, allowed: false, remaining: 0, retry: 11 * sec, reset: 20 * sec},
+				{at: 12 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
+				{at: 12 * sec, cost: 1, allowed: false, remaining: 0, retry: sec, reset: 10 * sec},
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			old := Limit{Algorithm: tt.algorithm, Capacity: 1000, RefillPerSecond: 1}
+			lowered := Limit{Algorithm: tt.algorithm, Capacity: 10, RefillPerSecond: 1}
+			var st State
+			if d := old.Take(&st, t0, tt.drain); !d.Allowed || d.Remaining != 0 {
+				t.Fatalf("drain: %+v", d)
+			}
+			for i, s := range tt.afterDrain {
+				d := lowered.Take(&st, t0+s.at, s.cost)
+				want := Decision{Allowed: s.allowed, Remaining: s.remaining, Limit: lowered.Capacity,
+					RetryAfter: micros(s.retry), ResetAfter: micros(s.reset)}
+				if d != want {
+					t.Fatalf("step %d (t=+%dµs cost %v):\n got %+v\nwant %+v", i, s.at, s.cost, d, want)
+				}
+			}
+		})
+	}
+}
+
+// TestDebitAfterLoweredCapacity: a debit reads the state as a take does, so
+// the overshoot it reports is the new capacity's, not the old one's.
+func TestDebitAfterLoweredCapacity(t *testing.T) {
+	for _, alg := range []Algorithm{TokenBucket, GCRA} {
+		t.Run(string(alg), func(t *testing.T) {
+			old := Limit{Algorithm: alg, Capacity: 1000, RefillPerSecond: 1}
+			lowered := Limit{Algorithm: alg, Capacity: 10, RefillPerSecond: 1}
+			var st State
+			old.Take(&st, t0, 1000)
+			// 10 tokens of debt at most, so one more token overshoots by 11.
+			if got := lowered.Debit(&st, t0+sec, 1); got != 11 {
+				t.Fatalf("overshoot %v, want 11", got)
+			}
+		})
+	}
+}

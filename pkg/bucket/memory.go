@@ -128,6 +128,8 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 	all := true
 	for i, r := range reqs {
 		if e := m.shards[idx[i]].buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
+			// Kept whatever the outcome, as a single Take keeps it.
+			r.Limit.clampDebt(&e.st, now)
 			next[i] = e.st
 			// Decide on a copy: the log is changed in place.
 			next[i].log = append([]int64(nil), e.st.log...)

@@ -165,3 +165,40 @@ func TestMemoryTakeAllIsAllOrNothing(t *testing.T) {
 		t.Fatalf("big after a refused multi-check: remaining %v, want 8", got.Remaining)
 	}
 }
+
+// TestMemoryLoweredCapacity: a key drained under a large capacity is
+// refused under the lowered one for (cost + capacity) / rate at most, by
+// Take and by TakeAll alike (TakeAll decides on copies; the clamp is kept).
+func TestMemoryLoweredCapacity(t *testing.T) {
+	for _, multi := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Take", true: "TakeAll"}[multi], func(t *testing.T) {
+			c := &fakeClock{}
+			c.us.Store(t0)
+			m := NewMemory(WithClock(c.now))
+			ctx := context.Background()
+			old := Request{Rule: "r", Key: "k", Limit: Limit{Algorithm: TokenBucket, Capacity: 1000, RefillPerSecond: 1}, Cost: 1000}
+			if d, _ := m.Take(ctx, old); !d.Allowed {
+				t.Fatal("drain refused")
+			}
+			lowered := old
+			lowered.Limit.Capacity, lowered.Cost = 10, 1
+			other := Request{Rule: "other", Key: "k", Limit: Limit{Algorithm: FixedWindow, Capacity: 1e6, Window: time.Hour}, Cost: 1}
+			take := func() Decision {
+				if !multi {
+					d, _ := m.Take(ctx, lowered)
+					return d
+				}
+				ds, _ := m.TakeAll(ctx, []Request{lowered, other})
+				return ds[0]
+			}
+			c.advance(time.Second)
+			if d := take(); d.Allowed || d.RetryAfter != 11*time.Second {
+				t.Fatalf("1 s after the change: %+v, want refused for 11 s", d)
+			}
+			c.advance(11 * time.Second)
+			if d := take(); !d.Allowed {
+				t.Fatalf("12 s after the change: %+v, want allowed", d)
+			}
+		})
+	}
+}

@@ -1,10 +1,10 @@
 # Redis Cluster (cluster mode enabled): the counters of one region.
 #
-# maxmemory-policy volatile-ttl: every key limiterd writes has an expiry, so
-# under memory pressure the keys closest to expiring (buckets nearly full
-# again anyway) go first; an allkeys-* policy would evict live counters and
-# silently admit everything. Any eviction still pages
-# (deploy/prometheus/alerts.yml, LimiterRedisEvictions).
+# maxmemory-policy noeviction: every key limiterd writes has an expiry, so a
+# volatile-* policy evicts live counters exactly like allkeys-*, and the
+# evicted clients are silently admitted. With noeviction a full node refuses
+# the scripts' writes, and the checks answer by their rules' on_failure.
+# Memory above 70% pages before that (deploy/prometheus/alerts.yml).
 
 resource "aws_elasticache_subnet_group" "redis" {
   name        = "${local.name}-redis"
@@ -16,7 +16,7 @@ resource "aws_elasticache_subnet_group" "redis" {
 resource "aws_elasticache_parameter_group" "redis" {
   name        = "${local.name}-redis7-cluster"
   family      = "redis7"
-  description = "limiterd: default.redis7.cluster.on with maxmemory-policy volatile-ttl"
+  description = "limiterd: default.redis7.cluster.on with maxmemory-policy noeviction"
 
   parameter {
     name  = "cluster-enabled"
@@ -25,7 +25,7 @@ resource "aws_elasticache_parameter_group" "redis" {
 
   parameter {
     name  = "maxmemory-policy"
-    value = "volatile-ttl"
+    value = "noeviction"
   }
 
   tags = local.tags

@@ -1,0 +1,358 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// Mode says whether Options.Addrs name a Redis Cluster or one standalone
+// server.
+type Mode int
+
+const (
+	// ModeAuto: more than one address is a cluster; one address is asked
+	// (INFO cluster) when it first answers, and checks fail with
+	// ErrNotConnected until then.
+	ModeAuto Mode = iota
+	// ModeCluster: the addresses are seeds of a Redis Cluster.
+	ModeCluster
+	// ModeStandalone: the one address is a standalone server.
+	ModeStandalone
+)
+
+const (
+	// ProbeInterval is how often the store probes its nodes in the
+	// background: it connects when Redis first answers, loads the scripts
+	// on a node that comes (back) up, and updates Health.
+	ProbeInterval = time.Second
+	// probeTimeout bounds one probe.
+	probeTimeout = time.Second
+	// adminTimeout is the socket timeout of admin commands (INFO, SCRIPT
+	// LOAD, the slot map) when their context sets no earlier deadline.
+	adminTimeout = 3 * time.Second
+)
+
+// backend is what the store knows once Redis first answered: the mode, and
+// the admin client, which routes keys to nodes (its slot map) and runs
+// admin commands, debits, refunds and undos with context deadlines.
+type backend struct {
+	cluster bool
+	admin   redis.UniversalClient
+}
+
+// connPhase records, for one call through a pooled client, whether it
+// opened a new connection and whether that connection's handshake
+// completed; see classifyPooled.
+type connPhase struct{ dialed, connected atomic.Bool }
+
+type connPhaseKey struct{}
+
+func withConnPhase(ctx context.Context, p *connPhase) context.Context {
+	return context.WithValue(ctx, connPhaseKey{}, p)
+}
+
+// dialer opens connections for every client of the store and marks the
+// dial on the call's connPhase, if it has one.
+func (s *Store) dialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: timeout, KeepAlive: 5 * time.Minute}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if p, ok := ctx.Value(connPhaseKey{}).(*connPhase); ok {
+			p.dialed.Store(true)
+		}
+		if s.opts.TLS == nil {
+			return d.DialContext(ctx, network, addr)
+		}
+		td := &tls.Dialer{NetDialer: d, Config: s.opts.TLS}
+		return td.DialContext(ctx, network, addr)
+	}
+}
+
+// onConnect marks a completed handshake on the call's connPhase.
+func onConnect(ctx context.Context, _ *redis.Conn) error {
+	if p, ok := ctx.Value(connPhaseKey{}).(*connPhase); ok {
+		p.connected.Store(true)
+	}
+	return nil
+}
+
+// nodeOptions are the options of a client of one node. Each command is
+// sent once: a retry spends the latency budget and could run a script
+// twice; the caller decides what a failure means.
+func (s *Store) nodeOptions(addr string) *redis.Options {
+	return &redis.Options{
+		Addr: addr, Username: s.opts.Username, Password: s.opts.Password,
+		PoolSize: s.opts.PoolSize, MaxRetries: -1, DialerRetries: 1, DialTimeout: s.dialTimeout,
+		Dialer: s.dialer(s.dialTimeout), OnConnect: onConnect,
+		ReadTimeout: adminTimeout, WriteTimeout: adminTimeout, ContextTimeoutEnabled: true,
+		// Pipelines share the main pool, so PoolSize and PoolTimeout bound them.
+		PipelinePoolSize: -1,
+		DisableIdentity:  true,
+		// TLS, when set, is done by the dialer: TLSConfig stays nil.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
+}
+
+// newBackend makes the admin client for the mode.
+func (s *Store) newBackend(cluster bool) *backend {
+	if !cluster {
+		return &backend{admin: redis.NewClient(s.nodeOptions(s.opts.Addrs[0]))}
+	}
+	o := s.nodeOptions("")
+	return &backend{cluster: true, admin: redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs: s.opts.Addrs, Username: o.Username, Password: o.Password,
+		PoolSize: o.PoolSize, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries, DialTimeout: o.DialTimeout,
+		Dialer: o.Dialer, OnConnect: o.OnConnect, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
+		ContextTimeoutEnabled: true, PipelinePoolSize: -1, DisableIdentity: true,
+		MaintNotificationsConfig: o.MaintNotificationsConfig,
+		// go-redis refreshes its slot map on MOVED, not when a primary
+		// stops answering: reload often, so a failover costs seconds.
+		ClusterStateReloadInterval: time.Second,
+	})}
+}
+
+// health is the last probe's finding.
+type health struct{ err error }
+
+// Health reports the store's reachability as the background probe last
+// found it (every ProbeInterval; no I/O here), for a readiness detail or a
+// log line. It is nil when every primary answered; otherwise its error
+// names the nodes that did not, and wraps ErrNotConnected while the store
+// is not connected (see Connected). A store that is not healthy still
+// serves: checks bound for a node that is down fail at once (not applied),
+// so a caller's on_failure policy decides them.
+func (s *Store) Health() error {
+	if h := s.health.Load(); h != nil {
+		return h.err
+	}
+	return ErrNotConnected
+}
+
+// Connected reports whether the store sends checks: it knows the mode and,
+// for a cluster, the slot map, learnt from a node that answered (with
+// ModeStandalone, from New on). Until then every check fails at once with
+// ErrNotConnected. It stays true through a later outage, when the nodes'
+// breakers fail the checks instead.
+func (s *Store) Connected() bool { return s.ready.Load() }
+
+// run probes the nodes every ProbeInterval until the store closes.
+func (s *Store) run(life context.Context) {
+	t := time.NewTicker(ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-life.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(life, probeTimeout)
+		s.probe(ctx)
+		cancel()
+	}
+}
+
+// probe learns the mode when it is not known yet, pings every primary,
+// loads the scripts on a primary that answers for the first time since it
+// last did not, and records the result for Health.
+func (s *Store) probe(ctx context.Context) {
+	be := s.be.Load()
+	if be == nil {
+		cluster, err := s.detectMode(ctx)
+		if err != nil {
+			s.setHealth(fmt.Errorf("%w: %s: %w", ErrNotConnected, s.opts.Addrs[0], err))
+			return
+		}
+		s.beMu.Lock()
+		if s.closed.Load() {
+			s.beMu.Unlock()
+			return
+		}
+		be = s.newBackend(cluster)
+		s.be.Store(be)
+		s.beMu.Unlock()
+	}
+	var (
+		mu      sync.Mutex
+		down    []string
+		answers []*redis.Client
+	)
+	ping := func(ctx context.Context, c *redis.Client) error {
+		err := c.Ping(ctx).Err()
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			down = append(down, fmt.Sprintf("%s: %v", c.Options().Addr, err))
+		} else {
+			answers = append(answers, c)
+		}
+		return nil
+	}
+	if cc, ok := be.admin.(*redis.ClusterClient); ok {
+		if err := cc.ForEachMaster(ctx, ping); err != nil {
+			// No slot map: no seed answered.
+			err = fmt.Errorf("no node of %s answers: %w", strings.Join(s.opts.Addrs, ","), err)
+			if !s.ready.Load() {
+				err = fmt.Errorf("%w: %w", ErrNotConnected, err)
+			}
+			s.setHealth(err)
+			s.markDown(nil)
+			return
+		}
+	} else {
+		_ = ping(ctx, be.admin.(*redis.Client))
+	}
+	s.ready.Store(true)
+	up := make([]string, 0, len(answers))
+	for _, c := range answers {
+		addr := c.Options().Addr
+		up = append(up, addr)
+		if !s.wasUp(addr) {
+			// A node seen for the first time, or back: it may have lost
+			// the scripts. (EVALSHA falls back to EVAL anyway.)
+			if err := loadScripts(ctx, c); err != nil {
+				down = append(down, err.Error())
+				up = up[:len(up)-1]
+			}
+		}
+	}
+	s.markDown(up)
+	if len(down) == 0 {
+		s.setHealth(nil)
+		return
+	}
+	slices.Sort(down)
+	s.setHealth(fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")))
+}
+
+// detectMode asks the one address whether it is a cluster node.
+func (s *Store) detectMode(ctx context.Context) (cluster bool, err error) {
+	switch {
+	case s.opts.Mode == ModeCluster || len(s.opts.Addrs) > 1:
+		return true, nil
+	case s.opts.Mode == ModeStandalone:
+		return false, nil
+	}
+	c := redis.NewClient(s.nodeOptions(s.opts.Addrs[0]))
+	defer c.Close()
+	info, err := c.Info(ctx, "cluster").Result()
+	if err != nil {
+		return false, err
+	}
+	return strings.Contains(info, "cluster_enabled:1"), nil
+}
+
+func (s *Store) setHealth(err error) {
+	s.health.Store(&health{err: err})
+	if err == nil {
+		s.m.up.Set(1)
+	} else {
+		s.m.up.Set(0)
+	}
+}
+
+// wasUp reports whether the last probe found addr answering.
+func (s *Store) wasUp(addr string) bool {
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	return s.up[addr]
+}
+
+// markDown records the primaries that answered this probe; the others are
+// down until they answer again.
+func (s *Store) markDown(up []string) {
+	s.upMu.Lock()
+	defer s.upMu.Unlock()
+	clear(s.up)
+	for _, a := range up {
+		s.up[a] = true
+	}
+}
+
+// Load loads every script on every primary that answers, so checks run by
+// hash. A node that lost them (a restart, a failover) is served by EVAL
+// until the background probe loads them again. Its error names the nodes
+// that could not load them.
+func (s *Store) Load(ctx context.Context) error {
+	be := s.be.Load()
+	if be == nil {
+		return ErrNotConnected
+	}
+	if cc, ok := be.admin.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, loadScripts)
+	}
+	return loadScripts(ctx, be.admin.(*redis.Client))
+}
+
+// Client returns the admin client, for health checks and admin reads; it is
+// nil until the store has connected (see Connected) when the mode was left
+// to ModeAuto with one address. Its commands take their deadline from their
+// context.
+func (s *Store) Client() redis.UniversalClient {
+	if be := s.be.Load(); be != nil {
+		return be.admin
+	}
+	return nil
+}
+
+// admin returns the admin client once the store is connected.
+func (s *Store) admin() (redis.UniversalClient, error) {
+	if s.closed.Load() {
+		return nil, redis.ErrClosed
+	}
+	be := s.be.Load()
+	if be == nil || !s.ready.Load() {
+		return nil, ErrNotConnected
+	}
+	return be.admin, nil
+}
+
+// Ping reports whether every primary answers now.
+func (s *Store) Ping(ctx context.Context) error {
+	be := s.be.Load()
+	if be == nil {
+		return ErrNotConnected
+	}
+	if cc, ok := be.admin.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return c.Ping(ctx).Err()
+		})
+	}
+	return be.admin.Ping(ctx).Err()
+}
+
+// forEachPrimary calls fn on every primary the admin client knows, at
+// once, and returns the errors of the primaries it could not reach, joined.
+func (s *Store) forEachPrimary(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error {
+	be := s.be.Load()
+	if be == nil {
+		return ErrNotConnected
+	}
+	cc, ok := be.admin.(*redis.ClusterClient)
+	if !ok {
+		return fn(ctx, be.admin.(*redis.Client))
+	}
+	var mu sync.Mutex
+	var errs []error
+	err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		if err := fn(ctx, c); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return errors.Join(errs...)
+}
