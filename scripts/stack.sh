@@ -264,11 +264,9 @@ up() {
 	for r in "${regions[@]}"; do
 		redis_addrs=$(printf '127.0.0.1:%s,' ${redis_ports[$r]})
 		redis_addrs=${redis_addrs%,}
-		# --redis.timeout: the 5ms default is meant for a dedicated store;
-		# here two clusters, NATS and the daemons share the machine's cores.
 		start "limiterd-$r" "$state/logs/limiterd-$r.log" "$bin/limiterd" \
 			--region "$r" --region.topology-file "$state/topology.yml" --region.peer-secret-file "$peer_secret_file" \
-			--rules.file "$rules" --redis.addrs "$redis_addrs" --redis.timeout 50ms \
+			--rules.file "$rules" --redis.addrs "$redis_addrs" \
 			--grpc.listen-address "${grpc_addr[$r]}" --http.listen-address "${http_addr[$r]}" \
 			--nats.url "nats://$nats_addr" --gossip.interval "$interval" --instance "limiterd-$r" \
 			--admin.token-file "$token_file"

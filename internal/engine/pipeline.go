@@ -299,20 +299,8 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 		}
 	}
 	var me *bucket.MultiError
-	if err != nil && errors.As(err, &me) && len(me.Errs) == len(items) {
-		// Some were decided: a refusal among them refuses the check (the
-		// store gave back what the others spent).
-		refused := false
-		for i, it := range items {
-			if me.Errs[i] == nil && !ds[i].Allowed {
-				it.route, it.Decision, refused = routeStore, ds[i], true
-				it.Decision.Limit = it.e.limit.Capacity
-			}
-		}
-		if refused {
-			e.remember(c, items, sent)
-			return false, nil
-		}
+	if err != nil && errors.As(err, &me) && len(me.Errs) == len(items) && len(ds) == len(items) {
+		return e.partlyDecided(ctx, c, items, reqs, ds, me, sent)
 	}
 	if err == nil {
 		all := true
@@ -333,6 +321,46 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 		return all, nil
 	}
 	return e.storeFailed(ctx, items, reqs, err)
+}
+
+// partlyDecided finishes a store call that decided some items and not
+// others. A refusal among the decided ones refuses the check (the store gave
+// back what the others spent). Otherwise the decided ones stay spent, the
+// rest are decided by storeFailed, and when that refuses (or errs) the
+// decided ones are given back.
+func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError, sent int64) (bool, error) {
+	var decided, failed []*Item
+	var failedReqs, spentReqs []bucket.Request
+	refused := false
+	for i, it := range items {
+		if me.Errs[i] != nil {
+			failed = append(failed, it)
+			failedReqs = append(failedReqs, reqs[i])
+			continue
+		}
+		it.route, it.Decision = routeStore, ds[i]
+		it.Decision.Limit = it.e.limit.Capacity
+		decided = append(decided, it)
+		spentReqs = append(spentReqs, reqs[i])
+		refused = refused || !ds[i].Allowed
+	}
+	e.remember(c, decided, sent)
+	if refused {
+		return false, nil
+	}
+	at := time.Now()
+	allowed, err := e.storeFailed(ctx, failed, failedReqs, errors.Join(me.Unwrap()...))
+	if err == nil && allowed {
+		return true, nil
+	}
+	if u, ok := e.store.(bucket.Undoer); ok && len(spentReqs) > 0 {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+		if uerr := u.Undo(uctx, spentReqs, at); uerr != nil {
+			e.log.Warn("a refused check's store spends not given back", "err", uerr)
+		}
+		cancel()
+	}
+	return allowed, err
 }
 
 func (e *Engine) takeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {

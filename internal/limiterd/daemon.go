@@ -253,7 +253,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 	}
 	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
 	ro := redisstore.Options{Addrs: d.opts.RedisAddrs, Username: d.opts.RedisUsername,
-		Timeout: d.opts.RedisTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
+		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
 		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, BreakerOpen: d.opts.RedisBreakerOpen}
 	if d.opts.RedisPasswordFile != "" {
 		b, err := os.ReadFile(d.opts.RedisPasswordFile)
@@ -423,8 +423,8 @@ func (d *Daemon) dependencies() string {
 	switch {
 	case d.redis == nil:
 		lines = append(lines, "store: embedded memory")
-	case d.fleet != nil && d.fleet.LastError() != nil:
-		lines = append(lines, "store: redis unreachable, checks decided by each rule's on_failure: "+d.fleet.LastError().Error())
+	case d.redis.Health() != nil:
+		lines = append(lines, "store: redis not healthy, checks it cannot decide follow each rule's on_failure: "+d.redis.Health().Error())
 	default:
 		lines = append(lines, "store: redis ok")
 	}

@@ -47,11 +47,11 @@ func TestEvictionGuard(t *testing.T) {
 		}
 	}
 
-	if err := first.ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err(); err != nil {
+	if err := first.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatal(err)
 	}
 	safe := startDaemon(t, c.Addrs())
 	if body := scrape(t, safe); !strings.Contains(body, "limiter_store_unsafe_eviction_policy 0") {
-		t.Error("a volatile-ttl cluster reads as unsafe")
+		t.Error("a noeviction cluster reads as unsafe")
 	}
 }

@@ -63,8 +63,15 @@ type Options struct {
 	RedisUsername, RedisPasswordFile string
 	// RedisTLS connects to Redis over TLS.
 	RedisTLS bool
-	// RedisTimeout bounds each store call.
+	// RedisTimeout bounds the wait for a check's reply from Redis, from
+	// the moment it is written; time in limiterd's own queue does not count.
 	RedisTimeout time.Duration
+	// RedisMaxQueueWait bounds the time a check waits in limiterd before
+	// it is sent to Redis; past it the check is answered RESOURCE_EXHAUSTED
+	// (limiterd is overloaded, not the store), never by the fallback.
+	RedisMaxQueueWait time.Duration
+	// RedisDialTimeout bounds opening a connection to a Redis node.
+	RedisDialTimeout time.Duration
 	// RedisPoolSize is the connection pool size per node (0: go-redis's default).
 	RedisPoolSize int
 	// RedisNoCoalesce sends each check on its own instead of pipelining
@@ -76,7 +83,8 @@ type Options struct {
 	// RedisBreakerOpen is how long a failing node is not called before a probe.
 	RedisBreakerOpen time.Duration
 	// RedisAllowUnsafeEviction starts even when a node's maxmemory-policy
-	// is allkeys-* (with a warning).
+	// is not noeviction (with a warning): every other policy evicts live
+	// counters, since every bucket has an expiry.
 	RedisAllowUnsafeEviction bool
 
 	// DenyCacheSize bounds the deny cache: 0 means DefaultDenyCacheSize,
@@ -157,13 +165,15 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
 	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
 	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
-	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "deadline of one store call")
+	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "longest wait for a check's reply from Redis, from the moment it is written")
+	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED")
+	fs.DurationVar(&o.RedisDialTimeout, "redis.dial-timeout", redisstore.DefaultDialTimeout, "longest wait to open a connection to a Redis node")
 	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")
 	fs.BoolFunc("redis.no-coalesce", "send each check on its own instead of pipelining the checks bound for one node", func(string) error {
 		o.RedisNoCoalesce = true
 		return nil
 	})
-	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is allkeys-* (live counters may be evicted)")
+	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is not noeviction (live counters may be evicted)")
 	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
 	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
 	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")
@@ -268,6 +278,12 @@ func (o *Options) validate() error {
 	}
 	if len(o.PeerIdentities) > 0 && o.TLSClientCAFile == "" {
 		errs = append(errs, errors.New("--region.peer-identities: needs --grpc.tls-client-ca-file to verify the peers' certificates"))
+	}
+	if o.RedisMaxQueueWait < 0 || o.RedisMaxQueueWait > time.Minute {
+		errs = append(errs, fmt.Errorf("--redis.max-queue-wait: must be in (0, 1m], got %v", o.RedisMaxQueueWait))
+	}
+	if o.RedisDialTimeout < 0 || o.RedisDialTimeout > time.Minute {
+		errs = append(errs, fmt.Errorf("--redis.dial-timeout: must be in (0, 1m], got %v", o.RedisDialTimeout))
 	}
 	if o.RedisTimeout < 0 || o.RedisTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.timeout: must be in (0, 1m], got %v", o.RedisTimeout))

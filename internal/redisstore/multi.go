@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -198,4 +199,48 @@ func parseMultiReply(res []any, reqs []bucket.Request) ([]bucket.Decision, int64
 // back, then a group's ARGV (groupArgs).
 func undoArgs(at int64, args []any) []any {
 	return append([]any{strconv.FormatInt(at, 10)}, args...)
+}
+
+// Undo gives back reqs, spent at the instant at, in one script per client
+// (bucket.Undoer): what a check decided here spent, when another part of
+// the check, decided elsewhere, refused. Each bucket gets back at most the
+// request's cost, in the window at fell in, and nothing once that window is
+// gone.
+func (s *Store) Undo(ctx context.Context, reqs []bucket.Request, at time.Time) error {
+	admin, err := s.admin()
+	if err != nil {
+		s.m.errors[opUndo].Add(float64(len(reqs)))
+		return err
+	}
+	var calls []scriptCall
+	byKey := map[string][]bucket.Request{}
+	var order []string
+	for _, r := range reqs {
+		if scriptIndex(r.Limit.Algorithm) < 0 {
+			return fmt.Errorf("%w: no script for algorithm %q", bucket.ErrInvalidLimit, r.Limit.Algorithm)
+		}
+		if byKey[r.Key] == nil {
+			order = append(order, r.Key)
+		}
+		byKey[r.Key] = append(byKey[r.Key], r)
+	}
+	for _, k := range order {
+		keys, args := groupArgs(byKey[k])
+		calls = append(calls, scriptCall{script: undoScript, keys: keys, args: undoArgs(at.UnixMicro(), args)})
+	}
+	cmds, err := runScripts(ctx, admin, calls, nil)
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, cmd := range cmds {
+		if cmd.Err() != nil {
+			s.m.errors[opUndo].Inc()
+			errs = append(errs, cmd.Err())
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("undo: %w", errors.Join(errs...))
+	}
+	return nil
 }
