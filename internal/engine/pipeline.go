@@ -131,7 +131,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		allowed, at, err := e.forward(ctx, home, its)
 		if err == nil {
 			if !allowed {
-				e.remember(c, its, sent)
+				e.remember(c, its, sent, false)
 				return refuse()
 			}
 			sp.homes = append(sp.homes, homeSpend{home: home, items: its, at: at})
@@ -309,7 +309,7 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 			it.Decision.Limit = it.e.limit.Capacity
 			all = all && ds[i].Allowed
 		}
-		e.remember(c, items, sent)
+		e.remember(c, items, sent, all)
 		if all {
 			for _, it := range items {
 				if it.batch > it.Cost {
@@ -344,7 +344,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, req
 		spentReqs = append(spentReqs, reqs[i])
 		refused = refused || !ds[i].Allowed
 	}
-	e.remember(c, decided, sent)
+	e.remember(c, decided, sent, false)
 	if refused {
 		return false, nil
 	}
@@ -437,9 +437,10 @@ func (e *Engine) storeFailed(ctx context.Context, items []*Item, reqs []bucket.R
 }
 
 // remember puts the refusals of items the store or a home region decided
-// in the deny cache; and for allowed ones whose answer shows the next
-// check of the same cost must fail, that denial too.
-func (e *Engine) remember(c *Check, items []*Item, sent int64) {
+// in the deny cache; and, when their spends stand (admitted), for allowed
+// ones whose answer shows the next check of the same cost must fail, that
+// denial too. (In a refused check the allowed ones were given back.)
+func (e *Engine) remember(c *Check, items []*Item, sent int64, admitted bool) {
 	if e.deny == nil {
 		return
 	}
@@ -449,8 +450,8 @@ func (e *Engine) remember(c *Check, items []*Item, sent int64) {
 		}
 		d := it.Decision
 		retry := d.RetryAfter
-		if d.Allowed && it.batch > 0 {
-			continue // the lease holds what the batch left over
+		if d.Allowed && (it.batch > 0 || !admitted) {
+			continue // the lease holds what the batch left over, or given back
 		}
 		if d.Allowed {
 			var ok bool
