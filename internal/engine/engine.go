@@ -315,5 +315,11 @@ func (e *Engine) Refund(ctx context.Context, items []HomeItem, at time.Time) err
 	if len(reqs) == 0 {
 		return nil
 	}
+	if e.deny != nil {
+		// Tokens came back: a denial remembered meanwhile may not hold.
+		for _, r := range reqs {
+			e.deny.forget(r.Rule, r.Key)
+		}
+	}
 	return u.Undo(ctx, reqs, at)
 }

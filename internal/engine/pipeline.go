@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -47,9 +48,17 @@ func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
 	e.count(c, allowed)
 	if !allowed {
 		for _, it := range c.enforce {
-			if it.Decision.Allowed && it.route != routeNone && it.Decision.Remaining < it.Decision.Limit {
+			if !it.Decision.Allowed || it.route == routeNone {
+				continue
+			}
+			if it.Decision.Remaining < it.Decision.Limit {
 				// Its spend was given back.
 				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+it.Cost)
+			}
+			if e.deny != nil && it.route != routeFallback {
+				// Given back: a denial another check left meanwhile may
+				// not hold any more.
+				e.deny.forget(it.Rule.ID, it.Key)
 			}
 		}
 		return false, nil
@@ -152,6 +161,15 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 				return fail(ErrUnavailable)
 			}
 		}
+		if errors.Is(err, bucket.ErrOutcomeUnknown) {
+			// The home may have decided and spent: never decided a second
+			// time here. Fail open: allowed, counted as uncertain.
+			for _, it := range its {
+				it.route = routeUnknown
+				it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
+			}
+			continue
+		}
 		// Fail open: decide here with this region's share of the limit.
 		for _, it := range its {
 			it.limit = it.e.regional
@@ -224,6 +242,10 @@ func (e *Engine) forward(ctx context.Context, home string, its []*Item) (bool, t
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
 	allowed, ds, at, err := h.Decide(fctx, req)
+	if err != nil && fctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, bucket.ErrOutcomeUnknown) {
+		// The forward ran out of its own time: the home may have decided.
+		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
+	}
 	if err == nil && len(ds) != len(its) {
 		err = errors.New("home region answered for another number of rules")
 	}

@@ -76,6 +76,7 @@ func (s *faultStore) Undo(ctx context.Context, reqs []bucket.Request, at time.Ti
 type fakeHome struct {
 	e       *Engine
 	fail    atomic.Bool
+	slow    atomic.Bool // decide, then answer after the caller's deadline
 	refunds atomic.Int64
 }
 
@@ -83,6 +84,19 @@ func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket
 	if h.fail.Load() {
 		return false, nil, time.Time{}, errors.New("home unreachable")
 	}
+	if h.slow.Load() {
+		defer func() { <-ctx.Done() }()
+		ok, ds, at, err := h.decide(context.WithoutCancel(ctx), items)
+		if err == nil {
+			err = ctx.Err()
+		}
+		_ = ok
+		return false, ds, at, errors.Join(err, context.DeadlineExceeded)
+	}
+	return h.decide(ctx, items)
+}
+
+func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, time.Time, error) {
 	c := h.e.NewCheck()
 	c.FromPeer("us-east")
 	var its []*Item
@@ -499,3 +513,28 @@ type wrapped struct {
 
 func (w *wrapped) Error() string { return w.msg }
 func (w *wrapped) Unwrap() error { return w.err }
+
+// TestForwardTimeoutIsNotDecidedAgain: a forward that ran out of time may
+// have been decided and spent at the home: the fallback does not decide it
+// again (fail open: allowed as uncertain; fail closed: ErrUnavailable).
+func TestForwardTimeoutIsNotDecidedAgain(t *testing.T) {
+	r := twoRegions(t)
+	r.east.fwdTO = 20 * time.Millisecond
+	r.home.slow.Store(true)
+	ok, c, err := checkAttrs(t, r.east, &rules.Attributes{User: "u2", Path: "/x"})
+	if !ok || err != nil {
+		t.Fatalf("fail-open pinned rule, forward timed out = %v, %v; want allowed", ok, err)
+	}
+	for _, it := range c.Enforced() {
+		if it.Rule.ID == "pinned" && it.route != routeUnknown {
+			t.Errorf("pinned rule decided by route %v, want unknown (not the fallback)", it.route)
+		}
+	}
+	if got := r.eastStore.Memory.Len() + r.east.fallback.Len(); got != 0 {
+		t.Errorf("us-east holds %d buckets, want none: the pinned rule must not be decided here again", got)
+	}
+	_, _, err = checkAttrs(t, r.east, &rules.Attributes{User: "u1", Path: "/c"})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fail-closed pinned rule, forward timed out: %v, want ErrUnavailable", err)
+	}
+}

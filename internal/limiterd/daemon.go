@@ -252,18 +252,11 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 		return bucket.NewMemory(), nil
 	}
 	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
-	ro := redisstore.Options{Addrs: d.opts.RedisAddrs, Username: d.opts.RedisUsername,
-		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
+	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,
+		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, ReplyDeadline: d.opts.RedisReplyDeadline, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
 		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, BreakerOpen: d.opts.RedisBreakerOpen}
-	if d.opts.RedisPasswordFile != "" {
-		b, err := os.ReadFile(d.opts.RedisPasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("--redis.password-file: %w", err)
-		}
-		ro.Password = strings.TrimSpace(string(b))
-	}
-	if d.opts.RedisTLS {
-		ro.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS}).Apply(&ro); err != nil {
+		return nil, err
 	}
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	s, err := redisstore.New(connectCtx, ro, d.registry)

@@ -163,6 +163,14 @@ func TestStoreDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.StopAll()
+	// Once the store's probe has seen it down: a check on a connection
+	// the kill cut may have reached Redis, and is answered as uncertain.
+	for deadline := time.Now().Add(10 * time.Second); d.redis.Health() == nil; {
+		if time.Now().After(deadline) {
+			t.Fatal("the store still reports healthy 10 s after every node was killed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	allowed := 0
 	for range 6 {
 		resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "open", Key: "k"})

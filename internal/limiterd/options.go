@@ -70,6 +70,10 @@ type Options struct {
 	// it is sent to Redis; past it the check is answered RESOURCE_EXHAUSTED
 	// (limiterd is overloaded, not the store), never by the fallback.
 	RedisMaxQueueWait time.Duration
+	// RedisReplyDeadline bounds the wait for a reply later than
+	// RedisTimeout: it is still used (Redis decided) and counts against
+	// the node; a reply not there by then has an unknown outcome.
+	RedisReplyDeadline time.Duration
 	// RedisDialTimeout bounds opening a connection to a Redis node.
 	RedisDialTimeout time.Duration
 	// RedisPoolSize is the connection pool size per node (0: go-redis's default).
@@ -165,8 +169,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
 	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
 	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
-	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "longest wait for a check's reply from Redis, from the moment it is written")
+	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "a check's reply from Redis is late past this, counted from the moment it is written (see --redis.reply-deadline)")
 	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED")
+	fs.DurationVar(&o.RedisReplyDeadline, "redis.reply-deadline", redisstore.DefaultReplyDeadline, "longest wait for a reply later than --redis.timeout: still used (Redis decided), counted against the node; after it the outcome is unknown")
 	fs.DurationVar(&o.RedisDialTimeout, "redis.dial-timeout", redisstore.DefaultDialTimeout, "longest wait to open a connection to a Redis node")
 	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")
 	fs.BoolFunc("redis.no-coalesce", "send each check on its own instead of pipelining the checks bound for one node", func(string) error {
@@ -281,6 +286,9 @@ func (o *Options) validate() error {
 	}
 	if o.RedisMaxQueueWait < 0 || o.RedisMaxQueueWait > time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.max-queue-wait: must be in (0, 1m], got %v", o.RedisMaxQueueWait))
+	}
+	if o.RedisReplyDeadline < 0 || o.RedisReplyDeadline > time.Minute {
+		errs = append(errs, fmt.Errorf("--redis.reply-deadline: must be in (0, 1m], got %v", o.RedisReplyDeadline))
 	}
 	if o.RedisDialTimeout < 0 || o.RedisDialTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.dial-timeout: must be in (0, 1m], got %v", o.RedisDialTimeout))

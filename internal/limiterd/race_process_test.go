@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,19 +131,127 @@ func helper(t *testing.T, kind string, env ...string) (stdin io.WriteCloser, std
 	return in, bufio.NewReader(out)
 }
 
-// TestRaceSeparateProcessesBusyCores: 50 clients, each its own process,
-// check one 10-token bucket through two limiterd instances with default
-// flags while two more processes keep both cores busy: exactly 10 are
-// admitted, every run. (A store timeout that counted limiterd's own
-// queueing opened the breakers here, and the fail-open fallback admitted
-// 20 and 21.)
+var limiterdBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// limiterdBinary builds cmd/limiterd once per test binary, without the race
+// detector: a limiterd as users run it.
+func limiterdBinary(t *testing.T) string {
+	t.Helper()
+	limiterdBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "limiterd-bin")
+		if err != nil {
+			limiterdBin.err = err
+			return
+		}
+		limiterdBin.path = filepath.Join(dir, "limiterd")
+		out, err := exec.Command("go", "build", "-o", limiterdBin.path, "../../cmd/limiterd").CombinedOutput()
+		if err != nil {
+			limiterdBin.err = fmt.Errorf("go build ./cmd/limiterd: %v\n%s", err, out)
+		}
+	})
+	if limiterdBin.err != nil {
+		t.Fatal(limiterdBin.err)
+	}
+	return limiterdBin.path
+}
+
+// limiterdProcess runs the limiterd binary with args plus loopback
+// listeners, waits until it is ready, and stops it (SIGTERM, by its pid)
+// when the test ends. It returns its gRPC and HTTP addresses.
+func limiterdProcess(t *testing.T, args ...string) (grpcAddr, httpAddr string) {
+	t.Helper()
+	grpcAddr, httpAddr = freeLoopbackAddr(t), freeLoopbackAddr(t)
+	cmd := exec.Command(limiterdBinary(t), append([]string{"--grpc.listen-address", grpcAddr, "--http.listen-address", httpAddr, "--log.level", "warn"}, args...)...)
+	var logs strings.Builder
+	cmd.Stderr = &syncWriter{w: &logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if resp, err := http.Get("http://" + httpAddr + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return grpcAddr, httpAddr
+			}
+		}
+		select {
+		case <-done:
+			t.Fatalf("limiterd exited before it was ready:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("limiterd not ready after 20 s:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// metricLines returns the lines of an exposition at httpAddr that start
+// with one of prefixes.
+func metricLines(t *testing.T, httpAddr string, prefixes ...string) []string {
+	t.Helper()
+	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		return []string{err.Error()}
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var out []string
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(line, p) && !strings.HasSuffix(line, " 0") {
+				out = append(out, line)
+			}
+		}
+	}
+	return out
+}
+
+// TestRaceSeparateProcessesBusyCores: as a new user would try it: two
+// limiterd processes with default flags on a 3-primary cluster, 50 clients
+// (each its own process) checking one 10-token bucket at once, while two
+// more processes keep both cores busy: exactly 10 are admitted, every run.
+// (A store timeout that counted limiterd's own queueing opened the
+// breakers here, and the fail-open fallback admitted 20 and 21.)
 func TestRaceSeparateProcessesBusyCores(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 100+ processes")
 	}
 	c := testenv.RedisCluster(t, 3, 0)
-	defaults := func(o *Options) { o.RedisTimeout = 0 } // the flag's default
-	ds := []*Daemon{startDaemon(t, c.Addrs(), defaults), startDaemon(t, c.Addrs(), defaults)}
+	var grpcs, https []string
+	for _, name := range []string{"a", "b"} {
+		g, h := limiterdProcess(t, "--rules.file", "testdata/rules.yml", "--redis.addrs", strings.Join(c.Addrs(), ","), "--instance", name)
+		grpcs, https = append(grpcs, g), append(https, h)
+	}
 	for range 2 {
 		helper(t, "burn")
 	}
@@ -152,7 +263,7 @@ func TestRaceSeparateProcessesBusyCores(t *testing.T) {
 		}
 		clients := make([]client, 50)
 		for i := range clients {
-			in, out := helper(t, "check", "LIMITERD_ADDR="+ds[i%2].GRPCAddr(), "LIMITERD_KEY="+key)
+			in, out := helper(t, "check", "LIMITERD_ADDR="+grpcs[i%2], "LIMITERD_KEY="+key)
 			clients[i] = client{in, out}
 		}
 		for i, cl := range clients {
@@ -182,7 +293,12 @@ func TestRaceSeparateProcessesBusyCores(t *testing.T) {
 		wg.Wait()
 		t.Logf("run %d: %v", run, counts)
 		if counts["allowed"] != 10 || counts["limited"] != 40 {
-			t.Fatalf("run %d: %v; want exactly 10 allowed and 40 limited", run, counts)
+			var why []string
+			for _, h := range https {
+				why = append(why, metricLines(t, h, "limiter_decisions_total", "limiter_store_outcome_unknown_total",
+					"limiter_store_overloaded_total", "limiter_store_breaker_transitions_total", "limiter_store_errors_total")...)
+			}
+			t.Fatalf("run %d: %v; want exactly 10 allowed and 40 limited\n%s", run, counts, strings.Join(why, "\n"))
 		}
 	}
 }

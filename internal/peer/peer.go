@@ -266,11 +266,15 @@ func (c *Client) Refund(ctx context.Context, its []engine.HomeItem, at time.Time
 }
 
 // homeError makes the home's verdict on invalid items an engine error (its
-// answer stands); any other error means it did not answer.
+// answer stands); a call that ran out of time wraps bucket.ErrOutcomeUnknown
+// (the home may have decided and spent); any other error means it did not
+// answer.
 func homeError(err error) error {
 	switch status.Code(err) {
 	case codes.OK:
 		return nil
+	case codes.DeadlineExceeded:
+		return fmt.Errorf("home region: %w: %w", bucket.ErrOutcomeUnknown, err)
 	case codes.InvalidArgument:
 		return &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
 	case codes.NotFound:

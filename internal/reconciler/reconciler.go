@@ -13,13 +13,11 @@ package reconciler
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -223,16 +221,9 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // consumers, and starts the loops. NATS may be unreachable at start: the
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
-	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Username: r.opts.RedisUsername, Timeout: DefaultApplyTimeout}
-	if r.opts.RedisTLS {
-		ro.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-	}
-	if r.opts.RedisPasswordFile != "" {
-		b, err := os.ReadFile(r.opts.RedisPasswordFile)
-		if err != nil {
-			return fmt.Errorf("--redis.password-file: %w", err)
-		}
-		ro.Password = strings.TrimSpace(string(b))
+	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Timeout: DefaultApplyTimeout}
+	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS}).Apply(&ro); err != nil {
+		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	store, err := redisstore.New(cctx, ro, r.registry)
@@ -241,8 +232,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		return fmt.Errorf("--redis.addrs: %w", err)
 	}
 	r.store = store
-	r.nc, err = nats.Connect(r.opts.NATSURL, nats.Name("reconciler "+r.opts.Region), nats.MaxReconnects(-1),
-		nats.RetryOnFailedConnect(true), nats.ReconnectWait(250*time.Millisecond))
+	r.nc, err = natsconn.Connect(r.opts.NATSURL, "reconciler "+r.opts.Region, r.log)
 	if err != nil {
 		store.Close()
 		return fmt.Errorf("--nats.url: %w", err)

@@ -112,7 +112,7 @@ func (s *Store) node(addr string) *node {
 	}
 	pooled := s.nodeOptions(addr)
 	pooled.ContextTimeoutEnabled = false
-	pooled.ReadTimeout, pooled.WriteTimeout = s.timeout, s.timeout
+	pooled.ReadTimeout, pooled.WriteTimeout = s.replyDeadline, s.replyDeadline
 	pooled.PoolTimeout = s.maxQueueWait
 	n = &node{s: s, addr: addr, base: redis.NewClient(s.nodeOptions(addr)), pooled: redis.NewClient(pooled),
 		calls: make(chan *call, 4*s.maxBatch)}
@@ -161,6 +161,10 @@ func (n *node) noteFailure(err error) {
 		n.connFailures.Add(1)
 	}
 }
+
+// errSlowReply marks, for the breaker, a pipeline whose replies came after
+// the store timeout: they are used, and the breaker counts a failure.
+var errSlowReply = errors.New("redis replies later than the store timeout")
 
 func breakerRefused(err error) bool {
 	return errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests)
@@ -509,9 +513,10 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 		for i, c := range live {
 			calls[i] = c.sc
 		}
-		// The store timeout starts here, when the pipeline is written.
+		// The store timeout starts here, when the pipeline is written; a
+		// late reply is still waited for, up to the reply deadline.
 		start = time.Now()
-		ctx, cancel := context.WithDeadline(context.Background(), start.Add(n.s.timeout))
+		ctx, cancel := context.WithDeadline(context.Background(), start.Add(n.s.replyDeadline))
 		cmds, _ = runScripts(ctx, w.conn, calls, nil)
 		cancel()
 		w.used = time.Now()
@@ -525,8 +530,16 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 			}
 		}
 		n.connFailures.Store(0)
+		if w.used.Sub(start) > n.s.timeout {
+			// Decided, but late: evidence against the node.
+			return struct{}{}, errSlowReply
+		}
 		return struct{}{}, nil
 	})
+	if errors.Is(err, errSlowReply) {
+		n.s.m.slowReplies.Add(float64(len(live)))
+		err = nil
+	}
 	switch {
 	case breakerRefused(err):
 		err = fmt.Errorf("%w: %s", ErrBreakerOpen, n.addr)

@@ -28,6 +28,7 @@ type metrics struct {
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
 	outcomeUnknown prometheus.Counter
+	slowReplies    prometheus.Counter
 	up             prometheus.Gauge
 
 	batchSize          prometheus.Observer
@@ -53,6 +54,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_outcome_unknown_total",
 		Help: "Checks sent to Redis whose reply did not come in time: they may have been applied.",
 	})
+	slow := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limiter_store_slow_replies_total",
+		Help: "Checks whose reply came after --redis.timeout and before --redis.reply-deadline: decided by Redis and used, counted against the node by its breaker.",
+	})
 	up := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "limiter_store_up",
 		Help: "1 when every Redis primary answered the store's last background probe.",
@@ -70,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_breaker_transitions_total",
 		Help: "Circuit breaker state changes, by the state entered.",
 	}, []string{"state"})
-	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown, up, batch, open, trans} {
+	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown, slow, up, batch, open, trans} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
@@ -80,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m := &metrics{
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
-		overloaded: overloaded, outcomeUnknown: unknown, up: up,
+		overloaded: overloaded, outcomeUnknown: unknown, slowReplies: slow, up: up,
 		batchSize: batch, breakersOpen: open, breakerTransitions: trans,
 	}
 	for i, a := range scriptAlgorithms {

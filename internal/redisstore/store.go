@@ -33,6 +33,9 @@ const (
 	// DefaultMaxQueueWait bounds the time a check waits in limiterd's own
 	// queue (or for a pooled connection) before it is sent.
 	DefaultMaxQueueWait = 50 * time.Millisecond
+	// DefaultReplyDeadline bounds the wait for a reply that is late (past
+	// the timeout): until then it is still used, since the store decided.
+	DefaultReplyDeadline = 100 * time.Millisecond
 	// DefaultDialTimeout bounds opening a connection to a node, its
 	// handshake included.
 	DefaultDialTimeout = 250 * time.Millisecond
@@ -62,6 +65,15 @@ type Options struct {
 	// with an error wrapping bucket.ErrOverloaded. 0 means
 	// DefaultMaxQueueWait.
 	MaxQueueWait time.Duration
+	// ReplyDeadline bounds the wait for a reply past Timeout: a reply that
+	// comes after Timeout and before ReplyDeadline is used (the store
+	// decided, and the outcome is known) but counts as a slow reply, which
+	// the node's breaker takes as a failure; one that has not come by then
+	// fails with an error wrapping bucket.ErrOutcomeUnknown. A loaded host
+	// delays replies past a tight Timeout (the store, or this process,
+	// waits for a core) without anything being wrong. 0 means
+	// DefaultReplyDeadline; less than Timeout means Timeout.
+	ReplyDeadline time.Duration
 	// DialTimeout bounds opening a connection to a node (0:
 	// DefaultDialTimeout).
 	DialTimeout time.Duration
@@ -87,6 +99,7 @@ type Options struct {
 type Store struct {
 	opts                     Options
 	timeout, maxQueueWait    time.Duration
+	replyDeadline            time.Duration
 	dialTimeout, breakerOpen time.Duration
 	coalesce                 bool
 	maxBatch, pipelines      int
@@ -136,6 +149,10 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, 
 	if s.maxQueueWait <= 0 {
 		s.maxQueueWait = DefaultMaxQueueWait
 	}
+	if s.replyDeadline = opts.ReplyDeadline; s.replyDeadline <= 0 {
+		s.replyDeadline = DefaultReplyDeadline
+	}
+	s.replyDeadline = max(s.replyDeadline, s.timeout)
 	if s.dialTimeout <= 0 {
 		s.dialTimeout = DefaultDialTimeout
 	}

@@ -719,3 +719,29 @@ func storeGoroutines() []string {
 	}
 	return out
 }
+
+// TestLateReplyIsUsed: a reply that comes after the store timeout and
+// before the reply deadline is Redis's decision, known: it is used, not
+// answered as an unknown outcome (which would be decided without the
+// store), and counted as a slow reply.
+func TestLateReplyIsUsed(t *testing.T) {
+	node := testenv.RedisNode(t)
+	s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone,
+		Timeout: 5 * time.Millisecond, ReplyDeadline: 5 * time.Second})
+	mustTake(t, s, "late", 1) // connected
+	unpause := pause(t, node.Addr())
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		unpause()
+	}()
+	d, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: "late", Limit: testLimit, Cost: 1})
+	if err != nil || !d.Allowed || d.Remaining < 7.99 || d.Remaining > 8.01 {
+		t.Fatalf("a check answered 100 ms late = %+v, %v; want allowed with 8 left", d, err)
+	}
+	if got := metricValue(t, reg, "limiter_store_slow_replies_total"); got != 1 {
+		t.Errorf("limiter_store_slow_replies_total = %v, want 1", got)
+	}
+	if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != 0 {
+		t.Errorf("limiter_store_outcome_unknown_total = %v, want 0", got)
+	}
+}
