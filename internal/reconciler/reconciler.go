@@ -287,6 +287,27 @@ func Run(ctx context.Context, opts Options) error {
 	return r.Stop()
 }
 
+// JetStream's error codes for a stream larger than the server may store.
+const (
+	jsInsufficientResources        jetstream.ErrorCode = 10023
+	jsInsufficientMemoryResources  jetstream.ErrorCode = 10028
+	jsInsufficientStorageResources jetstream.ErrorCode = 10047
+)
+
+// insufficientResources reports a JetStream refusal of a stream for lack
+// of memory or storage on the server.
+func insufficientResources(err error) bool {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		return false
+	}
+	switch apiErr.ErrorCode {
+	case jsInsufficientResources, jsInsufficientMemoryResources, jsInsufficientStorageResources:
+		return true
+	}
+	return false
+}
+
 // run sets up the streams and consumers (retrying while NATS is away),
 // then runs the relay and apply loops until ctx ends.
 func (r *Reconciler) run(ctx context.Context) {
@@ -297,7 +318,7 @@ func (r *Reconciler) run(ctx context.Context) {
 		if err == nil {
 			break
 		}
-		if strings.Contains(err.Error(), "insufficient") {
+		if insufficientResources(err) {
 			r.log.Error("streams not set up: the NATS server's JetStream store is smaller than the streams asked for; lower --stream.max-bytes or raise the server's max_file_store (retrying)",
 				"stream_max_bytes", r.opts.StreamMaxBytes, "err", err)
 		} else {
