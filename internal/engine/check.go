@@ -73,7 +73,6 @@ type Check struct {
 	m       *metrics
 	enforce []*Item
 	shadow  []*Item
-	seen    map[bucketKey]*Item
 	// peer is the region that forwarded this check to its keys' home:
 	// pinned rules are decided here, never forwarded again.
 	peer string
@@ -189,23 +188,21 @@ func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, sh
 var errTooManyRules = errors.New("the check has more rules than the most one check may have")
 
 func (c *Check) add(en *entry, key string, cost float64) (*Item, error) {
-	id := bucketKey{en.rule.ID, key}
-	if it := c.seen[id]; it != nil {
-		it.Cost = max(it.Cost, cost)
-		return it, nil
-	}
 	list := &c.enforce
 	if en.rule.Shadow {
 		list = &c.shadow
 	}
+	// A linear scan: a check has a few rules, at most MaxItems.
+	for _, it := range *list {
+		if it.e == en && it.Key == key {
+			it.Cost = max(it.Cost, cost)
+			return it, nil
+		}
+	}
 	if len(*list) >= MaxItems {
 		return nil, invalid("attributes", "attributes: %w (%d)", errTooManyRules, MaxItems)
 	}
-	if c.seen == nil {
-		c.seen = make(map[bucketKey]*Item, 4)
-	}
 	it := &Item{Rule: en.rule, Key: key, Cost: cost, e: en, limit: en.limit}
-	c.seen[id] = it
 	*list = append(*list, it)
 	return it, nil
 }
