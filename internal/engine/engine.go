@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/denycache"
+	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -128,8 +130,8 @@ type Engine struct {
 	table    atomic.Pointer[table]
 	gen      atomic.Uint64
 	rulesMu  sync.Mutex
-	deny     *denyCache
-	leases   *leases
+	deny     *denycache.Cache
+	leases   *lease.Leases
 	region   string
 	topo     *region.Topology
 	homes    map[string]Home
@@ -165,7 +167,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		return nil, err
 	}
 	e := &Engine{
-		store: opts.Store, fallback: bucket.NewMemory(), deny: newDenyCache(opts.DenyCacheSize), leases: newLeases(),
+		store: opts.Store, fallback: bucket.NewMemory(), deny: denycache.New(opts.DenyCacheSize), leases: lease.New(),
 		region: opts.Region, topo: opts.Topology, homes: opts.Homes, regions: 1, fwdTO: opts.ForwardTimeout,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 	}
@@ -177,7 +179,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_deny_cache_entries",
 			Help: "Denials held by the deny cache.",
-		}, func() float64 { return float64(dc.len()) })); err != nil {
+		}, func() float64 { return float64(dc.Len()) })); err != nil {
 			return nil, err
 		}
 	}
@@ -206,7 +208,7 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	t := newTable(set, gen, e.regions, e.m)
 	e.table.Store(t)
 	if e.deny != nil {
-		e.deny.reset(gen)
+		e.deny.Reset(gen)
 	}
 	if old != nil {
 		for id := range old.byID {
@@ -242,9 +244,9 @@ type LeftOver struct {
 func (e *Engine) DrainLeases() []LeftOver {
 	t := e.table.Load()
 	var out []LeftOver
-	for _, l := range e.leases.drain() {
-		if en := t.byID[l.rule]; en != nil {
-			out = append(out, LeftOver{Rule: l.rule, Key: l.key, Limit: en.limit, Tokens: l.tokens})
+	for _, l := range e.leases.Drain() {
+		if en := t.byID[l.Rule]; en != nil {
+			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.limit, Tokens: l.Tokens})
 		}
 	}
 	return out
@@ -318,7 +320,7 @@ func (e *Engine) Refund(ctx context.Context, items []HomeItem, at time.Time) err
 	if e.deny != nil {
 		// Tokens came back: a denial remembered meanwhile may not hold.
 		for _, r := range reqs {
-			e.deny.forget(r.Rule, r.Key)
+			e.deny.Forget(r.Rule, r.Key)
 		}
 	}
 	return u.Undo(ctx, reqs, at)

@@ -38,7 +38,7 @@ func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
 		for _, it := range c.enforce {
 			if it.probe && !it.remembered {
 				// The probe's answer leaves the key free to ask the store.
-				e.deny.forget(it.Rule.ID, it.Key)
+				e.deny.Forget(it.Rule.ID, it.Key)
 			}
 		}
 	}
@@ -58,7 +58,7 @@ func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
 			if e.deny != nil && it.route != routeFallback {
 				// Given back: a denial another check left meanwhile may
 				// not hold any more.
-				e.deny.forget(it.Rule.ID, it.Key)
+				e.deny.Forget(it.Rule.ID, it.Key)
 			}
 		}
 		return false, nil
@@ -90,7 +90,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	if e.deny != nil {
 		refused := false
 		for _, it := range items {
-			retry, reset, hit, probe := e.deny.get(it.Rule.ID, it.Key, it.Cost)
+			retry, reset, hit, probe := e.deny.Get(it.Rule.ID, it.Key, it.Cost)
 			it.probe = probe
 			if hit {
 				it.route = routeDeny
@@ -101,7 +101,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		if refused {
 			return false, nil
 		}
-		sent = e.deny.now()
+		sent = e.deny.Now()
 	}
 	var homes []string
 	var remote map[string][]*Item
@@ -199,7 +199,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 				if admitted && it.route == routeStore {
 					left = it.batch - it.Cost
 				}
-				e.leases.fetched(it.Rule.ID, it.Key, left)
+				e.leases.Fetched(it.Rule.ID, it.Key, left)
 			}
 		}
 	}()
@@ -269,7 +269,7 @@ func (e *Engine) forward(ctx context.Context, home string, its []*Item) (bool, t
 // routeNone, batch set); checks that arrive meanwhile wait for that batch.
 func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error) {
 	for {
-		left, ok, wait, fetch := e.leases.take(it.Rule.ID, it.Key, it.Cost)
+		left, ok, wait, fetch := e.leases.Take(it.Rule.ID, it.Key, it.Cost)
 		switch {
 		case ok:
 			it.route = routeLease
@@ -285,7 +285,7 @@ func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error
 				return false, ctxErr(ctx)
 			}
 			if e.deny != nil {
-				if retry, reset, hit, _ := e.deny.get(it.Rule.ID, it.Key, it.Cost); hit {
+				if retry, reset, hit, _ := e.deny.Get(it.Rule.ID, it.Key, it.Cost); hit {
 					it.route = routeDeny
 					it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
 					return false, nil
@@ -481,7 +481,7 @@ func (e *Engine) remember(c *Check, items []*Item, sent int64, admitted bool) {
 				continue
 			}
 		}
-		if e.deny.put(c.t.gen, it.Rule.ID, it.Key, it.Cost, sent, retry, d.ResetAfter) {
+		if e.deny.Put(c.t.gen, it.Rule.ID, it.Key, it.Cost, sent, retry, d.ResetAfter) {
 			it.remembered = true
 		}
 	}
@@ -510,7 +510,7 @@ func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration,
 // after the answer (its own deadline, not the caller's).
 func (e *Engine) giveBack(ctx context.Context, sp *spent) {
 	for _, it := range sp.leases {
-		e.leases.giveBack(it.Rule.ID, it.Key, it.Cost)
+		e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
 	}
 	for _, hs := range sp.homes {
 		items := make([]HomeItem, len(hs.items))

@@ -243,7 +243,7 @@ func TestPinnedRuleRefundedWhenALocalRuleRefuses(t *testing.T) {
 	for range 3 {
 		// Without the denial the first check left, the refusal comes
 		// from the store, after the home region spent.
-		r.east.deny.clear()
+		r.east.deny.Clear()
 		if ok, _, err := checkAttrs(t, r.east, a); ok || err != nil {
 			t.Fatalf("check after the local rule's one token = %v, %v; want refused", ok, err)
 		}
@@ -402,7 +402,7 @@ func TestStaleDenialAfterRuleChange(t *testing.T) {
 	}
 	// The next check is refused by the store (not by the denial the last
 	// one left); hold it there while the rules change under it.
-	r.east.deny.clear()
+	r.east.deny.Clear()
 	block := make(chan struct{})
 	r.eastStore.mu.Lock()
 	r.eastStore.block = block
@@ -441,8 +441,8 @@ rules:
 	if <-done {
 		t.Fatal("the check under the old capacity was allowed")
 	}
-	if r.east.deny.len() != 0 {
-		t.Fatalf("the deny cache holds %d denials from the old rules", r.east.deny.len())
+	if r.east.deny.Len() != 0 {
+		t.Fatalf("the deny cache holds %d denials from the old rules", r.east.deny.Len())
 	}
 	c := r.east.NewCheck()
 	if _, err := c.AddRule("open", "k", 1); err != nil {
@@ -490,8 +490,8 @@ func TestProbeOnEveryPath(t *testing.T) {
 	checkAttrs(t, r.east, a)
 	checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
 	// Make the denial expire now.
-	r.east.deny.reset(r.east.table.Load().gen)
-	r.east.deny.put(r.east.table.Load().gen, "pair-b", "api_key:pk", 1, r.east.deny.now(), time.Millisecond, time.Millisecond)
+	r.east.deny.Reset(r.east.table.Load().gen)
+	r.east.deny.Put(r.east.table.Load().gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
 	time.Sleep(2 * time.Millisecond)
 	before := r.eastStore.calls.Load()
 	var wg sync.WaitGroup

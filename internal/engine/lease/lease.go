@@ -1,4 +1,6 @@
-package engine
+// Package lease holds the tokens an instance took from shared buckets in
+// batches and has not handed out yet.
+package lease
 
 import (
 	"hash/maphash"
@@ -6,20 +8,22 @@ import (
 	"time"
 )
 
-// leaseTTL bounds how long leased tokens are handed out: a lease unused by
+// TTL bounds how long leased tokens are handed out: a lease unused by
 // then is dropped (the shared bucket refills meanwhile), so a lease never
 // admits what the limit would not have admitted recently.
-const leaseTTL = time.Second
+const TTL = time.Second
 
 const leaseShards = 32
 
-// leases holds the tokens this instance took from shared buckets in
+// Leases holds the tokens this instance took from shared buckets in
 // batches and has not handed out yet. Safe for concurrent use.
-type leases struct {
+type Leases struct {
 	seed   maphash.Seed
 	start  time.Time
 	shards [leaseShards]leaseShard
 }
+
+type bucketKey struct{ rule, key string }
 
 type leaseShard struct {
 	mu sync.Mutex
@@ -34,23 +38,23 @@ type lease struct {
 	fetching chan struct{}
 }
 
-func newLeases() *leases {
-	l := &leases{seed: maphash.MakeSeed(), start: time.Now()}
+func New() *Leases {
+	l := &Leases{seed: maphash.MakeSeed(), start: time.Now()}
 	for i := range l.shards {
 		l.shards[i].m = make(map[bucketKey]*lease)
 	}
 	return l
 }
 
-func (l *leases) shard(key string) *leaseShard {
+func (l *Leases) shard(key string) *leaseShard {
 	return &l.shards[maphash.String(l.seed, key)%leaseShards]
 }
 
-// take hands out cost from the lease of (rule, key), if it holds enough.
+// Take hands out cost from the lease of (rule, key), if it holds enough.
 // Otherwise, when a batch is being taken, it returns a channel closed when
 // that is done; when none is, the caller becomes the one to take it (fetch
-// true) and must call fetched.
-func (l *leases) take(rule, key string, cost float64) (left float64, ok bool, wait <-chan struct{}, fetch bool) {
+// true) and must call Fetched.
+func (l *Leases) Take(rule, key string, cost float64) (left float64, ok bool, wait <-chan struct{}, fetch bool) {
 	sh := l.shard(key)
 	id := bucketKey{rule, key}
 	now := int64(time.Since(l.start))
@@ -75,9 +79,9 @@ func (l *leases) take(rule, key string, cost float64) (left float64, ok bool, wa
 	return 0, false, nil, true
 }
 
-// fetched ends the batch taken by the caller that take chose, adding the
+// Fetched ends the batch taken by the caller that Take chose, adding the
 // tokens it leaves over, and wakes the checks waiting for it.
-func (l *leases) fetched(rule, key string, tokens float64) {
+func (l *Leases) Fetched(rule, key string, tokens float64) {
 	sh := l.shard(key)
 	id := bucketKey{rule, key}
 	now := int64(time.Since(l.start))
@@ -96,29 +100,29 @@ func (l *leases) fetched(rule, key string, tokens float64) {
 			ls.tokens = 0
 		}
 		ls.tokens += tokens
-		ls.expires = now + int64(leaseTTL)
+		ls.expires = now + int64(TTL)
 	} else if ls.tokens <= 0 || now >= ls.expires {
 		delete(sh.m, id)
 	}
 }
 
-// leftover is what a lease still holds.
-type leftover struct {
-	rule, key string
-	tokens    float64
+// LeftOver is what a lease still holds.
+type LeftOver struct {
+	Rule, Key string
+	Tokens    float64
 }
 
-// drain empties every lease and returns the unexpired leftovers, to give
+// Drain empties every lease and returns the unexpired leftovers, to give
 // back to the shared buckets at shutdown.
-func (l *leases) drain() []leftover {
+func (l *Leases) Drain() []LeftOver {
 	now := int64(time.Since(l.start))
-	var out []leftover
+	var out []LeftOver
 	for i := range l.shards {
 		sh := &l.shards[i]
 		sh.mu.Lock()
 		for id, ls := range sh.m {
 			if now < ls.expires && ls.tokens > 0 {
-				out = append(out, leftover{rule: id.rule, key: id.key, tokens: ls.tokens})
+				out = append(out, LeftOver{Rule: id.rule, Key: id.key, Tokens: ls.tokens})
 			}
 			ls.tokens = 0
 			if ls.fetching == nil {
@@ -130,10 +134,10 @@ func (l *leases) drain() []leftover {
 	return out
 }
 
-// giveBack returns cost to the lease of (rule, key), when a check that took
+// GiveBack returns cost to the lease of (rule, key), when a check that took
 // it was refused by another rule. Tokens of a lease that expired meanwhile
 // are not given back: the shared bucket has refilled since.
-func (l *leases) giveBack(rule, key string, cost float64) {
+func (l *Leases) GiveBack(rule, key string, cost float64) {
 	sh := l.shard(key)
 	id := bucketKey{rule, key}
 	now := int64(time.Since(l.start))

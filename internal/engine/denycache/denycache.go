@@ -1,4 +1,7 @@
-package engine
+// Package denycache remembers refusals until their retry time, so that a
+// key flooding far over its limit costs the store one call per retry
+// interval, not one per check.
+package denycache
 
 import (
 	"hash/maphash"
@@ -7,9 +10,10 @@ import (
 	"time"
 )
 
-const denyShards = 64
+// Shards is the number of independently locked parts of a Cache.
+const Shards = 64
 
-// denyCache remembers rejections: (rule, key) is denied until an instant,
+// Cache remembers rejections: (rule, key) is denied until an instant,
 // for any cost at least the one rejected. Until then a check is rejected
 // here, without the store. It holds denials only, so it can never admit
 // what the store would refuse: tokens only come back with time, and other
@@ -20,12 +24,12 @@ const denyShards = 64
 // one (reset), which forgets every denial, and a check that was decided
 // under the old rules cannot put its denial in the new generation.
 // Safe for concurrent use.
-type denyCache struct {
+type Cache struct {
 	gen      atomic.Uint64
 	seed     maphash.Seed
 	perShard int
 	start    time.Time
-	shards   [denyShards]denyShard
+	shards   [Shards]denyShard
 }
 
 type denyShard struct {
@@ -43,32 +47,32 @@ type denial struct {
 	probing bool
 }
 
-func newDenyCache(size int) *denyCache {
+func New(size int) *Cache {
 	if size <= 0 {
 		return nil
 	}
-	c := &denyCache{seed: maphash.MakeSeed(), perShard: max(1, size/denyShards), start: time.Now()}
+	c := &Cache{seed: maphash.MakeSeed(), perShard: max(1, size/Shards), start: time.Now()}
 	for i := range c.shards {
 		c.shards[i].m = make(map[bucketKey]denial)
 	}
 	return c
 }
 
-func (c *denyCache) now() int64 { return int64(time.Since(c.start)) }
+func (c *Cache) Now() int64 { return int64(time.Since(c.start)) }
 
-// probeWindow bounds how long the checks of a key wait for the answer of
+// ProbeWindow bounds how long the checks of a key wait for the answer of
 // the one check sent to the store when its denial expired.
-const probeWindow = 100 * time.Millisecond
+const ProbeWindow = 100 * time.Millisecond
 
-// get reports whether (rule, key) is denied for cost, and for how long.
+// Get reports whether (rule, key) is denied for cost, and for how long.
 // When a denial has just expired, the first caller gets probe true: it goes
-// to the store alone while the others stay denied for up to probeWindow,
-// and it must then call put (denied again) or forget (allowed, or failed).
+// to the store alone while the others stay denied for up to ProbeWindow,
+// and it must then call Put (denied again) or Forget (allowed, or failed).
 // A flooding key then costs one store call per refill, not one per caller.
-func (c *denyCache) get(rule, key string, cost float64) (retry, reset time.Duration, ok, probe bool) {
-	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
+func (c *Cache) Get(rule, key string, cost float64) (retry, reset time.Duration, ok, probe bool) {
+	sh := &c.shards[maphash.String(c.seed, key)%Shards]
 	id := bucketKey{rule, key}
-	now := c.now()
+	now := c.Now()
 	sh.mu.Lock()
 	d, found := sh.m[id]
 	if found && now >= d.until {
@@ -78,7 +82,7 @@ func (c *denyCache) get(rule, key string, cost float64) (retry, reset time.Durat
 			sh.mu.Unlock()
 			return 0, 0, false, false
 		}
-		d.until, d.probing = now+int64(probeWindow), true
+		d.until, d.probing = now+int64(ProbeWindow), true
 		sh.m[id] = d
 		sh.mu.Unlock()
 		return 0, 0, false, true
@@ -90,24 +94,24 @@ func (c *denyCache) get(rule, key string, cost float64) (retry, reset time.Durat
 	return time.Duration(d.until - now), time.Duration(max(d.reset-now, 0)), true, false
 }
 
-// forget drops the denial of (rule, key): its probe was allowed or failed.
-func (c *denyCache) forget(rule, key string) {
-	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
+// Forget drops the denial of (rule, key): its probe was allowed or failed.
+func (c *Cache) Forget(rule, key string) {
+	sh := &c.shards[maphash.String(c.seed, key)%Shards]
 	sh.mu.Lock()
 	delete(sh.m, bucketKey{rule, key})
 	sh.mu.Unlock()
 }
 
-// put remembers that cost is denied for (rule, key) for retry after sent,
-// the instant (c.now) the store call that said so was sent: counting from
+// Put remembers that cost is denied for (rule, key) for retry after sent,
+// the instant (c.Now) the store call that said so was sent: counting from
 // then, never from the answer, keeps the denial within the store's own.
 // gen is the generation of the rules the check was decided under: a denial
 // of an older generation is dropped. It reports whether it remembered.
-func (c *denyCache) put(gen uint64, rule, key string, cost float64, sent int64, retry, reset time.Duration) bool {
+func (c *Cache) Put(gen uint64, rule, key string, cost float64, sent int64, retry, reset time.Duration) bool {
 	if retry <= 0 {
 		return false
 	}
-	sh := &c.shards[maphash.String(c.seed, key)%denyShards]
+	sh := &c.shards[maphash.String(c.seed, key)%Shards]
 	d := denial{until: sent + int64(retry), reset: sent + int64(reset), cost: cost}
 	id := bucketKey{rule, key}
 	sh.mu.Lock()
@@ -127,8 +131,8 @@ func (c *denyCache) put(gen uint64, rule, key string, cost float64, sent int64, 
 	return true
 }
 
-// len is the number of denials held, expired ones not yet dropped included.
-func (c *denyCache) len() int {
+// Len is the number of denials held, expired ones not yet dropped included.
+func (c *Cache) Len() int {
 	n := 0
 	for i := range c.shards {
 		sh := &c.shards[i]
@@ -139,9 +143,9 @@ func (c *denyCache) len() int {
 	return n
 }
 
-// reset starts generation gen, the rules' new one, and forgets every
+// Reset starts generation gen, the rules' new one, and forgets every
 // denial: the limits may have grown.
-func (c *denyCache) reset(gen uint64) {
+func (c *Cache) Reset(gen uint64) {
 	for i := range c.shards {
 		c.shards[i].mu.Lock()
 	}
@@ -152,8 +156,8 @@ func (c *denyCache) reset(gen uint64) {
 	}
 }
 
-// clear forgets every denial, keeping the generation.
-func (c *denyCache) clear() {
+// Clear forgets every denial, keeping the generation.
+func (c *Cache) Clear() {
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
