@@ -237,6 +237,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err := d.startServers(); err != nil {
 		return err
 	}
+	d.goBackground(d.watchDependencies)
 	d.ready.Store(true)
 	d.log.Info("limiterd serving", "grpc", d.grpcLis.Addr().String(), "http", d.httpLis.Addr().String(),
 		"rules", len(d.rules.Current().Rules()))
@@ -408,6 +409,35 @@ func (d *Daemon) startServers() error {
 	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	d.health.SetServingStatus(limiterv1.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	return nil
+}
+
+// watchDependencies logs the store's and NATS's state at start and each
+// time it changes, so the log says which dependency is missing.
+func (d *Daemon) watchDependencies(ctx context.Context) {
+	last := map[string]string{}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		for _, line := range strings.Split(d.dependencies(), "\n") {
+			name, state, _ := strings.Cut(line, ": ")
+			ok := strings.HasPrefix(state, "ok") || strings.HasPrefix(state, "embedded") || strings.HasPrefix(state, "not configured")
+			if last[name] == state || (last[name] == "" && ok) {
+				last[name] = state
+				continue
+			}
+			if ok {
+				d.log.Info("dependency back", "dependency", name, "state", state)
+			} else {
+				d.log.Warn("dependency missing: checks it cannot serve follow each rule's on_failure", "dependency", name, "state", state)
+			}
+			last[name] = state
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // dependencies lists the state of the store and NATS for /readyz.
