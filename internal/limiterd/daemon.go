@@ -29,8 +29,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/limiterd/limiterd/internal/admin"
@@ -356,7 +358,12 @@ func (d *Daemon) startServers() error {
 	if err != nil {
 		return err
 	}
-	gopts = append(gopts, grpc.ChainUnaryInterceptor(d.admin.Interceptor, peers.RefuseLegacyMarker))
+	gopts = append(gopts, grpc.ChainUnaryInterceptor(d.admin.Interceptor, peers.RefuseLegacyMarker),
+		grpc.MaxConcurrentStreams(uint32(d.opts.GRPCMaxStreams)),
+		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxConnectionIdle,
+			MaxConnectionAge: grpcMaxConnectionAge, MaxConnectionAgeGrace: grpcMaxConnectionGrace}))
 	d.grpcServer = grpc.NewServer(gopts...)
 	limiterv1.RegisterLimiterServer(d.grpcServer, d.check)
 	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine))
@@ -370,10 +377,12 @@ func (d *Daemon) startServers() error {
 		return fmt.Errorf("--grpc.listen-address: %w", err)
 	}
 	d.onStop(func() { d.grpcLis.Close() })
+	d.grpcLis = netutil.LimitListener(d.grpcLis, d.opts.MaxConnections)
 	if d.httpLis, err = net.Listen("tcp", d.opts.HTTPAddress); err != nil {
 		return fmt.Errorf("--http.listen-address: %w", err)
 	}
 	d.onStop(func() { d.httpLis.Close() })
+	d.httpLis = netutil.LimitListener(d.httpLis, d.opts.MaxConnections)
 	// Readiness does not follow the store: a limiterd whose store is down
 	// still answers (by each rule's on_failure), and taking every instance
 	// out of service would turn a store outage into an API outage. /readyz
@@ -383,7 +392,10 @@ func (d *Daemon) startServers() error {
 	if d.opts.ForwardAuth {
 		mux.Handle(forwardauth.Path, forwardauth.Handler(d.opts.forwardAuthHeaders(), d.check, d.log))
 	}
-	d.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Every phase of an HTTP connection has a deadline: a body trickled in
+	// or an idle keep-alive cannot hold a connection (and a descriptor).
+	d.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: httpTimeouts.read,
+		WriteTimeout: httpTimeouts.write, IdleTimeout: httpTimeouts.idle, MaxHeaderBytes: httpMaxHeaderBytes}
 
 	grpcDone := make(chan struct{})
 	go func() {

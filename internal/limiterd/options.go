@@ -31,7 +31,34 @@ const (
 	DefaultForwardTimeout = engine.DefaultForwardTimeout
 	// DefaultDenyCacheSize is the default number of denials remembered.
 	DefaultDenyCacheSize = engine.DefaultDenyCacheSize
+	// DefaultGRPCMaxStreams bounds the concurrent streams (checks in
+	// flight) of one gRPC connection.
+	DefaultGRPCMaxStreams = 1024
+	// DefaultMaxConnections bounds the open connections of each listener.
+	DefaultMaxConnections = 4096
 )
+
+// Bounds of the servers that are not flags.
+const (
+	// grpcKeepaliveMinTime is the shortest interval between a client's
+	// keepalive pings; a client pinging faster is disconnected.
+	grpcKeepaliveMinTime = 10 * time.Second
+	// grpcMaxConnectionIdle closes a connection idle this long;
+	// grpcMaxConnectionAge closes any connection this old (with a grace
+	// period for its checks), so load balancers see new instances.
+	grpcMaxConnectionIdle  = 5 * time.Minute
+	grpcMaxConnectionAge   = 30 * time.Minute
+	grpcMaxConnectionGrace = 10 * time.Second
+	// grpcMaxRecvBytes bounds one gRPC request message.
+	grpcMaxRecvBytes = 1 << 20
+	// httpMaxHeaderBytes bounds an HTTP request's headers.
+	httpMaxHeaderBytes = 64 << 10
+)
+
+// httpTimeouts bound the phases of an HTTP connection: reading a whole
+// request, body included; writing the answer; a keep-alive connection idle
+// between requests. A variable only so that a test can shorten them.
+var httpTimeouts = struct{ read, write, idle time.Duration }{10 * time.Second, 15 * time.Second, 60 * time.Second}
 
 // The forward-auth names, as package forwardauth defines them.
 const (
@@ -137,6 +164,13 @@ type Options struct {
 	// HTTP /admin/rules). Without it only mTLS clients may call it.
 	AdminTokenFile string
 
+	// GRPCMaxStreams bounds the concurrent streams of one gRPC connection
+	// (0: DefaultGRPCMaxStreams).
+	GRPCMaxStreams int
+	// MaxConnections bounds the open connections of each listener, gRPC
+	// and HTTP (0: DefaultMaxConnections).
+	MaxConnections int
+
 	// ShutdownDelay is how long the daemon stays up, not ready, before it
 	// stops accepting checks, so load balancers see it leave.
 	ShutdownDelay time.Duration
@@ -164,6 +198,8 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
 	fs.StringVar(&o.TLSCertFile, "grpc.tls-cert-file", "", "TLS certificate of the gRPC listener (PEM)")
 	fs.StringVar(&o.TLSKeyFile, "grpc.tls-key-file", "", "TLS private key of the gRPC listener (PEM)")
+	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", DefaultGRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")
+	fs.IntVar(&o.MaxConnections, "server.max-connections", DefaultMaxConnections, "most open connections of each listener, gRPC and HTTP (more wait to be accepted)")
 	fs.StringVar(&o.TLSClientCAFile, "grpc.tls-client-ca-file", "", "CA bundle that client certificates must chain to (enables mTLS)")
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
@@ -228,6 +264,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.GracePeriod == 0 {
 		o.GracePeriod = DefaultGracePeriod
+	}
+	if o.GRPCMaxStreams == 0 {
+		o.GRPCMaxStreams = DefaultGRPCMaxStreams
+	}
+	if o.MaxConnections == 0 {
+		o.MaxConnections = DefaultMaxConnections
 	}
 	if o.RedisTimeout == 0 {
 		o.RedisTimeout = redisstore.DefaultTimeout
@@ -310,6 +352,12 @@ func (o *Options) validate() error {
 	}
 	if o.RedisPoolSize < 0 {
 		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))
+	}
+	if o.GRPCMaxStreams < 1 || o.GRPCMaxStreams > 1<<20 {
+		errs = append(errs, fmt.Errorf("--grpc.max-concurrent-streams: must be 1 to %d, got %d", 1<<20, o.GRPCMaxStreams))
+	}
+	if o.MaxConnections < 1 || o.MaxConnections > 1<<20 {
+		errs = append(errs, fmt.Errorf("--server.max-connections: must be 1 to %d, got %d", 1<<20, o.MaxConnections))
 	}
 	if o.GracePeriod < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown.grace-period: must be >= 0, got %v", o.GracePeriod))

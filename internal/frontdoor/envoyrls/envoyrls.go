@@ -90,6 +90,16 @@ type Service struct {
 // New returns the service deciding with e.
 func New(e *engine.Engine) *Service { return &Service{e: e} }
 
+// Bounds of one request: what one ShouldRateLimit may cost.
+const (
+	// MaxDescriptors bounds the descriptors of a request.
+	MaxDescriptors = 64
+	// MaxEntries bounds the entries of one descriptor.
+	MaxEntries = 32
+	// MaxValueBytes bounds an entry's key and value.
+	MaxValueBytes = 1024
+)
+
 // Descriptor entry keys that also fill typed attributes.
 const (
 	envoyKeyRemoteAddress = "remote_address"
@@ -117,6 +127,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	}
 	if len(req.GetDescriptors()) == 0 {
 		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_UNKNOWN}, nil
+	}
+	if n := len(req.GetDescriptors()); n > MaxDescriptors {
+		s.e.Invalid("attributes")
+		return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors: %d descriptors, the most is %d", n, MaxDescriptors)}
 	}
 	cost := float64(req.GetHitsAddend())
 	if cost == 0 {
@@ -177,11 +191,17 @@ func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost 
 	if len(entries) == 0 {
 		return nil, 0, errors.New("entries: a descriptor needs at least one entry")
 	}
+	if len(entries) > MaxEntries {
+		return nil, 0, fmt.Errorf("entries: %d entries, the most is %d", len(entries), MaxEntries)
+	}
 	a := &rules.Attributes{Domain: domain, Extra: make(map[string]string, len(entries))}
 	for j, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
 		if k == "" {
 			return nil, 0, fmt.Errorf("entries[%d].key: empty", j)
+		}
+		if len(k) > MaxValueBytes || len(v) > MaxValueBytes {
+			return nil, 0, fmt.Errorf("entries[%d]: key or value over %d bytes", j, MaxValueBytes)
 		}
 		if _, dup := a.Extra[k]; dup {
 			return nil, 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)

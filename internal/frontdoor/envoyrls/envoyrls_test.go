@@ -1,15 +1,23 @@
 package envoyrls
 
 import (
+	"context"
 	"math"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
 // envoyDesc is a descriptor of key, value pairs.
@@ -111,6 +119,50 @@ func TestEnvoyLimitUnits(t *testing.T) {
 			got := envoyLimit("r", tt.limit, tt.window.Milliseconds())
 			if got.GetName() != "r" || got.GetRequestsPerUnit() != tt.perUnit || got.GetUnit() != tt.wantUnit {
 				t.Fatalf("envoyLimit(%v per %v) = %v, want %d per %v", tt.limit, tt.window, got, tt.perUnit, tt.wantUnit)
+			}
+		})
+	}
+}
+
+// TestRequestBounds: a request over the descriptor, entry or value bounds
+// is refused as invalid, naming the field, before anything is matched (one
+// request of 100k descriptors once cost 3.8 CPU-seconds).
+func TestRequestBounds(t *testing.T) {
+	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: r\n    capacity: 10\n    refill_per_second: 1\n    match: {domain: edge}\n    key_by: attr:k\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Options{Store: bucket.NewMemory()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(e)
+	many := func(n int) []*ratelimitv3.RateLimitDescriptor {
+		out := make([]*ratelimitv3.RateLimitDescriptor, n)
+		for i := range out {
+			out[i] = envoyDesc("k", strconv.Itoa(i))
+		}
+		return out
+	}
+	wide := envoyDesc()
+	for i := range MaxEntries + 1 {
+		wide.Entries = append(wide.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "e" + strconv.Itoa(i), Value: "v"})
+	}
+	tests := []struct {
+		name string
+		desc []*ratelimitv3.RateLimitDescriptor
+		want codes.Code
+	}{
+		{"at the descriptor bound", many(MaxDescriptors), codes.OK},
+		{"over the descriptor bound", many(MaxDescriptors + 1), codes.InvalidArgument},
+		{"over the entry bound", []*ratelimitv3.RateLimitDescriptor{wide}, codes.InvalidArgument},
+		{"a value over its bound", []*ratelimitv3.RateLimitDescriptor{envoyDesc("k", strings.Repeat("x", MaxValueBytes+1))}, codes.InvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: tt.desc})
+			if status.Code(err) != tt.want {
+				t.Fatalf("ShouldRateLimit = %v, want %v", err, tt.want)
 			}
 		})
 	}
