@@ -220,17 +220,6 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	return nil
 }
 
-// Rules returns the rule set in force.
-func (e *Engine) Rules() *rules.Set { return e.table.Load().set }
-
-// Rule returns the rule in force with id, or nil.
-func (e *Engine) Rule(id string) *rules.Rule {
-	if en := e.table.Load().byID[id]; en != nil {
-		return en.rule
-	}
-	return nil
-}
-
 // LeftOver is what a lease still holds at shutdown.
 type LeftOver struct {
 	Rule, Key string

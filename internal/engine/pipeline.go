@@ -124,15 +124,9 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		local = append(local, it)
 	}
 	slices.Sort(homes)
+	// What the earlier parts spent; given back by every return below that
+	// refuses or fails.
 	var sp spent
-	refuse := func() (bool, error) {
-		e.giveBack(ctx, &sp)
-		return false, nil
-	}
-	fail := func(err error) (bool, error) {
-		e.giveBack(ctx, &sp)
-		return false, err
-	}
 
 	// The home regions of pinned rules.
 	for _, home := range homes {
@@ -141,24 +135,24 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		if err == nil {
 			if !allowed {
 				e.remember(c, its, sent, false)
-				return refuse()
+				return e.giveBack(ctx, &sp, nil)
 			}
 			sp.homes = append(sp.homes, homeSpend{home: home, items: its, at: at})
 			continue
 		}
 		if ctx.Err() != nil {
-			return fail(ctxErr(ctx))
+			return e.giveBack(ctx, &sp, ctx.Err())
 		}
 		var inv *InvalidError
 		if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
 			// The home region's rules differ from ours: its answer stands.
-			return fail(err)
+			return e.giveBack(ctx, &sp, err)
 		}
 		for _, it := range its {
 			if it.e.closed {
 				it.e.failed.Inc()
 				e.log.Warn("home region unreachable, fail-closed rule refused", "rule", it.Rule.ID, "home", home, "err", err)
-				return fail(ErrUnavailable)
+				return e.giveBack(ctx, &sp, ErrUnavailable)
 			}
 		}
 		if errors.Is(err, bucket.ErrOutcomeUnknown) {
@@ -182,9 +176,9 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		ok, err := e.fromLease(ctx, c, it)
 		switch {
 		case err != nil:
-			return fail(err)
+			return e.giveBack(ctx, &sp, err)
 		case !ok:
-			return refuse()
+			return e.giveBack(ctx, &sp, nil)
 		case it.route == routeLease:
 			sp.leases = append(sp.leases, it)
 		default:
@@ -209,10 +203,10 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	}
 	allowed, err := e.fromStore(ctx, c, local, sent)
 	if err != nil {
-		return fail(err)
+		return e.giveBack(ctx, &sp, err)
 	}
 	if !allowed {
-		return refuse()
+		return e.giveBack(ctx, &sp, nil)
 	}
 	return true, nil
 }
@@ -282,7 +276,7 @@ func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error
 			select {
 			case <-wait:
 			case <-ctx.Done():
-				return false, ctxErr(ctx)
+				return false, ctx.Err()
 			}
 			if e.deny != nil {
 				if retry, reset, hit, _ := e.deny.Get(it.Rule.ID, it.Key, it.Cost); hit {
@@ -416,7 +410,7 @@ func (e *Engine) storeFailed(ctx context.Context, items []*Item, reqs []bucket.R
 		for _, it := range items {
 			it.e.failed.Inc()
 		}
-		return false, ctxErr(ctx)
+		return false, ctx.Err()
 	}
 	if errors.Is(err, bucket.ErrOverloaded) {
 		e.m.overloaded.Inc()
@@ -508,7 +502,9 @@ func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration,
 // giveBack returns what the earlier parts of a refused check spent: the
 // leased tokens at once, the home regions' spends by a refund that runs on
 // after the answer (its own deadline, not the caller's).
-func (e *Engine) giveBack(ctx context.Context, sp *spent) {
+//
+// It returns false and err, so a refusing or failing part ends with it.
+func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, error) {
 	for _, it := range sp.leases {
 		e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
 	}
@@ -529,12 +525,13 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent) {
 			e.m.refunds.WithLabelValues("ok").Inc()
 		})
 	}
+	return false, err
 }
 
 // count updates the metrics of a decided check and records what it
 // admitted for the other regions.
 func (e *Engine) count(c *Check, allowed bool) {
-	now := time.Now().UnixMicro()
+	var now int64 // read once, when a spend is recorded
 	for _, it := range c.enforce {
 		en := it.e
 		if !allowed {
@@ -573,6 +570,9 @@ func (e *Engine) count(c *Check, allowed bool) {
 			}
 		}
 		if en.reconciled && e.spends != nil {
+			if now == 0 {
+				now = time.Now().UnixMicro()
+			}
 			e.spends.Add(it.Rule.ID, it.Key, spend, now)
 		}
 	}
@@ -599,6 +599,3 @@ func (e *Engine) shadows(ctx context.Context, items []*Item) {
 		}
 	}
 }
-
-// ctxErr is the context's error: context.Canceled or DeadlineExceeded.
-func ctxErr(ctx context.Context) error { return ctx.Err() }

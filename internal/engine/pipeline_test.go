@@ -86,11 +86,7 @@ func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket
 	}
 	if h.slow.Load() {
 		defer func() { <-ctx.Done() }()
-		ok, ds, at, err := h.decide(context.WithoutCancel(ctx), items)
-		if err == nil {
-			err = ctx.Err()
-		}
-		_ = ok
+		_, ds, at, err := h.decide(context.WithoutCancel(ctx), items)
 		return false, ds, at, errors.Join(err, context.DeadlineExceeded)
 	}
 	return h.decide(ctx, items)

@@ -111,9 +111,6 @@ func (f *Fleet) LastError() error {
 	return nil
 }
 
-// Known reports whether a live count has been seen.
-func (f *Fleet) Known() bool { return f.known.Load() }
-
 // Beat sends one heartbeat and updates the count.
 func (f *Fleet) Beat(ctx context.Context) error {
 	if f.client == nil {

@@ -68,6 +68,8 @@ type Daemon struct {
 	fleet  *fleet.Fleet
 	nc     *nats.Conn
 	check  *checkapi.Service
+	// peerSecret is the content of --region.peer-secret-file.
+	peerSecret []byte
 
 	grpcServer *grpc.Server
 	health     *health.Server
@@ -215,6 +217,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		eopts.Spends = p.Accumulator()
 		spends = p
 	}
+	if d.opts.PeerSecretFile != "" {
+		// Read once: sent by the Peer clients, required by the Peer service.
+		if d.peerSecret, err = peer.ReadSecret(d.opts.PeerSecretFile); err != nil {
+			return fmt.Errorf("--region.peer-secret-file: %w", err)
+		}
+	}
 	if d.topo != nil {
 		if eopts.Homes, err = d.dialHomes(); err != nil {
 			return err
@@ -315,13 +323,6 @@ func (d *Daemon) dialHomes() (map[string]engine.Home, error) {
 		}
 		creds = credentials.NewTLS(tc)
 	}
-	var secret []byte
-	if d.opts.PeerSecretFile != "" {
-		var err error
-		if secret, err = peer.ReadSecret(d.opts.PeerSecretFile); err != nil {
-			return nil, fmt.Errorf("--region.peer-secret-file: %w", err)
-		}
-	}
 	homes := make(map[string]engine.Home)
 	for _, r := range d.topo.Regions() {
 		if r.Name == d.opts.Region {
@@ -332,7 +333,7 @@ func (d *Daemon) dialHomes() (map[string]engine.Home, error) {
 			return nil, fmt.Errorf("--region.topology-file: region %s: %w", r.Name, err)
 		}
 		d.onStop(func() { cc.Close() })
-		homes[r.Name] = peer.NewClient(cc, d.opts.Region, secret)
+		homes[r.Name] = peer.NewClient(cc, d.opts.Region, d.peerSecret)
 	}
 	return homes, nil
 }
@@ -347,13 +348,7 @@ func (d *Daemon) startServers() error {
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	auth := peer.Auth{Identities: d.opts.PeerIdentities}
-	if d.opts.PeerSecretFile != "" {
-		var err error
-		if auth.Secret, err = peer.ReadSecret(d.opts.PeerSecretFile); err != nil {
-			return fmt.Errorf("--region.peer-secret-file: %w", err)
-		}
-	}
+	auth := peer.Auth{Identities: d.opts.PeerIdentities, Secret: d.peerSecret}
 	peers, err := peer.NewService(d.engine, d.topo, auth, d.registry)
 	if err != nil {
 		return err

@@ -228,24 +228,10 @@ func (s *NATSServer) spawn() (*process, error) {
 	if err := s.writeConfig(); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(s.bin, "-c", s.confPath())
-	cmd.Dir = s.dir
-	out, err := os.OpenFile(filepath.Join(s.dir, "output.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := startProcess(s.dir, filepath.Join(s.dir, "output.log"), s.bin, "-c", s.confPath())
 	if err != nil {
 		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		return nil, err
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		out.Close()
-		close(p.done)
-	}()
 	health := fmt.Sprintf("http://127.0.0.1:%d/healthz", s.monitor)
 	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(natsReadyTimeout)

@@ -181,27 +181,11 @@ func (n *Node) running() bool {
 // spawn starts redis-server and waits until the process it started (not some
 // other server on the same port) answers.
 func (n *Node) spawn(ctx context.Context) (*process, error) {
-	out, err := os.OpenFile(n.outputPath(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := startProcess(n.dir, n.outputPath(), n.server, n.confPath())
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(n.server, n.confPath())
-	cmd.Dir = n.dir
-	cmd.Stdout = out
-	cmd.Stderr = out
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		return nil, err
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		out.Close()
-		close(p.done)
-	}()
-
-	pid := strconv.Itoa(cmd.Process.Pid)
+	pid := strconv.Itoa(p.cmd.Process.Pid)
 	deadline := time.Now().Add(startTimeout)
 	for {
 		select {
@@ -223,6 +207,30 @@ func (n *Node) spawn(ctx context.Context) (*process, error) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// startProcess runs bin with args in dir, its output appended to output,
+// killed with the test binary (sysProcAttr); done closes when it exits.
+func startProcess(dir, output, bin string, args ...string) (*process, error) {
+	out, err := os.OpenFile(output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		return nil, err
+	}
+	p := &process{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		out.Close()
+		close(p.done)
+	}()
+	return p, nil
 }
 
 // kill sends SIGKILL and waits for the process to be reaped.
