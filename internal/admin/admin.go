@@ -9,8 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
-	"os"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/secretfile"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -39,15 +40,17 @@ type Admin struct {
 	mtls  bool
 }
 
-func New(src *rulesource.Source, tokenFile string, mtls bool) (*Admin, error) {
+// MinTokenLen is the shortest admin token accepted.
+const MinTokenLen = 16
+
+// New makes the admin API of src; tokenFile (--admin.token-file) holds the
+// bearer token, checked as package secretfile does.
+func New(src *rulesource.Source, tokenFile string, mtls bool, log *slog.Logger) (*Admin, error) {
 	a := &Admin{src: src, mtls: mtls}
 	if tokenFile != "" {
-		b, err := os.ReadFile(tokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("--admin.token-file: %w", err)
-		}
-		if a.token = []byte(strings.TrimSpace(string(b))); len(a.token) < 16 {
-			return nil, fmt.Errorf("--admin.token-file: the token must be at least 16 characters")
+		var err error
+		if a.token, err = secretfile.Read("--admin.token-file", tokenFile, MinTokenLen, log); err != nil {
+			return nil, err
 		}
 	}
 	return a, nil

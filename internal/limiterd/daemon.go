@@ -115,7 +115,7 @@ func New(opts Options) (*Daemon, error) {
 		}
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if d.admin, err = admin.New(src, opts.AdminTokenFile, opts.TLSClientCAFile != ""); err != nil {
+	if d.admin, err = admin.New(src, opts.AdminTokenFile, opts.TLSClientCAFile != "", opts.Logger); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -219,8 +219,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 	if d.opts.PeerSecretFile != "" {
 		// Read once: sent by the Peer clients, required by the Peer service.
-		if d.peerSecret, err = peer.ReadSecret(d.opts.PeerSecretFile); err != nil {
-			return fmt.Errorf("--region.peer-secret-file: %w", err)
+		if d.peerSecret, err = peer.ReadSecret(d.opts.PeerSecretFile, d.log); err != nil {
+			return err
 		}
 	}
 	if d.topo != nil {
@@ -266,7 +266,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,
 		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, ReplyDeadline: d.opts.RedisReplyDeadline, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
 		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, BreakerOpen: d.opts.RedisBreakerOpen}
-	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS}).Apply(&ro); err != nil {
+	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS, Logger: d.log}).Apply(&ro); err != nil {
 		return nil, err
 	}
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)

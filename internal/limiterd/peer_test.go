@@ -59,7 +59,7 @@ func refusedPeerCalls(t *testing.T, d *Daemon, reason string) float64 {
 // refused. Each refusal is counted.
 func TestPeerCallsNeedCredentials(t *testing.T) {
 	secretFile := testenv.SecretFile(t)
-	secret, err := peer.ReadSecret(secretFile)
+	secret, err := peer.ReadSecret(secretFile, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

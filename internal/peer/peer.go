@@ -14,9 +14,8 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"os"
+	"log/slog"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +28,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
+	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -56,25 +56,10 @@ type Auth struct {
 	Identities []string
 }
 
-// ReadSecret reads a peer secret file: at least MinSecretLen characters,
-// not readable by group or others.
-func ReadSecret(path string) ([]byte, error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return nil, err
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("%s is readable by group or others (mode %v): chmod 600 it", path, fi.Mode().Perm())
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	s := []byte(strings.TrimSpace(string(b)))
-	if len(s) < MinSecretLen {
-		return nil, fmt.Errorf("%s: the secret must be at least %d characters", path, MinSecretLen)
-	}
-	return s, nil
+// ReadSecret reads a peer secret file (see package secretfile): at least
+// MinSecretLen characters, not open to other users.
+func ReadSecret(path string, log *slog.Logger) ([]byte, error) {
+	return secretfile.Read("--region.peer-secret-file", path, MinSecretLen, log)
 }
 
 // Check reports whether ctx's caller is a peer: nil, or ErrUnauthenticated.

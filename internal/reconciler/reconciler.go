@@ -222,7 +222,7 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
 	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Timeout: DefaultApplyTimeout}
-	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS}).Apply(&ro); err != nil {
+	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS, Logger: r.log}).Apply(&ro); err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

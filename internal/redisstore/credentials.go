@@ -2,9 +2,9 @@ package redisstore
 
 import (
 	"crypto/tls"
-	"fmt"
-	"os"
-	"strings"
+	"log/slog"
+
+	"github.com/limiterd/limiterd/internal/secretfile"
 )
 
 // Credentials are how both daemons authenticate to Redis, from their
@@ -12,6 +12,8 @@ import (
 type Credentials struct {
 	Username, PasswordFile string
 	TLS                    bool
+	// Logger gets the warning about a group-readable password file.
+	Logger *slog.Logger
 }
 
 // Apply sets o's username, password (read from PasswordFile, surrounding
@@ -19,11 +21,11 @@ type Credentials struct {
 func (c Credentials) Apply(o *Options) error {
 	o.Username = c.Username
 	if c.PasswordFile != "" {
-		b, err := os.ReadFile(c.PasswordFile)
+		b, err := secretfile.Read("--redis.password-file", c.PasswordFile, 1, c.Logger)
 		if err != nil {
-			return fmt.Errorf("--redis.password-file: %w", err)
+			return err
 		}
-		o.Password = strings.TrimSpace(string(b))
+		o.Password = string(b)
 	}
 	if c.TLS {
 		o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
