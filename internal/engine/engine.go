@@ -12,6 +12,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,6 +37,9 @@ const (
 	// DefaultForwardTimeout allows a cross-region round trip (50-150 ms)
 	// with room for one slow one.
 	DefaultForwardTimeout = 300 * time.Millisecond
+	// DefaultFallbackMaxBytes bounds the fallback's buckets: about 340k
+	// token buckets of 20-byte keys.
+	DefaultFallbackMaxBytes = 64 << 20
 	// MaxItems bounds the enforced rules of one check (and again its
 	// shadow rules): what one request may cost the store.
 	MaxItems = 64
@@ -113,6 +117,12 @@ type Options struct {
 	ForwardTimeout time.Duration
 	// DenyCacheSize bounds the deny cache (0: DefaultDenyCacheSize; < 0: off).
 	DenyCacheSize int
+	// FallbackMaxBytes bounds the memory of the local fallback's buckets,
+	// which decide fail-open rules while the store is down (0:
+	// DefaultFallbackMaxBytes).
+	FallbackMaxBytes int64
+	// MaxLeaseKeys bounds the keys holding a lease (0: lease.DefaultMaxKeys).
+	MaxLeaseKeys int
 	// FleetSize returns the live number of limiterd instances in this
 	// region (at least 1); a fail-open rule whose store is down decides
 	// with limit / FleetSize(). Nil: 1.
@@ -167,19 +177,34 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		return nil, err
 	}
 	e := &Engine{
-		store: opts.Store, fallback: bucket.NewMemory(), deny: denycache.New(opts.DenyCacheSize), leases: lease.New(),
+		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
+		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
 		region: opts.Region, topo: opts.Topology, homes: opts.Homes, regions: 1, fwdTO: opts.ForwardTimeout,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 	}
 	if e.topo != nil {
 		e.regions = len(e.topo.Names())
 	}
+	sizes := []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_lease_keys",
+			Help: "Keys holding a lease (or taking one), expired ones not yet swept included.",
+		}, func() float64 { return float64(e.leases.Len()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limiter_lease_table_full_total",
+			Help: "Checks of lease rules decided without a lease because the lease table was full.",
+		}, func() float64 { return float64(e.leases.Full()) }),
+	}
+	sizes = append(sizes, MemoryCollectors(e.fallback, "fallback")...)
 	if e.deny != nil {
 		dc := e.deny
-		if err := reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		sizes = append(sizes, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_deny_cache_entries",
 			Help: "Denials held by the deny cache.",
-		}, func() float64 { return float64(dc.Len()) })); err != nil {
+		}, func() float64 { return float64(dc.Len()) }))
+	}
+	for _, c := range sizes {
+		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
@@ -187,6 +212,31 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		return nil, err
 	}
 	return e, nil
+}
+
+// MemoryCollectors export the size of an in-process store m (the
+// embedded store or the fallback, as label store says): its buckets, their
+// memory and its cap, and its evictions.
+func MemoryCollectors(m *bucket.Memory, store string) []prometheus.Collector {
+	labels := prometheus.Labels{"store": store}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_memory_buckets", ConstLabels: labels,
+			Help: "Buckets held by an in-process store (embedded: the store of a limiterd without Redis; fallback: fail-open decisions while the store is down), expired ones not yet swept included.",
+		}, func() float64 { return float64(m.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_memory_bytes", ConstLabels: labels,
+			Help: "Memory of the buckets of an in-process store, as counted for its cap (overhead, key, rule id and log of each).",
+		}, func() float64 { return float64(m.Bytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_memory_max_bytes", ConstLabels: labels,
+			Help: "The cap of limiter_memory_bytes.",
+		}, func() float64 { return float64(m.MaxBytes()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limiter_memory_evictions_total", ConstLabels: labels,
+			Help: "Unexpired buckets an in-process store dropped at its cap to make room (the key's next check starts from a fresh bucket).",
+		}, func() float64 { return float64(m.Evicted()) }),
+	}
 }
 
 // SetRules puts set in force for every check that starts from now on. A

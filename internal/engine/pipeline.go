@@ -272,7 +272,10 @@ func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error
 		case fetch:
 			it.batch = max(it.Rule.Lease, it.Cost)
 			return true, nil
-		case wait != nil:
+		case wait == nil:
+			// No room for another lease: this check alone, through the store.
+			return true, nil
+		default:
 			select {
 			case <-wait:
 			case <-ctx.Done():

@@ -193,7 +193,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 
 	eopts := engine.Options{
 		Store: store, Region: d.opts.Region, Topology: d.topo, ForwardTimeout: d.opts.ForwardTimeout,
-		DenyCacheSize: d.opts.DenyCacheSize, FleetSize: d.fleet.Size, Logger: d.log,
+		DenyCacheSize: d.opts.DenyCacheSize, FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
+		FleetSize: d.fleet.Size, Logger: d.log,
 	}
 	var spends interface {
 		Run(context.Context)
@@ -259,8 +260,14 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 	if len(d.opts.RedisAddrs) == 0 {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
-			"store", "memory")
-		return bucket.NewMemory(), nil
+			"store", "memory", "max_bytes", d.opts.MemoryMaxBytes)
+		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.MemoryMaxBytes))
+		for _, c := range engine.MemoryCollectors(m, "embedded") {
+			if err := d.registry.Register(c); err != nil {
+				return nil, err
+			}
+		}
+		return m, nil
 	}
 	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
 	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,

@@ -11,8 +11,10 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 )
@@ -31,6 +33,15 @@ const (
 	DefaultForwardTimeout = engine.DefaultForwardTimeout
 	// DefaultDenyCacheSize is the default number of denials remembered.
 	DefaultDenyCacheSize = engine.DefaultDenyCacheSize
+	// DefaultMemoryMaxBytes bounds the embedded store's buckets,
+	// DefaultFallbackMaxBytes the fallback's.
+	DefaultMemoryMaxBytes   = bucket.DefaultMaxBytes
+	DefaultFallbackMaxBytes = engine.DefaultFallbackMaxBytes
+	// DefaultMaxLeaseKeys bounds the keys holding a lease.
+	DefaultMaxLeaseKeys = lease.DefaultMaxKeys
+	// maxSizeFlag bounds every count flag, maxBytesFlag every memory flag.
+	maxSizeFlag  = 100_000_000
+	maxBytesFlag = 1 << 40
 	// DefaultGRPCMaxStreams bounds the concurrent streams (checks in
 	// flight) of one gRPC connection.
 	DefaultGRPCMaxStreams = 1024
@@ -121,6 +132,11 @@ type Options struct {
 	// DenyCacheSize bounds the deny cache: 0 means DefaultDenyCacheSize,
 	// a negative size disables it.
 	DenyCacheSize int
+	// MemoryMaxBytes bounds the memory of the embedded store's buckets
+	// (no --redis.addrs), FallbackMaxBytes the local fallback's; MaxLeaseKeys
+	// the keys holding a lease. 0: the defaults below.
+	MemoryMaxBytes, FallbackMaxBytes int64
+	MaxLeaseKeys                     int
 
 	// RulesFile is the YAML rules file.
 	RulesFile string
@@ -228,6 +244,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
+	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", DefaultMemoryMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
+	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", DefaultFallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
+	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", DefaultMaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
 	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
@@ -276,6 +295,15 @@ func (o *Options) setDefaults() {
 	}
 	if o.DenyCacheSize == 0 {
 		o.DenyCacheSize = DefaultDenyCacheSize
+	}
+	if o.MemoryMaxBytes == 0 {
+		o.MemoryMaxBytes = DefaultMemoryMaxBytes
+	}
+	if o.FallbackMaxBytes == 0 {
+		o.FallbackMaxBytes = DefaultFallbackMaxBytes
+	}
+	if o.MaxLeaseKeys == 0 {
+		o.MaxLeaseKeys = DefaultMaxLeaseKeys
 	}
 	if o.GossipInterval == 0 {
 		o.GossipInterval = gossip.DefaultInterval
@@ -349,6 +377,17 @@ func (o *Options) validate() error {
 	}
 	if o.DenyCacheSize < -1 || o.DenyCacheSize > 100_000_000 {
 		errs = append(errs, fmt.Errorf("--deny-cache.size: must be 0 to 1e8, got %d", o.DenyCacheSize))
+	}
+	for _, f := range []struct {
+		flag     string
+		n, least int64
+	}{{"memory.max-bytes", o.MemoryMaxBytes, bucket.MinMaxBytes}, {"fallback.max-bytes", o.FallbackMaxBytes, bucket.MinMaxBytes}} {
+		if f.n < f.least || f.n > maxBytesFlag {
+			errs = append(errs, fmt.Errorf("--%s: must be %d to %d bytes, got %d", f.flag, f.least, int64(maxBytesFlag), f.n))
+		}
+	}
+	if o.MaxLeaseKeys < 1 || o.MaxLeaseKeys > maxSizeFlag {
+		errs = append(errs, fmt.Errorf("--lease.max-keys: must be 1 to %d, got %d", maxSizeFlag, o.MaxLeaseKeys))
 	}
 	if o.RedisPoolSize < 0 {
 		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))

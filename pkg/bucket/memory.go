@@ -4,11 +4,25 @@ import (
 	"context"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 const (
 	memoryShards = 64
+	// DefaultMaxBytes bounds a Memory's buckets unless WithMaxBytes says
+	// otherwise: about 1.4M token buckets of 20-byte keys.
+	DefaultMaxBytes = 256 << 20
+	// bucketOverhead is the memory of one bucket besides its key, rule id
+	// and log: the map entry, the entry and its state (measured: 189 B per
+	// token bucket of a 21-byte key and a 4-byte rule id on go1.26, amd64).
+	bucketOverhead = 164
+	// MinMaxBytes is the smallest cap: every shard holds at least the
+	// largest bucket (a full log of MaxLogCapacity under a long key).
+	MinMaxBytes = 1 << 20
+	// evictionSample is how many buckets are looked at to choose the one
+	// a new bucket replaces in a full shard.
+	evictionSample = 8
 	// memorySweepInterval is how often a shard drops buckets that are full
 	// again or windows that are clear; between sweeps they read as fresh.
 	memorySweepInterval = 10 * time.Second
@@ -16,19 +30,27 @@ const (
 
 // Memory is a Store that keeps state in this process: the embedded default
 // of a single limiterd and the local fallback when the shared store is down.
-// Its memory is bounded by the buckets active within their expiry. It is
-// safe for concurrent use; the zero value is not usable: call NewMemory.
+// Its memory is bounded twice: by the buckets active within their expiry
+// (expired ones are swept), and by a cap on the memory of the buckets held
+// (WithMaxBytes; a bucket counts its overhead, key, rule id and log). At
+// the cap, a new bucket replaces the one closest to its expiry among a few
+// sampled in its shard: the bucket nearest to full again, whose loss
+// admits the least. It is safe for concurrent use; the
+// zero value is not usable: call NewMemory.
 type Memory struct {
-	now    func() time.Time // nil: the monotonic clock below
-	start  time.Time
-	wallUs int64
-	seed   maphash.Seed
-	shards [memoryShards]memoryShard
+	now      func() time.Time // nil: the monotonic clock below
+	start    time.Time
+	wallUs   int64
+	seed     maphash.Seed
+	perShard int64 // bytes
+	evicted  atomic.Uint64
+	shards   [memoryShards]memoryShard
 }
 
 type memoryShard struct {
 	mu        sync.Mutex
 	buckets   map[bucketID]*memoryEntry
+	bytes     int64
 	nextSweep int64
 }
 
@@ -37,6 +59,31 @@ type bucketID struct{ rule, key string }
 type memoryEntry struct {
 	st      State
 	expires int64
+	size    int64 // bytes counted in the shard
+}
+
+// sizeOf is the memory counted for the bucket of id holding st.
+func sizeOf(id bucketID, st *State) int64 {
+	return bucketOverhead + int64(len(id.rule)+len(id.key)+8*cap(st.log))
+}
+
+// put stores e as id's bucket, or records its new size, and makes room
+// for it at the cap.
+func (m *Memory) put(sh *memoryShard, id bucketID, e *memoryEntry, now int64) {
+	size := sizeOf(id, &e.st)
+	if sh.buckets[id] != e {
+		sh.buckets[id] = e
+		e.size = 0
+	}
+	sh.bytes += size - e.size
+	e.size = size
+	m.makeRoom(sh, id, now)
+}
+
+// drop removes id's bucket.
+func (sh *memoryShard) drop(id bucketID, e *memoryEntry) {
+	sh.bytes -= e.size
+	delete(sh.buckets, id)
 }
 
 // MemoryOption configures a Memory.
@@ -47,10 +94,23 @@ func WithClock(now func() time.Time) MemoryOption {
 	return func(m *Memory) { m.now = now }
 }
 
+// WithMaxBytes bounds the memory of a Memory's buckets to about n bytes
+// (as counted by the Memory: see Bytes), at least MinMaxBytes; n <= 0
+// means DefaultMaxBytes.
+func WithMaxBytes(n int64) MemoryOption {
+	return func(m *Memory) {
+		if n <= 0 {
+			n = DefaultMaxBytes
+		}
+		m.perShard = (max(n, MinMaxBytes) + memoryShards - 1) / memoryShards
+	}
+}
+
 // NewMemory returns an empty in-process store.
 func NewMemory(opts ...MemoryOption) *Memory {
 	start := time.Now()
 	m := &Memory{start: start, wallUs: start.UnixMicro(), seed: maphash.MakeSeed()}
+	WithMaxBytes(DefaultMaxBytes)(m)
 	for _, o := range opts {
 		o(m)
 	}
@@ -95,13 +155,14 @@ func (m *Memory) take(now int64, req Request) Decision {
 		var fresh State
 		d := req.Limit.Take(&fresh, now, req.Cost)
 		if d.Allowed {
-			sh.buckets[id] = &memoryEntry{st: fresh, expires: req.Limit.ExpiresAt(&fresh)}
+			m.put(sh, id, &memoryEntry{st: fresh, expires: req.Limit.ExpiresAt(&fresh)}, now)
 		}
 		return d
 	}
 	d := req.Limit.Take(&e.st, now, req.Cost)
 	if d.Allowed {
 		e.expires = req.Limit.ExpiresAt(&e.st)
+		m.put(sh, id, e, now)
 	}
 	return d
 }
@@ -119,8 +180,12 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 	}
 	for i := range m.shards {
 		if locked[i] {
-			m.shards[i].mu.Lock()
-			defer m.shards[i].mu.Unlock()
+			sh := &m.shards[i]
+			sh.mu.Lock()
+			defer sh.mu.Unlock()
+			if now >= sh.nextSweep {
+				sh.sweep(now)
+			}
 		}
 	}
 	out := make([]Decision, len(reqs))
@@ -146,9 +211,9 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 		e := sh.buckets[id]
 		if e == nil {
 			e = &memoryEntry{}
-			sh.buckets[id] = e
 		}
 		e.st, e.expires = next[i], r.Limit.ExpiresAt(&next[i])
+		m.put(sh, id, e, now)
 	}
 	return out, nil
 }
@@ -156,10 +221,65 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 func (sh *memoryShard) sweep(now int64) {
 	for id, e := range sh.buckets {
 		if e.expires <= now {
-			delete(sh.buckets, id)
+			sh.drop(id, e)
 		}
 	}
 	sh.nextSweep = now + memorySweepInterval.Microseconds()
+}
+
+// makeRoom brings the locked shard sh back under its cap after keep's
+// bucket grew or arrived: it drops expired buckets when those sampled
+// are, else the sampled bucket closest to its expiry (counted in Evicted),
+// never keep's.
+func (m *Memory) makeRoom(sh *memoryShard, keep bucketID, now int64) {
+	for sh.bytes > m.perShard && len(sh.buckets) > 1 {
+		var victim bucketID
+		var ve *memoryEntry
+		n := 0
+		// A map's iteration starts at a random place: the first few
+		// entries are a random sample.
+		for id, e := range sh.buckets {
+			if id == keep {
+				continue
+			}
+			if e.expires <= now {
+				victim, ve = id, e
+				break
+			}
+			if ve == nil || e.expires < ve.expires {
+				victim, ve = id, e
+			}
+			if n++; n == evictionSample {
+				break
+			}
+		}
+		if ve.expires > now {
+			m.evicted.Add(1)
+		}
+		sh.drop(victim, ve)
+	}
+}
+
+// Evicted is the number of unexpired buckets dropped to make room for new
+// ones since the Memory was made: each such key's next check starts from
+// a fresh bucket.
+func (m *Memory) Evicted() uint64 { return m.evicted.Load() }
+
+// MaxBytes is the most memory the Memory's buckets may take, as Bytes
+// counts it.
+func (m *Memory) MaxBytes() int64 { return m.perShard * memoryShards }
+
+// Bytes is the memory of the buckets held, as counted for the cap: each
+// bucket's overhead, key, rule id and log.
+func (m *Memory) Bytes() int64 {
+	var n int64
+	for i := range m.shards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		n += sh.bytes
+		sh.mu.Unlock()
+	}
+	return n
 }
 
 // Len returns the number of buckets held, expired ones not yet swept included.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/maphash"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -199,6 +200,159 @@ func TestMemoryLoweredCapacity(t *testing.T) {
 			if d := take(); !d.Allowed {
 				t.Fatalf("12 s after the change: %+v, want allowed", d)
 			}
+		})
+	}
+}
+
+// TestMemoryCap: a flood of distinct keys never takes more than the cap,
+// and every bucket dropped is an eviction (nothing expires here). The
+// buckets a new one replaces are the ones nearest their expiry:
+// long-lived buckets (an hour's log) outlive a flood of short-lived ones
+// (a token bucket full again within a second).
+func TestMemoryCap(t *testing.T) {
+	c := &fakeClock{}
+	c.us.Store(t0)
+	m := NewMemory(WithClock(c.now), WithMaxBytes(MinMaxBytes))
+	if m.MaxBytes() != MinMaxBytes {
+		t.Fatalf("MaxBytes() = %d, want %d", m.MaxBytes(), MinMaxBytes)
+	}
+	long := Limit{Algorithm: SlidingLog, Capacity: 1, Window: time.Hour}
+	short := Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}
+	ctx := context.Background()
+	const longKeys, shortKeys = 128, 50_000
+	for i := range longKeys {
+		if d, _ := m.Take(ctx, Request{Rule: "long", Key: fmt.Sprintf("l%d", i), Limit: long, Cost: 1}); !d.Allowed {
+			t.Fatalf("long key %d refused", i)
+		}
+	}
+	for i := range shortKeys {
+		req := Request{Rule: "short", Key: fmt.Sprintf("s%d", i), Limit: short, Cost: 1}
+		var d Decision
+		if i%2 == 0 {
+			d, _ = m.Take(ctx, req)
+		} else {
+			ds, _ := m.TakeAll(ctx, []Request{req})
+			d = ds[0]
+		}
+		if !d.Allowed {
+			t.Fatalf("short key %d refused", i)
+		}
+		if n := m.Bytes(); n > m.MaxBytes() {
+			t.Fatalf("%d bytes held after %d short keys, cap %d", n, i+1, m.MaxBytes())
+		}
+	}
+	held := m.Len()
+	if got, want := m.Evicted(), uint64(longKeys+shortKeys-held); got != want || got == 0 {
+		t.Fatalf("Evicted() = %d, want %d (nothing expired: every bucket dropped was evicted)", got, want)
+	}
+	kept := 0
+	for i := range longKeys {
+		// A long key still held refuses its second request.
+		if d, _ := m.Take(ctx, Request{Rule: "long", Key: fmt.Sprintf("l%d", i), Limit: long, Cost: 1}); !d.Allowed {
+			kept++
+		}
+	}
+	t.Logf("%d buckets in %d bytes (cap %d); %d of %d long-lived buckets kept through %d short-lived ones, %d evictions",
+		held, m.Bytes(), m.MaxBytes(), kept, longKeys, shortKeys, m.Evicted())
+	if kept < longKeys*95/100 {
+		t.Fatalf("only %d of %d long-lived buckets kept: eviction does not prefer the buckets nearest their expiry", kept, longKeys)
+	}
+}
+
+// TestMemoryCountsLogs: a sliding log counts its entries in the memory of
+// the cap, so a few keys with long logs cannot take more than many small
+// buckets would.
+func TestMemoryCountsLogs(t *testing.T) {
+	c := &fakeClock{}
+	c.us.Store(t0)
+	m := NewMemory(WithClock(c.now), WithMaxBytes(MinMaxBytes))
+	lim := Limit{Algorithm: SlidingLog, Capacity: MaxLogCapacity, Window: time.Hour}
+	ctx := context.Background()
+	for i := range MaxLogCapacity {
+		c.advance(time.Microsecond)
+		if d, _ := m.Take(ctx, Request{Rule: "r", Key: "k", Limit: lim, Cost: 1}); !d.Allowed {
+			t.Fatalf("request %d refused", i)
+		}
+	}
+	if n := m.Bytes(); n < 8*MaxLogCapacity {
+		t.Fatalf("a log of %d entries counts %d bytes, want at least %d", MaxLogCapacity, n, 8*MaxLogCapacity)
+	}
+	for k := range 4_000 {
+		for i := range 20 {
+			c.advance(time.Microsecond)
+			m.Take(ctx, Request{Rule: "r", Key: fmt.Sprint("k", k), Limit: lim, Cost: 1})
+			if n := m.Bytes(); n > m.MaxBytes() {
+				t.Fatalf("%d bytes held at key %d request %d, cap %d", n, k, i, m.MaxBytes())
+			}
+		}
+	}
+	if m.Evicted() == 0 {
+		t.Fatal("4,000 logs of 20 entries fit in 1 MiB without an eviction: the logs are not counted")
+	}
+}
+
+// TestMemoryTakeAllSweeps: buckets decided through TakeAll (the engine's
+// only call) are swept once expired, as Take's are.
+func TestMemoryTakeAllSweeps(t *testing.T) {
+	c := &fakeClock{}
+	c.us.Store(t0)
+	m := NewMemory(WithClock(c.now))
+	lim := Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}
+	ctx := context.Background()
+	take := func(prefix string) {
+		for i := range 1000 {
+			if ds, _ := m.TakeAll(ctx, []Request{{Rule: "r", Key: fmt.Sprintf("%s%d", prefix, i), Limit: lim, Cost: 1}}); !ds[0].Allowed {
+				t.Fatalf("%s%d refused", prefix, i)
+			}
+		}
+	}
+	take("a")
+	c.advance(memorySweepInterval + time.Second)
+	take("b")
+	if n := m.Len(); n != 1000 {
+		t.Fatalf("%d buckets held, want 1000: the expired ones were not swept", n)
+	}
+}
+
+// TestMemoryHeapWithinCap: the memory a Memory counts for its cap is the
+// memory it takes. Filled far past a 32 MiB cap with token buckets, then
+// with sliding logs, the heap it holds stays within 25% of the cap.
+func TestMemoryHeapWithinCap(t *testing.T) {
+	const maxBytes = 32 << 20
+	for _, c := range []struct {
+		name string
+		lim  Limit
+		cost float64
+		key  string
+	}{
+		{"token bucket, 20-byte keys", Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 0.001}, 1, "user:%015d"},
+		{"sliding log of 10, 40-byte keys", Limit{Algorithm: SlidingLog, Capacity: 10, Window: time.Hour}, 1, "api-key:%032d"},
+		{"gcra, 500-byte keys", Limit{Algorithm: GCRA, Capacity: 10, RefillPerSecond: 0.001}, 1, "%0500d"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			m := NewMemory(WithMaxBytes(maxBytes))
+			ctx := context.Background()
+			for i := range 400_000 {
+				req := Request{Rule: "rule", Key: fmt.Sprintf(c.key, i), Limit: c.lim, Cost: c.cost}
+				for range int(min(c.lim.Capacity, 10)) / 5 {
+					m.TakeAll(ctx, []Request{req})
+				}
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			heap := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+			t.Logf("%d buckets, counted %d bytes (cap %d), heap %d bytes (%.0f B a bucket), %d evictions",
+				m.Len(), m.Bytes(), m.MaxBytes(), heap, float64(heap)/float64(m.Len()), m.Evicted())
+			if m.Evicted() == 0 {
+				t.Fatal("the cap was never reached")
+			}
+			if heap > maxBytes*5/4 {
+				t.Fatalf("the store holds %d bytes of heap for a cap of %d", heap, maxBytes)
+			}
+			runtime.KeepAlive(m)
 		})
 	}
 }

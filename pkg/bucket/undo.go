@@ -55,9 +55,11 @@ func (m *Memory) Undo(_ context.Context, reqs []Request, at time.Time) error {
 	for _, r := range reqs {
 		sh := m.shard(r.Key)
 		sh.mu.Lock()
-		if e := sh.buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
+		id := bucketID{r.Rule, r.Key}
+		if e := sh.buckets[id]; e != nil && e.expires > now {
 			r.Limit.Undo(&e.st, now, atUs, r.Cost)
 			e.expires = r.Limit.ExpiresAt(&e.st)
+			m.put(sh, id, e, now)
 		}
 		sh.mu.Unlock()
 	}

@@ -1,12 +1,15 @@
 package lease
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
 // TestLeaseCycle: the first check of a key takes the batch, the next waits
 // for it, then the lease hands out what the batch left, takes back what a
 // refused check gave, and Drain returns what is left.
 func TestLeaseCycle(t *testing.T) {
-	l := New()
+	l := New(0)
 	if _, ok, wait, fetch := l.Take("r", "k", 1); ok || wait != nil || !fetch {
 		t.Fatalf("first Take: ok %v wait %v fetch %v; want to fetch", ok, wait != nil, fetch)
 	}
@@ -36,5 +39,69 @@ func TestLeaseCycle(t *testing.T) {
 	}
 	if out := l.Drain(); len(out) != 0 {
 		t.Fatalf("a second Drain = %+v, want nothing", out)
+	}
+}
+
+// lease takes a batch for (r, key) and leaves tokens in it; it reports
+// whether there was room for the lease.
+func takeBatch(t *testing.T, l *Leases, key string, tokens float64) bool {
+	t.Helper()
+	_, ok, wait, fetch := l.Take("r", key, 1)
+	switch {
+	case !ok && wait == nil && !fetch:
+		return false
+	case !fetch:
+		t.Fatalf("%s: first Take did not fetch (ok %v, wait %v)", key, ok, wait != nil)
+	}
+	l.Fetched("r", key, tokens)
+	return true
+}
+
+// TestLeasesSwept: leases past their TTL go at the next sweep (once per
+// TTL, by a check of their shard), not at shutdown: 200,000 keys leased
+// once leave at most one lease per shard a TTL later.
+func TestLeasesSwept(t *testing.T) {
+	l := New(1 << 20)
+	for i := range 200_000 {
+		takeBatch(t, l, fmt.Sprint("k", i), 3)
+	}
+	if n := l.Len(); n != 200_000 {
+		t.Fatalf("%d leases held, want 200000", n)
+	}
+	l.start = l.start.Add(-2 * TTL) // two TTLs pass
+	for i := range 2_000 {          // a few checks in every shard
+		takeBatch(t, l, fmt.Sprint("new", i), 3)
+	}
+	if n := l.Len(); n != 2_000 {
+		t.Fatalf("%d leases held after the sweep, want the 2000 new ones", n)
+	}
+}
+
+// TestLeasesCapped: past its size no key gets a new lease (Take says so,
+// and counts it), the keys holding one keep theirs, and room comes back
+// once leases expire.
+func TestLeasesCapped(t *testing.T) {
+	l := New(64)
+	if l.MaxKeys() != 64 {
+		t.Fatalf("MaxKeys() = %d, want 64", l.MaxKeys())
+	}
+	got := 0
+	for i := range 10_000 {
+		if takeBatch(t, l, fmt.Sprint("k", i), 3) {
+			got++
+		}
+		if n := l.Len(); n > 64 {
+			t.Fatalf("%d leases held after %d keys, cap 64", n, i+1)
+		}
+	}
+	if got > 64 || got == 0 {
+		t.Fatalf("%d keys got a lease, want between 1 and 64", got)
+	}
+	if full := l.Full(); full != uint64(10_000-got) {
+		t.Fatalf("Full() = %d, want %d turned away", full, 10_000-got)
+	}
+	l.start = l.start.Add(-2 * TTL)
+	if !takeBatch(t, l, "after", 3) {
+		t.Fatal("no lease after every other one expired")
 	}
 }
