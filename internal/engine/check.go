@@ -156,6 +156,9 @@ func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, sh
 	if !(reqCost > 0) || math.IsInf(reqCost, 0) {
 		return nil, nil, invalid("cost", "cost: %v is not finite and > 0", reqCost)
 	}
+	if err := checkAttributes(a); err != nil {
+		return nil, nil, err
+	}
 	for _, r := range c.t.set.Matching(a) {
 		key, ok, err := r.KeyOf(a)
 		if err != nil {
@@ -183,6 +186,35 @@ func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, sh
 		}
 	}
 	return enforce, shadow, nil
+}
+
+// Bounds of a check's attributes, whatever the front door: matching a
+// rule's path pattern against them costs at most their length.
+const (
+	// MaxAttributeBytes bounds each attribute's value (and an extra
+	// attribute's name).
+	MaxAttributeBytes = 8 << 10
+	// MaxExtraAttributes bounds the named attributes of a check.
+	MaxExtraAttributes = 32
+)
+
+// checkAttributes refuses attributes over the bounds, naming the field.
+func checkAttributes(a *rules.Attributes) *InvalidError {
+	for _, f := range [...]struct{ name, v string }{{"api_key", a.APIKey}, {"user", a.User}, {"ip", a.IP},
+		{"path", a.Path}, {"method", a.Method}, {"plan", a.Plan}, {"domain", a.Domain}} {
+		if len(f.v) > MaxAttributeBytes {
+			return invalid("attributes", "attributes.%s: %d bytes, the most is %d", f.name, len(f.v), MaxAttributeBytes)
+		}
+	}
+	if len(a.Extra) > MaxExtraAttributes {
+		return invalid("attributes", "attributes.extra: %d entries, the most is %d", len(a.Extra), MaxExtraAttributes)
+	}
+	for k, v := range a.Extra {
+		if len(k) > MaxAttributeBytes || len(v) > MaxAttributeBytes {
+			return invalid("attributes", "attributes.extra[%s]: name or value over %d bytes", quote(k), MaxAttributeBytes)
+		}
+	}
+	return nil
 }
 
 var errTooManyRules = errors.New("the check has more rules than the most one check may have")

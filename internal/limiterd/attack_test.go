@@ -299,3 +299,82 @@ func TestAttackEmbeddedStoreFlood(t *testing.T) {
 		t.Fatalf("RSS grew from %.0f to %.0f MB for a store capped at %.0f MB", before[rss]/1e6, after[rss]/1e6, after[capB]/1e6)
 	}
 }
+
+// TestAttackHugeHeaders: a client that ignores the advertised header list
+// size and sends 1 MiB of metadata on a Check stream is refused (its
+// stream or its connection), not given a handler, and the daemon serves
+// the next client.
+func TestAttackHugeHeaders(t *testing.T) {
+	grpcAddr, _ := limiterdProcess(t, "--rules.file", "testdata/rules.yml")
+	c, err := net.DialTimeout("tcp", grpcAddr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	bw := bufio.NewWriterSize(c, 64<<10)
+	bw.WriteString(http2.ClientPreface)
+	fr := http2.NewFramer(bw, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	fr.WriteSettings()
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	for _, h := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/limiter.v1.Limiter/Check"},
+		{":authority", grpcAddr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]})
+	}
+	for i := range 64 {
+		enc.WriteField(hpack.HeaderField{Name: fmt.Sprint("x-pad-", i), Value: strings.Repeat("p", 16<<10), Sensitive: true})
+	}
+	frag := block.Bytes()
+	const chunk = 16 << 10
+	if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: frag[:chunk]}); err != nil {
+		t.Fatal(err)
+	}
+	for off := chunk; off < len(frag); off += chunk {
+		end := min(off+chunk, len(frag))
+		if err := fr.WriteContinuation(1, end == len(frag), frag[off:end]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bw.Flush()
+	defer func() {
+		cc := dial(t, grpcAddr)
+		if _, err := limiterv1.NewLimiterClient(cc).Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"}); err != nil {
+			t.Fatalf("a check after the attack: %v", err)
+		}
+	}()
+	for {
+		f, err := fr.ReadFrame()
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatalf("no answer to 1 MiB of headers in 20 s: %v", err)
+		}
+		if err != nil {
+			t.Logf("1 MiB of headers: the connection was closed (%v)", err)
+			return
+		}
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			if f.StreamID == 1 {
+				st := f.PseudoValue("status")
+				grpcStatus := ""
+				for _, h := range f.RegularFields() {
+					if h.Name == "grpc-status" {
+						grpcStatus = h.Value
+					}
+				}
+				t.Logf("1 MiB of headers: HTTP %s, grpc-status %s", st, grpcStatus)
+				if grpcStatus == "" || grpcStatus == "0" {
+					t.Fatalf("1 MiB of headers answered grpc-status %q", grpcStatus)
+				}
+				return
+			}
+		case *http2.RSTStreamFrame:
+			t.Logf("1 MiB of headers: RST_STREAM %v", f.ErrCode)
+			return
+		case *http2.GoAwayFrame:
+			t.Logf("1 MiB of headers: GOAWAY %v", f.ErrCode)
+			return
+		}
+	}
+}

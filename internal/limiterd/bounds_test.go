@@ -2,14 +2,19 @@ package limiterd
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc/metadata"
+
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
 // TestGRPCStreamLimit: the gRPC listener tells every client the most
@@ -132,4 +137,22 @@ func TestHTTPConnectionsBounded(t *testing.T) {
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// TestGRPCHeaderBound: a call whose metadata is over 64 KiB is refused
+// (grpc-go's own default is 16 MiB per stream), and the connection still
+// serves the next call.
+func TestGRPCHeaderBound(t *testing.T) {
+	d := startDaemon(t, nil)
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	big := metadata.AppendToOutgoingContext(context.Background(), "x-padding", strings.Repeat("p", 100<<10))
+	if _, err := client.Check(big, &limiterv1.CheckRequest{RuleId: "tb", Key: "k"}); err == nil {
+		t.Fatal("a call with 100 KiB of metadata was served")
+	} else {
+		t.Logf("100 KiB of metadata: %v", err)
+	}
+	small := metadata.AppendToOutgoingContext(context.Background(), "x-padding", strings.Repeat("p", 30<<10))
+	if _, err := client.Check(small, &limiterv1.CheckRequest{RuleId: "tb", Key: "k"}); err != nil {
+		t.Fatalf("a call with 30 KiB of metadata: %v", err)
+	}
 }

@@ -363,6 +363,7 @@ func (d *Daemon) startServers() error {
 	gopts = append(gopts, grpc.ChainUnaryInterceptor(d.admin.Interceptor, peers.RefuseLegacyMarker),
 		grpc.MaxConcurrentStreams(uint32(d.opts.GRPCMaxStreams)),
 		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
+		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxConnectionIdle,
 			MaxConnectionAge: grpcMaxConnectionAge, MaxConnectionAgeGrace: grpcMaxConnectionGrace}))

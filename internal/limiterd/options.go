@@ -62,6 +62,9 @@ const (
 	grpcMaxConnectionGrace = 10 * time.Second
 	// grpcMaxRecvBytes bounds one gRPC request message.
 	grpcMaxRecvBytes = 1 << 20
+	// grpcMaxHeaderBytes bounds one gRPC request's metadata (advertised as
+	// HTTP/2 SETTINGS_MAX_HEADER_LIST_SIZE; grpc-go's default is 16 MiB).
+	grpcMaxHeaderBytes = 64 << 10
 	// httpMaxHeaderBytes bounds an HTTP request's headers.
 	httpMaxHeaderBytes = 64 << 10
 )
