@@ -931,3 +931,32 @@ func TestRulesCopy(t *testing.T) {
 		t.Error("deploy/k8s/base/rules.yml differs from examples/rules.yml: cp examples/rules.yml deploy/k8s/base/rules.yml")
 	}
 }
+
+// TestManifestSecretModes: every secret a daemon mounts is readable by the
+// daemon (its pod's fsGroup) and by no other user: the daemons refuse a
+// secret file open to others, and Kubernetes mounts secrets 0644 unless
+// told otherwise.
+func TestManifestSecretModes(t *testing.T) {
+	for _, dir := range overlayDirs(t) {
+		b := buildOverlay(t, dir)
+		for name, dep := range b.deployments {
+			spec := dep.Spec.Template.Spec
+			for _, v := range spec.Volumes {
+				if v.Secret == nil {
+					continue
+				}
+				if v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o007 != 0 {
+					t.Errorf("%s: %s: secret volume %s has no defaultMode closed to others (got %v)", dir, name, v.Name, v.Secret.DefaultMode)
+				}
+				for _, it := range v.Secret.Items {
+					if it.Mode != nil && *it.Mode&0o007 != 0 {
+						t.Errorf("%s: %s: secret volume %s item %s has mode %o", dir, name, v.Name, it.Key, *it.Mode)
+					}
+				}
+				if sc := spec.SecurityContext; sc == nil || sc.FSGroup == nil || sc.RunAsGroup == nil || *sc.FSGroup != *sc.RunAsGroup {
+					t.Errorf("%s: %s: mounts secret %s without an fsGroup equal to its runAsGroup: a 0440 secret would be unreadable", dir, name, v.Name)
+				}
+			}
+		}
+	}
+}
