@@ -84,6 +84,10 @@ type Rule struct {
 
 	limit  bucket.Limit
 	source string
+	// yaml is the rule marshalled once it is valid: a set's digest reads
+	// every rule's YAML, and marshalling each again on every change made a
+	// put cost every daemon O(rules) marshals.
+	yaml []byte
 }
 
 // Source is where the rule comes from: "file" or "admin".
@@ -234,6 +238,7 @@ func Parse(name string, data []byte) (*Set, error) {
 		if err := r.validate(n); err != nil {
 			return nil, at(err, name, i, r.ID, n)
 		}
+		r.yaml = r.marshal()
 		if j, ok := first[r.ID]; ok {
 			return nil, &Error{File: name, Index: i, ID: r.ID, Field: "id", Line: lines[i], Err: &DuplicateIDError{ID: r.ID,
 				First:  Place{Index: j, Line: lines[j], Source: SourceFile},
@@ -303,11 +308,20 @@ func ParseRule(data []byte, source string) (*Rule, error) {
 	if err := r.validate(n); err != nil {
 		return nil, at(err, "", -1, r.ID, n)
 	}
+	r.yaml = r.marshal()
 	return &r, nil
 }
 
-// YAML is the rule in the rules file's format, defaults filled in.
+// YAML is the rule in the rules file's format, defaults filled in. The
+// caller must not change the bytes.
 func (r *Rule) YAML() []byte {
+	if r.yaml != nil {
+		return r.yaml
+	}
+	return r.marshal()
+}
+
+func (r *Rule) marshal() []byte {
 	b, err := yaml.Marshal(r)
 	if err != nil {
 		panic("rules: a validated rule does not marshal: " + err.Error())
