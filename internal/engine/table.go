@@ -47,10 +47,20 @@ type table struct {
 	byID map[string]*entry
 }
 
-func newTable(set *rules.Set, gen uint64, regions int, m *metrics) *table {
+// newTable makes the table of set. An entry of old whose rule is the same
+// (the same *rules.Rule: the rules source keeps the rules that did not
+// change) is taken over as it is, so a change of one rule costs one entry,
+// not a metric lookup per rule and result.
+func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *table {
 	d, f := m.decisions, m.forwarded
 	t := &table{set: set, gen: gen, byID: make(map[string]*entry, len(set.Rules()))}
 	for _, r := range set.Rules() {
+		if old != nil {
+			if en := old.byID[r.ID]; en != nil && en.rule == r {
+				t.byID[r.ID] = en
+				continue
+			}
+		}
 		lim := r.Bucket()
 		m.ruleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
 		m.ruleRate.WithLabelValues(r.ID).Set(SustainedRate(lim))
