@@ -40,6 +40,9 @@ type entry struct {
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
 
+// Rules is the rule set checks starting now are decided with.
+func (e *Engine) Rules() *rules.Set { return e.table.Load().set }
+
 // table is an immutable rule set ready for the pipeline.
 type table struct {
 	set  *rules.Set

@@ -6,16 +6,19 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"reflect"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
 )
 
 // OnFailure says what a rule does when the store cannot decide.
@@ -431,4 +434,24 @@ func (r *Rule) validate(n *yaml.Node) error {
 		return fieldError(field, err)
 	}
 	return r.validateCost(r.limit)
+}
+
+// HomesIn returns a check that a rule's home_keys name only regions of
+// topo, for rulesource.Options.ValidateRule; its error is an *Error naming
+// the key: home_keys.tenant-a: region "mars" is not in the topology.
+func HomesIn(topo *region.Topology) func(*Rule) error {
+	return func(r *Rule) error {
+		keys := make([]string, 0, len(r.HomeKeys))
+		for k := range r.HomeKeys {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if err := topo.ValidateHomes(map[string]string{k: r.HomeKeys[k]}); err != nil {
+				return &Error{Index: -1, ID: r.ID, Field: "home_keys." + k,
+					Err: fmt.Errorf("region %q is not in the topology (%s)", r.HomeKeys[k], strings.Join(topo.Names(), ", "))}
+			}
+		}
+		return nil
+	}
 }

@@ -28,10 +28,11 @@ type watcher struct {
 	sets []*rules.Set
 }
 
-func (w *watcher) onChange(s *rules.Set) {
+func (w *watcher) onChange(s *rules.Set) error {
 	w.mu.Lock()
 	w.sets = append(w.sets, s)
 	w.mu.Unlock()
+	return nil
 }
 
 func (w *watcher) waitFor(t *testing.T, ok func(*rules.Set) bool) *rules.Set {
