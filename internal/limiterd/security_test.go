@@ -2,17 +2,17 @@ package limiterd
 
 import (
 	"bytes"
-	"fmt"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -433,4 +433,3 @@ func TestTokenInClearWarning(t *testing.T) {
 		t.Fatal("warned for a loopback listener")
 	}
 }
-
