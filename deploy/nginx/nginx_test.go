@@ -86,7 +86,7 @@ func replaceOnce(t *testing.T, conf, old, new string) string {
 // startNginx runs limiterd.conf in a real nginx, its addresses replaced by
 // limiterdAddr and appAddr, and returns the address clients connect to.
 // nginx is stopped by its pid when the test ends.
-func startNginx(t *testing.T, limiterdAddr, appAddr string, users map[string]string) string {
+func startNginx(t *testing.T, limiterdAddr, secret, appAddr string, users map[string]string) string {
 	t.Helper()
 	bin := lookNginx(t)
 	src, err := os.ReadFile("limiterd.conf")
@@ -131,7 +131,8 @@ http {
 	for try := 0; ; try++ {
 		port := freePort(t)
 		conf := string(src)
-		conf = replaceOnce(t, conf, "server 127.0.0.1:9091;", "server "+limiterdAddr+";")
+		conf = replaceOnce(t, conf, "server 127.0.0.1:9092;", "server "+limiterdAddr+";")
+		conf = replaceOnce(t, conf, `"REPLACE-WITH-THE-FORWARD-AUTH-SECRET"`, strconv.Quote(secret))
 		conf = replaceOnce(t, conf, "server 127.0.0.1:8000;", "server "+appAddr+";")
 		conf = replaceOnce(t, conf, "listen 8080;", fmt.Sprintf("listen 127.0.0.1:%d;", port))
 		if err := os.WriteFile(filepath.Join(dir, "limiterd.conf"), []byte(conf), 0o644); err != nil {
@@ -213,9 +214,15 @@ func TestNginx(t *testing.T) {
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	secretFile := testenv.SecretFile(t)
+	secret, err := os.ReadFile(secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
 	d, err := limiterd.New(limiterd.Options{
 		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: 100 * time.Millisecond, ForwardAuth: true,
+		RedisAddrs: cluster.Addrs(), RedisTimeout: 100 * time.Millisecond,
+		ForwardAuthAddress: "127.0.0.1:0", ForwardAuthSecretFile: secretFile,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -233,11 +240,7 @@ func TestNginx(t *testing.T) {
 		io.WriteString(w, "app")
 	}))
 	t.Cleanup(app.Close)
-	// The config's own limiterd port is limiterd's default.
-	if want := "127.0.0.1:9091"; limiterd.DefaultHTTPAddress != want {
-		t.Fatalf("limiterd.conf points at %s, limiterd's default --http.listen-address is %s", want, limiterd.DefaultHTTPAddress)
-	}
-	addr := startNginx(t, d.HTTPAddr(), app.Listener.Addr().String(),
+	addr := startNginx(t, d.ForwardAuthAddr(), strings.TrimSpace(string(secret)), app.Listener.Addr().String(),
 		map[string]string{"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "dave": "dave-pw"})
 
 	hc := &http.Client{Timeout: 10 * time.Second}

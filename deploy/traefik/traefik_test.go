@@ -19,6 +19,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/limiterd/limiterd/internal/limiterd"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/pkg/httplimit"
 )
 
@@ -52,6 +53,24 @@ type middleware struct {
 		RemoveHeader bool     `yaml:"removeHeader"`
 	} `yaml:"basicAuth"`
 	ForwardAuth *forwardAuth `yaml:"forwardAuth"`
+	Headers     *struct {
+		CustomRequestHeaders map[string]string `yaml:"customRequestHeaders"`
+	} `yaml:"headers"`
+}
+
+// exampleForwardAuthAddress is the --forward-auth.listen-address the
+// examples (this file, deploy/nginx, the README) give limiterd.
+const exampleForwardAuthAddress = "127.0.0.1:9092"
+
+// secretSet reports whether middleware m sets the forward-auth secret
+// header to a value ("" clears it).
+func secretSet(d *dynamic, m string) (value string, ok bool) {
+	h := d.HTTP.Middlewares[m].Headers
+	if h == nil {
+		return "", false
+	}
+	v, ok := h.CustomRequestHeaders[limiterd.ForwardAuthSecretHeader]
+	return v, ok
 }
 
 type forwardAuth struct {
@@ -135,8 +154,8 @@ func TestDynamicConfig(t *testing.T) {
 	if u.Scheme != "http" || u.Path != limiterd.ForwardAuthPath || u.RawQuery != "" {
 		t.Errorf("address %s: want http://HOST:PORT%s (no mode=nginx: Traefik passes a 429 through as it is)", fa.Address, limiterd.ForwardAuthPath)
 	}
-	if u.Host != limiterd.DefaultHTTPAddress {
-		t.Errorf("address %s: host %s is not limiterd's default --http.listen-address %s", fa.Address, u.Host, limiterd.DefaultHTTPAddress)
+	if u.Host != exampleForwardAuthAddress {
+		t.Errorf("address %s: host %s is not the examples' --forward-auth.listen-address %s", fa.Address, u.Host, exampleForwardAuthAddress)
 	}
 	if fa.TrustForwardHeader {
 		t.Error("trustForwardHeader: true lets the client choose X-Forwarded-For, the address limiterd keys ip rules by")
@@ -144,9 +163,9 @@ func TestDynamicConfig(t *testing.T) {
 	if !slices.Equal(sorted(fa.AuthResponseHeaders), sorted(httplimit.HeaderNames)) {
 		t.Errorf("authResponseHeaders %v, want the headers limiterd sets: %v", fa.AuthResponseHeaders, httplimit.HeaderNames)
 	}
-	if !slices.Equal(fa.AuthRequestHeaders, []string{limiterd.DefaultForwardAuthUserHeader}) {
-		t.Errorf("authRequestHeaders %v, want only %s: no other header of the client's reaches limiterd",
-			fa.AuthRequestHeaders, limiterd.DefaultForwardAuthUserHeader)
+	if want := []string{limiterd.DefaultForwardAuthUserHeader, limiterd.ForwardAuthSecretHeader}; !slices.Equal(fa.AuthRequestHeaders, want) {
+		t.Errorf("authRequestHeaders %v, want only %v: no other header of the client's reaches limiterd",
+			fa.AuthRequestHeaders, want)
 	}
 
 	// Every router through the forwardAuth goes through authentication
@@ -168,6 +187,13 @@ func TestDynamicConfig(t *testing.T) {
 		}
 		if ba := d.HTTP.Middlewares[flat[auth]].BasicAuth; ba.HeaderField != limiterd.DefaultForwardAuthUserHeader {
 			t.Errorf("basicAuth %s: headerField %q, want %s", flat[auth], ba.HeaderField, limiterd.DefaultForwardAuthUserHeader)
+		}
+		// The secret is set before limiterd is asked, and cleared before
+		// the application sees the request.
+		set := slices.IndexFunc(flat[:at], func(m string) bool { v, ok := secretSet(d, m); return ok && v != "" })
+		cleared := slices.IndexFunc(flat[at:], func(m string) bool { v, ok := secretSet(d, m); return ok && v == "" })
+		if set < 0 || cleared < 0 {
+			t.Errorf("router %s: %s not set before limiterd and cleared after (%v)", name, limiterd.ForwardAuthSecretHeader, flat)
 		}
 	}
 }
@@ -215,8 +241,15 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	secretFile := testenv.SecretFile(t)
+	b, err := os.ReadFile(secretFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := strings.TrimSpace(string(b))
 	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules, ForwardAuth: true,
+		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
+		ForwardAuthAddress: "127.0.0.1:0", ForwardAuthSecretFile: secretFile,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
@@ -227,10 +260,10 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 	}
 	t.Cleanup(func() { d.Stop(context.Background()) })
 	u, _ := url.Parse(fa.Address)
-	_, port, _ := net.SplitHostPort(d.HTTPAddr())
+	_, port, _ := net.SplitHostPort(d.ForwardAuthAddr())
 	u.Host = net.JoinHostPort(u.Hostname(), port)
 
-	ask := func() *http.Response {
+	ask := func(withSecret bool) *http.Response {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
 		req.Header.Set("X-Forwarded-Method", "POST")
@@ -238,8 +271,9 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 		req.Header.Set("X-Forwarded-Host", "api.example.com")
 		req.Header.Set("X-Forwarded-Uri", "/api/orders?page=2")
 		req.Header.Set("X-Forwarded-For", "203.0.113.9")
-		for _, h := range fa.AuthRequestHeaders {
-			req.Header.Set(h, "alice")
+		req.Header.Set(limiterd.DefaultForwardAuthUserHeader, "alice")
+		if withSecret {
+			req.Header.Set(limiterd.ForwardAuthSecretHeader, secret)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -249,8 +283,11 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 		resp.Body.Close()
 		return resp
 	}
+	if resp := ask(false); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("without the secret: %d, want 401", resp.StatusCode)
+	}
 	for i := range 2 {
-		resp := ask()
+		resp := ask(true)
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("check %d: %d", i, resp.StatusCode)
 		}
@@ -260,7 +297,7 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 			}
 		}
 	}
-	resp := ask()
+	resp := ask(true)
 	if resp.StatusCode != http.StatusTooManyRequests {
 		t.Fatalf("3rd check: %d, want 429", resp.StatusCode)
 	}

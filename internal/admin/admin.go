@@ -1,11 +1,13 @@
 // Package admin is limiterd's admin API: rule changes over gRPC
 // (limiter.v1.Admin) and HTTP (/admin/rules), authenticated by a bearer
-// token or a client certificate, stored through the rules source.
+// token or a client certificate of an allowed identity, stored through the
+// rules source.
 package admin
 
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -13,74 +15,143 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/secretfile"
+	"github.com/limiterd/limiterd/internal/tlsconf"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
 // maxRuleBytes bounds an admin request's body.
 const maxRuleBytes = 64 << 10
 
-// Admin changes the rules through the rules source. Callers are
-// authenticated by a bearer token, or, on gRPC, by a client certificate the
-// listener verified (mTLS).
+// Admin changes the rules through the rules source. A caller is admitted
+// with the bearer token, or with a client certificate the listener verified
+// whose identity is in Options.ClientIdentities; a certificate alone (of a
+// CA that also signs gateways' certificates) admits nobody. Safe for
+// concurrent use.
 type Admin struct {
 	limiterv1.UnimplementedAdminServer
-	src   *rulesource.Source
-	token []byte
-	mtls  bool
+	src        *rulesource.Source
+	token      []byte
+	identities []string
+	refused    *prometheus.CounterVec
 }
 
 // MinTokenLen is the shortest admin token accepted.
 const MinTokenLen = 16
 
-// New makes the admin API of src; tokenFile (--admin.token-file) holds the
-// bearer token, checked as package secretfile does.
-func New(src *rulesource.Source, tokenFile string, mtls bool, log *slog.Logger) (*Admin, error) {
-	a := &Admin{src: src, mtls: mtls}
-	if tokenFile != "" {
+// Reasons a call is refused, the values of the reason label of
+// limiter_admin_calls_refused_total.
+const (
+	// ReasonNoCredentials: neither a token nor a client certificate.
+	ReasonNoCredentials = "no_credentials"
+	// ReasonBadToken: a token that is not the admin token.
+	ReasonBadToken = "bad_token"
+	// ReasonIdentity: a verified client certificate whose identity is not
+	// in --admin.client-identities.
+	ReasonIdentity = "identity_not_allowed"
+)
+
+// Options configure the admin API.
+type Options struct {
+	// TokenFile (--admin.token-file) holds the bearer token, checked as
+	// package secretfile does; empty: no token admits.
+	TokenFile string
+	// ClientIdentities (--admin.client-identities) are the client
+	// certificate identities (DNS or URI SAN, or CN) admitted without the
+	// token; empty: a certificate never admits.
+	ClientIdentities []string
+	// Logger gets the warning about a group-readable token file.
+	Logger *slog.Logger
+}
+
+// New makes the admin API of src, registering its metrics on reg.
+func New(src *rulesource.Source, opts Options, reg prometheus.Registerer) (*Admin, error) {
+	a := &Admin{src: src, identities: opts.ClientIdentities}
+	if opts.TokenFile != "" {
 		var err error
-		if a.token, err = secretfile.Read("--admin.token-file", tokenFile, MinTokenLen, log); err != nil {
+		if a.token, err = secretfile.Read("--admin.token-file", opts.TokenFile, MinTokenLen, opts.Logger); err != nil {
 			return nil, err
 		}
 	}
+	a.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "limiter_admin_calls_refused_total",
+		Help: "Admin API calls refused, by reason (no_credentials, bad_token, identity_not_allowed: a verified client certificate not in --admin.client-identities).",
+	}, []string{"reason"})
+	if err := reg.Register(a.refused); err != nil {
+		return nil, err
+	}
+	for _, r := range []string{ReasonNoCredentials, ReasonBadToken, ReasonIdentity} {
+		a.refused.WithLabelValues(r)
+	}
 	return a, nil
 }
+
+// errRefused is a refused call: code is Unauthenticated (no valid
+// credentials) or PermissionDenied (a verified identity not allowed).
+type errRefused struct {
+	code   codes.Code
+	reason string
+	msg    string
+}
+
+func (e *errRefused) Error() string { return e.msg }
 
 func (a *Admin) tokenOK(got string) bool {
 	tok, ok := strings.CutPrefix(got, "Bearer ")
 	return ok && len(a.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), a.token) == 1
 }
 
-// authorize admits a gRPC call with the token or a verified client certificate.
-func (a *Admin) authorize(ctx context.Context) error {
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		for _, v := range md.Get("authorization") {
-			if a.tokenOK(v) {
-				return nil
-			}
+// check admits a caller that sent the authorization values and whose
+// connection verified the client certificate cert (nil: none); a refusal
+// is counted.
+func (a *Admin) check(authorization []string, cert *x509.Certificate) *errRefused {
+	for _, v := range authorization {
+		if a.tokenOK(v) {
+			return nil
 		}
 	}
-	if a.mtls {
-		if p, ok := peer.FromContext(ctx); ok {
-			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
-				return nil
-			}
-		}
+	if len(a.identities) > 0 && tlsconf.Allowed(cert, a.identities) {
+		return nil
 	}
-	return status.Error(codes.Unauthenticated, "admin calls need a bearer token or a client certificate")
+	var e *errRefused
+	switch {
+	case len(authorization) > 0:
+		e = &errRefused{codes.Unauthenticated, ReasonBadToken, "admin calls need the admin bearer token: the one given is wrong"}
+	case cert != nil && len(a.identities) > 0:
+		e = &errRefused{codes.PermissionDenied, ReasonIdentity, fmt.Sprintf(
+			"client certificate %q: not an identity of --admin.client-identities", strings.Join(tlsconf.Identities(cert), ","))}
+	case cert != nil:
+		e = &errRefused{codes.PermissionDenied, ReasonIdentity,
+			"a client certificate alone does not admit admin calls: send the admin bearer token (or list the identity in --admin.client-identities)"}
+	default:
+		e = &errRefused{codes.Unauthenticated, ReasonNoCredentials, "admin calls need a bearer token (Authorization: Bearer <token>)"}
+	}
+	a.refused.WithLabelValues(e.reason).Inc()
+	return e
 }
 
-// interceptor authenticates every call of the Admin service.
+// authorize admits a gRPC call.
+func (a *Admin) authorize(ctx context.Context) error {
+	var auth []string
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		auth = md.Get("authorization")
+	}
+	if e := a.check(auth, tlsconf.VerifiedGRPC(ctx)); e != nil {
+		return status.Error(e.code, e.msg)
+	}
+	return nil
+}
+
+// Interceptor authenticates every call of the Admin service.
 func (a *Admin) Interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if strings.HasPrefix(info.FullMethod, "/"+limiterv1.Admin_ServiceDesc.ServiceName+"/") {
 		if err := a.authorize(ctx); err != nil {
@@ -134,9 +205,13 @@ func (a *Admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limite
 func (a *Admin) Routes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			if !a.tokenOK(r.Header.Get("Authorization")) {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="limiterd admin"`)
-				http.Error(w, "admin calls need a bearer token", http.StatusUnauthorized)
+			if e := a.check(r.Header.Values("Authorization"), tlsconf.Verified(r.TLS)); e != nil {
+				code := http.StatusForbidden
+				if e.code == codes.Unauthenticated {
+					code = http.StatusUnauthorized
+					w.Header().Set("WWW-Authenticate", `Bearer realm="limiterd admin"`)
+				}
+				http.Error(w, e.msg, code)
 				return
 			}
 			h(w, r)

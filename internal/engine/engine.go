@@ -255,7 +255,7 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	defer e.rulesMu.Unlock()
 	gen := e.gen.Add(1)
 	old := e.table.Load()
-	t := newTable(set, gen, e.regions, e.m)
+	t := newTable(set, gen, e.regions, e.m, old)
 	e.table.Store(t)
 	if e.deny != nil {
 		e.deny.Reset(gen)

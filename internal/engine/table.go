@@ -40,6 +40,9 @@ type entry struct {
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
 
+// Rules is the rule set checks starting now are decided with.
+func (e *Engine) Rules() *rules.Set { return e.table.Load().set }
+
 // table is an immutable rule set ready for the pipeline.
 type table struct {
 	set  *rules.Set
@@ -47,10 +50,20 @@ type table struct {
 	byID map[string]*entry
 }
 
-func newTable(set *rules.Set, gen uint64, regions int, m *metrics) *table {
+// newTable makes the table of set. An entry of old whose rule is the same
+// (the same *rules.Rule: the rules source keeps the rules that did not
+// change) is taken over as it is, so a change of one rule costs one entry,
+// not a metric lookup per rule and result.
+func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *table {
 	d, f := m.decisions, m.forwarded
 	t := &table{set: set, gen: gen, byID: make(map[string]*entry, len(set.Rules()))}
 	for _, r := range set.Rules() {
+		if old != nil {
+			if en := old.byID[r.ID]; en != nil && en.rule == r {
+				t.byID[r.ID] = en
+				continue
+			}
+		}
 		lim := r.Bucket()
 		m.ruleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
 		m.ruleRate.WithLabelValues(r.ID).Set(SustainedRate(lim))

@@ -40,7 +40,7 @@ func adminHTTP(t *testing.T, d *Daemon, method, path, token, body string) (int, 
 
 // waitRule polls a daemon until a check of rule stops being NotFound (or,
 // with gone, starts being NotFound), and returns how long that took.
-func waitRule(t *testing.T, client limiterv1.LimiterClient, rule string, gone bool, start time.Time) time.Duration {
+func waitRule(t testing.TB, client limiterv1.LimiterClient, rule string, gone bool, start time.Time) time.Duration {
 	t.Helper()
 	for {
 		_, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: rule, Key: "probe"})

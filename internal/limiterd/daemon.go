@@ -8,13 +8,11 @@ package limiterd
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,7 +45,9 @@ import (
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/spendpub"
+	"github.com/limiterd/limiterd/internal/tlsconf"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -76,8 +76,12 @@ type Daemon struct {
 	httpServer *http.Server
 	grpcLis    net.Listener
 	httpLis    net.Listener
-	ready      atomic.Bool
-	served     chan error
+	// faServer and faLis serve forward-auth on its own listener, when
+	// --forward-auth.listen-address is set.
+	faServer *http.Server
+	faLis    net.Listener
+	ready    atomic.Bool
+	served   chan error
 
 	// undo are Start's steps' undos, run in reverse by Stop or by a Start
 	// that fails; background holds the goroutines they stop.
@@ -92,47 +96,45 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	d := &Daemon{opts: opts, log: opts.Logger.With("region", opts.Region), registry: reg, served: make(chan error, 2)}
-	src, err := rulesource.New(rulesource.Options{
-		File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
-		OnChange: d.setRules,
-	}, reg)
-	if err != nil {
-		return nil, fmt.Errorf("--rules.file: %w", err)
-	}
-	d.rules = src
+	d := &Daemon{opts: opts, log: opts.Logger.With("region", opts.Region), registry: reg, served: make(chan error, 3)}
+	var validate func(*rules.Rule) error
 	if opts.TopologyFile != "" {
+		var err error
 		if d.topo, err = region.Load(opts.TopologyFile); err != nil {
 			return nil, fmt.Errorf("--region.topology-file: %w", err)
 		}
 		if !d.topo.Has(opts.Region) {
 			return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
 		}
-		for _, r := range src.Current().Rules() {
-			if err := d.topo.ValidateHomes(r.HomeKeys); err != nil {
-				return nil, fmt.Errorf("--rules.file: rule %q: home_keys: %w", r.ID, err)
-			}
-		}
+		validate = rules.HomesIn(d.topo)
 	}
+	src, err := rulesource.New(rulesource.Options{
+		File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
+		MaxRules: opts.MaxRules, ValidateRule: validate, OnChange: d.setRules,
+	}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("--rules.file: %w", err)
+	}
+	d.rules = src
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if d.admin, err = admin.New(src, opts.AdminTokenFile, opts.TLSClientCAFile != "", opts.Logger); err != nil {
+	if d.admin, err = admin.New(src, admin.Options{TokenFile: opts.AdminTokenFile,
+		ClientIdentities: opts.AdminClientIdentities, Logger: opts.Logger}, reg); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// setRules puts a new rule set in force; a set the engine refuses (a home
-// region the topology lacks) leaves the rules in force as they are.
-func (d *Daemon) setRules(set *rules.Set) {
+// setRules puts a new rule set in force. The rules source validated it
+// against the topology; an error here (the engine refusing it anyway)
+// makes the source keep the rules in force and count the failure.
+func (d *Daemon) setRules(set *rules.Set) error {
 	d.mu.Lock()
 	e := d.engine
 	d.mu.Unlock()
 	if e == nil {
-		return // Start builds the engine with the rules current then.
+		return nil // Start builds the engine with the rules current then.
 	}
-	if err := e.SetRules(set); err != nil {
-		d.log.Error("rules refused, the rules in force stay", "err", err)
-	}
+	return e.SetRules(set)
 }
 
 // Registry is the daemon's metrics registry.
@@ -273,7 +275,8 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,
 		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, ReplyDeadline: d.opts.RedisReplyDeadline, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
 		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, BreakerOpen: d.opts.RedisBreakerOpen}
-	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS, Logger: d.log}).Apply(&ro); err != nil {
+	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS,
+		TLSCAFile: d.opts.RedisTLSCAFile, TLSCertFile: d.opts.RedisTLSCertFile, TLSKeyFile: d.opts.RedisTLSKeyFile, Logger: d.log}).Apply(&ro); err != nil {
 		return nil, err
 	}
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -381,24 +384,41 @@ func (d *Daemon) startServers() error {
 	}
 	d.onStop(func() { d.grpcLis.Close() })
 	d.grpcLis = netutil.LimitListener(d.grpcLis, d.opts.MaxConnections)
-	if d.httpLis, err = net.Listen("tcp", d.opts.HTTPAddress); err != nil {
-		return fmt.Errorf("--http.listen-address: %w", err)
+	var httpTLS *tls.Config
+	if d.opts.HTTPTLSCertFile != "" {
+		if httpTLS, err = tlsconf.Server(tlsconf.Files{Cert: d.opts.HTTPTLSCertFile, Key: d.opts.HTTPTLSKeyFile, CA: d.opts.HTTPTLSClientCAFile,
+			CertFlag: "--http.tls-cert-file", KeyFlag: "--http.tls-key-file", CAFlag: "--http.tls-client-ca-file"}); err != nil {
+			return err
+		}
+	} else if d.opts.AdminTokenFile != "" && !loopbackOnly(d.opts.HTTPAddress) {
+		d.log.Warn("the admin token travels in clear: the HTTP listener is plaintext on a non-loopback address; set --http.tls-cert-file and --http.tls-key-file",
+			"http", d.opts.HTTPAddress)
 	}
-	d.onStop(func() { d.httpLis.Close() })
-	d.httpLis = netutil.LimitListener(d.httpLis, d.opts.MaxConnections)
+	var fa http.Handler
+	if d.opts.ForwardAuth {
+		if fa, err = d.forwardAuthHandler(); err != nil {
+			return err
+		}
+	}
 	// Readiness does not follow the store: a limiterd whose store is down
 	// still answers (by each rule's on_failure), and taking every instance
 	// out of service would turn a store outage into an API outage. /readyz
 	// says which dependency is missing.
 	mux := opshttp.NewMuxDetail(d.registry, &d.ready, "not ready", d.dependencies)
 	d.admin.Routes(mux)
-	if d.opts.ForwardAuth {
-		mux.Handle(forwardauth.Path, forwardauth.Handler(d.opts.forwardAuthHeaders(), d.check, d.log))
+	if fa != nil && d.opts.ForwardAuthAddress == "" {
+		mux.Handle(forwardauth.Path, fa)
 	}
-	// Every phase of an HTTP connection has a deadline: a body trickled in
-	// or an idle keep-alive cannot hold a connection (and a descriptor).
-	d.httpServer = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: httpTimeouts.read,
-		WriteTimeout: httpTimeouts.write, IdleTimeout: httpTimeouts.idle, MaxHeaderBytes: httpMaxHeaderBytes}
+	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.HTTPAddress, mux, httpTLS); err != nil {
+		return err
+	}
+	if fa != nil && d.opts.ForwardAuthAddress != "" {
+		faMux := http.NewServeMux()
+		faMux.Handle(forwardauth.Path, fa)
+		if d.faLis, d.faServer, err = d.serveHTTP("--forward-auth.listen-address", d.opts.ForwardAuthAddress, faMux, httpTLS); err != nil {
+			return err
+		}
+	}
 
 	grpcDone := make(chan struct{})
 	go func() {
@@ -410,20 +430,77 @@ func (d *Daemon) startServers() error {
 		d.grpcServer.Stop()
 		<-grpcDone
 	})
-	httpDone := make(chan struct{})
+	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	d.health.SetServingStatus(limiterv1.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	return nil
+}
+
+// serveHTTP listens on addr (flag names it in errors) and serves h there,
+// over TLS when tc is set, with the connection limit and the deadlines of
+// every HTTP listener; Stop, or a failed Start, closes it.
+func (d *Daemon) serveHTTP(flag, addr string, h http.Handler, tc *tls.Config) (net.Listener, *http.Server, error) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	d.onStop(func() { lis.Close() })
+	lis = netutil.LimitListener(lis, d.opts.MaxConnections)
+	// Every phase of an HTTP connection has a deadline: a body trickled in
+	// or an idle keep-alive cannot hold a connection (and a descriptor).
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: httpTimeouts.read,
+		WriteTimeout: httpTimeouts.write, IdleTimeout: httpTimeouts.idle, MaxHeaderBytes: httpMaxHeaderBytes, TLSConfig: tc}
+	done := make(chan struct{})
 	go func() {
-		defer close(httpDone)
-		if err := d.httpServer.Serve(d.httpLis); !errors.Is(err, http.ErrServerClosed) {
+		defer close(done)
+		var err error
+		if tc != nil {
+			err = srv.ServeTLS(lis, "", "")
+		} else {
+			err = srv.Serve(lis)
+		}
+		if !errors.Is(err, http.ErrServerClosed) {
 			d.served <- err
 		}
 	}()
 	d.onStop(func() {
-		d.httpServer.Close()
-		<-httpDone
+		srv.Close()
+		<-done
 	})
-	d.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	d.health.SetServingStatus(limiterv1.Limiter_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	return nil
+	return lis, srv, nil
+}
+
+// forwardAuthHandler is /forward-auth, behind the shared secret when
+// --forward-auth.secret-file is set; refusals are counted.
+func (d *Daemon) forwardAuthHandler() (http.Handler, error) {
+	h := forwardauth.Handler(d.opts.forwardAuthHeaders(), d.check, d.log)
+	if d.opts.ForwardAuthSecretFile == "" {
+		return h, nil
+	}
+	secret, err := secretfile.Read("--forward-auth.secret-file", d.opts.ForwardAuthSecretFile, forwardauth.MinSecretLen, d.log)
+	if err != nil {
+		return nil, err
+	}
+	refused := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limiter_forward_auth_unauthenticated_total",
+		Help: "Forward-auth requests refused (401) for lacking the secret of --forward-auth.secret-file.",
+	})
+	if err := d.registry.Register(refused); err != nil {
+		return nil, err
+	}
+	return forwardauth.RequireSecret(secret, refused.Inc, h), nil
+}
+
+// loopbackOnly reports whether a listen address binds loopback only.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // watchDependencies logs the store's and NATS's state at start and each
@@ -483,6 +560,15 @@ func (d *Daemon) GRPCAddr() string { return d.grpcLis.Addr().String() }
 // HTTPAddr is the HTTP listener's address, once started.
 func (d *Daemon) HTTPAddr() string { return d.httpLis.Addr().String() }
 
+// ForwardAuthAddr is forward-auth's own listener's address, once started
+// with --forward-auth.listen-address; "" without it.
+func (d *Daemon) ForwardAuthAddr() string {
+	if d.faLis == nil {
+		return ""
+	}
+	return d.faLis.Addr().String()
+}
+
 // Stop drains the daemon: readiness turns false first, then after the
 // shutdown delay the gRPC and HTTP servers stop taking checks and the
 // in-flight ones finish, for at most the grace period; then the refunds to
@@ -507,6 +593,9 @@ func (d *Daemon) Stop(ctx context.Context) error {
 		close(stopped)
 	}()
 	httpErr := d.httpServer.Shutdown(grace)
+	if d.faServer != nil {
+		httpErr = errors.Join(httpErr, d.faServer.Shutdown(grace))
+	}
 	select {
 	case <-stopped:
 	case <-grace.Done():
@@ -569,42 +658,11 @@ func Run(ctx context.Context, opts Options) error {
 }
 
 func clientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		return nil, fmt.Errorf("--region.forward-tls-ca-file: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--region.forward-tls-ca-file: %s holds no PEM certificate", caFile)
-	}
-	tc := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("--grpc.tls-cert-file, --grpc.tls-key-file: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
+	return tlsconf.Client(tlsconf.Files{CA: caFile, Cert: certFile, Key: keyFile,
+		CAFlag: "--region.forward-tls-ca-file", CertFlag: "--grpc.tls-cert-file", KeyFlag: "--grpc.tls-key-file"})
 }
 
 func serverTLS(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("--grpc.tls-cert-file, --grpc.tls-key-file: %w", err)
-	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if clientCAFile != "" {
-		pem, err := os.ReadFile(clientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("--grpc.tls-client-ca-file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--grpc.tls-client-ca-file: %s holds no PEM certificate", clientCAFile)
-		}
-		tc.ClientCAs = pool
-		tc.ClientAuth = tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
+	return tlsconf.Server(tlsconf.Files{Cert: certFile, Key: keyFile, CA: clientCAFile,
+		CertFlag: "--grpc.tls-cert-file", KeyFlag: "--grpc.tls-key-file", CAFlag: "--grpc.tls-client-ca-file"})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -83,6 +84,7 @@ const (
 	ForwardAuthNoHeader            = forwardauth.NoHeader
 	ForwardAuthPath                = forwardauth.Path
 	ForwardAuthStatusHeader        = forwardauth.StatusHeader
+	ForwardAuthSecretHeader        = forwardauth.SecretHeader
 )
 
 var instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
@@ -96,14 +98,22 @@ type Options struct {
 	// TLSCertFile and TLSKeyFile enable TLS on the gRPC listener;
 	// TLSClientCAFile also requires client certificates signed by it (mTLS).
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+	// HTTPTLSCertFile and HTTPTLSKeyFile enable TLS on the HTTP listener
+	// (and the forward-auth one); HTTPTLSClientCAFile also requires client
+	// certificates signed by it.
+	HTTPTLSCertFile, HTTPTLSKeyFile, HTTPTLSClientCAFile string
 
 	// RedisAddrs are the Redis Cluster seed nodes (or one standalone
 	// server). Empty: the embedded in-memory store.
 	RedisAddrs []string
 	// RedisUsername and RedisPasswordFile authenticate to Redis.
 	RedisUsername, RedisPasswordFile string
-	// RedisTLS connects to Redis over TLS.
-	RedisTLS bool
+	// RedisTLS connects to Redis over TLS; RedisTLSCAFile is the CA the
+	// servers' certificates must chain to (empty: the system's roots), and
+	// RedisTLSCertFile and RedisTLSKeyFile a client certificate. Any of
+	// the three implies RedisTLS.
+	RedisTLS                                          bool
+	RedisTLSCAFile, RedisTLSCertFile, RedisTLSKeyFile string
 	// RedisTimeout bounds the wait for a check's reply from Redis, from
 	// the moment it is written; time in limiterd's own queue does not count.
 	RedisTimeout time.Duration
@@ -143,6 +153,9 @@ type Options struct {
 
 	// RulesFile is the YAML rules file.
 	RulesFile string
+	// MaxRules caps the rules in force, file and admin rules together (0:
+	// rulesource.DefaultMaxRules).
+	MaxRules int
 	// Region is this instance's region name.
 	Region string
 	// FleetSize, when > 0, is the number of limiterd instances sharing a
@@ -180,8 +193,13 @@ type Options struct {
 	GossipSpoolDir string
 
 	// AdminTokenFile holds the bearer token of the admin API (gRPC Admin,
-	// HTTP /admin/rules). Without it only mTLS clients may call it.
+	// HTTP /admin/rules).
 	AdminTokenFile string
+	// AdminClientIdentities are the client certificate identities (DNS or
+	// URI SAN, or common name) admitted to the admin API without the token,
+	// verified by a listener's client CA. Empty: the token is always
+	// required; a certificate of the client CA alone admits nobody.
+	AdminClientIdentities []string
 
 	// GRPCMaxStreams bounds the concurrent streams of one gRPC connection
 	// (0: DefaultGRPCMaxStreams).
@@ -196,9 +214,18 @@ type Options struct {
 	// GracePeriod bounds how long in-flight checks may take to finish.
 	GracePeriod time.Duration
 
-	// ForwardAuth serves GET /forward-auth on the HTTP listener, for nginx
-	// auth_request and Traefik forwardAuth (package forwardauth).
+	// ForwardAuth serves GET /forward-auth for nginx auth_request and
+	// Traefik forwardAuth (package forwardauth): on ForwardAuthAddress when
+	// set, else on the HTTP listener.
 	ForwardAuth bool
+	// ForwardAuthAddress, when set, is forward-auth's own listener (same
+	// connection limit, timeouts and TLS as the HTTP one), and
+	// /forward-auth is no longer served on the HTTP listener. Implies
+	// ForwardAuth.
+	ForwardAuthAddress string
+	// ForwardAuthSecretFile holds a secret the proxy must send in
+	// forwardauth.SecretHeader; requests without it are answered 401.
+	ForwardAuthSecretFile string
 	// ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader,
 	// ForwardAuthURIHeader, ForwardAuthMethodHeader and ForwardAuthIPHeader
 	// name the request headers forward-auth reads the attributes from. The
@@ -220,10 +247,16 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", DefaultGRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")
 	fs.IntVar(&o.MaxConnections, "server.max-connections", DefaultMaxConnections, "most open connections of each listener, gRPC and HTTP (more wait to be accepted)")
 	fs.StringVar(&o.TLSClientCAFile, "grpc.tls-client-ca-file", "", "CA bundle that client certificates must chain to (enables mTLS)")
+	fs.StringVar(&o.HTTPTLSCertFile, "http.tls-cert-file", "", "TLS certificate of the HTTP listener, and of the forward-auth one (PEM)")
+	fs.StringVar(&o.HTTPTLSKeyFile, "http.tls-key-file", "", "TLS private key of the HTTP listener (PEM)")
+	fs.StringVar(&o.HTTPTLSClientCAFile, "http.tls-client-ca-file", "", "CA bundle that HTTP clients' certificates must chain to (enables mTLS on the HTTP and forward-auth listeners)")
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
 	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
 	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
+	fs.StringVar(&o.RedisTLSCAFile, "redis.tls-ca-file", "", "CA bundle the Redis servers' certificates must chain to (implies --redis.tls; default: the system's roots)")
+	fs.StringVar(&o.RedisTLSCertFile, "redis.tls-cert-file", "", "client certificate for Redis (PEM; implies --redis.tls)")
+	fs.StringVar(&o.RedisTLSKeyFile, "redis.tls-key-file", "", "private key of --redis.tls-cert-file (PEM)")
 	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "a check's reply from Redis is late past this, counted from the moment it is written (see --redis.reply-deadline)")
 	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED")
 	fs.DurationVar(&o.RedisReplyDeadline, "redis.reply-deadline", redisstore.DefaultReplyDeadline, "longest wait for a reply later than --redis.timeout: still used (Redis decided), counted against the node; after it the outcome is unknown")
@@ -251,6 +284,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", DefaultFallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
 	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", DefaultMaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
+	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, those of the file and the admin API together; more are refused")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
 	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server of this region; spends of reconciled rules are published there (empty: no reconciliation)")
@@ -263,9 +297,12 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.PeerIdentities}, "region.peer-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) of peer regions' limiterd, allowed to call the Peer service (needs --grpc.tls-client-ca-file)")
 	fs.StringVar(&o.GossipSpoolDir, "gossip.spool-dir", "", "directory keeping unpublished spends on disk while NATS is unreachable (a crash then loses at most one interval)")
 	fs.StringVar(&o.AdminTokenFile, "admin.token-file", "", "file holding the admin API's bearer token (at least 16 characters)")
+	fs.Var(redisstore.AddrsFlag{Addrs: &o.AdminClientIdentities}, "admin.client-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) admitted to the admin API without the token (needs --grpc.tls-client-ca-file or --http.tls-client-ca-file)")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
 	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
 	fs.BoolVar(&o.ForwardAuth, "forward-auth.enabled", false, "serve "+ForwardAuthPath+" on the HTTP listener for nginx auth_request and Traefik forwardAuth")
+	fs.StringVar(&o.ForwardAuthAddress, "forward-auth.listen-address", "", "serve "+ForwardAuthPath+" on its own listener, and no longer on the HTTP one (implies --forward-auth.enabled)")
+	fs.StringVar(&o.ForwardAuthSecretFile, "forward-auth.secret-file", "", "file holding a secret (at least 16 characters) the proxy must send in "+ForwardAuthSecretHeader+"; requests without it get 401")
 	fs.StringVar(&o.ForwardAuthUserHeader, "forward-auth.user-header", DefaultForwardAuthUserHeader, "forward-auth: header with the authenticated user, set by the proxy (none: off)")
 	fs.StringVar(&o.ForwardAuthAPIKeyHeader, "forward-auth.api-key-header", ForwardAuthNoHeader, "forward-auth: header with the authenticated API key, set by the proxy (none: off)")
 	fs.StringVar(&o.ForwardAuthPlanHeader, "forward-auth.plan-header", ForwardAuthNoHeader, "forward-auth: header with the client's plan, set by the proxy (none: off)")
@@ -321,6 +358,12 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.MaxRules == 0 {
+		o.MaxRules = rulesource.DefaultMaxRules
+	}
+	if o.ForwardAuthAddress != "" {
+		o.ForwardAuth = true
+	}
 	o.ForwardAuthUserHeader, o.ForwardAuthAPIKeyHeader, o.ForwardAuthPlanHeader = or(o.ForwardAuthUserHeader, DefaultForwardAuthUserHeader), or(o.ForwardAuthAPIKeyHeader, ForwardAuthNoHeader), or(o.ForwardAuthPlanHeader, ForwardAuthNoHeader)
 	o.ForwardAuthURIHeader, o.ForwardAuthMethodHeader, o.ForwardAuthIPHeader = or(o.ForwardAuthURIHeader, DefaultForwardAuthURIHeader), or(o.ForwardAuthMethodHeader, DefaultForwardAuthMethodHeader), or(o.ForwardAuthIPHeader, DefaultForwardAuthIPHeader)
 }
@@ -356,6 +399,21 @@ func (o *Options) validate() error {
 	}
 	if len(o.PeerIdentities) > 0 && o.TLSClientCAFile == "" {
 		errs = append(errs, errors.New("--region.peer-identities: needs --grpc.tls-client-ca-file to verify the peers' certificates"))
+	}
+	if len(o.AdminClientIdentities) > 0 && o.TLSClientCAFile == "" && o.HTTPTLSClientCAFile == "" {
+		errs = append(errs, errors.New("--admin.client-identities: needs --grpc.tls-client-ca-file or --http.tls-client-ca-file to verify the clients' certificates"))
+	}
+	if (o.HTTPTLSCertFile == "") != (o.HTTPTLSKeyFile == "") {
+		errs = append(errs, errors.New("--http.tls-cert-file and --http.tls-key-file: give both or neither"))
+	}
+	if o.HTTPTLSClientCAFile != "" && o.HTTPTLSCertFile == "" {
+		errs = append(errs, errors.New("--http.tls-client-ca-file: needs --http.tls-cert-file and --http.tls-key-file"))
+	}
+	if o.MaxRules < 0 || o.MaxRules > rulesource.MaxMaxRules {
+		errs = append(errs, fmt.Errorf("--rules.max-rules: must be 1 to %d, got %d", rulesource.MaxMaxRules, o.MaxRules))
+	}
+	if o.ForwardAuthSecretFile != "" && !o.ForwardAuth {
+		errs = append(errs, errors.New("--forward-auth.secret-file: needs --forward-auth.enabled or --forward-auth.listen-address"))
 	}
 	if o.RedisMaxQueueWait < 0 || o.RedisMaxQueueWait > time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.max-queue-wait: must be in (0, 1m], got %v", o.RedisMaxQueueWait))
@@ -422,8 +480,9 @@ func (o *Options) validate() error {
 	if o.TLSClientCAFile != "" && o.TLSCertFile == "" {
 		errs = append(errs, errors.New("--grpc.tls-client-ca-file: needs --grpc.tls-cert-file and --grpc.tls-key-file"))
 	}
-	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS) {
-		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls: need --redis.addrs"))
+	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS ||
+		o.RedisTLSCAFile != "" || o.RedisTLSCertFile != "" || o.RedisTLSKeyFile != "") {
+		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls, --redis.tls-*-file: need --redis.addrs"))
 	}
 	errs = append(errs, o.forwardAuthHeaders().Validate()...)
 	return errors.Join(errs...)

@@ -117,32 +117,3 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal("plaintext client was answered")
 	}
 }
-
-// TestAdminOverMutualTLS: with mTLS on the gRPC listener, a client
-// certificate authenticates admin calls without a token.
-func TestAdminOverMutualTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := newCA(t)
-	srvCert, srvKey := ca.issue(t, 2, true)
-	cliCert, cliKey := ca.issue(t, 3, false)
-	d := startDaemon(t, nil, func(o *Options) {
-		o.TLSCertFile = writeFile(t, dir, "server.pem", srvCert)
-		o.TLSKeyFile = writeFile(t, dir, "server.key", srvKey)
-		o.TLSClientCAFile = writeFile(t, dir, "ca.pem", ca.pem)
-	})
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
-	pair, err := tls.X509KeyPair(cliCert, cliKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots, Certificates: []tls.Certificate{pair}})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	list, err := limiterv1.NewAdminClient(cc).ListRules(context.Background(), &limiterv1.ListRulesRequest{})
-	if err != nil || len(list.Rules) == 0 || list.Version == "" {
-		t.Fatalf("ListRules over mTLS: %v, %v", list, err)
-	}
-}

@@ -21,14 +21,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
-	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/secretfile"
+	"github.com/limiterd/limiterd/internal/tlsconf"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -73,21 +72,8 @@ func (a Auth) Check(ctx context.Context) error {
 			}
 		}
 	}
-	if len(a.Identities) > 0 {
-		if p, ok := grpcpeer.FromContext(ctx); ok {
-			if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
-				leaf := ti.State.VerifiedChains[0][0]
-				ids := append(slices.Clone(leaf.DNSNames), leaf.Subject.CommonName)
-				for _, u := range leaf.URIs {
-					ids = append(ids, u.String())
-				}
-				for _, id := range ids {
-					if id != "" && slices.Contains(a.Identities, id) {
-						return nil
-					}
-				}
-			}
-		}
+	if len(a.Identities) > 0 && tlsconf.Allowed(tlsconf.VerifiedGRPC(ctx), a.Identities) {
+		return nil
 	}
 	return ErrUnauthenticated
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -62,8 +63,12 @@ type Options struct {
 	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
 	RedisAddrs                       []string
 	RedisUsername, RedisPasswordFile string
-	// RedisTLS connects to Redis over TLS.
-	RedisTLS bool
+	// RedisTLS connects to Redis over TLS; RedisTLSCAFile, RedisTLSCertFile
+	// and RedisTLSKeyFile as limiterd's (each implies RedisTLS).
+	RedisTLS                                          bool
+	RedisTLSCAFile, RedisTLSCertFile, RedisTLSKeyFile string
+	// MaxRules caps the rules in force (0: rulesource.DefaultMaxRules).
+	MaxRules int
 	// Interval is the longest a loop waits for a message before it looks
 	// again; limiterd flushes at its own --gossip.interval.
 	Interval time.Duration
@@ -173,6 +178,9 @@ func (o *Options) validate() error {
 	if o.StreamReplicas < 1 || o.StreamReplicas > 5 {
 		errs = append(errs, fmt.Errorf("--stream.replicas: must be 1 to 5, got %d", o.StreamReplicas))
 	}
+	if o.MaxRules < 0 || o.MaxRules > rulesource.MaxMaxRules {
+		errs = append(errs, fmt.Errorf("--rules.max-rules: must be 1 to %d, got %d", rulesource.MaxMaxRules, o.MaxRules))
+	}
 	if o.MaxMessageBytes < 4<<10 || o.MaxMessageBytes > 8<<20 {
 		errs = append(errs, fmt.Errorf("--gossip.max-message-bytes: must be 4KiB to 8MiB, got %d", o.MaxMessageBytes))
 	}
@@ -186,16 +194,17 @@ func New(opts Options) (*Reconciler, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	src, err := rulesource.New(rulesource.Options{File: opts.RulesFile, Logger: opts.Logger.With("component", "rules")}, reg)
-	if err != nil {
-		return nil, fmt.Errorf("--rules.file: %w", err)
-	}
 	topo, err := region.Load(opts.TopologyFile)
 	if err != nil {
 		return nil, fmt.Errorf("--region.topology-file: %w", err)
 	}
 	if !topo.Has(opts.Region) {
 		return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
+	}
+	src, err := rulesource.New(rulesource.Options{File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
+		MaxRules: opts.MaxRules, ValidateRule: rules.HomesIn(topo)}, reg)
+	if err != nil {
+		return nil, fmt.Errorf("--rules.file: %w", err)
 	}
 	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), rules: src, topo: topo}
 	for _, name := range topo.Names() {
@@ -222,7 +231,8 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
 	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Timeout: DefaultApplyTimeout}
-	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS, Logger: r.log}).Apply(&ro); err != nil {
+	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS,
+		TLSCAFile: r.opts.RedisTLSCAFile, TLSCertFile: r.opts.RedisTLSCertFile, TLSKeyFile: r.opts.RedisTLSKeyFile, Logger: r.log}).Apply(&ro); err != nil {
 		return err
 	}
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -1,17 +1,22 @@
 package redisstore
 
 import (
-	"crypto/tls"
 	"log/slog"
 
 	"github.com/limiterd/limiterd/internal/secretfile"
+	"github.com/limiterd/limiterd/internal/tlsconf"
 )
 
 // Credentials are how both daemons authenticate to Redis, from their
-// --redis.username, --redis.password-file and --redis.tls flags.
+// --redis.username, --redis.password-file, --redis.tls and
+// --redis.tls-{ca,cert,key}-file flags.
 type Credentials struct {
 	Username, PasswordFile string
-	TLS                    bool
+	// TLS connects over TLS, verifying the servers against the system's
+	// roots, or TLSCAFile when set; TLSCertFile and TLSKeyFile are the
+	// client certificate (for tls-auth-clients). Any file implies TLS.
+	TLS                                bool
+	TLSCAFile, TLSCertFile, TLSKeyFile string
 	// Logger gets the warning about a group-readable password file.
 	Logger *slog.Logger
 }
@@ -27,8 +32,13 @@ func (c Credentials) Apply(o *Options) error {
 		}
 		o.Password = string(b)
 	}
-	if c.TLS {
-		o.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.TLS || c.TLSCAFile != "" || c.TLSCertFile != "" || c.TLSKeyFile != "" {
+		tc, err := tlsconf.Client(tlsconf.Files{CA: c.TLSCAFile, Cert: c.TLSCertFile, Key: c.TLSKeyFile,
+			CAFlag: "--redis.tls-ca-file", CertFlag: "--redis.tls-cert-file", KeyFlag: "--redis.tls-key-file"})
+		if err != nil {
+			return err
+		}
+		o.TLS = tc
 	}
 	return nil
 }

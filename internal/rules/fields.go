@@ -153,7 +153,13 @@ func (c *checker) fields(n *yaml.Node, t reflect.Type, prefix string) error {
 		}
 		ft, ok := types[k.Value]
 		if !ok {
-			return &Error{Index: -1, Field: prefix + k.Value, Line: k.Line,
+			key := k.Value
+			if key == "" {
+				// An empty key ("": 1, or an anchor and no name: &a: 1)
+				// still has to be named.
+				key = `""`
+			}
+			return &Error{Index: -1, Field: prefix + key, Line: k.Line,
 				Err: &UnknownFieldError{Key: k.Value, Suggestion: suggest(k.Value, names), Known: names}}
 		}
 		if err := c.value(v, ft, prefix+k.Value, k.Line); err != nil {

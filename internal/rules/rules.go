@@ -6,16 +6,19 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"reflect"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
 )
 
 // OnFailure says what a rule does when the store cannot decide.
@@ -84,6 +87,10 @@ type Rule struct {
 
 	limit  bucket.Limit
 	source string
+	// yaml is the rule marshalled once it is valid: a set's digest reads
+	// every rule's YAML, and marshalling each again on every change made a
+	// put cost every daemon O(rules) marshals.
+	yaml []byte
 }
 
 // Source is where the rule comes from: "file" or "admin".
@@ -234,6 +241,7 @@ func Parse(name string, data []byte) (*Set, error) {
 		if err := r.validate(n); err != nil {
 			return nil, at(err, name, i, r.ID, n)
 		}
+		r.yaml = r.marshal()
 		if j, ok := first[r.ID]; ok {
 			return nil, &Error{File: name, Index: i, ID: r.ID, Field: "id", Line: lines[i], Err: &DuplicateIDError{ID: r.ID,
 				First:  Place{Index: j, Line: lines[j], Source: SourceFile},
@@ -303,11 +311,20 @@ func ParseRule(data []byte, source string) (*Rule, error) {
 	if err := r.validate(n); err != nil {
 		return nil, at(err, "", -1, r.ID, n)
 	}
+	r.yaml = r.marshal()
 	return &r, nil
 }
 
-// YAML is the rule in the rules file's format, defaults filled in.
+// YAML is the rule in the rules file's format, defaults filled in. The
+// caller must not change the bytes.
 func (r *Rule) YAML() []byte {
+	if r.yaml != nil {
+		return r.yaml
+	}
+	return r.marshal()
+}
+
+func (r *Rule) marshal() []byte {
 	b, err := yaml.Marshal(r)
 	if err != nil {
 		panic("rules: a validated rule does not marshal: " + err.Error())
@@ -417,4 +434,24 @@ func (r *Rule) validate(n *yaml.Node) error {
 		return fieldError(field, err)
 	}
 	return r.validateCost(r.limit)
+}
+
+// HomesIn returns a check that a rule's home_keys name only regions of
+// topo, for rulesource.Options.ValidateRule; its error is an *Error naming
+// the key: home_keys.tenant-a: region "mars" is not in the topology.
+func HomesIn(topo *region.Topology) func(*Rule) error {
+	return func(r *Rule) error {
+		keys := make([]string, 0, len(r.HomeKeys))
+		for k := range r.HomeKeys {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if err := topo.ValidateHomes(map[string]string{k: r.HomeKeys[k]}); err != nil {
+				return &Error{Index: -1, ID: r.ID, Field: "home_keys." + k,
+					Err: fmt.Errorf("region %q is not in the topology (%s)", r.HomeKeys[k], strings.Join(topo.Names(), ", "))}
+			}
+		}
+		return nil
+	}
 }

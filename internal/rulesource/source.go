@@ -6,12 +6,14 @@ package rulesource
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,7 +30,17 @@ const (
 	DefaultBucket         = "limiter_rules"
 	DefaultFileInterval   = time.Second
 	DefaultResyncInterval = 30 * time.Second
+	// DefaultMaxRules caps the rules in force (file and admin together):
+	// a thousand rules cost a daemon a few hundred kilobytes and keep a
+	// change to one of them well under a millisecond of work per daemon.
+	DefaultMaxRules = 1000
+	// MaxMaxRules is the largest cap accepted.
+	MaxMaxRules = 100_000
 )
+
+// ErrTooManyRules: the rules would be more than Options.MaxRules. It is
+// wrapped in a *rules.Error whose Field is "rules".
+var ErrTooManyRules = errors.New("too many rules")
 
 // ErrNoStore is returned by Put and Delete without a key-value bucket.
 var ErrNoStore = errors.New("no rules store: start with --nats.url to change rules at run time")
@@ -47,8 +59,20 @@ type Options struct {
 	Bucket string
 	// ResyncInterval is how often the whole bucket is read again.
 	ResyncInterval time.Duration
-	// OnChange gets every new rule set, from the goroutine of Run.
-	OnChange func(*rules.Set)
+	// MaxRules caps the rules in force, the file's and the bucket's
+	// together (0: DefaultMaxRules). A file over it is refused, a Put past
+	// it too; bucket entries past it (written around the API) are left out.
+	MaxRules int
+	// ValidateRule, when set, is what a rule must also pass to be in
+	// force, beyond its own validation: the daemons check pinned rules'
+	// home_keys against their topology. Its error should be a *rules.Error
+	// naming the field. A file rule it refuses refuses the file; a bucket
+	// rule it refuses is left out alone (counted, logged), the others stay.
+	ValidateRule func(*rules.Rule) error
+	// OnChange gets every new rule set, from the goroutine of Run, before
+	// it is reported as in force (Current, the version metric); an error
+	// refuses the set, and the rules in force stay.
+	OnChange func(*rules.Set) error
 	Logger   *slog.Logger
 }
 
@@ -58,11 +82,21 @@ type Source struct {
 	log  *slog.Logger
 	m    *metrics
 
+	// rebuildMu orders rebuilds: the set handed to OnChange last is the
+	// one in force.
+	rebuildMu sync.Mutex
+
 	mu        sync.Mutex
 	fileRules []*rules.Rule
 	fileData  []byte
 	kvRules   map[string]kvRule
-	current   *rules.Set
+	// refused are the bucket entries refused, by id, with their revision:
+	// counted and logged once, not at every resync.
+	refused map[string]uint64
+	// overCap are the bucket rules left out last by the cap, to log a
+	// change only.
+	overCap string
+	current *rules.Set
 
 	kvMu sync.Mutex
 	kv   jetstream.KeyValue
@@ -89,12 +123,15 @@ func New(opts Options, reg prometheus.Registerer) (*Source, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}}
+	if opts.MaxRules <= 0 {
+		opts.MaxRules = DefaultMaxRules
+	}
+	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}, refused: map[string]uint64{}}
 	data, err := os.ReadFile(opts.File)
 	if err != nil {
 		return nil, err
 	}
-	set, err := rules.Parse(opts.File, data)
+	set, err := s.parseFile(data)
 	if err != nil {
 		return nil, err
 	}
@@ -104,6 +141,32 @@ func New(opts Options, reg prometheus.Registerer) (*Source, error) {
 	}
 	s.m.reloads.WithLabelValues("file", "success").Inc()
 	return s, nil
+}
+
+// parseFile parses and validates the rules file: each rule, the cap and
+// ValidateRule.
+func (s *Source) parseFile(data []byte) (*rules.Set, error) {
+	set, err := rules.Parse(s.opts.File, data)
+	if err != nil {
+		return nil, err
+	}
+	if n := len(set.Rules()); n > s.opts.MaxRules {
+		return nil, &rules.Error{File: s.opts.File, Index: -1, Field: "rules",
+			Err: fmt.Errorf("%w: %d rules, the cap is %d (--rules.max-rules)", ErrTooManyRules, n, s.opts.MaxRules)}
+	}
+	if s.opts.ValidateRule != nil {
+		for i, r := range set.Rules() {
+			if err := s.opts.ValidateRule(r); err != nil {
+				var e *rules.Error
+				if errors.As(err, &e) {
+					e.File, e.Index = s.opts.File, i
+					return nil, e
+				}
+				return nil, &rules.Error{File: s.opts.File, Index: i, ID: r.ID, Err: err}
+			}
+		}
+	}
+	return set, nil
 }
 
 // UseNATS gives the source its connection, before Run.
@@ -146,7 +209,7 @@ func (s *Source) watchFile(ctx context.Context) {
 		if same {
 			continue
 		}
-		set, err := rules.Parse(s.opts.File, data)
+		set, err := s.parseFile(data)
 		if err != nil {
 			s.mu.Lock()
 			s.fileData = data // do not log the same bad file every second
@@ -166,46 +229,65 @@ func (s *Source) failed(source string, err error) {
 	s.log.Error("rules not reloaded; the rules in force stay", "source", source, "err", err)
 }
 
-// rebuild makes the set from the file's rules and the bucket's. A bucket
-// rule that clashes with the file's is left out, with an error.
+// rebuild makes the set from the file's rules and the bucket's, and puts
+// it in force. A bucket rule that clashes with the file's, or past the cap,
+// is left out, with an error; a set OnChange refuses is counted as a
+// failure and the rules in force stay, so that Current, the version metric
+// and the daemon's engine always agree.
 func (s *Source) rebuild(source string) {
+	s.rebuildMu.Lock()
+	defer s.rebuildMu.Unlock()
 	s.mu.Lock()
 	list := slices.Clone(s.fileRules)
 	ids := make(map[string]bool, len(list))
 	for _, r := range list {
 		ids[r.ID] = true
 	}
-	kvIDs := make([]string, 0, len(s.kvRules))
-	for id := range s.kvRules {
-		kvIDs = append(kvIDs, id)
-	}
-	slices.Sort(kvIDs)
+	kv := make([]kvRule, 0, len(s.kvRules))
 	var clashes []string
-	for _, id := range kvIDs {
+	for id, r := range s.kvRules {
 		if ids[id] {
 			clashes = append(clashes, id)
 			continue
 		}
-		list = append(list, s.kvRules[id].rule)
+		kv = append(kv, r)
 	}
-	set, err := rules.Build(list)
-	if err == nil {
-		s.current = set
+	// The earliest puts first: past the cap, the latest are left out.
+	slices.SortFunc(kv, func(a, b kvRule) int { return cmp.Compare(a.revision, b.revision) })
+	var over []string
+	for _, r := range kv {
+		if len(list) >= s.opts.MaxRules {
+			over = append(over, r.rule.ID)
+			continue
+		}
+		list = append(list, r.rule)
 	}
+	overCap := strings.Join(over, ",")
+	overChanged := overCap != s.overCap
+	s.overCap = overCap
 	s.mu.Unlock()
 	if len(clashes) > 0 {
+		slices.Sort(clashes)
 		s.log.Error("admin rules with the id of a file rule are ignored", "ids", clashes)
+	}
+	if overChanged && len(over) > 0 {
+		s.m.reloads.WithLabelValues("admin", "failure").Inc()
+		s.log.Error("admin rules past --rules.max-rules are left out", "max_rules", s.opts.MaxRules, "ids", over)
+	}
+	set, err := rules.Build(list)
+	if err == nil && s.opts.OnChange != nil {
+		err = s.opts.OnChange(set)
 	}
 	if err != nil {
 		s.failed(source, err)
 		return
 	}
+	s.mu.Lock()
+	s.current = set
+	s.mu.Unlock()
 	s.m.reloads.WithLabelValues(source, "success").Inc()
 	s.m.lastReload.SetToCurrentTime()
 	s.log.Info("rules in force", "source", source, "rules", len(set.Rules()), "version", set.Version())
-	if s.opts.OnChange != nil {
-		s.opts.OnChange(set)
-	}
 }
 
 // bucket opens the key-value bucket, creating it when it is missing.
@@ -288,6 +370,7 @@ func (s *Source) apply(e jetstream.KeyValueEntry) bool {
 	defer s.mu.Unlock()
 	id := e.Key()
 	if e.Operation() != jetstream.KeyValuePut {
+		delete(s.refused, id)
 		if _, ok := s.kvRules[id]; !ok {
 			return false
 		}
@@ -297,16 +380,25 @@ func (s *Source) apply(e jetstream.KeyValueEntry) bool {
 	if old, ok := s.kvRules[id]; ok && old.revision == e.Revision() {
 		return false
 	}
+	if rev, ok := s.refused[id]; ok && rev == e.Revision() {
+		return false
+	}
 	r, err := rules.ParseRule(e.Value(), rules.SourceAdmin)
 	if err == nil && r.ID != id {
 		err = fmt.Errorf("stored under %q but its id is %q", id, r.ID)
 	}
+	if err == nil && s.opts.ValidateRule != nil {
+		err = s.opts.ValidateRule(r)
+	}
 	if err != nil {
-		// Written around the API: refuse it, keep the rest.
+		// Written around the API: refuse it alone, keep the rest (and
+		// this id's previous revision, if one was in force).
+		s.refused[id] = e.Revision()
 		s.m.reloads.WithLabelValues("admin", "failure").Inc()
-		s.log.Error("admin rule refused", "id", id, "err", err)
+		s.log.Error("admin rule refused; the other rules stay in force", "id", id, "revision", e.Revision(), "err", err)
 		return false
 	}
+	delete(s.refused, id)
 	s.kvRules[id] = kvRule{rule: r, revision: e.Revision()}
 	return true
 }
@@ -334,6 +426,11 @@ func (s *Source) resync(ctx context.Context, kv jetstream.KeyValue) error {
 			changed = true
 		}
 	}
+	for id := range s.refused {
+		if !seen[id] {
+			delete(s.refused, id)
+		}
+	}
 	s.mu.Unlock()
 	if changed {
 		s.rebuild("admin")
@@ -349,19 +446,47 @@ func (s *Source) Put(ctx context.Context, data []byte) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
-	for _, f := range s.fileRules {
-		if f.ID == r.ID {
-			s.mu.Unlock()
-			return 0, fmt.Errorf("%w: id: %q is a rule of the rules file; change it there", rules.ErrInvalid, r.ID)
-		}
+	if err := s.Validate(r); err != nil {
+		return 0, err
 	}
-	s.mu.Unlock()
 	kv, err := s.bucket(ctx)
 	if err != nil {
 		return 0, err
 	}
 	return kv.Put(ctx, r.ID, r.YAML())
+}
+
+// Validate checks an admin rule against the whole set it would join: the
+// file's rules, the bucket's and this one (rules.Build), the cap and
+// ValidateRule. Its errors wrap rules.ErrInvalid and name the field.
+func (s *Source) Validate(r *rules.Rule) error {
+	if s.opts.ValidateRule != nil {
+		if err := s.opts.ValidateRule(r); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	list := make([]*rules.Rule, 0, len(s.fileRules)+len(s.kvRules)+1)
+	for _, f := range s.fileRules {
+		if f.ID == r.ID {
+			s.mu.Unlock()
+			return &rules.Error{Index: -1, ID: r.ID, Field: "id", Err: fmt.Errorf("%q is a rule of the rules file; change it there", r.ID)}
+		}
+		list = append(list, f)
+	}
+	for id, k := range s.kvRules {
+		if id != r.ID {
+			list = append(list, k.rule)
+		}
+	}
+	s.mu.Unlock()
+	list = append(list, r)
+	if len(list) > s.opts.MaxRules {
+		return &rules.Error{Index: -1, ID: r.ID, Field: "rules", Err: fmt.Errorf(
+			"%w: %d rules would be in force, the cap is %d (--rules.max-rules): delete one first", ErrTooManyRules, len(list), s.opts.MaxRules)}
+	}
+	_, err := rules.Build(list)
+	return err
 }
 
 // Delete removes a rule put through the admin API.

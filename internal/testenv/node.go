@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -33,6 +34,10 @@ type Node struct {
 	server string // path of redis-server
 	dir    string
 	port   int
+	// tlsFiles, when set, make the node serve TLS only on port, and
+	// tlsClient is how the helpers reach it then.
+	tlsFiles  *TLSFiles
+	tlsClient *tls.Config
 
 	mu   sync.Mutex
 	proc *process // nil while stopped
@@ -59,9 +64,32 @@ func RedisNode(t testing.TB) *Node {
 	return n
 }
 
+// TLSFiles are the PEM files of a TLS redis-server: its certificate and
+// key, and the CA its clients' certificates must chain to.
+type TLSFiles struct{ Cert, Key, CA string }
+
+// RedisTLSNode starts one standalone redis-server that serves only TLS on
+// a free loopback port (tls-port, port 0), requiring client certificates
+// of f.CA (tls-auth-clients yes); client is how the helper itself
+// connects to see it ready. Skips or fails as RedisNode does.
+func RedisTLSNode(t testing.TB, f TLSFiles, client *tls.Config) *Node {
+	t.Helper()
+	server := lookBinary(t, "redis-server")
+	n, err := newNodeWith(t, server, t.TempDir(), false, &f, client)
+	if err != nil {
+		t.Fatalf("testenv: start redis-server with TLS: %v", err)
+	}
+	t.Cleanup(n.Stop)
+	return n
+}
+
 // newNode starts a redis-server whose files live in dir, picking another
 // port when the first one was taken. It does not register any cleanup.
 func newNode(t testing.TB, server, dir string, cluster bool) (*Node, error) {
+	return newNodeWith(t, server, dir, cluster, nil, nil)
+}
+
+func newNodeWith(t testing.TB, server, dir string, cluster bool, tf *TLSFiles, tc *tls.Config) (*Node, error) {
 	var lastErr error
 	for range 5 {
 		port, err := reservePort(cluster)
@@ -75,7 +103,7 @@ func newNode(t testing.TB, server, dir string, cluster bool) (*Node, error) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
-		n := &Node{t: t, server: server, dir: dir, port: port}
+		n := &Node{t: t, server: server, dir: dir, port: port, tlsFiles: tf, tlsClient: tc}
 		if err := n.writeConfig(cluster); err != nil {
 			return nil, err
 		}
@@ -96,7 +124,14 @@ func newNode(t testing.TB, server, dir string, cluster bool) (*Node, error) {
 // node comes back empty (a cluster node keeps its identity in nodes.conf).
 func (n *Node) writeConfig(cluster bool) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "port %d\n", n.port)
+	if f := n.tlsFiles; f != nil {
+		b.WriteString("port 0\n")
+		fmt.Fprintf(&b, "tls-port %d\n", n.port)
+		fmt.Fprintf(&b, "tls-cert-file %q\ntls-key-file %q\ntls-ca-cert-file %q\n", f.Cert, f.Key, f.CA)
+		b.WriteString("tls-auth-clients yes\n")
+	} else {
+		fmt.Fprintf(&b, "port %d\n", n.port)
+	}
 	b.WriteString("bind 127.0.0.1\n")
 	b.WriteString("daemonize no\n")
 	fmt.Fprintf(&b, "dir %q\n", n.dir)
@@ -197,7 +232,7 @@ func (n *Node) spawn(ctx context.Context) (*process, error) {
 			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%v)\n%s", n.Addr(), p.err, tail)
 		default:
 		}
-		info, err := command(ctx, n.Addr(), "INFO", "server")
+		info, err := commandVia(ctx, n.Addr(), n.tlsClient, "INFO", "server")
 		if err == nil && infoField(info, "process_id") == pid {
 			return p, nil
 		}

@@ -3,6 +3,7 @@ package testenv
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,10 +21,20 @@ const commandTimeout = 2 * time.Second
 // string (a nil bulk string gives ""). The helpers use this rather than a
 // client library so that pools and retries never hide the state they poll.
 func command(ctx context.Context, addr string, args ...string) (string, error) {
+	return commandVia(ctx, addr, nil, args...)
+}
+
+// commandVia is command over TLS with tc (nil: plaintext).
+func commandVia(ctx context.Context, addr string, tc *tls.Config, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
 	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	var conn net.Conn
+	var err error
+	if tc != nil {
+		conn, err = (&tls.Dialer{Config: tc}).DialContext(ctx, "tcp", addr)
+	} else {
+		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -5,6 +5,7 @@ package forwardauth
 
 import (
 	"context"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,7 +38,33 @@ const (
 	// StatusHeader carries the real status of a refusal in nginx mode,
 	// where it is always 403.
 	StatusHeader = "X-Limiterd-Status"
+	// SecretHeader carries the secret the proxy shares with limiterd
+	// (--forward-auth.secret-file).
+	SecretHeader = "X-Limiter-Forward-Auth-Secret"
+	// MinSecretLen is the shortest shared secret accepted.
+	MinSecretLen = 16
 )
+
+// RequireSecret admits to h only the requests that carry secret in
+// SecretHeader; the others are answered 401 (in nginx mode too: nginx
+// passes a 401 on, so a proxy without the secret shows at once) and
+// counted by refused. The header is removed before h reads the request.
+func RequireSecret(secret []byte, refused func(), h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ok := false
+		for _, v := range r.Header.Values(SecretHeader) {
+			ok = ok || subtle.ConstantTimeCompare([]byte(v), secret) == 1
+		}
+		if !ok {
+			refused()
+			w.Header().Set("Cache-Control", "no-store")
+			http.Error(w, SecretHeader+": missing or wrong: only the proxy may ask", http.StatusUnauthorized)
+			return
+		}
+		r.Header.Del(SecretHeader)
+		h.ServeHTTP(w, r)
+	})
+}
 
 var headerNamePattern = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
