@@ -59,6 +59,9 @@ type Options struct {
 	RulesFile string
 	// NATSURL is the NATS server (or cluster) holding the streams.
 	NATSURL string
+	// NATSAuth authenticates to NATS and verifies it (--nats.creds-file,
+	// --nats.nkey-seed-file, --nats.tls-*), as limiterd's.
+	NATSAuth natsconn.Auth
 	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
 	RedisAddrs                       []string
 	RedisUsername, RedisPasswordFile string
@@ -155,6 +158,9 @@ func (o *Options) validate() error {
 	if len(o.RedisAddrs) == 0 {
 		errs = append(errs, errors.New("--redis.addrs: required"))
 	}
+	if err := o.NATSAuth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.Interval < gossip.MinInterval || o.Interval > time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.Interval))
 	}
@@ -232,7 +238,13 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		return fmt.Errorf("--redis.addrs: %w", err)
 	}
 	r.store = store
-	r.nc, err = natsconn.Connect(r.opts.NATSURL, "reconciler "+r.opts.Region, r.log)
+	natsconn.WarnURLSecrets("--nats.url", r.opts.NATSURL, r.log)
+	auth, err := r.opts.NATSAuth.Options(r.log)
+	if err != nil {
+		store.Close()
+		return err
+	}
+	r.nc, err = natsconn.Connect(r.opts.NATSURL, "reconciler "+r.opts.Region, r.log, auth...)
 	if err != nil {
 		store.Close()
 		return fmt.Errorf("--nats.url: %w", err)
