@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -389,14 +388,18 @@ func TestPinned(t *testing.T) {
 // valid spends still apply exactly once.
 func TestMalformedMessages(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
-	nc, err := nats.Connect(s.nats.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
+	// Each subject's own publisher sends the bad messages: nobody else may.
+	publishers := map[string]jetstream.JetStream{}
+	for subject, name := range map[string]string{
+		gossip.SpendSubject("us-east"): "reconciler-us-east",
+		gossip.SpendSubject("eu-west"): "reconciler-eu-west",
+		gossip.LocalSubject("us-east"): "limiterd-us-east",
+	} {
+		js, err := jetstream.New(s.connectAs(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishers[subject] = js
 	}
 	ctx := context.Background()
 	misaddressed, _ := gossip.Split(gossip.Header{Region: "eu-west", Instance: "x", Sequence: 1, FirstAdmitted: 1, Flushed: 1},
@@ -408,12 +411,12 @@ func TestMalformedMessages(t *testing.T) {
 		gossip.SpendSubject("eu-west"): invalid,
 		gossip.LocalSubject("us-east"): misaddressed[0],
 	} {
-		if _, err := js.Publish(ctx, subject, data); err != nil {
+		if _, err := publishers[subject].Publish(ctx, subject, data); err != nil {
 			t.Fatalf("publish to %s: %v", subject, err)
 		}
 	}
 	// The misaddressed batch again, on us-east's spends subject.
-	if _, err := js.Publish(ctx, gossip.SpendSubject("us-east"), misaddressed[0]); err != nil {
+	if _, err := publishers[gossip.SpendSubject("us-east")].Publish(ctx, gossip.SpendSubject("us-east"), misaddressed[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.send("us-east", "k", 3)
