@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -484,6 +485,8 @@ func TestBadOptions(t *testing.T) {
 		{"missing rules", func(o *Options) { o.RulesFile = filepath.Join(dir, "none.yml") }, "--rules.file"},
 		{"missing topology", func(o *Options) { o.TopologyFile = filepath.Join(dir, "none.yml") }, "--region.topology-file"},
 		{"tiny stream", func(o *Options) { o.StreamMaxBytes = 10 }, "--stream.max-bytes"},
+		{"nats creds and seed", func(o *Options) { o.NATSAuth = natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"} }, "--nats.creds-file and --nats.nkey-seed-file"},
+		{"nats half client cert", func(o *Options) { o.NATSAuth = natsconn.Auth{TLSKeyFile: "k.pem"} }, "--nats.tls-cert-file and --nats.tls-key-file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

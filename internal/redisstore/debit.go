@@ -46,7 +46,8 @@ func MessageKey(src, instance string, seq uint64, part uint32) string {
 // result other than streamSeq is a replay (the same flush published again
 // as a new stream message), which must not be applied. The record lives
 // ttl, which must outlast the stream's keeping of a message. One small key
-// per message (about 100 bytes with its expiry).
+// per message (about 180 bytes of Redis memory with its expiry, measured
+// on Redis 7.0).
 func (s *Store) FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, streamSeq uint64, ttl time.Duration) (uint64, error) {
 	admin, err := s.admin()
 	if err != nil {
