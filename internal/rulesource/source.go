@@ -75,6 +75,8 @@ type Source struct {
 	kvMu sync.Mutex
 	kv   jetstream.KeyValue // read and watched through NATS
 	wkv  jetstream.KeyValue // written through Writer, or NATS
+	// created wakes a watcher waiting for the bucket once the writer has it.
+	created chan struct{}
 }
 
 type kvRule struct {
@@ -98,7 +100,7 @@ func New(opts Options, reg prometheus.Registerer) (*Source, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}}
+	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}, created: make(chan struct{}, 1)}
 	data, err := os.ReadFile(opts.File)
 	if err != nil {
 		return nil, err
@@ -272,6 +274,10 @@ func (s *Source) writeBucket(ctx context.Context) (jetstream.KeyValue, error) {
 		return nil, err
 	}
 	s.wkv = kv
+	select {
+	case s.created <- struct{}{}:
+	default:
+	}
 	return kv, nil
 }
 
@@ -296,6 +302,7 @@ func (s *Source) watchBucket(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
+			case <-s.created:
 			}
 		}
 	}
