@@ -54,6 +54,10 @@ func Single(algorithm string, clock Clock) (string, error) {
 // client at most once (see debit_main.lua for its keys and arguments).
 func Debit(clock Clock) string { return withAll(clock, "debit") + mustRead("debit_main") }
 
+// Seen returns the script that records the first stream sequence of a
+// spend message (see seen.lua); it reads no clock and no helper.
+func Seen() string { return mustRead("seen") }
+
 // Multi returns the script that checks several rules of one client all or
 // nothing (see multi_main.lua).
 func Multi(clock Clock) string { return withAll(clock, "multi_main") }

@@ -202,13 +202,34 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		Run(context.Context)
 	}
 	if d.opts.NATSURL != "" {
-		nc, err := natsconn.Connect(d.opts.NATSURL, "limiterd "+d.opts.Instance, d.log)
+		natsconn.WarnURLSecrets("--nats.url", d.opts.NATSURL, d.log)
+		auth, err := d.opts.NATSAuth.Options(d.log)
+		if err != nil {
+			return err
+		}
+		nc, err := natsconn.Connect(d.opts.NATSURL, "limiterd "+d.opts.Instance, d.log, auth...)
 		if err != nil {
 			return fmt.Errorf("--nats.url: %w", err)
 		}
 		d.nc = nc
 		d.onStop(nc.Close)
 		d.rules.UseNATS(nc)
+		if d.opts.AdminNATSAuth.Set() {
+			// The admin API's own identity, the only one allowed to write
+			// the rules bucket; the main one only reads it.
+			admin := d.opts.AdminNATSAuth
+			admin.TLSCAFile, admin.TLSCertFile, admin.TLSKeyFile = d.opts.NATSAuth.TLSCAFile, d.opts.NATSAuth.TLSCertFile, d.opts.NATSAuth.TLSKeyFile
+			wopts, err := admin.Options(d.log)
+			if err != nil {
+				return err
+			}
+			wc, err := natsconn.Connect(d.opts.NATSURL, "limiterd admin "+d.opts.Instance, d.log.With("component", "admin"), wopts...)
+			if err != nil {
+				return fmt.Errorf("--nats.url: %w", err)
+			}
+			d.onStop(wc.Close)
+			d.rules.UseWriter(wc)
+		}
 		// The flush counter starts again at every start: the start time in
 		// the name keeps a restarted process (same host, same pid, as in a
 		// container) from reusing message ids the streams would drop.
@@ -547,7 +568,7 @@ func (d *Daemon) dependencies() string {
 	case d.opts.NATSURL == "":
 		lines = append(lines, "nats: not configured (no reconciliation, rules from the file only)")
 	case d.nc == nil || !d.nc.IsConnected():
-		lines = append(lines, "nats: unreachable, spends wait in the backlog: "+d.opts.NATSURL)
+		lines = append(lines, "nats: unreachable, spends wait in the backlog: "+natsconn.Redact(d.opts.NATSURL))
 	default:
 		lines = append(lines, "nats: ok")
 	}

@@ -7,12 +7,15 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/testenv"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -317,6 +321,60 @@ func TestDrain(t *testing.T) {
 	}
 }
 
+// TestStartNATSCredentials: a seed or credentials file that is missing,
+// open to other users or not a key stops Start with an error naming its
+// flag, and leaves nothing running.
+func TestStartNATSCredentials(t *testing.T) {
+	dir := t.TempDir()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seed, _ := kp.Seed()
+	write := func(name string, data []byte, mode os.FileMode) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	good := write("good.nk", seed, 0o600)
+	open := write("open.nk", seed, 0o644)
+	junk := write("junk.nk", []byte("junk\n"), 0o600)
+	tests := []struct {
+		name string
+		main natsconn.Auth
+		adm  natsconn.Auth
+		want string
+	}{
+		{"seed open to others", natsconn.Auth{NkeySeedFile: open}, natsconn.Auth{}, "--nats.nkey-seed-file: "},
+		{"seed not a seed", natsconn.Auth{NkeySeedFile: junk}, natsconn.Auth{}, "--nats.nkey-seed-file: "},
+		{"creds missing", natsconn.Auth{CredsFile: filepath.Join(dir, "none")}, natsconn.Auth{}, "--nats.creds-file: "},
+		{"admin seed open to others", natsconn.Auth{NkeySeedFile: good}, natsconn.Auth{NkeySeedFile: open}, "--admin.nats-nkey-seed-file: "},
+		{"admin creds not creds", natsconn.Auth{}, natsconn.Auth{CredsFile: junk}, "--admin.nats-creds-file: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := New(Options{RulesFile: "testdata/rules.yml", GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0",
+				NATSURL: "nats://127.0.0.1:1", NATSAuth: tt.main, AdminNATSAuth: tt.adm, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = d.Start(context.Background())
+			if err == nil {
+				d.Stop(context.Background())
+				t.Fatal("Start: no error")
+			}
+			if !strings.HasPrefix(err.Error(), tt.want) {
+				t.Fatalf("Start = %v, want an error starting %q", err, tt.want)
+			}
+		})
+	}
+}
+
 func TestBadOptions(t *testing.T) {
 	tests := []struct {
 		name string
@@ -329,6 +387,14 @@ func TestBadOptions(t *testing.T) {
 		{"bad fleet", Options{RulesFile: "testdata/rules.yml", FleetSize: -2}, "--fleet.size"},
 		{"half TLS", Options{RulesFile: "testdata/rules.yml", TLSCertFile: "x.pem"}, "--grpc.tls-key-file"},
 		{"redis auth without redis", Options{RulesFile: "testdata/rules.yml", RedisUsername: "u"}, "--redis.addrs"},
+		{"nats creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
+			NATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--nats.creds-file and --nats.nkey-seed-file"},
+		{"admin creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
+			AdminNATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--admin.nats-creds-file and --admin.nats-nkey-seed-file"},
+		{"nats half client cert", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
+			NATSAuth: natsconn.Auth{TLSCertFile: "c.pem"}}, "--nats.tls-cert-file and --nats.tls-key-file"},
+		{"nats seed without nats", Options{RulesFile: "testdata/rules.yml", NATSAuth: natsconn.Auth{NkeySeedFile: "b"}}, "--nats.url"},
+		{"admin seed without nats", Options{RulesFile: "testdata/rules.yml", AdminNATSAuth: natsconn.Auth{NkeySeedFile: "b"}}, "--nats.url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

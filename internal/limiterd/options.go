@@ -13,6 +13,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -167,6 +168,14 @@ type Options struct {
 	// NATSURL is the region's NATS server: spends of reconciled rules are
 	// published there every GossipInterval. Empty: no reconciliation.
 	NATSURL string
+	// NATSAuth authenticates to NATS (--nats.creds-file, --nats.nkey-seed-file)
+	// and verifies it (--nats.tls-*).
+	NATSAuth natsconn.Auth
+	// AdminNATSAuth, when it holds a credential, is the identity of a second
+	// connection that the admin API alone uses to write the rules bucket
+	// (--admin.nats-creds-file, --admin.nats-nkey-seed-file), over the same
+	// TLS as NATSAuth; without it the admin API writes through the main one.
+	AdminNATSAuth natsconn.Auth
 	// GossipInterval is how often spends are flushed.
 	GossipInterval time.Duration
 	// Instance names this limiterd in spend messages; default host-pid.
@@ -288,6 +297,8 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
 	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server of this region; spends of reconciled rules are published there (empty: no reconciliation)")
+	o.NATSAuth.RegisterFlags(fs, natsconn.FlagPrefix, true)
+	o.AdminNATSAuth.RegisterFlags(fs, natsconn.AdminFlagPrefix, false)
 	fs.DurationVar(&o.GossipInterval, "gossip.interval", gossip.DefaultInterval, "how often admitted spends are flushed to the reconcilers")
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
@@ -483,6 +494,19 @@ func (o *Options) validate() error {
 	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS ||
 		o.RedisTLSCAFile != "" || o.RedisTLSCertFile != "" || o.RedisTLSKeyFile != "") {
 		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls, --redis.tls-*-file: need --redis.addrs"))
+	}
+	if o.NATSAuth.Prefix == "" {
+		o.NATSAuth.Prefix = natsconn.FlagPrefix
+	}
+	o.AdminNATSAuth.Prefix = natsconn.AdminFlagPrefix
+	if err := o.NATSAuth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.AdminNATSAuth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.NATSURL == "" && (o.NATSAuth != natsconn.Auth{Prefix: natsconn.FlagPrefix} || o.AdminNATSAuth.Set()) {
+		errs = append(errs, errors.New("--nats.creds-file, --nats.nkey-seed-file, --nats.tls-*, --admin.nats-*: need --nats.url"))
 	}
 	errs = append(errs, o.forwardAuthHeaders().Validate()...)
 	return errors.Join(errs...)

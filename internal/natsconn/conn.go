@@ -10,11 +10,13 @@ import (
 // ReconnectWait is the pause between two attempts to reach NATS.
 const ReconnectWait = 250 * time.Millisecond
 
-// Connect connects to url as name. It returns at once even when NATS is
-// unreachable: the connection keeps trying, forever, and the daemons work
-// without it meanwhile. Disconnections and reconnections are logged.
-func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
-	return nats.Connect(url, nats.Name(name),
+// Connect connects to url as name, with opts (Auth.Options) after the
+// defaults. It returns at once even when NATS is unreachable: the
+// connection keeps trying, forever, and the daemons work without it
+// meanwhile. Disconnections, reconnections and the server's asynchronous
+// errors (a permissions violation among them) are logged.
+func Connect(url, name string, log *slog.Logger, opts ...nats.Option) (*nats.Conn, error) {
+	base := []nats.Option{nats.Name(name),
 		nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true), nats.ReconnectWait(ReconnectWait),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
@@ -24,5 +26,9 @@ func Connect(url, name string, log *slog.Logger) (*nats.Conn, error) {
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			log.Info("NATS connection back", "server", nc.ConnectedUrlRedacted())
 		}),
-	)
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn("NATS error", "err", err)
+		}),
+	}
+	return nats.Connect(url, append(base, opts...)...)
 }

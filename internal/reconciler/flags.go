@@ -3,6 +3,7 @@ package reconciler
 import (
 	"flag"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -15,6 +16,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file, the same as limiterd's (required)")
 	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, the file's and the admin API's together; more are refused (as limiterd's)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server holding the spend streams (required)")
+	o.NATSAuth.RegisterFlags(fs, natsconn.FlagPrefix, true)
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses of this region (required)")
 	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
 	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")

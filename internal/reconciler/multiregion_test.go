@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -389,14 +389,18 @@ func TestPinned(t *testing.T) {
 // valid spends still apply exactly once.
 func TestMalformedMessages(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
-	nc, err := nats.Connect(s.nats.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
+	// Each subject's own publisher sends the bad messages: nobody else may.
+	publishers := map[string]jetstream.JetStream{}
+	for subject, name := range map[string]string{
+		gossip.SpendSubject("us-east"): "reconciler-us-east",
+		gossip.SpendSubject("eu-west"): "reconciler-eu-west",
+		gossip.LocalSubject("us-east"): "limiterd-us-east",
+	} {
+		js, err := jetstream.New(s.connectAs(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		publishers[subject] = js
 	}
 	ctx := context.Background()
 	misaddressed, _ := gossip.Split(gossip.Header{Region: "eu-west", Instance: "x", Sequence: 1, FirstAdmitted: 1, Flushed: 1},
@@ -408,12 +412,12 @@ func TestMalformedMessages(t *testing.T) {
 		gossip.SpendSubject("eu-west"): invalid,
 		gossip.LocalSubject("us-east"): misaddressed[0],
 	} {
-		if _, err := js.Publish(ctx, subject, data); err != nil {
+		if _, err := publishers[subject].Publish(ctx, subject, data); err != nil {
 			t.Fatalf("publish to %s: %v", subject, err)
 		}
 	}
 	// The misaddressed batch again, on us-east's spends subject.
-	if _, err := js.Publish(ctx, gossip.SpendSubject("us-east"), misaddressed[0]); err != nil {
+	if _, err := publishers[gossip.SpendSubject("us-east")].Publish(ctx, gossip.SpendSubject("us-east"), misaddressed[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.send("us-east", "k", 3)
@@ -481,6 +485,8 @@ func TestBadOptions(t *testing.T) {
 		{"missing rules", func(o *Options) { o.RulesFile = filepath.Join(dir, "none.yml") }, "--rules.file"},
 		{"missing topology", func(o *Options) { o.TopologyFile = filepath.Join(dir, "none.yml") }, "--region.topology-file"},
 		{"tiny stream", func(o *Options) { o.StreamMaxBytes = 10 }, "--stream.max-bytes"},
+		{"nats creds and seed", func(o *Options) { o.NATSAuth = natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"} }, "--nats.creds-file and --nats.nkey-seed-file"},
+		{"nats half client cert", func(o *Options) { o.NATSAuth = natsconn.Auth{TLSKeyFile: "k.pem"} }, "--nats.tls-cert-file and --nats.tls-key-file"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

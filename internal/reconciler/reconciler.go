@@ -60,6 +60,9 @@ type Options struct {
 	RulesFile string
 	// NATSURL is the NATS server (or cluster) holding the streams.
 	NATSURL string
+	// NATSAuth authenticates to NATS and verifies it (--nats.creds-file,
+	// --nats.nkey-seed-file, --nats.tls-*), as limiterd's.
+	NATSAuth natsconn.Auth
 	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
 	RedisAddrs                       []string
 	RedisUsername, RedisPasswordFile string
@@ -160,6 +163,9 @@ func (o *Options) validate() error {
 	if len(o.RedisAddrs) == 0 {
 		errs = append(errs, errors.New("--redis.addrs: required"))
 	}
+	if err := o.NATSAuth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.Interval < gossip.MinInterval || o.Interval > time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.Interval))
 	}
@@ -242,7 +248,13 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		return fmt.Errorf("--redis.addrs: %w", err)
 	}
 	r.store = store
-	r.nc, err = natsconn.Connect(r.opts.NATSURL, "reconciler "+r.opts.Region, r.log)
+	natsconn.WarnURLSecrets("--nats.url", r.opts.NATSURL, r.log)
+	auth, err := r.opts.NATSAuth.Options(r.log)
+	if err != nil {
+		store.Close()
+		return err
+	}
+	r.nc, err = natsconn.Connect(r.opts.NATSURL, "reconciler "+r.opts.Region, r.log, auth...)
 	if err != nil {
 		store.Close()
 		return fmt.Errorf("--nats.url: %w", err)
@@ -493,8 +505,28 @@ func (r *Reconciler) applyMessage(ctx context.Context, src string, msg jetstream
 		r.m.skipped.WithLabelValues(src).Add(float64(skipped))
 	}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultApplyTimeout)
+	defer cancel()
+	if len(clients) > 0 {
+		// A flush is applied once by its name, (instance, sequence, part),
+		// not only by its stream sequence: the same bytes published again
+		// are a new stream message that the clients' markers would take
+		// for a new flush.
+		first, err := r.store.FirstSeen(actx, src, b.GetInstance(), b.GetSequence(), b.GetPart(), meta.Sequence.Stream, r.recordTTL())
+		if err != nil {
+			r.log.Warn("message not recorded, will retry", "source", src, "seq", meta.Sequence.Stream, "err", err)
+			msg.NakWithDelay(time.Second)
+			return
+		}
+		if first != meta.Sequence.Stream {
+			r.m.replays.WithLabelValues(src).Inc()
+			r.m.duplicates.WithLabelValues(src).Add(float64(len(clients)))
+			r.log.Warn("spend message replayed: applied already, skipped", "source", src, "seq", meta.Sequence.Stream,
+				"first_seq", first, "instance", b.GetInstance(), "flush", b.GetSequence(), "part", b.GetPart())
+			r.ack(ctx, src, meta.Sequence.Stream, msg)
+			return
+		}
+	}
 	applied, dups, err := r.store.ApplyDebits(actx, src, meta.Sequence.Stream, r.opts.MarkerTTL, clients)
-	cancel()
 	r.m.applied.WithLabelValues(src).Add(float64(applied))
 	r.m.duplicates.WithLabelValues(src).Add(float64(dups))
 	for _, c := range clients {
@@ -516,13 +548,24 @@ func (r *Reconciler) applyMessage(ctx context.Context, src string, msg jetstream
 	if r.beforeAck != nil && !r.beforeAck(src, meta.Sequence.Stream) {
 		return
 	}
+	r.ack(ctx, src, meta.Sequence.Stream, msg)
+}
+
+// ack acknowledges an applied (or skipped) message and waits for the
+// server's confirmation.
+func (r *Reconciler) ack(ctx context.Context, src string, seq uint64, msg jetstream.Msg) {
 	ackCtx, cancelAck := context.WithTimeout(ctx, r.opts.AckWait/2)
 	defer cancelAck()
 	if err := msg.DoubleAck(ackCtx); err != nil {
 		// Redelivered later: a duplicate the markers catch.
-		r.log.Warn("ack failed", "source", src, "seq", meta.Sequence.Stream, "err", err)
+		r.log.Warn("ack failed", "source", src, "seq", seq, "err", err)
 	}
 }
+
+// recordTTL is how long a message's record lives: longer than the stream
+// keeps the message, plus the markers' lifetime as a margin for a
+// redelivery near the end of it.
+func (r *Reconciler) recordTTL() time.Duration { return r.opts.StreamMaxAge + r.opts.MarkerTTL }
 
 // debits groups a batch's spends by client, with this region's limits;
 // spends of rules this region does not have or does not reconcile are
@@ -599,6 +642,7 @@ type metrics struct {
 	relayed      prometheus.Counter
 	applied      *prometheus.CounterVec
 	duplicates   *prometheus.CounterVec
+	replays      *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
 	rejected     prometheus.Counter
 	lag          *prometheus.HistogramVec
@@ -625,6 +669,10 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Name: "limiter_spends_duplicates_total",
 			Help: "Clients whose debit was skipped because the message was applied already.",
 		}, []string{"source_region"}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spend_replays_total",
+			Help: "Spend messages skipped because the same flush (instance, sequence, part) was applied from an earlier stream message.",
+		}, []string{"source_region"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_spends_skipped_total",
 			Help: "Spend entries of rules this region does not have or does not reconcile.",
@@ -647,7 +695,7 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Help: "limiterd flushes of this region waiting to be relayed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.skipped, m.rejected, m.lag, m.backlog, m.relayBacklog} {
+	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.replays, m.skipped, m.rejected, m.lag, m.backlog, m.relayBacklog} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -655,6 +703,7 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 	for _, src := range sources {
 		m.applied.WithLabelValues(src)
 		m.duplicates.WithLabelValues(src)
+		m.replays.WithLabelValues(src)
 		m.skipped.WithLabelValues(src)
 		m.backlog.WithLabelValues(src)
 	}

@@ -12,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/limiterd/limiterd/internal/limiterd"
+	"github.com/limiterd/limiterd/internal/natsauth"
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/testenv"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -27,6 +30,7 @@ type stack struct {
 	t        testing.TB
 	nats     *testenv.NATSServer
 	dir      string
+	authDir  string // the identities' seeds (natsauth.Write)
 	interval time.Duration
 	regions  map[string]*regionStack
 }
@@ -49,11 +53,27 @@ func quiet() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// lockNATS runs the stacks' NATS server with the identities and
+// permissions of package natsauth, each daemon connecting as its own; a
+// test of what the permissions refuse fails with it off.
+var lockNATS = true
+
 // newStack starts both regions with the rules given, reconciling every
-// interval, with reconcilers reconcilers per region.
+// interval, with reconcilers reconcilers per region, each daemon with its
+// NATS identity (the limiterd of us-east also with the admin writer's).
 func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconcilers int) *stack {
 	t.Helper()
-	s := &stack{t: t, nats: testenv.NATS(t), dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
+	s := &stack{t: t, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
+	s.authDir = filepath.Join(s.dir, "auth")
+	ids, err := natsauth.Write(s.authDir, stackRegions)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lockNATS {
+		s.nats = testenv.NATS(t, testenv.NATSConfig(natsauth.Config(ids)))
+	} else {
+		s.nats = testenv.NATS(t)
+	}
 	writeFile(t, s.dir, "rules.yml", rulesYAML)
 	for _, name := range stackRegions {
 		c := testenv.RedisCluster(t, 3, 0)
@@ -73,11 +93,16 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 	secret := testenv.SecretFile(t)
 	for _, name := range stackRegions {
 		r := s.regions[name]
+		var admin natsconn.Auth
+		if name == "us-east" {
+			admin = s.auth("admin")
+		}
 		d, err := limiterd.New(limiterd.Options{
 			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
 			TopologyFile: filepath.Join(s.dir, "topology.yml"), ForwardTimeout: time.Second, PeerSecretFile: secret,
 			RulesFile: filepath.Join(s.dir, "rules.yml"), RedisAddrs: r.cluster.Addrs(), RedisTimeout: time.Second,
 			Region: name, NATSURL: s.nats.URL(), GossipInterval: interval, Instance: "limiterd-" + name,
+			NATSAuth: s.auth("limiterd-" + name), AdminNATSAuth: admin,
 			Logger: quiet().With("component", "limiterd"),
 		})
 		if err != nil {
@@ -109,7 +134,8 @@ func (s *stack) reconcilerOptions(region string) Options {
 		Region: region, TopologyFile: filepath.Join(s.dir, "topology.yml"), RulesFile: filepath.Join(s.dir, "rules.yml"),
 		NATSURL: s.nats.URL(), RedisAddrs: s.regions[region].cluster.Addrs(), Interval: s.interval,
 		AckWait: time.Second, StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0",
-		Logger: quiet().With("component", "reconciler", "region", region),
+		NATSAuth: s.auth("reconciler-" + region),
+		Logger:   quiet().With("component", "reconciler", "region", region),
 	}
 }
 
@@ -126,6 +152,33 @@ func (s *stack) startReconciler(region string) *Reconciler {
 	s.t.Cleanup(func() { r.Stop() })
 	s.regions[region].recs = append(s.regions[region].recs, r)
 	return r
+}
+
+// auth is the NATS credential of the identity named name.
+func (s *stack) auth(name string) natsconn.Auth {
+	if !lockNATS {
+		return natsconn.Auth{} // a server without authorization takes no nkey
+	}
+	return natsconn.Auth{NkeySeedFile: natsauth.SeedFile(s.authDir, name)}
+}
+
+// connectAs connects to the stack's NATS as the identity named name, as a
+// daemon holding its seed would (or an attacker who took it).
+func (s *stack) connectAs(name string) *nats.Conn {
+	s.t.Helper()
+	a := s.auth(name)
+	opts, err := a.Options(quiet())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	// The refusals are read from LastError, not printed.
+	opts = append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	nc, err := nats.Connect(s.nats.URL(), opts...)
+	if err != nil {
+		s.t.Fatalf("connect as %s: %v", name, err)
+	}
+	s.t.Cleanup(nc.Close)
+	return nc
 }
 
 func (s *stack) waitReady() {

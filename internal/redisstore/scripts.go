@@ -26,6 +26,7 @@ var (
 	undoScript   = redis.NewScript(lua.Undo(lua.StoreClock))
 	debitScript  = redis.NewScript(lua.Debit(lua.StoreClock))
 	refundScript = redis.NewScript(lua.Refund(lua.StoreClock))
+	seenScript   = redis.NewScript(lua.Seen())
 )
 
 var scriptAlgorithms = [...]bucket.Algorithm{bucket.TokenBucket, bucket.GCRA, bucket.SlidingWindow, bucket.SlidingLog, bucket.FixedWindow}
@@ -41,7 +42,7 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script Load puts on a node.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript)
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript)
 }
 
 // loadScripts loads every script on one node, so checks run by hash.

@@ -45,6 +45,10 @@ var ErrTooManyRules = errors.New("too many rules")
 // ErrNoStore is returned by Put and Delete without a key-value bucket.
 var ErrNoStore = errors.New("no rules store: start with --nats.url to change rules at run time")
 
+// ErrNoBucket is the watchers' error while the key-value bucket does not
+// exist: only a writer (Put, Delete) creates it.
+var ErrNoBucket = errors.New("the rules bucket does not exist yet: the first rule put through the admin API creates it")
+
 // ErrNotFound is returned by Delete for an id the bucket does not hold.
 var ErrNotFound = errors.New("no such rule put through the admin API")
 
@@ -54,8 +58,12 @@ type Options struct {
 	File string
 	// FileInterval is how often the file is looked at.
 	FileInterval time.Duration
-	// NATS, when set, holds the admin rules in Bucket.
-	NATS   *nats.Conn
+	// NATS, when set, holds the admin rules in Bucket; Run watches it.
+	NATS *nats.Conn
+	// Writer, when set, is the connection Put and Delete write the bucket
+	// through (an identity allowed to); without it they use NATS. Only a
+	// writer creates the bucket: watchers wait for it.
+	Writer *nats.Conn
 	Bucket string
 	// ResyncInterval is how often the whole bucket is read again.
 	ResyncInterval time.Duration
@@ -99,7 +107,10 @@ type Source struct {
 	current *rules.Set
 
 	kvMu sync.Mutex
-	kv   jetstream.KeyValue
+	kv   jetstream.KeyValue // read and watched through NATS
+	wkv  jetstream.KeyValue // written through Writer, or NATS
+	// created wakes a watcher waiting for the bucket once the writer has it.
+	created chan struct{}
 }
 
 type kvRule struct {
@@ -126,7 +137,7 @@ func New(opts Options, reg prometheus.Registerer) (*Source, error) {
 	if opts.MaxRules <= 0 {
 		opts.MaxRules = DefaultMaxRules
 	}
-	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}, refused: map[string]uint64{}}
+	s := &Source{opts: opts, log: opts.Logger, kvRules: map[string]kvRule{}, refused: map[string]uint64{}, created: make(chan struct{}, 1)}
 	data, err := os.ReadFile(opts.File)
 	if err != nil {
 		return nil, err
@@ -171,6 +182,9 @@ func (s *Source) parseFile(data []byte) (*rules.Set, error) {
 
 // UseNATS gives the source its connection, before Run.
 func (s *Source) UseNATS(nc *nats.Conn) { s.opts.NATS = nc }
+
+// UseWriter gives Put and Delete a connection of their own, before Run.
+func (s *Source) UseWriter(nc *nats.Conn) { s.opts.Writer = nc }
 
 // Current is the rule set in force.
 func (s *Source) Current() *rules.Set {
@@ -290,7 +304,8 @@ func (s *Source) rebuild(source string) {
 	s.log.Info("rules in force", "source", source, "rules", len(set.Rules()), "version", set.Version())
 }
 
-// bucket opens the key-value bucket, creating it when it is missing.
+// bucket opens the key-value bucket for reading; it creates nothing (a
+// reader's identity may not), so a missing bucket is ErrNoBucket.
 func (s *Source) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	s.kvMu.Lock()
 	defer s.kvMu.Unlock()
@@ -304,9 +319,10 @@ func (s *Source) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := natsconn.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
-		Bucket: s.opts.Bucket, Description: "limiterd rules put through the admin API", History: 5,
-	})
+	kv, err := js.KeyValue(ctx, s.opts.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, fmt.Errorf("%w (%s)", ErrNoBucket, s.opts.Bucket)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -314,15 +330,61 @@ func (s *Source) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
+// writeBucket opens the key-value bucket through the writer, creating it
+// when it is missing.
+func (s *Source) writeBucket(ctx context.Context) (jetstream.KeyValue, error) {
+	s.kvMu.Lock()
+	defer s.kvMu.Unlock()
+	if s.wkv != nil {
+		return s.wkv, nil
+	}
+	nc := s.opts.Writer
+	if nc == nil {
+		nc = s.opts.NATS
+	}
+	if nc == nil {
+		return nil, ErrNoStore
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	kv, err := natsconn.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket: s.opts.Bucket, Description: "limiterd rules put through the admin API", History: 5,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s.wkv = kv
+	select {
+	case s.created <- struct{}{}:
+	default:
+	}
+	return kv, nil
+}
+
 // watchBucket follows the bucket's updates, and reads it whole every
 // ResyncInterval; both retry while NATS is away.
 func (s *Source) watchBucket(ctx context.Context) {
+	missing := false
 	for ctx.Err() == nil {
-		if err := s.watchOnce(ctx); err != nil && ctx.Err() == nil {
+		err := s.watchOnce(ctx)
+		switch {
+		case err == nil || ctx.Err() != nil:
+		case errors.Is(err, ErrNoBucket):
+			// Logged once: a fleet without admin rules waits quietly.
+			if !missing {
+				s.log.Info("rules bucket not there yet, watching for it (only the admin API's writer creates it)", "bucket", s.opts.Bucket)
+			}
+			missing = true
+		default:
 			s.log.Warn("rules bucket not watched, retrying", "err", err)
+		}
+		if err != nil && ctx.Err() == nil {
 			select {
 			case <-ctx.Done():
 			case <-time.After(time.Second):
+			case <-s.created:
 			}
 		}
 	}
@@ -449,7 +511,7 @@ func (s *Source) Put(ctx context.Context, data []byte) (uint64, error) {
 	if err := s.Validate(r); err != nil {
 		return 0, err
 	}
-	kv, err := s.bucket(ctx)
+	kv, err := s.writeBucket(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -491,7 +553,7 @@ func (s *Source) Validate(r *rules.Rule) error {
 
 // Delete removes a rule put through the admin API.
 func (s *Source) Delete(ctx context.Context, id string) error {
-	kv, err := s.bucket(ctx)
+	kv, err := s.writeBucket(ctx)
 	if err != nil {
 		return err
 	}

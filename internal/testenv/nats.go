@@ -47,9 +47,10 @@ const (
 // test it is given, so call it from that test's goroutine. A NATSServer is
 // only made by this package.
 type NATSServer struct {
-	bin  string
-	dir  string
-	name string
+	bin   string
+	dir   string
+	name  string
+	extra string // configuration appended to the generated one
 
 	mu      sync.Mutex
 	port    int
@@ -57,14 +58,28 @@ type NATSServer struct {
 	proc    *process // nil while stopped
 }
 
+// NATSOption changes the configuration of a server NATS starts.
+type NATSOption func(*NATSServer)
+
+// NATSConfig appends conf, nats-server configuration text, to the server's
+// own (ports, log, JetStream): an authorization block, an operator and its
+// resolver, a tls block, or an include of a file.
+func NATSConfig(conf string) NATSOption {
+	return func(s *NATSServer) { s.extra += conf + "\n" }
+}
+
 // NATS starts a nats-server process on free loopback ports, with JetStream
 // storing in a fresh t.TempDir() (limits: 256 MiB of memory, 1 GiB of
 // files), and stops it when the test ends. The binary is the one named by
 // $LIMITER_NATS_SERVER, or else built (once, then cached by the go command)
-// from the nats-server/v2 module pinned in go.mod.
-func NATS(t testing.TB) *NATSServer {
+// from the nats-server/v2 module pinned in go.mod. Options add to the
+// configuration; it is the same after Restart.
+func NATS(t testing.TB, opts ...NATSOption) *NATSServer {
 	t.Helper()
 	s := &NATSServer{bin: natsBinary(t), dir: t.TempDir(), name: "testenv"}
+	for _, o := range opts {
+		o(s)
+	}
 	var err error
 	for range 5 {
 		if s.port, err = reservePort(false); err != nil {
@@ -208,7 +223,14 @@ func (s *NATSServer) Restart(t testing.TB) {
 }
 
 func (s *NATSServer) confPath() string { return filepath.Join(s.dir, "nats.conf") }
-func (s *NATSServer) logPath() string  { return filepath.Join(s.dir, "nats.log") }
+
+// Dir is the server's own directory (configuration, logs, JetStream store).
+func (s *NATSServer) Dir() string { return s.dir }
+
+// LogTail returns the last lines of the server's log, for a test that
+// looks for what the server refused.
+func (s *NATSServer) LogTail() string { return s.logTail() }
+func (s *NATSServer) logPath() string { return filepath.Join(s.dir, "nats.log") }
 
 // writeConfig writes the server's configuration file for its current ports.
 func (s *NATSServer) writeConfig() error {
@@ -219,6 +241,7 @@ func (s *NATSServer) writeConfig() error {
 	fmt.Fprintf(&b, "log_file: %q\n", s.logPath())
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  max_memory_store: %d\n  max_file_store: %d\n}\n",
 		filepath.Join(s.dir, "jetstream"), natsMaxMemory, natsMaxStore)
+	b.WriteString(s.extra)
 	return os.WriteFile(s.confPath(), []byte(b.String()), 0o644)
 }
 

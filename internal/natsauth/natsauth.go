@@ -1,0 +1,275 @@
+// Package natsauth makes the NATS identities of a deployment and what each
+// may publish and subscribe: one nkey user per limiterd fleet and per
+// reconciler of each region, and one admin writer, the only identity that
+// may write the rules bucket. It renders them as a nats-server
+// authorization block (Config) and writes each identity's seed (Write).
+//
+// What the permissions guarantee: a region's flushes (limiter.local.<r>)
+// come only from its limiterd, its relayed spends (limiter.spends.<r>) only
+// from its reconciler, and rules only from the admin writer; no daemon may
+// delete, purge or (limiterd) update a stream or a consumer. The JetStream
+// API subjects are those nats.go's jetstream package (v1.55) sends for
+// what each daemon does; a test runs the daemons against a server with
+// exactly these permissions.
+package natsauth
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nkeys"
+
+	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/pkg/gossip"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+// Role is what an identity is for.
+type Role string
+
+// The roles.
+const (
+	// RoleLimiterd is every limiterd of one region: it publishes the
+	// region's flushes and reads the rules.
+	RoleLimiterd Role = "limiterd"
+	// RoleReconciler is every reconciler of one region: it sets up the
+	// streams, relays the flushes, applies the other regions' spends and
+	// reads the rules.
+	RoleReconciler Role = "reconciler"
+	// RoleAdmin is the admin API's writer of the rules bucket, for every
+	// region (the bucket is one for the deployment).
+	RoleAdmin Role = "admin"
+)
+
+// ConfigFile is the name of the authorization block Write writes.
+const ConfigFile = "auth.conf"
+
+// Permissions are an identity's allow and deny lists; a deny wins over an
+// allow. An empty allow list allows nothing.
+type Permissions struct {
+	PublishAllow, PublishDeny     []string
+	SubscribeAllow, SubscribeDeny []string
+}
+
+// Identity is one nkey user and its permissions.
+type Identity struct {
+	// Name is limiterd-<region>, reconciler-<region> or admin; Write names
+	// the seed file <Name>.nk.
+	Name   string
+	Role   Role
+	Region string // empty for RoleAdmin
+	// PublicKey is the user's nkey (U...), Seed its private seed (SU...).
+	PublicKey string
+	Seed      []byte
+	Permissions
+}
+
+// kvStream is the stream behind the rules bucket.
+var kvStream = "KV_" + rulesource.DefaultBucket
+
+const api = "$JS.API."
+
+// rulesReader are the subjects of reading and watching the rules bucket:
+// look it up, watch it (an ordered push consumer, created again after a
+// gap, with flow control replies), and get one key directly.
+func rulesReader() []string {
+	return []string{
+		api + "INFO",
+		api + "STREAM.INFO." + kvStream,
+		api + "CONSUMER.CREATE." + kvStream,
+		api + "CONSUMER.CREATE." + kvStream + ".>",
+		api + "DIRECT.GET." + kvStream,
+		api + "DIRECT.GET." + kvStream + ".>",
+		api + "STREAM.MSG.GET." + kvStream,
+		"$JS.FC." + kvStream + ".>",
+	}
+}
+
+// destructive are the JetStream API calls no daemon makes; they are
+// denied outright, whatever an allow list holds.
+func destructive() []string {
+	return []string{
+		api + "STREAM.DELETE.>", api + "STREAM.PURGE.>", api + "STREAM.MSG.DELETE.>",
+		api + "CONSUMER.DELETE.>", api + "ACCOUNT.PURGE.>", api + "SERVER.>", api + "META.>",
+	}
+}
+
+// inbox is where replies come: JetStream API answers, publish acks and
+// messages fetched from a pull consumer.
+var inbox = []string{"_INBOX.>"}
+
+// PermissionsFor returns the permissions of role in region, in a
+// deployment of regions (every other region is a spends source).
+func PermissionsFor(role Role, self string, regions []string) Permissions {
+	switch role {
+	case RoleLimiterd:
+		return Permissions{
+			PublishAllow: append([]string{gossip.LocalSubject(self)}, rulesReader()...),
+			PublishDeny: append([]string{
+				"$KV.>", gossip.SpendSubjectPrefix + ">",
+				api + "STREAM.CREATE.>", api + "STREAM.UPDATE.>", api + "CONSUMER.CREATE." + gossip.SpendStream + ".>",
+			}, destructive()...),
+			SubscribeAllow: inbox,
+		}
+	case RoleReconciler:
+		local := gossip.LocalStream(self)
+		pub := []string{
+			gossip.SpendSubject(self),
+			api + "STREAM.INFO." + gossip.SpendStream, api + "STREAM.CREATE." + gossip.SpendStream, api + "STREAM.UPDATE." + gossip.SpendStream,
+			api + "STREAM.INFO." + local, api + "STREAM.CREATE." + local, api + "STREAM.UPDATE." + local,
+		}
+		pub = append(pub, consumer(local, "relay", "")...)
+		for _, src := range regions {
+			if src != self {
+				pub = append(pub, consumer(gossip.SpendStream, "apply-"+self+"-from-"+src, gossip.SpendSubject(src))...)
+			}
+		}
+		return Permissions{
+			PublishAllow:   append(pub, rulesReader()...),
+			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive()...),
+			SubscribeAllow: inbox,
+		}
+	case RoleAdmin:
+		return Permissions{
+			PublishAllow: []string{
+				"$KV." + rulesource.DefaultBucket + ".>",
+				api + "INFO",
+				api + "STREAM.INFO." + kvStream, api + "STREAM.CREATE." + kvStream,
+				api + "DIRECT.GET." + kvStream, api + "DIRECT.GET." + kvStream + ".>", api + "STREAM.MSG.GET." + kvStream,
+			},
+			PublishDeny:    append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive()...),
+			SubscribeAllow: inbox,
+		}
+	}
+	return Permissions{}
+}
+
+// consumer are the subjects of using one durable pull consumer: create or
+// update it (with its filter subject, if any), read its info, fetch, and
+// acknowledge (ack, nak, term) its messages.
+func consumer(stream, name, filter string) []string {
+	create := api + "CONSUMER.CREATE." + stream + "." + name
+	if filter != "" {
+		create += "." + filter
+	}
+	return []string{
+		create,
+		api + "CONSUMER.INFO." + stream + "." + name,
+		api + "CONSUMER.MSG.NEXT." + stream + "." + name,
+		"$JS.ACK." + stream + "." + name + ".>",
+	}
+}
+
+// Generate makes fresh nkey users for regions: a limiterd and a reconciler
+// identity per region, then the admin writer.
+func Generate(regions []string) ([]Identity, error) {
+	if len(regions) == 0 {
+		return nil, errors.New("regions: at least one")
+	}
+	for i, r := range regions {
+		if err := region.ValidateName(r); err != nil {
+			return nil, fmt.Errorf("regions[%d]: %w", i, err)
+		}
+		if slices.Index(regions, r) != i {
+			return nil, fmt.Errorf("regions[%d]: %q is listed twice", i, r)
+		}
+	}
+	var ids []Identity
+	add := func(name string, role Role, r string) error {
+		kp, err := nkeys.CreateUser()
+		if err != nil {
+			return err
+		}
+		pub, err := kp.PublicKey()
+		if err != nil {
+			return err
+		}
+		seed, err := kp.Seed()
+		if err != nil {
+			return err
+		}
+		ids = append(ids, Identity{Name: name, Role: role, Region: r, PublicKey: pub, Seed: seed,
+			Permissions: PermissionsFor(role, r, regions)})
+		return nil
+	}
+	for _, r := range regions {
+		if err := add(string(RoleLimiterd)+"-"+r, RoleLimiterd, r); err != nil {
+			return nil, err
+		}
+		if err := add(string(RoleReconciler)+"-"+r, RoleReconciler, r); err != nil {
+			return nil, err
+		}
+	}
+	if err := add(string(RoleAdmin), RoleAdmin, ""); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// Config renders ids as a nats-server authorization block. With it the
+// server refuses a client that presents none of these nkeys.
+func Config(ids []Identity) string {
+	var b strings.Builder
+	b.WriteString("# NATS identities of limiterd (internal/natsauth). A client without one of\n")
+	b.WriteString("# these nkeys is refused; each may publish and subscribe only what it lists.\n")
+	b.WriteString("authorization {\n  users = [\n")
+	for _, id := range ids {
+		fmt.Fprintf(&b, "    # %s\n", id.Name)
+		fmt.Fprintf(&b, "    { nkey: %s\n      permissions: {\n", id.PublicKey)
+		fmt.Fprintf(&b, "        publish: { allow: %s\n                   deny: %s }\n", list(id.PublishAllow), list(id.PublishDeny))
+		fmt.Fprintf(&b, "        subscribe: { allow: %s", list(id.SubscribeAllow))
+		if len(id.SubscribeDeny) > 0 {
+			fmt.Fprintf(&b, "\n                     deny: %s", list(id.SubscribeDeny))
+		}
+		b.WriteString(" }\n      }\n    }\n")
+	}
+	b.WriteString("  ]\n}\n")
+	return b.String()
+}
+
+func list(subjects []string) string {
+	q := make([]string, len(subjects))
+	for i, s := range subjects {
+		q[i] = strconv.Quote(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// SeedFile is the path Write gives the seed of the identity named name.
+func SeedFile(dir, name string) string { return filepath.Join(dir, name+".nk") }
+
+// Write generates the identities of regions and writes, into dir (made
+// with mode 0700 if missing), the authorization block (ConfigFile) and
+// each identity's seed (<name>.nk, mode 0600).
+func Write(dir string, regions []string) ([]Identity, error) {
+	ids, err := Generate(regions)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		if err := writeFile(SeedFile(dir, id.Name), append(id.Seed, '\n'), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	if err := writeFile(filepath.Join(dir, ConfigFile), []byte(Config(ids)), 0o600); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// writeFile writes data to path with mode perm, also when path exists
+// with a wider mode.
+func writeFile(path string, data []byte, perm os.FileMode) error {
+	if err := os.WriteFile(path, data, perm); err != nil {
+		return err
+	}
+	return os.Chmod(path, perm)
+}

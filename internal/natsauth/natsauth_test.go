@@ -1,0 +1,103 @@
+package natsauth_test
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/limiterd/limiterd/internal/natsauth"
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+func TestGenerateRefusesBadRegions(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		regions []string
+		field   string
+	}{
+		{"none", nil, "regions"},
+		{"bad name", []string{"us-east", "EU West"}, "regions[1]"},
+		{"twice", []string{"us-east", "us-east"}, "regions[1]"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := natsauth.Generate(tt.regions)
+			if err == nil || !strings.HasPrefix(err.Error(), tt.field+": ") {
+				t.Fatalf("Generate = %v, want an error naming %s", err, tt.field)
+			}
+		})
+	}
+}
+
+// TestLimiterdMayNotWrite: the allow lists of the read-only identities hold
+// no subject that writes rules or destroys a stream, and the deny lists
+// name them, whatever an allow list holds.
+func TestLimiterdMayNotWrite(t *testing.T) {
+	regions := []string{"us-east", "eu-west", "ap-south"}
+	for _, role := range []natsauth.Role{natsauth.RoleLimiterd, natsauth.RoleReconciler} {
+		p := natsauth.PermissionsFor(role, "us-east", regions)
+		for _, s := range p.PublishAllow {
+			for _, bad := range []string{"$KV.", "DELETE", "PURGE"} {
+				if strings.Contains(s, bad) {
+					t.Errorf("%s may publish %s", role, s)
+				}
+			}
+			if strings.HasPrefix(s, "limiter.") && !strings.HasSuffix(s, ".us-east") {
+				t.Errorf("%s of us-east may publish %s", role, s)
+			}
+		}
+		for _, deny := range []string{"$KV.>", "$JS.API.STREAM.DELETE.>", "$JS.API.CONSUMER.DELETE.>", "$JS.API.STREAM.PURGE.>"} {
+			if !slices.Contains(p.PublishDeny, deny) {
+				t.Errorf("%s: %s not denied", role, deny)
+			}
+		}
+	}
+	if p := natsauth.PermissionsFor(natsauth.RoleLimiterd, "us-east", regions); !slices.Contains(p.PublishDeny, "$JS.API.STREAM.UPDATE.>") {
+		t.Error("limiterd may update streams")
+	}
+}
+
+// TestWriteStartsAServer: the written block locks a real server; each
+// seed, mode 0600, logs in, and a client without one is refused.
+func TestWriteStartsAServer(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "auth")
+	ids, err := natsauth.Write(dir, []string{"us-east", "eu-west"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 5 {
+		t.Fatalf("%d identities, want 5", len(ids))
+	}
+	conf, err := os.ReadFile(filepath.Join(dir, natsauth.ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := testenv.NATS(t, testenv.NATSConfig(string(conf)))
+	if nc, err := nats.Connect(srv.URL()); err == nil {
+		nc.Close()
+		t.Error("a client without an nkey was let in")
+	}
+	for _, id := range ids {
+		p := natsauth.SeedFile(dir, id.Name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", p, fi.Mode().Perm())
+		}
+		opt, err := nats.NkeyOptionFromSeed(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(srv.URL(), opt)
+		if err != nil {
+			t.Errorf("%s: %v", id.Name, err)
+			continue
+		}
+		nc.Close()
+	}
+}

@@ -1,0 +1,215 @@
+package scripts
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/limiterd"
+	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/reconciler"
+	"github.com/limiterd/limiterd/internal/testenv"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// TestStackNATSIdentities: the identities `make up` writes (stack.sh
+// nats-auth, the step `up` runs) lock a real nats-server, and every daemon
+// runs with its own, as `up` passes them: both regions' reconcilers set up
+// their streams, a spend admitted in us-east is debited in eu-west, a rule
+// put through us-east's admin API (the admin writer's seed) is in force in
+// eu-west, and eu-west's limiterd, which holds no writer seed, cannot put one.
+func TestStackNATSIdentities(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash")
+	}
+	dir := t.TempDir()
+	auth := filepath.Join(dir, "auth")
+	if out, err := exec.Command(bash, "stack.sh", "nats-auth", auth).CombinedOutput(); err != nil {
+		t.Fatalf("stack.sh nats-auth: %v\n%s", err, out)
+	}
+	seed := func(name string) string { return filepath.Join(auth, name+".nk") }
+	for _, name := range []string{"limiterd-us-east", "limiterd-eu-west", "reconciler-us-east", "reconciler-eu-west", "admin", "auth"} {
+		p := seed(name)
+		if name == "auth" {
+			p = filepath.Join(auth, "auth.conf")
+		}
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s: mode %v, want 0600", p, fi.Mode().Perm())
+		}
+	}
+	conf, err := os.ReadFile(filepath.Join(auth, "auth.conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := testenv.NATS(t, testenv.NATSConfig(string(conf)))
+
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("LIMITER_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	regions := []string{"us-east", "eu-west"}
+	var topo strings.Builder
+	topo.WriteString("regions:\n")
+	for _, r := range regions {
+		fmt.Fprintf(&topo, "  - name: %s\n    limiter_address: 127.0.0.1:1\n", r)
+	}
+	topoFile := filepath.Join(dir, "topology.yml")
+	tokenFile := filepath.Join(dir, "admin-token")
+	const token = "0123456789abcdef0123456789abcdef"
+	for p, data := range map[string]string{topoFile: topo.String(), tokenFile: token + "\n"} {
+		if err := os.WriteFile(p, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rulesFile, err := filepath.Abs("../examples/rules.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	recs := map[string]*reconciler.Reconciler{}
+	lims := map[string]*limiterd.Daemon{}
+	for _, r := range regions {
+		node := testenv.RedisNode(t)
+		rec, err := reconciler.New(reconciler.Options{
+			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), RedisAddrs: []string{node.Addr()},
+			NATSAuth: natsconn.Auth{NkeySeedFile: seed("reconciler-" + r)}, Interval: 200 * time.Millisecond,
+			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: log.With("daemon", "reconciler-"+r),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rec.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { rec.Stop() })
+		recs[r] = rec
+
+		var admin natsconn.Auth
+		if r == "us-east" {
+			admin = natsconn.Auth{NkeySeedFile: seed("admin")}
+		}
+		d, err := limiterd.New(limiterd.Options{
+			GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rulesFile, Region: r, Instance: "limiterd-" + r,
+			NATSURL: ns.URL(), NATSAuth: natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, AdminNATSAuth: admin,
+			AdminTokenFile: tokenFile, GossipInterval: 200 * time.Millisecond, Logger: log.With("daemon", "limiterd-"+r),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Stop(context.Background()) })
+		lims[r] = d
+	}
+	for r, rec := range recs {
+		waitOK(t, "reconciler-"+r+" /readyz", "http://"+rec.HTTPAddr()+"/readyz")
+	}
+
+	// A spend admitted in us-east reaches eu-west's buckets.
+	cc, err := grpc.NewClient(lims["us-east"].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	usEast := limiterv1.NewLimiterClient(cc)
+	if resp, err := usEast.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "global-demo", Key: "k"}); err != nil || !resp.Allowed {
+		t.Fatalf("check in us-east: %v, %v", resp, err)
+	}
+	applied := func() float64 {
+		mfs, err := recs["eu-west"].Registry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "limiter_spends_applied_total" {
+				for _, m := range mf.GetMetric() {
+					if m.GetLabel()[0].GetValue() == "us-east" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		return 0
+	}
+	waitFor(t, "eu-west applies us-east's spend", func() bool { return applied() >= 1 })
+
+	// Rules: written by us-east's admin writer, read by everyone.
+	rule := "id: burst\ncapacity: 5\nrefill_per_second: 1\n"
+	if code, body := put(t, lims["us-east"].HTTPAddr(), "/admin/rules/burst", token, rule); code != http.StatusOK {
+		t.Fatalf("PUT through us-east's admin API: %d %s", code, body)
+	}
+	cc2, err := grpc.NewClient(lims["eu-west"].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc2.Close() })
+	euWest := limiterv1.NewLimiterClient(cc2)
+	waitFor(t, "the admin's rule in force in eu-west", func() bool {
+		_, err := euWest.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "burst", Key: "k"})
+		return status.Code(err) != codes.NotFound
+	})
+	if code, _ := put(t, lims["eu-west"].HTTPAddr(), "/admin/rules/other", token, "id: other\ncapacity: 5\nrefill_per_second: 1\n"); code == http.StatusOK {
+		t.Error("eu-west's limiterd, with a read-only identity, put a rule")
+	}
+}
+
+func put(t *testing.T, addr, path, token, body string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func waitOK(t *testing.T, what, url string) {
+	t.Helper()
+	waitFor(t, what, func() bool {
+		resp, err := http.Get(url)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// waitFor polls ok until it holds, for at most 30 s.
+func waitFor(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after 30s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
