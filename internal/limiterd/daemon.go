@@ -207,6 +207,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
+		auth = append(auth, natsconn.Inbox(natsconn.IdentityName("limiterd", d.opts.Region)))
 		nc, err := natsconn.Connect(d.opts.NATSURL, "limiterd "+d.opts.Instance, d.log, auth...)
 		if err != nil {
 			return fmt.Errorf("--nats.url: %w", err)
@@ -223,6 +224,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			if err != nil {
 				return err
 			}
+			wopts = append(wopts, natsconn.Inbox(natsconn.IdentityName("admin", "")))
 			wc, err := natsconn.Connect(d.opts.NATSURL, "limiterd admin "+d.opts.Instance, d.log.With("component", "admin"), wopts...)
 			if err != nil {
 				return fmt.Errorf("--nats.url: %w", err)

@@ -185,6 +185,11 @@ func TestAdminRulesCannotPoison(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "home_keys.tenant-a") {
 		t.Fatalf("PutRule of a rule homed in mars: %v, want InvalidArgument naming home_keys.tenant-a", err)
 	}
+	// The next good put is in force everywhere (it makes the bucket: the
+	// refused ones did not).
+	if code, msg := adminHTTP(t, a, "PUT", "/admin/rules/good", adminToken, fmt.Sprintf(pinnedRule, "good", "eu-west")); code != http.StatusOK {
+		t.Fatalf("PUT of a good rule: %d %q", code, msg)
+	}
 	nc, err := nats.Connect(ns.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -197,11 +202,6 @@ func TestAdminRulesCannotPoison(t *testing.T) {
 	}
 	if _, err := kv.Get(context.Background(), "poison"); err == nil {
 		t.Fatal("the refused rule was stored")
-	}
-
-	// The next good put is in force everywhere.
-	if code, msg := adminHTTP(t, a, "PUT", "/admin/rules/good", adminToken, fmt.Sprintf(pinnedRule, "good", "eu-west")); code != http.StatusOK {
-		t.Fatalf("PUT of a good rule: %d %q", code, msg)
 	}
 	clientA := limiterv1.NewLimiterClient(dial(t, a.GRPCAddr()))
 	waitRule(t, clientB, "good", false, time.Now())

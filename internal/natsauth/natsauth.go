@@ -24,6 +24,7 @@ import (
 
 	"github.com/nats-io/nkeys"
 
+	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -99,9 +100,10 @@ func destructive() []string {
 	}
 }
 
-// inbox is where replies come: JetStream API answers, publish acks and
-// messages fetched from a pull consumer.
-var inbox = []string{"_INBOX.>"}
+// inbox is where the replies to identity come (JetStream API answers,
+// publish acks, messages fetched from a pull consumer): its own inbox
+// prefix alone, so no identity reads another's.
+func inbox(identity string) []string { return []string{natsconn.InboxPrefix(identity) + ".>"} }
 
 // PermissionsFor returns the permissions of role in region, in a
 // deployment of regions (every other region is a spends source).
@@ -114,7 +116,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				"$KV.>", gossip.SpendSubjectPrefix + ">",
 				api + "STREAM.CREATE.>", api + "STREAM.UPDATE.>", api + "CONSUMER.CREATE." + gossip.SpendStream + ".>",
 			}, destructive()...),
-			SubscribeAllow: inbox,
+			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleReconciler:
 		local := gossip.LocalStream(self)
@@ -132,7 +134,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
 			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive()...),
-			SubscribeAllow: inbox,
+			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:
 		return Permissions{
@@ -143,7 +145,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				api + "DIRECT.GET." + kvStream, api + "DIRECT.GET." + kvStream + ".>", api + "STREAM.MSG.GET." + kvStream,
 			},
 			PublishDeny:    append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive()...),
-			SubscribeAllow: inbox,
+			SubscribeAllow: inbox(natsconn.IdentityName(string(role), "")),
 		}
 	}
 	return Permissions{}
@@ -198,14 +200,14 @@ func Generate(regions []string) ([]Identity, error) {
 		return nil
 	}
 	for _, r := range regions {
-		if err := add(string(RoleLimiterd)+"-"+r, RoleLimiterd, r); err != nil {
+		if err := add(natsconn.IdentityName(string(RoleLimiterd), r), RoleLimiterd, r); err != nil {
 			return nil, err
 		}
-		if err := add(string(RoleReconciler)+"-"+r, RoleReconciler, r); err != nil {
+		if err := add(natsconn.IdentityName(string(RoleReconciler), r), RoleReconciler, r); err != nil {
 			return nil, err
 		}
 	}
-	if err := add(string(RoleAdmin), RoleAdmin, ""); err != nil {
+	if err := add(natsconn.IdentityName(string(RoleAdmin), ""), RoleAdmin, ""); err != nil {
 		return nil, err
 	}
 	return ids, nil

@@ -1,8 +1,6 @@
 package natsconn
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,6 +14,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/limiterd/limiterd/internal/secretfile"
+	"github.com/limiterd/limiterd/internal/tlsconf"
 )
 
 // Flag name prefixes of Auth: the main connection's flags are
@@ -131,24 +130,10 @@ func (a *Auth) Options(log *slog.Logger) ([]nats.Option, error) {
 	if a.TLSCAFile == "" && a.TLSCertFile == "" {
 		return opts, nil
 	}
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
-	if a.TLSCAFile != "" {
-		pem, err := os.ReadFile(a.TLSCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", a.flag("tls-ca-file"), err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: no PEM certificate in %s", a.flag("tls-ca-file"), a.TLSCAFile)
-		}
-		tc.RootCAs = pool
-	}
-	if a.TLSCertFile != "" {
-		cert, err := tls.LoadX509KeyPair(a.TLSCertFile, a.TLSKeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("%s and %s: %w", a.flag("tls-cert-file"), a.flag("tls-key-file"), err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
+	tc, err := tlsconf.Client(tlsconf.Files{Cert: a.TLSCertFile, Key: a.TLSKeyFile, CA: a.TLSCAFile,
+		CertFlag: a.flag("tls-cert-file"), KeyFlag: a.flag("tls-key-file"), CAFlag: a.flag("tls-ca-file")})
+	if err != nil {
+		return nil, err
 	}
 	return append(opts, nats.Secure(tc)), nil
 }

@@ -221,7 +221,7 @@ func TestAuthBadFlags(t *testing.T) {
 		{"ca no pem", natsconn.Auth{TLSCAFile: pemJunk}, "--nats.tls-ca-file", nil},
 		{"cert without key", natsconn.Auth{TLSCertFile: certFile}, "--nats.tls-cert-file and --nats.tls-key-file", nil},
 		{"key without cert", natsconn.Auth{TLSKeyFile: keyFile}, "--nats.tls-cert-file and --nats.tls-key-file", nil},
-		{"cert with the wrong key", natsconn.Auth{TLSCertFile: certFile, TLSKeyFile: junk}, "--nats.tls-cert-file and --nats.tls-key-file", nil},
+		{"cert with the wrong key", natsconn.Auth{TLSCertFile: certFile, TLSKeyFile: junk}, "--nats.tls-cert-file, --nats.tls-key-file", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,25 @@ import (
 // ReconnectWait is the pause between two attempts to reach NATS.
 const ReconnectWait = 250 * time.Millisecond
 
+// IdentityName is the NATS identity of the daemons of role ("limiterd",
+// "reconciler" or "admin", the admin API's writer) in region (none for
+// admin): limiterd-us-east, reconciler-us-east, admin.
+func IdentityName(role, region string) string {
+	if region == "" {
+		return role
+	}
+	return role + "-" + region
+}
+
+// InboxPrefix is the subject prefix of the replies to identity's requests
+// (JetStream API answers, publish acks, fetched messages). Each identity
+// may subscribe to its own alone, so none reads another's replies.
+func InboxPrefix(identity string) string { return "_INBOX." + identity }
+
+// Inbox makes a connection take its reply subjects under identity's
+// InboxPrefix.
+func Inbox(identity string) nats.Option { return nats.CustomInboxPrefix(InboxPrefix(identity)) }
+
 // Connect connects to url as name, with opts (Auth.Options) after the
 // defaults. It returns at once even when NATS is unreachable: the
 // connection keeps trying, forever, and the daemons work without it

@@ -254,6 +254,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		store.Close()
 		return err
 	}
+	auth = append(auth, natsconn.Inbox(natsconn.IdentityName("reconciler", r.opts.Region)))
 	r.nc, err = natsconn.Connect(r.opts.NATSURL, "reconciler "+r.opts.Region, r.log, auth...)
 	if err != nil {
 		store.Close()

@@ -171,8 +171,9 @@ func (s *stack) connectAs(name string) *nats.Conn {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	// The refusals are read from LastError, not printed.
-	opts = append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
+	// The refusals are read from LastError, not printed. Replies come to
+	// the identity's own inbox, as they do to the daemons.
+	opts = append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), natsconn.Inbox(name))
 	nc, err := nats.Connect(s.nats.URL(), opts...)
 	if err != nil {
 		s.t.Fatalf("connect as %s: %v", name, err)

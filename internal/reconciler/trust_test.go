@@ -62,6 +62,32 @@ func (s *stack) publish(who, subject string, data []byte, msgID string) {
 	}
 }
 
+// TestRepliesStayPrivate: an identity reads the replies to its own
+// requests only; a limiterd's cannot subscribe to the reconciler's inbox
+// (the spends it fetches) nor to every inbox.
+func TestRepliesStayPrivate(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	for _, subject := range []string{"_INBOX.>", natsconn.InboxPrefix("reconciler-us-east") + ".>", natsconn.InboxPrefix("admin") + ".*"} {
+		nc := s.connectAs("limiterd-us-east")
+		if _, err := nc.SubscribeSync(subject); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if !errors.Is(nc.LastError(), nats.ErrPermissionViolation) {
+			t.Errorf("limiterd-us-east subscribed to %s (last error %v)", subject, nc.LastError())
+		}
+	}
+	nc := s.connectAs("limiterd-us-east")
+	if _, err := nc.SubscribeSync(natsconn.InboxPrefix("limiterd-us-east") + ".x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil || nc.LastError() != nil {
+		t.Fatalf("limiterd-us-east on its own inbox: %v, %v", err, nc.LastError())
+	}
+}
+
 // TestRulesBucketOnlyAdminWrites: a limiterd's identity (one any gateway
 // host holds) cannot put a rule into the bucket, so a global rule of
 // capacity 1 cannot be slipped past the admin API; a client without an

@@ -13,6 +13,8 @@ import (
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
+
+	"github.com/limiterd/limiterd/internal/secretfile"
 )
 
 // Files are the PEM files of one TLS link and the flags that name them,
@@ -34,9 +36,9 @@ func Server(f Files) (*tls.Config, error) {
 	if f.Cert == "" || f.Key == "" {
 		return nil, fmt.Errorf("%s, %s: give both", f.CertFlag, f.KeyFlag)
 	}
-	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	cert, err := f.keyPair()
 	if err != nil {
-		return nil, fmt.Errorf("%s, %s: %w", f.CertFlag, f.KeyFlag, err)
+		return nil, err
 	}
 	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	if f.CA != "" {
@@ -64,13 +66,26 @@ func Client(f Files) (*tls.Config, error) {
 		return nil, fmt.Errorf("%s, %s: give both or neither", f.CertFlag, f.KeyFlag)
 	}
 	if f.Cert != "" {
-		cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+		cert, err := f.keyPair()
 		if err != nil {
-			return nil, fmt.Errorf("%s, %s: %w", f.CertFlag, f.KeyFlag, err)
+			return nil, err
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
 	return tc, nil
+}
+
+// keyPair loads Cert and Key. The private key is a secret file: one open
+// to other users is refused (package secretfile).
+func (f Files) keyPair() (tls.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("%s, %s: %w", f.CertFlag, f.KeyFlag, err)
+	}
+	if err := secretfile.Check(f.KeyFlag, f.Key, nil); err != nil {
+		return tls.Certificate{}, err
+	}
+	return cert, nil
 }
 
 // Pool reads a PEM bundle of CA certificates; errors name flag.

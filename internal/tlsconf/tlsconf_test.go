@@ -4,8 +4,11 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
+
+	"github.com/limiterd/limiterd/internal/testenv"
 )
 
 // TestAllowed: a certificate is allowed by a DNS SAN, a URI SAN or its
@@ -53,5 +56,27 @@ func TestErrorsNameTheFlags(t *testing.T) {
 		if err := tt.f(); err == nil || !strings.Contains(err.Error(), tt.flag) {
 			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.flag)
 		}
+	}
+}
+
+// TestKeyOpenToOthersRefused: a private key file other users may read is
+// refused, naming its flag, on a server and a client alike.
+func TestKeyOpenToOthersRefused(t *testing.T) {
+	cert, key := testenv.NewCA(t).Issue(t, "localhost", true)
+	if err := os.Chmod(key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f := Files{Cert: cert, Key: key, CertFlag: "--x.cert", KeyFlag: "--x.key", CAFlag: "--x.ca"}
+	if _, err := Server(f); err == nil || !strings.HasPrefix(err.Error(), "--x.key: ") || !strings.Contains(err.Error(), "open to other users") {
+		t.Fatalf("server with a 0644 key: %v", err)
+	}
+	if _, err := Client(f); err == nil || !strings.HasPrefix(err.Error(), "--x.key: ") {
+		t.Fatalf("client with a 0644 key: %v", err)
+	}
+	if err := os.Chmod(key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Server(f); err != nil {
+		t.Fatalf("server with a 0600 key: %v", err)
 	}
 }
