@@ -167,8 +167,9 @@ func TestStackNATSIdentities(t *testing.T) {
 		_, err := euWest.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "burst", Key: "k"})
 		return status.Code(err) != codes.NotFound
 	})
-	if code, _ := put(t, lims["eu-west"].HTTPAddr(), "/admin/rules/other", token, "id: other\ncapacity: 5\nrefill_per_second: 1\n"); code == http.StatusOK {
-		t.Error("eu-west's limiterd, with a read-only identity, put a rule")
+	// Refused at once, saying why (not after the write's timeout).
+	if code, msg := put(t, lims["eu-west"].HTTPAddr(), "/admin/rules/other", token, "id: other\ncapacity: 5\nrefill_per_second: 1\n"); code != http.StatusConflict || !strings.Contains(msg, "--admin.nats-nkey-seed-file") {
+		t.Errorf("PUT through eu-west's limiterd, with a read-only identity: %d %q; want 409 naming --admin.nats-nkey-seed-file", code, msg)
 	}
 }
 

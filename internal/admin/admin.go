@@ -167,7 +167,7 @@ func adminStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, rulesource.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, rulesource.ErrNoStore):
+	case errors.Is(err, rulesource.ErrNoStore), errors.Is(err, rulesource.ErrReadOnly):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Unavailable, err.Error())

@@ -111,6 +111,9 @@ func New(opts Options) (*Daemon, error) {
 	src, err := rulesource.New(rulesource.Options{
 		File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
 		MaxRules: opts.MaxRules, ValidateRule: validate, OnChange: d.setRules,
+		// With an identity of its own and none for the admin API, this
+		// limiterd reads rules only: its admin API says so at once.
+		ReadOnly: opts.NATSAuth.Set() && !opts.AdminNATSAuth.Set(),
 	}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("--rules.file: %w", err)

@@ -77,13 +77,15 @@ const api = "$JS.API."
 
 // rulesReader are the subjects of reading and watching the rules bucket:
 // look it up, watch it (an ordered push consumer, created again after a
-// gap, with flow control replies), and get one key directly.
+// gap and deleted when the watch stops, with flow control replies), and
+// get one key directly.
 func rulesReader() []string {
 	return []string{
 		api + "INFO",
 		api + "STREAM.INFO." + kvStream,
 		api + "CONSUMER.CREATE." + kvStream,
 		api + "CONSUMER.CREATE." + kvStream + ".>",
+		api + "CONSUMER.DELETE." + kvStream + ".>",
 		api + "DIRECT.GET." + kvStream,
 		api + "DIRECT.GET." + kvStream + ".>",
 		api + "STREAM.MSG.GET." + kvStream,
@@ -92,12 +94,20 @@ func rulesReader() []string {
 }
 
 // destructive are the JetStream API calls no daemon makes; they are
-// denied outright, whatever an allow list holds.
-func destructive() []string {
-	return []string{
+// denied outright, whatever an allow list holds: deleting or purging a
+// stream or its messages, deleting the durable consumers of the spend
+// streams of regions, and the server and cluster calls. (A rules reader
+// deletes the ephemeral consumer of a watch it stops.)
+func destructive(regions []string) []string {
+	out := []string{
 		api + "STREAM.DELETE.>", api + "STREAM.PURGE.>", api + "STREAM.MSG.DELETE.>",
-		api + "CONSUMER.DELETE.>", api + "ACCOUNT.PURGE.>", api + "SERVER.>", api + "META.>",
+		api + "CONSUMER.DELETE." + gossip.SpendStream + ".>",
+		api + "ACCOUNT.PURGE.>", api + "SERVER.>", api + "META.>",
 	}
+	for _, r := range regions {
+		out = append(out, api+"CONSUMER.DELETE."+gossip.LocalStream(r)+".>")
+	}
+	return out
 }
 
 // inbox is where the replies to identity come (JetStream API answers,
@@ -115,7 +125,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 			PublishDeny: append([]string{
 				"$KV.>", gossip.SpendSubjectPrefix + ">",
 				api + "STREAM.CREATE.>", api + "STREAM.UPDATE.>", api + "CONSUMER.CREATE." + gossip.SpendStream + ".>",
-			}, destructive()...),
+			}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleReconciler:
@@ -133,7 +143,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		}
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
-			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive()...),
+			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:
@@ -144,7 +154,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				api + "STREAM.INFO." + kvStream, api + "STREAM.CREATE." + kvStream,
 				api + "DIRECT.GET." + kvStream, api + "DIRECT.GET." + kvStream + ".>", api + "STREAM.MSG.GET." + kvStream,
 			},
-			PublishDeny:    append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive()...),
+			PublishDeny:    append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), "")),
 		}
 	}

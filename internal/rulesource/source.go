@@ -45,6 +45,10 @@ var ErrTooManyRules = errors.New("too many rules")
 // ErrNoStore is returned by Put and Delete without a key-value bucket.
 var ErrNoStore = errors.New("no rules store: start with --nats.url to change rules at run time")
 
+// ErrReadOnly is returned by Put and Delete of a daemon whose NATS identity
+// may only read the rules bucket.
+var ErrReadOnly = errors.New("this limiterd's NATS identity only reads rules: put them through a limiterd started with --admin.nats-nkey-seed-file or --admin.nats-creds-file (the admin identity)")
+
 // ErrNoBucket is the watchers' error while the key-value bucket does not
 // exist: only a writer (Put, Delete) creates it.
 var ErrNoBucket = errors.New("the rules bucket does not exist yet: the first rule put through the admin API creates it")
@@ -64,7 +68,11 @@ type Options struct {
 	// through (an identity allowed to); without it they use NATS. Only a
 	// writer creates the bucket: watchers wait for it.
 	Writer *nats.Conn
-	Bucket string
+	// ReadOnly, without a Writer, makes Put and Delete fail at once with
+	// ErrReadOnly instead of trying NATS: the daemon's identity only reads
+	// rules (the server would refuse the write, and the caller would wait).
+	ReadOnly bool
+	Bucket   string
 	// ResyncInterval is how often the whole bucket is read again.
 	ResyncInterval time.Duration
 	// MaxRules caps the rules in force, the file's and the bucket's
@@ -340,6 +348,9 @@ func (s *Source) writeBucket(ctx context.Context) (jetstream.KeyValue, error) {
 	}
 	nc := s.opts.Writer
 	if nc == nil {
+		if s.opts.ReadOnly && s.opts.NATS != nil {
+			return nil, ErrReadOnly
+		}
 		nc = s.opts.NATS
 	}
 	if nc == nil {
