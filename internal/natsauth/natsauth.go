@@ -5,9 +5,12 @@
 // authorization block (Config) and writes each identity's seed (Write).
 //
 // What the permissions guarantee: a region's flushes (limiter.local.<r>)
-// come only from its limiterd, its relayed spends (limiter.spends.<r>) only
-// from its reconciler, and rules only from the admin writer; no daemon may
-// delete, purge or (limiterd) update a stream or a consumer. The JetStream
+// come only from its limiterd, its relayed spends (limiter.relay.<r>) and
+// its retries (limiter.retry.<r>.>) only from its reconciler, and rules
+// only from the admin writer; nobody publishes to the legacy spends
+// subjects (limiter.spends.>) any more; a reconciler creates and updates
+// only its own region's streams; no daemon may delete, purge or (limiterd)
+// update a stream or a consumer. The JetStream
 // API subjects are those nats.go's jetstream package (v1.55) sends for
 // what each daemon does; a test runs the daemons against a server with
 // exactly these permissions.
@@ -105,7 +108,9 @@ func destructive(regions []string) []string {
 		api + "ACCOUNT.PURGE.>", api + "SERVER.>", api + "META.>",
 	}
 	for _, r := range regions {
-		out = append(out, api+"CONSUMER.DELETE."+gossip.LocalStream(r)+".>")
+		for _, stream := range []string{gossip.LocalStream(r), gossip.RegionStream(r), gossip.InStream(r), gossip.RetryStream(r)} {
+			out = append(out, api+"CONSUMER.DELETE."+stream+".>")
+		}
 	}
 	return out
 }
@@ -123,27 +128,32 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		return Permissions{
 			PublishAllow: append([]string{gossip.LocalSubject(self)}, rulesReader()...),
 			PublishDeny: append([]string{
-				"$KV.>", gossip.SpendSubjectPrefix + ">",
+				"$KV.>", gossip.SpendSubjectPrefix + ">", gossip.RelaySubjectPrefix + ">", gossip.RetrySubjectPrefix + ">",
 				api + "STREAM.CREATE.>", api + "STREAM.UPDATE.>", api + "CONSUMER.CREATE." + gossip.SpendStream + ".>",
 			}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleReconciler:
-		local := gossip.LocalStream(self)
-		pub := []string{
-			gossip.SpendSubject(self),
-			api + "STREAM.INFO." + gossip.SpendStream, api + "STREAM.CREATE." + gossip.SpendStream, api + "STREAM.UPDATE." + gossip.SpendStream,
-			api + "STREAM.INFO." + local, api + "STREAM.CREATE." + local, api + "STREAM.UPDATE." + local,
+		local, spends, in, retry := gossip.LocalStream(self), gossip.RegionStream(self), gossip.InStream(self), gossip.RetryStream(self)
+		pub := []string{gossip.RelaySubject(self), gossip.RetrySubjectPrefix + self + ".>"}
+		for _, stream := range []string{local, spends, in, retry} {
+			pub = append(pub, api+"STREAM.INFO."+stream, api+"STREAM.CREATE."+stream, api+"STREAM.UPDATE."+stream)
 		}
+		// The one spends stream of earlier releases: looked up, and read
+		// where it still exists (the migration); never made.
+		pub = append(pub, api+"STREAM.INFO."+gossip.SpendStream)
 		pub = append(pub, consumer(local, "relay", "")...)
 		for _, src := range regions {
 			if src != self {
-				pub = append(pub, consumer(gossip.SpendStream, "apply-"+self+"-from-"+src, gossip.SpendSubject(src))...)
+				apply := "apply-" + self + "-from-" + src
+				pub = append(pub, consumer(in, apply, gossip.RelaySubject(src))...)
+				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)
+				pub = append(pub, consumer(gossip.SpendStream, apply, gossip.SpendSubject(src))...)
 			}
 		}
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
-			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive(regions)...),
+			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:
@@ -154,7 +164,8 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				api + "STREAM.INFO." + kvStream, api + "STREAM.CREATE." + kvStream,
 				api + "DIRECT.GET." + kvStream, api + "DIRECT.GET." + kvStream + ".>", api + "STREAM.MSG.GET." + kvStream,
 			},
-			PublishDeny:    append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive(regions)...),
+			PublishDeny: append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">",
+				gossip.RelaySubjectPrefix + ">", gossip.RetrySubjectPrefix + ">"}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), "")),
 		}
 	}

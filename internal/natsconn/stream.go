@@ -57,7 +57,9 @@ func StreamMatches(have, want jetstream.StreamConfig) bool {
 		(want.MaxBytes == 0 || have.MaxBytes == want.MaxBytes) &&
 		(want.MaxMsgSize == 0 || have.MaxMsgSize == want.MaxMsgSize) &&
 		(want.Duplicates == 0 || have.Duplicates == want.Duplicates) &&
-		(want.Description == "" || have.Description == want.Description)
+		(want.Description == "" || have.Description == want.Description) &&
+		(want.Placement == nil || (have.Placement != nil && have.Placement.Cluster == want.Placement.Cluster)) &&
+		sameSources(have.Sources, want.Sources)
 }
 
 // EnsureKeyValue returns the key-value bucket cfg.Bucket, creating it when
@@ -79,4 +81,22 @@ func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, cfg jetstream.K
 		return nil, fmt.Errorf("create key-value bucket %s: %w", cfg.Bucket, err)
 	}
 	return kv, nil
+}
+
+// sameSources reports whether two streams source the same streams with the
+// same filters; where each started (OptStartTime, OptStartSeq) is not
+// compared, since a stream's start is set once, when it is made.
+func sameSources(have, want []*jetstream.StreamSource) bool {
+	key := func(s *jetstream.StreamSource) string { return s.Name + " " + s.FilterSubject }
+	a := make([]string, 0, len(have))
+	for _, s := range have {
+		a = append(a, key(s))
+	}
+	b := make([]string, 0, len(want))
+	for _, s := range want {
+		b = append(b, key(s))
+	}
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }

@@ -111,7 +111,7 @@ func BenchmarkApplyThroughput(b *testing.B) {
 		rec := s.regions["eu-west"].recs[0]
 		start := time.Now()
 		for _, p := range payloads {
-			if _, err := js.Publish(context.Background(), gossip.SpendSubject("us-east"), p); err != nil {
+			if _, err := js.Publish(context.Background(), gossip.RelaySubject("us-east"), p); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -26,7 +26,6 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RedisTLSKeyFile, "redis.tls-key-file", "", "private key of --redis.tls-cert-file (PEM)")
 	fs.DurationVar(&o.Interval, "gossip.interval", gossip.DefaultInterval, "longest wait for a spend message before looking again")
 	fs.DurationVar(&o.AckWait, "gossip.ack-wait", DefaultAckWait, "time before an unacknowledged message is delivered again")
-	fs.DurationVar(&o.MarkerTTL, "gossip.marker-ttl", DefaultMarkerTTL, "lifetime of a client's last-applied marker (at least 10 ack waits)")
 	fs.IntVar(&o.MaxMessageBytes, "gossip.max-message-bytes", gossip.DefaultMaxMessageBytes, "largest spend message accepted")
 	fs.DurationVar(&o.StreamMaxAge, "stream.max-age", DefaultStreamMaxAge, "oldest spend message kept (the longest partition whose spends still apply)")
 	fs.Int64Var(&o.StreamMaxBytes, "stream.max-bytes", DefaultStreamMaxBytes, "largest size of each spend stream")

@@ -384,16 +384,16 @@ func TestPinned(t *testing.T) {
 	}
 }
 
-// TestMalformedMessages: garbage, a batch on another region's subject and
-// an invalid batch are counted and terminated; the streams move on and
-// valid spends still apply exactly once.
+// TestMalformedMessages: garbage and a batch on another region's subject
+// are counted and terminated, a batch's invalid entry is counted and
+// skipped; the streams move on and valid spends still apply exactly once.
 func TestMalformedMessages(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	// Each subject's own publisher sends the bad messages: nobody else may.
 	publishers := map[string]jetstream.JetStream{}
 	for subject, name := range map[string]string{
-		gossip.SpendSubject("us-east"): "reconciler-us-east",
-		gossip.SpendSubject("eu-west"): "reconciler-eu-west",
+		gossip.RelaySubject("us-east"): "reconciler-us-east",
+		gossip.RelaySubject("eu-west"): "reconciler-eu-west",
 		gossip.LocalSubject("us-east"): "limiterd-us-east",
 	} {
 		js, err := jetstream.New(s.connectAs(name))
@@ -405,11 +405,11 @@ func TestMalformedMessages(t *testing.T) {
 	ctx := context.Background()
 	misaddressed, _ := gossip.Split(gossip.Header{Region: "eu-west", Instance: "x", Sequence: 1, FirstAdmitted: 1, Flushed: 1},
 		[]gossip.Spend{{Rule: "quota", Key: "k", Cost: 1000}}, gossip.DefaultMaxMessageBytes)
-	invalid, _ := proto.Marshal(&gossipv1.SpendBatch{Region: "us-east", Instance: "x", Parts: 1, FirstAdmittedUnixMicros: 1,
+	invalid, _ := proto.Marshal(&gossipv1.SpendBatch{Region: "eu-west", Instance: "x", Parts: 1, FirstAdmittedUnixMicros: 1,
 		FlushedUnixMicros: 1, Spends: []*gossipv1.Spend{{RuleId: "quota", Key: "k", Cost: math.Inf(1)}}})
 	for subject, data := range map[string][]byte{
-		gossip.SpendSubject("us-east"): []byte("not a protobuf \xff\xff"),
-		gossip.SpendSubject("eu-west"): invalid,
+		gossip.RelaySubject("us-east"): []byte("not a protobuf \xff\xff"),
+		gossip.RelaySubject("eu-west"): invalid,
 		gossip.LocalSubject("us-east"): misaddressed[0],
 	} {
 		if _, err := publishers[subject].Publish(ctx, subject, data); err != nil {
@@ -417,7 +417,7 @@ func TestMalformedMessages(t *testing.T) {
 		}
 	}
 	// The misaddressed batch again, on us-east's spends subject.
-	if _, err := publishers[gossip.SpendSubject("us-east")].Publish(ctx, gossip.SpendSubject("us-east"), misaddressed[0]); err != nil {
+	if _, err := publishers[gossip.RelaySubject("us-east")].Publish(ctx, gossip.RelaySubject("us-east"), misaddressed[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.send("us-east", "k", 3)
@@ -427,8 +427,12 @@ func TestMalformedMessages(t *testing.T) {
 	for _, name := range stackRegions {
 		rejected += testutil.ToFloat64(s.regions[name].recs[0].m.rejected)
 	}
-	if rejected != 4 {
-		t.Fatalf("%v messages rejected, want 4", rejected)
+	// The batch with one infinite cost is not refused whole: that entry is.
+	if rejected != 3 {
+		t.Fatalf("%v messages rejected, want 3", rejected)
+	}
+	if got := testutil.ToFloat64(s.regions["us-east"].recs[0].m.invalid.WithLabelValues("eu-west")); got != 1 {
+		t.Fatalf("%v invalid entries skipped in us-east, want 1", got)
 	}
 }
 
@@ -481,7 +485,6 @@ func TestBadOptions(t *testing.T) {
 		{"no nats", func(o *Options) { o.NATSURL = "" }, "--nats.url"},
 		{"no redis", func(o *Options) { o.RedisAddrs = nil }, "--redis.addrs"},
 		{"interval too short", func(o *Options) { o.Interval = time.Millisecond }, "--gossip.interval"},
-		{"marker shorter than redeliveries", func(o *Options) { o.MarkerTTL = time.Second }, "--gossip.marker-ttl"},
 		{"missing rules", func(o *Options) { o.RulesFile = filepath.Join(dir, "none.yml") }, "--rules.file"},
 		{"missing topology", func(o *Options) { o.TopologyFile = filepath.Join(dir, "none.yml") }, "--region.topology-file"},
 		{"tiny stream", func(o *Options) { o.StreamMaxBytes = 10 }, "--stream.max-bytes"},

@@ -1,14 +1,19 @@
 // Package reconciler is the reconciler daemon: it relays its region's
-// limiterd flushes to the spends stream that links the regions, and applies
-// every other region's spends to this region's buckets, at most once each.
+// limiterd flushes to the region's spends stream, in the region's own
+// JetStream cluster, and applies every other region's spends, sourced into
+// the region's inbound stream, to this region's buckets, at most once each.
 //
-// Concurrency: one relay loop, and one apply loop per other region. Each
-// apply loop reads a durable consumer that delivers one message at a time,
-// in stream order, so a region's spends are applied in sequence; that order
-// is what lets the debit script tell a redelivery from a new message. Several
-// reconcilers of one region share the same durable consumers: the work is
-// spread over them, and when one dies its unacknowledged message goes to
-// another after the ack wait.
+// Concurrency: one relay loop, and per other region one apply loop and one
+// retry loop. Each apply loop reads a durable consumer that delivers one
+// message at a time, in stream order, so a region's spends are applied in
+// sequence; that order is what lets the debit script tell a redelivery from
+// a new message. A client whose Redis node fails is not waited for: its
+// debits go to the retry stream, in order, under a subject of its slot's
+// bucket, and until that bucket's retries are applied every later debit of
+// a client of the bucket follows them there; the retry loop applies them in
+// the same order with the same markers. Several reconcilers of one region
+// share the durable consumers: the work is spread over them, and when one
+// dies its unacknowledged message goes to another after the ack wait.
 package reconciler
 
 import (
@@ -43,7 +48,6 @@ import (
 const (
 	DefaultHTTPAddress    = "127.0.0.1:9191"
 	DefaultAckWait        = 10 * time.Second
-	DefaultMarkerTTL      = 10 * time.Minute
 	DefaultStreamMaxAge   = time.Hour
 	DefaultStreamMaxBytes = 256 << 20
 	DefaultApplyTimeout   = 5 * time.Second
@@ -78,11 +82,11 @@ type Options struct {
 	// AckWait is how long a message may stay unacknowledged before it is
 	// delivered again (to this or another reconciler).
 	AckWait time.Duration
-	// MarkerTTL is how long a client's marker of the last applied message
-	// lives; it must outlast any redelivery (many AckWaits).
-	MarkerTTL time.Duration
 	// StreamMaxAge and StreamMaxBytes bound the streams: the backlog a
-	// partition can build before the oldest spends are dropped.
+	// partition can build before the oldest spends are dropped. A client's
+	// marker of the last message applied, and a flush's record, live as
+	// long as a message can be delivered again: StreamMaxAge and ten ack
+	// waits.
 	StreamMaxAge   time.Duration
 	StreamMaxBytes int64
 	// StreamReplicas is the replication of the streams (1 on one server).
@@ -127,9 +131,6 @@ func (o *Options) setDefaults() {
 	if o.AckWait == 0 {
 		o.AckWait = DefaultAckWait
 	}
-	if o.MarkerTTL == 0 {
-		o.MarkerTTL = DefaultMarkerTTL
-	}
 	if o.StreamMaxAge == 0 {
 		o.StreamMaxAge = DefaultStreamMaxAge
 	}
@@ -171,9 +172,6 @@ func (o *Options) validate() error {
 	}
 	if o.AckWait < time.Second || o.AckWait > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.ack-wait: must be in [1s, 10m], got %v", o.AckWait))
-	}
-	if o.MarkerTTL < 10*o.AckWait {
-		errs = append(errs, fmt.Errorf("--gossip.marker-ttl: must be at least 10 ack waits (%v), got %v", 10*o.AckWait, o.MarkerTTL))
 	}
 	if o.StreamMaxAge < time.Minute {
 		errs = append(errs, fmt.Errorf("--stream.max-age: must be at least 1m, got %v", o.StreamMaxAge))
@@ -332,111 +330,206 @@ func insufficientResources(err error) bool {
 }
 
 // run sets up the streams and consumers (retrying while NATS is away),
-// then runs the relay and apply loops until ctx ends.
+// then runs the relay, apply and retry loops until ctx ends. A stream or a
+// consumer found missing while running (deleted and made again by an
+// operator) sends it back to the set-up, which reads the stream's new epoch.
 func (r *Reconciler) run(ctx context.Context) {
-	var relay jetstream.Consumer
-	apply := make(map[string]jetstream.Consumer)
-	for {
-		err := r.setup(ctx, &relay, apply)
-		if err == nil {
-			break
+	for ctx.Err() == nil {
+		var st *streams
+		for {
+			var err error
+			if st, err = r.setup(ctx); err == nil {
+				break
+			}
+			if insufficientResources(err) {
+				r.log.Error("streams not set up: the NATS server's JetStream store is smaller than the streams asked for; lower --stream.max-bytes or raise the server's max_file_store (retrying)",
+					"stream_max_bytes", r.opts.StreamMaxBytes, "err", err)
+			} else {
+				r.log.Warn("streams not set up, retrying", "err", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
 		}
-		if insufficientResources(err) {
-			r.log.Error("streams not set up: the NATS server's JetStream store is smaller than the streams asked for; lower --stream.max-bytes or raise the server's max_file_store (retrying)",
-				"stream_max_bytes", r.opts.StreamMaxBytes, "err", err)
-		} else {
-			r.log.Warn("streams not set up, retrying", "err", err)
+		r.ready.Store(true)
+		lctx, lost := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		wg.Go(func() { r.relayLoop(lctx, st.relay) })
+		for _, src := range st.sources {
+			wg.Go(func() { r.applyLoop(lctx, src, src.apply, false) })
+			wg.Go(func() { r.retryLoop(lctx, src) })
+			if src.legacy != nil {
+				wg.Go(func() { r.applyLoop(lctx, src, src.legacy, true) })
+			}
 		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
+		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
+		wg.Wait()
+		lost()
+		if ctx.Err() == nil {
+			r.log.Warn("a stream or consumer is gone, setting up again")
 		}
 	}
-	r.ready.Store(true)
-	var wg sync.WaitGroup
-	wg.Go(func() { r.relayLoop(ctx, relay) })
-	for _, src := range r.sources {
-		wg.Go(func() { r.applyLoop(ctx, src, apply[src]) })
-	}
-	wg.Go(func() { r.backlogLoop(ctx, relay, apply) })
-	wg.Wait()
 }
 
-// setup creates the streams and the durable consumers, or updates those
-// whose configuration differs; every reconciler of every region runs it,
-// and it is idempotent: a matching stream is not rewritten.
-func (r *Reconciler) setup(ctx context.Context, relay *jetstream.Consumer, apply map[string]jetstream.Consumer) error {
+// streams are the consumers a reconciler reads, made by setup.
+type streams struct {
+	relay   jetstream.Consumer
+	retry   jetstream.Stream
+	sources []*source
+}
+
+// source is what this region reads of one other region.
+type source struct {
+	name string
+	// apply reads the source's spends in this region's inbound stream,
+	// whose creation (µs) is epoch.
+	apply jetstream.Consumer
+	epoch int64
+	// retry reads this region's debits of the source to apply again, from
+	// retryStream.
+	retry       jetstream.Consumer
+	retryStream jetstream.Stream
+	// legacy, when not nil, reads the source's spends left in the one
+	// spends stream of earlier releases.
+	legacy jetstream.Consumer
+}
+
+// streamConfig is what every stream of this region shares: its limits, its
+// replicas and its place, the JetStream cluster this reconciler is
+// connected to (its region's), unless the server is not clustered.
+func (r *Reconciler) streamConfig(name string, retention jetstream.RetentionPolicy) jetstream.StreamConfig {
+	cfg := jetstream.StreamConfig{
+		Name:       name,
+		Retention:  retention,
+		MaxAge:     r.opts.StreamMaxAge,
+		MaxBytes:   r.opts.StreamMaxBytes,
+		MaxMsgSize: int32(r.opts.MaxMessageBytes),
+		Discard:    jetstream.DiscardOld,
+		Duplicates: 2 * time.Minute,
+		Replicas:   r.opts.StreamReplicas,
+		Storage:    jetstream.FileStorage,
+	}
+	if cluster := r.nc.ConnectedClusterName(); cluster != "" {
+		cfg.Placement = &jetstream.Placement{Cluster: cluster}
+	}
+	return cfg
+}
+
+// setup creates this region's streams and the durable consumers, or
+// updates those whose configuration differs; every reconciler of the region
+// runs it, and it is idempotent: a matching stream is not rewritten. This
+// region's streams are its local stream (limiterd's flushes), its spends
+// stream (the flushes relayed, read by the other regions), its inbound
+// stream (sourcing every other region's spends stream) and its retry
+// stream. The legacy one spends stream is used, never created.
+func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := natsconn.EnsureStream(ctx, r.js, jetstream.StreamConfig{
-		Name:       gossip.SpendStream,
-		Subjects:   []string{gossip.SpendSubjectPrefix + ">"},
-		Retention:  jetstream.LimitsPolicy,
-		MaxAge:     r.opts.StreamMaxAge,
-		MaxBytes:   r.opts.StreamMaxBytes,
-		MaxMsgSize: int32(r.opts.MaxMessageBytes),
-		Discard:    jetstream.DiscardOld,
-		Duplicates: 2 * time.Minute,
-		Replicas:   r.opts.StreamReplicas,
-		Storage:    jetstream.FileStorage,
-	}); err != nil {
-		return err
+	self := r.opts.Region
+	st := &streams{}
+	local := r.streamConfig(gossip.LocalStream(self), jetstream.WorkQueuePolicy)
+	local.Subjects = []string{gossip.LocalSubject(self)}
+	if _, err := natsconn.EnsureStream(ctx, r.js, local); err != nil {
+		return nil, err
 	}
-	local := gossip.LocalStream(r.opts.Region)
-	if _, err := natsconn.EnsureStream(ctx, r.js, jetstream.StreamConfig{
-		Name:       local,
-		Subjects:   []string{gossip.LocalSubject(r.opts.Region)},
-		Retention:  jetstream.WorkQueuePolicy,
-		MaxAge:     r.opts.StreamMaxAge,
-		MaxBytes:   r.opts.StreamMaxBytes,
-		MaxMsgSize: int32(r.opts.MaxMessageBytes),
-		Discard:    jetstream.DiscardOld,
-		Duplicates: 2 * time.Minute,
-		Replicas:   r.opts.StreamReplicas,
-		Storage:    jetstream.FileStorage,
-	}); err != nil {
-		return err
+	spends := r.streamConfig(gossip.RegionStream(self), jetstream.LimitsPolicy)
+	spends.Subjects = []string{gossip.RelaySubject(self)}
+	if _, err := natsconn.EnsureStream(ctx, r.js, spends); err != nil {
+		return nil, err
 	}
-	c, err := r.js.CreateOrUpdateConsumer(ctx, local, jetstream.ConsumerConfig{
+	legacy := true
+	if _, err := r.js.Stream(ctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+		legacy = false
+	} else if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
+	}
+	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
+	// A new inbound stream takes the other regions' spends from now on (a
+	// new region is not debited with the past); during the migration from
+	// the one spends stream it takes all they hold, since this region did
+	// not read them there.
+	var start *time.Time
+	if !legacy {
+		now := time.Now()
+		start = &now
+	}
+	for _, src := range r.sources {
+		in.Sources = append(in.Sources, &jetstream.StreamSource{Name: gossip.RegionStream(src), FilterSubject: gossip.RelaySubject(src), OptStartTime: start})
+	}
+	if _, err := natsconn.EnsureStream(ctx, r.js, in); err != nil {
+		return nil, err
+	}
+	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
+	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
+	var err error
+	if st.retry, err = natsconn.EnsureStream(ctx, r.js, retry); err != nil {
+		return nil, err
+	}
+	if st.relay, err = r.js.CreateOrUpdateConsumer(ctx, local.Name, jetstream.ConsumerConfig{
 		Durable:       "relay",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.opts.AckWait,
 		MaxAckPending: 1024,
 		MaxDeliver:    -1,
-	})
-	if err != nil {
-		return fmt.Errorf("consumer relay: %w", err)
+	}); err != nil {
+		return nil, fmt.Errorf("consumer relay: %w", err)
 	}
-	*relay = c
-	for _, src := range r.sources {
-		c, err := r.js.CreateOrUpdateConsumer(ctx, gossip.SpendStream, jetstream.ConsumerConfig{
-			Durable:       applyConsumer(r.opts.Region, src),
-			FilterSubject: gossip.SpendSubject(src),
-			// A new region starts with what is published from now on.
-			DeliverPolicy: jetstream.DeliverNewPolicy,
+	for _, name := range r.sources {
+		src := &source{name: name, retryStream: st.retry}
+		// One message at a time, in order: see the package comment.
+		inOrder := jetstream.ConsumerConfig{
+			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       r.opts.AckWait,
-			// One message at a time, in order: see the package comment.
 			MaxAckPending: 1,
 			MaxDeliver:    -1,
-		})
-		if err != nil {
-			return fmt.Errorf("consumer %s: %w", applyConsumer(r.opts.Region, src), err)
 		}
-		apply[src] = c
+		c := inOrder
+		c.Durable, c.FilterSubject = applyConsumer(self, name), gossip.RelaySubject(name)
+		if src.apply, err = r.js.CreateOrUpdateConsumer(ctx, in.Name, c); err != nil {
+			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
+		}
+		c = inOrder
+		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
+		if src.retry, err = r.js.CreateOrUpdateConsumer(ctx, retry.Name, c); err != nil {
+			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
+		}
+		if legacy {
+			// As earlier releases made it, so that it goes on where their
+			// reconcilers stopped.
+			c = inOrder
+			c.Durable, c.FilterSubject, c.DeliverPolicy = applyConsumer(self, name), gossip.SpendSubject(name), jetstream.DeliverNewPolicy
+			if src.legacy, err = r.js.CreateOrUpdateConsumer(ctx, gossip.SpendStream, c); err != nil {
+				return nil, fmt.Errorf("consumer %s on %s: %w", c.Durable, gossip.SpendStream, err)
+			}
+		}
+		st.sources = append(st.sources, src)
 	}
-	return nil
+	// The epoch is read after the consumers are made: a stream made again
+	// since would have taken them with it, and the loops would come back here.
+	info, err := r.js.Stream(ctx, in.Name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
+	}
+	epoch := max(info.CachedInfo().Created.UnixMicro(), 1)
+	for _, src := range st.sources {
+		src.epoch = epoch
+	}
+	return st, nil
 }
 
 func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
+func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
 
 // relayLoop forwards this region's limiterd flushes, one to one, to the
-// spends stream. The message id is the flush's own (instance, sequence,
-// part), so a relay that dies between publishing and acknowledging makes a
-// duplicate that the stream drops.
+// region's spends stream. The message id is the flush's own (instance,
+// sequence, part), so a relay that dies between publishing and
+// acknowledging makes a duplicate that the stream drops. Invalid entries
+// are relayed as they are: each region that applies the batch skips them.
 func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
-	subject := gossip.SpendSubject(r.opts.Region)
+	subject := gossip.RelaySubject(r.opts.Region)
 	for ctx.Err() == nil {
 		batch, err := c.Fetch(256, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -444,7 +537,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 			continue
 		}
 		for msg := range batch.Messages() {
-			b, err := gossip.Decode(msg.Data(), r.opts.MaxMessageBytes)
+			b, _, err := gossip.DecodeEntries(msg.Data(), r.opts.MaxMessageBytes)
 			if err == nil && b.GetRegion() != r.opts.Region {
 				err = fmt.Errorf("%w: region: %q on %s's local stream", gossip.ErrInvalidBatch, b.GetRegion(), r.opts.Region)
 			}
@@ -470,8 +563,9 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 	}
 }
 
-// applyLoop applies src's spends, one message at a time, in order.
-func (r *Reconciler) applyLoop(ctx context.Context, src string, c jetstream.Consumer) {
+// applyLoop applies src's spends, one message at a time, in order, from
+// the inbound stream or (legacy) the one spends stream of earlier releases.
+func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Consumer, legacy bool) {
 	for ctx.Err() == nil {
 		batch, err := c.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -479,7 +573,7 @@ func (r *Reconciler) applyLoop(ctx context.Context, src string, c jetstream.Cons
 			continue
 		}
 		for msg := range batch.Messages() {
-			r.applyMessage(ctx, src, msg)
+			r.applyMessage(ctx, src, msg, legacy)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
 			r.pause(ctx, "apply fetch", err)
@@ -487,69 +581,145 @@ func (r *Reconciler) applyLoop(ctx context.Context, src string, c jetstream.Cons
 	}
 }
 
-func (r *Reconciler) applyMessage(ctx context.Context, src string, msg jetstream.Msg) {
+func (r *Reconciler) applyMessage(ctx context.Context, src *source, msg jetstream.Msg, legacy bool) {
 	meta, err := msg.Metadata()
 	if err != nil {
-		r.reject(msg, src, err)
+		r.reject(msg, src.name, err)
 		return
 	}
-	b, err := gossip.Decode(msg.Data(), r.opts.MaxMessageBytes)
-	if err == nil && b.GetRegion() != src {
-		err = fmt.Errorf("%w: region: %q on %s's subject", gossip.ErrInvalidBatch, b.GetRegion(), src)
+	b, bad, err := gossip.DecodeEntries(msg.Data(), r.opts.MaxMessageBytes)
+	if err == nil && b.GetRegion() != src.name {
+		err = fmt.Errorf("%w: region: %q on %s's subject", gossip.ErrInvalidBatch, b.GetRegion(), src.name)
 	}
 	if err != nil {
-		r.reject(msg, src, err)
+		r.reject(msg, src.name, err)
 		return
 	}
-	clients, skipped := r.debits(b)
-	if skipped > 0 {
-		r.m.skipped.WithLabelValues(src).Add(float64(skipped))
+	pos := redisstore.Position{Epoch: src.epoch, Seq: meta.Sequence.Stream}
+	if legacy {
+		pos.Epoch = 0
+	}
+	if len(bad) > 0 && meta.NumDelivered == 1 {
+		r.m.invalid.WithLabelValues(src.name).Add(float64(len(bad)))
+		r.log.Warn("invalid spends skipped", "source", src.name, "seq", pos.Seq, "count", len(bad), "first", bad[0])
+	}
+	clients, skipped := r.debits(b.GetSpends())
+	if skipped > 0 && meta.NumDelivered == 1 {
+		r.m.skipped.WithLabelValues(src.name).Add(float64(skipped))
+	}
+	if len(clients) == 0 {
+		r.ack(ctx, src.name, pos.Seq, msg)
+		return
 	}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultApplyTimeout)
 	defer cancel()
-	if len(clients) > 0 {
-		// A flush is applied once by its name, (instance, sequence, part),
-		// not only by its stream sequence: the same bytes published again
-		// are a new stream message that the clients' markers would take
-		// for a new flush.
-		first, err := r.store.FirstSeen(actx, src, b.GetInstance(), b.GetSequence(), b.GetPart(), meta.Sequence.Stream, r.recordTTL())
+	entry := retryEntry{Source: src.name, Epoch: pos.Epoch, Seq: pos.Seq, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
+	// A flush is applied once by its name, (instance, sequence, part),
+	// not only by its stream position: the same bytes published again are
+	// a new stream message that the clients' markers would take for a new
+	// flush.
+	first, err := r.store.FirstSeen(actx, src.name, b.GetInstance(), b.GetSequence(), b.GetPart(), pos, r.recordTTL())
+	switch {
+	case err != nil && !legacy && errors.Is(err, redisstore.ErrNotRecorded):
+		// Both copies of the record are on nodes that are down: every
+		// client waits in the retry stream, which writes the record first.
+		entry.Flush = &flushName{Instance: b.GetInstance(), Sequence: b.GetSequence(), Part: b.GetPart()}
+		r.log.Warn("message not recorded, its debits wait in the retry stream", "source", src.name, "seq", pos.Seq, "err", err)
+		r.deferAndAck(ctx, src, msg, entry, clients)
+		return
+	case err != nil:
+		r.log.Warn("message not recorded, will retry", "source", src.name, "seq", pos.Seq, "err", err)
+		msg.NakWithDelay(time.Second)
+		return
+	case first != pos.String():
+		r.m.replays.WithLabelValues(src.name).Inc()
+		r.m.duplicates.WithLabelValues(src.name).Add(float64(len(clients)))
+		r.log.Warn("spend message replayed: applied already, skipped", "source", src.name, "seq", pos.Seq,
+			"first", first, "instance", b.GetInstance(), "flush", b.GetSequence(), "part", b.GetPart())
+		r.ack(ctx, src.name, pos.Seq, msg)
+		return
+	}
+	direct, waiting := clients, []redisstore.ClientDebits(nil)
+	if !legacy {
+		pending, err := r.pendingBuckets(ctx, src)
 		if err != nil {
-			r.log.Warn("message not recorded, will retry", "source", src, "seq", meta.Sequence.Stream, "err", err)
+			r.log.Warn("retry stream not read, will retry", "source", src.name, "seq", pos.Seq, "err", err)
 			msg.NakWithDelay(time.Second)
 			return
 		}
-		if first != meta.Sequence.Stream {
-			r.m.replays.WithLabelValues(src).Inc()
-			r.m.duplicates.WithLabelValues(src).Add(float64(len(clients)))
-			r.log.Warn("spend message replayed: applied already, skipped", "source", src, "seq", meta.Sequence.Stream,
-				"first_seq", first, "instance", b.GetInstance(), "flush", b.GetSequence(), "part", b.GetPart())
-			r.ack(ctx, src, meta.Sequence.Stream, msg)
-			return
+		if len(pending) > 0 {
+			direct = nil
+			for _, c := range clients {
+				if pending[bucketOf(c.Key, src.name)] {
+					waiting = append(waiting, c)
+				} else {
+					direct = append(direct, c)
+				}
+			}
 		}
 	}
-	applied, dups, err := r.store.ApplyDebits(actx, src, meta.Sequence.Stream, r.opts.MarkerTTL, clients)
-	r.m.applied.WithLabelValues(src).Add(float64(applied))
-	r.m.duplicates.WithLabelValues(src).Add(float64(dups))
-	for _, c := range clients {
+	res, err := r.store.ApplyDebits(actx, src.name, pos, r.markerTTL(), direct)
+	r.observe(src.name, b.GetFirstAdmittedUnixMicros(), res, direct)
+	if err != nil {
+		if legacy {
+			// Nothing is lost: the message comes again, and what was
+			// applied is marked, so it is not applied twice.
+			r.log.Warn("debits not applied, will retry", "source", src.name, "seq", pos.Seq, "applied", res.Applied, "err", err)
+			msg.NakWithDelay(time.Second)
+			return
+		}
+		r.log.Warn("debits not applied, they wait in the retry stream", "source", src.name, "seq", pos.Seq,
+			"applied", res.Applied, "failed", len(res.Failed), "err", err)
+		for _, i := range res.Failed {
+			waiting = append(waiting, direct[i])
+		}
+	}
+	if len(waiting) > 0 {
+		r.deferAndAck(ctx, src, msg, entry, waiting)
+		return
+	}
+	if r.beforeAck != nil && !r.beforeAck(src.name, pos.Seq) {
+		return
+	}
+	r.ack(ctx, src.name, pos.Seq, msg)
+}
+
+// observe records what one application of debits did.
+func (r *Reconciler) observe(src string, firstAdmitted int64, res redisstore.DebitResult, clients []redisstore.ClientDebits) {
+	r.m.applied.WithLabelValues(src).Add(float64(res.Applied))
+	r.m.duplicates.WithLabelValues(src).Add(float64(res.Duplicates))
+	failed := make(map[int]bool, len(res.Failed))
+	for _, i := range res.Failed {
+		failed[i] = true
+	}
+	for i, c := range clients {
+		if failed[i] {
+			continue
+		}
 		for _, d := range c.Debits {
 			r.m.overshoot.WithLabelValues(d.Rule, src).Observe(d.Overshoot)
 		}
 	}
-	if err != nil {
-		// Nothing is lost: the message comes again, and what was applied
-		// is marked, so it is not applied twice.
-		r.log.Warn("debits not applied, will retry", "source", src, "seq", meta.Sequence.Stream, "applied", applied, "err", err)
+	if res.Applied > 0 {
+		lag := time.Since(time.UnixMicro(firstAdmitted))
+		r.m.lag.WithLabelValues(src).Observe(max(lag.Seconds(), 0))
+	}
+}
+
+// deferAndAck puts clients' debits of msg in the retry stream, then
+// acknowledges msg. If a publish fails, msg is delivered again: what was
+// applied is marked, and a retry entry published twice applies once.
+func (r *Reconciler) deferAndAck(ctx context.Context, src *source, msg jetstream.Msg, entry retryEntry, clients []redisstore.ClientDebits) {
+	if err := r.publishRetries(ctx, entry, clients); err != nil {
+		r.log.Warn("debits not put in the retry stream, will retry", "source", src.name, "seq", entry.Seq, "err", err)
 		msg.NakWithDelay(time.Second)
 		return
 	}
-	if applied > 0 {
-		lag := time.Since(time.UnixMicro(b.GetFirstAdmittedUnixMicros()))
-		r.m.lag.WithLabelValues(src).Observe(max(lag.Seconds(), 0))
-	}
-	if r.beforeAck != nil && !r.beforeAck(src, meta.Sequence.Stream) {
+	r.m.deferred.WithLabelValues(src.name).Add(float64(len(clients)))
+	if r.beforeAck != nil && !r.beforeAck(src.name, entry.Seq) {
 		return
 	}
-	r.ack(ctx, src, meta.Sequence.Stream, msg)
+	r.ack(ctx, src.name, entry.Seq, msg)
 }
 
 // ack acknowledges an applied (or skipped) message and waits for the
@@ -563,18 +733,20 @@ func (r *Reconciler) ack(ctx context.Context, src string, seq uint64, msg jetstr
 	}
 }
 
-// recordTTL is how long a message's record lives: longer than the stream
-// keeps the message, plus the markers' lifetime as a margin for a
-// redelivery near the end of it.
-func (r *Reconciler) recordTTL() time.Duration { return r.opts.StreamMaxAge + r.opts.MarkerTTL }
+// markerTTL is how long a client's marker lives: as long as a message can
+// be delivered again, which is as long as the stream keeps it, with ten ack
+// waits as a margin for a redelivery near the end of it.
+func (r *Reconciler) markerTTL() time.Duration { return r.opts.StreamMaxAge + 10*r.opts.AckWait }
 
-// debits groups a batch's spends by client, with this region's limits;
-// spends of rules this region does not have or does not reconcile are
-// skipped.
-func (r *Reconciler) debits(b *gossipv1.SpendBatch) (clients []redisstore.ClientDebits, skipped int) {
+// recordTTL is how long a flush's record lives: as long as a marker.
+func (r *Reconciler) recordTTL() time.Duration { return r.markerTTL() }
+
+// debits groups spends by client, with this region's limits; spends of
+// rules this region does not have or does not reconcile are skipped.
+func (r *Reconciler) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientDebits, skipped int) {
 	byKey := make(map[string]int)
 	set := r.rules.Current()
-	for _, s := range b.GetSpends() {
+	for _, s := range spends {
 		rule := set.Get(s.GetRuleId())
 		if rule == nil || !rule.Reconciled() {
 			skipped++
@@ -615,8 +787,15 @@ func (r *Reconciler) pause(ctx context.Context, what string, err error) {
 	}
 }
 
-// backlogLoop exports how many messages wait, per consumer, every interval.
-func (r *Reconciler) backlogLoop(ctx context.Context, relay jetstream.Consumer, apply map[string]jetstream.Consumer) {
+// gone reports an answer that says a stream or a consumer does not exist.
+func gone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
+}
+
+// backlogLoop exports how many messages wait, per consumer, every
+// interval; a consumer found gone calls lost, which sends the reconciler
+// back to setting up its streams.
+func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.CancelFunc) {
 	t := time.NewTicker(r.opts.Interval)
 	defer t.Stop()
 	for {
@@ -626,15 +805,35 @@ func (r *Reconciler) backlogLoop(ctx context.Context, relay jetstream.Consumer, 
 		case <-t.C:
 		}
 		ictx, cancel := context.WithTimeout(ctx, r.opts.Interval)
-		if info, err := relay.Info(ictx); err == nil {
+		info, err := st.relay.Info(ictx)
+		if err == nil {
 			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 		}
-		for src, c := range apply {
-			if info, err := c.Info(ictx); err == nil {
-				r.m.backlog.WithLabelValues(src).Set(float64(info.NumPending + uint64(info.NumAckPending)))
+		missing := gone(err)
+		for _, src := range st.sources {
+			var n float64
+			for _, c := range []jetstream.Consumer{src.apply, src.legacy} {
+				if c == nil {
+					continue
+				}
+				info, err := c.Info(ictx)
+				if err == nil {
+					n += float64(info.NumPending + uint64(info.NumAckPending))
+				}
+				missing = missing || (c == src.apply && gone(err))
+			}
+			r.m.backlog.WithLabelValues(src.name).Set(n)
+			if info, err := src.retry.Info(ictx); err == nil {
+				r.m.retryBacklog.WithLabelValues(src.name).Set(float64(info.NumPending + uint64(info.NumAckPending)))
+			} else {
+				missing = missing || gone(err)
 			}
 		}
 		cancel()
+		if missing {
+			lost()
+			return
+		}
 	}
 }
 
@@ -645,6 +844,10 @@ type metrics struct {
 	duplicates   *prometheus.CounterVec
 	replays      *prometheus.CounterVec
 	skipped      *prometheus.CounterVec
+	invalid      *prometheus.CounterVec
+	deferred     *prometheus.CounterVec
+	retried      *prometheus.CounterVec
+	retryBacklog *prometheus.GaugeVec
 	rejected     prometheus.Counter
 	lag          *prometheus.HistogramVec
 	backlog      *prometheus.GaugeVec
@@ -678,6 +881,22 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Name: "limiter_spends_skipped_total",
 			Help: "Spend entries of rules this region does not have or does not reconcile.",
 		}, []string{"source_region"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_invalid_total",
+			Help: "Spend entries skipped because a field was invalid (a cost above the maximum, a bad rule id or key); the other entries of their message are applied.",
+		}, []string{"source_region"}),
+		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_deferred_total",
+			Help: "Clients' debits put in the retry stream, their Redis node having failed or their slot's earlier debits waiting there.",
+		}, []string{"source_region"}),
+		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_retried_total",
+			Help: "Clients debited from the retry stream, by source region.",
+		}, []string{"source_region"}),
+		retryBacklog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_retry_backlog_messages",
+			Help: "Entries of the retry stream of a source region waiting to be applied here.",
+		}, []string{"source_region"}),
 		rejected: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_spend_messages_rejected_total",
 			Help: "Spend messages that were malformed, oversized or misaddressed, and terminated.",
@@ -696,7 +915,7 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Help: "limiterd flushes of this region waiting to be relayed.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.replays, m.skipped, m.rejected, m.lag, m.backlog, m.relayBacklog} {
+	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.replays, m.skipped, m.invalid, m.deferred, m.retried, m.retryBacklog, m.rejected, m.lag, m.backlog, m.relayBacklog} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -706,6 +925,10 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 		m.duplicates.WithLabelValues(src)
 		m.replays.WithLabelValues(src)
 		m.skipped.WithLabelValues(src)
+		m.invalid.WithLabelValues(src)
+		m.deferred.WithLabelValues(src)
+		m.retried.WithLabelValues(src)
+		m.retryBacklog.WithLabelValues(src)
 		m.backlog.WithLabelValues(src)
 	}
 	return m, nil

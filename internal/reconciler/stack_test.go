@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -33,6 +34,8 @@ type stack struct {
 	authDir  string // the identities' seeds (natsauth.Write)
 	interval time.Duration
 	regions  map[string]*regionStack
+	// recOpts, when set, changes each reconciler's options before New.
+	recOpts func(*Options)
 }
 
 type regionStack struct {
@@ -69,6 +72,7 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 	if err != nil {
 		t.Fatal(err)
 	}
+	ids = append(ids, opsIdentity(t, s.authDir))
 	if lockNATS {
 		s.nats = testenv.NATS(t, testenv.NATSConfig(natsauth.Config(ids)))
 	} else {
@@ -142,7 +146,11 @@ func (s *stack) reconcilerOptions(region string) Options {
 // startReconciler starts one more reconciler in region.
 func (s *stack) startReconciler(region string) *Reconciler {
 	s.t.Helper()
-	r, err := New(s.reconcilerOptions(region))
+	o := s.reconcilerOptions(region)
+	if s.recOpts != nil {
+		s.recOpts(&o)
+	}
+	r, err := New(o)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -152,6 +160,24 @@ func (s *stack) startReconciler(region string) *Reconciler {
 	s.t.Cleanup(func() { r.Stop() })
 	s.regions[region].recs = append(s.regions[region].recs, r)
 	return r
+}
+
+// opsIdentity is an operator of the test, with every permission (deleting
+// a stream, as a person recovering a deployment might): no daemon holds it.
+// Its seed is written beside the daemons' as ops.nk.
+func opsIdentity(t testing.TB, dir string) natsauth.Identity {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	if err := os.WriteFile(natsauth.SeedFile(dir, "ops"), append(seed, '\n'), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return natsauth.Identity{Name: "ops", PublicKey: pub, Seed: seed,
+		Permissions: natsauth.Permissions{PublishAllow: []string{">"}, SubscribeAllow: []string{">"}}}
 }
 
 // auth is the NATS credential of the identity named name.

@@ -185,20 +185,24 @@ func TestRulesBucketOnlyAdminWrites(t *testing.T) {
 func TestForgedSpendsRefused(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	forged := batch(t, "eu-west", "forger", 1, "k", 1000)
-	for _, subject := range []string{gossip.SpendSubject("eu-west"), gossip.LocalSubject("eu-west"), gossip.SpendSubject("us-east")} {
+	for _, subject := range []string{gossip.RelaySubject("eu-west"), gossip.LocalSubject("eu-west"), gossip.RelaySubject("us-east")} {
 		if !s.refused("limiterd-us-east", subject, forged) {
 			t.Errorf("limiterd-us-east published on %s", subject)
 		}
 	}
-	if !s.refused("reconciler-us-east", gossip.SpendSubject("eu-west"), forged) {
-		t.Errorf("reconciler-us-east published on %s", gossip.SpendSubject("eu-west"))
+	if !s.refused("reconciler-us-east", gossip.RelaySubject("eu-west"), forged) {
+		t.Errorf("reconciler-us-east published on %s", gossip.RelaySubject("eu-west"))
+	}
+	// Nobody publishes on the legacy one stream's subjects any more.
+	if !s.refused("reconciler-us-east", gossip.SpendSubject("us-east"), forged) {
+		t.Errorf("reconciler-us-east published on %s", gossip.SpendSubject("us-east"))
 	}
 	if !s.refused("reconciler-us-east", gossip.LocalSubject("us-east"), forged) {
 		t.Errorf("reconciler-us-east published on %s", gossip.LocalSubject("us-east"))
 	}
 	// What a subject's own publisher can still send: another region's name.
 	s.publish("limiterd-us-east", gossip.LocalSubject("us-east"), forged, "")
-	s.publish("reconciler-us-east", gossip.SpendSubject("us-east"), forged, "")
+	s.publish("reconciler-us-east", gossip.RelaySubject("us-east"), forged, "")
 
 	s.send("us-east", "k", 2)
 	s.send("eu-west", "k", 3)
@@ -239,7 +243,7 @@ func (s *stack) waitCount(region, key string, want float64) {
 func TestReplayNotDebitedTwice(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	first := batch(t, "us-east", "replayer", 1, "r", 7)
-	subject := gossip.SpendSubject("us-east")
+	subject := gossip.RelaySubject("us-east")
 	s.publish("reconciler-us-east", subject, first, "replayer-1-0")
 	s.waitCount("eu-west", "r", 7)
 
@@ -257,7 +261,7 @@ func TestReplayNotDebitedTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl <= DefaultStreamMaxAge || ttl > DefaultStreamMaxAge+DefaultMarkerTTL {
+	if ttl <= DefaultStreamMaxAge || ttl > DefaultStreamMaxAge+10*time.Second {
 		t.Errorf("the flush's record lives %v, want more than the stream's max age %v", ttl, DefaultStreamMaxAge)
 	}
 }

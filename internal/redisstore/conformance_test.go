@@ -98,8 +98,8 @@ func TestConformance(t *testing.T) {
 					wantOver := lim.Debit(&st, now, amount)
 					seq++
 					a := scriptArgs(lim, amount)
-					res, err := debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
-						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+					res, err := debit.Run(ctx, client, []string{StreamMarkerKey("client", fmt.Sprint("r", li)), key},
+						strconv.Itoa(seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
 					if err != nil || len(res) != 2 || res[0] != int64(1) {
 						t.Fatalf("step %d: debit = %v, %v", step, res, err)
 					}
@@ -107,8 +107,8 @@ func TestConformance(t *testing.T) {
 						t.Fatalf("step %d: debit of %v: overshoot lua %v, go %v", step, amount, over, wantOver)
 					}
 					// The same message again debits nothing.
-					res, err = debit.Run(ctx, client, []string{MarkerKey("client", fmt.Sprint("r", li)), key},
-						strconv.Itoa(seq), "60000", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+					res, err = debit.Run(ctx, client, []string{StreamMarkerKey("client", fmt.Sprint("r", li)), key},
+						strconv.Itoa(seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
 					if err != nil || len(res) != 1 || res[0] != int64(0) {
 						t.Fatalf("step %d: repeated debit = %v, %v; want {0} (duplicate)", step, res, err)
 					}

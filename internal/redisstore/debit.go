@@ -2,9 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -26,108 +30,234 @@ type ClientDebits struct {
 }
 
 // MarkerKey is the key that records the last message of region src applied
-// to the buckets of key. It shares their hash tag, so one script checks it
-// and debits them; no rule id starts with '~'.
+// to the buckets of key from the one spends stream of earlier releases
+// (LIMITER_SPENDS), as a bare sequence. It shares the buckets' hash tag, so
+// one script checks it and debits them; no rule id starts with '~'.
 func MarkerKey(key, src string) string {
 	return Key("~from:"+src, key)
 }
 
-// MessageKey is the key that records the first stream sequence of the
+// StreamMarkerKey is the key that records the position ("<epoch> <seq>") of
+// the last message of region src applied to the buckets of key from this
+// region's inbound stream.
+func StreamMarkerKey(key, src string) string {
+	return Key("~in:"+src, key)
+}
+
+// Position is a message's place in the stream it is applied from.
+type Position struct {
+	// Epoch is the stream's creation (µs since the epoch), which tells a
+	// stream made again, whose sequences restart at 1, from the one it
+	// replaces. Zero marks the legacy stream and its bare-sequence markers.
+	Epoch int64
+	// Seq is the message's stream sequence.
+	Seq uint64
+}
+
+// String is the position as a flush's record holds it.
+func (p Position) String() string {
+	if p.Epoch == 0 {
+		return strconv.FormatUint(p.Seq, 10)
+	}
+	return strconv.FormatInt(p.Epoch, 10) + ":" + strconv.FormatUint(p.Seq, 10)
+}
+
+// marker is the marker key of key for src at p.
+func (p Position) marker(key, src string) string {
+	if p.Epoch == 0 {
+		return MarkerKey(key, src)
+	}
+	return StreamMarkerKey(key, src)
+}
+
+// MessageKey is the key that records the first stream position of the
 // spend message part of flush seq of instance in region src. Its hash tag
 // is the instance's, so one instance's records share a slot; no rule id
 // starts with '~' and no region name holds '/'.
 func MessageKey(src, instance string, seq uint64, part uint32) string {
-	return Key("~msg:"+strconv.FormatUint(seq, 10)+":"+strconv.FormatUint(uint64(part), 10), src+"/"+instance)
+	return messageKey(src+"/"+instance, seq, part)
 }
 
+func messageKey(tag string, seq uint64, part uint32) string {
+	return Key("~msg:"+strconv.FormatUint(seq, 10)+":"+strconv.FormatUint(uint64(part), 10), tag)
+}
+
+// recordKeys are the two keys of a flush's record: MessageKey, and a copy
+// on another primary (a tag suffix chosen by where the cluster puts it), so
+// that one primary down still leaves a record to read and write.
+func recordKeys(ctx context.Context, admin redis.UniversalClient, src, instance string, seq uint64, part uint32) []string {
+	tag := src + "/" + instance
+	keys := []string{messageKey(tag, seq, part)}
+	cc, ok := admin.(*redis.ClusterClient)
+	if !ok {
+		return keys
+	}
+	first, err := cc.MasterForKey(ctx, keys[0])
+	if err != nil {
+		return append(keys, messageKey(tag+"/1", seq, part))
+	}
+	for i := 1; i <= 32; i++ {
+		k := messageKey(tag+"/"+strconv.Itoa(i), seq, part)
+		if c, err := cc.MasterForKey(ctx, k); err == nil && c.Options().Addr != first.Options().Addr {
+			return append(keys, k)
+		}
+	}
+	return append(keys, messageKey(tag+"/1", seq, part))
+}
+
+// ErrNotRecorded says that no copy of a flush's record could be read or
+// written: whether the message is a replay is unknown.
+var ErrNotRecorded = errors.New("flush record unavailable")
+
 // FirstSeen records that the spend message part of flush seq of instance
-// in region src is delivered at stream sequence streamSeq, unless a record
-// of it exists, and returns the stream sequence of its first delivery: a
-// result other than streamSeq is a replay (the same flush published again
-// as a new stream message), which must not be applied. The record lives
-// ttl, which must outlast the stream's keeping of a message. One small key
-// per message (about 180 bytes of Redis memory with its expiry, measured
-// on Redis 7.0).
-func (s *Store) FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, streamSeq uint64, ttl time.Duration) (uint64, error) {
+// in region src is delivered at pos, unless a record of it exists, and
+// returns the position of its first delivery: a result other than
+// pos.String() is a replay (the same flush published again as a new stream
+// message), which must not be applied. The record is kept twice, on two
+// primaries; one copy answering is enough (an error wrapping
+// ErrNotRecorded when none does). It lives ttl, which must outlast the
+// stream's keeping of a message. One small key per message and copy (about
+// 180 bytes of Redis memory with its expiry, measured on Redis 7.0).
+func (s *Store) FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, pos Position, ttl time.Duration) (string, error) {
 	admin, err := s.admin()
 	if err != nil {
-		return 0, err
+		return "", err
 	}
-	v, err := seenScript.Run(ctx, admin, []string{MessageKey(src, instance, seq, part)},
-		strconv.FormatUint(streamSeq, 10), strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)).Text()
-	if err != nil {
+	keys := recordKeys(ctx, admin, src, instance, seq, part)
+	calls := make([]scriptCall, len(keys))
+	for i, k := range keys {
+		calls[i] = scriptCall{script: seenScript, keys: []string{k}, args: []any{pos.String(), strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)}}
+	}
+	cmds, _ := runScripts(ctx, admin, calls, nil)
+	first := ""
+	var errs []error
+	for _, cmd := range cmds {
+		v, err := cmd.Text()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if first == "" || v != pos.String() {
+			first = v
+		}
+	}
+	if first == "" {
 		s.m.errors[opDebit].Inc()
-		return 0, fmt.Errorf("record message: %w", err)
-	}
-	first, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("record message: %q is not a sequence", v)
+		return "", fmt.Errorf("record message: %w: %w", ErrNotRecorded, errors.Join(errs...))
 	}
 	return first, nil
 }
 
-// ApplyDebits applies message seq of region src: per client, one script
-// that debits every bucket unless the client's marker shows seq applied
-// already. The scripts are pipelined, one pipeline per node. Messages of one
-// source region must be applied in sequence order. It returns how many
-// clients were debited and how many were duplicates; on error some may have
-// been applied, and applying the message again is safe.
-func (s *Store) ApplyDebits(ctx context.Context, src string, seq uint64, markerTTL time.Duration, clients []ClientDebits) (applied, duplicates int, err error) {
+// DebitResult is what ApplyDebits did.
+type DebitResult struct {
+	// Applied and Duplicates count the clients debited and those whose
+	// marker showed the message applied already.
+	Applied, Duplicates int
+	// Failed are the indexes of the clients whose script failed (their
+	// node down or unreachable): applying them again is safe.
+	Failed []int
+}
+
+// ApplyDebits applies message pos of region src: per client, one script
+// that debits every bucket unless the client's marker shows pos applied
+// already. The scripts are pipelined, one pipeline per node, so a node that
+// is down fails only its own clients. Messages of one source region must be
+// applied to each client in sequence order. The error, if any, is the first
+// client's failure; the others debited are debited.
+func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, markerTTL time.Duration, clients []ClientDebits) (DebitResult, error) {
+	var res DebitResult
 	if len(clients) == 0 {
-		return 0, 0, nil
+		return res, nil
 	}
 	admin, err := s.admin()
 	if err != nil {
-		return 0, 0, err
+		for i := range clients {
+			res.Failed = append(res.Failed, i)
+		}
+		return res, err
 	}
-	seqArg := strconv.FormatUint(seq, 10)
+	seqArg := strconv.FormatUint(pos.Seq, 10)
+	epochArg := ""
+	if pos.Epoch != 0 {
+		epochArg = strconv.FormatInt(pos.Epoch, 10)
+	}
 	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
 	calls := make([]scriptCall, len(clients))
 	for i, c := range clients {
-		keys, args := debitArgs(src, seqArg, ttlArg, c)
+		keys, args := debitArgs(pos.marker(c.Key, src), seqArg, ttlArg, epochArg, c)
 		calls[i] = scriptCall{script: debitScript, keys: keys, args: args}
 	}
 	start := time.Now()
 	cmds, _ := runScripts(ctx, admin, calls, nil)
 	s.m.debitDuration.Observe(time.Since(start).Seconds())
-	var errs []error
+	var first error
 	for i, cmd := range cmds {
-		res, e := cmd.Slice()
-		if e == nil && (len(res) == 0 || (res[0] == int64(1) && len(res) != 1+len(clients[i].Debits))) {
-			e = fmt.Errorf("debit reply %v", res)
+		out, e := cmd.Slice()
+		if e == nil && (len(out) == 0 || (out[0] == int64(1) && len(out) != 1+len(clients[i].Debits))) {
+			e = fmt.Errorf("debit reply %v", out)
 		}
 		switch {
 		case e != nil:
-			errs = append(errs, e)
-		case res[0] == int64(1):
-			applied++
+			res.Failed = append(res.Failed, i)
+			if first == nil {
+				first = e
+			}
+		case out[0] == int64(1):
+			res.Applied++
 			for j := range clients[i].Debits {
-				s, _ := res[1+j].(string)
+				s, _ := out[1+j].(string)
 				clients[i].Debits[j].Overshoot, _ = strconv.ParseFloat(s, 64)
 			}
 		default:
-			duplicates++
+			res.Duplicates++
 		}
 	}
-	if len(errs) > 0 {
-		s.m.errors[opDebit].Add(float64(len(errs)))
-		return applied, duplicates, fmt.Errorf("debit %d of %d clients failed: %w", len(errs), len(clients), errs[0])
+	if len(res.Failed) > 0 {
+		s.m.errors[opDebit].Add(float64(len(res.Failed)))
+		return res, fmt.Errorf("debit %d of %d clients failed: %w", len(res.Failed), len(clients), first)
 	}
-	return applied, duplicates, nil
+	return res, nil
 }
 
 // debitArgs are the debit script's KEYS and ARGV for one client.
-func debitArgs(src, seq, ttl string, c ClientDebits) ([]string, []any) {
+func debitArgs(marker, seq, ttl, epoch string, c ClientDebits) ([]string, []any) {
 	keys := make([]string, 1, 1+len(c.Debits))
-	keys[0] = MarkerKey(c.Key, src)
-	args := make([]any, 2, 2+4*len(c.Debits))
-	args[0], args[1] = seq, ttl
+	keys[0] = marker
+	args := make([]any, 3, 3+4*len(c.Debits))
+	args[0], args[1], args[2] = seq, ttl, epoch
 	for _, d := range c.Debits {
 		keys = append(keys, Key(d.Rule, c.Key))
 		a := scriptArgs(d.Limit, d.Amount)
 		args = append(args, string(d.Limit.Algorithm), a[0], a[1], a[2])
 	}
 	return keys, args
+}
+
+// Slot is the Redis Cluster hash slot of key (CRC16 of its hash tag, mod
+// 16384), as the servers compute it.
+func Slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % 16384)
+}
+
+// crc16 is CRC-16/XMODEM, Redis Cluster's key hash.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
 }
 
 // Refund gives amount leased tokens back to the bucket of key under rule,

@@ -632,7 +632,7 @@ func TestLostScripts(t *testing.T) {
 			return err
 		}},
 		{"debit", func(s *Store, _ string) error {
-			_, _, err := s.ApplyDebits(ctx, "eu", 1, time.Minute, []ClientDebits{{Key: "k", Debits: []Debit{{Rule: "r", Limit: testLimit, Amount: 1}}}})
+			_, err := s.ApplyDebits(ctx, "eu", Position{Epoch: 1, Seq: 1}, time.Minute, []ClientDebits{{Key: "k", Debits: []Debit{{Rule: "r", Limit: testLimit, Amount: 1}}}})
 			return err
 		}},
 		{"refund", func(s *Store, _ string) error { return s.Refund(ctx, "r", "k", testLimit, 1) }},

@@ -35,27 +35,65 @@ const (
 
 // Stream and subject names. Each region's limiterd instances publish their
 // flushes to its local stream; its reconcilers relay them, one to one, to the
-// spends stream that links the regions, where every other region consumes
-// them.
+// region's spends stream, in the region's own JetStream cluster; every other
+// region sources that stream into its inbound stream, in its own cluster,
+// and applies what arrives there.
 const (
-	// SpendStream holds every region's relayed spends.
+	// SpendStream is the one stream of every region's relayed spends of
+	// earlier releases (subjects SpendSubjectPrefix + region). A reconciler
+	// no longer creates it nor publishes to it; where it still exists it
+	// applies what it holds (the migration), until an operator deletes it.
 	SpendStream = "LIMITER_SPENDS"
-	// SpendSubjectPrefix + region is the subject of a region's spends.
+	// SpendSubjectPrefix + region is the legacy stream's subject of a
+	// region's spends.
 	SpendSubjectPrefix = "limiter.spends."
+	// RegionStreamPrefix + REGION (upper case) is a region's spends stream.
+	RegionStreamPrefix = "LIMITER_SPENDS_"
+	// RelaySubjectPrefix + region is the subject of a region's relayed
+	// spends, held by its spends stream.
+	RelaySubjectPrefix = "limiter.relay."
+	// InStreamPrefix + REGION is the stream a region applies from: every
+	// other region's spends stream, sourced.
+	InStreamPrefix = "LIMITER_IN_"
+	// RetryStreamPrefix + REGION holds the debits a region could not apply
+	// yet (their Redis node down), to apply again.
+	RetryStreamPrefix = "LIMITER_RETRY_"
+	// RetrySubjectPrefix + region + "." + source + "." + bucket is the
+	// subject of one of those debits.
+	RetrySubjectPrefix = "limiter.retry."
 	// LocalStreamPrefix + REGION (upper case) is a region's local stream.
 	LocalStreamPrefix = "LIMITER_LOCAL_"
 	// LocalSubjectPrefix + region is the subject limiterd publishes to.
 	LocalSubjectPrefix = "limiter.local."
 )
 
-// SpendSubject is the subject of region's relayed spends.
+// SpendSubject is the legacy stream's subject of region's relayed spends.
 func SpendSubject(region string) string { return SpendSubjectPrefix + region }
+
+// RelaySubject is the subject of region's relayed spends.
+func RelaySubject(region string) string { return RelaySubjectPrefix + region }
 
 // LocalSubject is the subject of region's limiterd flushes.
 func LocalSubject(region string) string { return LocalSubjectPrefix + region }
 
 // LocalStream is the name of region's local stream.
-func LocalStream(region string) string {
+func LocalStream(region string) string { return LocalStreamPrefix + upper(region) }
+
+// RegionStream is the name of region's spends stream.
+func RegionStream(region string) string { return RegionStreamPrefix + upper(region) }
+
+// InStream is the name of the stream region applies from.
+func InStream(region string) string { return InStreamPrefix + upper(region) }
+
+// RetryStream is the name of region's stream of debits to apply again.
+func RetryStream(region string) string { return RetryStreamPrefix + upper(region) }
+
+// RetrySubjects is the subject filter of self's debits from src to apply
+// again.
+func RetrySubjects(self, src string) string { return RetrySubjectPrefix + self + "." + src + ".>" }
+
+// upper is region as a stream name part: upper case, '_' for '-'.
+func upper(region string) string {
 	b := []byte(region)
 	for i, c := range b {
 		switch {
@@ -65,7 +103,7 @@ func LocalStream(region string) string {
 			b[i] = '_'
 		}
 	}
-	return LocalStreamPrefix + string(b)
+	return string(b)
 }
 
 // ErrInvalidBatch wraps every reason a received batch is refused.
@@ -180,24 +218,64 @@ func newBatch(h Header) *gossipv1.SpendBatch {
 	}
 }
 
-// Decode parses and validates a received batch of at most maxBytes. Errors
-// wrap ErrInvalidBatch and name the field at fault.
+// Decode parses and validates a received batch of at most maxBytes, every
+// entry included: one invalid entry refuses the batch. Errors wrap
+// ErrInvalidBatch and name the field at fault.
 func Decode(data []byte, maxBytes int) (*gossipv1.SpendBatch, error) {
-	if len(data) > maxBytes {
-		return nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
-	}
-	var b gossipv1.SpendBatch
-	if err := proto.Unmarshal(data, &b); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalidBatch, err)
-	}
-	if err := Validate(&b); err != nil {
+	b, bad, err := DecodeEntries(data, maxBytes)
+	if err != nil {
 		return nil, err
 	}
-	return &b, nil
+	if len(bad) > 0 {
+		return nil, bad[0]
+	}
+	return b, nil
+}
+
+// DecodeEntries parses a received batch of at most maxBytes and validates
+// its header (an error refuses the whole batch) and each entry on its own:
+// an invalid entry is taken out of the batch's spends and reported in bad,
+// one error per entry naming its index and field, and the others stay. The
+// wire format is Decode's. Errors wrap ErrInvalidBatch.
+func DecodeEntries(data []byte, maxBytes int) (b *gossipv1.SpendBatch, bad []error, err error) {
+	if len(data) > maxBytes {
+		return nil, nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
+	}
+	b = new(gossipv1.SpendBatch)
+	if err := proto.Unmarshal(data, b); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidBatch, err)
+	}
+	if err := ValidateHeader(b); err != nil {
+		return nil, nil, err
+	}
+	good := b.Spends[:0]
+	for i, s := range b.GetSpends() {
+		if err := ValidateSpend(i, s); err != nil {
+			bad = append(bad, err)
+			continue
+		}
+		good = append(good, s)
+	}
+	b.Spends = good
+	return b, bad, nil
 }
 
 // Validate checks every field of a batch from another process.
 func Validate(b *gossipv1.SpendBatch) error {
+	if err := ValidateHeader(b); err != nil {
+		return err
+	}
+	for i, s := range b.GetSpends() {
+		if err := ValidateSpend(i, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ValidateHeader checks the fields of a batch that its entries share, and
+// its number of entries.
+func ValidateHeader(b *gossipv1.SpendBatch) error {
 	switch {
 	case !regionPattern.MatchString(b.GetRegion()):
 		return fmt.Errorf("%w: region: %q is not a region name", ErrInvalidBatch, b.GetRegion())
@@ -210,15 +288,18 @@ func Validate(b *gossipv1.SpendBatch) error {
 	case len(b.GetSpends()) == 0 || len(b.GetSpends()) > MaxSpendsPerBatch:
 		return fmt.Errorf("%w: spends: %d entries, want 1 to %d", ErrInvalidBatch, len(b.GetSpends()), MaxSpendsPerBatch)
 	}
-	for i, s := range b.GetSpends() {
-		switch {
-		case !ruleIDPattern.MatchString(s.GetRuleId()):
-			return fmt.Errorf("%w: spends[%d].rule_id: %q is not a rule id", ErrInvalidBatch, i, s.GetRuleId())
-		case s.GetKey() == "" || len(s.GetKey()) > MaxKeyLen:
-			return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
-		case !(s.GetCost() > 0) || math.IsInf(s.GetCost(), 0) || s.GetCost() > MaxCost:
-			return fmt.Errorf("%w: spends[%d].cost: %v is not in (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost)
-		}
+	return nil
+}
+
+// ValidateSpend checks entry i of a batch.
+func ValidateSpend(i int, s *gossipv1.Spend) error {
+	switch {
+	case !ruleIDPattern.MatchString(s.GetRuleId()):
+		return fmt.Errorf("%w: spends[%d].rule_id: %q is not a rule id", ErrInvalidBatch, i, s.GetRuleId())
+	case s.GetKey() == "" || len(s.GetKey()) > MaxKeyLen:
+		return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
+	case !(s.GetCost() > 0) || math.IsInf(s.GetCost(), 0) || s.GetCost() > MaxCost:
+		return fmt.Errorf("%w: spends[%d].cost: %v is not in (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost)
 	}
 	return nil
 }

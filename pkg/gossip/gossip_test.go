@@ -140,7 +140,65 @@ func TestDecodeRejects(t *testing.T) {
 	}
 }
 
+// TestDecodeEntriesSkipsBadEntries: an invalid entry (an oversized cost, a
+// bad rule id, an empty key) is taken out and reported naming its index and
+// field; the good entries around it stay, in order. A header fault still
+// refuses the batch.
+func TestDecodeEntriesSkipsBadEntries(t *testing.T) {
+	b := &gossipv1.SpendBatch{Region: "eu-west", Instance: "i", Sequence: 1, Parts: 1,
+		FirstAdmittedUnixMicros: 1, FlushedUnixMicros: 1, Spends: []*gossipv1.Spend{
+			{RuleId: "api", Key: "a", Cost: 1},
+			{RuleId: "api", Key: "huge", Cost: 2 * MaxCost},
+			{RuleId: "api", Key: "b", Cost: 2},
+			{RuleId: "~x", Key: "c", Cost: 1},
+			{RuleId: "api", Key: "", Cost: 1},
+			{RuleId: "api", Key: "d", Cost: MaxCost},
+		}}
+	data, err := proto.Marshal(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, bad, err := DecodeEntries(data, DefaultMaxMessageBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, s := range got.GetSpends() {
+		keys = append(keys, s.GetKey())
+	}
+	if strings.Join(keys, ",") != "a,b,d" {
+		t.Errorf("kept %v, want a, b, d", keys)
+	}
+	want := []string{"spends[1].cost", "spends[3].rule_id", "spends[4].key"}
+	if len(bad) != len(want) {
+		t.Fatalf("bad entries %v, want %v", bad, want)
+	}
+	for i, field := range want {
+		if !errors.Is(bad[i], ErrInvalidBatch) || !strings.Contains(bad[i].Error(), field) {
+			t.Errorf("bad[%d] = %v, want ErrInvalidBatch naming %s", i, bad[i], field)
+		}
+	}
+	// Decode stays strict: the same bytes are refused whole.
+	if _, err := Decode(data, DefaultMaxMessageBytes); !errors.Is(err, ErrInvalidBatch) {
+		t.Errorf("Decode = %v, want ErrInvalidBatch", err)
+	}
+	b.Region = "EU West"
+	data, _ = proto.Marshal(b)
+	if _, _, err := DecodeEntries(data, DefaultMaxMessageBytes); !errors.Is(err, ErrInvalidBatch) || !strings.Contains(err.Error(), "region") {
+		t.Errorf("bad header: %v, want ErrInvalidBatch naming region", err)
+	}
+}
+
 func TestNames(t *testing.T) {
+	for got, want := range map[string]string{
+		RegionStream("eu-west"): "LIMITER_SPENDS_EU_WEST", InStream("ap-south"): "LIMITER_IN_AP_SOUTH",
+		RetryStream("us-east"): "LIMITER_RETRY_US_EAST", RelaySubject("us-east"): "limiter.relay.us-east",
+		RetrySubjects("eu-west", "us-east"): "limiter.retry.eu-west.us-east.>",
+	} {
+		if got != want {
+			t.Errorf("got %q, want %q", got, want)
+		}
+	}
 	if got := LocalStream("eu-west-2"); got != "LIMITER_LOCAL_EU_WEST_2" {
 		t.Fatalf("LocalStream = %q", got)
 	}

@@ -9,11 +9,11 @@
 #     transit gateway that nats_gateway_cidr_blocks opens port 7222 to;
 #   - one JetStream domain over the whole supercluster (no "domain" set), so
 #     stream names are global: each region's reconcilers create their
-#     LIMITER_LOCAL_<REGION> stream, placed in their own cluster, and all of
-#     them create-or-update the one LIMITER_SPENDS stream, placed in the
-#     cluster of whichever region created it first, R3 there
-#     (--stream.replicas=3). Other regions publish to it and pull from it
-#     over the gateways.
+#     LIMITER_LOCAL_<REGION>, LIMITER_SPENDS_<REGION>, LIMITER_IN_<REGION>
+#     and LIMITER_RETRY_<REGION> streams, placed in their own cluster, R3
+#     there (--stream.replicas=3); each LIMITER_IN_<REGION> sources the
+#     other regions' LIMITER_SPENDS_<R> over the gateways, so the apply path
+#     stays in the region.
 #
 # A configuration change does not rewrite running servers (user_data runs at
 # first boot): replace them one at a time, waiting for

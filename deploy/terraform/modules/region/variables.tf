@@ -186,7 +186,7 @@ variable "nats_volume_size_gb" {
 }
 
 variable "nats_jetstream_max_file_gb" {
-  description = "JetStream file storage limit of each NATS server in GiB: room for the two spend streams a cluster may hold (LIMITER_LOCAL_<REGION> and LIMITER_SPENDS), each up to the reconciler's --stream.max-bytes (1 GiB in deploy/k8s), one replica of each per server."
+  description = "JetStream file storage limit of each NATS server in GiB: room for the four spend streams of the region (LIMITER_LOCAL_<REGION>, LIMITER_SPENDS_<REGION>, LIMITER_IN_<REGION>, LIMITER_RETRY_<REGION>), each up to the reconciler's --stream.max-bytes (1 GiB in deploy/k8s), one replica of each per server."
   type        = number
   default     = 16
 

@@ -1,0 +1,229 @@
+package reconciler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/pkg/gossip"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
+)
+
+// The retry stream.
+//
+// A client's debit that cannot be applied now (its Redis node down) is not
+// waited for by the other clients of its message: it is published to this
+// region's retry stream, and the message is acknowledged. Its subject names
+// the source region and the bucket of the client's hash slot (slot / 64,
+// 256 buckets; a node holds whole ranges of slots), and while a bucket has
+// entries there, the apply loop sends every later debit of a client of that
+// bucket there too, behind them. The retry loop reads a source's entries in
+// order, one at a time, and applies each with the position of the message
+// it came from and the same markers as the apply loop, so for every client
+// the debits are applied in stream order, each at most once: an entry whose
+// debit had been applied before its failure was seen (a reply lost) is a
+// duplicate to the marker, and an entry published twice is applied once.
+// An entry that fails again stays at the head until its node is back: what
+// waits behind it is the debits of the buckets that failed, not the others.
+
+// retryBuckets is the number of buckets of hash slots.
+const retryBuckets = 256
+
+// bucketOf is the bucket of the hash slot of key's marker for src (and of
+// every bucket of key).
+func bucketOf(key, src string) int {
+	return redisstore.Slot(redisstore.StreamMarkerKey(key, src)) * retryBuckets / 16384
+}
+
+// retryEntry is one message's debits of the clients of one bucket, to apply
+// again.
+type retryEntry struct {
+	Source string `json:"source"`
+	// Epoch and Seq are the position of the message in the inbound stream.
+	Epoch         int64  `json:"epoch"`
+	Seq           uint64 `json:"seq"`
+	FirstAdmitted int64  `json:"first_admitted_unix_micros"`
+	// Flush, when set, is the name of the message's flush, whose record
+	// could not be written: the retry writes it before applying.
+	Flush   *flushName    `json:"flush,omitempty"`
+	Clients []retryClient `json:"clients"`
+}
+
+type flushName struct {
+	Instance string `json:"instance"`
+	Sequence uint64 `json:"sequence"`
+	Part     uint32 `json:"part"`
+}
+
+type retryClient struct {
+	Key    string       `json:"key"`
+	Debits []retryDebit `json:"debits"`
+}
+
+type retryDebit struct {
+	Rule   string  `json:"rule"`
+	Amount float64 `json:"amount"`
+}
+
+// errInvalidRetry wraps every reason a retry entry is refused.
+var errInvalidRetry = errors.New("invalid retry entry")
+
+// decodeRetry parses and validates an entry of src's retries; errors name
+// the field.
+func decodeRetry(data []byte, src string) (*retryEntry, error) {
+	var e retryEntry
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&e); err != nil {
+		return nil, fmt.Errorf("%w: %v", errInvalidRetry, err)
+	}
+	switch {
+	case e.Source != src:
+		return nil, fmt.Errorf("%w: source: %q on %s's subject", errInvalidRetry, e.Source, src)
+	case e.Epoch <= 0 || e.Seq == 0:
+		return nil, fmt.Errorf("%w: epoch, seq: must be set", errInvalidRetry)
+	case e.FirstAdmitted <= 0:
+		return nil, fmt.Errorf("%w: first_admitted_unix_micros: must be set", errInvalidRetry)
+	case len(e.Clients) == 0 || len(e.Clients) > gossip.MaxSpendsPerBatch:
+		return nil, fmt.Errorf("%w: clients: %d, want 1 to %d", errInvalidRetry, len(e.Clients), gossip.MaxSpendsPerBatch)
+	case e.Flush != nil && (e.Flush.Instance == "" || len(e.Flush.Instance) > 128):
+		return nil, fmt.Errorf("%w: flush.instance: must be 1 to 128 bytes", errInvalidRetry)
+	}
+	for i, c := range e.Clients {
+		if len(c.Debits) == 0 {
+			return nil, fmt.Errorf("%w: clients[%d].debits: none", errInvalidRetry, i)
+		}
+		for j, d := range c.Debits {
+			if err := gossip.ValidateSpend(j, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount}); err != nil {
+				return nil, fmt.Errorf("%w: clients[%d]: %w", errInvalidRetry, i, err)
+			}
+		}
+	}
+	return &e, nil
+}
+
+// retrySubject is the subject of src's retries of bucket.
+func (r *Reconciler) retrySubject(src string, bucket int) string {
+	return gossip.RetrySubjectPrefix + r.opts.Region + "." + src + "." + strconv.Itoa(bucket)
+}
+
+// publishRetries publishes clients' debits, one entry per bucket, in
+// order, each with an id made of its message's position and its bucket (so
+// one published twice within the duplicate window is stored once).
+func (r *Reconciler) publishRetries(ctx context.Context, entry retryEntry, clients []redisstore.ClientDebits) error {
+	byBucket := map[int][]retryClient{}
+	var order []int
+	for _, c := range clients {
+		b := bucketOf(c.Key, entry.Source)
+		if _, ok := byBucket[b]; !ok {
+			order = append(order, b)
+		}
+		rc := retryClient{Key: c.Key}
+		for _, d := range c.Debits {
+			rc.Debits = append(rc.Debits, retryDebit{Rule: d.Rule, Amount: d.Amount})
+		}
+		byBucket[b] = append(byBucket[b], rc)
+	}
+	for _, b := range order {
+		e := entry
+		e.Clients = byBucket[b]
+		data, err := json.Marshal(e)
+		if err != nil {
+			return err
+		}
+		id := fmt.Sprintf("%s-%d-%d-%d", e.Source, e.Epoch, e.Seq, b)
+		pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
+		_, err = r.js.Publish(pctx, r.retrySubject(entry.Source, b), data, jetstream.WithMsgID(id))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("publish retry of bucket %d: %w", b, err)
+		}
+	}
+	return nil
+}
+
+// pendingBuckets are the buckets of src with entries in the retry stream.
+func (r *Reconciler) pendingBuckets(ctx context.Context, src *source) (map[int]bool, error) {
+	ictx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
+	defer cancel()
+	info, err := src.retryStream.Info(ictx, jetstream.WithSubjectFilter(gossip.RetrySubjects(r.opts.Region, src.name)))
+	if err != nil {
+		return nil, err
+	}
+	if info.State.Msgs == 0 {
+		return nil, nil
+	}
+	prefix := gossip.RetrySubjectPrefix + r.opts.Region + "." + src.name + "."
+	out := map[int]bool{}
+	for subject, n := range info.State.Subjects {
+		if b, err := strconv.Atoi(strings.TrimPrefix(subject, prefix)); err == nil && n > 0 {
+			out[b] = true
+		}
+	}
+	return out, nil
+}
+
+// retryLoop applies src's retry entries, one at a time, in order.
+func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
+	for ctx.Err() == nil {
+		batch, err := src.retry.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
+		if err != nil {
+			r.pause(ctx, "retry fetch", err)
+			continue
+		}
+		for msg := range batch.Messages() {
+			r.retryMessage(ctx, src, msg)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			r.pause(ctx, "retry fetch", err)
+		}
+	}
+}
+
+func (r *Reconciler) retryMessage(ctx context.Context, src *source, msg jetstream.Msg) {
+	e, err := decodeRetry(msg.Data(), src.name)
+	if err != nil {
+		r.reject(msg, "retry "+src.name, err)
+		return
+	}
+	pos := redisstore.Position{Epoch: e.Epoch, Seq: e.Seq}
+	actx, cancel := context.WithTimeout(context.Background(), DefaultApplyTimeout)
+	defer cancel()
+	if f := e.Flush; f != nil {
+		first, err := r.store.FirstSeen(actx, src.name, f.Instance, f.Sequence, f.Part, pos, r.recordTTL())
+		if err != nil {
+			r.log.Warn("retry: message not recorded, will retry", "source", src.name, "seq", e.Seq, "err", err)
+			msg.NakWithDelay(time.Second)
+			return
+		}
+		if first != pos.String() {
+			r.m.replays.WithLabelValues(src.name).Inc()
+			r.ack(ctx, src.name, e.Seq, msg)
+			return
+		}
+	}
+	spends := make([]*gossipv1.Spend, 0, len(e.Clients))
+	for _, c := range e.Clients {
+		for _, d := range c.Debits {
+			spends = append(spends, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount})
+		}
+	}
+	clients, _ := r.debits(spends)
+	res, err := r.store.ApplyDebits(actx, src.name, pos, r.markerTTL(), clients)
+	r.observe(src.name, e.FirstAdmitted, res, clients)
+	if err != nil {
+		r.log.Warn("retry: debits not applied, will retry", "source", src.name, "seq", e.Seq, "failed", len(res.Failed), "err", err)
+		msg.NakWithDelay(time.Second)
+		return
+	}
+	r.m.retried.WithLabelValues(src.name).Add(float64(res.Applied))
+	r.ack(ctx, src.name, e.Seq, msg)
+}
