@@ -8,6 +8,7 @@
 #   scripts/stack.sh status         # what is running, and whether it answers
 #   scripts/stack.sh down           # stop what `up` started and remove .stack/; safe to repeat
 #   scripts/stack.sh admin-example  # the admin API calls `up` prints (README.md shows them)
+#   scripts/stack.sh ports          # every address `up` listens on, "ADDR what" a line
 #   scripts/stack.sh nats-auth DIR  # write the NATS identities `up` uses into DIR (for tests)
 #
 # `up` writes a random bearer token for the limiterds' admin API into
@@ -42,6 +43,9 @@ declare -A http_addr=([us-east]=127.0.0.1:9091 [eu-west]=127.0.0.1:9092)
 declare -A rec_addr=([us-east]=127.0.0.1:9191 [eu-west]=127.0.0.1:9192)
 nats_addr=127.0.0.1:4222
 nats_mon=127.0.0.1:8222
+# Each spend stream's bound (--stream.max-bytes): four streams per region
+# share the one server's JetStream store.
+stream_max_mib=64
 
 log() { echo "stack: $*"; }
 err() { echo "stack: $*" >&2; }
@@ -249,8 +253,9 @@ up() {
 	done
 
 	# JetStream limits: the defaults are most of the disk and a share of
-	# memory. Three streams (the spends stream and each region's local
-	# stream) of at most --stream.max-bytes each fit in max_file_store.
+	# memory. Every region's four streams (local, spends, inbound, retry)
+	# of at most --stream.max-bytes each, and the rules bucket, fit in
+	# max_file_store.
 	# auth/auth.conf: the identities and their permissions (natsauth).
 	nats_auth "$auth_dir" "$bin/natsauth"
 	cat >"$state/nats/nats.conf" <<-EOF
@@ -261,7 +266,7 @@ up() {
 		jetstream {
 		  store_dir: "$state/nats/jetstream"
 		  max_memory_store: 64MB
-		  max_file_store: 1GB
+		  max_file_store: $((${#regions[@]} * 4 * stream_max_mib + 256))MB
 		}
 		include "auth/auth.conf"
 	EOF
@@ -276,7 +281,7 @@ up() {
 			--region "$r" --region.topology-file "$state/topology.yml" --rules.file "$rules" \
 			--nats.url "nats://$nats_addr" --nats.nkey-seed-file "$auth_dir/reconciler-$r.nk" --redis.addrs "$redis_addrs" \
 			--http.listen-address "${rec_addr[$r]}" --gossip.interval "$interval" \
-			--stream.max-bytes $((256 << 20))
+			--stream.max-bytes $((stream_max_mib << 20))
 	done
 	for r in "${regions[@]}"; do wait_healthy "reconciler-$r" "${rec_addr[$r]}" /readyz; done
 
@@ -360,12 +365,13 @@ up) up ;;
 down) down ;;
 status) status ;;
 admin-example) admin_example ;;
+ports) every_port ;;
 nats-auth)
 	[ -n "${2:-}" ] || { err "usage: scripts/stack.sh nats-auth DIR"; exit 2; }
 	nats_auth "$2" "$GO" run ./internal/tools/natsauth
 	;;
 *)
-	echo "usage: scripts/stack.sh up|down|status|admin-example|nats-auth DIR" >&2
+	echo "usage: scripts/stack.sh up|down|status|admin-example|ports|nats-auth DIR" >&2
 	exit 2
 	;;
 esac
