@@ -61,7 +61,7 @@ local function debit_sliding_log(key, cap, w, amount, now, tag)
     args[#args + 1] = string.format('%d.d%s.%d', now, tag, i)
   end
   redis.call('ZADD', key, unpack(args))
-  redis.call('PEXPIRE', key, fmt_int(math.ceil(w / 1000)))
+  redis.call('PEXPIRE', key, fmt_int(math.ceil(w / 1000) + EXPIRY_PAD_MS))
   return over
 end
 

@@ -64,7 +64,7 @@ end
 local function bucket_write(key, now, d)
   local r = math.fmod(d, 1000)
   local q = math.floor((d - r) / 1000 + 0.5)
-  redis.call('SET', key, string.format('-%d%03d', now + q, r), 'PX', fmt_int(math.ceil(d / 1e6)))
+  redis.call('SET', key, string.format('-%d%03d', now + q, r), 'PX', fmt_int(math.ceil(d / 1e6) + EXPIRY_PAD_MS))
 end
 
 -- The time (ns) until the bucket of key is full again, read at now: 0 when

@@ -21,7 +21,7 @@ end
 
 local function sliding_window_write(key, idx, w, cur, prev, now)
   redis.call('SET', key, string.format('%d %.17g %.17g', idx, cur, prev),
-    'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000)))
+    'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000) + EXPIRY_PAD_MS))
 end
 
 local function sliding_window(key, cap, w, cost, now)

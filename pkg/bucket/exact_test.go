@@ -120,20 +120,20 @@ func TestSustainedRate(t *testing.T) {
 // bucket admits one check every 2 µs (500,000/s) at 800,000/s and at
 // 660,000/s alike, and every check at 1e6/s. Whole microseconds gave
 // 1,000,000/s at 800,000/s. Smaller costs, several per µs, use the whole
-// rate: the capacity at the first µs, then the rate over the 99,999 µs
+// rate: the capacity at the first µs, then the rate over the 9,999 µs
 // after it.
 func TestSustainedRateCapacityOne(t *testing.T) {
-	const d = 100 * time.Millisecond
+	const d = 10 * time.Millisecond
 	tests := []struct {
 		rate, cost float64
 		perMicro   int
 		want       float64
 	}{
-		{800_000, 1, 1, 50_000},
-		{660_000, 1, 1, 50_000},
-		{1_000_000, 1, 1, 100_000},
-		{800_000, 0.1, 10, 80_000.2},
-		{500_000, 0.25, 4, 50_000.5},
+		{800_000, 1, 1, 5_000},
+		{660_000, 1, 1, 5_000},
+		{1_000_000, 1, 1, 10_000},
+		{800_000, 0.1, 10, 8_000.2},
+		{500_000, 0.25, 4, 5_000.5},
 	}
 	for _, tt := range tests {
 		for _, alg := range []Algorithm{TokenBucket, GCRA} {
