@@ -1,5 +1,5 @@
 -- Fixed window. State: "index count" in one string, the count in tokens,
--- a whole number of millionths (see micro in lib.lua). The expiry is set
+-- a whole number of millionths (see micro in window.lua). The expiry is set
 -- once, at the window's end, when the window's first request is counted;
 -- later requests keep it (a refreshed expiry would keep the window from
 -- closing).
@@ -32,9 +32,9 @@ local function fixed_window(key, cap, w, cost, now)
   local ends = (idx + 1) * w - now
   local nxt = micro(count + cost)
   if nxt <= cap then
-    return 1, math.max(micro(cap - nxt), 0), 0, ends, function()
+    return 1, string.format('%.17g', math.max(micro(cap - nxt), 0)), 0, ends, function()
       fixed_window_write(key, idx, w, nxt, fresh)
     end
   end
-  return 0, math.max(micro(cap - count), 0), ends, ends, nil
+  return 0, string.format('%.17g', math.max(micro(cap - count), 0)), ends, ends, nil
 end

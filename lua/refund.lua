@@ -1,7 +1,7 @@
 -- Gives back tokens leased and never handed out: KEYS[1] the bucket; ARGV
 -- algorithm, capacity, rate (tokens/s), amount. Token buckets and GCRA only:
 -- their state is the instant the bucket is full again, read as a check reads
--- it (see bucket_debt in lib.lua), which moves back by the spend of amount
+-- it (see bucket_debt in instant.lua), which moves back by the spend of amount
 -- (rounded down to the ns, so a refund never returns more than was taken),
 -- and never before now (a full bucket is deleted). Returns 1 when something
 -- changed.

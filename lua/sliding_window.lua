@@ -1,5 +1,5 @@
 -- Sliding window counter. State: "index current previous" in one string,
--- the counts in tokens, whole numbers of millionths (see micro in lib.lua);
+-- the counts in tokens, whole numbers of millionths (see micro in window.lua);
 -- estimate = previous * (1 - f) + current, f the elapsed fraction of the
 -- current window. Expires two windows after the current one began, since it
 -- serves as the next window's previous one.
@@ -32,7 +32,7 @@ local function sliding_window(key, cap, w, cost, now)
   local est = prev * (1 - f) + cur
   local nxt = micro(est + cost)
   if nxt <= cap then
-    return 1, math.max(micro(cap - nxt), 0), 0, (idx + 2) * w - now, function()
+    return 1, string.format('%.17g', math.max(micro(cap - nxt), 0)), 0, (idx + 2) * w - now, function()
       sliding_window_write(key, idx, w, micro(cur + cost), prev, now)
     end
   end
@@ -48,5 +48,5 @@ local function sliding_window(key, cap, w, cost, now)
   elseif prev > 0 then
     reset = (idx + 1) * w - now
   end
-  return 0, math.max(micro(cap - est), 0), math.max(at - now, 1), reset, nil
+  return 0, string.format('%.17g', math.max(micro(cap - est), 0)), math.max(at - now, 1), reset, nil
 end

@@ -61,7 +61,7 @@ func (s *scriptTaker) take(script *redis.Script, key string, lim bucket.Limit, c
 			if err != nil {
 				s.t.Fatal(err)
 			}
-			d, err := parseDecision(res, lim.Capacity)
+			d, err := parseDecision(res, lim)
 			if err != nil {
 				s.t.Fatal(err)
 			}

@@ -169,7 +169,7 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
-		got, err := parseDecision(res, lim.Capacity)
+		got, err := parseDecision(res, lim)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}

@@ -42,7 +42,7 @@ func TestRefundAfterLoweredCapacity(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d, err := parseDecision(res, lim.Capacity)
+				d, err := parseDecision(res, lim)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -95,13 +95,11 @@ func (l *Limit) windowMicros() int64 { return l.Window.Microseconds() }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
-// ceilMicros rounds up, at least 1: a rejection never says "retry now".
-func ceilMicros(us float64) int64 {
-	n := int64(math.Ceil(us))
-	if n < 1 {
-		n = 1
-	}
-	return n
+// upMicros is d ns (a whole number) in µs, rounded up, computed as the
+// scripts do: Redis replies a number as an integer, truncated, so they
+// reply (d + 999) / 1000. A refusal waits at least 1 ns, so 1 µs.
+func upMicros(d float64) int64 {
+	return int64(float64(d+999) / 1000)
 }
 
 // spendNs is how long cost takes to refill at rate, in whole ns: rounded
@@ -157,7 +155,7 @@ func (l *Limit) maxDebtNs() float64 {
 // (cost + capacity) / rate + DebtHorizon, not the old capacity's refill
 // time. The clamp is kept in st even when the request is refused: it
 // changes no decision, and from there the debt refills at the rule's rate.
-// The Lua scripts do the same (bucket_debt in lib.lua).
+// The Lua scripts do the same (bucket_debt in instant.lua).
 func (l *Limit) clampDebt(st *State, now int64) {
 	if l.Algorithm != TokenBucket && l.Algorithm != GCRA {
 		return
@@ -187,15 +185,23 @@ func (l *Limit) takeInstant(st *State, now int64, cost float64, whole bool) Deci
 			Allowed:    true,
 			Remaining:  l.remaining(d, full, whole),
 			Limit:      l.Capacity,
-			ResetAfter: micros(int64(math.Ceil(d / 1000))),
+			ResetAfter: micros(upMicros(d)),
 		}
 	}
 	return Decision{
 		Remaining:  l.remaining(d, full, whole),
 		Limit:      l.Capacity,
-		RetryAfter: micros(ceilMicros(float64(d+s-full) / 1000)),
-		ResetAfter: micros(int64(math.Ceil(d / 1000))),
+		RetryAfter: micros(upMicros(float64(d+s) - full)),
+		ResetAfter: micros(upMicros(d)),
 	}
+}
+
+// Remaining is what a token bucket or GCRA that is full again after
+// untilFull has left: the Remaining of its Decision, tokens, or for GCRA
+// the requests of cost 1 that would pass. The Lua scripts reply untilFull
+// (whole ns) instead of the remaining, which the store makes with this.
+func (l *Limit) Remaining(untilFull time.Duration) float64 {
+	return l.remaining(float64(untilFull), spendNs(l.Capacity, l.RefillPerSecond), l.Algorithm == GCRA)
 }
 
 // remaining is what a bucket d ns from full has left: tokens, or for GCRA
