@@ -125,11 +125,14 @@ func spendNs(cost, rate float64) float64 {
 }
 
 // debtNs is the time (ns) until the token bucket or GCRA state a is full
-// again at now (µs): 0 when it is full. a is split into µs and ns as the
-// scripts read their stored value.
+// again at now (µs): 0 when it is full. The scripts read their stored value
+// as µs and the ns within them, and compute (µs - now)*1000 + ns: below 2^53
+// ns that is exact, so the same as the difference in ns.
 func debtNs(a, now int64) float64 {
-	d := float64(float64(a/1000-now)*1000) + float64(a%1000)
-	return math.Max(d, 0)
+	if diff := a - now*1000; diff < 1<<53 {
+		return math.Max(float64(diff), 0)
+	}
+	return float64(float64(a/1000-now)*1000) + float64(a%1000)
 }
 
 // instantAt is the state that is full again d ns (a whole number, as every
@@ -139,10 +142,21 @@ func instantAt(now int64, d float64) int64 {
 }
 
 // maxDebtNs is the most a token bucket's or GCRA's state may be ahead of
-// now: two capacities' duration and DebtHorizon, which is capacity +
-// rate*DebtHorizon tokens of debt.
-func (l *Limit) maxDebtNs() float64 {
-	return 2*spendNs(l.Capacity, l.RefillPerSecond) + debtHorizonNs
+// now, full the capacity's duration: two capacities' duration and
+// DebtHorizon, which is capacity + rate*DebtHorizon tokens of debt.
+func maxDebtNs(full float64) float64 {
+	return 2*full + debtHorizonNs
+}
+
+// debt is the time (ns) until the token bucket or GCRA st is full again at
+// now, full the capacity's duration, after clampDebt.
+func (l *Limit) debt(st *State, now int64, full float64) float64 {
+	d := debtNs(st.a, now)
+	if most := maxDebtNs(full); d > most {
+		st.a = instantAt(now, most)
+		return most
+	}
+	return d
 }
 
 // clampDebt bounds a token bucket's or a GCRA's state at now to the debt
@@ -157,11 +171,8 @@ func (l *Limit) maxDebtNs() float64 {
 // changes no decision, and from there the debt refills at the rule's rate.
 // The Lua scripts do the same (bucket_debt in instant.lua).
 func (l *Limit) clampDebt(st *State, now int64) {
-	if l.Algorithm != TokenBucket && l.Algorithm != GCRA {
-		return
-	}
-	if most := l.maxDebtNs(); debtNs(st.a, now) > most {
-		st.a = instantAt(now, most)
+	if l.Algorithm == TokenBucket || l.Algorithm == GCRA {
+		l.debt(st, now, spendNs(l.Capacity, l.RefillPerSecond))
 	}
 }
 
@@ -174,10 +185,9 @@ func (l *Limit) clampDebt(st *State, now int64) {
 // requests of cost 1 left instead of the tokens.
 func (l *Limit) takeInstant(st *State, now int64, cost float64, whole bool) Decision {
 	rate := l.RefillPerSecond
-	l.clampDebt(st, now)
-	d := debtNs(st.a, now)
-	s := spendNs(cost, rate)
 	full := spendNs(l.Capacity, rate)
+	d := l.debt(st, now, full)
+	s := spendNs(cost, rate)
 	if d+s <= full {
 		d += s
 		st.a = instantAt(now, d)
@@ -384,10 +394,10 @@ func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) 
 	rate := l.RefillPerSecond
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
-		l.clampDebt(st, now)
-		d := debtNs(st.a, now)
+		full := spendNs(l.Capacity, rate)
+		d := l.debt(st, now, full)
 		overshoot = overshootOf(amount, l.Capacity-float64(d*rate)/1e9)
-		st.a = instantAt(now, math.Min(d+spendNs(amount, rate), l.maxDebtNs()))
+		st.a = instantAt(now, math.Min(d+spendNs(amount, rate), maxDebtNs(full)))
 	case SlidingWindow:
 		w := l.windowMicros()
 		idx := now / w

@@ -26,8 +26,7 @@ type Undoer interface {
 func (l *Limit) Undo(st *State, now, at int64, amount float64) {
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
-		l.clampDebt(st, now)
-		d := debtNs(st.a, now)
+		d := l.debt(st, now, spendNs(l.Capacity, l.RefillPerSecond))
 		if d <= 0 {
 			return
 		}
