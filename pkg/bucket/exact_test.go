@@ -443,3 +443,48 @@ func TestDebtBound(t *testing.T) {
 		t.Fatalf("log of %d after a huge debit, want 5 + 5*10 = 55", len(st.log))
 	}
 }
+
+// TestTokenBucketAndGCRAAgree: the same limit, costs, instants and debits
+// give the same admissions, retries and resets under both algorithms, and
+// GCRA's remaining is the whole requests of cost 1 that then pass. (Sums of
+// ns are exact below 2^53 ns, 104 days: the limits here fill within 1e6 s.)
+func TestTokenBucketAndGCRAAgree(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	for range 200 {
+		capacity := max(math.Round(math.Pow(10, rng.Float64()*4)), 1)
+		rate := math.Round(math.Pow(10, -3+rng.Float64()*9)*1000) / 1000
+		tb := Limit{Algorithm: TokenBucket, Capacity: capacity, RefillPerSecond: max(rate, 1e-3)}
+		if tb.Validate() != nil || capacity/tb.RefillPerSecond > 1e6 {
+			continue
+		}
+		gcra := tb
+		gcra.Algorithm = GCRA
+		var a, b State
+		now := t0
+		for step := range 200 {
+			now += int64(rng.Float64() * rng.Float64() * capacity / tb.RefillPerSecond * 1e6)
+			cost := pickCost(rng, capacity, tb.RefillPerSecond)
+			if rng.IntN(8) == 0 {
+				tb.Debit(&a, now, cost*3)
+				gcra.Debit(&b, now, cost*3)
+				continue
+			}
+			x, y := tb.Take(&a, now, cost), gcra.Take(&b, now, cost)
+			if x.Allowed != y.Allowed || x.RetryAfter != y.RetryAfter || x.ResetAfter != y.ResetAfter {
+				t.Fatalf("%+v step %d cost %v: token bucket %+v, gcra %+v", tb, step, cost, x, y)
+			}
+			if n := burst1(gcra, b, now); y.Remaining != float64(n) {
+				t.Fatalf("%+v step %d: gcra reports %v left, %d requests of cost 1 pass", tb, step, y.Remaining, n)
+			}
+		}
+	}
+}
+
+// burst1 is how many requests of cost 1 pass at now on a copy of st.
+func burst1(l Limit, st State, now int64) int {
+	n := 0
+	for n < 2_000_000 && l.Take(&st, now, 1).Allowed {
+		n++
+	}
+	return n
+}
