@@ -1,6 +1,8 @@
--- Fixed window. State: "index count" in one string. The expiry is set once,
--- at the window's end, when the window's first request is counted; later
--- requests keep it (a refreshed expiry would keep the window from closing).
+-- Fixed window. State: "index count" in one string, the count in tokens,
+-- a whole number of millionths (see micro in window.lua). The expiry is set
+-- once, at the window's end, when the window's first request is counted;
+-- later requests keep it (a refreshed expiry would keep the window from
+-- closing).
 
 -- The count of window idx, and whether the key holds another window.
 local function fixed_window_read(key, idx)
@@ -8,7 +10,7 @@ local function fixed_window_read(key, idx)
   if v then
     local a, b = string.match(v, '^(%d+) (%S+)$')
     if tonumber(a) == idx then
-      return tonumber(b) or 0, false
+      return micro(tonumber(b) or 0), false
     end
   end
   return 0, true
@@ -26,11 +28,13 @@ end
 local function fixed_window(key, cap, w, cost, now)
   local idx = window_index(now, w)
   local count, fresh = fixed_window_read(key, idx)
+  cap, cost = micro(cap), window_cost(cost)
   local ends = (idx + 1) * w - now
-  if count + cost <= cap then
-    return 1, math.max(cap - (count + cost), 0), 0, ends, function()
-      fixed_window_write(key, idx, w, count + cost, fresh)
+  local nxt = micro(count + cost)
+  if nxt <= cap then
+    return 1, string.format('%.17g', math.max(micro(cap - nxt), 0)), 0, ends, function()
+      fixed_window_write(key, idx, w, nxt, fresh)
     end
   end
-  return 0, math.max(cap - count, 0), ends, ends, nil
+  return 0, string.format('%.17g', math.max(micro(cap - count), 0)), ends, ends, nil
 end

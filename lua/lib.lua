@@ -1,20 +1,16 @@
--- Helpers shared by every algorithm. Every number written to Redis goes
+-- Helpers shared by every script. Every number written to Redis goes
 -- through string.format: Lua's own number-to-string keeps 14 digits, which
--- would round a microsecond timestamp.
+-- would round a timestamp. The float operations of every algorithm are
+-- those of pkg/bucket, in the same order, so the two make identical
+-- decisions. Each script holds only the helpers its algorithms use
+-- (instant.lua, window.lua): a script defines every function again on each
+-- call.
 
--- Rounds a duration in microseconds to the nearest whole one, at least 1.
-local function round_us(x)
-  local n = math.floor(x + 0.5)
-  if n < 1 then n = 1 end
-  return n
-end
-
--- Rounds up, at least 1: a rejection never says "retry now".
-local function ceil_us(x)
-  local n = math.ceil(x)
-  if n < 1 then n = 1 end
-  return n
-end
+-- How much remote spending a key's debt can hold beyond one capacity, in
+-- µs (bucket.DebtHorizon): a debit takes a token bucket or GCRA down to at
+-- most capacity + rate * 10 s of debt, a window's count up to limit +
+-- max(limit, limit * 10 s / window).
+local DEBT_HORIZON_US = 10000000
 
 -- The value of key as a string, or nil. A key of another type (a rule
 -- changed algorithm) is deleted and reads as absent.
@@ -26,13 +22,6 @@ local function read_string(key)
   end
   if not v then return nil end
   return v
-end
-
--- floor(now / w), exact for integers below 2^53.
-local function window_index(now, w)
-  local idx = math.floor(now / w)
-  if idx * w > now then idx = idx - 1 end
-  return idx
 end
 
 local function fmt_int(n)

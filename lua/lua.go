@@ -4,9 +4,12 @@
 // Each algorithm file defines one local function with the same signature,
 // take(key, capacity, rate_or_window_us, cost, now) returning allowed,
 // remaining, retry_us, reset_us and, when allowed, a commit function that
-// writes the new state. A script is a clock, the shared helpers, the
-// algorithm and a main part; deciding before writing is what lets one script
-// check several rules all or nothing.
+// writes the new state. The remaining is what the scripts reply: for a
+// window a string, for a sliding log an integer, for a token bucket or GCRA
+// the time (ns) until the bucket is full again (bucket.Limit.Remaining makes
+// the tokens left of it). A script is a clock, the shared helpers, the
+// algorithm and a main part; deciding before writing is what lets one
+// script check several rules all or nothing.
 package lua
 
 import (
@@ -34,8 +37,8 @@ const (
 
 // Single returns the script that checks one rule of the named algorithm:
 // KEYS[1] the bucket, ARGV capacity, rate (tokens/s) or window (µs), cost,
-// and with FixedClock the instant. It replies {allowed, remaining (string),
-// retry_us, reset_us}.
+// and with FixedClock the instant. It replies {allowed, remaining (see the
+// package comment), retry_us, reset_us}.
 func Single(algorithm string, clock Clock) (string, error) {
 	alg, err := read(algorithm)
 	if err != nil {
@@ -44,10 +47,23 @@ func Single(algorithm string, clock Clock) (string, error) {
 	var b strings.Builder
 	b.WriteString(mustRead(clockFile(clock)))
 	b.WriteString(mustRead("lib"))
+	for _, h := range helpers[algorithm] {
+		b.WriteString(mustRead(h))
+	}
 	b.WriteString(alg)
 	fmt.Fprintf(&b, "local take = %s\n", algorithm)
 	b.WriteString(mustRead("single"))
 	return b.String(), nil
+}
+
+// helpers are the helper files each algorithm needs besides lib. A script
+// defines each of its functions again on every call, so the check scripts
+// hold only their own.
+var helpers = map[string][]string{
+	"token_bucket":   {"instant"},
+	"gcra":           {"instant"},
+	"sliding_window": {"window"},
+	"fixed_window":   {"window"},
 }
 
 // Debit returns the script that applies one source region's spends for one
@@ -66,11 +82,13 @@ func Multi(clock Clock) string { return withAll(clock, "multi_main") }
 // check refused by another client slot (see undo.lua).
 func Undo(clock Clock) string { return withAll(clock, "undo") }
 
-// withAll is a clock, the helpers, every algorithm, then main.
+// withAll is a clock, every helper, every algorithm, then main.
 func withAll(clock Clock, main string) string {
 	var b strings.Builder
 	b.WriteString(mustRead(clockFile(clock)))
 	b.WriteString(mustRead("lib"))
+	b.WriteString(mustRead("instant"))
+	b.WriteString(mustRead("window"))
 	for _, a := range Algorithms {
 		b.WriteString(mustRead(a))
 	}

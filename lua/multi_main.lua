@@ -2,7 +2,7 @@
 -- (one hash tag, so one slot); ARGV four per bucket: algorithm, capacity,
 -- rate (tokens/s) or window (µs), cost. Every bucket is decided before any
 -- is written; only when all allow are they all spent. Replies four values
--- per bucket: allowed, remaining (string), retry_us, reset_us; then the
+-- per bucket: allowed, remaining (see lua.go), retry_us, reset_us; then the
 -- instant (µs) it decided at, which an undo of its spends needs (undo.lua).
 local now = now_us()
 local takes = {
@@ -24,7 +24,7 @@ for i = 1, #KEYS do
   if allowed == 0 then all = false end
   commits[i] = commit
   out[#out + 1] = allowed
-  out[#out + 1] = string.format('%.17g', remaining)
+  out[#out + 1] = remaining
   out[#out + 1] = retry
   out[#out + 1] = reset
 end

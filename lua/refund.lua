@@ -1,27 +1,23 @@
 -- Gives back tokens leased and never handed out: KEYS[1] the bucket; ARGV
 -- algorithm, capacity, rate (tokens/s), amount. Token buckets and GCRA only:
 -- their state is the instant the bucket is full again, read as a check reads
--- it (at most one capacity of debt ahead, see token_bucket_full), which moves
--- back by amount / rate, rounded down so a refund never returns more than was
--- taken, and never before now (a full bucket is deleted). Returns 1 when
--- something changed.
+-- it (see bucket_debt in instant.lua), which moves back by the spend of amount
+-- (rounded down to the ns, so a refund never returns more than was taken),
+-- and never before now (a full bucket is deleted). Returns 1 when something
+-- changed.
 local now = now_us()
 local alg, cap, rate, amount = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local full
-if alg == 'token_bucket' then
-  full = token_bucket_full(KEYS[1], cap, rate, now)
-elseif alg == 'gcra' then
-  full = gcra_tat(KEYS[1], cap, rate, now)
-else
+if alg ~= 'token_bucket' and alg ~= 'gcra' then
   return 0
 end
-if full <= now then
+local d = bucket_debt(KEYS[1], cap, rate, now)
+if d <= 0 then
   return 0
 end
-full = full - math.floor(amount * 1e6 / rate)
-if full <= now then
+d = d - spend_ns(amount, rate)
+if d <= 0 then
   redis.call('DEL', KEYS[1])
 else
-  redis.call('SET', KEYS[1], fmt_int(full), 'PX', fmt_int(math.ceil((full - now) / 1000)))
+  bucket_write(KEYS[1], now, d)
 end
 return 1

@@ -3,4 +3,4 @@
 local allowed, remaining, retry, reset, commit =
   take(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now_us())
 if commit then commit() end
-return {allowed, string.format('%.17g', remaining), retry, reset}
+return {allowed, remaining, retry, reset}

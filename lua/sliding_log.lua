@@ -28,7 +28,7 @@ local function sliding_log(key, cap, w, cost, now)
         args[#args + 1] = string.format('%d.%d', now, n + i)
       end
       redis.call('ZADD', key, unpack(args))
-      redis.call('PEXPIRE', key, fmt_int(math.ceil((math.max(newest, now) + w - now) / 1000)))
+      redis.call('PEXPIRE', key, fmt_int(math.ceil((math.max(newest, now) + w - now) / 1000) + EXPIRY_PAD_MS))
     end
   end
   local i = n + cost - cap - 1

@@ -1,4 +1,5 @@
--- Sliding window counter. State: "index current previous" in one string;
+-- Sliding window counter. State: "index current previous" in one string,
+-- the counts in tokens, whole numbers of millionths (see micro in window.lua);
 -- estimate = previous * (1 - f) + current, f the elapsed fraction of the
 -- current window. Expires two windows after the current one began, since it
 -- serves as the next window's previous one.
@@ -10,9 +11,9 @@ local function sliding_window_read(key, idx)
     local a, b, c = string.match(v, '^(%d+) (%S+) (%S+)$')
     a = tonumber(a)
     if a == idx then
-      return tonumber(b) or 0, tonumber(c) or 0
+      return micro(tonumber(b) or 0), micro(tonumber(c) or 0)
     elseif a == idx - 1 then
-      return 0, tonumber(b) or 0
+      return 0, micro(tonumber(b) or 0)
     end
   end
   return 0, 0
@@ -20,21 +21,23 @@ end
 
 local function sliding_window_write(key, idx, w, cur, prev, now)
   redis.call('SET', key, string.format('%d %.17g %.17g', idx, cur, prev),
-    'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000)))
+    'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000) + EXPIRY_PAD_MS))
 end
 
 local function sliding_window(key, cap, w, cost, now)
   local idx = window_index(now, w)
   local f = (now - idx * w) / w
   local cur, prev = sliding_window_read(key, idx)
+  cap, cost = micro(cap), window_cost(cost)
   local est = prev * (1 - f) + cur
-  if est + cost <= cap then
-    return 1, math.max(cap - (est + cost), 0), 0, (idx + 2) * w - now, function()
-      sliding_window_write(key, idx, w, cur + cost, prev, now)
+  local nxt = micro(est + cost)
+  if nxt <= cap then
+    return 1, string.format('%.17g', math.max(micro(cap - nxt), 0)), 0, (idx + 2) * w - now, function()
+      sliding_window_write(key, idx, w, micro(cur + cost), prev, now)
     end
   end
   local at
-  if cur + cost <= cap then
+  if micro(cur + cost) <= cap then
     at = idx * w + math.ceil((1 - (cap - cost - cur) / prev) * w)
   else
     at = (idx + 1) * w + math.ceil((1 - (cap - cost) / cur) * w)
@@ -45,5 +48,5 @@ local function sliding_window(key, cap, w, cost, now)
   elseif prev > 0 then
     reset = (idx + 1) * w - now
   end
-  return 0, math.max(cap - est, 0), math.max(at - now, 1), reset, nil
+  return 0, string.format('%.17g', math.max(micro(cap - est), 0)), math.max(at - now, 1), reset, nil
 end

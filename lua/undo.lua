@@ -5,7 +5,8 @@
 -- rate or window (µs), amount. Each gives back at most what that spend took,
 -- to the window the spend counted in, and nothing when that window is gone:
 --   token_bucket, gcra: the state, read as a check reads it, moves back by
---     amount / rate (rounded down), never before now;
+--     the spend of amount (the whole ns a check of amount moved it), never
+--     before now;
 --   fixed_window: the spend's window, if the key still holds it, counts
 --     amount less, never below 0;
 --   sliding_window: the spend's window, still the current or now the
@@ -15,40 +16,37 @@
 local now = now_us()
 local at = tonumber(ARGV[1])
 
-local function undo_instant(key, full, rate, amount)
-  if full <= now then return end
-  full = full - math.floor(amount * 1e6 / rate)
-  if full <= now then
+local function undo_instant(key, cap, rate, amount)
+  local d = bucket_debt(key, cap, rate, now)
+  if d <= 0 then return end
+  d = d - spend_ns(amount, rate)
+  if d <= 0 then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, fmt_int(full), 'PX', fmt_int(math.ceil((full - now) / 1000)))
+    bucket_write(key, now, d)
   end
 end
 
 local undos = {
-  token_bucket = function(key, cap, rate, amount)
-    undo_instant(key, token_bucket_full(key, cap, rate, now), rate, amount)
-  end,
-  gcra = function(key, cap, rate, amount)
-    undo_instant(key, gcra_tat(key, cap, rate, now), rate, amount)
-  end,
+  token_bucket = undo_instant,
+  gcra = undo_instant,
   fixed_window = function(key, cap, w, amount)
     local idx = window_index(at, w)
     local count, other = fixed_window_read(key, idx)
     if not other then
-      fixed_window_write(key, idx, w, math.max(count - amount, 0), false)
+      fixed_window_write(key, idx, w, math.max(micro(count - amount), 0), false)
     end
   end,
   sliding_window = function(key, cap, w, amount)
     local v = read_string(key)
     if not v then return end
     local a, cur, prev = string.match(v, '^(%d+) (%S+) (%S+)$')
-    a, cur, prev = tonumber(a), tonumber(cur) or 0, tonumber(prev) or 0
+    a, cur, prev = tonumber(a), micro(tonumber(cur) or 0), micro(tonumber(prev) or 0)
     local spent = window_index(at, w)
     if a == spent then
-      cur = math.max(cur - amount, 0)
+      cur = math.max(micro(cur - amount), 0)
     elseif a == spent + 1 then
-      prev = math.max(prev - amount, 0)
+      prev = math.max(micro(prev - amount), 0)
     else
       return
     end

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"testing"
@@ -17,9 +18,9 @@ import (
 )
 
 // conformanceCases cover every algorithm, with parameters that make
-// rounding matter (rates that do not divide a second, fractional costs), and
-// rules whose capacity changes under an active key: halfway through, the
-// steps go on under then.
+// rounding matter (rates that do not divide a second, fractional costs),
+// the extremes of capacity and rate, and rules whose capacity changes under
+// an active key: halfway through, the steps go on under then.
 var conformanceCases = []struct {
 	name string
 	lim  bucket.Limit
@@ -43,110 +44,215 @@ var conformanceCases = []struct {
 	{name: "gcra rate raised",
 		lim:  bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 0.5},
 		then: &bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 20}},
+	{name: "token bucket 1 at 1e6", lim: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1, RefillPerSecond: 1e6}},
+	{name: "gcra 1000 at 660000", lim: bucket.Limit{Algorithm: bucket.GCRA, Capacity: 1000, RefillPerSecond: 660_000}},
+	{name: "token bucket 1e9 at 1e6", lim: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1e9, RefillPerSecond: 1e6}},
+	{name: "token bucket 1e9 filling in 1e8 s", lim: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1e9, RefillPerSecond: 10}},
+	{name: "gcra 100 at 1e-3", lim: bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 1e-3}},
+	{name: "fixed window 1e9 a day", lim: bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 1e9, Window: 24 * time.Hour}},
+	{name: "sliding window 3 per ms", lim: bucket.Limit{Algorithm: bucket.SlidingWindow, Capacity: 3, Window: time.Millisecond}},
+	{name: "sliding log 1000 per s", lim: bucket.Limit{Algorithm: bucket.SlidingLog, Capacity: 1000, Window: time.Second}},
+}
+
+// conformance holds what one run of steps needs: the cluster, the scripts.
+type conformance struct {
+	ctx    context.Context
+	client *redis.ClusterClient
+	debit  *redis.Script
+	seq    int
+}
+
+func newConformance(t *testing.T) *conformance {
+	c := testenv.RedisCluster(t, 3, 0)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	t.Cleanup(func() { client.Close() })
+	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock))}
+}
+
+// conformanceRun is what run saw.
+type conformanceRun struct {
+	allowed, refused, refusedAfterChange, debits int
+}
+
+// run steps through one table of (time, cost) steps, and debits, against
+// the Go algorithms and the Lua scripts, and fails at the first step where
+// the decisions (or a debit's overshoot) differ, or a key is written
+// without an expiry. Halfway through, the limit becomes then (if not nil).
+// Time jumps are at most maxJump µs.
+func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bucket.Limit, rng *rand.Rand, steps int, maxJump int64) conformanceRun {
+	t.Helper()
+	scripts := map[bucket.Algorithm]*redis.Script{}
+	script := func(a bucket.Algorithm) *redis.Script {
+		if scripts[a] == nil {
+			src, err := lua.Single(string(a), lua.FixedClock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			scripts[a] = redis.NewScript(src)
+		}
+		return scripts[a]
+	}
+	ctx, client := cf.ctx, cf.client
+	// The fake clock starts at the real one and only runs ahead of it, so
+	// real expiry never removes state the algorithm needs.
+	now := time.Now().UnixMicro()
+	key := Key("conf-"+name, "client")
+	marker := StreamMarkerKey("client", "r-"+name)
+	var st bucket.State
+	var run conformanceRun
+	var retry int64
+	scale := lim.Capacity / lim.RefillPerSecond * 1e6 // µs to fill, or
+	if lim.Window > 0 {
+		scale = float64(lim.Window.Microseconds())
+	}
+	for step := range steps {
+		if step == steps/2 && then != nil {
+			lim = *then
+		}
+		switch rng.IntN(6) {
+		case 0: // same instant
+		case 1:
+			now += rng.Int64N(1000)
+		case 2:
+			now += rng.Int64N(400_000)
+		case 3:
+			now += min(int64(rng.Float64()*scale), maxJump)
+		case 4:
+			now += min(int64(rng.Float64()*scale/20), maxJump)
+		case 5:
+			now += retry // exactly when the last refusal said
+		}
+		cost := []float64{1, 1, 1, 2, 3}[rng.IntN(5)]
+		if lim.Algorithm != bucket.SlidingLog {
+			switch rng.IntN(4) {
+			case 0:
+				cost = 0.25 + float64(rng.IntN(8))/4
+			case 1:
+				cost = float64(1+rng.IntN(999)) / 1000
+			case 2:
+				cost = math.Round(lim.Capacity*rng.Float64()*1000) / 1000
+			}
+		}
+		if cost > lim.Capacity || cost <= 0 {
+			cost = min(1, lim.Capacity)
+		}
+		if rng.IntN(5) == 0 {
+			// Another region spent some: debit both, compare the overshoots.
+			amount := float64(1 + rng.IntN(int(min(2*lim.Capacity, 1e6))))
+			if rng.IntN(4) == 0 {
+				// Far beyond the debt bound.
+				amount = (lim.Capacity + lim.RefillPerSecond*bucket.DebtHorizon.Seconds()) * 3 * float64(1+rng.IntN(100))
+			}
+			wantOver := lim.Debit(&st, now, amount)
+			cf.seq++
+			a := scriptArgs(lim, amount)
+			res, err := cf.debit.Run(ctx, client, []string{marker, key},
+				strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+			if err != nil || len(res) != 2 || res[0] != int64(1) {
+				t.Fatalf("step %d: debit = %v, %v", step, res, err)
+			}
+			if over, _ := strconv.ParseFloat(res[1].(string), 64); over != wantOver {
+				t.Fatalf("step %d: debit of %v: overshoot lua %v, go %v", step, amount, over, wantOver)
+			}
+			// The same message again debits nothing.
+			res, err = cf.debit.Run(ctx, client, []string{marker, key},
+				strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+			if err != nil || len(res) != 1 || res[0] != int64(0) {
+				t.Fatalf("step %d: repeated debit = %v, %v; want {0} (duplicate)", step, res, err)
+			}
+			run.debits++
+			continue
+		}
+		want := lim.Take(&st, now, cost)
+		a := scriptArgs(lim, cost)
+		res, err := script(lim.Algorithm).Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		got, err := parseDecision(res, lim)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if got != want {
+			t.Fatalf("step %d at %d cost %v:\n  lua %+v\n   go %+v", step, now, cost, got, want)
+		}
+		if got.Allowed {
+			run.allowed++
+			// -1: no expiry. A key of a bucket full again within a
+			// millisecond may be gone already (-2) or about to go (0).
+			ttl, err := client.PTTL(ctx, key).Result()
+			if err != nil || ttl == -1 {
+				t.Fatalf("step %d: key written without an expiry: ttl %v, %v", step, ttl, err)
+			}
+		} else {
+			retry = got.RetryAfter.Microseconds()
+			run.refused++
+			if step >= steps/2 {
+				run.refusedAfterChange++
+			}
+		}
+	}
+	return run
 }
 
 // TestConformance runs one table of (time, cost) steps against the Go
 // algorithms and the Lua scripts on a real cluster, and requires the same
 // decisions at every step, and an expiry on every key a script wrote.
 func TestConformance(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
-	t.Cleanup(func() { client.Close() })
-	ctx := context.Background()
-
+	cf := newConformance(t)
 	for li, tc := range conformanceCases {
 		t.Run(tc.name, func(t *testing.T) {
-			lim := tc.lim
-			src, err := lua.Single(string(lim.Algorithm), lua.FixedClock)
-			if err != nil {
-				t.Fatal(err)
-			}
-			script := redis.NewScript(src)
-			debit := redis.NewScript(lua.Debit(lua.FixedClock))
-			seq := 0
 			rng := rand.New(rand.NewPCG(uint64(li), 42))
-			// The fake clock starts at the real one and only runs ahead of
-			// it, so real expiry never removes state the algorithm needs.
-			now := time.Now().UnixMicro()
-			key := Key(fmt.Sprintf("conf%d", li), "client")
-			var st bucket.State
-			allowed, refused, refusedAfterChange := 0, 0, 0
-			const steps = 400
-			for step := range steps {
-				if step == steps/2 && tc.then != nil {
-					lim = *tc.then
-				}
-				switch rng.IntN(4) {
-				case 0: // same instant
-				case 1:
-					now += rng.Int64N(1000)
-				case 2:
-					now += rng.Int64N(400_000)
-				case 3:
-					now += rng.Int64N(3_000_000)
-				}
-				cost := []float64{1, 1, 1, 2, 3}[rng.IntN(5)]
-				if lim.Algorithm != bucket.SlidingLog && rng.IntN(4) == 0 {
-					cost = 0.25 + float64(rng.IntN(8))/4
-				}
-				if cost > lim.Capacity {
-					cost = 1
-				}
-				if rng.IntN(5) == 0 {
-					// Another region spent some: debit both, compare later.
-					amount := float64(1 + rng.IntN(int(2*lim.Capacity)))
-					wantOver := lim.Debit(&st, now, amount)
-					seq++
-					a := scriptArgs(lim, amount)
-					res, err := debit.Run(ctx, client, []string{StreamMarkerKey("client", fmt.Sprint("r", li)), key},
-						strconv.Itoa(seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
-					if err != nil || len(res) != 2 || res[0] != int64(1) {
-						t.Fatalf("step %d: debit = %v, %v", step, res, err)
-					}
-					if over, _ := strconv.ParseFloat(res[1].(string), 64); over != wantOver {
-						t.Fatalf("step %d: debit of %v: overshoot lua %v, go %v", step, amount, over, wantOver)
-					}
-					// The same message again debits nothing.
-					res, err = debit.Run(ctx, client, []string{StreamMarkerKey("client", fmt.Sprint("r", li)), key},
-						strconv.Itoa(seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
-					if err != nil || len(res) != 1 || res[0] != int64(0) {
-						t.Fatalf("step %d: repeated debit = %v, %v; want {0} (duplicate)", step, res, err)
-					}
-					continue
-				}
-				want := lim.Take(&st, now, cost)
-				a := scriptArgs(lim, cost)
-				res, err := script.Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
-				if err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				got, err := parseDecision(res, lim.Capacity)
-				if err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
-				if got != want {
-					t.Fatalf("step %d at %d cost %v:\n  lua %+v\n   go %+v", step, now, cost, got, want)
-				}
-				if got.Allowed {
-					allowed++
-					ttl, err := client.PTTL(ctx, key).Result()
-					if err != nil || ttl <= 0 {
-						t.Fatalf("step %d: key written without an expiry: ttl %v, %v", step, ttl, err)
-					}
-				} else {
-					refused++
-					if step >= steps/2 {
-						refusedAfterChange++
-					}
-				}
+			run := cf.run(t, fmt.Sprint(li), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
+			if run.allowed == 0 || run.refused == 0 {
+				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused", run.allowed, run.refused)
 			}
-			if allowed == 0 || refused == 0 {
-				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused", allowed, refused)
-			}
-			if tc.then != nil && refusedAfterChange == 0 {
+			if tc.then != nil && run.refusedAfterChange == 0 {
 				t.Fatalf("no refusal after the change to %+v", *tc.then)
 			}
 		})
+	}
+}
+
+// TestConformanceRandomLimits is TestConformance over random limits at the
+// extremes the arithmetic is built for: capacities from 1 to 1e9, rates
+// from 1e-3 to 1e6 per second (as Validate allows), windows from 1 ms to a
+// day, whole and fractional costs, takes and debits (some far beyond the
+// debt bound), at random steps.
+func TestConformanceRandomLimits(t *testing.T) {
+	cf := newConformance(t)
+	rng := rand.New(rand.NewPCG(2026, 11))
+	const limits, steps = 48, 250
+	var total conformanceRun
+	for i := 0; i < limits; {
+		capacity := math.Round(math.Pow(10, rng.Float64()*9)*100) / 100
+		capacity = max(capacity, 1)
+		alg := bucket.Algorithms[rng.IntN(len(bucket.Algorithms))]
+		lim := bucket.Limit{Algorithm: alg, Capacity: capacity}
+		switch alg {
+		case bucket.TokenBucket, bucket.GCRA:
+			lim.RefillPerSecond = math.Round(math.Pow(10, -3+rng.Float64()*9)*1000) / 1000
+		default:
+			lim.Window = time.Duration(math.Pow(10, 3+rng.Float64()*8)) * time.Microsecond
+			if alg == bucket.SlidingLog {
+				lim.Capacity = float64(1 + rng.IntN(bucket.MaxLogCapacity))
+			}
+		}
+		if lim.Validate() != nil {
+			continue
+		}
+		i++
+		name := fmt.Sprintf("%s %g %g %v", alg, lim.Capacity, lim.RefillPerSecond, lim.Window)
+		t.Run(name, func(t *testing.T) {
+			run := cf.run(t, fmt.Sprint("r", i), lim, nil, rng, steps, 10*24*3600*1e6)
+			total.allowed += run.allowed
+			total.refused += run.refused
+			total.debits += run.debits
+		})
+	}
+	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits, every decision and overshoot identical", limits, steps, total.allowed, total.refused, total.debits)
+	if total.allowed == 0 || total.refused == 0 {
+		t.Fatalf("one outcome only: %+v", total)
 	}
 }
 

@@ -186,7 +186,7 @@ func parseMultiReply(res []any, reqs []bucket.Request) ([]bucket.Decision, int64
 	}
 	ds := make([]bucket.Decision, len(reqs))
 	for k, r := range reqs {
-		d, err := parseDecision(res[4*k:4*k+4], r.Limit.Capacity)
+		d, err := parseDecision(res[4*k:4*k+4], r.Limit)
 		if err != nil {
 			return nil, 0, err
 		}

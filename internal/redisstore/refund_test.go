@@ -15,7 +15,8 @@ import (
 
 // TestRefundAfterLoweredCapacity: a lease refunded after the rule's capacity
 // was lowered gives its tokens back to the bucket as checks read it (at most
-// one capacity of debt), not to the part of the old state no check sees.
+// capacity + rate*DebtHorizon of debt), not to the part of the old state no
+// check sees.
 func TestRefundAfterLoweredCapacity(t *testing.T) {
 	node := testenv.RedisNode(t)
 	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
@@ -41,7 +42,7 @@ func TestRefundAfterLoweredCapacity(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d, err := parseDecision(res, lim.Capacity)
+				d, err := parseDecision(res, lim)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -50,14 +51,14 @@ func TestRefundAfterLoweredCapacity(t *testing.T) {
 			if d := run(old, 1000, now); !d.Allowed {
 				t.Fatalf("drain: %+v", d)
 			}
-			// A lease of 5 goes back 1 s after the change: 10 tokens of
-			// debt become 5.
+			// A lease of 5 goes back 1 s after the change: 10 + 1*10 tokens
+			// of debt become 15.
 			argv := append(refundArgs(lowered, 5), strconv.FormatInt(now+sec, 10))
 			if err := refund.Run(ctx, client, []string{key}, argv...).Err(); err != nil {
 				t.Fatal(err)
 			}
-			if d := run(lowered, 1, now+sec); d.Allowed || d.RetryAfter != 6*time.Second {
-				t.Fatalf("after the refund: %+v, want refused for 6 s (5 tokens of debt)", d)
+			if d := run(lowered, 1, now+sec); d.Allowed || d.RetryAfter != 16*time.Second {
+				t.Fatalf("after the refund: %+v, want refused for 16 s (15 tokens of debt)", d)
 			}
 		})
 	}

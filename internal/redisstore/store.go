@@ -230,7 +230,7 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 	res, err := s.eval(ctx, opScript, key, scriptCall{script: singleScripts[i], keys: []string{key}, args: []any{a[0], a[1], a[2]}}, s.m.scriptDuration[i])
 	if err == nil {
 		var d bucket.Decision
-		if d, err = parseDecision(res, req.Limit.Capacity); err == nil {
+		if d, err = parseDecision(res, req.Limit); err == nil {
 			return d, nil
 		}
 		s.m.errors[opScript].Inc()
@@ -248,26 +248,40 @@ func scriptArgs(l bucket.Limit, cost float64) [3]string {
 	return [3]string{strconv.FormatFloat(l.Capacity, 'g', -1, 64), p, strconv.FormatFloat(cost, 'g', -1, 64)}
 }
 
-// parseDecision reads the scripts' reply {allowed, remaining, retry_us, reset_us}.
-func parseDecision(res []any, capacity float64) (bucket.Decision, error) {
+// parseDecision reads the scripts' reply {allowed, remaining, retry_us,
+// reset_us} for a bucket of lim. The remaining of a token bucket or GCRA
+// comes as the time (ns, an integer) until the bucket is full again, of
+// which bucket.Limit.Remaining makes the tokens or requests left; a
+// sliding log's as an integer; a window's as a string.
+func parseDecision(res []any, lim bucket.Limit) (bucket.Decision, error) {
 	if len(res) != 4 {
 		return bucket.Decision{}, fmt.Errorf("reply has %d elements, want 4", len(res))
 	}
 	allowed, ok1 := res[0].(int64)
-	remS, ok2 := res[1].(string)
 	retry, ok3 := res[2].(int64)
 	reset, ok4 := res[3].(int64)
-	if !ok1 || !ok2 || !ok3 || !ok4 {
+	if !ok1 || !ok3 || !ok4 {
 		return bucket.Decision{}, fmt.Errorf("unexpected reply %v", res)
 	}
-	rem, err := strconv.ParseFloat(remS, 64)
-	if err != nil {
-		return bucket.Decision{}, fmt.Errorf("remaining %q: %w", remS, err)
+	var rem float64
+	switch v := res[1].(type) {
+	case int64:
+		rem = float64(v)
+		if lim.Algorithm == bucket.TokenBucket || lim.Algorithm == bucket.GCRA {
+			rem = lim.Remaining(time.Duration(v))
+		}
+	case string:
+		var err error
+		if rem, err = strconv.ParseFloat(v, 64); err != nil {
+			return bucket.Decision{}, fmt.Errorf("remaining %q: %w", v, err)
+		}
+	default:
+		return bucket.Decision{}, fmt.Errorf("unexpected reply %v", res)
 	}
 	return bucket.Decision{
 		Allowed:    allowed == 1,
 		Remaining:  rem,
-		Limit:      capacity,
+		Limit:      lim.Capacity,
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
 	}, nil

@@ -9,11 +9,13 @@ import (
 // full bucket or an empty window. A State is not safe for concurrent use.
 //
 // The layout mirrors what the Lua scripts store in Redis:
-//   - TokenBucket: a = the instant (µs) at which the bucket is full again;
-//   - GCRA: a = the theoretical arrival time (µs);
+//   - TokenBucket, GCRA: a = the instant (ns since the Unix epoch) at which
+//     the bucket is full again (GCRA's theoretical arrival time);
 //   - SlidingWindow: a = window index, b = current count, c = previous count;
 //   - FixedWindow: a = window index, b = count;
 //   - SlidingLog: log = admitted instants (µs), oldest first.
+//
+// Window counts are whole millionths of a token (see micro).
 type State struct {
 	a   int64
 	b   float64
@@ -21,18 +23,41 @@ type State struct {
 	log []int64
 }
 
+// DebtHorizon is how much remote spending a key's debt can hold beyond one
+// capacity: a debit (another region's admissions, Debit) takes a token
+// bucket or GCRA down to at most capacity + rate*DebtHorizon tokens of debt,
+// and a window's count to at most limit + max(limit, limit*DebtHorizon /
+// window). It is ten default gossip intervals: a reconcile lag of up to
+// about that keeps every remote spend, so the regions together admit at
+// most capacity + rate*T plus about one interval of remote spending,
+// whatever the ratio of capacity to rate. It is also the worst case of a
+// huge or forged spend: the key is refused for at most (cost + capacity) /
+// rate + DebtHorizon, a window until it stops counting (its end, or two
+// windows for a sliding window). The Lua scripts hold the same constant
+// (lib.lua).
+const DebtHorizon = 10 * time.Second
+
+// debtHorizonNs is DebtHorizon in ns, as the token bucket's state counts.
+const debtHorizonNs = float64(DebtHorizon / time.Nanosecond)
+
+// floorSlack forgives the binary rounding of decimal inputs when a spend is
+// rounded down to the ns: cost*1e9/rate computed in floats is within a few
+// units in the last place of the exact quotient, so a quotient within
+// 2^-50 of itself below a whole number is that number: 4.1 tokens at
+// 1e6/s are 4100 ns, not 4099.
+const floorSlack = 0x1p-50
+
 // Take decides a request of cost under l at the instant now (microseconds
 // since the Unix epoch), updating st when the request is allowed (and, for
 // a token bucket or GCRA, clamping a debt a lowered capacity left: see
-// clampDebt). cost must
-// already be normalized (NormalizeCost) and l valid (Validate). It does not
-// allocate, except a SlidingLog growing its log.
+// clampDebt). cost must already be normalized (NormalizeCost) and l valid
+// (Validate). It does not allocate, except a SlidingLog growing its log.
 func (l *Limit) Take(st *State, now int64, cost float64) Decision {
 	switch l.Algorithm {
 	case TokenBucket:
-		return l.takeTokenBucket(st, now, cost)
+		return l.takeInstant(st, now, cost, false)
 	case GCRA:
-		return l.takeGCRA(st, now, cost)
+		return l.takeInstant(st, now, cost, true)
 	case SlidingWindow:
 		return l.takeSlidingWindow(st, now, cost)
 	case FixedWindow:
@@ -53,7 +78,7 @@ func (l *Limit) TakeAt(st *State, now time.Time, cost float64) Decision {
 func (l *Limit) ExpiresAt(st *State) int64 {
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
-		return st.a
+		return (st.a + 999) / 1000
 	case SlidingWindow:
 		return (st.a + 2) * l.windowMicros()
 	case FixedWindow:
@@ -70,95 +95,172 @@ func (l *Limit) windowMicros() int64 { return l.Window.Microseconds() }
 
 func micros(us int64) time.Duration { return time.Duration(us) * time.Microsecond }
 
-// roundMicros rounds a duration in µs to the nearest whole µs, at least 1:
-// every spend moves the state by at least one microsecond.
-func roundMicros(us float64) int64 {
-	n := int64(math.Floor(us + 0.5))
+// upMicros is d ns (a whole number) in µs, rounded up, computed as the
+// scripts do: Redis replies a number as an integer, truncated, so they
+// reply (d + 999) / 1000. A refusal waits at least 1 ns, so 1 µs.
+func upMicros(d float64) int64 {
+	return int64(float64(d+999) / 1000)
+}
+
+// spendNs is how long cost takes to refill at rate, in whole ns: rounded
+// down (but see floorSlack), at least 1. Rounded down, the spends of costs
+// that add up to the capacity add up to at most the capacity's own
+// duration, so they all pass at one instant; each spend gains the key
+// less than 1 ns of refill, so a sustained rate is exact to within
+// rate/(cost*1e9): 0.1% for a cost of 1 at 1e6/s.
+//
+// The float operations here and below are those of the Lua scripts, in the
+// same order; the explicit conversions keep the compiler from fusing a
+// multiply and an add, which would round differently from the scripts.
+func spendNs(cost, rate float64) float64 {
+	x := float64(cost*1e9) / rate
+	n := math.Floor(x)
+	if x > n && float64(n+1-x) <= float64(x*floorSlack) {
+		n++
+	}
 	if n < 1 {
 		n = 1
 	}
 	return n
 }
 
-// ceilMicros rounds up, at least 1: a rejection never says "retry now".
-func ceilMicros(us float64) int64 {
-	n := int64(math.Ceil(us))
-	if n < 1 {
-		n = 1
+// debtNs is the time (ns) until the token bucket or GCRA state a is full
+// again at now (µs): 0 when it is full. The scripts read their stored value
+// as µs and the ns within them, and compute (µs - now)*1000 + ns: below 2^53
+// ns that is exact, so the same as the difference in ns.
+func debtNs(a, now int64) float64 {
+	if diff := a - now*1000; diff < 1<<53 {
+		return math.Max(float64(diff), 0)
 	}
-	return n
+	return float64(float64(a/1000-now)*1000) + float64(a%1000)
 }
 
-// The token bucket keeps one number: the instant full at which it is full
-// again. Its tokens at now are capacity - (full-now)*rate, which is the lazy
-// refill min(C, tokens + elapsed*rate) without a second field.
-func (l *Limit) takeTokenBucket(st *State, now int64, cost float64) Decision {
+// instantAt is the state that is full again d ns (a whole number, as every
+// debt here is) after now. The scripts split d into µs and ns exactly.
+func instantAt(now int64, d float64) int64 {
+	return now*1000 + int64(d)
+}
+
+// maxDebtNs is the most a token bucket's or GCRA's state may be ahead of
+// now, full the capacity's duration: two capacities' duration and
+// DebtHorizon, which is capacity + rate*DebtHorizon tokens of debt.
+func maxDebtNs(full float64) float64 {
+	return 2*full + debtHorizonNs
+}
+
+// debt is the time (ns) until the token bucket or GCRA st is full again at
+// now, full the capacity's duration, after clampDebt.
+func (l *Limit) debt(st *State, now int64, full float64) float64 {
+	d := debtNs(st.a, now)
+	if most := maxDebtNs(full); d > most {
+		st.a = instantAt(now, most)
+		return most
+	}
+	return d
+}
+
+// clampDebt bounds a token bucket's or a GCRA's state at now to the debt
+// bound (see DebtHorizon): the instant it is full again is never more than
+// maxDebtNs ahead. Takes alone never go below 0 tokens; debits may take a
+// bucket down to the bound, and that debt is kept: Debit stops at the same
+// bound. A state beyond it was left by a larger capacity (or a lower
+// rate): a rule's capacity lowered under an active key. Clamped, it reads
+// as the largest debt the new rule allows, so the key waits at most
+// (cost + capacity) / rate + DebtHorizon, not the old capacity's refill
+// time. The clamp is kept in st even when the request is refused: it
+// changes no decision, and from there the debt refills at the rule's rate.
+// The Lua scripts do the same (bucket_debt in instant.lua).
+func (l *Limit) clampDebt(st *State, now int64) {
+	if l.Algorithm == TokenBucket || l.Algorithm == GCRA {
+		l.debt(st, now, spendNs(l.Capacity, l.RefillPerSecond))
+	}
+}
+
+// takeInstant is the token bucket and GCRA: one instant, at which the
+// bucket is full again; its tokens at now are capacity - (full-now)*rate,
+// which is the lazy refill min(C, tokens + elapsed*rate) without a second
+// field, and GCRA's theoretical arrival time. A request passes when its
+// spend fits: full-now + spend(cost) <= spend(capacity), in whole ns, so
+// the two algorithms admit the same requests. GCRA reports the whole
+// requests of cost 1 left instead of the tokens.
+func (l *Limit) takeInstant(st *State, now int64, cost float64, whole bool) Decision {
 	rate := l.RefillPerSecond
-	l.clampDebt(st, now)
-	full := max(st.a, now)
-	tokens := l.Capacity - float64(full-now)*rate/1e6
-	if tokens >= cost {
-		full += roundMicros(cost * 1e6 / rate)
-		st.a = full
+	full := spendNs(l.Capacity, rate)
+	d := l.debt(st, now, full)
+	s := spendNs(cost, rate)
+	if d+s <= full {
+		d += s
+		st.a = instantAt(now, d)
 		return Decision{
 			Allowed:    true,
-			Remaining:  math.Max(l.Capacity-float64(full-now)*rate/1e6, 0),
+			Remaining:  l.remaining(d, full, whole),
 			Limit:      l.Capacity,
-			ResetAfter: micros(full - now),
+			ResetAfter: micros(upMicros(d)),
 		}
 	}
 	return Decision{
-		Remaining:  math.Max(tokens, 0),
+		Remaining:  l.remaining(d, full, whole),
 		Limit:      l.Capacity,
-		RetryAfter: micros(ceilMicros((cost - tokens) * 1e6 / rate)),
-		ResetAfter: micros(full - now),
+		RetryAfter: micros(upMicros(float64(d+s) - full)),
+		ResetAfter: micros(upMicros(d)),
 	}
 }
 
-// clampDebt bounds a token bucket's or a GCRA's state at now to one
-// capacity of debt (tokens >= -capacity): the instant it is full again, or
-// its theoretical arrival time, is never more than two capacities' refill
-// time ahead. Takes alone never go below 0 tokens; debits, other regions'
-// spends, may take a bucket down to -capacity, and that debt is kept: Debit
-// stops at the same bound. A state beyond it was left by a larger capacity
-// (or a lower rate): a rule's capacity lowered under an active key. Clamped,
-// it reads as the largest debt the new rule allows, so the key waits at most
-// (cost + capacity) / rate, not the old capacity's refill time. The clamp is
-// kept in st even when the request is refused: it changes no decision, and
-// from there the debt refills at the rule's rate. The Lua scripts do the same.
-func (l *Limit) clampDebt(st *State, now int64) {
-	switch l.Algorithm {
-	case TokenBucket:
-		st.a = min(st.a, now+roundMicros(2*l.Capacity*1e6/l.RefillPerSecond))
-	case GCRA:
-		st.a = min(st.a, now+2*roundMicros(l.Capacity*1e6/l.RefillPerSecond))
-	}
+// Remaining is what a token bucket or GCRA that is full again after
+// untilFull has left: the Remaining of its Decision, tokens, or for GCRA
+// the requests of cost 1 that would pass. The Lua scripts reply untilFull
+// (whole ns) instead of the remaining, which the store makes with this.
+func (l *Limit) Remaining(untilFull time.Duration) float64 {
+	return l.remaining(float64(untilFull), spendNs(l.Capacity, l.RefillPerSecond), l.Algorithm == GCRA)
 }
 
-// GCRA keeps the theoretical arrival time tat; a request of cost moves it by
-// cost emission intervals and passes if the new tat is within the burst
-// tolerance of now.
-func (l *Limit) takeGCRA(st *State, now int64, cost float64) Decision {
-	rate := l.RefillPerSecond
-	tolerance := roundMicros(l.Capacity * 1e6 / rate)
-	l.clampDebt(st, now)
-	tat := max(st.a, now)
-	next := tat + roundMicros(cost*1e6/rate)
-	if allowAt := next - tolerance; allowAt > now {
-		return Decision{
-			Remaining:  math.Max(math.Floor(float64(tolerance-(tat-now))*rate/1e6), 0),
-			Limit:      l.Capacity,
-			RetryAfter: micros(allowAt - now),
-			ResetAfter: micros(tat - now),
-		}
+// remaining is what a bucket d ns from full has left: tokens, or for GCRA
+// the requests of cost 1 that would pass.
+func (l *Limit) remaining(d, full float64, whole bool) float64 {
+	if whole {
+		return math.Max(math.Floor(float64(full-d)/spendNs(1, l.RefillPerSecond)), 0)
 	}
-	st.a = next
-	return Decision{
-		Allowed:    true,
-		Remaining:  math.Max(math.Floor(float64(tolerance-(next-now))*rate/1e6), 0),
-		Limit:      l.Capacity,
-		ResetAfter: micros(next - now),
+	return math.Max(l.Capacity-float64(d*l.RefillPerSecond)/1e9, 0)
+}
+
+// micro rounds x to whole millionths: window counts and costs are counted
+// in millionths of a token, so fractional costs add up without drift
+// (30 costs of 0.1 are 3), exactly up to 2^53 millionths (9e9 tokens).
+func micro(x float64) float64 {
+	return math.Floor(float64(x*1e6)+0.5) / 1e6
+}
+
+// windowCost is what a cost counts in a window: whole millionths, at least one.
+func windowCost(cost float64) float64 {
+	return math.Max(micro(cost), 1e-6)
+}
+
+// windowMost is the highest count a debit leaves in a window of l (see
+// DebtHorizon): limit + max(limit, limit*DebtHorizon/window).
+func (l *Limit) windowMost() float64 {
+	limit := micro(l.Capacity)
+	return micro(limit + math.Max(limit, float64(limit*float64(DebtHorizon.Microseconds()))/float64(l.windowMicros())))
+}
+
+// logMost is the longest log a debit leaves: as windowMost, but at most
+// MaxLogCapacity entries beyond the limit (each entry is a member of a
+// sorted set, and a long trim blocks the store).
+func (l *Limit) logMost() int {
+	limit := int(l.Capacity)
+	extra := math.Max(l.Capacity, math.Floor(float64(l.Capacity*float64(DebtHorizon.Microseconds()))/float64(l.windowMicros())))
+	return limit + int(math.Min(extra, MaxLogCapacity))
+}
+
+// windowCounts are the current and previous counts of window idx in st,
+// in whole millionths as the scripts read them.
+func (st *State) windowCounts(idx int64) (cur, prev float64) {
+	switch st.a {
+	case idx:
+		return micro(st.b), micro(st.c)
+	case idx - 1:
+		return 0, micro(st.b)
 	}
+	return 0, 0
 }
 
 // The sliding window counter estimates the last window's count as
@@ -167,32 +269,25 @@ func (l *Limit) takeSlidingWindow(st *State, now int64, cost float64) Decision {
 	w := l.windowMicros()
 	idx := now / w
 	f := float64(now-idx*w) / float64(w)
-	var cur, prev float64
-	switch st.a {
-	case idx:
-		cur, prev = st.b, st.c
-	case idx - 1:
-		prev = st.b
-	}
-	// The explicit conversion keeps the compiler from fusing the multiply
-	// and add, which would round differently from the Lua script.
+	cur, prev := st.windowCounts(idx)
+	limit, cost := micro(l.Capacity), windowCost(cost)
 	est := float64(prev*(1-f)) + cur
-	if est+cost <= l.Capacity {
-		st.a, st.b, st.c = idx, cur+cost, prev
+	if next := micro(est + cost); next <= limit {
+		st.a, st.b, st.c = idx, micro(cur+cost), prev
 		return Decision{
 			Allowed:    true,
-			Remaining:  math.Max(l.Capacity-(est+cost), 0),
+			Remaining:  math.Max(micro(limit-next), 0),
 			Limit:      l.Capacity,
 			ResetAfter: micros((idx+2)*w - now),
 		}
 	}
 	var at int64
-	if cur+cost <= l.Capacity {
+	if micro(cur+cost) <= limit {
 		// Passes within this window, once the previous one weighs less.
-		at = idx*w + int64(math.Ceil((1-(l.Capacity-cost-cur)/prev)*float64(w)))
+		at = idx*w + int64(math.Ceil((1-(limit-cost-cur)/prev)*float64(w)))
 	} else {
 		// Passes in the next window, once this one weighs less.
-		at = (idx+1)*w + int64(math.Ceil((1-(l.Capacity-cost)/cur)*float64(w)))
+		at = (idx+1)*w + int64(math.Ceil((1-(limit-cost)/cur)*float64(w)))
 	}
 	reset := int64(0)
 	if cur > 0 {
@@ -201,7 +296,7 @@ func (l *Limit) takeSlidingWindow(st *State, now int64, cost float64) Decision {
 		reset = (idx+1)*w - now
 	}
 	return Decision{
-		Remaining:  math.Max(l.Capacity-est, 0),
+		Remaining:  math.Max(micro(limit-est), 0),
 		Limit:      l.Capacity,
 		RetryAfter: micros(max(at-now, 1)),
 		ResetAfter: micros(reset),
@@ -214,20 +309,21 @@ func (l *Limit) takeFixedWindow(st *State, now int64, cost float64) Decision {
 	idx := now / w
 	var count float64
 	if st.a == idx {
-		count = st.b
+		count = micro(st.b)
 	}
+	limit, cost := micro(l.Capacity), windowCost(cost)
 	end := (idx+1)*w - now
-	if count+cost <= l.Capacity {
-		st.a, st.b = idx, count+cost
+	if next := micro(count + cost); next <= limit {
+		st.a, st.b = idx, next
 		return Decision{
 			Allowed:    true,
-			Remaining:  math.Max(l.Capacity-(count+cost), 0),
+			Remaining:  math.Max(micro(limit-next), 0),
 			Limit:      l.Capacity,
 			ResetAfter: micros(end),
 		}
 	}
 	return Decision{
-		Remaining:  math.Max(l.Capacity-count, 0),
+		Remaining:  math.Max(micro(limit-count), 0),
 		Limit:      l.Capacity,
 		RetryAfter: micros(end),
 		ResetAfter: micros(end),
@@ -275,58 +371,52 @@ func insertSorted(log []int64, t int64) []int64 {
 }
 
 // Debit spends amount that was admitted elsewhere (another region), with no
-// decision. The debt is bounded so that remote traffic, or a corrupt report,
-// cannot block a key for long:
-//   - TokenBucket, GCRA: the state moves by amount / rate, at most to one
-//     capacity of debt (tokens >= -capacity); Take reads the state with the
-//     same bound, so the debt is kept (see clampDebt);
+// decision. Every spend is kept, up to a debt bound (see DebtHorizon) that
+// one reconcile lag of remote traffic does not reach, so that remote
+// traffic, or a corrupt report, cannot block a key for long:
+//   - TokenBucket, GCRA: the state moves by amount / rate, at most to
+//     capacity + rate*DebtHorizon tokens of debt; Take reads the state with
+//     the same bound, so the debt is kept (see clampDebt);
 //   - SlidingWindow, FixedWindow: amount joins the current window's count,
-//     which stays at most twice the capacity;
-//   - SlidingLog: amount entries (rounded) join the log at now, up to capacity.
+//     which stays at most limit + max(limit, limit*DebtHorizon/window);
+//   - SlidingLog: amount entries (rounded) join the log at now, up to the
+//     same bound, with at most MaxLogCapacity entries beyond the limit.
 //
-// It returns the overshoot it finds: by how much the admissions known here,
-// this state's and the debited ones, exceed the limit right after the debit
-// (0 when there was room). It mirrors the Lua debit script, as Take mirrors
-// the check scripts.
+// An amount that is not above 0 (or NaN) spends nothing. It returns the
+// overshoot it finds: by how much the admissions known here, this state's
+// and the debited ones, exceed the limit right after the debit (0 when
+// there was room). It mirrors the Lua debit script, as Take mirrors the
+// check scripts.
 func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) {
+	if !(amount > 0) {
+		return 0
+	}
 	rate := l.RefillPerSecond
 	switch l.Algorithm {
-	case TokenBucket:
-		l.clampDebt(st, now)
-		full := max(st.a, now)
-		overshoot = overshootOf(amount, l.Capacity-float64(full-now)*rate/1e6)
-		st.a = min(full+roundMicros(amount*1e6/rate), now+roundMicros(2*l.Capacity*1e6/rate))
-	case GCRA:
-		tolerance := roundMicros(l.Capacity * 1e6 / rate)
-		l.clampDebt(st, now)
-		tat := max(st.a, now)
-		overshoot = overshootOf(amount, float64(tolerance-(tat-now))*rate/1e6)
-		st.a = min(tat+roundMicros(amount*1e6/rate), now+2*tolerance)
+	case TokenBucket, GCRA:
+		full := spendNs(l.Capacity, rate)
+		d := l.debt(st, now, full)
+		overshoot = overshootOf(amount, l.Capacity-float64(d*rate)/1e9)
+		st.a = instantAt(now, math.Min(d+spendNs(amount, rate), maxDebtNs(full)))
 	case SlidingWindow:
 		w := l.windowMicros()
 		idx := now / w
-		var cur, prev float64
-		switch st.a {
-		case idx:
-			cur, prev = st.b, st.c
-		case idx - 1:
-			prev = st.b
-		}
+		cur, prev := st.windowCounts(idx)
 		f := float64(now-idx*w) / float64(w)
-		overshoot = overshootOf(amount, l.Capacity-(float64(prev*(1-f))+cur))
-		st.a, st.b, st.c = idx, math.Min(cur+amount, 2*l.Capacity), prev
+		overshoot = overshootOf(amount, micro(l.Capacity)-(float64(prev*(1-f))+cur))
+		st.a, st.b, st.c = idx, math.Min(micro(cur+amount), l.windowMost()), prev
 	case FixedWindow:
 		idx := now / l.windowMicros()
 		var count float64
 		if st.a == idx {
-			count = st.b
+			count = micro(st.b)
 		}
-		overshoot = overshootOf(amount, l.Capacity-count)
-		st.a, st.b = idx, math.Min(count+amount, 2*l.Capacity)
+		overshoot = overshootOf(amount, micro(l.Capacity)-count)
+		st.a, st.b = idx, math.Min(micro(count+amount), l.windowMost())
 	case SlidingLog:
 		st.trimLog(now - l.windowMicros())
 		overshoot = overshootOf(amount, l.Capacity-float64(len(st.log)))
-		k := min(int(math.Floor(amount+0.5)), int(l.Capacity)-len(st.log))
+		k := min(int(math.Min(math.Floor(amount+0.5), float64(l.logMost()))), l.logMost()-len(st.log))
 		for range k {
 			st.log = insertSorted(st.log, now)
 		}

@@ -69,14 +69,16 @@ func TestAlgorithms(t *testing.T) {
 		},
 		{
 			name: "token bucket with a rate that does not divide a second",
-			// 1e6/3 µs per token rounds to 333333: three tokens at once
-			// leave 3e-6, never a refusal of the third.
+			// A token takes 1e9/3 ns, charged 333333333 ns (rounded down):
+			// three tokens at once leave 3e-9, never a refusal of the third,
+			// and the fourth waits 333333332 ns, rounded up to the µs.
 			limit: Limit{Algorithm: TokenBucket, Capacity: 3, RefillPerSecond: 3},
 			steps: []step{
-				{at: 0, cost: 1, allowed: true, remaining: 3 - 333333*3/1e6, reset: 333333},
-				{at: 0, cost: 1, allowed: true, remaining: 3 - 666666*3/1e6, reset: 666666},
-				{at: 0, cost: 1, allowed: true, remaining: 3 - 999999*3/1e6, reset: 999999},
-				{at: 0, cost: 1, allowed: false, remaining: 3 - 999999*3/1e6, retry: 333333, reset: 999999},
+				{at: 0, cost: 1, allowed: true, remaining: 3 - 0.333333333*3, reset: 333334},
+				{at: 0, cost: 1, allowed: true, remaining: 3 - 0.666666666*3, reset: 666667},
+				{at: 0, cost: 1, allowed: true, remaining: 3 - 0.999999999*3, reset: 1000000},
+				{at: 0, cost: 1, allowed: false, remaining: 3 - 0.999999999*3, retry: 333334, reset: 1000000},
+				{at: 333334, cost: 1, allowed: true, remaining: 3 - 0.999999332*3, reset: 1000000},
 			},
 		},
 		{
@@ -269,9 +271,9 @@ func TestDebitOvershoot(t *testing.T) {
 
 // TestLoweredCapacity: a rule's capacity lowered under an active key. The
 // stored instant (full again, or the theoretical arrival time) of the old
-// capacity reads as at most one capacity of debt under the new one, the most
-// a debit leaves, so the key waits (cost + capacity) / rate at most, not the
-// old capacity's refill time.
+// capacity reads as at most the debt bound of the new one (capacity +
+// rate*DebtHorizon), the most a debit leaves, so the key waits (cost +
+// capacity) / rate + DebtHorizon at most, not the old capacity's refill time.
 func TestLoweredCapacity(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -282,18 +284,18 @@ func TestLoweredCapacity(t *testing.T) {
 		{
 			name: "token bucket", algorithm: TokenBucket, drain: 1000,
 			afterDrain: []step{
-				// Full at t0+1000s reads as t0+21s: 10 tokens of debt.
-				{at: sec, cost: 1, allowed: false, remaining: 0, retry: 11 * sec, reset: 20 * sec},
-				{at: 12 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
-				{at: 12 * sec, cost: 1, allowed: false, remaining: 0, retry: sec, reset: 10 * sec},
+				// Full at t0+1000s reads as t0+31s: 10 + 1*10 tokens of debt.
+				{at: sec, cost: 1, allowed: false, remaining: 0, retry: 21 * sec, reset: 30 * sec},
+				{at: 22 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
+				{at: 22 * sec, cost: 1, allowed: false, remaining: 0, retry: sec, reset: 10 * sec},
 			},
 		},
 		{
 			name: "gcra", algorithm: GCRA, drain: 1000,
 			afterDrain: []step{
-				{at: sec, cost: 1, allowed: false, remaining: 0, retry: 11 * sec, reset: 20 * sec},
-				{at: 12 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
-				{at: 12 * sec, cost: 1, allowed: false, remaining: 0, retry: sec, reset: 10 * sec},
+				{at: sec, cost: 1, allowed: false, remaining: 0, retry: 21 * sec, reset: 30 * sec},
+				{at: 22 * sec, cost: 1, allowed: true, remaining: 0, reset: 10 * sec},
+				{at: 22 * sec, cost: 1, allowed: false, remaining: 0, retry: sec, reset: 10 * sec},
 			},
 		},
 	}
@@ -326,9 +328,10 @@ func TestDebitAfterLoweredCapacity(t *testing.T) {
 			lowered := Limit{Algorithm: alg, Capacity: 10, RefillPerSecond: 1}
 			var st State
 			old.Take(&st, t0, 1000)
-			// 10 tokens of debt at most, so one more token overshoots by 11.
-			if got := lowered.Debit(&st, t0+sec, 1); got != 11 {
-				t.Fatalf("overshoot %v, want 11", got)
+			// 10 + 1*10 tokens of debt at most, so one more token
+			// overshoots by 21.
+			if got := lowered.Debit(&st, t0+sec, 1); got != 21 {
+				t.Fatalf("overshoot %v, want 21", got)
 			}
 		})
 	}

@@ -66,7 +66,8 @@ type Limit struct {
 	// Algorithm decides how the budget is counted.
 	Algorithm Algorithm
 	// Capacity is the burst of a TokenBucket or GCRA and the number of
-	// tokens per Window of the window algorithms.
+	// tokens per Window of the window algorithms (counted in whole
+	// millionths of a token).
 	Capacity float64
 	// RefillPerSecond is the refill rate of a TokenBucket or GCRA (> 0).
 	RefillPerSecond float64
@@ -84,9 +85,10 @@ func (l Limit) Validate() error {
 		if !finitePositive(l.RefillPerSecond) {
 			return limitErr("refill_per_second", "refill_per_second must be finite and > 0, got %v", l.RefillPerSecond)
 		}
-		// The state moves by at least 1µs per spend, so a unit cost can
-		// refill at most a million times a second; and a bucket must fill
-		// within about three years, its longest expiry.
+		// A spend is charged its duration rounded down to the ns, so a
+		// rate is exact to within rate/(cost*1e9): 0.1% for a unit cost
+		// at the highest rate. And a bucket must fill within about three
+		// years, its longest expiry.
 		if l.RefillPerSecond > MaxRefillPerSecond {
 			return limitErr("refill_per_second", "refill_per_second must be at most %g, got %v", float64(MaxRefillPerSecond), l.RefillPerSecond)
 		}

@@ -168,7 +168,8 @@ func TestMemoryTakeAllIsAllOrNothing(t *testing.T) {
 }
 
 // TestMemoryLoweredCapacity: a key drained under a large capacity is
-// refused under the lowered one for (cost + capacity) / rate at most, by
+// refused under the lowered one for (cost + capacity) / rate + DebtHorizon
+// at most, by
 // Take and by TakeAll alike (TakeAll decides on copies; the clamp is kept).
 func TestMemoryLoweredCapacity(t *testing.T) {
 	for _, multi := range []bool{false, true} {
@@ -193,12 +194,12 @@ func TestMemoryLoweredCapacity(t *testing.T) {
 				return ds[0]
 			}
 			c.advance(time.Second)
-			if d := take(); d.Allowed || d.RetryAfter != 11*time.Second {
-				t.Fatalf("1 s after the change: %+v, want refused for 11 s", d)
+			if d := take(); d.Allowed || d.RetryAfter != 21*time.Second {
+				t.Fatalf("1 s after the change: %+v, want refused for 21 s", d)
 			}
-			c.advance(11 * time.Second)
+			c.advance(21 * time.Second)
 			if d := take(); !d.Allowed {
-				t.Fatalf("12 s after the change: %+v, want allowed", d)
+				t.Fatalf("22 s after the change: %+v, want allowed", d)
 			}
 		})
 	}

@@ -17,28 +17,30 @@ type Undoer interface {
 
 // Undo gives back amount, spent at the instant at (µs since the Unix
 // epoch), to st at now:
-//   - TokenBucket, GCRA: the state moves back by amount / rate (rounded
-//     down), never before now;
+//   - TokenBucket, GCRA: the state, read as a check reads it (clampDebt),
+//     moves back by the spend of amount (the same whole ns a Take of
+//     amount moved it), never before now;
 //   - SlidingWindow, FixedWindow: the count of the window at fell in goes
 //     down by amount, never below 0, while that window still counts;
 //   - SlidingLog: up to amount of the newest entries at or after at go.
 func (l *Limit) Undo(st *State, now, at int64, amount float64) {
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
-		if st.a <= now {
+		d := l.debt(st, now, spendNs(l.Capacity, l.RefillPerSecond))
+		if d <= 0 {
 			return
 		}
-		st.a = max(st.a-int64(math.Floor(amount*1e6/l.RefillPerSecond)), now)
+		st.a = instantAt(now, math.Max(d-spendNs(amount, l.RefillPerSecond), 0))
 	case SlidingWindow:
 		switch at / l.windowMicros() {
 		case st.a:
-			st.b = math.Max(st.b-amount, 0)
+			st.b = math.Max(micro(micro(st.b)-amount), 0)
 		case st.a - 1:
-			st.c = math.Max(st.c-amount, 0)
+			st.c = math.Max(micro(micro(st.c)-amount), 0)
 		}
 	case FixedWindow:
 		if at/l.windowMicros() == st.a {
-			st.b = math.Max(st.b-amount, 0)
+			st.b = math.Max(micro(micro(st.b)-amount), 0)
 		}
 	case SlidingLog:
 		n := int(math.Floor(amount + 0.5))

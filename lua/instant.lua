@@ -1,0 +1,91 @@
+-- The token bucket and GCRA: one state, the same admissions.
+
+-- How long cost takes to refill at rate, in whole ns: rounded down, at
+-- least 1, forgiving the binary rounding of decimal inputs (a quotient
+-- within 2^-50 of itself below a whole number is that number), so 4.1
+-- tokens at 1e6/s are 4100 ns. Costs that add up to the capacity add up to
+-- at most its duration. Mirrors spendNs in pkg/bucket.
+local function spend_ns(cost, rate)
+  local x = cost * 1e9 / rate
+  local n = math.floor(x)
+  if x > n and n + 1 - x <= x * 2^-50 then n = n + 1 end
+  if n < 1 then n = 1 end
+  return n
+end
+
+-- Token bucket and GCRA state: one integer, minus the instant (ns since the
+-- Unix epoch) at which the bucket is full again (GCRA's theoretical arrival
+-- time). Redis keeps it as an integer, no larger than the µs it replaced.
+-- The sign tells it from that previous format, whole µs, which still reads
+-- as the same instant; and the previous scripts read a negative value as a
+-- full bucket, not as a debt. A Lua number is exact to 2^53, so the value
+-- is read and written as µs and the ns within them.
+
+-- Writes the state of key: full again d ns (a whole number) after now.
+local function bucket_write(key, now, d)
+  -- d % 1000 is exact while d / 1000 has room for three decimals.
+  local r = d % 1000
+  if r < 0 then r = r + 1000 end
+  local q = (d - r) / 1000
+  if d >= 2^52 then
+    r = math.fmod(d, 1000)
+    q = math.floor((d - r) / 1000 + 0.5)
+  end
+  redis.call('SET', key, string.format('-%d%03d', now + q, r), 'PX', fmt_int(math.ceil(d / 1e6) + EXPIRY_PAD_MS))
+end
+
+-- The time (ns) until the bucket of key is full again, read at now: 0 when
+-- full, and never more than two capacities' duration and DEBT_HORIZON_US
+-- (capacity + rate * 10 s of debt), which is as far as a debit goes. A
+-- state beyond that was left by a larger capacity or a lower rate (a rule
+-- changed under an active key): it is written back as the bound, which
+-- reads the same, so the key waits at most (cost + capacity) / rate + 10 s
+-- of the new rule and its debt refills from there. Also returns the
+-- capacity's duration. Mirrors Limit.clampDebt in pkg/bucket.
+local function bucket_debt(key, cap, rate, now)
+  local full = spend_ns(cap, rate)
+  local v = read_string(key)
+  local d = 0
+  if v then
+    local us, ns
+    if #v == 20 then
+      -- '-' and 19 digits (ns instants from 2001 to 2286): the last three
+      -- are the ns within the µs.
+      local x, y, z = string.byte(v, -3, -1)
+      us, ns = tonumber(string.sub(v, 2, -4)), x * 100 + y * 10 + z - 5328
+    else
+      us, ns = tonumber(v), 0
+    end
+    if us then
+      d = (us - now) * 1000 + ns
+      if d < 0 then d = 0 end
+    end
+  end
+  local most = 2 * full + DEBT_HORIZON_US * 1000
+  if d > most then
+    d = most
+    bucket_write(key, now, d)
+  end
+  return d, full
+end
+
+-- The check of a token bucket or GCRA (token_bucket.lua, gcra.lua): a
+-- request passes when its spend fits, (full - now) + spend(cost) <=
+-- spend(capacity), in whole ns, so costs that add up to the capacity pass
+-- at one instant. Returns allowed, remaining, retry_us, reset_us and, on
+-- success, a commit; the remaining is the time (ns) until the bucket is full
+-- again, of which the store makes the tokens or requests left (it is an
+-- integer, which a float formatted as a string would not be, and costs the
+-- script nothing to write). Redis replies a number as an integer, truncated:
+-- (x + 999) / 1000 is x ns in µs rounded up, so a refusal never says 0.
+local function instant_take(key, cap, rate, cost, now)
+  local d, full = bucket_debt(key, cap, rate, now)
+  local s = spend_ns(cost, rate)
+  if d + s <= full then
+    d = d + s
+    return 1, d, 0, (d + 999) / 1000, function()
+      bucket_write(key, now, d)
+    end
+  end
+  return 0, d, (d + s - full + 999) / 1000, (d + 999) / 1000, nil
+end

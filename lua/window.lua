@@ -1,0 +1,26 @@
+-- Window indexes and counts, shared by the window algorithms.
+
+-- floor(now / w), exact for integers below 2^53.
+local function window_index(now, w)
+  local idx = math.floor(now / w)
+  if idx * w > now then idx = idx - 1 end
+  return idx
+end
+
+-- Rounds x to whole millionths: window counts and costs count in
+-- millionths of a token, so fractional costs add up without drift.
+local function micro(x)
+  return math.floor(x * 1e6 + 0.5) / 1e6
+end
+
+-- What a cost counts in a window: whole millionths, at least one.
+local function window_cost(cost)
+  return math.max(micro(cost), 1e-6)
+end
+
+-- The highest count a debit leaves in a window: limit + max(limit,
+-- limit * 10 s / window).
+local function window_most(cap, w)
+  cap = micro(cap)
+  return micro(cap + math.max(cap, cap * DEBT_HORIZON_US / w))
+end
