@@ -163,6 +163,11 @@ func (s *NATSServer) URL() string {
 	return "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 }
 
+// Name is the server's name (server_name): "testenv" for NATS, and
+// <region>-<n> in a supercluster, as JetStream names a stream's leader and
+// replicas.
+func (s *NATSServer) Name() string { return s.name }
+
 // Pid returns the process id of the running server, or 0 while stopped.
 func (s *NATSServer) Pid() int {
 	s.mu.Lock()
