@@ -280,7 +280,6 @@ type traffic struct {
 	wg     sync.WaitGroup
 	mu     sync.Mutex
 	sent   map[string]float64 // by region
-	done   bool
 }
 
 var trafficRuns int

@@ -2,7 +2,6 @@ package testenv_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -116,5 +115,4 @@ func TestNATSSupercluster(t *testing.T) {
 	}
 	publish("us-east")
 	waitMsgs(t, js["ap-south"], "IN_ap-south", 5)
-	_ = fmt.Sprint
 }
