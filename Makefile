@@ -42,7 +42,7 @@ deps:
 up-deps:
 	@GO=$(GO) scripts/install-deps.sh redis
 
-## up: start two regions on loopback (Redis Clusters, limiterd, reconcilers, NATS); state in .stack/
+## up: start three regions on loopback (Redis Clusters, limiterd, reconcilers, a NATS server each joined by gateways); state in .stack/
 up: up-deps
 	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) scripts/stack.sh up
 
@@ -50,7 +50,7 @@ up: up-deps
 down:
 	@scripts/stack.sh down
 
-## demo: one key through both regions, reconciled rule then unreconciled (needs `make up`)
+## demo: one key through the three regions, reconciled rule then unreconciled (needs `make up`)
 demo:
 	$(GO) build -o $(BIN)/limiterdemo ./cmd/limiterdemo
 	$(BIN)/limiterdemo --rules.file=$(RULES) --gossip.interval=$(GOSSIP_INTERVAL) $(DEMO_FLAGS)

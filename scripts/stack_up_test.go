@@ -23,7 +23,8 @@ func inCI() bool {
 }
 
 // TestStackUpDemoDown runs the README's local stack as a user would:
-// `make up` (two regions, locked NATS), the admin example, a short
+// `make up` (three regions, each its own nats-server, joined by gateways;
+// locked NATS), the admin example, a short
 // `make demo`, `make down`. The reconciled rule stays within one gossip
 // interval of remote spending of its limit; the unreconciled one does not.
 func TestStackUpDemoDown(t *testing.T) {

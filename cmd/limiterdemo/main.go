@@ -1,4 +1,4 @@
-// Command limiterdemo drives one fresh key through both regions of the local
+// Command limiterdemo drives one fresh key through the three regions of the local
 // stack (make up) well above its limit, on a reconciled rule and then on the
 // same limits unreconciled, and prints how far each went past the limit.
 package main

@@ -1,4 +1,4 @@
-// Package demo drives one fresh key through the two regions of the local
+// Package demo drives one fresh key through the three regions of the local
 // stack at a rate well above its limit, first on a reconciled rule and then
 // on the same limits unreconciled, and reports how far each run's admissions
 // went past the limit capacity + refill*T.
@@ -56,10 +56,7 @@ func Measure(ctx context.Context, opts Options) (*Report, error) {
 		return nil, err
 	}
 
-	targets := []*target{
-		{region: "us-east", address: opts.USEastAddress, flag: "us-east.grpc-address"},
-		{region: "eu-west", address: opts.EUWestAddress, flag: "eu-west.grpc-address"},
-	}
+	targets := opts.targets()
 	for _, t := range targets {
 		cc, err := grpc.NewClient(t.address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

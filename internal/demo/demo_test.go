@@ -95,17 +95,17 @@ const testRules = `rules:
     cost: 2
 `
 
-// testOptions is a run of 1 s at 20 checks/s per region against us and eu,
+// testOptions is a run of 1 s at 20 checks/s per region against us, eu and ap,
 // with a gossip interval longer than the run, so one interval of remote
 // spending is everything a region admitted.
-func testOptions(t *testing.T, us, eu string) Options {
+func testOptions(t *testing.T, us, eu, ap string) Options {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "rules.yml")
 	if err := os.WriteFile(file, []byte(testRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	opts := DefaultOptions()
-	opts.USEastAddress, opts.EUWestAddress = us, eu
+	opts.USEastAddress, opts.EUWestAddress, opts.APSouthAddress = us, eu, ap
 	opts.RulesFile = file
 	opts.ReconciledRule, opts.UnreconciledRule = "shared", "solo"
 	opts.Rate, opts.Duration, opts.GossipInterval = 20, time.Second, 2*time.Second
@@ -113,8 +113,8 @@ func testOptions(t *testing.T, us, eu string) Options {
 }
 
 func TestMeasureAgainstFakes(t *testing.T) {
-	us, eu := &fakeLimiter{admit: 15}, &fakeLimiter{admit: 10}
-	opts := testOptions(t, serve(t, us), serve(t, eu))
+	us, eu, ap := &fakeLimiter{admit: 15}, &fakeLimiter{admit: 10}, &fakeLimiter{admit: 5}
+	opts := testOptions(t, serve(t, us), serve(t, eu), serve(t, ap))
 	start := time.Now()
 	rep, err := Measure(context.Background(), opts)
 	if err != nil {
@@ -146,7 +146,7 @@ func TestMeasureAgainstFakes(t *testing.T) {
 		for j, w := range []struct {
 			region, addr string
 			admitted     int
-		}{{"us-east", opts.USEastAddress, 15}, {"eu-west", opts.EUWestAddress, 10}} {
+		}{{"us-east", opts.USEastAddress, 15}, {"eu-west", opts.EUWestAddress, 10}, {"ap-south", opts.APSouthAddress, 5}} {
 			reg := r.Regions[j]
 			if reg.Region != w.region || reg.Address != w.addr || reg.Sent != 20 || len(reg.Admitted) != w.admitted {
 				t.Errorf("%s: region %d = %s at %s, %d of %d admitted; want %s at %s, %d of 20",
@@ -158,17 +158,18 @@ func TestMeasureAgainstFakes(t *testing.T) {
 				}
 			}
 		}
-		// The report's arithmetic on what the fakes admitted.
+		// The report's arithmetic on what the fakes admitted: ap-south's
+		// remote spending, us-east's and eu-west's, is the largest.
 		limit := 10 + 2*r.Elapsed.Seconds()
-		if r.Total() != 25 || !near(r.Limit(), limit) || !near(r.Overshoot(), 25-limit) ||
-			r.RemoteSpend() != 15 || !near(r.OvershootIntervals(), (25-limit)/15) {
-			t.Errorf("%s: total %d, limit %v, overshoot %v, remote %d, intervals %v; want 25, %v, %v, 15, %v",
-				r.Rule, r.Total(), r.Limit(), r.Overshoot(), r.RemoteSpend(), r.OvershootIntervals(), limit, 25-limit, (25-limit)/15)
+		if r.Total() != 30 || !near(r.Limit(), limit) || !near(r.Overshoot(), 30-limit) ||
+			r.RemoteSpend() != 25 || !near(r.OvershootIntervals(), (30-limit)/25) {
+			t.Errorf("%s: total %d, limit %v, overshoot %v, remote %d, intervals %v; want 30, %v, %v, 25, %v",
+				r.Rule, r.Total(), r.Limit(), r.Overshoot(), r.RemoteSpend(), r.OvershootIntervals(), limit, 30-limit, (30-limit)/25)
 		}
 	}
 	// One fresh key, the same for both rules and regions: 20 checks each,
 	// besides one probe per rule on a key of its own.
-	for _, f := range []*fakeLimiter{us, eu} {
+	for _, f := range []*fakeLimiter{us, eu, ap} {
 		want := map[[2]string]int{
 			{"shared", rep.Key}: 20, {"solo", rep.Key}: 20,
 			{"shared", rep.Key + "-probe"}: 1, {"solo", rep.Key + "-probe"}: 1,
@@ -188,9 +189,9 @@ func TestMeasureAgainstFakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, line := range []string{
-		"admitted    us-east 15 of 20, eu-west 10 of 20\n",
-		"total       25\n",
-		"(15: the most one region admitted in 2s)\n",
+		"admitted    us-east 15 of 20, eu-west 10 of 20, ap-south 5 of 20\n",
+		"total       30\n",
+		"(25: the most admitted in 2s by every region but one)\n",
 	} {
 		if strings.Count(b.String(), line) != 2 {
 			t.Errorf("report has not twice %q:\n%s", line, b.String())
@@ -239,10 +240,11 @@ func TestMeasureFails(t *testing.T) {
 		{name: "two tokens a check", edit: func(_ *testing.T, o *Options) { o.ReconciledRule = "costly" }, flag: "rule.reconciled"},
 		{name: "region down", edit: func(t *testing.T, o *Options) { o.EUWestAddress = down(t) }, code: codes.Unavailable},
 		{name: "region fails during the run", edit: func(t *testing.T, o *Options) { o.EUWestAddress = serve(t, &fakeLimiter{admit: 5, failAfter: 10}) }, code: codes.Unavailable},
+		{name: "third region down", edit: func(t *testing.T, o *Options) { o.APSouthAddress = down(t) }, code: codes.Unavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			opts := testOptions(t, serve(t, &fakeLimiter{admit: 5}), serve(t, &fakeLimiter{admit: 5}))
+			opts := testOptions(t, serve(t, &fakeLimiter{admit: 5}), serve(t, &fakeLimiter{admit: 5}), serve(t, &fakeLimiter{admit: 5}))
 			tt.edit(t, &opts)
 			rep, err := Measure(context.Background(), opts)
 			if err == nil {
@@ -262,7 +264,7 @@ func TestMeasureFails(t *testing.T) {
 }
 
 func TestMeasureCancelled(t *testing.T) {
-	opts := testOptions(t, serve(t, &fakeLimiter{admit: 5}), serve(t, &fakeLimiter{admit: 5}))
+	opts := testOptions(t, serve(t, &fakeLimiter{admit: 5}), serve(t, &fakeLimiter{admit: 5}), serve(t, &fakeLimiter{admit: 5}))
 	opts.Duration = time.Minute
 	// As SIGINT does: cancelled in the middle of a run.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -14,11 +14,12 @@ import (
 const (
 	DefaultUSEastAddress    = "127.0.0.1:8081"
 	DefaultEUWestAddress    = "127.0.0.1:8082"
+	DefaultAPSouthAddress   = "127.0.0.1:8083"
 	DefaultRulesFile        = "examples/rules.yml"
 	DefaultReconciledRule   = "global-demo"
 	DefaultUnreconciledRule = "global-demo-unreconciled"
-	// DefaultRate is 20 checks/s per region: 40/s on one key, well above
-	// the demo rules' refill of 1/s.
+	// DefaultRate is 20 checks/s per region: 60/s on one key over the
+	// three regions, well above the demo rules' refill of 1/s.
 	DefaultRate     = 20
 	DefaultDuration = 20 * time.Second
 	// DefaultGossipInterval is the stack's --gossip.interval.
@@ -60,9 +61,10 @@ func optErr(flag, format string, args ...any) error {
 // Options configure a demo. The zero Options is not valid: start from
 // DefaultOptions. Each field is set by the flag named in its comment.
 type Options struct {
-	// USEastAddress and EUWestAddress are the gRPC addresses of the two
-	// regions' limiterd (--us-east.grpc-address, --eu-west.grpc-address).
-	USEastAddress, EUWestAddress string
+	// USEastAddress, EUWestAddress and APSouthAddress are the gRPC
+	// addresses of the three regions' limiterd (--us-east.grpc-address,
+	// --eu-west.grpc-address, --ap-south.grpc-address).
+	USEastAddress, EUWestAddress, APSouthAddress string
 	// RulesFile is the rules file the stack runs with (--rules.file): the
 	// limit over a run comes from the rules' capacity and refill.
 	RulesFile string
@@ -86,6 +88,7 @@ func DefaultOptions() Options {
 	return Options{
 		USEastAddress:    DefaultUSEastAddress,
 		EUWestAddress:    DefaultEUWestAddress,
+		APSouthAddress:   DefaultAPSouthAddress,
 		RulesFile:        DefaultRulesFile,
 		ReconciledRule:   DefaultReconciledRule,
 		UnreconciledRule: DefaultUnreconciledRule,
@@ -101,6 +104,7 @@ func DefaultOptions() Options {
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.USEastAddress, "us-east.grpc-address", o.USEastAddress, "gRPC address of us-east's limiterd")
 	fs.StringVar(&o.EUWestAddress, "eu-west.grpc-address", o.EUWestAddress, "gRPC address of eu-west's limiterd")
+	fs.StringVar(&o.APSouthAddress, "ap-south.grpc-address", o.APSouthAddress, "gRPC address of ap-south's limiterd")
 	fs.StringVar(&o.RulesFile, "rules.file", o.RulesFile, "rules file the stack runs with (for the rules' capacity and refill)")
 	fs.StringVar(&o.ReconciledRule, "rule.reconciled", o.ReconciledRule, "token bucket rule reconciled across the regions")
 	fs.StringVar(&o.UnreconciledRule, "rule.unreconciled", o.UnreconciledRule, "token bucket rule with reconcile: false, for contrast")
@@ -115,14 +119,16 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 func (o *Options) Validate() error {
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
-	if o.USEastAddress == "" {
-		add(optErr("us-east.grpc-address", "must not be empty"))
-	}
-	if o.EUWestAddress == "" {
-		add(optErr("eu-west.grpc-address", "must not be empty"))
-	}
-	if o.USEastAddress != "" && o.USEastAddress == o.EUWestAddress {
-		add(optErr("eu-west.grpc-address", "%q is us-east's address too: the demo needs the two regions", o.EUWestAddress))
+	seen := map[string]string{} // address -> region
+	for _, t := range o.targets() {
+		switch {
+		case t.address == "":
+			add(optErr(t.flag, "must not be empty"))
+		case seen[t.address] != "":
+			add(optErr(t.flag, "%q is %s's address too: the demo needs every region", t.address, seen[t.address]))
+		default:
+			seen[t.address] = t.region
+		}
 	}
 	if o.RulesFile == "" {
 		add(optErr("rules.file", "must not be empty"))
@@ -152,4 +158,13 @@ func (o *Options) Validate() error {
 		add(optErr("timeout", "must be in (0, %v], got %v", MaxTimeout, o.Timeout))
 	}
 	return errors.Join(errs...)
+}
+
+// targets are the regions the demo drives, in the order of the report.
+func (o *Options) targets() []*target {
+	return []*target{
+		{region: "us-east", address: o.USEastAddress, flag: "us-east.grpc-address"},
+		{region: "eu-west", address: o.EUWestAddress, flag: "eu-west.grpc-address"},
+		{region: "ap-south", address: o.APSouthAddress, flag: "ap-south.grpc-address"},
+	}
 }

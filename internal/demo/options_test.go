@@ -52,7 +52,8 @@ func TestValidateFlags(t *testing.T) {
 		want []string // the flags named invalid; none for valid
 	}{
 		{name: "defaults"},
-		{name: "other stack", args: []string{"--us-east.grpc-address=10.0.0.1:8081", "--eu-west.grpc-address=10.0.0.2:8081", "--rules.file=/etc/limiterd/rules.yml"}},
+		{name: "other stack", args: []string{"--us-east.grpc-address=10.0.0.1:8081", "--eu-west.grpc-address=10.0.0.2:8081",
+			"--ap-south.grpc-address=10.0.0.3:8081", "--rules.file=/etc/limiterd/rules.yml"}},
 		{name: "shortest run", args: []string{"--duration=1s", "--rate=1"}},
 		{name: "longest run", args: []string{"--duration=10m", "--rate=1000", "--gossip.interval=1m", "--timeout=1m"}},
 		{name: "fastest gossip", args: []string{"--gossip.interval=100ms"}},
@@ -60,7 +61,9 @@ func TestValidateFlags(t *testing.T) {
 
 		{name: "empty us-east", args: []string{"--us-east.grpc-address="}, want: []string{"us-east.grpc-address"}},
 		{name: "empty eu-west", args: []string{"--eu-west.grpc-address="}, want: []string{"eu-west.grpc-address"}},
+		{name: "empty ap-south", args: []string{"--ap-south.grpc-address="}, want: []string{"ap-south.grpc-address"}},
 		{name: "one address twice", args: []string{"--eu-west.grpc-address=127.0.0.1:8081"}, want: []string{"eu-west.grpc-address"}},
+		{name: "third region's address twice", args: []string{"--ap-south.grpc-address=127.0.0.1:8082"}, want: []string{"ap-south.grpc-address"}},
 		{name: "empty rules file", args: []string{"--rules.file="}, want: []string{"rules.file"}},
 		{name: "empty reconciled rule", args: []string{"--rule.reconciled="}, want: []string{"rule.reconciled"}},
 		{name: "empty unreconciled rule", args: []string{"--rule.unreconciled="}, want: []string{"rule.unreconciled"}},
@@ -111,7 +114,7 @@ func TestDefaultsMatchTheStack(t *testing.T) {
 	if opts != DefaultOptions() {
 		t.Errorf("flag defaults %+v differ from DefaultOptions() %+v", opts, DefaultOptions())
 	}
-	if opts.USEastAddress != "127.0.0.1:8081" || opts.EUWestAddress != "127.0.0.1:8082" {
-		t.Errorf("addresses %s, %s: not those of scripts/stack.sh", opts.USEastAddress, opts.EUWestAddress)
+	if opts.USEastAddress != "127.0.0.1:8081" || opts.EUWestAddress != "127.0.0.1:8082" || opts.APSouthAddress != "127.0.0.1:8083" {
+		t.Errorf("addresses %s, %s, %s: not those of scripts/stack.sh", opts.USEastAddress, opts.EUWestAddress, opts.APSouthAddress)
 	}
 }

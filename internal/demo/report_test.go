@@ -150,14 +150,14 @@ global-demo (reconciled across the regions)
   admitted    us-east 60 of 400, eu-west 65 of 400
   total       125
   limit       120.0 = capacity 100 + refill 1/s x T 20.0s
-  overshoot   +5.0 = +0.25 x one gossip interval of remote spending (20: the most one region admitted in 1s)
+  overshoot   +5.0 = +0.25 x one gossip interval of remote spending (20: the most admitted in 1s by every region but one)
   peak        +21.8 at t=3.2s = +1.09 x one gossip interval of remote spending (admitted by t - capacity - refill*t)
 
 global-demo-unreconciled (not reconciled: each region on its own)
   admitted    us-east 120 of 400, eu-west 120 of 400
   total       240
   limit       120.0 = capacity 100 + refill 1/s x T 20.0s
-  overshoot   +120.0 = +6.00 x one gossip interval of remote spending (20: the most one region admitted in 1s)
+  overshoot   +120.0 = +6.00 x one gossip interval of remote spending (20: the most admitted in 1s by every region but one)
   peak        +134.0 at t=6.0s = +6.70 x one gossip interval of remote spending (admitted by t - capacity - refill*t)
 
 admitted / limit: 1.04 reconciled, 2.00 not reconciled

@@ -72,7 +72,7 @@ func (s *stack) hammer(run, period time.Duration, rules ...string) *hammered {
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
-	for _, name := range stackRegions {
+	for _, name := range s.names {
 		wg.Go(func() {
 			tick := time.NewTicker(period)
 			defer tick.Stop()
@@ -209,7 +209,7 @@ func (s *stack) converge(key string, want float64) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ok := true
-		for _, name := range stackRegions {
+		for _, name := range s.names {
 			if got := s.count(name, key); got != want {
 				ok = false
 				if got > want {
@@ -221,12 +221,16 @@ func (s *stack) converge(key string, want float64) {
 			break
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("after 30s: us-east %v, eu-west %v, want %v", s.count("us-east", key), s.count("eu-west", key), want)
+			var got []string
+			for _, name := range s.names {
+				got = append(got, fmt.Sprintf("%s %v", name, s.count(name, key)))
+			}
+			s.t.Fatalf("after 30s: %s; want %v", strings.Join(got, ", "), want)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(3*s.interval + 2*time.Second)
-	for _, name := range stackRegions {
+	for _, name := range s.names {
 		if got := s.count(name, key); got != want {
 			s.t.Fatalf("%s counts %v for %s later, want %v", name, got, key, want)
 		}

@@ -25,11 +25,16 @@ import (
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
-// stack is two regions on loopback: for each a real Redis Cluster, a
-// limiterd and reconcilers, all on one in-process JetStream server.
+// stack is regions on loopback: for each a real Redis Cluster, a
+// limiterd and reconcilers, all on one nats-server (newStack: us-east and
+// eu-west) or each region on its own NATS cluster of a supercluster
+// (newSuperStack).
 type stack struct {
 	t        testing.TB
-	nats     *testenv.NATSServer
+	names    []string
+	nats     *testenv.NATSServer   // nil on a supercluster
+	super    *testenv.Supercluster // nil on one server
+	replicas int                   // of the streams (--stream.replicas)
 	dir      string
 	authDir  string // the identities' seeds (natsauth.Write)
 	interval time.Duration
@@ -66,20 +71,49 @@ var lockNATS = true
 // NATS identity (the limiterd of us-east also with the admin writer's).
 func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconcilers int) *stack {
 	t.Helper()
-	s := &stack{t: t, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
+	return buildStack(t, stackRegions, rulesYAML, interval, reconcilers, func(s *stack, opts ...testenv.NATSOption) {
+		s.nats = testenv.NATS(t, opts...)
+	})
+}
+
+// newSuperStack starts regions as newStack does, one reconciler each, but
+// on a NATS supercluster of serversPerRegion servers per region: each
+// region's daemons connect to their own region's servers, and the streams
+// have as many replicas as a region has servers (at most 3).
+func newSuperStack(t testing.TB, regions []string, serversPerRegion int, rulesYAML string, interval time.Duration) *stack {
+	t.Helper()
+	return buildStack(t, regions, rulesYAML, interval, 1, func(s *stack, opts ...testenv.NATSOption) {
+		began := time.Now()
+		s.super = testenv.NATSSupercluster(t, regions, serversPerRegion, opts...)
+		s.replicas = min(serversPerRegion, 3)
+		t.Logf("NATS supercluster of %d regions x %d servers formed in %v", len(regions), serversPerRegion, time.Since(began).Round(10*time.Millisecond))
+	})
+}
+
+// natsURL is where region's daemons connect.
+func (s *stack) natsURL(region string) string {
+	if s.super != nil {
+		return s.super.URL(region)
+	}
+	return s.nats.URL()
+}
+
+func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
+	t.Helper()
+	s := &stack{t: t, names: names, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
-	ids, err := natsauth.Write(s.authDir, stackRegions)
+	ids, err := natsauth.Write(s.authDir, names)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ids = append(ids, opsIdentity(t, s.authDir))
 	if lockNATS {
-		s.nats = testenv.NATS(t, testenv.NATSConfig(natsauth.Config(ids)))
+		startNATS(s, testenv.NATSConfig(natsauth.Config(ids)))
 	} else {
-		s.nats = testenv.NATS(t)
+		startNATS(s)
 	}
 	writeFile(t, s.dir, "rules.yml", rulesYAML)
-	for _, name := range stackRegions {
+	for _, name := range names {
 		c := testenv.RedisCluster(t, 3, 0)
 		rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 		t.Cleanup(func() { rc.Close() })
@@ -89,13 +123,13 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 	addrs := map[string]string{}
 	var topo strings.Builder
 	topo.WriteString("regions:\n")
-	for _, name := range stackRegions {
+	for _, name := range names {
 		addrs[name] = freeAddr(t)
 		fmt.Fprintf(&topo, "  - name: %s\n    limiter_address: %s\n", name, addrs[name])
 	}
 	writeFile(t, s.dir, "topology.yml", topo.String())
 	secret := testenv.SecretFile(t)
-	for _, name := range stackRegions {
+	for _, name := range names {
 		r := s.regions[name]
 		var admin natsconn.Auth
 		if name == "us-east" {
@@ -105,7 +139,7 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
 			TopologyFile: filepath.Join(s.dir, "topology.yml"), ForwardTimeout: time.Second, PeerSecretFile: secret,
 			RulesFile: filepath.Join(s.dir, "rules.yml"), RedisAddrs: r.cluster.Addrs(), RedisTimeout: time.Second,
-			Region: name, NATSURL: s.nats.URL(), GossipInterval: interval, Instance: "limiterd-" + name,
+			Region: name, NATSURL: s.natsURL(name), GossipInterval: interval, Instance: "limiterd-" + name,
 			NATSAuth: s.auth("limiterd-" + name), AdminNATSAuth: admin,
 			Logger: quiet().With("component", "limiterd"),
 		})
@@ -124,7 +158,7 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 		t.Cleanup(func() { cc.Close() })
 		r.client = limiterv1.NewLimiterClient(cc)
 	}
-	for _, name := range stackRegions {
+	for _, name := range names {
 		for range reconcilers {
 			s.startReconciler(name)
 		}
@@ -136,7 +170,7 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 func (s *stack) reconcilerOptions(region string) Options {
 	return Options{
 		Region: region, TopologyFile: filepath.Join(s.dir, "topology.yml"), RulesFile: filepath.Join(s.dir, "rules.yml"),
-		NATSURL: s.nats.URL(), RedisAddrs: s.regions[region].cluster.Addrs(), Interval: s.interval,
+		NATSURL: s.natsURL(region), RedisAddrs: s.regions[region].cluster.Addrs(), Interval: s.interval, StreamReplicas: s.replicas,
 		AckWait: time.Second, StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0",
 		NATSAuth: s.auth("reconciler-" + region),
 		Logger:   quiet().With("component", "reconciler", "region", region),
@@ -188,9 +222,16 @@ func (s *stack) auth(name string) natsconn.Auth {
 	return natsconn.Auth{NkeySeedFile: natsauth.SeedFile(s.authDir, name)}
 }
 
-// connectAs connects to the stack's NATS as the identity named name, as a
-// daemon holding its seed would (or an attacker who took it).
+// connectAs connects to the stack's NATS (on a supercluster, the first
+// region's servers) as the identity named name, as a daemon holding its
+// seed would (or an attacker who took it).
 func (s *stack) connectAs(name string) *nats.Conn {
+	s.t.Helper()
+	return s.connectAsIn(name, s.names[0])
+}
+
+// connectAsIn is connectAs to region's NATS servers.
+func (s *stack) connectAsIn(name, region string) *nats.Conn {
 	s.t.Helper()
 	a := s.auth(name)
 	opts, err := a.Options(quiet())
@@ -200,7 +241,7 @@ func (s *stack) connectAs(name string) *nats.Conn {
 	// The refusals are read from LastError, not printed. Replies come to
 	// the identity's own inbox, as they do to the daemons.
 	opts = append(opts, nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), natsconn.Inbox(name))
-	nc, err := nats.Connect(s.nats.URL(), opts...)
+	nc, err := nats.Connect(s.natsURL(region), opts...)
 	if err != nil {
 		s.t.Fatalf("connect as %s: %v", name, err)
 	}

@@ -51,6 +51,13 @@ type NATSServer struct {
 	dir   string
 	name  string
 	extra string // configuration appended to the generated one
+	// member, when set, writes the cluster and gateway blocks of a server
+	// of a supercluster (NATSSupercluster).
+	member func(*strings.Builder)
+	// healthPath is the monitoring path polled until the server is up:
+	// "/healthz" alone, or with ?js-enabled-only=true for a supercluster
+	// member, which is not healthy before its peers run.
+	healthPath string
 
 	mu      sync.Mutex
 	port    int
@@ -156,6 +163,11 @@ func (s *NATSServer) URL() string {
 	return "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 }
 
+// Name is the server's name (server_name): "testenv" for NATS, and
+// <region>-<n> in a supercluster, as JetStream names a stream's leader and
+// replicas.
+func (s *NATSServer) Name() string { return s.name }
+
 // Pid returns the process id of the running server, or 0 while stopped.
 func (s *NATSServer) Pid() int {
 	s.mu.Lock()
@@ -241,6 +253,9 @@ func (s *NATSServer) writeConfig() error {
 	fmt.Fprintf(&b, "log_file: %q\n", s.logPath())
 	fmt.Fprintf(&b, "jetstream {\n  store_dir: %q\n  max_memory_store: %d\n  max_file_store: %d\n}\n",
 		filepath.Join(s.dir, "jetstream"), natsMaxMemory, natsMaxStore)
+	if s.member != nil {
+		s.member(&b)
+	}
 	b.WriteString(s.extra)
 	return os.WriteFile(s.confPath(), []byte(b.String()), 0o644)
 }
@@ -255,7 +270,11 @@ func (s *NATSServer) spawn() (*process, error) {
 	if err != nil {
 		return nil, err
 	}
-	health := fmt.Sprintf("http://127.0.0.1:%d/healthz", s.monitor)
+	path := s.healthPath
+	if path == "" {
+		path = "/healthz"
+	}
+	health := fmt.Sprintf("http://127.0.0.1:%d%s", s.monitor, path)
 	client := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(natsReadyTimeout)
 	for {

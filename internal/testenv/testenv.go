@@ -1,11 +1,13 @@
 // Package testenv starts real servers for integration tests.
 //
 // RedisCluster and RedisNode run redis-server processes on free loopback
-// ports; NATS runs a nats-server process with JetStream. Everything a
-// helper starts is stopped with t.Cleanup. When a binary is missing the helper
-// skips the test and names the install command, except when the environment
-// variable CI is true: there a missing server fails the test, so that a green
-// CI run means the integration tests ran.
+// ports; NATS runs a nats-server process with JetStream, and
+// NATSSupercluster a NATS supercluster of them (a cluster per region,
+// gateways between the regions, each gateway link cut and healed at will).
+// Everything a helper starts is stopped with t.Cleanup. When a binary is
+// missing the helper skips the test and names the install command, except
+// when the environment variable CI is true: there a missing server fails
+// the test, so that a green CI run means the integration tests ran.
 package testenv
 
 import (

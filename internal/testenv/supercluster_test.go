@@ -1,0 +1,118 @@
+package testenv_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+)
+
+// waitMsgs waits until stream holds want messages, or fails after 30 s.
+func waitMsgs(t *testing.T, js jetstream.JetStream, stream string, want uint64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := js.Stream(t.Context(), stream)
+		if err == nil && s.CachedInfo().State.Msgs == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not %d messages after 30s (%v)", stream, want, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// msgs is how many messages stream holds now.
+func msgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
+	t.Helper()
+	s, err := js.Stream(t.Context(), stream)
+	if err != nil {
+		t.Fatalf("stream %s: %v", stream, err)
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+// TestNATSSupercluster: a stream is placed in the cluster of the region
+// that makes it, sourced into the others over the gateways; a cut gateway
+// delays only what crosses it; a stopped server comes back.
+func TestNATSSupercluster(t *testing.T) {
+	regions := []string{"us-east", "eu-west", "ap-south"}
+	sc := testenv.NATSSupercluster(t, regions, 1)
+	js := map[string]jetstream.JetStream{}
+	for _, r := range regions {
+		nc, j := connect(t, sc.URL(r))
+		if got := nc.ConnectedClusterName(); got != r {
+			t.Fatalf("a client of %s is connected to cluster %q", r, got)
+		}
+		js[r] = j
+		if _, err := j.CreateStream(t.Context(), jetstream.StreamConfig{Name: "OUT_" + r, Subjects: []string{"out." + r},
+			Storage: jetstream.FileStorage, Placement: &jetstream.Placement{Cluster: r}}); err != nil {
+			t.Fatalf("create OUT_%s: %v", r, err)
+		}
+	}
+	for _, r := range regions {
+		cfg := jetstream.StreamConfig{Name: "IN_" + r, Storage: jetstream.FileStorage, Placement: &jetstream.Placement{Cluster: r}}
+		for _, o := range regions {
+			if o != r {
+				cfg.Sources = append(cfg.Sources, &jetstream.StreamSource{Name: "OUT_" + o})
+			}
+		}
+		s, err := js[r].CreateStream(t.Context(), cfg)
+		if err != nil {
+			t.Fatalf("create IN_%s: %v", r, err)
+		}
+		if got := s.CachedInfo().Cluster.Name; got != r {
+			t.Errorf("IN_%s is placed in cluster %q", r, got)
+		}
+	}
+	publish := func(r string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		if _, err := js[r].Publish(ctx, "out."+r, []byte("x")); err != nil {
+			t.Fatalf("publish in %s: %v", r, err)
+		}
+	}
+	for _, r := range regions {
+		publish(r)
+	}
+	for _, r := range regions {
+		waitMsgs(t, js[r], "IN_"+r, 2)
+	}
+
+	sc.Cut("us-east", "eu-west")
+	if !sc.Severed("eu-west", "us-east") || sc.Severed("us-east", "ap-south") {
+		t.Fatal("Severed does not say what was cut")
+	}
+	publish("us-east")
+	publish("eu-west")
+	publish("ap-south")
+	waitMsgs(t, js["ap-south"], "IN_ap-south", 4)
+	waitMsgs(t, js["us-east"], "IN_us-east", 3) // ap-south's
+	waitMsgs(t, js["eu-west"], "IN_eu-west", 3)
+	time.Sleep(3 * time.Second)
+	for _, r := range []string{"us-east", "eu-west"} {
+		if n := msgs(t, js[r], "IN_"+r); n != 3 {
+			t.Errorf("IN_%s holds %d messages while cut from its peer, want 3", r, n)
+		}
+	}
+	healed := time.Now()
+	sc.Heal("us-east", "eu-west")
+	waitMsgs(t, js["us-east"], "IN_us-east", 4)
+	waitMsgs(t, js["eu-west"], "IN_eu-west", 4)
+	t.Logf("the messages held by the cut were sourced %v after the heal", time.Since(healed).Round(10*time.Millisecond))
+
+	srv := sc.Servers("ap-south")[0]
+	srv.Kill()
+	srv.Restart(t)
+	sc.WaitReady(t)
+	if n := msgs(t, js["ap-south"], "IN_ap-south"); n != 4 {
+		t.Errorf("IN_ap-south holds %d messages after a restart, want 4", n)
+	}
+	publish("us-east")
+	waitMsgs(t, js["ap-south"], "IN_ap-south", 5)
+}
