@@ -108,6 +108,9 @@ type Reconciler struct {
 	topo     *region.Topology
 	sources  []string
 	m        *metrics
+	// inSince is when the first inbound stream this reconciler used was
+	// made (zero before its first set-up): one made again sources from it.
+	inSince time.Time
 
 	store   *redisstore.Store
 	nc      *nats.Conn
@@ -449,11 +452,17 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	// A new inbound stream takes the other regions' spends from now on (a
 	// new region is not debited with the past); during the migration from
 	// the one spends stream it takes all they hold, since this region did
-	// not read them there.
+	// not read them there. One made again while this reconciler runs (an
+	// operator deleted it) takes them from when the deleted one was made:
+	// what was published meanwhile is not lost, and what was applied
+	// already is known by its flush record and skipped.
 	var start *time.Time
 	if !legacy {
-		now := time.Now()
-		start = &now
+		since := time.Now()
+		if !r.inSince.IsZero() {
+			since = r.inSince
+		}
+		start = &since
 	}
 	for _, src := range r.sources {
 		in.Sources = append(in.Sources, &jetstream.StreamSource{Name: gossip.RegionStream(src), FilterSubject: gossip.RelaySubject(src), OptStartTime: start})
@@ -516,6 +525,9 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	epoch := max(info.CachedInfo().Created.UnixMicro(), 1)
 	for _, src := range st.sources {
 		src.epoch = epoch
+	}
+	if r.inSince.IsZero() || info.CachedInfo().Created.Before(r.inSince) {
+		r.inSince = info.CachedInfo().Created
 	}
 	return st, nil
 }

@@ -264,3 +264,36 @@ func TestLegacyStreamDrained(t *testing.T) {
 		t.Fatalf("eu-west counts %v later, want 8", got)
 	}
 }
+
+// TestStreamDeletedWhileRunning: an operator deletes eu-west's inbound
+// stream while its reconciler runs. The reconciler sets its streams up
+// again by itself, and every spend is applied exactly once: those before
+// the deletion are not applied again from the new stream, those after it
+// are applied.
+func TestStreamDeletedWhileRunning(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	for range 6 {
+		s.send("us-east", "d", 1)
+		time.Sleep(250 * time.Millisecond)
+	}
+	s.waitCount("eu-west", "d", 6)
+	js, err := jetstream.New(s.connectAs("ops"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, applyStream("eu-west")); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		s.send("us-east", "d", 1)
+		time.Sleep(250 * time.Millisecond)
+	}
+	s.waitCount("eu-west", "d", 10)
+	// And it stays at 10: nothing applied twice a little later.
+	time.Sleep(2 * time.Second)
+	if got := s.count("eu-west", "d"); got != 10 {
+		t.Fatalf("eu-west counts %v for d, want 10", got)
+	}
+}
