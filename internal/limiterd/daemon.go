@@ -206,6 +206,13 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 	if d.opts.NATSURL != "" {
 		natsconn.WarnURLSecrets("--nats.url", d.opts.NATSURL, d.log)
+		if d.opts.GossipInterval > bucket.DebtHorizon/2 {
+			// A key's debt is bounded by capacity + rate x DebtHorizon: with
+			// flushes this far apart, a fast rule's remote spending beyond
+			// that bound is dropped by the debit.
+			d.log.Warn("--gossip.interval is over half the debt horizon: other regions may debit a fast rule's key less than it spent here",
+				"interval", d.opts.GossipInterval, "debt_horizon", bucket.DebtHorizon)
+		}
 		auth, err := d.opts.NATSAuth.Options(d.log)
 		if err != nil {
 			return err

@@ -433,3 +433,23 @@ func TestTokenInClearWarning(t *testing.T) {
 		t.Fatal("warned for a loopback listener")
 	}
 }
+
+// TestLongGossipIntervalWarning: flushes further apart than half the
+// debt horizon are warned of at start (a debit keeps at most capacity +
+// rate x DebtHorizon), and the default interval is not.
+func TestLongGossipIntervalWarning(t *testing.T) {
+	ns := testenv.NATS(t)
+	for _, tt := range []struct {
+		interval time.Duration
+		warn     bool
+	}{{time.Second, false}, {6 * time.Second, true}} {
+		var logs lockedBuffer
+		startDaemon(t, nil, func(o *Options) {
+			o.NATSURL, o.GossipInterval = ns.URL(), tt.interval
+			o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+		})
+		if got := strings.Contains(logs.String(), "over half the debt horizon"); got != tt.warn {
+			t.Errorf("--gossip.interval %v: warned %v, want %v", tt.interval, got, tt.warn)
+		}
+	}
+}
