@@ -173,13 +173,21 @@ func TestScriptArithmetic(t *testing.T) {
 }
 
 // previousScript is the check script of alg as released before ns state
-// and millionth counts (testdata/previous), with the fixed clock.
+// and millionth counts, with the fixed clock, composed as the release
+// composed it: testdata/previous/lib.lua, the algorithm, single.lua.
 func previousScript(t *testing.T, client *redis.Client, alg bucket.Algorithm) *redis.Script {
-	b, err := os.ReadFile("testdata/previous/" + string(alg) + ".lua")
-	if err != nil {
-		t.Fatal(err)
+	var src strings.Builder
+	for _, name := range []string{"lib", string(alg), "single"} {
+		b, err := os.ReadFile("testdata/previous/" + name + ".lua")
+		if err != nil {
+			t.Fatal(err)
+		}
+		src.Write(b)
+		if name == string(alg) {
+			src.WriteString("local take = " + string(alg) + "\n")
+		}
 	}
-	sc := redis.NewScript(string(b))
+	sc := redis.NewScript(src.String())
 	if err := sc.Load(context.Background(), client).Err(); err != nil {
 		t.Fatal(err)
 	}
