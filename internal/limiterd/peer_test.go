@@ -3,7 +3,6 @@ package limiterd
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"os"
 	"path/filepath"
 	"testing"
@@ -117,21 +116,17 @@ func TestPeerCallsNeedCredentials(t *testing.T) {
 // certificate naming an allowed identity is a peer; another certificate of
 // the same CA (any gateway's) is not.
 func TestPeerIdentityByCertificate(t *testing.T) {
-	dir := t.TempDir()
-	ca := newCA(t)
-	srvCert, srvKey := ca.issue(t, 2, true)
-	cliCert, cliKey := ca.issue(t, 3, false) // CommonName "test"
+	ca := testenv.NewCA(t)
+	srvCert, srvKey := ca.Issue(t, "server", true)
+	cliCert, cliKey := ca.Issue(t, "test", false)
 	d := startDaemon(t, nil, func(o *Options) {
 		o.Region = "us-east"
 		o.TopologyFile = twoRegionTopology(t)
-		o.TLSCertFile = writeFile(t, dir, "server.pem", srvCert)
-		o.TLSKeyFile = writeFile(t, dir, "server.key", srvKey)
-		o.TLSClientCAFile = writeFile(t, dir, "ca.pem", ca.pem)
+		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = srvCert, srvKey, ca.File
 		o.PeerIdentities = []string{"limiterd.eu-west"}
 	})
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
-	pair, err := tls.X509KeyPair(cliCert, cliKey)
+	roots := ca.Pool()
+	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,17 +2,7 @@ package limiterd
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -20,79 +10,21 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
-
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T) *testCA {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns a PEM certificate and key for a server (127.0.0.1) or a client.
-func (ca *testCA) issue(t *testing.T, serial int64, server bool) (certPEM, keyPEM []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-}
-
-func writeFile(t *testing.T, dir, name string, b []byte) string {
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
 
 // TestMutualTLS: with a client CA, only clients holding a certificate it
 // signed get an answer; plaintext and certificate-less clients do not.
 func TestMutualTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := newCA(t)
-	srvCert, srvKey := ca.issue(t, 2, true)
-	cliCert, cliKey := ca.issue(t, 3, false)
+	ca := testenv.NewCA(t)
+	srvCert, srvKey := ca.Issue(t, "server", true)
+	cliCert, cliKey := ca.Issue(t, "test", false)
 	d := startDaemon(t, nil, func(o *Options) {
-		o.TLSCertFile = writeFile(t, dir, "server.pem", srvCert)
-		o.TLSKeyFile = writeFile(t, dir, "server.key", srvKey)
-		o.TLSClientCAFile = writeFile(t, dir, "ca.pem", ca.pem)
+		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = srvCert, srvKey, ca.File
 	})
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.cert)
-	pair, err := tls.X509KeyPair(cliCert, cliKey)
+	roots := ca.Pool()
+	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
 	if err != nil {
 		t.Fatal(err)
 	}
