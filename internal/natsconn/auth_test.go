@@ -2,19 +2,11 @@ package natsconn_test
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -158,29 +150,20 @@ func TestAuthCredsFileOperatorMode(t *testing.T) {
 // TestAuthTLS: the server requires TLS and a client certificate signed by
 // its CA; the client verifies the server against the CA.
 func TestAuthTLS(t *testing.T) {
-	dir := t.TempDir()
-	ca := newCA(t, "limiter test CA")
-	writeFile(t, dir, "ca.pem", ca.pem, 0o644)
-	srvCert, srvKey := ca.issue(t, "nats", false)
-	writeFile(t, dir, "server.pem", srvCert, 0o644)
-	writeFile(t, dir, "server-key.pem", srvKey, 0o600)
-	cliCert, cliKey := ca.issue(t, "limiterd", true)
-	writeFile(t, dir, "client.pem", cliCert, 0o644)
-	writeFile(t, dir, "client-key.pem", cliKey, 0o600)
+	ca := testenv.NewCA(t)
+	srvCert, srvKey := ca.Issue(t, "nats", true)
+	cliCert, cliKey := ca.Issue(t, "limiterd", false)
 	srv := testenv.NATS(t, testenv.NATSConfig(fmt.Sprintf("tls {\n  cert_file: %q\n  key_file: %q\n  ca_file: %q\n  verify: true\n}",
-		filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem"), filepath.Join(dir, "ca.pem"))))
+		srvCert, srvKey, ca.File)))
 
-	if _, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: filepath.Join(dir, "ca.pem")}); err == nil {
+	if _, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: ca.File}); err == nil {
 		t.Fatal("connect without a client certificate to a server that requires one: no error")
 	}
-	other := newCA(t, "another CA")
-	writeFile(t, dir, "other-ca.pem", other.pem, 0o644)
-	if _, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: filepath.Join(dir, "other-ca.pem"),
-		TLSCertFile: filepath.Join(dir, "client.pem"), TLSKeyFile: filepath.Join(dir, "client-key.pem")}); err == nil {
+	if _, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: testenv.NewCA(t).File,
+		TLSCertFile: cliCert, TLSKeyFile: cliKey}); err == nil {
 		t.Fatal("connect trusting another CA than the server's: no error")
 	}
-	nc, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: filepath.Join(dir, "ca.pem"),
-		TLSCertFile: filepath.Join(dir, "client.pem"), TLSKeyFile: filepath.Join(dir, "client-key.pem")})
+	nc, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: ca.File, TLSCertFile: cliCert, TLSKeyFile: cliKey})
 	if err != nil {
 		t.Fatalf("connect over mTLS: %v", err)
 	}
@@ -198,10 +181,8 @@ func TestAuthBadFlags(t *testing.T) {
 	open := writeFile(t, dir, "open.nk", seed, 0o644)
 	junk := writeFile(t, dir, "junk", []byte("not a key\n"), 0o600)
 	pemJunk := writeFile(t, dir, "junk.pem", []byte("-----BEGIN NOTHING-----\n"), 0o644)
-	ca := newCA(t, "ca")
-	cert, key := ca.issue(t, "c", true)
-	certFile := writeFile(t, dir, "c.pem", cert, 0o644)
-	keyFile := writeFile(t, dir, "c-key.pem", key, 0o600)
+	ca := testenv.NewCA(t)
+	certFile, keyFile := ca.Issue(t, "c", false)
 	tests := []struct {
 		name   string
 		auth   natsconn.Auth
@@ -237,7 +218,7 @@ func TestAuthBadFlags(t *testing.T) {
 			}
 		})
 	}
-	if _, err := (&natsconn.Auth{NkeySeedFile: good, TLSCAFile: writeFile(t, dir, "ca.pem", ca.pem, 0o644), TLSCertFile: certFile, TLSKeyFile: keyFile}).Options(quiet()); err != nil {
+	if _, err := (&natsconn.Auth{NkeySeedFile: good, TLSCAFile: ca.File, TLSCertFile: certFile, TLSKeyFile: keyFile}).Options(quiet()); err != nil {
 		t.Errorf("good files: %v", err)
 	}
 }
@@ -283,57 +264,4 @@ func TestWarnURLSecrets(t *testing.T) {
 			}
 		}
 	}
-}
-
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue makes a certificate for 127.0.0.1 (a server's) or a client's.
-func (ca *testCA) issue(t *testing.T, name string, client bool) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
-	}
-	if client {
-		tmpl.ExtKeyUsage, tmpl.IPAddresses = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, nil
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
