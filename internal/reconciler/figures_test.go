@@ -19,34 +19,50 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 1x ./internal/reconciler
 
-const figureRules = `rules:
-  - id: global
-    capacity: 50
-    refill_per_second: 20
-  - id: solo
-    capacity: 50
-    refill_per_second: 20
-    reconcile: false
-`
+// figureShapes are the two shapes of the overshoot table: a slow rule (a
+// big burst, a low rate) and a fast one (a small burst, a high rate, where
+// one interval of remote spending is many bursts).
+var figureShapes = []struct {
+	name           string
+	capacity, rate float64
+}{{"slow", 50, 20}, {"fast", 10, 100}}
 
-// BenchmarkOvershoot hammers one key through both regions at 100 checks/s
-// each for 10 s, against capacity 50 and refill 20/s, and reports the
-// overshoot over capacity + refill*T, with and without reconciliation.
+// BenchmarkOvershoot hammers one key through the three regions of a NATS
+// supercluster (one server each, joined by gateways) at 100 checks/s each
+// for 10 s, for each shape, and reports the overshoot over capacity +
+// refill*T, with and without reconciliation.
 func BenchmarkOvershoot(b *testing.B) {
-	for _, interval := range []time.Duration{time.Second, 250 * time.Millisecond, 100 * time.Millisecond} {
-		b.Run("interval="+interval.String(), func(b *testing.B) {
-			for b.Loop() {
-				s := newStack(b, figureRules, interval, 1)
-				h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
-				base := 50 + 20*h.elapsed
-				over := float64(h.total("global")) - base
-				remote := h.remoteWindow("global", interval)
-				b.ReportMetric(over, "overshoot")
-				b.ReportMetric(over/float64(remote), "x_remote_interval")
-				b.ReportMetric(float64(remote), "remote_interval_admits")
-				b.ReportMetric(float64(h.total("solo"))-base, "overshoot_unreconciled")
-			}
-		})
+	regions := []string{"us-east", "eu-west", "ap-south"}
+	for _, shape := range figureShapes {
+		rulesYAML := fmt.Sprintf(`rules:
+  - id: global
+    capacity: %[1]v
+    refill_per_second: %[2]v
+  - id: solo
+    capacity: %[1]v
+    refill_per_second: %[2]v
+    reconcile: false
+`, shape.capacity, shape.rate)
+		for _, interval := range []time.Duration{time.Second, 250 * time.Millisecond, 100 * time.Millisecond} {
+			b.Run(fmt.Sprintf("shape=%s/interval=%v", shape.name, interval), func(b *testing.B) {
+				for b.Loop() {
+					s := newSuperStack(b, regions, 1, rulesYAML, interval)
+					b.Logf("spends flowing between every pair of regions %v after the streams were made", s.waitSpendsFlow("global").Round(time.Millisecond))
+					h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
+					base := shape.capacity + shape.rate*h.elapsed
+					over := float64(h.total("global")) - base
+					remote := h.remoteWindow("global", interval)
+					b.ReportMetric(over, "overshoot")
+					b.ReportMetric(over/float64(remote), "x_remote_interval")
+					b.ReportMetric(float64(remote), "remote_interval_admits")
+					peak, at := h.peak("global", shape.capacity, shape.rate)
+					b.Logf("peak at t=%v", at.Round(time.Millisecond))
+					b.ReportMetric(peak, "peak")
+					b.ReportMetric(peak/float64(remote), "peak_x_remote_interval")
+					b.ReportMetric(float64(h.total("solo"))-base, "overshoot_unreconciled")
+				}
+			})
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,6 +41,7 @@ func maxInWindow(times []time.Duration, w time.Duration) int {
 
 // hammered is what a hammer run admitted, per rule and region, at what time.
 type hammered struct {
+	names    []string
 	elapsed  float64
 	admitted map[string]map[string][]time.Duration
 }
@@ -52,21 +54,46 @@ func (h *hammered) total(rule string) int {
 	return n
 }
 
-// remoteWindow is the most one region admitted within one interval: the
-// spending another region may not know of yet.
+// remoteWindow is, for the region it is largest for, the most every other
+// region together admitted within one interval: the spending that region
+// may not know of yet.
 func (h *hammered) remoteWindow(rule string, interval time.Duration) int {
 	m := 0
-	for _, ts := range h.admitted[rule] {
-		m = max(m, maxInWindow(ts, interval))
+	for _, self := range h.names {
+		var others []time.Duration
+		for name, ts := range h.admitted[rule] {
+			if name != self {
+				others = append(others, ts...)
+			}
+		}
+		slices.Sort(others)
+		m = max(m, maxInWindow(others, interval))
 	}
 	return m
+}
+
+// peak is the largest excess at any instant of the run: admitted by t
+// across the regions, minus capacity + rate*t.
+func (h *hammered) peak(rule string, capacity, rate float64) (excess float64, at time.Duration) {
+	var all []time.Duration
+	for _, ts := range h.admitted[rule] {
+		all = append(all, ts...)
+	}
+	slices.Sort(all)
+	excess = math.Inf(-1)
+	for i, t := range all {
+		if e := float64(i+1) - capacity - rate*t.Seconds(); e > excess {
+			excess, at = e, t
+		}
+	}
+	return excess, at
 }
 
 // hammer checks one key under each rule through every region, one check
 // per rule every period per region, for run.
 func (s *stack) hammer(run, period time.Duration, rules ...string) *hammered {
 	var mu sync.Mutex
-	h := &hammered{admitted: map[string]map[string][]time.Duration{}}
+	h := &hammered{names: s.names, admitted: map[string]map[string][]time.Duration{}}
 	for _, r := range rules {
 		h.admitted[r] = map[string][]time.Duration{}
 	}
@@ -189,6 +216,78 @@ func (s *stack) count(region, key string) float64 {
 		s.t.Fatal(err)
 	}
 	return n
+}
+
+// waitSpendsFlow checks one new key of rule in each region and waits until
+// every other region holds it: spends flow between every pair of regions,
+// not only are the streams made (a stream source starts reading some time
+// after it is made).
+func (s *stack) waitSpendsFlow(rule string) time.Duration {
+	s.t.Helper()
+	start := time.Now()
+	for _, from := range s.names {
+		key := "flowing-" + from
+		if resp, err := s.check(from, rule, key); err != nil || !resp.Allowed {
+			s.t.Fatalf("%s: %v, %v", from, resp, err)
+		}
+		for _, to := range s.names {
+			for to != from {
+				n, err := s.regions[to].redis.Exists(context.Background(), redisstore.Key(rule, key)).Result()
+				if err == nil && n == 1 {
+					break
+				}
+				if time.Since(start) > 30*time.Second {
+					s.t.Fatalf("a spend of %s in %s not applied in %s after 30s; %s", rule, from, to, s.streamReport(to))
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	}
+	return time.Since(start)
+}
+
+// streamReport describes region's inbound stream, its sources and its
+// apply consumers, for a test that waited in vain for a spend.
+func (s *stack) streamReport(region string) string {
+	nc := s.connectAsIn("ops", region)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err.Error()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var b strings.Builder
+	st, err := js.Stream(ctx, gossip.InStream(region))
+	if err != nil {
+		return fmt.Sprintf("stream %s: %v", gossip.InStream(region), err)
+	}
+	info := st.CachedInfo()
+	fmt.Fprintf(&b, "%s: %d messages, last seq %d", info.Config.Name, info.State.Msgs, info.State.LastSeq)
+	for _, src := range info.Sources {
+		fmt.Fprintf(&b, "; source %s lag %d active %v", src.Name, src.Lag, src.Active)
+		if src.Error != nil {
+			fmt.Fprintf(&b, " error %v", src.Error)
+		}
+	}
+	for _, from := range s.names {
+		if from == region {
+			continue
+		}
+		if c, err := js.Consumer(ctx, info.Config.Name, applyConsumer(region, from)); err != nil {
+			fmt.Fprintf(&b, "; consumer from %s: %v", from, err)
+		} else {
+			ci := c.CachedInfo()
+			fmt.Fprintf(&b, "; consumer from %s: delivered %d, ack floor %d, pending %d, ack pending %d", from,
+				ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending)
+		}
+		if src, err := js.Stream(ctx, gossip.RegionStream(from)); err != nil {
+			fmt.Fprintf(&b, "; stream %s: %v", gossip.RegionStream(from), err)
+		} else {
+			fmt.Fprintf(&b, "; stream %s: %d messages", gossip.RegionStream(from), src.CachedInfo().State.Msgs)
+		}
+	}
+	return b.String()
 }
 
 // send makes n checks of the quota for key through region; all must pass.

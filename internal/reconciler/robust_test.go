@@ -297,3 +297,45 @@ func TestStreamDeletedWhileRunning(t *testing.T) {
 		t.Fatalf("eu-west counts %v for d, want 10", got)
 	}
 }
+
+// TestConsumerDeletedWhileRunning: an operator deletes one apply consumer
+// (not its stream) while the reconciler runs. The reconciler makes it
+// again; the new consumer reads the inbound stream from its start, and
+// every flush it had applied already is known by the clients' markers and
+// skipped: the counts stay exact and the duplicates are counted.
+func TestConsumerDeletedWhileRunning(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	for range 6 {
+		s.send("us-east", "c", 1)
+		time.Sleep(250 * time.Millisecond)
+	}
+	s.waitCount("eu-west", "c", 6)
+	rec := s.regions["eu-west"].recs[0]
+	dupsBefore := testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east"))
+	js, err := jetstream.New(s.connectAs("ops"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := js.DeleteConsumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east")); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		s.send("us-east", "c", 1)
+		time.Sleep(250 * time.Millisecond)
+	}
+	s.waitCount("eu-west", "c", 10)
+	time.Sleep(2 * time.Second)
+	if got := s.count("eu-west", "c"); got != 10 {
+		t.Fatalf("eu-west counts %v for c, want 10", got)
+	}
+	if _, err := js.Consumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east")); err != nil {
+		t.Fatalf("the apply consumer was not made again: %v", err)
+	}
+	if dups := testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east")) - dupsBefore; dups < 1 {
+		t.Errorf("%v duplicates counted after the consumer was made again; want the debits applied before it skipped", dups)
+	} else {
+		t.Logf("%v debits read again by the new consumer and skipped", dups)
+	}
+}
