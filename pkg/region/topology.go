@@ -101,9 +101,9 @@ type Topology struct {
 	generation  uint64
 	effectiveAt time.Time
 	regions     []Region       // file order
-	byName  map[string]int // name -> index in regions
-	names   []string       // sorted
-	seeds   []uint64       // seeds[i]: FNV-1a state after names[i] + "\x00"
+	byName      map[string]int // name -> index in regions
+	names       []string       // sorted
+	seeds       []uint64       // seeds[i]: FNV-1a state after names[i] + "\x00"
 }
 
 // Regions returns the regions in file order. The caller may modify the
