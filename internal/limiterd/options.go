@@ -11,12 +11,12 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine"
-	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"

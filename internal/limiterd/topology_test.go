@@ -403,3 +403,68 @@ func TestTopologyLateFile(t *testing.T) {
 	t.Logf("late file: b in generation 2 %v after it landed, on its first forward refused as stale; in generation 3 %v after it landed, on the first forward of generation 3 (poll %v)",
 		switched, caughtUp, poll)
 }
+
+// TestTopologyBadFileAtRunTime: a file with a syntax error, a lower
+// generation, without this region, or removing a region the rules'
+// home_keys name is refused: the daemon keeps answering under the topology
+// in force, and each refusal is counted; a good file after them is taken.
+func TestTopologyBadFileAtRunTime(t *testing.T) {
+	dir := t.TempDir()
+	rulesFile := filepath.Join(dir, "rules.yml")
+	if err := os.WriteFile(rulesFile, []byte(pinRules+"    home_keys: {vip: b}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[string]string{"a": "127.0.0.1:1", "b": "127.0.0.1:2", "c": "127.0.0.1:3"}
+	file := filepath.Join(dir, "topology.yml")
+	if err := os.WriteFile(file, []byte(topoYAML(2, time.Time{}, addrs, "a", "b")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const poll = 50 * time.Millisecond
+	d := startDaemon(t, nil, func(o *Options) {
+		o.Region, o.TopologyFile, o.TopologyPoll, o.PeerSecretFile, o.RulesFile = "a", file, poll, testenv.SecretFile(t), rulesFile
+	})
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	var local string // a key homed here
+	for i := 0; local == ""; i++ {
+		if k := fmt.Sprintf("k%d", i); d.topo.Active().Home(k, nil) == "a" {
+			local = k
+		}
+	}
+	tests := []struct {
+		name, content, field string
+	}{
+		{"syntax error", "generation: 3\nregions: [\n", "yaml:"},
+		{"lower generation", topoYAML(1, time.Time{}, addrs, "a", "b", "c"), "generation: 1 is lower than 2"},
+		{"own region missing", topoYAML(3, time.Time{}, addrs, "b", "c"), "--region is not in it"},
+		{"home_keys name a removed region", topoYAML(3, time.Time{}, addrs, "a", "c"), `rule "pin"`},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			replaceFile(t, file, tt.content)
+			waitGauge(t, d, "limiter_topology_reload_failures_total", nil, float64(i+1), 2*time.Second)
+			time.Sleep(3 * poll) // read again, not counted again
+			if n := metricValue(t, d, "limiter_topology_reload_failures_total", nil); n != float64(i+1) {
+				t.Fatalf("reload failures = %v, want %d", n, i+1)
+			}
+			if err := d.topo.LastError(); err == nil || !strings.Contains(err.Error(), file) || !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("refusal %v: want it to name %s and %q", err, file, tt.field)
+			}
+			if g := metricValue(t, d, "limiter_topology_generation", map[string]string{"state": "active"}); g != 2 {
+				t.Fatalf("active generation %v, want 2 still", g)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "pin", Key: local}); err != nil || !resp.GetAllowed() {
+				t.Fatalf("check under the topology in force: %v, %v", resp, err)
+			}
+		})
+	}
+	replaceFile(t, file, topoYAML(3, time.Time{}, addrs, "a", "b", "c"))
+	waitGauge(t, d, "limiter_topology_generation", map[string]string{"state": "active"}, 3, 2*time.Second)
+	if r := metricValue(t, d, "limiter_topology_regions", nil); r != 3 {
+		t.Fatalf("limiter_topology_regions = %v, want 3", r)
+	}
+	if d.engine.Topology().Generation() != 3 {
+		t.Fatalf("engine routes with generation %d, want 3", d.engine.Topology().Generation())
+	}
+}

@@ -227,7 +227,6 @@ func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) 
 	return &limiterv1.PeerRefundResponse{}, nil
 }
 
-
 // Client is another region's limiterd, as the engine's Home.
 type Client struct {
 	origin     string
