@@ -76,6 +76,12 @@ type Check struct {
 	// peer is the region that forwarded this check to its keys' home:
 	// pinned rules are decided here, never forwarded again.
 	peer string
+	// ts is the topology the check is routed with, during Decide; rerouted
+	// says it is routed a second time, after a home refused it as stale;
+	// sent is the deny cache's instant of the first routing.
+	ts       *topoState
+	rerouted bool
+	sent     int64
 }
 
 // NewCheck starts a check under the rules in force now.

@@ -56,7 +56,15 @@ var (
 	// ErrOverloaded: the check waited in this process too long for the
 	// store; nothing was spent. It says limiterd is busy, not the store.
 	ErrOverloaded = errors.New("overloaded: the check waited too long to reach the store")
+	// ErrStaleTopology: a Home refused a forward because its topology is
+	// newer than the one the check was routed with and homes a key
+	// elsewhere; it decided nothing.
+	ErrStaleTopology = errors.New("the home region's topology is newer and homes the key elsewhere")
 )
+
+// errReroute: a home refused the check as routed with a stale topology and
+// a newer one is in force now: the check is routed again, once.
+var errReroute = errors.New("routed with a stale topology")
 
 // InvalidError is a check refused as invalid. Field names the request field
 // at fault: rule_id, key, cost or attributes.
@@ -112,6 +120,10 @@ type Options struct {
 	Region   string
 	Topology *region.Topology
 	Homes    map[string]Home
+	// ReloadTopology, when set, reads the topology again (and puts a newer
+	// one in force through SetTopology before it returns); it is called when
+	// a home refuses a forward as routed with a stale topology.
+	ReloadTopology func()
 	// ForwardTimeout bounds a check forwarded to a home region (0:
 	// DefaultForwardTimeout).
 	ForwardTimeout time.Duration
@@ -143,9 +155,8 @@ type Engine struct {
 	deny     *denycache.Cache
 	leases   *lease.Leases
 	region   string
-	topo     *region.Topology
-	homes    map[string]Home
-	regions  int
+	topo     atomic.Pointer[topoState]
+	reload   func()
 	fwdTO    time.Duration
 	fleet    func() int
 	spends   SpendRecorder
@@ -179,11 +190,12 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	e := &Engine{
 		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
-		region: opts.Region, topo: opts.Topology, homes: opts.Homes, regions: 1, fwdTO: opts.ForwardTimeout,
+		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 	}
-	if e.topo != nil {
-		e.regions = len(e.topo.Names())
+	e.topo.Store(newTopoState(opts.Topology, opts.Homes))
+	for name := range opts.Homes {
+		m.stale.WithLabelValues(name)
 	}
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -244,18 +256,63 @@ func MemoryCollectors(m *bucket.Memory, store string) []prometheus.Collector {
 // (the rules in force stay). Denials remembered under the old rules are
 // forgotten, and the metric series of rules no longer in force removed.
 func (e *Engine) SetRules(set *rules.Set) error {
-	if e.topo != nil {
-		for _, r := range set.Rules() {
-			if err := e.topo.ValidateHomes(r.HomeKeys); err != nil {
-				return fmt.Errorf("rule %q: home_keys: %w", r.ID, err)
-			}
-		}
-	}
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
+	ts := e.topo.Load()
+	if err := validateHomes(ts.topo, set); err != nil {
+		return err
+	}
+	e.install(set, ts.regions)
+	return nil
+}
+
+// validateHomes checks that set's pinned rules name only regions of topo.
+func validateHomes(topo *region.Topology, set *rules.Set) error {
+	if topo == nil {
+		return nil
+	}
+	for _, r := range set.Rules() {
+		if err := topo.ValidateHomes(r.HomeKeys); err != nil {
+			return fmt.Errorf("rule %q: home_keys: %w", r.ID, err)
+		}
+	}
+	return nil
+}
+
+// SetTopology routes every check that starts from now on with topo, through
+// homes (one per other region). When the checks and refunds that started
+// under the topology it replaces are over, retired (when set) runs: the
+// caller closes the connections only the old one used then. A topology
+// under which the rules in force are invalid is refused. A change of the
+// number of regions changes the share of the limit each region decides
+// with when a key's home does not answer; denials remembered are
+// forgotten, since keys moved home.
+func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retired func()) error {
+	e.rulesMu.Lock()
+	defer e.rulesMu.Unlock()
+	set := e.table.Load().set
+	if err := validateHomes(topo, set); err != nil {
+		return err
+	}
+	for name := range homes {
+		e.m.stale.WithLabelValues(name)
+	}
+	ts := newTopoState(topo, homes)
+	old := e.topo.Swap(ts)
+	e.install(set, ts.regions)
+	old.retire(retired)
+	return nil
+}
+
+// Topology is the topology checks starting now are routed with.
+func (e *Engine) Topology() *region.Topology { return e.topo.Load().topo }
+
+// install puts set in force, decided with regions' shares. Called with
+// rulesMu held.
+func (e *Engine) install(set *rules.Set, regions int) {
 	gen := e.gen.Add(1)
 	old := e.table.Load()
-	t := newTable(set, gen, e.regions, e.m, old)
+	t := newTable(set, gen, regions, e.m, old)
 	e.table.Store(t)
 	if e.deny != nil {
 		e.deny.Reset(gen)
@@ -267,7 +324,62 @@ func (e *Engine) SetRules(set *rules.Set) error {
 			}
 		}
 	}
-	return nil
+}
+
+// topoState is a topology checks are routed with and the Homes of its other
+// regions, with the count of the checks and refunds using it.
+type topoState struct {
+	topo    *region.Topology // nil: no topology
+	gen     uint64
+	homes   map[string]Home
+	regions int
+	users   atomic.Int64
+	retired atomic.Bool
+	onIdle  func()
+	idle    sync.Once
+}
+
+func newTopoState(topo *region.Topology, homes map[string]Home) *topoState {
+	ts := &topoState{topo: topo, homes: homes, regions: 1}
+	if topo != nil {
+		ts.regions, ts.gen = len(topo.Names()), topo.Generation()
+	}
+	return ts
+}
+
+// useTopology returns the topology in force, counted as used until its
+// release. The second look tells a state retired meanwhile: its count was
+// seen by retire before it was taken here, so it is not used.
+func (e *Engine) useTopology() *topoState {
+	for {
+		ts := e.topo.Load()
+		ts.users.Add(1)
+		if e.topo.Load() == ts {
+			return ts
+		}
+		ts.release()
+	}
+}
+
+func (ts *topoState) release() {
+	if ts.users.Add(-1) == 0 && ts.retired.Load() {
+		ts.idle.Do(ts.runIdle)
+	}
+}
+
+// retire marks ts replaced; f runs once no check or refund uses it.
+func (ts *topoState) retire(f func()) {
+	ts.onIdle = f
+	ts.retired.Store(true)
+	if ts.users.Load() == 0 {
+		ts.idle.Do(ts.runIdle)
+	}
+}
+
+func (ts *topoState) runIdle() {
+	if ts.onIdle != nil {
+		ts.onIdle()
+	}
 }
 
 // LeftOver is what a lease still holds at shutdown.

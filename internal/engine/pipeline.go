@@ -28,12 +28,22 @@ const shadowLogRate = 0.01
 // one store call (one script per client slot). A later part that refuses
 // gives back what the earlier parts spent: the leases here, the home
 // region's spend by a refund.
+//
+// A check is routed with the topology in force when it starts. When a home
+// refuses it as routed with a stale topology and reading the topology again
+// puts a newer one in force, it is routed again with that one, once.
 func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
 	for _, it := range c.enforce {
-		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
-		it.route, it.limit, it.batch, it.probe, it.remembered = routeNone, it.e.limit, 0, false, false
+		it.probe, it.remembered = false, false
 	}
+	c.ts, c.rerouted = e.useTopology(), false
+	defer func() { c.ts.release() }()
 	allowed, err := e.decide(ctx, c)
+	if errors.Is(err, errReroute) {
+		c.ts.release()
+		c.ts, c.rerouted = e.useTopology(), true
+		allowed, err = e.decide(ctx, c)
+	}
 	if e.deny != nil {
 		for _, it := range c.enforce {
 			if it.probe && !it.remembered {
@@ -76,18 +86,25 @@ type spent struct {
 
 type homeSpend struct {
 	home  string
+	h     Home
+	ts    *topoState
 	items []*Item
 	at    time.Time
 }
 
 func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) {
 	items := c.enforce
+	for _, it := range items {
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
+		it.route, it.limit, it.batch = routeNone, it.e.limit, 0
+	}
 	if len(items) == 0 {
 		return true, nil
 	}
-	// A denial already known refuses the whole check.
-	var sent int64
-	if e.deny != nil {
+	// A denial already known refuses the whole check (a check routed again
+	// asked the deny cache the first time).
+	sent := c.sent
+	if e.deny != nil && !c.rerouted {
 		refused := false
 		for _, it := range items {
 			retry, reset, hit, probe := e.deny.Get(it.Rule.ID, it.Key, it.Cost)
@@ -102,6 +119,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 			return false, nil
 		}
 		sent = e.deny.Now()
+		c.sent = sent
 	}
 	var homes []string
 	var remote map[string][]*Item
@@ -131,17 +149,27 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	// The home regions of pinned rules.
 	for _, home := range homes {
 		its := remote[home]
-		allowed, at, err := e.forward(ctx, home, its)
+		allowed, at, err := e.forward(ctx, c, home, its)
 		if err == nil {
 			if !allowed {
 				e.remember(c, its, sent, false)
 				return e.giveBack(ctx, &sp, nil)
 			}
-			sp.homes = append(sp.homes, homeSpend{home: home, items: its, at: at})
+			sp.homes = append(sp.homes, homeSpend{home: home, h: c.ts.homes[home], ts: c.ts, items: its, at: at})
 			continue
 		}
 		if ctx.Err() != nil {
 			return e.giveBack(ctx, &sp, ctx.Err())
+		}
+		if errors.Is(err, ErrStaleTopology) {
+			e.m.stale.WithLabelValues(home).Inc()
+			if !c.rerouted && e.reload != nil {
+				if e.reload(); e.topo.Load().gen > c.ts.gen {
+					return e.giveBack(ctx, &sp, errReroute)
+				}
+			}
+			e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
+				"home", home, "generation", c.ts.gen, "err", err)
 		}
 		var inv *InvalidError
 		if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
@@ -214,18 +242,18 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 // homeOf is the home region a check of it must be forwarded to, or "" to
 // decide it here.
 func (e *Engine) homeOf(c *Check, it *Item) string {
-	if !it.e.pinned || e.topo == nil || c.peer != "" {
+	if !it.e.pinned || c.ts.topo == nil || c.peer != "" {
 		return ""
 	}
-	if home := e.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
+	if home := c.ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
 		return home
 	}
 	return ""
 }
 
 // forward asks home to decide its items.
-func (e *Engine) forward(ctx context.Context, home string, its []*Item) (bool, time.Time, error) {
-	h := e.homes[home]
+func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item) (bool, time.Time, error) {
+	h := c.ts.homes[home]
 	if h == nil {
 		return false, time.Time{}, errors.New("no client for home region " + home)
 	}
@@ -516,9 +544,11 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 		for i, it := range hs.items {
 			items[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost}
 		}
-		h := e.homes[hs.home]
+		h := hs.h
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+		hs.ts.users.Add(1) // held by the check: the connection stays open for the refund
 		e.refunds.Go(func() {
+			defer hs.ts.release()
 			defer cancel()
 			if err := h.Refund(rctx, items, hs.at); err != nil {
 				e.m.refunds.WithLabelValues("error").Inc()

@@ -45,9 +45,10 @@ func (e *Engine) Rules() *rules.Set { return e.table.Load().set }
 
 // table is an immutable rule set ready for the pipeline.
 type table struct {
-	set  *rules.Set
-	gen  uint64
-	byID map[string]*entry
+	set     *rules.Set
+	gen     uint64
+	regions int
+	byID    map[string]*entry
 }
 
 // newTable makes the table of set. An entry of old whose rule is the same
@@ -56,9 +57,9 @@ type table struct {
 // not a metric lookup per rule and result.
 func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *table {
 	d, f := m.decisions, m.forwarded
-	t := &table{set: set, gen: gen, byID: make(map[string]*entry, len(set.Rules()))}
+	t := &table{set: set, gen: gen, regions: regions, byID: make(map[string]*entry, len(set.Rules()))}
 	for _, r := range set.Rules() {
-		if old != nil {
+		if old != nil && old.regions == regions {
 			if en := old.byID[r.ID]; en != nil && en.rule == r {
 				t.byID[r.ID] = en
 				continue
@@ -96,6 +97,7 @@ type metrics struct {
 	invalid      *prometheus.CounterVec
 	overloaded   prometheus.Counter
 	refunds      *prometheus.CounterVec
+	stale        *prometheus.CounterVec
 	duration     prometheus.Histogram
 }
 
@@ -160,6 +162,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_home_refunds_total",
 			Help: "Refunds to a key's home region of a pinned rule's spend, when another rule of the check refused, by result.",
 		}, []string{"result"}),
+		stale: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_topology_stale_total",
+			Help: "Forwards a key's home region refused because its topology is newer and homes the key elsewhere, by the region that refused (the check is routed again once when the topology file read again is newer too, else its rule's on_failure decides).",
+		}, []string{"peer"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",
 			Help:    "Time to decide one check inside limiterd.",
@@ -167,7 +173,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.leased,
-		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.duration} {
+		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

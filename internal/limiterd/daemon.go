@@ -48,6 +48,7 @@ import (
 	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/internal/tlsconf"
+	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -59,8 +60,12 @@ type Daemon struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 	rules    *rulesource.Source
-	topo     *region.Topology
-	admin    *admin.Admin
+	// topo watches --region.topology-file; nil without one.
+	topo  *topowatch.Watcher
+	admin *admin.Admin
+	// peersMu guards peers, the connections to the other regions' limiterd.
+	peersMu sync.Mutex
+	peers   map[string]*peerConn
 
 	mu     sync.Mutex // guards engine against the rules source's callback
 	engine *engine.Engine
@@ -100,13 +105,14 @@ func New(opts Options) (*Daemon, error) {
 	var validate func(*rules.Rule) error
 	if opts.TopologyFile != "" {
 		var err error
-		if d.topo, err = region.Load(opts.TopologyFile); err != nil {
+		if d.topo, err = topowatch.New(topowatch.Options{File: opts.TopologyFile, Region: opts.Region, Poll: opts.TopologyPoll,
+			Validate: d.validateTopology, OnSwitch: d.switchTopology, Logger: d.log}, reg); err != nil {
+			if errors.Is(err, topowatch.ErrOwnRegionMissing) {
+				return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
+			}
 			return nil, fmt.Errorf("--region.topology-file: %w", err)
 		}
-		if !d.topo.Has(opts.Region) {
-			return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
-		}
-		validate = rules.HomesIn(d.topo)
+		validate = d.homesValid
 	}
 	src, err := rulesource.New(rulesource.Options{
 		File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
@@ -125,6 +131,76 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	return d, nil
+}
+
+// homesValid checks a rule's home_keys against the topology in force and
+// the one pending, if any: a rule is not put in force that the next switch
+// would refuse.
+func (d *Daemon) homesValid(r *rules.Rule) error {
+	if err := rules.HomesIn(d.topo.Active())(r); err != nil {
+		return err
+	}
+	if p := d.topo.Pending(); p != nil {
+		return rules.HomesIn(p)(r)
+	}
+	return nil
+}
+
+// validateTopology checks the rules in force against a new topology.
+func (d *Daemon) validateTopology(next *region.Topology) error {
+	check := rules.HomesIn(next)
+	for _, r := range d.rules.Current().Rules() {
+		if err := check(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// peerConn is a connection to another region's limiterd.
+type peerConn struct {
+	addr string
+	cc   *grpc.ClientConn
+}
+
+// switchTopology puts next in force: Peer clients are dialed for the regions
+// it adds (or whose address changed), the engine routes the checks that
+// start from now on with it, and the connections only the old topology
+// used are closed once the checks and refunds that started under it are
+// over.
+func (d *Daemon) switchTopology(old, next *region.Topology) error {
+	d.mu.Lock()
+	e := d.engine
+	d.mu.Unlock()
+	if e == nil {
+		return errors.New("limiterd not started")
+	}
+	homes, dialed, retired, err := d.dialHomes(next)
+	if err != nil {
+		return err
+	}
+	if err := e.SetTopology(next, homes, func() { closePeers(retired) }); err != nil {
+		d.peersMu.Lock()
+		for name, pc := range dialed {
+			if d.peers[name] == pc {
+				delete(d.peers, name)
+			}
+		}
+		for key, pc := range retired {
+			name, _, _ := strings.Cut(key, " ")
+			d.peers[name] = pc
+		}
+		d.peersMu.Unlock()
+		closePeers(dialed)
+		return err
+	}
+	return nil
+}
+
+func closePeers(m map[string]*peerConn) {
+	for _, pc := range m {
+		pc.cc.Close()
+	}
 }
 
 // setRules puts a new rule set in force. The rules source validated it
@@ -197,7 +273,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 
 	eopts := engine.Options{
-		Store: store, Region: d.opts.Region, Topology: d.topo, ForwardTimeout: d.opts.ForwardTimeout,
+		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout,
 		DenyCacheSize: d.opts.DenyCacheSize, FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
 		FleetSize: d.fleet.Size, Logger: d.log,
 	}
@@ -260,9 +336,17 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		}
 	}
 	if d.topo != nil {
-		if eopts.Homes, err = d.dialHomes(); err != nil {
+		eopts.Topology = d.topo.Active()
+		if eopts.Homes, _, _, err = d.dialHomes(eopts.Topology); err != nil {
 			return err
 		}
+		d.onStop(func() {
+			d.peersMu.Lock()
+			closePeers(d.peers)
+			d.peers = nil
+			d.peersMu.Unlock()
+		})
+		eopts.ReloadTopology = func() { d.topo.Reload() }
 	}
 	e, err := engine.New(eopts, d.rules.Current(), d.registry)
 	if err != nil {
@@ -271,6 +355,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	d.mu.Lock()
 	d.engine = e
 	d.mu.Unlock()
+	if d.topo != nil {
+		d.goBackground(d.topo.Run)
+	}
 	d.check = checkapi.New(e)
 	// The last flush runs after the last check (Stop stops the servers
 	// first): it is registered before them, so it is undone after.
@@ -355,30 +442,57 @@ func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, r
 	return spendpub.New(nc, o.Region, instance, o.GossipInterval, o.GossipSpoolDir, log.With("component", "spends"), reg)
 }
 
-// dialHomes prepares a Peer client to every other region's limiterd, for
-// checks of pinned rules. Connections are made lazily by gRPC.
-func (d *Daemon) dialHomes() (map[string]engine.Home, error) {
+// dialHomes prepares a Peer client to every other region's limiterd of
+// topo, for checks of pinned rules, reusing the connections to regions
+// whose address did not change. It returns the clients, the connections
+// dialed for topo, and those topo no longer uses (removed from d.peers, to
+// close when the old topology is retired). Connections are made lazily by
+// gRPC.
+func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home, dialed, retired map[string]*peerConn, err error) {
 	creds := insecure.NewCredentials()
 	if d.opts.ForwardTLSCAFile != "" {
 		tc, err := clientTLS(d.opts.ForwardTLSCAFile, d.opts.TLSCertFile, d.opts.TLSKeyFile)
 		if err != nil {
-			return nil, err
+			return nil, nil, nil, err
 		}
 		creds = credentials.NewTLS(tc)
 	}
-	homes := make(map[string]engine.Home)
-	for _, r := range d.topo.Regions() {
+	d.peersMu.Lock()
+	defer d.peersMu.Unlock()
+	if d.peers == nil {
+		d.peers = make(map[string]*peerConn)
+	}
+	homes, dialed, retired = make(map[string]engine.Home), make(map[string]*peerConn), make(map[string]*peerConn)
+	for _, r := range topo.Regions() {
 		if r.Name == d.opts.Region {
 			continue
 		}
-		cc, err := grpc.NewClient(r.LimiterAddress, grpc.WithTransportCredentials(creds))
-		if err != nil {
-			return nil, fmt.Errorf("--region.topology-file: region %s: %w", r.Name, err)
+		pc := d.peers[r.Name]
+		if pc == nil || pc.addr != r.LimiterAddress {
+			cc, err := grpc.NewClient(r.LimiterAddress, grpc.WithTransportCredentials(creds))
+			if err != nil {
+				for name, pc := range dialed {
+					delete(d.peers, name)
+					pc.cc.Close()
+				}
+				return nil, nil, nil, fmt.Errorf("--region.topology-file: region %s: %w", r.Name, err)
+			}
+			if pc != nil {
+				retired[r.Name+" "+pc.addr] = pc
+			}
+			pc = &peerConn{addr: r.LimiterAddress, cc: cc}
+			d.peers[r.Name] = pc
+			dialed[r.Name] = pc
 		}
-		d.onStop(func() { cc.Close() })
-		homes[r.Name] = peer.NewClient(cc, d.opts.Region, d.peerSecret)
+		homes[r.Name] = peer.NewClient(pc.cc, d.opts.Region, d.peerSecret).WithGeneration(topo.Generation())
 	}
-	return homes, nil
+	for name, pc := range d.peers {
+		if name != d.opts.Region && !topo.Has(name) {
+			retired[name] = pc
+			delete(d.peers, name)
+		}
+	}
+	return homes, dialed, retired, nil
 }
 
 // startServers makes the gRPC and HTTP servers and starts serving.
@@ -392,7 +506,11 @@ func (d *Daemon) startServers() error {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
 	auth := peer.Auth{Identities: d.opts.PeerIdentities, Secret: d.peerSecret}
-	peers, err := peer.NewService(d.engine, d.topo, auth, d.registry)
+	var topos peer.Topologies
+	if d.topo != nil {
+		topos = d.topo
+	}
+	peers, err := peer.NewService(d.engine, d.opts.Region, topos, auth, d.registry)
 	if err != nil {
 		return err
 	}

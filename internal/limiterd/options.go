@@ -16,6 +16,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -183,6 +184,9 @@ type Options struct {
 	// TopologyFile lists the regions and their limiterd addresses, for
 	// forwarding checks of pinned rules to a key's home region.
 	TopologyFile string
+	// TopologyPoll is how often TopologyFile is read again (0:
+	// topowatch.DefaultPoll).
+	TopologyPoll time.Duration
 	// ForwardTimeout bounds a check forwarded to the home region.
 	ForwardTimeout time.Duration
 	// ForwardTLSCAFile enables TLS to other regions' limiterd, trusting
@@ -302,6 +306,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.GossipInterval, "gossip.interval", gossip.DefaultInterval, "how often admitted spends are flushed to the reconcilers")
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
+	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", topowatch.DefaultPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
 	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
 	fs.StringVar(&o.PeerSecretFile, "region.peer-secret-file", "", "file holding the secret peer regions share (mode 0600, at least 16 characters): sent with forwarded checks, required of Peer calls")
@@ -358,6 +363,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.GossipInterval == 0 {
 		o.GossipInterval = gossip.DefaultInterval
+	}
+	if o.TopologyPoll == 0 {
+		o.TopologyPoll = topowatch.DefaultPoll
 	}
 	if o.ForwardTimeout == 0 {
 		o.ForwardTimeout = DefaultForwardTimeout
@@ -478,6 +486,9 @@ func (o *Options) validate() error {
 	}
 	if o.GossipInterval < gossip.MinInterval || o.GossipInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.GossipInterval))
+	}
+	if o.TopologyPoll < topowatch.MinPoll || o.TopologyPoll > topowatch.MaxPoll {
+		errs = append(errs, fmt.Errorf("--region.topology-poll: must be in [%v, %v], got %v", topowatch.MinPoll, topowatch.MaxPoll, o.TopologyPoll))
 	}
 	if o.ForwardTimeout < 0 || o.ForwardTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--region.forward-timeout: must be in (0, 1m], got %v", o.ForwardTimeout))

@@ -78,17 +78,27 @@ func (a Auth) Check(ctx context.Context) error {
 	return ErrUnauthenticated
 }
 
+// Topologies are a region's topologies: the one in force, the one pending
+// (nil: none), and a read of the topology file now (topowatch.Watcher).
+type Topologies interface {
+	Active() *region.Topology
+	Pending() *region.Topology
+	Reload() *region.Topology
+}
+
 // Service is limiter.v1.Peer over an engine. Safe for concurrent use.
 type Service struct {
 	limiterv1.UnimplementedPeerServer
 	e       *engine.Engine
-	topo    *region.Topology
+	region  string
+	topo    Topologies
 	auth    Auth
 	refused *prometheus.CounterVec
 }
 
-// NewService returns the Peer service of a region with topology topo.
-func NewService(e *engine.Engine, topo *region.Topology, auth Auth, reg prometheus.Registerer) (*Service, error) {
+// NewService returns the Peer service of region self with topologies topo
+// (nil: no topology; every origin is refused).
+func NewService(e *engine.Engine, self string, topo Topologies, auth Auth, reg prometheus.Registerer) (*Service, error) {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "limiter_peer_calls_refused_total",
 		Help: "Calls claiming to come from a peer region that were refused, by reason (unauthenticated: no valid peer credentials; legacy_marker: a Check carrying the old forwarded marker).",
@@ -99,7 +109,7 @@ func NewService(e *engine.Engine, topo *region.Topology, auth Auth, reg promethe
 	for _, r := range []string{"unauthenticated", "legacy_marker", "invalid"} {
 		refused.WithLabelValues(r)
 	}
-	return &Service{e: e, topo: topo, auth: auth, refused: refused}, nil
+	return &Service{e: e, region: self, topo: topo, auth: auth, refused: refused}, nil
 }
 
 // RefuseLegacyMarker is a unary interceptor for the Limiter service: a
@@ -118,21 +128,46 @@ func (s *Service) RefuseLegacyMarker(ctx context.Context, req any, info *grpc.Un
 // MaxItems bounds the items of one Peer request.
 const MaxItems = engine.MaxItems
 
-func (s *Service) authorize(ctx context.Context, origin string) error {
+// authorize admits an authenticated peer whose origin is a region of the
+// topology in force, or of the one pending (a region that switched a little
+// earlier by its clock); it returns the topology in force.
+func (s *Service) authorize(ctx context.Context, origin string) (*region.Topology, error) {
 	if err := s.auth.Check(ctx); err != nil {
 		s.refused.WithLabelValues("unauthenticated").Inc()
-		return status.Error(codes.PermissionDenied, err.Error())
+		return nil, status.Error(codes.PermissionDenied, err.Error())
 	}
-	if s.topo == nil || !s.topo.Has(origin) {
-		s.refused.WithLabelValues("invalid").Inc()
-		return status.Errorf(codes.InvalidArgument, "origin_region: %q is not a region of the topology", origin)
+	var topo *region.Topology
+	if s.topo != nil {
+		topo = s.topo.Active()
 	}
-	return nil
+	if topo == nil || !topo.Has(origin) {
+		if p := s.pending(); p == nil || !p.Has(origin) {
+			s.refused.WithLabelValues("invalid").Inc()
+			return nil, status.Errorf(codes.InvalidArgument, "origin_region: %q is not a region of the topology", origin)
+		}
+	}
+	return topo, nil
 }
 
-// Decide decides the items here, their keys' home, all or nothing.
+func (s *Service) pending() *region.Topology {
+	if s.topo == nil {
+		return nil
+	}
+	return s.topo.Pending()
+}
+
+// Decide decides the items here, their keys' home, all or nothing. A
+// sender with a newer topology generation makes this region read its
+// topology file first; a sender with an older one is refused
+// (FAILED_PRECONDITION, nothing decided) when a key is homed elsewhere
+// under the topology in force here.
 func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) (*limiterv1.PeerDecideResponse, error) {
-	if err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+	gen := req.GetTopologyGeneration()
+	if s.topo != nil && s.auth.Check(ctx) == nil && gen > s.topo.Active().Generation() {
+		s.topo.Reload()
+	}
+	topo, err := s.authorize(ctx, req.GetOriginRegion())
+	if err != nil {
 		return nil, err
 	}
 	if n := len(req.GetItems()); n == 0 || n > MaxItems {
@@ -151,6 +186,14 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 		}
 		items[i] = it
 	}
+	if topo != nil && gen < topo.Generation() {
+		for i, it := range items {
+			if home := topo.Home(it.Key, it.Rule.HomeKeys); it.Rule.Pinned() && home != s.region {
+				return nil, status.Errorf(codes.FailedPrecondition, "topology generation %d here (%d forwarded): items[%d] (rule %q): the key's home is %s",
+					topo.Generation(), gen, i, it.Rule.ID, home)
+			}
+		}
+	}
 	at := time.Now()
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
@@ -165,7 +208,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 
 // Refund gives back what an allowed Decide spent.
 func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) (*limiterv1.PeerRefundResponse, error) {
-	if err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
 	if n := len(req.GetItems()); n == 0 || n > MaxItems {
@@ -186,9 +229,18 @@ func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) 
 
 // Client is another region's limiterd, as the engine's Home.
 type Client struct {
-	origin string
-	secret []byte
-	c      limiterv1.PeerClient
+	origin     string
+	secret     []byte
+	generation uint64
+	c          limiterv1.PeerClient
+}
+
+// WithGeneration returns a copy of c that sends generation as its
+// topology's (the one the engine routes the checks it forwards with).
+func (c *Client) WithGeneration(generation uint64) *Client {
+	cc := *c
+	cc.generation = generation
+	return &cc
 }
 
 // NewClient returns the Home of a region reached over cc, for checks
@@ -215,7 +267,7 @@ func items(its []engine.HomeItem) []*limiterv1.PeerItem {
 
 // Decide forwards items to the home region.
 func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, time.Time, error) {
-	resp, err := c.c.Decide(c.outgoing(ctx), &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its)})
+	resp, err := c.c.Decide(c.outgoing(ctx), &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its), TopologyGeneration: c.generation})
 	if err != nil {
 		return false, nil, time.Time{}, homeError(err)
 	}
@@ -250,6 +302,8 @@ func homeError(err error) error {
 		return &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
 	case codes.NotFound:
 		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrUnknownRule)
+	case codes.FailedPrecondition:
+		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrStaleTopology)
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -13,6 +14,7 @@ import (
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Region, "region", "", "name of this region (required; must be in the topology)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of the regions (required)")
+	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", topowatch.DefaultPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file, the same as limiterd's (required)")
 	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, the file's and the admin API's together; more are refused (as limiterd's)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server holding the spend streams (required)")

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -39,6 +40,7 @@ import (
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
@@ -57,8 +59,10 @@ const (
 type Options struct {
 	// Region is this region; it must be in the topology.
 	Region string
-	// TopologyFile lists the regions.
+	// TopologyFile lists the regions; it is read again every TopologyPoll
+	// (0: topowatch.DefaultPoll).
 	TopologyFile string
+	TopologyPoll time.Duration
 	// RulesFile holds the rules, as limiterd's: a spend of a rule this
 	// region does not have, or does not reconcile, is skipped.
 	RulesFile string
@@ -105,9 +109,16 @@ type Reconciler struct {
 	log      *slog.Logger
 	registry *prometheus.Registry
 	rules    *rulesource.Source
-	topo     *region.Topology
-	sources  []string
+	topo     *topowatch.Watcher
 	m        *metrics
+	// srcMu guards sources, the regions applied here (the other regions
+	// of the topology in force), and added, when each source added at a
+	// switch was added: the inbound stream sources it from then on.
+	srcMu   sync.Mutex
+	sources []string
+	added   map[string]time.Time
+	// topoChanged tells the loops that the sources changed.
+	topoChanged chan struct{}
 	// inSince is when the first inbound stream this reconciler used was
 	// made (zero before its first set-up): one made again sources from it.
 	inSince time.Time
@@ -170,6 +181,9 @@ func (o *Options) validate() error {
 	if err := o.NATSAuth.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if o.TopologyPoll < 0 || (o.TopologyPoll > 0 && (o.TopologyPoll < topowatch.MinPoll || o.TopologyPoll > topowatch.MaxPoll)) {
+		errs = append(errs, fmt.Errorf("--region.topology-poll: must be in [%v, %v], got %v", topowatch.MinPoll, topowatch.MaxPoll, o.TopologyPoll))
+	}
 	if o.Interval < gossip.MinInterval || o.Interval > time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.Interval))
 	}
@@ -201,30 +215,97 @@ func New(opts Options) (*Reconciler, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	topo, err := region.Load(opts.TopologyFile)
+	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), added: map[string]time.Time{}, topoChanged: make(chan struct{}, 1)}
+	topo, err := topowatch.New(topowatch.Options{File: opts.TopologyFile, Region: opts.Region, Poll: opts.TopologyPoll,
+		Validate: r.validateTopology, OnSwitch: r.switchTopology, Logger: r.log}, reg)
+	if errors.Is(err, topowatch.ErrOwnRegionMissing) {
+		return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("--region.topology-file: %w", err)
 	}
-	if !topo.Has(opts.Region) {
-		return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
-	}
+	r.topo = topo
 	src, err := rulesource.New(rulesource.Options{File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
-		MaxRules: opts.MaxRules, ValidateRule: rules.HomesIn(topo)}, reg)
+		MaxRules: opts.MaxRules, ValidateRule: r.homesValid}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("--rules.file: %w", err)
 	}
-	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), rules: src, topo: topo}
-	for _, name := range topo.Names() {
-		if name != opts.Region {
-			r.sources = append(r.sources, name)
-		}
-	}
+	r.rules = src
+	r.sources = otherRegions(topo.Active(), opts.Region)
 	r.registry = reg
 	r.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if r.m, err = newMetrics(r.registry, opts.Region, r.sources); err != nil {
 		return nil, err
 	}
 	return r, nil
+}
+
+func otherRegions(topo *region.Topology, self string) []string {
+	var out []string
+	for _, name := range topo.Names() {
+		if name != self {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// homesValid checks a rule's home_keys against the topology in force and
+// the one pending.
+func (r *Reconciler) homesValid(rule *rules.Rule) error {
+	if err := rules.HomesIn(r.topo.Active())(rule); err != nil {
+		return err
+	}
+	if p := r.topo.Pending(); p != nil {
+		return rules.HomesIn(p)(rule)
+	}
+	return nil
+}
+
+// validateTopology checks the rules in force against a new topology.
+func (r *Reconciler) validateTopology(next *region.Topology) error {
+	check := rules.HomesIn(next)
+	for _, rule := range r.rules.Current().Rules() {
+		if err := check(rule); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// switchTopology makes the other regions of next the sources: a region
+// added is sourced into the inbound stream from now on (its past is not
+// debited here), with its consumers and loops; a removed one's loops stop.
+// The loops pick the change up (run).
+func (r *Reconciler) switchTopology(_, next *region.Topology) error {
+	sources := otherRegions(next, r.opts.Region)
+	now := time.Now()
+	r.srcMu.Lock()
+	for _, name := range sources {
+		if !slices.Contains(r.sources, name) {
+			r.added[name] = now
+			r.m.addSource(name)
+		}
+	}
+	for _, name := range r.sources {
+		if !slices.Contains(sources, name) {
+			r.m.removeSource(name)
+		}
+	}
+	r.sources = sources
+	r.srcMu.Unlock()
+	select {
+	case r.topoChanged <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// currentSources returns the sources and when each added at a switch was.
+func (r *Reconciler) currentSources() ([]string, map[string]time.Time) {
+	r.srcMu.Lock()
+	defer r.srcMu.Unlock()
+	return slices.Clone(r.sources), maps.Clone(r.added)
 }
 
 // Registry is the reconciler's metrics registry.
@@ -279,8 +360,10 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	r.cancel = stop
 	r.rules.UseNATS(r.nc)
 	r.wg.Go(func() { r.rules.Run(lctx) })
+	r.wg.Go(func() { r.topo.Run(lctx) })
 	r.wg.Go(func() { r.run(lctx) })
-	r.log.Info("reconciler started", "sources", strings.Join(r.sources, ","), "interval", r.opts.Interval)
+	sources, _ := r.currentSources()
+	r.log.Info("reconciler started", "sources", strings.Join(sources, ","), "interval", r.opts.Interval)
 	return nil
 }
 
@@ -360,14 +443,21 @@ func (r *Reconciler) run(ctx context.Context) {
 		lctx, lost := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		wg.Go(func() { r.relayLoop(lctx, st.relay) })
-		for _, src := range st.sources {
-			wg.Go(func() { r.applyLoop(lctx, src, src.apply, false) })
-			wg.Go(func() { r.retryLoop(lctx, src) })
+		loops := map[string]context.CancelFunc{}
+		startSource := func(src *source) {
+			sctx, stop := context.WithCancel(lctx)
+			loops[src.name] = stop
+			wg.Go(func() { r.applyLoop(sctx, src, src.apply, false) })
+			wg.Go(func() { r.retryLoop(sctx, src) })
 			if src.legacy != nil {
-				wg.Go(func() { r.applyLoop(lctx, src, src.legacy, true) })
+				wg.Go(func() { r.applyLoop(sctx, src, src.legacy, true) })
 			}
 		}
+		for _, src := range st.current() {
+			startSource(src)
+		}
 		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
+		r.follow(lctx, st, loops, startSource)
 		wg.Wait()
 		lost()
 		if ctx.Err() == nil {
@@ -376,11 +466,79 @@ func (r *Reconciler) run(ctx context.Context) {
 	}
 }
 
+// follow waits for ctx, setting the streams up again at each change of the
+// sources: the loops of a source added start, those of one removed stop
+// (its consumers stay: the reconciler may not delete them), and the others
+// go on undisturbed.
+func (r *Reconciler) follow(ctx context.Context, st *streams, loops map[string]context.CancelFunc, start func(*source)) {
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.topoChanged:
+		case <-retry:
+		}
+		retry = nil
+		next, err := r.setup(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.log.Warn("streams not set up for the new topology, retrying", "err", err)
+				retry = time.After(time.Second)
+			}
+			continue
+		}
+		var srcs []*source
+		for _, src := range next.sources {
+			if old := st.find(src.name); old != nil {
+				srcs = append(srcs, old)
+				continue
+			}
+			start(src)
+			srcs = append(srcs, src)
+			r.log.Info("source region added: its spends from now on are applied here", "source", src.name)
+		}
+		for name, stop := range loops {
+			if !slices.ContainsFunc(srcs, func(s *source) bool { return s.name == name }) {
+				stop()
+				delete(loops, name)
+				r.log.Info("source region removed: its spends are no longer applied here (its consumers stay)", "source", name)
+			}
+		}
+		st.set(srcs)
+	}
+}
+
 // streams are the consumers a reconciler reads, made by setup.
 type streams struct {
-	relay   jetstream.Consumer
-	retry   jetstream.Stream
+	relay jetstream.Consumer
+	retry jetstream.Stream
+	mu    sync.Mutex // guards sources, changed by follow
+	// sources are the regions applied here.
 	sources []*source
+}
+
+func (st *streams) current() []*source {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return slices.Clone(st.sources)
+}
+
+func (st *streams) set(srcs []*source) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.sources = srcs
+}
+
+func (st *streams) find(name string) *source {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	for _, s := range st.sources {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
 }
 
 // source is what this region reads of one other region.
@@ -464,8 +622,36 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		}
 		start = &since
 	}
-	for _, src := range r.sources {
-		in.Sources = append(in.Sources, &jetstream.StreamSource{Name: gossip.RegionStream(src), FilterSubject: gossip.RelaySubject(src), OptStartTime: start})
+	// An inbound stream that exists keeps its sources exactly as they are
+	// (an update that moved a source's start would make the server source
+	// it again from there); a region added is sourced from when it was
+	// added, and one removed stays (it is no longer applied: its loops
+	// stop), so that reconcilers of the region on different generations
+	// for a moment do not undo one another's updates.
+	sources, added := r.currentSources()
+	have, exists := map[string]bool{}, false
+	if cur, err := r.js.Stream(ctx, in.Name); err == nil {
+		exists = true
+		for _, src := range cur.CachedInfo().Config.Sources {
+			in.Sources = append(in.Sources, src)
+			have[src.Name+" "+src.FilterSubject] = true
+		}
+		if !legacy {
+			start = nil // set per source below
+		}
+	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
+	}
+	for _, src := range sources {
+		name, filter := gossip.RegionStream(src), gossip.RelaySubject(src)
+		if have[name+" "+filter] {
+			continue
+		}
+		from := start
+		if exists && !legacy {
+			from = r.sourceStart(added[src])
+		}
+		in.Sources = append(in.Sources, &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from})
 	}
 	if _, err := natsconn.EnsureStream(ctx, r.js, in); err != nil {
 		return nil, err
@@ -485,7 +671,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("consumer relay: %w", err)
 	}
-	for _, name := range r.sources {
+	for _, name := range sources {
 		src := &source{name: name, retryStream: st.retry}
 		// One message at a time, in order: see the package comment.
 		inOrder := jetstream.ConsumerConfig{
@@ -530,6 +716,20 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		r.inSince = info.CachedInfo().Created
 	}
 	return st, nil
+}
+
+// sourceStart is where a source missing from an existing inbound stream is
+// sourced from: when it was added at a switch, else (a reconciler started on
+// a topology that has it) the topology's effective_at when it has passed,
+// else now.
+func (r *Reconciler) sourceStart(added time.Time) *time.Time {
+	if added.IsZero() {
+		added = time.Now()
+		if at := r.topo.Active().EffectiveAt(); !at.IsZero() && at.Before(added) {
+			added = at
+		}
+	}
+	return &added
 }
 
 func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
@@ -822,7 +1022,7 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 		}
 		missing := gone(err)
-		for _, src := range st.sources {
+		for _, src := range st.current() {
 			var n float64
 			for _, c := range []jetstream.Consumer{src.apply, src.legacy} {
 				if c == nil {
@@ -933,15 +1133,27 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 		}
 	}
 	for _, src := range sources {
-		m.applied.WithLabelValues(src)
-		m.duplicates.WithLabelValues(src)
-		m.replays.WithLabelValues(src)
-		m.skipped.WithLabelValues(src)
-		m.invalid.WithLabelValues(src)
-		m.deferred.WithLabelValues(src)
-		m.retried.WithLabelValues(src)
-		m.retryBacklog.WithLabelValues(src)
-		m.backlog.WithLabelValues(src)
+		m.addSource(src)
 	}
 	return m, nil
+}
+
+// addSource makes the series of a source region.
+func (m *metrics) addSource(src string) {
+	m.applied.WithLabelValues(src)
+	m.duplicates.WithLabelValues(src)
+	m.replays.WithLabelValues(src)
+	m.skipped.WithLabelValues(src)
+	m.invalid.WithLabelValues(src)
+	m.deferred.WithLabelValues(src)
+	m.retried.WithLabelValues(src)
+	m.retryBacklog.WithLabelValues(src)
+	m.backlog.WithLabelValues(src)
+}
+
+// removeSource drops the gauges of a source region no longer applied (its
+// counters stay, as counted).
+func (m *metrics) removeSource(src string) {
+	m.retryBacklog.DeleteLabelValues(src)
+	m.backlog.DeleteLabelValues(src)
 }

@@ -39,6 +39,7 @@ type stack struct {
 	authDir  string // the identities' seeds (natsauth.Write)
 	interval time.Duration
 	regions  map[string]*regionStack
+	addrs    map[string]string // each region's limiterd
 	// recOpts, when set, changes each reconciler's options before New.
 	recOpts func(*Options)
 }
@@ -100,6 +101,14 @@ func (s *stack) natsURL(region string) string {
 
 func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
 	t.Helper()
+	return buildStackTopo(t, names, nil, rulesYAML, interval, reconcilers, startNATS)
+}
+
+// buildStackTopo is buildStack where region's daemons start on a topology
+// file of their own, of the regions topos[region] (all of them when it is
+// not set).
+func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
+	t.Helper()
 	s := &stack{t: t, names: names, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
 	ids, err := natsauth.Write(s.authDir, names)
@@ -120,14 +129,15 @@ func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Du
 		s.regions[name] = &regionStack{name: name, cluster: c, redis: rc}
 	}
 	// The topology names each limiterd's address, so pick them first.
-	addrs := map[string]string{}
-	var topo strings.Builder
-	topo.WriteString("regions:\n")
+	s.addrs = map[string]string{}
 	for _, name := range names {
-		addrs[name] = freeAddr(t)
-		fmt.Fprintf(&topo, "  - name: %s\n    limiter_address: %s\n", name, addrs[name])
+		s.addrs[name] = freeAddr(t)
 	}
-	writeFile(t, s.dir, "topology.yml", topo.String())
+	writeFile(t, s.dir, "topology.yml", s.topology(0, time.Time{}, names...))
+	for name, regions := range topos {
+		writeFile(t, s.dir, "topology-"+name+".yml", s.topology(1, time.Time{}, regions...))
+	}
+	addrs := s.addrs
 	secret := testenv.SecretFile(t)
 	for _, name := range names {
 		r := s.regions[name]
@@ -137,7 +147,7 @@ func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Du
 		}
 		d, err := limiterd.New(limiterd.Options{
 			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
-			TopologyFile: filepath.Join(s.dir, "topology.yml"), ForwardTimeout: time.Second, PeerSecretFile: secret,
+			TopologyFile: s.topologyFile(name), TopologyPoll: 100 * time.Millisecond, ForwardTimeout: time.Second, PeerSecretFile: secret,
 			RulesFile: filepath.Join(s.dir, "rules.yml"), RedisAddrs: r.cluster.Addrs(), RedisTimeout: time.Second,
 			Region: name, NATSURL: s.natsURL(name), GossipInterval: interval, Instance: "limiterd-" + name,
 			NATSAuth: s.auth("limiterd-" + name), AdminNATSAuth: admin,
@@ -169,12 +179,36 @@ func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Du
 
 func (s *stack) reconcilerOptions(region string) Options {
 	return Options{
-		Region: region, TopologyFile: filepath.Join(s.dir, "topology.yml"), RulesFile: filepath.Join(s.dir, "rules.yml"),
+		Region: region, TopologyFile: s.topologyFile(region), TopologyPoll: 100 * time.Millisecond, RulesFile: filepath.Join(s.dir, "rules.yml"),
 		NATSURL: s.natsURL(region), RedisAddrs: s.regions[region].cluster.Addrs(), Interval: s.interval, StreamReplicas: s.replicas,
 		AckWait: time.Second, StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0",
 		NATSAuth: s.auth("reconciler-" + region),
 		Logger:   quiet().With("component", "reconciler", "region", region),
 	}
+}
+
+// topology is a topology file of generation gen over regions, effective at
+// at (zero: none).
+func (s *stack) topology(gen int, at time.Time, regions ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "generation: %d\n", gen)
+	if !at.IsZero() {
+		fmt.Fprintf(&b, "effective_at: %s\n", at.UTC().Format(time.RFC3339Nano))
+	}
+	b.WriteString("regions:\n")
+	for _, name := range regions {
+		fmt.Fprintf(&b, "  - name: %s\n    limiter_address: %s\n", name, s.addrs[name])
+	}
+	return b.String()
+}
+
+// topologyFile is region's topology file: its own when it has one.
+func (s *stack) topologyFile(region string) string {
+	own := filepath.Join(s.dir, "topology-"+region+".yml")
+	if _, err := os.Stat(own); err == nil {
+		return own
+	}
+	return filepath.Join(s.dir, "topology.yml")
 }
 
 // startReconciler starts one more reconciler in region.

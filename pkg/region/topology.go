@@ -3,11 +3,17 @@
 // A topology file lists the regions and the gRPC address of each region's
 // limiterd:
 //
+//	generation: 2                      # optional, default 0
+//	effective_at: 2026-05-01T12:00:00Z # optional, RFC 3339
 //	regions:
 //	  - name: us-east
 //	    limiter_address: 127.0.0.1:8081
 //	  - name: eu-west
 //	    limiter_address: 127.0.0.1:8082
+//
+// A file replaced at run time must raise generation to change the regions
+// or their addresses ([Topology.CheckNext]); effective_at is the instant
+// every process switches to it, each by its own clock.
 //
 // Every process of a deployment loads the same set of regions, maybe listed in
 // a different order, and [Topology.Home] gives each of them the same home
@@ -25,6 +31,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"go.yaml.in/yaml/v3"
@@ -91,10 +98,12 @@ func (r Region) validate() error {
 // for concurrent use. The zero value has no regions: Home returns "" for
 // every key not in the explicit map; use [Load], [Parse] or [New] to build one.
 type Topology struct {
-	regions []Region       // file order
-	byName  map[string]int // name -> index in regions
-	names   []string       // sorted
-	seeds   []uint64       // seeds[i]: FNV-1a state after names[i] + "\x00"
+	generation  uint64
+	effectiveAt time.Time
+	regions     []Region       // file order
+	byName      map[string]int // name -> index in regions
+	names       []string       // sorted
+	seeds       []uint64       // seeds[i]: FNV-1a state after names[i] + "\x00"
 }
 
 // Regions returns the regions in file order. The caller may modify the
@@ -120,8 +129,98 @@ func (t *Topology) Has(name string) bool {
 	return ok
 }
 
+// Generation is the file's generation (0 when it has none). A later file
+// that changes the regions or their addresses must have a higher one.
+func (t *Topology) Generation() uint64 { return t.generation }
+
+// EffectiveAt is the instant the topology takes effect, as the file's
+// effective_at gives it; the zero time when it has none (at once).
+func (t *Topology) EffectiveAt() time.Time { return t.effectiveAt }
+
+// SameRegions reports whether t and o have the same regions with the same
+// addresses, in any order.
+func (t *Topology) SameRegions(o *Topology) bool {
+	if len(t.regions) != len(o.regions) {
+		return false
+	}
+	for _, r := range t.regions {
+		if or, ok := o.Region(r.Name); !ok || or != r {
+			return false
+		}
+	}
+	return true
+}
+
+// Errors of [Topology.CheckNext]; both wrap [ErrInvalid].
+var (
+	// ErrGenerationLower: a topology whose generation is lower than the one
+	// it would replace.
+	ErrGenerationLower = fmt.Errorf("%w: generation lower than the one in force", ErrInvalid)
+	// ErrGenerationNotRaised: a topology that changes the regions or their
+	// addresses and keeps the generation of the one it would replace.
+	ErrGenerationNotRaised = fmt.Errorf("%w: regions changed without a higher generation", ErrInvalid)
+)
+
+// CheckNext reports whether next may replace t: its generation is not
+// lower, and it is higher if the regions or their addresses differ. The
+// error names the field and wraps ErrGenerationLower or
+// ErrGenerationNotRaised.
+func (t *Topology) CheckNext(next *Topology) error {
+	switch {
+	case next.generation < t.generation:
+		return fmt.Errorf("%w: generation: %d is lower than %d", ErrGenerationLower, next.generation, t.generation)
+	case next.generation == t.generation && !t.SameRegions(next):
+		return fmt.Errorf("%w: generation: %d, as before, but regions differ (%s); raise generation to change them",
+			ErrGenerationNotRaised, next.generation, t.diff(next))
+	}
+	return nil
+}
+
+// diff says how next's regions differ from t's, for errors and logs.
+func (t *Topology) diff(next *Topology) string {
+	var parts []string
+	for _, r := range next.regions {
+		if old, ok := t.Region(r.Name); !ok {
+			parts = append(parts, r.Name+" added")
+		} else if old.LimiterAddress != r.LimiterAddress {
+			parts = append(parts, r.Name+".limiter_address changed")
+		}
+	}
+	for _, r := range t.regions {
+		if !next.Has(r.Name) {
+			parts = append(parts, r.Name+" removed")
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
 type file struct {
-	Regions []Region `yaml:"regions"`
+	// Generation and EffectiveAt are decoded by hand, so that their errors
+	// name them.
+	Generation  yaml.Node `yaml:"generation"`
+	EffectiveAt yaml.Node `yaml:"effective_at"`
+	Regions     []Region  `yaml:"regions"`
+}
+
+// header decodes the generation and effective_at of f.
+func (f *file) header() (gen uint64, at time.Time, err error) {
+	if f.Generation.Kind != 0 {
+		var n int64
+		if f.Generation.Kind != yaml.ScalarNode || f.Generation.Tag != "!!int" || f.Generation.Decode(&n) != nil || n < 0 {
+			return 0, time.Time{}, fmt.Errorf("%w: generation: %q is not a non-negative integer", ErrInvalid, f.Generation.Value)
+		}
+		gen = uint64(n)
+	}
+	if f.EffectiveAt.Kind != 0 {
+		var s string
+		if f.EffectiveAt.Kind != yaml.ScalarNode || f.EffectiveAt.Decode(&s) != nil {
+			return 0, time.Time{}, fmt.Errorf("%w: effective_at: not an RFC 3339 time", ErrInvalid)
+		}
+		if at, err = time.Parse(time.RFC3339, s); err != nil {
+			return 0, time.Time{}, fmt.Errorf("%w: effective_at: %q is not an RFC 3339 time (2026-05-01T12:00:00Z)", ErrInvalid, s)
+		}
+	}
+	return gen, at, nil
 }
 
 // Load reads and validates a topology file.
@@ -151,15 +250,20 @@ func Parse(name string, data []byte) (*Topology, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%s: %w: more than one YAML document", name, ErrInvalid)
 	}
+	gen, at, err := f.header()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	t, err := New(f.Regions)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
+	t.generation, t.effectiveAt = gen, at
 	return t, nil
 }
 
-// New builds a topology from regions, validated as [Parse] does. It copies
-// regions; errors wrap [ErrInvalid].
+// New builds a topology of generation 0 from regions, validated as [Parse]
+// does. It copies regions; errors wrap [ErrInvalid].
 func New(regions []Region) (*Topology, error) {
 	if len(regions) == 0 {
 		return nil, fmt.Errorf("%w: regions: no regions", ErrInvalid)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestTestdata(t *testing.T) {
@@ -67,6 +68,12 @@ func TestErrorsNameRegionAndField(t *testing.T) {
 		{"no regions", "no-regions.bad.yml", "invalid topology: regions: no regions"},
 		{"two documents", "two-documents.bad.yml", "more than one YAML document"},
 		{"wrong type", "wrong-type.bad.yml", "cannot unmarshal"},
+		{"negative generation", "negative-generation.bad.yml", `generation: "-1" is not a non-negative integer`},
+		{"generation a word", "word-generation.bad.yml", `generation: "two" is not a non-negative integer`},
+		{"generation a fraction", "fraction-generation.bad.yml", `generation: "1.5" is not a non-negative integer`},
+		{"effective_at not a time", "bad-effective-at.bad.yml", `effective_at: "tomorrow" is not an RFC 3339 time`},
+		{"effective_at without a zone", "no-zone-effective-at.bad.yml", `effective_at: "2026-05-01 12:00" is not an RFC 3339 time`},
+		{"effective_at a list", "list-effective-at.bad.yml", `effective_at: not an RFC 3339 time`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -259,4 +266,70 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("Home = %q, not a region of the topology", h)
 		}
 	})
+}
+
+// TestGenerationAndEffectiveAt: the header fields are read, and default to
+// generation 0 and no instant.
+func TestGenerationAndEffectiveAt(t *testing.T) {
+	topo, err := Load("testdata/generation.good.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	if topo.Generation() != 3 || !topo.EffectiveAt().Equal(want) {
+		t.Fatalf("generation %d, effective_at %v; want 3, %v", topo.Generation(), topo.EffectiveAt(), want)
+	}
+	topo, err = Load("testdata/minimal.good.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if topo.Generation() != 0 || !topo.EffectiveAt().IsZero() {
+		t.Fatalf("generation %d, effective_at %v; want 0 and none", topo.Generation(), topo.EffectiveAt())
+	}
+}
+
+// TestCheckNext: a replacement may not lower the generation, and must raise
+// it to change the regions or their addresses.
+func TestCheckNext(t *testing.T) {
+	parse := func(s string) *Topology {
+		t.Helper()
+		topo, err := Parse("t.yml", []byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return topo
+	}
+	ab := "regions:\n  - {name: a, limiter_address: 'h:1'}\n  - {name: b, limiter_address: 'h:2'}\n"
+	ba := "regions:\n  - {name: b, limiter_address: 'h:2'}\n  - {name: a, limiter_address: 'h:1'}\n"
+	abc := ab + "  - {name: c, limiter_address: 'h:3'}\n"
+	moved := "regions:\n  - {name: a, limiter_address: 'h:1'}\n  - {name: b, limiter_address: 'h:9'}\n"
+	cur := parse("generation: 2\n" + ab)
+	tests := []struct {
+		name  string
+		next  string
+		want  error
+		field string
+	}{
+		{"same file", "generation: 2\n" + ab, nil, ""},
+		{"same regions in another order", "generation: 2\n" + ba, nil, ""},
+		{"same regions, new effective_at", "generation: 2\neffective_at: 2026-01-01T00:00:00Z\n" + ab, nil, ""},
+		{"same regions, higher generation", "generation: 3\n" + ab, nil, ""},
+		{"region added, higher generation", "generation: 3\n" + abc, nil, ""},
+		{"region added, same generation", "generation: 2\n" + abc, ErrGenerationNotRaised, "c added"},
+		{"address changed, same generation", "generation: 2\n" + moved, ErrGenerationNotRaised, "b.limiter_address changed"},
+		{"region removed, same generation", "generation: 2\nregions:\n  - {name: a, limiter_address: 'h:1'}\n", ErrGenerationNotRaised, "b removed"},
+		{"lower generation", "generation: 1\n" + ab, ErrGenerationLower, "generation: 1 is lower than 2"},
+		{"no generation", ab, ErrGenerationLower, "generation: 0 is lower than 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := cur.CheckNext(parse(tt.next))
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("CheckNext = %v, want %v", err, tt.want)
+			}
+			if err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "generation: ") || !strings.Contains(err.Error(), tt.field)) {
+				t.Fatalf("CheckNext = %v, want it to wrap ErrInvalid and name generation and %q", err, tt.field)
+			}
+		})
+	}
 }

@@ -88,9 +88,15 @@ type PeerDecideRequest struct {
 	// The region that forwards the check; it must be in the topology.
 	OriginRegion string `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
 	// 1 to 64 items, each a distinct (rule_id, key).
-	Items         []*PeerItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Items []*PeerItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	// The generation of the sender's topology in force (0: none, or a sender
+	// older than generations). A home with an older one reads its topology
+	// file again at once; a home with a newer one under which a key is homed
+	// elsewhere refuses the check with FAILED_PRECONDITION, naming its
+	// generation and the key's home, and decides nothing.
+	TopologyGeneration uint64 `protobuf:"varint,3,opt,name=topology_generation,json=topologyGeneration,proto3" json:"topology_generation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *PeerDecideRequest) Reset() {
@@ -135,6 +141,13 @@ func (x *PeerDecideRequest) GetItems() []*PeerItem {
 		return x.Items
 	}
 	return nil
+}
+
+func (x *PeerDecideRequest) GetTopologyGeneration() uint64 {
+	if x != nil {
+		return x.TopologyGeneration
+	}
+	return 0
 }
 
 type PeerDecideResponse struct {
@@ -308,10 +321,11 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\bPeerItem\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x01R\x04cost\"d\n" +
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\"\x95\x01\n" +
 	"\x11PeerDecideRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
-	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\"\x86\x01\n" +
+	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\x12/\n" +
+	"\x13topology_generation\x18\x03 \x01(\x04R\x12topologyGeneration\"\x86\x01\n" +
 	"\x12PeerDecideResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x122\n" +
 	"\bstatuses\x18\x02 \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\"\n" +
