@@ -11,14 +11,14 @@ import (
 type op int
 
 const (
-	opScript op = iota // a check of one rule
-	opMulti            // an all-or-nothing check of one client's rules
-	opUndo             // the undo of a refused all-or-nothing check
-	opDebit            // other regions' spends
-	opRefund           // leased tokens given back
-	opAcquire          // leases of concurrency rules taken
-	opRelease          // leases given back
-	opRenew            // leases extended
+	opScript  op = iota // a check of one rule
+	opMulti             // an all-or-nothing check of one client's rules
+	opUndo              // the undo of a refused all-or-nothing check
+	opDebit             // other regions' spends
+	opRefund            // leased tokens given back
+	opAcquire           // leases of concurrency rules taken
+	opRelease           // leases given back
+	opRenew             // leases extended
 	numOps
 )
 
