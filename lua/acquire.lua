@@ -22,7 +22,7 @@ for i = 1, #KEYS do
     local exp = now + tonumber(ARGV[2 * i + 1])
     redis.call('ZADD', key, fmt_int(exp), member)
     if not held[i] then counts[i] = counts[i] + 1 end
-    leases_expire(key, now)
+    leases_expire(key, exp, now)
     out[#out + 1] = 1
     out[#out + 1] = counts[i]
     out[#out + 1] = exp

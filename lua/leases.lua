@@ -14,9 +14,13 @@ local function leases_trim(key, now)
   return redis.call('ZCARD', key)
 end
 
--- Sets the key's expiry to that of its latest lease.
-local function leases_expire(key, now)
-  local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if #last == 0 then return end
-  redis.call('PEXPIRE', key, fmt_int(math.ceil((tonumber(last[2]) - now) / 1000) + EXPIRY_PAD_MS))
+-- Makes the key last at least until exp (µs), the expiry of the lease
+-- just taken or renewed: no lease held expires later than the latest one
+-- taken or renewed, so the key outlives its leases, and an expiry is never
+-- shortened (PTTL is -1 for a key just made, without one).
+local function leases_expire(key, exp, now)
+  local ms = math.ceil((exp - now) / 1000) + EXPIRY_PAD_MS
+  if redis.call('PTTL', key) < ms then
+    redis.call('PEXPIRE', key, fmt_int(ms))
+  end
 end

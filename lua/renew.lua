@@ -11,7 +11,7 @@ for i = 1, #KEYS do
   if redis.call('ZSCORE', key, member) then
     local exp = now + tonumber(ARGV[1 + i])
     redis.call('ZADD', key, 'XX', fmt_int(exp), member)
-    leases_expire(key, now)
+    leases_expire(key, exp, now)
     out[#out + 1] = 1
     out[#out + 1] = n
     out[#out + 1] = exp
