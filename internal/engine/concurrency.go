@@ -161,6 +161,19 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, id *leaseID) (bool, e
 	} else {
 		ds, err = e.leaseStore.Acquire(ctx, reqs, id.member())
 	}
+	var me *bucket.MultiError
+	if err != nil && errors.As(err, &me) && len(me.Errs) == len(reqs) && len(ds) == len(reqs) {
+		// Some clients' leases were decided: a refusal among them refuses
+		// (the store gave back whatever the others took).
+		for i, it := range c.held {
+			if me.Errs[i] == nil && !ds[i].Allowed {
+				it.route = routeStore
+				it.Decision = bucket.Decision{Limit: float64(it.e.leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
+				it.e.lease[eventRefused].Inc()
+				return false, nil
+			}
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return false, ctx.Err()

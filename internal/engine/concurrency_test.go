@@ -293,3 +293,41 @@ func TestAbandonedLeaseExpires(t *testing.T) {
 		t.Fatalf("lease events = %v, want at least 3 acquired, 1 refused, 2 expired", got)
 	}
 }
+
+// partStore fails the lease acquire of one key and refuses another's, as a
+// store whose clients live on two nodes, one down, would.
+type partStore struct{ *faultStore }
+
+func (s partStore) Acquire(ctx context.Context, reqs []bucket.LeaseRequest, member string) ([]bucket.LeaseDecision, error) {
+	ds := make([]bucket.LeaseDecision, len(reqs))
+	errs := make([]error, len(reqs))
+	for i, r := range reqs {
+		if strings.HasSuffix(r.Key, ":down") {
+			errs[i] = errors.New("connection refused")
+		} else {
+			ds[i] = bucket.LeaseDecision{Limit: r.Limit.Limit, InFlight: r.Limit.Limit, RetryAfter: time.Second}
+		}
+	}
+	return ds, &bucket.MultiError{Errs: errs}
+}
+
+// A refusal decided by one client's slot refuses the Acquire even when
+// another client's slot failed: the fallback never admits what the store
+// refused.
+func TestAcquirePartlyDecidedRefuses(t *testing.T) {
+	set, err := rules.Parse("r.yml", []byte("rules:\n  - {id: u, algorithm: concurrency, limit: 1, key_by: user, match: {path: /x}}\n  - {id: k, algorithm: concurrency, limit: 1, key_by: api_key, match: {path: /x}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Store: partStore{newFaultStore()}, Region: "local", Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok, l, c, err := acquireAttrs(t, e, &rules.Attributes{User: "down", APIKey: "full", Path: "/x"})
+	if ok || l != nil || err != nil {
+		t.Fatalf("acquire = %v, %v, %v; want refused", ok, l, err)
+	}
+	if e.fallback.Bytes() != 0 || c.Leases()[1].Decision.Allowed {
+		t.Fatalf("the fallback took a lease (%d bytes), or k reported allowed", e.fallback.Bytes())
+	}
+}
