@@ -101,6 +101,26 @@ func withAll(clock Clock, main string) string {
 // own functions, so it is composed like Multi.
 func Refund(clock Clock) string { return withAll(clock, "refund") }
 
+// Lease operations of concurrency rules, one script each.
+const (
+	LeaseAcquire = "acquire"
+	LeaseRelease = "release"
+	LeaseRenew   = "renew"
+)
+
+// Lease returns the script of a lease operation of concurrency rules
+// (LeaseAcquire, LeaseRelease or LeaseRenew; see leases.lua and the
+// operation's file for keys, arguments and reply): a clock, lib, the lease
+// helpers and the operation.
+func Lease(op string, clock Clock) string {
+	switch op {
+	case LeaseAcquire, LeaseRelease, LeaseRenew:
+	default:
+		panic("lua: no lease operation " + op)
+	}
+	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("leases") + mustRead(op)
+}
+
 func clockFile(c Clock) string {
 	if c == FixedClock {
 		return "clock_fixed"

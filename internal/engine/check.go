@@ -47,6 +47,9 @@ type Item struct {
 	// probe: this check is the deny cache's one probe of the bucket;
 	// remembered: the check put a denial of it in the deny cache.
 	probe, remembered bool
+	// expires is, for a concurrency rule's item of an allowed Acquire,
+	// when its lease expires.
+	expires time.Time
 }
 
 // Limit is the rule's limit.
@@ -82,6 +85,10 @@ type Check struct {
 	ts       *topoState
 	rerouted bool
 	sent     int64
+	// acquire: an Acquire (NewAcquire), whose concurrency rules are held
+	// as leases; held are those rules' items.
+	acquire bool
+	held    []*Item
 }
 
 // NewCheck starts a check under the rules in force now.
@@ -121,6 +128,17 @@ func (c *Check) addRule(ruleID, key string, cost float64) (*Item, error) {
 	}
 	if err := bucket.ValidateKey(key); err != nil {
 		return nil, invalid("key", "key: %w", err)
+	}
+	switch {
+	case en.rule.Concurrent() && !c.acquire:
+		return nil, concurrencyCheckError("rule_id", "rule_id: ", ruleID)
+	case en.rule.Concurrent():
+		if cost != 0 && cost != 1 {
+			return nil, invalid("cost", "cost: rule %s counts each request once: cost must be 0 or 1, got %v", quote(ruleID), cost)
+		}
+		return c.addLease(en, key)
+	case c.acquire:
+		return nil, invalid("rule_id", "rule_id: rule %s: %w: call Check", quote(ruleID), ErrNotConcurrency)
 	}
 	cost, err := en.limit.NormalizeCost(cost)
 	if err != nil {
@@ -177,6 +195,16 @@ func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, sh
 			return nil, nil, invalid("attributes", "attributes: rule %q: %w", r.ID, err)
 		}
 		en := c.t.byID[r.ID]
+		if r.Concurrent() {
+			if !c.acquire {
+				return nil, nil, concurrencyCheckError("attributes", "attributes: ", r.ID)
+			}
+			// A lease is one request in flight, whatever the cost.
+			if _, err := c.addLease(en, key); err != nil {
+				return nil, nil, err
+			}
+			continue
+		}
 		cost, err := en.limit.NormalizeCost(r.Cost * reqCost)
 		if err != nil {
 			return nil, nil, invalid("cost", "cost: rule %q: %w", r.ID, err)

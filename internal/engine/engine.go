@@ -139,6 +139,9 @@ type Options struct {
 	// region (at least 1); a fail-open rule whose store is down decides
 	// with limit / FleetSize(). Nil: 1.
 	FleetSize func() int
+	// Leases holds the leases of concurrency rules; nil: Store, when it is
+	// a bucket.LeaseStore (redisstore.Store and bucket.Memory are).
+	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends SpendRecorder
 	// Logger defaults to slog.Default().
@@ -160,8 +163,12 @@ type Engine struct {
 	fwdTO    time.Duration
 	fleet    func() int
 	spends   SpendRecorder
-	log      *slog.Logger
-	m        *metrics
+	// leaseStore holds the leases of concurrency rules; inflight counts
+	// those this instance granted.
+	leaseStore bucket.LeaseStore
+	inflight   *inflight
+	log        *slog.Logger
+	m          *metrics
 	// refunds are the home-region refunds still under way.
 	refunds sync.WaitGroup
 }
@@ -197,6 +204,20 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	for name := range opts.Homes {
 		m.stale.WithLabelValues(name)
 	}
+	e.leaseStore = opts.Leases
+	if e.leaseStore == nil {
+		e.leaseStore, _ = opts.Store.(bucket.LeaseStore)
+	}
+	e.inflight = newInflight(func() []*entry {
+		var out []*entry
+		t := e.table.Load()
+		for _, r := range t.set.Rules() {
+			if r.Concurrent() {
+				out = append(out, t.byID[r.ID])
+			}
+		}
+		return out
+	}, m.untracked)
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_lease_keys",
@@ -207,6 +228,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 			Help: "Checks of lease rules decided without a lease because the lease table was full.",
 		}, func() float64 { return float64(e.leases.Full()) }),
 	}
+	sizes = append(sizes, e.inflight)
 	sizes = append(sizes, MemoryCollectors(e.fallback, "fallback")...)
 	if e.deny != nil {
 		dc := e.deny

@@ -36,6 +36,10 @@ type entry struct {
 	// denyHits count checks refused by the deny cache; leased those
 	// admitted from this instance's lease.
 	denyHits, leased prometheus.Counter
+	// leases is a concurrency rule's limit; lease its lease counters,
+	// by event.
+	leases bucket.LeaseLimit
+	lease  map[string]prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
@@ -67,9 +71,19 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 		}
 		lim := r.Bucket()
 		m.ruleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
-		m.ruleRate.WithLabelValues(r.ID).Set(SustainedRate(lim))
+		if !r.Concurrent() {
+			m.ruleRate.WithLabelValues(r.ID).Set(SustainedRate(lim))
+		}
 		id := r.ID
+		var lease map[string]prometheus.Counter
+		if r.Concurrent() {
+			lease = make(map[string]prometheus.Counter, len(leaseEvents))
+			for _, ev := range leaseEvents {
+				lease[ev] = m.leases.WithLabelValues(id, ev)
+			}
+		}
 		t.byID[id] = &entry{
+			leases: r.Leases(), lease: lease,
 			rule: r, limit: lim, regional: share(lim, regions),
 			reconciled: r.Reconciled(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
 			allowed: d.WithLabelValues(id, resultAllowed), limited: d.WithLabelValues(id, resultLimited),
@@ -99,6 +113,8 @@ type metrics struct {
 	refunds      *prometheus.CounterVec
 	stale        *prometheus.CounterVec
 	duration     prometheus.Histogram
+	leases       *prometheus.CounterVec
+	untracked    prometheus.Counter
 }
 
 // Invalid counts a request a front door refused as invalid before its
@@ -110,7 +126,7 @@ func (e *Engine) Observe(seconds float64) { e.m.duration.Observe(seconds) }
 
 // forget removes the series of a rule no longer in force.
 func (m *metrics) forget(rule string) {
-	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded} {
+	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded, m.leases} {
 		v.DeletePartialMatch(prometheus.Labels{"rule": rule})
 	}
 	for _, v := range []*prometheus.CounterVec{m.admittedCost, m.denyHits, m.leased} {
@@ -166,6 +182,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_topology_stale_total",
 			Help: "Forwards a key's home region refused because its topology is newer and homes the key elsewhere, by the region that refused (the check is routed again once when the topology file read again is newer too, else its rule's on_failure decides).",
 		}, []string{"peer"}),
+		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_concurrency_leases_total",
+			Help: "Leases of concurrency rules, by rule and event: acquired (fallback_acquired: of them, held in this instance's fallback while the store failed), refused (the limit was reached), released, expired (granted here and neither released nor renewed through this instance in time), renewed, renew_gone (a renewal of a lease already gone), error (a fail-closed refusal or a store failure).",
+		}, []string{"rule", "event"}),
+		untracked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_concurrency_untracked_total",
+			Help: "Leases granted but left out of limiter_concurrency_leases_in_flight: this instance already tracked the most it tracks.",
+		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",
 			Help:    "Time to decide one check inside limiterd.",
@@ -173,12 +197,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.leased,
-		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration} {
+		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration, m.leases, m.untracked} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, f := range []string{"rule_id", "key", "cost", "attributes"} {
+	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id"} {
 		m.invalid.WithLabelValues(f)
 	}
 	for _, r := range []string{"ok", "error"} {

@@ -28,6 +28,8 @@ const helperEnv = "LIMITERD_TEST_HELPER"
 // its client processes and CPU burners. Run directly, it does nothing.
 func TestHelperProcess(t *testing.T) {
 	switch os.Getenv(helperEnv) {
+	case "leases", "hold":
+		leaseHelper(os.Getenv(helperEnv))
 	case "check":
 		// Connect, wait for the start line on stdin, check once, print.
 		cc := dial(t, os.Getenv("LIMITERD_ADDR"))

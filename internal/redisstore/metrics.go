@@ -11,20 +11,24 @@ import (
 type op int
 
 const (
-	opScript op = iota // a check of one rule
-	opMulti            // an all-or-nothing check of one client's rules
-	opUndo             // the undo of a refused all-or-nothing check
-	opDebit            // other regions' spends
-	opRefund           // leased tokens given back
+	opScript  op = iota // a check of one rule
+	opMulti             // an all-or-nothing check of one client's rules
+	opUndo              // the undo of a refused all-or-nothing check
+	opDebit             // other regions' spends
+	opRefund            // leased tokens given back
+	opAcquire           // leases of concurrency rules taken
+	opRelease           // leases given back
+	opRenew             // leases extended
 	numOps
 )
 
-var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund"}
+var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew"}
 
 type metrics struct {
 	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
 	multiDuration  prometheus.Observer
 	debitDuration  prometheus.Observer
+	leaseDuration  [3]prometheus.Observer // acquire, release, renew
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
 	outcomeUnknown prometheus.Counter
@@ -87,6 +91,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
 		overloaded: overloaded, outcomeUnknown: unknown, slowReplies: slow, up: up,
 		batchSize: batch, breakersOpen: open, breakerTransitions: trans,
+	}
+	for i, o := range []op{opAcquire, opRelease, opRenew} {
+		m.leaseDuration[i] = dur.WithLabelValues(opNames[o])
 	}
 	for i, a := range scriptAlgorithms {
 		m.scriptDuration[i] = dur.WithLabelValues(string(a))

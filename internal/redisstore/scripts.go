@@ -27,6 +27,12 @@ var (
 	debitScript  = redis.NewScript(lua.Debit(lua.StoreClock))
 	refundScript = redis.NewScript(lua.Refund(lua.StoreClock))
 	seenScript   = redis.NewScript(lua.Seen())
+	// The lease operations of concurrency rules: acquire, release, renew.
+	leaseScripts = [3]*redis.Script{
+		redis.NewScript(lua.Lease(lua.LeaseAcquire, lua.StoreClock)),
+		redis.NewScript(lua.Lease(lua.LeaseRelease, lua.StoreClock)),
+		redis.NewScript(lua.Lease(lua.LeaseRenew, lua.StoreClock)),
+	}
 )
 
 var scriptAlgorithms = [...]bucket.Algorithm{bucket.TokenBucket, bucket.GCRA, bucket.SlidingWindow, bucket.SlidingLog, bucket.FixedWindow}
@@ -42,7 +48,8 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script Load puts on a node.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript)
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript,
+		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }
 
 // loadScripts loads every script on one node, so checks run by hash.

@@ -81,11 +81,17 @@ type Rule struct {
 	// shared bucket in one call and hand them out locally (token_bucket
 	// and gcra only): for trusted high-rate clients.
 	Lease float64 `yaml:"lease"`
+	// LeaseTTL is the length of a concurrency rule's lease (default
+	// DefaultLeaseTTL): one neither released nor renewed within it
+	// expires and its slot comes back. Not "lease", which is the tokens a
+	// token_bucket or gcra rule leases per store call.
+	LeaseTTL Duration `yaml:"lease_ttl"`
 	// HomeKeys pins keys to regions explicitly; other keys of a pinned
 	// rule go to a stable hash of the key over the regions.
 	HomeKeys map[string]string `yaml:"home_keys"`
 
 	limit  bucket.Limit
+	leases bucket.LeaseLimit
 	source string
 	// yaml is the rule marshalled once it is valid: a set's digest reads
 	// every rule's YAML, and marshalling each again on every change made a
@@ -117,11 +123,27 @@ func (r *Rule) Pinned() bool { return r.Home == HomePinned }
 
 // Reconciled reports whether the rule's spends go to the other regions:
 // never for a pinned rule, whose only state is in the home region.
-func (r *Rule) Reconciled() bool { return !r.Pinned() && (r.Reconcile == nil || *r.Reconcile) }
+func (r *Rule) Reconciled() bool {
+	return !r.Pinned() && !r.Concurrent() && (r.Reconcile == nil || *r.Reconcile)
+}
+
+// Concurrent reports whether the rule counts requests in flight
+// (algorithm concurrency): it is held by leases (Acquire, Release, Renew),
+// never spent by a Check.
+func (r *Rule) Concurrent() bool { return r.Algorithm == bucket.Concurrency }
+
+// Leases is a concurrency rule's validated limit and lease length.
+func (r *Rule) Leases() bucket.LeaseLimit { return r.leases }
+
+// DefaultLeaseTTL is the lease length of a concurrency rule without lease_ttl.
+const DefaultLeaseTTL = 30 * time.Second
+
+// algorithms are the values of algorithm: the rate algorithms and concurrency.
+var algorithms = append(bucket.Algorithms[:len(bucket.Algorithms):len(bucket.Algorithms)], bucket.Concurrency)
 
 func algorithmNames() []string {
-	names := make([]string, len(bucket.Algorithms))
-	for i, a := range bucket.Algorithms {
+	names := make([]string, len(algorithms))
+	for i, a := range algorithms {
 		names[i] = string(a)
 	}
 	return names
@@ -355,7 +377,7 @@ func (r *Rule) validate(n *yaml.Node) error {
 	if !idPattern.MatchString(r.ID) {
 		return fieldErrorf("id", "must match %s", idPattern)
 	}
-	if err := choice("algorithm", r.Algorithm, bucket.Algorithms...); err != nil {
+	if err := choice("algorithm", r.Algorithm, algorithms...); err != nil {
 		return err
 	}
 	if r.Algorithm == "" {
@@ -397,6 +419,12 @@ func (r *Rule) validate(n *yaml.Node) error {
 			return fieldErrorf("home_keys", "%q is not a region name", reg)
 		}
 	}
+	if r.Concurrent() {
+		return r.validateConcurrency(*capacity, field)
+	}
+	if r.LeaseTTL != 0 {
+		return fieldErrorf("lease_ttl", "only a concurrency rule has a lease length, not %s", r.Algorithm)
+	}
 	if r.Lease != 0 {
 		if r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA {
 			return fieldErrorf("lease", "only token_bucket and gcra rules lease tokens, not %s", r.Algorithm)
@@ -434,6 +462,58 @@ func (r *Rule) validate(n *yaml.Node) error {
 		return fieldError(field, err)
 	}
 	return r.validateCost(r.limit)
+}
+
+// validateConcurrency checks the fields of a concurrency rule, whose
+// limit (given as limit or capacity, named by field) is already read.
+func (r *Rule) validateConcurrency(limit float64, field string) error {
+	switch {
+	case r.RefillPerSecond != 0:
+		return fieldError("refill_per_second", errors.New("not a parameter of a concurrency rule: it counts requests in flight"))
+	case r.Window != 0:
+		return fieldError("window", errors.New("not a parameter of a concurrency rule: a lease lasts lease_ttl"))
+	case r.Lease != 0:
+		return fieldError("lease", errors.New("a concurrency rule holds leases of requests, not tokens: its lease length is lease_ttl"))
+	case r.Home == HomePinned:
+		// A global concurrency limit needs acquire, release and renew
+		// forwarded to the key's home region: not built yet.
+		return fieldError("home", errors.New("a concurrency rule is counted in each region (home: local); pinned concurrency is not supported yet"))
+	case r.Reconcile != nil && *r.Reconcile:
+		return fieldError("reconcile", errors.New("a concurrency rule is counted in each region: leases in flight cannot be reconciled as spends"))
+	case r.Shadow:
+		return fieldError("shadow", errors.New("a concurrency rule cannot be a shadow rule yet"))
+	case r.Cost != 0 && r.Cost != 1:
+		return fieldErrorf("cost", "a concurrency rule counts each request once: cost must be 1, got %v", r.Cost)
+	}
+	if r.KeyBy == "" {
+		r.KeyBy = KeyByAPIKey
+	}
+	if !validKeyBy(r.KeyBy) {
+		return fieldErrorf("key_by", "must be api_key, user, ip, global or attr:NAME, got %q", r.KeyBy)
+	}
+	if r.Match != nil {
+		if err := r.Match.validate(); err != nil {
+			return err
+		}
+	}
+	r.Cost = 1
+	if r.LeaseTTL == 0 {
+		r.LeaseTTL = Duration(DefaultLeaseTTL)
+	}
+	if !(limit >= 1 && limit <= bucket.MaxConcurrency) || limit != float64(int(limit)) {
+		return fieldErrorf(field, "a concurrency limit must be a whole number from 1 to %d, got %v", bucket.MaxConcurrency, limit)
+	}
+	r.leases = bucket.LeaseLimit{Limit: int(limit), TTL: time.Duration(r.LeaseTTL)}
+	if err := r.leases.Validate(); err != nil {
+		var le *bucket.LimitError
+		if errors.As(err, &le) && le.Field == "limit" {
+			return fieldError(field, err)
+		}
+		return fieldError("lease_ttl", err)
+	}
+	// The limit the rest of the pipeline sees: a capacity of limit requests.
+	r.limit = bucket.Limit{Algorithm: bucket.Concurrency, Capacity: limit}
+	return nil
 }
 
 // HomesIn returns a check that a rule's home_keys name only regions of

@@ -70,6 +70,15 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "unknown top-level key", file: "unknown-top.bad.yml", index: -1, field: "rule", line: 1},
 		{name: "wrong type", file: "wrong-type.bad.yml", index: 0, id: "a", field: "capacity", line: 3},
 		{name: "bad window", file: "bad-window.bad.yml", index: 0, id: "a", field: "window", line: 5},
+		{name: "concurrency limit 0", file: "concurrency-zero-limit.bad.yml", index: 0, id: "a", field: "limit", line: 4},
+		{name: "concurrency limit not whole", file: "concurrency-fractional-limit.bad.yml", index: 0, id: "a", field: "limit", line: 4},
+		{name: "concurrency limit too large", file: "concurrency-limit-too-large.bad.yml", index: 0, id: "a", field: "limit", line: 4},
+		{name: "concurrency lease too short", file: "concurrency-lease-short.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
+		{name: "concurrency lease too long", file: "concurrency-lease-long.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
+		{name: "concurrency with a token lease", file: "concurrency-token-lease.bad.yml", index: 0, id: "a", field: "lease", line: 5},
+		{name: "concurrency pinned", file: "concurrency-pinned.bad.yml", index: 0, id: "a", field: "home", line: 5},
+		{name: "concurrency window", file: "concurrency-window.bad.yml", index: 0, id: "a", field: "window", line: 5},
+		{name: "lease_ttl on a token bucket", file: "lease-ttl-on-bucket.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -177,6 +186,12 @@ func FuzzParse(f *testing.F) {
 			return
 		}
 		for _, r := range s.Rules() {
+			if r.Concurrent() {
+				if err := r.Leases().Validate(); err != nil {
+					t.Fatalf("rule %q accepted with an invalid concurrency limit: %v", r.ID, err)
+				}
+				continue
+			}
 			if err := r.Bucket().Validate(); err != nil {
 				t.Fatalf("rule %q accepted with an invalid limit: %v", r.ID, err)
 			}
@@ -211,7 +226,7 @@ func TestErrorMessage(t *testing.T) {
 // the algorithm out is a token bucket.
 func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 	var valid []string
-	for _, a := range bucket.Algorithms {
+	for _, a := range append(bucket.Algorithms, bucket.Concurrency) {
 		valid = append(valid, string(a))
 	}
 	tests := []struct {
@@ -246,7 +261,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "home_keys"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string
@@ -402,5 +417,27 @@ func TestBuildDuplicateID(t *testing.T) {
 	want := DuplicateIDError{ID: "a", First: Place{Index: 0, Source: SourceFile}, Second: Place{Index: 2, Source: SourceAdmin}}
 	if e.Index != 2 || e.Field != "id" || de.ID != want.ID || de.First != want.First || de.Second != want.Second {
 		t.Fatalf("Build = %v: rules[%d] %q, %+v; want rules[2] id, %+v", err, e.Index, e.Field, *de, want)
+	}
+}
+
+// A concurrency rule reads its limit and lease length, defaults lease_ttl,
+// and is never reconciled.
+func TestConcurrencyRules(t *testing.T) {
+	s, err := Load("testdata/concurrency.good.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		id   string
+		want bucket.LeaseLimit
+	}{
+		{"reports", bucket.LeaseLimit{Limit: 10, TTL: 30 * time.Second}},
+		{"search", bucket.LeaseLimit{Limit: 1, TTL: DefaultLeaseTTL}},
+		{"llm", bucket.LeaseLimit{Limit: bucket.MaxConcurrency, TTL: time.Hour}},
+	} {
+		r := s.Get(tt.id)
+		if !r.Concurrent() || r.Leases() != tt.want || r.Reconciled() || r.Cost != 1 {
+			t.Errorf("rule %s: concurrent %v, leases %+v, reconciled %v, cost %v; want leases %+v", tt.id, r.Concurrent(), r.Leases(), r.Reconciled(), r.Cost, tt.want)
+		}
 	}
 }

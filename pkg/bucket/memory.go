@@ -50,6 +50,7 @@ type Memory struct {
 type memoryShard struct {
 	mu        sync.Mutex
 	buckets   map[bucketID]*memoryEntry
+	leases    map[bucketID]*Leases // of concurrency rules, made on first use
 	bytes     int64
 	nextSweep int64
 }
@@ -224,6 +225,7 @@ func (sh *memoryShard) sweep(now int64) {
 			sh.drop(id, e)
 		}
 	}
+	sh.sweepLeases(now)
 	sh.nextSweep = now + memorySweepInterval.Microseconds()
 }
 

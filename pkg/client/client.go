@@ -33,6 +33,9 @@ var (
 	ErrUnreachable = errors.New("limiterd unreachable")
 	// ErrClosed is the error of a check on a closed or zero Client.
 	ErrClosed = errors.New("client closed")
+	// ErrLeaseGone is Renew's error when the lease is gone (expired,
+	// released or never held): stop the request's work, or acquire again.
+	ErrLeaseGone = errors.New("lease gone: expired or released")
 )
 
 // Option configures New.
@@ -113,8 +116,48 @@ func (c *Client) CheckAttributes(ctx context.Context, a *limiterv1.Attributes, c
 }
 
 func (c *Client) check(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
+	return call(c, ctx, req, limiterv1.LimiterClient.Check)
+}
+
+// Acquire takes a lease of the concurrency rule rule for key: the response
+// says whether it was allowed and holds the lease id to Release when the
+// work ends (and to Renew while it runs). A refusal is a response with
+// Allowed false, its RetryAfterMs the time until the soonest lease held
+// expires. Errors as for Check.
+func (c *Client) Acquire(ctx context.Context, rule, key string) (*limiterv1.AcquireResponse, error) {
+	return call(c, ctx, &limiterv1.AcquireRequest{RuleId: rule, Key: key}, limiterv1.LimiterClient.Acquire)
+}
+
+// AcquireAttributes takes a lease of every concurrency rule whose match the
+// attributes satisfy and spends every matching rate rule (their costs
+// multiplied by cost), all or nothing. Errors as for Check.
+func (c *Client) AcquireAttributes(ctx context.Context, a *limiterv1.Attributes, cost float64) (*limiterv1.AcquireResponse, error) {
+	return call(c, ctx, &limiterv1.AcquireRequest{Attributes: a, Cost: cost}, limiterv1.LimiterClient.Acquire)
+}
+
+// Release gives a lease back; released is false for a lease that was not
+// held (unknown, expired or already released), which is no error.
+func (c *Client) Release(ctx context.Context, leaseID string) (released bool, err error) {
+	resp, err := call(c, ctx, &limiterv1.ReleaseRequest{LeaseId: leaseID}, limiterv1.LimiterClient.Release)
+	return resp.GetReleased(), err
+}
+
+// Renew extends a lease by its rules' lease length; the response says when
+// it now expires. A lease already gone is ErrLeaseGone.
+func (c *Client) Renew(ctx context.Context, leaseID string) (*limiterv1.RenewResponse, error) {
+	resp, err := call(c, ctx, &limiterv1.RenewRequest{LeaseId: leaseID}, limiterv1.LimiterClient.Renew)
+	if err == nil && !resp.GetRenewed() {
+		return resp, ErrLeaseGone
+	}
+	return resp, err
+}
+
+// call makes one unary call with the client's default deadline, telling an
+// unreachable limiterd from an answer.
+func call[Req, Resp any](c *Client, ctx context.Context, req Req, f func(limiterv1.LimiterClient, context.Context, Req, ...grpc.CallOption) (Resp, error)) (Resp, error) {
+	var zero Resp
 	if c.cc == nil || c.closed.Load() {
-		return nil, ErrClosed
+		return zero, ErrClosed
 	}
 	if _, ok := ctx.Deadline(); !ok && c.timeout > 0 {
 		var cancel context.CancelFunc
@@ -122,17 +165,17 @@ func (c *Client) check(ctx context.Context, req *limiterv1.CheckRequest) (*limit
 		defer cancel()
 	}
 	var header, trailer metadata.MD
-	resp, err := c.lc.Check(ctx, req, grpc.Header(&header), grpc.Trailer(&trailer))
+	resp, err := f(c.lc, ctx, req, grpc.Header(&header), grpc.Trailer(&trailer))
 	if err != nil {
 		if c.closed.Load() {
-			return nil, ErrClosed
+			return zero, ErrClosed
 		}
 		// A server's answer, even an error status, carries metadata (at
 		// least its content-type); a failure to reach it carries none.
 		if len(header) == 0 && len(trailer) == 0 {
-			return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
+			return zero, fmt.Errorf("%w: %w", ErrUnreachable, err)
 		}
-		return nil, err
+		return zero, err
 	}
 	return resp, nil
 }

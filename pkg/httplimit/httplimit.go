@@ -83,45 +83,15 @@ type Options struct {
 // the errors of checks it could not deliver, or its UNAVAILABLE errors are
 // all taken for fail-closed refusals.
 func Middleware(c Checker, opts Options) func(http.Handler) http.Handler {
-	if opts.ClientIP == nil {
-		opts.ClientIP = RemoteAddrIP
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
+	opts = opts.withDefaults()
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			a := &limiterv1.Attributes{Ip: opts.ClientIP(r), Path: r.URL.Path, Method: r.Method}
-			if opts.Identity != nil {
-				id := opts.Identity(r)
-				a.ApiKey, a.User = id.APIKey, id.User
-			}
-			if opts.Plan != nil {
-				a.Plan = opts.Plan(r)
-			}
-			if opts.Extra != nil {
-				a.Extra = opts.Extra(r)
-			}
-			var cost float64
-			if opts.Cost != nil {
-				cost = opts.Cost(r)
-			}
+			a, cost := opts.attributes(r)
 			resp, err := c.CheckAttributes(r.Context(), a, cost)
 			if err != nil {
-				if Refused(err) {
-					http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
-					return
+				if opts.failed(w, r, err) {
+					next.ServeHTTP(w, r)
 				}
-				opts.Logger.Warn("rate limit check failed", "path", r.URL.Path, "fail_closed", opts.FailClosed,
-					"code", status.Code(err).String(), "err", err)
-				if opts.FailClosed {
-					http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
-					return
-				}
-				next.ServeHTTP(w, r)
 				return
 			}
 			SetHeaders(w.Header(), resp, opts.Now())
@@ -132,6 +102,56 @@ func Middleware(c Checker, opts Options) func(http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+func (opts Options) withDefaults() Options {
+	if opts.ClientIP == nil {
+		opts.ClientIP = RemoteAddrIP
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return opts
+}
+
+// attributes are what a request is checked by, and its cost.
+func (opts *Options) attributes(r *http.Request) (*limiterv1.Attributes, float64) {
+	a := &limiterv1.Attributes{Ip: opts.ClientIP(r), Path: r.URL.Path, Method: r.Method}
+	if opts.Identity != nil {
+		id := opts.Identity(r)
+		a.ApiKey, a.User = id.APIKey, id.User
+	}
+	if opts.Plan != nil {
+		a.Plan = opts.Plan(r)
+	}
+	if opts.Extra != nil {
+		a.Extra = opts.Extra(r)
+	}
+	var cost float64
+	if opts.Cost != nil {
+		cost = opts.Cost(r)
+	}
+	return a, cost
+}
+
+// failed answers a check that got no decision: 503 for a fail-closed
+// refusal or with FailClosed; otherwise it reports that the request is to
+// be served.
+func (opts *Options) failed(w http.ResponseWriter, r *http.Request, err error) (serve bool) {
+	if Refused(err) {
+		http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+		return false
+	}
+	opts.Logger.Warn("rate limit check failed", "path", r.URL.Path, "fail_closed", opts.FailClosed,
+		"code", status.Code(err).String(), "err", err)
+	if opts.FailClosed {
+		http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+		return false
+	}
+	return true
 }
 
 // Refused reports whether err is limiterd's refusal of a fail-closed rule

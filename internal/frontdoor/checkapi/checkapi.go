@@ -120,6 +120,9 @@ func RuleStatus(it *engine.Item) *limiterv1.RuleStatus {
 // fail-closed rule, RESOURCE_EXHAUSTED when limiterd is overloaded, and
 // the context's status.
 func Status(err error) error {
+	if st, ok := leaseStatus(err); ok {
+		return st
+	}
 	var inv *engine.InvalidError
 	switch {
 	case errors.Is(err, engine.ErrUnknownRule):

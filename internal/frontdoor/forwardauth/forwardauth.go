@@ -164,6 +164,12 @@ func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
 		if err != nil {
 			var inv *engine.InvalidError
 			switch {
+			case errors.Is(err, engine.ErrConcurrencyRule):
+				// The rule file is not wrong; serving it here would be:
+				// nginx and Traefik never say when a request ends, so a
+				// lease taken here could never be released.
+				log.Warn("forward-auth request matched a concurrency rule, refused", "err", err)
+				refuse(http.StatusInternalServerError, errForwardAuthConcurrency+err.Error())
 			case errors.As(err, &inv):
 				refuse(http.StatusBadRequest, err.Error())
 			case errors.Is(err, engine.ErrUnavailable), errors.Is(err, engine.ErrOverloaded),
@@ -184,6 +190,10 @@ func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
 		w.WriteHeader(http.StatusOK)
 	})
 }
+
+// errForwardAuthConcurrency starts the answer to a request that matched a
+// concurrency rule.
+const errForwardAuthConcurrency = "forward-auth cannot enforce concurrency rules (nginx and Traefik never report the end of a request, so a lease could never be released; use pkg/httplimit or Acquire/Release): "
 
 // attributes reads the request the proxy describes; the error says which
 // header is missing or wrong.

@@ -23,6 +23,395 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// An Acquire names one concurrency rule and key (rule_id, key), or
+// describes the request (attributes), as a CheckRequest does.
+type AcquireRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	Key    string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Multiplies the cost of each matching rate rule (0 or unset: 1). A
+	// concurrency rule counts each request once: by rule_id, cost must be 0
+	// or 1.
+	Cost          float64     `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	Attributes    *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireRequest) Reset() {
+	*x = AcquireRequest{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireRequest) ProtoMessage() {}
+
+func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
+func (*AcquireRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *AcquireRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *AcquireRequest) GetCost() float64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *AcquireRequest) GetAttributes() *Attributes {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+type AcquireResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the request may proceed; then lease_id holds its leases (empty
+	// when no concurrency rule matched). When false nothing is held or spent.
+	Allowed bool `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// Give it to Release when the request ends (and to Renew): opaque, at
+	// most 8 KiB, not guessable.
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// When the soonest of the leases expires unless renewed (Unix ms, the
+	// store's clock), and the lease length a Renew extends it by.
+	ExpiresAtUnixMs int64 `protobuf:"varint,3,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	LeaseTtlMs      int64 `protobuf:"varint,4,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// When refused, how long until a retry can succeed; > 0. For a
+	// concurrency rule: until the soonest lease held expires, the latest a
+	// slot comes back (a release frees one sooner).
+	RetryAfterMs int64 `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// The deciding rule: the one that refused (the longest retry), or, when
+	// allowed, the one with the least left relative to its limit.
+	RuleId string `protobuf:"bytes,6,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// Left and limit of the deciding rule: for a concurrency rule, leases
+	// free and the limit.
+	Remaining float64 `protobuf:"fixed64,7,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	Limit     float64 `protobuf:"fixed64,8,opt,name=limit,proto3" json:"limit,omitempty"`
+	// One status per rule, concurrency rules included.
+	Statuses      []*RuleStatus `protobuf:"bytes,9,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AcquireResponse) Reset() {
+	*x = AcquireResponse{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AcquireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AcquireResponse) ProtoMessage() {}
+
+func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
+func (*AcquireResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *AcquireResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *AcquireResponse) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *AcquireResponse) GetExpiresAtUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixMs
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetLeaseTtlMs() int64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *AcquireResponse) GetRemaining() float64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetLimit() float64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *AcquireResponse) GetStatuses() []*RuleStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+type ReleaseRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ReleaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether a lease was held and is now given back.
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+type RenewRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewRequest) Reset() {
+	*x = RenewRequest{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewRequest) ProtoMessage() {}
+
+func (x *RenewRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
+func (*RenewRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RenewRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type RenewResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False: the lease is gone; stop or acquire again.
+	Renewed         bool  `protobuf:"varint,1,opt,name=renewed,proto3" json:"renewed,omitempty"`
+	ExpiresAtUnixMs int64 `protobuf:"varint,2,opt,name=expires_at_unix_ms,json=expiresAtUnixMs,proto3" json:"expires_at_unix_ms,omitempty"`
+	LeaseTtlMs      int64 `protobuf:"varint,3,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *RenewResponse) Reset() {
+	*x = RenewResponse{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewResponse) ProtoMessage() {}
+
+func (x *RenewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
+func (*RenewResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RenewResponse) GetRenewed() bool {
+	if x != nil {
+		return x.Renewed
+	}
+	return false
+}
+
+func (x *RenewResponse) GetExpiresAtUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresAtUnixMs
+	}
+	return 0
+}
+
+func (x *RenewResponse) GetLeaseTtlMs() int64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return 0
+}
+
 // A check names one rule and key (rule_id, key), or describes the request
 // (attributes): then every rule whose match the attributes satisfy is
 // checked, each against the key its key_by picks, all or nothing.
@@ -45,7 +434,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -57,7 +446,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -70,7 +459,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CheckRequest) GetRuleId() string {
@@ -122,7 +511,7 @@ type Attributes struct {
 
 func (x *Attributes) Reset() {
 	*x = Attributes{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -134,7 +523,7 @@ func (x *Attributes) String() string {
 func (*Attributes) ProtoMessage() {}
 
 func (x *Attributes) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -147,7 +536,7 @@ func (x *Attributes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attributes.ProtoReflect.Descriptor instead.
 func (*Attributes) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Attributes) GetApiKey() string {
@@ -232,7 +621,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +633,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +646,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -335,7 +724,7 @@ type RuleStatus struct {
 
 func (x *RuleStatus) Reset() {
 	*x = RuleStatus{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -347,7 +736,7 @@ func (x *RuleStatus) String() string {
 func (*RuleStatus) ProtoMessage() {}
 
 func (x *RuleStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -360,7 +749,7 @@ func (x *RuleStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleStatus.ProtoReflect.Descriptor instead.
 func (*RuleStatus) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RuleStatus) GetRuleId() string {
@@ -424,7 +813,36 @@ var File_limiter_v1_limiter_proto protoreflect.FileDescriptor
 const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"\x18limiter/v1/limiter.proto\x12\n" +
-	"limiter.v1\"\x85\x01\n" +
+	"limiter.v1\"\x87\x01\n" +
+	"\x0eAcquireRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\x126\n" +
+	"\n" +
+	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
+	"attributes\"\xbc\x02\n" +
+	"\x0fAcquireResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12+\n" +
+	"\x12expires_at_unix_ms\x18\x03 \x01(\x03R\x0fexpiresAtUnixMs\x12 \n" +
+	"\flease_ttl_ms\x18\x04 \x01(\x03R\n" +
+	"leaseTtlMs\x12$\n" +
+	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12\x17\n" +
+	"\arule_id\x18\x06 \x01(\tR\x06ruleId\x12\x1c\n" +
+	"\tremaining\x18\a \x01(\x01R\tremaining\x12\x14\n" +
+	"\x05limit\x18\b \x01(\x01R\x05limit\x122\n" +
+	"\bstatuses\x18\t \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"+\n" +
+	"\x0eReleaseRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"-\n" +
+	"\x0fReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\")\n" +
+	"\fRenewRequest\x12\x19\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\"x\n" +
+	"\rRenewResponse\x12\x18\n" +
+	"\arenewed\x18\x01 \x01(\bR\arenewed\x12+\n" +
+	"\x12expires_at_unix_ms\x18\x02 \x01(\x03R\x0fexpiresAtUnixMs\x12 \n" +
+	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
+	"leaseTtlMs\"\x85\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -464,9 +882,12 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12$\n" +
 	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x1b\n" +
 	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x12\x16\n" +
-	"\x06shadow\x18\b \x01(\bR\x06shadow2G\n" +
+	"\x06shadow\x18\b \x01(\bR\x06shadow2\x8d\x02\n" +
 	"\aLimiter\x12<\n" +
-	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponse\x12B\n" +
+	"\aAcquire\x12\x1a.limiter.v1.AcquireRequest\x1a\x1b.limiter.v1.AcquireResponse\x12B\n" +
+	"\aRelease\x12\x1a.limiter.v1.ReleaseRequest\x1a\x1b.limiter.v1.ReleaseResponse\x12<\n" +
+	"\x05Renew\x12\x18.limiter.v1.RenewRequest\x1a\x19.limiter.v1.RenewResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_limiter_proto_rawDescOnce sync.Once
@@ -480,25 +901,39 @@ func file_limiter_v1_limiter_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_limiter_proto_rawDescData
 }
 
-var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_limiter_v1_limiter_proto_goTypes = []any{
-	(*CheckRequest)(nil),  // 0: limiter.v1.CheckRequest
-	(*Attributes)(nil),    // 1: limiter.v1.Attributes
-	(*CheckResponse)(nil), // 2: limiter.v1.CheckResponse
-	(*RuleStatus)(nil),    // 3: limiter.v1.RuleStatus
-	nil,                   // 4: limiter.v1.Attributes.ExtraEntry
+	(*AcquireRequest)(nil),  // 0: limiter.v1.AcquireRequest
+	(*AcquireResponse)(nil), // 1: limiter.v1.AcquireResponse
+	(*ReleaseRequest)(nil),  // 2: limiter.v1.ReleaseRequest
+	(*ReleaseResponse)(nil), // 3: limiter.v1.ReleaseResponse
+	(*RenewRequest)(nil),    // 4: limiter.v1.RenewRequest
+	(*RenewResponse)(nil),   // 5: limiter.v1.RenewResponse
+	(*CheckRequest)(nil),    // 6: limiter.v1.CheckRequest
+	(*Attributes)(nil),      // 7: limiter.v1.Attributes
+	(*CheckResponse)(nil),   // 8: limiter.v1.CheckResponse
+	(*RuleStatus)(nil),      // 9: limiter.v1.RuleStatus
+	nil,                     // 10: limiter.v1.Attributes.ExtraEntry
 }
 var file_limiter_v1_limiter_proto_depIdxs = []int32{
-	1, // 0: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
-	4, // 1: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
-	3, // 2: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
-	0, // 3: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	2, // 4: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7,  // 0: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
+	9,  // 1: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	7,  // 2: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	10, // 3: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	9,  // 4: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	6,  // 5: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	0,  // 6: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
+	2,  // 7: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
+	4,  // 8: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
+	8,  // 9: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	1,  // 10: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
+	3,  // 11: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
+	5,  // 12: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
+	9,  // [9:13] is the sub-list for method output_type
+	5,  // [5:9] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_limiter_proto_init() }
@@ -512,7 +947,7 @@ func file_limiter_v1_limiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_limiter_proto_rawDesc), len(file_limiter_v1_limiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

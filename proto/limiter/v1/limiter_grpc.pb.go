@@ -21,7 +21,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Limiter_Check_FullMethodName = "/limiter.v1.Limiter/Check"
+	Limiter_Check_FullMethodName   = "/limiter.v1.Limiter/Check"
+	Limiter_Acquire_FullMethodName = "/limiter.v1.Limiter/Acquire"
+	Limiter_Release_FullMethodName = "/limiter.v1.Limiter/Release"
+	Limiter_Renew_FullMethodName   = "/limiter.v1.Limiter/Renew"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -35,6 +38,23 @@ type LimiterClient interface {
 	// error. Errors: INVALID_ARGUMENT for a bad key or cost, NOT_FOUND for an
 	// unknown rule, UNAVAILABLE when a fail-closed rule cannot be decided.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Acquire takes a lease of every concurrency rule the request names (by
+	// rule_id and key) or matches (by attributes), and spends every matching
+	// rate rule, all or nothing: when one refuses, nothing is held or spent.
+	// Call Release when the request ends, Renew while a long one runs; a
+	// lease neither released nor renewed expires after the rule's lease_ttl.
+	// A Check of a concurrency rule is INVALID_ARGUMENT: it has no end to
+	// release at. Errors as for Check.
+	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
+	// Release gives a lease back. A lease unknown, expired or already
+	// released is no error: released is then false. INVALID_ARGUMENT for a
+	// malformed lease_id, one naming a rule that is not a concurrency rule,
+	// or one held in another region.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Renew extends a lease by its rules' lease_ttl from now. renewed false:
+	// the lease is gone (expired, released or never held) and the caller
+	// must stop the request's work or acquire again. Errors as for Release.
+	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 }
 
 type limiterClient struct {
@@ -55,6 +75,36 @@ func (c *limiterClient) Check(ctx context.Context, in *CheckRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AcquireResponse)
+	err := c.cc.Invoke(ctx, Limiter_Acquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *limiterClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, Limiter_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *limiterClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewResponse)
+	err := c.cc.Invoke(ctx, Limiter_Renew_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -66,6 +116,23 @@ type LimiterServer interface {
 	// error. Errors: INVALID_ARGUMENT for a bad key or cost, NOT_FOUND for an
 	// unknown rule, UNAVAILABLE when a fail-closed rule cannot be decided.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Acquire takes a lease of every concurrency rule the request names (by
+	// rule_id and key) or matches (by attributes), and spends every matching
+	// rate rule, all or nothing: when one refuses, nothing is held or spent.
+	// Call Release when the request ends, Renew while a long one runs; a
+	// lease neither released nor renewed expires after the rule's lease_ttl.
+	// A Check of a concurrency rule is INVALID_ARGUMENT: it has no end to
+	// release at. Errors as for Check.
+	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
+	// Release gives a lease back. A lease unknown, expired or already
+	// released is no error: released is then false. INVALID_ARGUMENT for a
+	// malformed lease_id, one naming a rule that is not a concurrency rule,
+	// or one held in another region.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Renew extends a lease by its rules' lease_ttl from now. renewed false:
+	// the lease is gone (expired, released or never held) and the caller
+	// must stop the request's work or acquire again. Errors as for Release.
+	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -78,6 +145,15 @@ type UnimplementedLimiterServer struct{}
 
 func (UnimplementedLimiterServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedLimiterServer) Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedLimiterServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedLimiterServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -118,6 +194,60 @@ func _Limiter_Check_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_Acquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcquireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Acquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Acquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Acquire(ctx, req.(*AcquireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Limiter_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Limiter_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Renew(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Renew_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Renew(ctx, req.(*RenewRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -128,6 +258,18 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Check",
 			Handler:    _Limiter_Check_Handler,
+		},
+		{
+			MethodName: "Acquire",
+			Handler:    _Limiter_Acquire_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Limiter_Release_Handler,
+		},
+		{
+			MethodName: "Renew",
+			Handler:    _Limiter_Renew_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,78 @@
+package checkapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/internal/engine"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// Acquire takes the leases of the concurrency rules a request names or
+// matches and spends its rate rules, all or nothing.
+func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*limiterv1.AcquireResponse, error) {
+	start := time.Now()
+	defer func() { s.e.Observe(time.Since(start).Seconds()) }()
+	c := s.e.NewAcquire()
+	statuses := false
+	if a := req.GetAttributes(); a != nil {
+		if req.GetRuleId() != "" || req.GetKey() != "" {
+			s.e.Invalid("attributes")
+			return nil, Status(&engine.InvalidError{Field: "attributes", Err: errAttributesAlone})
+		}
+		if _, _, err := c.AddAttributes(Attributes(a), req.GetCost()); err != nil {
+			return nil, Status(err)
+		}
+		statuses = true
+	} else if _, err := c.AddRule(req.GetRuleId(), req.GetKey(), req.GetCost()); err != nil {
+		return nil, Status(err)
+	}
+	allowed, l, err := s.e.Acquire(ctx, c)
+	if err != nil {
+		return nil, Status(err)
+	}
+	items := append(append([]*engine.Item(nil), c.Leases()...), c.Enforced()...)
+	check := Response(items, c.Shadows(), allowed, statuses)
+	resp := &limiterv1.AcquireResponse{
+		Allowed: allowed, RetryAfterMs: check.RetryAfterMs, RuleId: check.RuleId,
+		Remaining: check.Remaining, Limit: check.Limit, Statuses: check.Statuses,
+	}
+	if l != nil {
+		resp.LeaseId, resp.ExpiresAtUnixMs, resp.LeaseTtlMs = l.ID, l.Expires.UnixMilli(), l.TTL.Milliseconds()
+	}
+	return resp, nil
+}
+
+// Release gives a lease back; an unknown or expired one is no error.
+func (s *Service) Release(ctx context.Context, req *limiterv1.ReleaseRequest) (*limiterv1.ReleaseResponse, error) {
+	released, err := s.e.Release(ctx, req.GetLeaseId())
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &limiterv1.ReleaseResponse{Released: released}, nil
+}
+
+// Renew extends a lease; renewed false says it is gone.
+func (s *Service) Renew(ctx context.Context, req *limiterv1.RenewRequest) (*limiterv1.RenewResponse, error) {
+	renewed, l, err := s.e.Renew(ctx, req.GetLeaseId())
+	if err != nil {
+		return nil, Status(err)
+	}
+	resp := &limiterv1.RenewResponse{Renewed: renewed}
+	if l != nil {
+		resp.ExpiresAtUnixMs, resp.LeaseTtlMs = l.Expires.UnixMilli(), l.TTL.Milliseconds()
+	}
+	return resp, nil
+}
+
+// leaseStatus is the status of a lease store that did not answer.
+func leaseStatus(err error) (error, bool) {
+	if errors.Is(err, engine.ErrLeaseStore) {
+		return status.Error(codes.Unavailable, err.Error()), true
+	}
+	return nil, false
+}

@@ -1,0 +1,219 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// LeaseKey is the Redis key of the lease set of key under a concurrency
+// rule: rl:{key}:rule~c. The hash tag is the client's, as for its buckets;
+// '~' is never in a rule id, so the set never takes the name of a bucket
+// (a rule whose algorithm changes to concurrency starts afresh).
+func LeaseKey(rule, key string) string { return Key(rule, key) + "~c" }
+
+// leaseGroup is the requests of one client: one slot, one script.
+type leaseGroup struct {
+	idx  []int
+	reqs []bucket.LeaseRequest
+	keys []string
+	res  []any
+	err  error
+}
+
+func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
+	var groups []*leaseGroup
+	byKey := map[string]*leaseGroup{}
+	for i, r := range reqs {
+		g := byKey[r.Key]
+		if g == nil {
+			g = &leaseGroup{}
+			byKey[r.Key] = g
+			groups = append(groups, g)
+		}
+		g.idx = append(g.idx, i)
+		g.reqs = append(g.reqs, r)
+		g.keys = append(g.keys, LeaseKey(r.Rule, r.Key))
+	}
+	return groups
+}
+
+// runLeases runs the script of operation o (0 acquire, 1 release, 2 renew)
+// for every group, concurrently, with the arguments args makes of each.
+func (s *Store) runLeases(ctx context.Context, o int, groups []*leaseGroup, args func(g *leaseGroup) []any) {
+	ops := [3]op{opAcquire, opRelease, opRenew}
+	run := func(g *leaseGroup) {
+		g.res, g.err = s.eval(ctx, ops[o], g.keys[0], scriptCall{script: leaseScripts[o], keys: g.keys, args: args(g)}, s.m.leaseDuration[o])
+		if g.err == nil && len(g.res) != len(g.keys)*[3]int{3, 1, 3}[o] {
+			g.err = fmt.Errorf("%w: %s reply has %d elements for %d keys", bucket.ErrOutcomeUnknown, opNames[ops[o]], len(g.res), len(g.keys))
+		}
+	}
+	var wg sync.WaitGroup
+	for _, g := range groups[1:] {
+		wg.Go(func() { run(g) })
+	}
+	run(groups[0])
+	wg.Wait()
+}
+
+func leaseDecision(res []any, k int, lim bucket.LeaseLimit) (bucket.LeaseDecision, error) {
+	ok, n, t := res[3*k], res[3*k+1], res[3*k+2]
+	a, ok1 := ok.(int64)
+	held, ok2 := n.(int64)
+	us, ok3 := t.(int64)
+	if !ok1 || !ok2 || !ok3 {
+		return bucket.LeaseDecision{}, fmt.Errorf("unexpected lease reply %v", res)
+	}
+	d := bucket.LeaseDecision{Allowed: a == 1, InFlight: int(held), Limit: lim.Limit}
+	switch {
+	case a == 1 && us > 0:
+		d.Expires = time.UnixMicro(us)
+	case a == 0:
+		d.RetryAfter = time.Duration(us) * time.Microsecond
+	}
+	return d, nil
+}
+
+// Acquire takes member's lease of every request, all or nothing: the
+// leases of one client are taken by one script, those of different clients
+// (different slots) by one script each, and when any refuses, the others'
+// are given back by the release script. Between the two another acquire may
+// find a slot taken: a refusal a little early, never a lease too many.
+// When some clients' scripts fail, the error is a *bucket.MultiError (as
+// TakeAll's) and every lease taken, or perhaps taken, is given back.
+func (s *Store) Acquire(ctx context.Context, reqs []bucket.LeaseRequest, member string) ([]bucket.LeaseDecision, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	groups := leaseGroups(reqs)
+	s.runLeases(ctx, 0, groups, func(g *leaseGroup) []any {
+		args := make([]any, 0, 1+2*len(g.reqs))
+		args = append(args, member)
+		for _, r := range g.reqs {
+			args = append(args, strconv.Itoa(r.Limit.Limit), strconv.FormatInt(r.Limit.TTL.Microseconds(), 10))
+		}
+		return args
+	})
+	out := make([]bucket.LeaseDecision, len(reqs))
+	var errs []error
+	refused := false
+	for _, g := range groups {
+		if g.err == nil {
+			for k, i := range g.idx {
+				if out[i], g.err = leaseDecision(g.res, k, g.reqs[k].Limit); g.err != nil {
+					break
+				}
+				refused = refused || !out[i].Allowed
+			}
+		}
+		if g.err != nil {
+			if errs == nil {
+				errs = make([]error, len(reqs))
+			}
+			for _, i := range g.idx {
+				errs[i] = fmt.Errorf("eval acquire: %w", g.err)
+			}
+		}
+	}
+	if refused || errs != nil {
+		// Give back what was taken, and what may have been (an unknown
+		// outcome): releasing a lease not held changes nothing.
+		var back []*leaseGroup
+		for _, g := range groups {
+			if g.err == nil && refused && !allHeld(out, g.idx) {
+				continue // this client refused: it took nothing
+			}
+			if g.err != nil && !errors.Is(g.err, bucket.ErrOutcomeUnknown) {
+				continue // not applied
+			}
+			back = append(back, g)
+		}
+		if len(back) > 0 {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UndoTimeout)
+			s.runLeases(rctx, 1, back, func(*leaseGroup) []any { return []any{member} })
+			cancel()
+		}
+		if refused && errs == nil {
+			for i := range out {
+				if out[i].Allowed {
+					// Given back: it would have been held.
+					out[i].Expires = time.Time{}
+				}
+			}
+		}
+	}
+	if errs != nil {
+		return out, &bucket.MultiError{Errs: errs}
+	}
+	return out, nil
+}
+
+func allHeld(ds []bucket.LeaseDecision, idx []int) bool {
+	for _, i := range idx {
+		if !ds[i].Allowed || ds[i].Expires.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// Release gives member's leases back; one not held is no error.
+func (s *Store) Release(ctx context.Context, reqs []bucket.LeaseRequest, member string) ([]bool, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	groups := leaseGroups(reqs)
+	s.runLeases(ctx, 1, groups, func(*leaseGroup) []any { return []any{member} })
+	out := make([]bool, len(reqs))
+	var errs []error
+	for _, g := range groups {
+		if g.err != nil {
+			errs = append(errs, fmt.Errorf("eval release: %w", g.err))
+			continue
+		}
+		for k, i := range g.idx {
+			n, _ := g.res[k].(int64)
+			out[i] = n == 1
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// Renew extends member's leases by their TTL from now; a decision not
+// allowed says that lease is gone.
+func (s *Store) Renew(ctx context.Context, reqs []bucket.LeaseRequest, member string) ([]bucket.LeaseDecision, error) {
+	if len(reqs) == 0 {
+		return nil, nil
+	}
+	groups := leaseGroups(reqs)
+	s.runLeases(ctx, 2, groups, func(g *leaseGroup) []any {
+		args := make([]any, 0, 1+len(g.reqs))
+		args = append(args, member)
+		for _, r := range g.reqs {
+			args = append(args, strconv.FormatInt(r.Limit.TTL.Microseconds(), 10))
+		}
+		return args
+	})
+	out := make([]bucket.LeaseDecision, len(reqs))
+	var errs []error
+	for _, g := range groups {
+		if g.err == nil {
+			for k, i := range g.idx {
+				if out[i], g.err = leaseDecision(g.res, k, g.reqs[k].Limit); g.err != nil {
+					break
+				}
+			}
+		}
+		if g.err != nil {
+			errs = append(errs, fmt.Errorf("eval renew: %w", g.err))
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+var _ bucket.LeaseStore = (*Store)(nil)

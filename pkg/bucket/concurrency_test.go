@@ -1,0 +1,99 @@
+package bucket
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestLeasesSteps(t *testing.T) {
+	l := LeaseLimit{Limit: 2, TTL: time.Second}
+	var s Leases
+	now := int64(1_000_000)
+	if d := s.Acquire(now, l, "a"); !d.Allowed || d.InFlight != 1 || d.Expires != time.UnixMicro(now+1_000_000) {
+		t.Fatalf("first: %+v", d)
+	}
+	s.Acquire(now+10, l, "b")
+	if d := s.Acquire(now+20, l, "c"); d.Allowed || d.RetryAfter != time.Second-20*time.Microsecond {
+		t.Fatalf("over the limit: %+v", d)
+	}
+	if d := s.Acquire(now+30, l, "a"); !d.Allowed || d.InFlight != 2 {
+		t.Fatalf("the same member again renews: %+v", d)
+	}
+	if !s.Release(now+40, "b") || s.Release(now+40, "b") {
+		t.Fatal("release is not idempotent")
+	}
+	// a expires at exactly now+30+1s: gone at that instant.
+	if d := s.Renew(now+30+1_000_000, l, "a"); d.Allowed {
+		t.Fatalf("renew at the expiry: %+v", d)
+	}
+}
+
+func TestLeaseLimitValidate(t *testing.T) {
+	for _, l := range []LeaseLimit{{0, time.Second}, {MaxConcurrency + 1, time.Second}, {1, time.Second - 1}, {1, MaxLeaseTTL + time.Millisecond}, {1, 1500 * time.Microsecond}} {
+		if err := l.Validate(); err == nil {
+			t.Errorf("%+v valid", l)
+		}
+	}
+	for _, l := range []LeaseLimit{{1, MinLeaseTTL}, {MaxConcurrency, MaxLeaseTTL}} {
+		if err := l.Validate(); err != nil {
+			t.Errorf("%+v: %v", l, err)
+		}
+	}
+}
+
+// Memory's Acquire is all or nothing across keys in different shards, and
+// a lease's memory is given back when it is released or expires.
+func TestMemoryLeases(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	var mu sync.Mutex
+	m := NewMemory(WithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now }))
+	ctx := context.Background()
+	l := LeaseLimit{Limit: 1, TTL: 2 * time.Second}
+	a := []LeaseRequest{{Rule: "r", Key: "a", Limit: l}}
+	ab := []LeaseRequest{{Rule: "r", Key: "a", Limit: l}, {Rule: "r", Key: "b", Limit: l}}
+	if d, _ := m.Acquire(ctx, a, "m1"); !d[0].Allowed {
+		t.Fatal(d)
+	}
+	d, _ := m.Acquire(ctx, ab, "m2")
+	if d[0].Allowed || !d[1].Allowed {
+		t.Fatalf("a full, b free: %+v", d)
+	}
+	// b was not taken: another member gets it.
+	if d, _ := m.Acquire(ctx, []LeaseRequest{ab[1]}, "m3"); !d[0].Allowed {
+		t.Fatalf("b held by a refused acquire: %+v", d)
+	}
+	if r, _ := m.Release(ctx, ab, "m3"); r[0] || !r[1] {
+		t.Fatalf("release %v", r)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second)
+	mu.Unlock()
+	if d, _ := m.Renew(ctx, a, "m1"); d[0].Allowed {
+		t.Fatalf("renew after expiry: %+v", d)
+	}
+	if b := m.Bytes(); b != 0 {
+		t.Fatalf("%d bytes counted with no lease held", b)
+	}
+	for i := range 100 {
+		m.Acquire(ctx, []LeaseRequest{{Rule: "r", Key: fmt.Sprint(i), Limit: l}}, "x")
+	}
+	if m.Bytes() == 0 {
+		t.Fatal("leases not counted")
+	}
+	mu.Lock()
+	now = now.Add(time.Minute)
+	mu.Unlock()
+	m.Take(ctx, Request{Rule: "t", Key: "sweep", Limit: Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}, Cost: 1})
+	for i := range memoryShards {
+		sh := &m.shards[i]
+		sh.mu.Lock()
+		sh.sweep(now.UnixMicro())
+		sh.mu.Unlock()
+	}
+	if n := len(m.shards[0].leases); n != 0 {
+		t.Fatalf("%d expired lease sets left after a sweep", n)
+	}
+}

@@ -1,0 +1,167 @@
+package httplimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limiterd/limiterd/pkg/client"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// fakeAcquirer holds up to limit leases and records what was released.
+type fakeAcquirer struct {
+	mu       sync.Mutex
+	limit    int
+	held     map[string]bool
+	next     int
+	released []string
+	ttl      time.Duration
+	gone     bool // Renew answers gone
+	renewals int
+}
+
+func (f *fakeAcquirer) AcquireAttributes(_ context.Context, _ *limiterv1.Attributes, _ float64) (*limiterv1.AcquireResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.held) >= f.limit {
+		return &limiterv1.AcquireResponse{Allowed: false, RetryAfterMs: 1500, RuleId: "reports", Limit: float64(f.limit)}, nil
+	}
+	f.next++
+	id := "lease-" + string(rune('a'+f.next))
+	f.held[id] = true
+	return &limiterv1.AcquireResponse{Allowed: true, LeaseId: id, LeaseTtlMs: f.ttl.Milliseconds(), RuleId: "reports",
+		Limit: float64(f.limit), Remaining: float64(f.limit - len(f.held))}, nil
+}
+
+func (f *fakeAcquirer) Release(_ context.Context, id string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.released = append(f.released, id)
+	ok := f.held[id]
+	delete(f.held, id)
+	return ok, nil
+}
+
+func (f *fakeAcquirer) Renew(_ context.Context, id string) (*limiterv1.RenewResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.renewals++
+	if f.gone || !f.held[id] {
+		return &limiterv1.RenewResponse{}, client.ErrLeaseGone
+	}
+	return &limiterv1.RenewResponse{Renewed: true}, nil
+}
+
+func (f *fakeAcquirer) heldCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.held)
+}
+
+func newFakeAcquirer(limit int) *fakeAcquirer {
+	return &fakeAcquirer{limit: limit, held: map[string]bool{}, ttl: 30 * time.Second}
+}
+
+func TestConcurrencyReleasesWhenTheHandlerReturns(t *testing.T) {
+	f := newFakeAcquirer(1)
+	inside := 0
+	h := Concurrency(f, Options{Logger: quiet})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inside = f.heldCount()
+		w.WriteHeader(200)
+	}))
+	for i := range 3 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/reports/1", nil))
+		if rec.Code != 200 || inside != 1 || f.heldCount() != 0 {
+			t.Fatalf("request %d: %d, %d held inside the handler, %d after", i, rec.Code, inside, f.heldCount())
+		}
+	}
+}
+
+func TestConcurrencyRefusal(t *testing.T) {
+	f := newFakeAcquirer(0)
+	h := Concurrency(f, Options{Logger: quiet})(http.HandlerFunc(okHandler))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/reports/1", nil))
+	if rec.Code != 429 || rec.Header().Get("Retry-After") != "2" {
+		t.Fatalf("refusal: %d, Retry-After %q", rec.Code, rec.Header().Get("Retry-After"))
+	}
+}
+
+// A panicking handler still releases, and the panic goes on to net/http.
+func TestConcurrencyReleasesOnPanic(t *testing.T) {
+	f := newFakeAcquirer(1)
+	h := Concurrency(f, Options{Logger: quiet})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		panic("handler bug")
+	}))
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("the panic was swallowed")
+			}
+		}()
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/reports/1", nil))
+	}()
+	if f.heldCount() != 0 || len(f.released) != 1 {
+		t.Fatalf("after a panic: %d held, released %v", f.heldCount(), f.released)
+	}
+}
+
+// A client that disconnects cancels the request's context; the handler
+// returns, and the lease is released on a context of its own.
+func TestConcurrencyReleasesOnClientDisconnect(t *testing.T) {
+	f := newFakeAcquirer(1)
+	started := make(chan struct{})
+	returned := make(chan struct{})
+	srv := httptest.NewServer(Concurrency(f, Options{Logger: quiet})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer close(returned)
+		close(started)
+		<-r.Context().Done()
+	})))
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/reports/1", nil)
+	go func() {
+		<-started
+		cancel()
+	}()
+	if _, err := http.DefaultClient.Do(req); err == nil {
+		t.Fatal("the request was not cancelled")
+	}
+	<-returned
+	deadline := time.Now().Add(5 * time.Second)
+	for f.heldCount() != 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if f.heldCount() != 0 {
+		t.Fatal("the lease of a disconnected client was not released")
+	}
+}
+
+// A long request renews its lease; when the lease is gone the request's
+// context is cancelled.
+func TestConcurrencyRenewsAndStopsWhenGone(t *testing.T) {
+	f := newFakeAcquirer(1)
+	f.ttl = 40 * time.Millisecond
+	var err error
+	h := Concurrency(f, Options{Logger: quiet})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+			err = r.Context().Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}))
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/reports/1", nil))
+	if err != nil || f.renewals < 2 {
+		t.Fatalf("a long request: cancelled %v, %d renewals", err, f.renewals)
+	}
+	f.gone = true
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/reports/1", nil))
+	if err == nil {
+		t.Fatal("a request whose lease is gone was not cancelled")
+	}
+}
