@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/limiterd/limiterd/internal/redisstore"
 )
 
@@ -73,11 +75,16 @@ type auditResult struct {
 }
 
 type overshoot struct {
-	key                       string
-	admitted, base, bound     float64
-	over                      float64 // admitted - base
-	remoteInterval            float64 // one interval of remote spending
-	lag, blind, store, killed float64 // the slack's parts
+	key                   string
+	admitted, base, bound float64
+	over                  float64 // admitted - base
+	remoteInterval        float64 // one interval of remote spending
+	// The slack's parts: the others' spending within one interval and
+	// the steady lag before the last admission; what a region blind to
+	// another (after interval + steadyLag, by the probes) did not see;
+	// admissions around a fault of the key's Redis primary; what a
+	// killed limiterd admitted in the two intervals before its death.
+	lag, blind, store, killed float64
 }
 
 // ev is one admission of a key.
@@ -267,7 +274,7 @@ func audit(in auditInput) auditResult {
 		last := evs[len(evs)-1].done
 		base := lim.capacity + lim.rate*time.Duration(last-first[k]).Seconds()
 		o := overshoot{key: ruleIDs[k.rule] + "/" + k.key, admitted: total, base: base, over: total - base}
-		o.lag = remoteWithin(evs, lagWin)
+		o.lag = unseenAtLast(evs, lagWin)
 		o.remoteInterval = remoteWithin(evs, int64(in.interval))
 		th := thirdOf(redisstore.Slot(redisstore.Key(ruleIDs[k.rule], k.key)))
 		for di, dst := range regions {
@@ -376,6 +383,22 @@ func ledgerKeyOf(key string) string {
 	return ""
 }
 
+// unseenAtLast is what the other regions admitted within w before the
+// last admission of a key: what the region that admitted it may not have
+// heard of yet. Its bucket held its own spends and the others' it had
+// heard of to capacity + rate*T, so the total is over that by at most
+// this (plus what the blind, store and kill terms count).
+func unseenAtLast(evs []ev, w int64) float64 {
+	last := evs[len(evs)-1]
+	sum := 0.0
+	for _, e := range evs {
+		if e.region != last.region && e.done > last.sent-w {
+			sum += e.cost
+		}
+	}
+	return sum
+}
+
 // remoteWithin is the most that all regions but one admitted within w,
 // for the region it is largest for: what a region cannot have heard of.
 func remoteWithin(evs []ev, w int64) float64 {
@@ -453,7 +476,18 @@ func report(b *strings.Builder, dur time.Duration, seed uint64, in auditInput, r
 	for i, r := range regions {
 		fmt.Fprintf(b, " %s %d sent, %d admitted, %d errors;", r, sent[i], allowed[i], errs[i])
 	}
-	b.WriteString("\n")
+	byCode := map[codes.Code]int{}
+	for _, a := range in.answers {
+		if a.code != 0 {
+			byCode[codes.Code(a.code)]++
+		}
+	}
+	var cs []string
+	for c, n := range byCode {
+		cs = append(cs, fmt.Sprintf("%v %d", c, n))
+	}
+	slices.Sort(cs)
+	fmt.Fprintf(b, "\n             errors by code: %s\n", strings.Join(cs, ", "))
 	byKind := map[string][]*fault{}
 	for _, f := range in.faults {
 		byKind[f.kind] = append(byKind[f.kind], f)

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/limiterd/limiterd/internal/natsauth"
@@ -280,7 +281,12 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 		if err := r.lim.start(); err != nil {
 			t.Fatal(err)
 		}
-		cc, err := grpc.NewClient(addrs[name], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		// The soak's clients dial a restarted limiterd again within a
+		// second: gRPC's default backoff (up to 2 minutes) would count
+		// the client's own wait as the daemon's outage.
+		cc, err := grpc.NewClient(addrs[name], grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
+				Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}}))
 		if err != nil {
 			t.Fatal(err)
 		}

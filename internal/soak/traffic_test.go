@@ -148,7 +148,7 @@ func (s *stack) runTraffic(ctx context.Context, rec *recorder, seed uint64, perR
 					cost := 1.0
 					switch rule {
 					case ruleFast:
-						cost = float64(1 + rng.IntN(4))
+						cost = float64(1 + rng.IntN(8))
 					case ruleLedger:
 						cost = float64(1 + rng.IntN(3))
 					}
