@@ -492,17 +492,26 @@ func report(b *strings.Builder, dur time.Duration, seed uint64, in auditInput, r
 	for _, f := range in.faults {
 		byKind[f.kind] = append(byKind[f.kind], f)
 	}
-	fmt.Fprintf(b, "faults       %d:", len(in.faults))
+	fmt.Fprintf(b, "faults       %d, each from its start to its target's return (the list is in the test log)\n", len(in.faults))
 	for _, k := range faultKinds {
-		var total time.Duration
-		for _, f := range byKind[k] {
-			total += time.Duration(f.end - f.start)
+		var total, lo, hi time.Duration
+		errs := 0
+		for i, f := range byKind[k] {
+			d := time.Duration(f.end - f.start)
+			total += d
+			if i == 0 || d < lo {
+				lo = d
+			}
+			hi = max(hi, d)
+			if f.err != "" {
+				errs++
+			}
 		}
-		fmt.Fprintf(b, " %s %d (%.0fs)", k, len(byKind[k]), total.Seconds())
-	}
-	b.WriteString("\n")
-	for _, f := range in.faults {
-		fmt.Fprintf(b, "  %s\n", f)
+		fmt.Fprintf(b, "  %-18s %2d, %4.1f-%4.1fs each, %5.1fs in all", k, len(byKind[k]), lo.Seconds(), hi.Seconds(), total.Seconds())
+		if errs > 0 {
+			fmt.Fprintf(b, ", %d FAILED to inject or heal", errs)
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(b, "ledger       %d flushes (%d replays), %d keys, %.0f tokens applied in %d (region, key) pairs: exact",
 		res.ledgerFlushes, res.ledgerReplays, res.ledgerKeys, res.ledgerTokens, res.ledgerChecks)

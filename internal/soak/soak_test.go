@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -45,6 +45,9 @@ const drainTimeout = 2 * time.Minute
 // records (see the README's "Chaos soak"). It fails on a broken invariant,
 // naming the seed and the key.
 func TestSoak(t *testing.T) {
+	if *flagBreak != "" && *flagBreak != "replay" {
+		t.Fatalf("-soak.break=%q: the one way to break it is replay", *flagBreak)
+	}
 	seed := *flagSeed
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
@@ -122,16 +125,18 @@ func TestSoak(t *testing.T) {
 	report(&b, soaked, seed, in, res, lag50, lag99, lag.GetSampleCount())
 	var notStore []string
 	for _, k := range sortedKeys(decisions) {
-		if strings.Contains(k, "fallback") || strings.Contains(k, "uncertain") || strings.HasSuffix(k, "/error") {
-			notStore = append(notStore, fmt.Sprintf("%s %.0f", k, decisions[k]))
+		rule, result, _ := strings.Cut(k, "/")
+		if decisions[k] != 0 && (strings.HasPrefix(result, "fallback") || result == "uncertain_allowed" || result == "error") {
+			notStore = append(notStore, fmt.Sprintf("%s %s %.0f", rule, result, decisions[k]))
 		}
 	}
-	fmt.Fprintf(&b, "not by store %s\n", strings.Join(notStore, ", "))
-	fmt.Fprintf(&b, "flushes      %s\n", strings.Join(flushLog, "; "))
-	fmt.Println(b.String())
-	if dir := os.Getenv("SOAK_REPORT_DIR"); dir != "" {
-		_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("soak-%d.txt", seed)), []byte(b.String()), 0o644)
+	fmt.Fprintf(&b, "not by store %s (limiter_decisions_total, every limiterd run)\n", strings.Join(notStore, ", "))
+	for _, f := range d.faults {
+		t.Logf("fault: %s", f)
 	}
+	t.Logf("errors, by code and by the fault active in their region when they were sent: %s", errorsByFault(in.answers, d.faults))
+	t.Logf("flushes in the spends streams: %s", strings.Join(flushLog, "; "))
+	fmt.Println(b.String())
 
 	if *flagBreak != "" {
 		if len(res.failures) == 0 {
@@ -593,4 +598,33 @@ func quantileBound(h *dto.Histogram, q float64) string {
 		}
 	}
 	return "+Inf"
+}
+
+// errorsByFault counts the answers that are errors by code and by the
+// kinds of fault active in their region (or across it, for a cut) when
+// they were sent: "none" outside every fault.
+func errorsByFault(answers []answer, faults []*fault) string {
+	n := map[string]int{}
+	for _, a := range answers {
+		if a.code == 0 {
+			continue
+		}
+		var kinds []string
+		for _, f := range faults {
+			r := regions[a.region]
+			if (f.region == r || f.other == r) && a.sent >= f.start && a.sent <= f.end && !slices.Contains(kinds, f.kind) {
+				kinds = append(kinds, f.kind)
+			}
+		}
+		if len(kinds) == 0 {
+			kinds = []string{"none"}
+		}
+		slices.Sort(kinds)
+		n[codes.Code(a.code).String()+" during "+strings.Join(kinds, "+")]++
+	}
+	var out []string
+	for _, k := range sortedKeys(n) {
+		out = append(out, fmt.Sprintf("%s: %d", k, n[k]))
+	}
+	return strings.Join(out, "; ")
 }
