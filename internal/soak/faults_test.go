@@ -226,6 +226,10 @@ func (d *driver) inject(f *fault) {
 				node = n
 			}
 		}
+		if node == nil {
+			f.err = "no node at " + addr
+			return
+		}
 		node.Stop()
 		// Its replica takes over in 2-3 s; the killed node comes back
 		// empty and rejoins as the new primary's replica.
