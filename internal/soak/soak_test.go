@@ -33,7 +33,7 @@ var (
 	flagInterval = flag.Duration("soak.gossip-interval", 250*time.Millisecond, "--gossip.interval of the daemons")
 	flagFaults   = flag.Bool("soak.faults", true, "inject faults (false: traffic only, to compare)")
 	flagDir      = flag.String("soak.dir", "", "directory for the daemons' files and logs, kept after the run (default: a temporary one, removed)")
-	flagBreak    = flag.String("soak.break", "", `break an invariant on purpose, to see the audit catch it: "replay" publishes a flush again under a new message id, its flush records deleted`)
+	flagBreak    = flag.String("soak.break", "", `break an invariant on purpose, to see the audit catch it: "replay" publishes a flush again under a new message id, its flush records deleted; "unreconciled" runs the slow and fast shapes with reconcile: false`)
 )
 
 // drainTimeout bounds the wait, after the soak, for every stream to be
@@ -45,8 +45,16 @@ const drainTimeout = 2 * time.Minute
 // records (see the README's "Chaos soak"). It fails on a broken invariant,
 // naming the seed and the key.
 func TestSoak(t *testing.T) {
-	if *flagBreak != "" && *flagBreak != "replay" {
-		t.Fatalf("-soak.break=%q: the one way to break it is replay", *flagBreak)
+	rules := soakRules
+	switch *flagBreak {
+	case "", "replay":
+	case "unreconciled":
+		// Each region then enforces the whole limit alone: about three
+		// times it over the regions, which the bound must refuse.
+		rules = strings.Replace(soakRules, "    refill_per_second: 20\n", "    refill_per_second: 20\n    reconcile: false\n", 1)
+		rules = strings.Replace(rules, "    refill_per_second: 100\n", "    refill_per_second: 100\n    reconcile: false\n", 1)
+	default:
+		t.Fatalf("-soak.break=%q: replay or unreconciled", *flagBreak)
 	}
 	seed := *flagSeed
 	if seed == 0 {
@@ -55,7 +63,7 @@ func TestSoak(t *testing.T) {
 	dur := *flagDuration
 	t.Logf("soak: duration %v, seed %d (replay with -soak.seed=%d)", dur, seed, seed)
 	began := time.Now()
-	s := newStack(t, soakRules, *flagInterval)
+	s := newStack(t, rules, *flagInterval)
 	t.Logf("stack up in %v", time.Since(began).Round(100*time.Millisecond))
 
 	start := time.Now()
