@@ -83,7 +83,7 @@ type overshoot struct {
 	// the steady lag before the last admission; what a region blind to
 	// another (after interval + steadyLag, by the probes) did not see;
 	// admissions around a fault of the key's Redis primary; what a
-	// killed limiterd admitted in the two intervals before its death.
+	// killed limiterd admitted in two intervals plus 1 s before its death.
 	lag, blind, store, killed float64
 }
 
@@ -183,7 +183,11 @@ func audit(in auditInput) auditResult {
 			sort.Slice(evs, func(i, j int) bool { return evs[i].done < evs[j].done })
 		}
 	}
-	killWindow := 2 * int64(in.interval)
+	// What a killed limiterd never published: what it admitted since its
+	// last flush that NATS acknowledged, at most one interval plus a
+	// publish in flight (its timeout: max(interval, 1 s)), counted over
+	// two intervals plus 1 s before the kill.
+	killWindow := 2*int64(in.interval) + int64(time.Second)
 	killedSum := func(evs []ev, region int) float64 {
 		sum := 0.0
 		for _, at := range kills[regions[region]] {

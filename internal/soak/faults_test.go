@@ -105,7 +105,11 @@ func (d *driver) run(ctx context.Context) {
 			}
 			f = d.pick(kind, left)
 			if f == nil && len(order) > 0 {
-				break // wait for the kind's turn
+				// Its turn again later, after the next kind: one that
+				// waits for another of its kind to end, or for more time
+				// than is left, does not hold up the others.
+				order = append(order[1:], order[0])
+				break
 			}
 		}
 		if f == nil {

@@ -139,8 +139,15 @@ func TestSoak(t *testing.T) {
 		}
 	}
 	fmt.Fprintf(&b, "not by store %s (limiter_decisions_total, every limiterd run)\n", strings.Join(notStore, ", "))
+	injected := map[string]bool{}
 	for _, f := range d.faults {
 		t.Logf("fault: %s", f)
+		injected[f.kind] = true
+	}
+	for _, k := range faultKinds {
+		if *flagFaults && !injected[k] {
+			t.Logf("no %s in this run: too short for it after the others (the order of the first faults comes from the seed)", k)
+		}
 	}
 	t.Logf("errors, by code and by the fault active in their region when they were sent: %s", errorsByFault(in.answers, d.faults))
 	t.Logf("flushes in the spends streams: %s", strings.Join(flushLog, "; "))
