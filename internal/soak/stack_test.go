@@ -390,3 +390,12 @@ func write(t *testing.T, dir, name, content string) {
 		t.Fatal(err)
 	}
 }
+
+// TestMain removes the daemons' binaries when the tests end.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bins.limiterd != "" {
+		os.RemoveAll(filepath.Dir(bins.limiterd))
+	}
+	os.Exit(code)
+}
