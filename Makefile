@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat bench proto lint deps up-deps build clean up down demo
+.PHONY: run test test-repeat soak bench proto lint deps up-deps build clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -32,6 +32,13 @@ N ?= 20
 PKG ?= ./internal/reconciler
 test-repeat: deps
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test-repeat.sh $(N) $(PKG)
+
+## soak: the chaos soak (internal/soak): three regions under Zipf traffic while faults are injected at random for SOAK_DURATION (3m), then the audit; SOAK_FLAGS='-soak.seed=N' replays a run
+SOAK_DURATION ?= 3m
+SOAK_TIMEOUT ?= 20m
+SOAK_FLAGS ?=
+soak: up-deps
+	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/soak -args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
 ## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race (Debian packages), promtool (Go module)
 deps:

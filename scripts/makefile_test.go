@@ -11,7 +11,8 @@ import (
 // TestMakeInstalls holds each make target to what it installs: the tests
 // need Redis, nginx, a C compiler (for -race) and promtool; the local stack
 // runs Redis and what it builds itself (NATS and the daemons), so `make up`
-// installs Redis only and none of promtool's minutes-long build.
+// installs Redis only and none of promtool's minutes-long build; so does
+// the soak, which runs the same servers.
 func TestMakeInstalls(t *testing.T) {
 	mk, err := exec.LookPath("make")
 	if err != nil {
@@ -26,6 +27,7 @@ func TestMakeInstalls(t *testing.T) {
 		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc"}, promtool: true},
 		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc"}, promtool: true},
 		{name: "up", target: "up", deps: []string{"redis"}, promtool: false},
+		{name: "soak", target: "soak", deps: []string{"redis"}, promtool: false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -51,6 +53,45 @@ func TestMakeInstalls(t *testing.T) {
 			}
 			if promtool != tt.promtool {
 				t.Errorf("make %s runs install-promtool.sh: %v, want %v\n%s", tt.target, promtool, tt.promtool, out)
+			}
+		})
+	}
+}
+
+// TestMakeSoak holds `make soak` to what the README says it runs: TestSoak
+// alone, once, for SOAK_DURATION (3 minutes unless given), with the
+// nats-server of the module, not under the race detector.
+func TestMakeSoak(t *testing.T) {
+	mk, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("no make")
+	}
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"default", nil, "-soak.duration=3m"},
+		{"longer", []string{"SOAK_DURATION=10m"}, "-soak.duration=10m"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := exec.Command(mk, append([]string{"-n", "-C", "..", "soak"}, tt.args...)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("make -n soak: %v\n%s", err, out)
+			}
+			var run string
+			for line := range strings.Lines(string(out)) {
+				if strings.Contains(line, " test ") && strings.Contains(line, "./internal/soak") {
+					run = line
+				}
+			}
+			for _, w := range []string{"LIMITER_NATS_SERVER=", "-run '^TestSoak$'", "-count=1", tt.want} {
+				if !strings.Contains(run, w) {
+					t.Errorf("make soak runs %q: no %q\n%s", run, w, out)
+				}
+			}
+			if strings.Contains(run, "-race") {
+				t.Errorf("make soak runs the race detector: %q", run)
 			}
 		})
 	}
