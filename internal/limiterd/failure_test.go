@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -187,5 +188,53 @@ func TestFailoverUnderLoad(t *testing.T) {
 		if code != codes.OK && code != codes.Unavailable {
 			t.Errorf("fail-closed rule: %d checks answered %v", n, code)
 		}
+	}
+}
+
+// TestPausedNodeUnderLoad: a Redis primary under CLIENT PAUSE (a stalled
+// node: it takes connections and answers nothing) is a store failure, as
+// a stopped one is: under load, fail-open rules keep answering (the
+// fallback decides the paused node's keys), fail-closed rules answer
+// UNAVAILABLE, and no check is answered RESOURCE_EXHAUSTED, which would
+// blame limiterd's own queue for the node's silence.
+func TestPausedNodeUnderLoad(t *testing.T) {
+	c := testenv.RedisCluster(t, 3, 0)
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 50 * time.Millisecond })
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	stop := make(chan struct{})
+	r := load(t, client, 8, stop)
+	time.Sleep(500 * time.Millisecond)
+	_, before := r.snapshot()
+
+	p := redis.NewClient(&redis.Options{Addr: c.PrimaryAddrs()[0]})
+	defer p.Close()
+	if err := p.Do(context.Background(), "CLIENT", "PAUSE", 3000, "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3500 * time.Millisecond)
+	close(stop)
+	_, after := r.snapshot()
+	during := map[string]map[codes.Code]int{}
+	for rule, m := range after {
+		during[rule] = map[codes.Code]int{}
+		for code, n := range m {
+			if n -= before[rule][code]; n > 0 {
+				during[rule][code] = n
+			}
+		}
+	}
+	t.Logf("codes during the pause: %v", during)
+	for rule, want := range map[string]codes.Code{"open": codes.OK, "closed": codes.Unavailable} {
+		for code, n := range during[rule] {
+			if code != want && code != codes.OK {
+				t.Errorf("%s rule: %d checks answered %v", rule, n, code)
+			}
+		}
+	}
+	if during["closed"][codes.Unavailable] == 0 {
+		t.Error("closed rule: no check answered UNAVAILABLE: the pause was not felt")
+	}
+	if body := scrape(t, d); !containsNonZero(body, `limiter_decisions_total{result="fallback_allowed",rule="open"}`) {
+		t.Error("metrics: no fallback decision of the open rule during the pause")
 	}
 }

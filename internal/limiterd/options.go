@@ -271,7 +271,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.RedisTLSCertFile, "redis.tls-cert-file", "", "client certificate for Redis (PEM; implies --redis.tls)")
 	fs.StringVar(&o.RedisTLSKeyFile, "redis.tls-key-file", "", "private key of --redis.tls-cert-file (PEM)")
 	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "a check's reply from Redis is late past this, counted from the moment it is written (see --redis.reply-deadline)")
-	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED")
+	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED, or the rule's on_failure when its node answered nothing meanwhile")
 	fs.DurationVar(&o.RedisReplyDeadline, "redis.reply-deadline", redisstore.DefaultReplyDeadline, "longest wait for a reply later than --redis.timeout: still used (Redis decided), counted against the node; after it the outcome is unknown")
 	fs.DurationVar(&o.RedisDialTimeout, "redis.dial-timeout", redisstore.DefaultDialTimeout, "longest wait to open a connection to a Redis node")
 	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")

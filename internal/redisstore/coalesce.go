@@ -71,6 +71,20 @@ type node struct {
 	breaker      *gobreaker.CircuitBreaker[struct{}]
 	connFailures atomic.Int32
 	unsafe       atomic.Bool
+	// inFlight counts the pipelines being sent (their connection made, or
+	// their replies awaited); answered is when one last got its replies
+	// (ns since the Unix epoch). A check that waited its whole queue wait
+	// while pipelines were in flight and none was answered waited for the
+	// node, not for limiterd: see stalled.
+	inFlight atomic.Int32
+	answered atomic.Int64
+}
+
+// stalled reports that the node answered no pipeline since queued (ns since
+// the Unix epoch) while some are in flight: a check queued then waited for
+// the node.
+func (n *node) stalled(queued int64) bool {
+	return n.inFlight.Load() > 0 && n.answered.Load() < queued
 }
 
 // nodeFor returns the node of the primary serving key.
@@ -330,6 +344,7 @@ func (n *node) start(sc scriptCall, dur prometheus.Observer) *call {
 // applies from the write, and by ctx: a caller that gives up then gets an
 // error wrapping bucket.ErrOutcomeUnknown.
 func (n *node) wait(ctx context.Context, c *call) result {
+	queued := time.Now().UnixNano()
 	t := timerPool.Get().(*time.Timer)
 	t.Reset(n.s.maxQueueWait)
 	defer func() {
@@ -340,10 +355,10 @@ func (n *node) wait(ctx context.Context, c *call) result {
 	case n.calls <- c:
 	case <-t.C:
 		putCall(c)
-		return n.overloaded(nil)
+		return n.overloaded(nil, queued)
 	case <-ctx.Done():
 		putCall(c)
-		return n.overloaded(ctx.Err())
+		return n.overloaded(ctx.Err(), queued)
 	}
 	var cause error
 	select {
@@ -355,7 +370,7 @@ func (n *node) wait(ctx context.Context, c *call) result {
 		cause = ctx.Err()
 	}
 	if c.state.CompareAndSwap(callQueued, callAbandoned) {
-		return n.overloaded(cause)
+		return n.overloaded(cause, queued)
 	}
 	// A worker has it: it is being sent, or its connection is being made.
 	select {
@@ -379,7 +394,19 @@ func (n *node) wait(ctx context.Context, c *call) result {
 	return result{f: unknown, err: unknown.wrap(n.addr, ctx.Err())}
 }
 
-func (n *node) overloaded(cause error) result {
+// overloaded is the result of a check taken back unsent from the queue,
+// which it joined at queued (ns since the Unix epoch): limiterd's overload,
+// unless the node answered nothing meanwhile while pipelines to it were in
+// flight; then the node is stalled, a store failure like a node down.
+func (n *node) overloaded(cause error, queued int64) result {
+	if n.stalled(queued) {
+		err := fmt.Errorf("redis %s: %w: waited %v in its queue and no pipeline to it was answered meanwhile; nothing sent",
+			n.addr, ErrNodeStalled, time.Duration(time.Now().UnixNano()-queued).Round(time.Millisecond))
+		if cause != nil {
+			err = fmt.Errorf("%w: %w", err, cause)
+		}
+		return result{f: notApplied, err: err}
+	}
 	err := fmt.Errorf("%w: waited %v in the queue of %s", bucket.ErrOverloaded, n.s.maxQueueWait, n.addr)
 	if cause != nil {
 		err = fmt.Errorf("%w: in the queue of %s: %w", bucket.ErrOverloaded, n.addr, cause)
@@ -492,6 +519,8 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 		cmds       []*redis.Cmd
 		start      time.Time
 	)
+	n.inFlight.Add(1)
+	defer n.inFlight.Add(-1)
 	_, err := n.breaker.Execute(func() (struct{}, error) {
 		if connectErr = w.ready(life); connectErr != nil {
 			n.noteFailure(connectErr)
@@ -530,6 +559,7 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 			}
 		}
 		n.connFailures.Store(0)
+		n.answered.Store(w.used.UnixNano())
 		if w.used.Sub(start) > n.s.timeout {
 			// Decided, but late: evidence against the node.
 			return struct{}{}, errSlowReply

@@ -24,6 +24,11 @@ var (
 	// answered since New, so the slot map or the server's mode is unknown).
 	// It keeps trying in the background; see Store.Health.
 	ErrNotConnected = errors.New("redis store not connected")
+	// ErrNodeStalled: the request waited in its node's queue past the cap
+	// while every pipeline to that node was waiting for its replies and
+	// none came (a paused or stuck node): the store failed, not limiterd,
+	// and nothing was sent, so the rule's on_failure decides.
+	ErrNodeStalled = errors.New("redis node stalled")
 )
 
 // failure says what a failed store call means for the request.
