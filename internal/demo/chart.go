@@ -150,7 +150,10 @@ func runPlot(r *Result, top float64) (*plot.Plot, error) {
 	end := chartEnd(r)
 	var all []time.Duration
 	for i, reg := range r.Regions {
-		l, err := cumulative(reg.Admitted, end, regionColors[i%len(regionColors)], 1.2)
+		// Regions that admit alike draw over each other: each line is
+		// thinner than the one before, so all of them show.
+		width := 1 + 1.2*float64(len(r.Regions)-1-i)
+		l, err := cumulative(reg.Admitted, end, regionColors[i%len(regionColors)], width)
 		if err != nil {
 			return nil, fmt.Errorf("chart %s %s: %w", r.Rule, reg.Region, err)
 		}
@@ -159,7 +162,7 @@ func runPlot(r *Result, top float64) (*plot.Plot, error) {
 		all = append(all, reg.Admitted...)
 	}
 	slices.Sort(all)
-	total, err := cumulative(all, end, totalColor, 2)
+	total, err := cumulative(all, end, totalColor, 2.2)
 	if err != nil {
 		return nil, fmt.Errorf("chart %s total: %w", r.Rule, err)
 	}
