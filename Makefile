@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat soak bench proto lint deps up-deps build clean up down demo
+.PHONY: run test test-repeat soak bench proto lint deps up-deps build image clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -57,7 +57,7 @@ up: up-deps
 down:
 	@scripts/stack.sh down
 
-## demo: one key through the three regions, reconciled rule then unreconciled (needs `make up`)
+## demo: one key through the three regions, reconciled rule then unreconciled (needs `make up`); the report's chart in bin/demo.svg
 demo:
 	$(GO) build -o $(BIN)/limiterdemo ./cmd/limiterdemo
 	$(BIN)/limiterdemo --rules.file=$(RULES) --gossip.interval=$(GOSSIP_INTERVAL) $(DEMO_FLAGS)
@@ -65,6 +65,13 @@ demo:
 ## build: build the binaries into ./bin
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
+
+## image: build the limiterd and reconciler images, without Docker, into bin/images/<name>.tar (docker load -i, crane push); GOARCH=arm64 for another architecture
+# The tool runs on this machine (GOARCH unset for `go run`); it builds the
+# binaries for IMAGE_ARCH.
+IMAGE_ARCH ?= $(or $(GOARCH),amd64)
+image:
+	env -u GOARCH $(GO) run ./internal/tools/image --dir $(BIN)/images --arch $(IMAGE_ARCH)
 
 ## bench: go test benchmarks and a short load run against a local 3-primary cluster
 bench: deps

@@ -88,8 +88,12 @@ func TestStackUpDemoDown(t *testing.T) {
 		t.Fatalf("the README's admin PUT: %s", resp.Status)
 	}
 
-	report := run(2*time.Minute, "go", "run", "./cmd/limiterdemo", "--rules.file=examples/rules.yml", "--duration=6s")
+	chart := filepath.Join(t.TempDir(), "demo.svg")
+	report := run(2*time.Minute, "go", "run", "./cmd/limiterdemo", "--rules.file=examples/rules.yml", "--duration=6s", "--chart="+chart)
 	t.Log(report)
+	if st, err := os.Stat(chart); err != nil || st.Size() == 0 {
+		t.Errorf("the demo wrote no chart to %s: %v", chart, err)
+	}
 	// "overshoot   +0.0 = +0.00 x one gossip interval ...": reconciled first.
 	re := regexp.MustCompile(`(?m)^\s+overshoot\s+\S+ = ([+-][0-9.]+) x one gossip interval`)
 	var over []float64

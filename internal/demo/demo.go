@@ -10,6 +10,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -28,13 +30,43 @@ type target struct {
 }
 
 // Run validates opts, checks the rules, then runs the reconciled rule and
-// the unreconciled one, one after the other, and writes the report to w.
+// the unreconciled one, one after the other, and writes the report to w
+// and its chart to opts.ChartFile, from the same measurement.
 func Run(ctx context.Context, opts Options, w io.Writer) error {
+	// A chart that cannot be written fails now, not after the runs.
+	if opts.ChartFile != "" {
+		if err := os.MkdirAll(filepath.Dir(opts.ChartFile), 0o755); err != nil {
+			return optErr("chart", "%w", err)
+		}
+	}
 	rep, err := Measure(ctx, opts)
 	if err != nil {
 		return err
 	}
-	return rep.Write(w)
+	if err := rep.Write(w); err != nil {
+		return err
+	}
+	if opts.ChartFile == "" {
+		return nil
+	}
+	if err := writeChartFile(rep, opts.ChartFile); err != nil {
+		return optErr("chart", "%w", err)
+	}
+	_, err = fmt.Fprintf(w, "\nchart: %s\n", opts.ChartFile)
+	return err
+}
+
+// writeChartFile writes rep's chart to path.
+func writeChartFile(rep *Report, path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteChart(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // Measure is Run without the printing. When ctx is cancelled it returns

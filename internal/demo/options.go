@@ -25,6 +25,9 @@ const (
 	// DefaultGossipInterval is the stack's --gossip.interval.
 	DefaultGossipInterval = gossip.DefaultInterval
 	DefaultTimeout        = 2 * time.Second
+	// DefaultChartFile is where the chart goes, beside the binaries
+	// `make demo` builds.
+	DefaultChartFile = "bin/demo.svg"
 )
 
 // Bounds of the options: a demo always ends by itself, soon.
@@ -81,6 +84,8 @@ type Options struct {
 	GossipInterval time.Duration
 	// Timeout is the deadline of each check (--timeout).
 	Timeout time.Duration
+	// ChartFile is the SVG chart of the report (--chart); "" writes none.
+	ChartFile string
 }
 
 // DefaultOptions returns the options with every flag at its default.
@@ -96,6 +101,7 @@ func DefaultOptions() Options {
 		Duration:         DefaultDuration,
 		GossipInterval:   DefaultGossipInterval,
 		Timeout:          DefaultTimeout,
+		ChartFile:        DefaultChartFile,
 	}
 }
 
@@ -112,6 +118,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.Duration, "duration", o.Duration, fmt.Sprintf("length of each run, %v to %v", MinDuration, MaxDuration))
 	fs.DurationVar(&o.GossipInterval, "gossip.interval", o.GossipInterval, "the stack's --gossip.interval")
 	fs.DurationVar(&o.Timeout, "timeout", o.Timeout, "deadline of each check")
+	fs.StringVar(&o.ChartFile, "chart", o.ChartFile, `SVG chart of the report to write ("" for none)`)
 }
 
 // Validate checks every option on its own; the rules are checked when the

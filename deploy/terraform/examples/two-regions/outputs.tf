@@ -17,3 +17,8 @@ output "topology" {
     ]
   }
 }
+
+output "images" {
+  description = "The limiterd and reconciler images both regions run (the module's images output)."
+  value       = module.us_east.images
+}

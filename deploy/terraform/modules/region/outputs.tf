@@ -46,3 +46,11 @@ output "k8s_infra_env" {
     nats_url    = join(",", [for h in local.nats_hosts : "nats://${h}:${local.nats_client_port}"])
   })
 }
+
+output "images" {
+  description = "The images the region's Deployments run, by container (deploy/k8s/base/kustomization.yaml, images:): set newName and newTag, or a digest, in the overlay when they differ from the base's."
+  value = {
+    limiterd   = "${var.image_registry}/limiterd:${var.image_version}"
+    reconciler = "${var.image_registry}/reconciler:${var.image_version}"
+  }
+}

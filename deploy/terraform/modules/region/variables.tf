@@ -236,3 +236,25 @@ variable "tags" {
     error_message = "Tag keys must be 1 to 128 characters and values at most 256."
   }
 }
+
+variable "image_registry" {
+  description = "Registry and namespace of the limiterd and reconciler images: make image builds ghcr.io/limiterd/<name>:<version>; give your own when you push them elsewhere (crane push)."
+  type        = string
+  default     = "ghcr.io/limiterd"
+
+  validation {
+    condition     = can(regex("^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._-]+)*$", var.image_registry))
+    error_message = "image_registry must be a registry host with an optional port and path, such as ghcr.io/limiterd, without a trailing slash."
+  }
+}
+
+variable "image_version" {
+  description = "Tag of the images: the VERSION file make image tags them with. Pin digests in the overlay's kustomization (deploy/README.md)."
+  type        = string
+  default     = "0.1.0"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$", var.image_version))
+    error_message = "image_version must be an image tag: letters, digits, _, . and -, at most 128, not starting with . or -."
+  }
+}
