@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 )
 
@@ -28,6 +29,19 @@ type PacerOptions struct {
 	// says. A shorter MaxWait reserves less far ahead: less to give back
 	// when a Wait is cancelled.
 	MaxWait time.Duration
+	// MaxLate, when above 0, bounds how late after its slot a call may
+	// leave. A slot is known to within the check's round trip (its wait
+	// counts from the store's decision, somewhere between the check's send
+	// and its answer) plus the rounding of wait_ms (1 ms); when the time
+	// Wait returns may be more than MaxLate after the slot (a slow answer,
+	// a process descheduled past its timer), Wait gives the slot up and
+	// reserves again: the slot stays unused and the call does not bunch
+	// with the next ones. Set it below the rule's spacing (cost / rate) to
+	// keep the partner's every window within the rule: a window then holds
+	// at most the slots of a window MaxLate longer. It must exceed the
+	// round trip plus 1 ms, or every slot is given up: leave it 0 (off)
+	// for a rule pinned to another region.
+	MaxLate time.Duration
 }
 
 // Pacer makes its callers, in every process of a fleet, send at exactly a
@@ -43,8 +57,13 @@ type Pacer struct {
 	rule, key string
 	opts      PacerOptions
 	// timer is a sleep that ctx cuts short (a test's hook).
-	timer func(ctx context.Context, d time.Duration) error
+	timer  func(ctx context.Context, d time.Duration) error
+	missed atomic.Int64
 }
+
+// Missed is the number of slots Wait gave up because it could not keep
+// them within MaxLate.
+func (p *Pacer) Missed() int64 { return p.missed.Load() }
 
 // NewPacer returns a Pacer of the token bucket or GCRA rule rule for key,
 // checking through c.
@@ -70,7 +89,7 @@ func NewPacer(c *Client, rule, key string, opts PacerOptions) *Pacer {
 // back. Errors: ctx's, ErrInvalidPacer, and those of Client.Check
 // (ErrUnreachable, a gRPC status).
 func (p *Pacer) Wait(ctx context.Context) error {
-	if p.opts.MaxWait < 0 || p.opts.MaxWait > MaxPacerWait {
+	if p.opts.MaxWait < 0 || p.opts.MaxWait > MaxPacerWait || p.opts.MaxLate < 0 {
 		return ErrInvalidPacer
 	}
 	for {
@@ -86,6 +105,7 @@ func (p *Pacer) Wait(ctx context.Context) error {
 			<-ctx.Done()
 			return ctx.Err()
 		}
+		sent := time.Now()
 		resp, err := p.c.CheckPaced(ctx, p.rule, p.key, p.opts.Cost, maxWait.Truncate(time.Millisecond))
 		if err != nil {
 			return err
@@ -96,16 +116,31 @@ func (p *Pacer) Wait(ctx context.Context) error {
 			}
 			continue
 		}
-		if err := p.timer(ctx, time.Duration(resp.GetWaitMs())*time.Millisecond); err != nil {
-			if r := resp.GetReservation(); r != "" {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.c.cancelTimeout())
-				_, _ = p.c.CancelReservation(cctx, r)
-				cancel()
-			}
+		// Never early: the answer came after the store decided.
+		wait := time.Duration(resp.GetWaitMs()) * time.Millisecond
+		if err := p.timer(ctx, wait); err != nil {
+			p.cancel(ctx, resp.GetReservation())
 			return err
+		}
+		// The slot is at least sent + wait - 1 ms (wait_ms is rounded up).
+		if p.opts.MaxLate > 0 && time.Since(sent)-wait+time.Millisecond > p.opts.MaxLate {
+			p.missed.Add(1)
+			p.cancel(ctx, resp.GetReservation())
+			continue
 		}
 		return nil
 	}
+}
+
+// cancel gives a reservation back, on a context of its own: ctx may have
+// ended.
+func (p *Pacer) cancel(ctx context.Context, reservation string) {
+	if reservation == "" {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.c.cancelTimeout())
+	_, _ = p.c.CancelReservation(cctx, reservation)
+	cancel()
 }
 
 // cancelTimeout bounds a reservation's give-back, which runs after the
