@@ -245,3 +245,38 @@ func TestPacedPinnedRule(t *testing.T) {
 		t.Fatalf("the home's next slot within 1.5s: %+v", it.Decision)
 	}
 }
+
+// TestPacedFallback: with the store down, a fail-open rule paces from this
+// instance's share (rate / fleet size) within the same wait; a paced check
+// whose store reply did not come is decided there too, never allowed at
+// once.
+func TestPacedFallback(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"store down", errors.New("connection refused")},
+		{"outcome unknown", bucket.ErrOutcomeUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, store, _ := paceEngine(t)
+			store.setFail(tc.err)
+			ok, it := pacedCheck(t, e, "pace", "k", 0)
+			if tc.err == bucket.ErrOutcomeUnknown {
+				if !ok || it.route != routeUnknown {
+					t.Fatalf("unpaced, outcome unknown: %v route %v, want allowed uncertain", ok, it.route)
+				}
+			}
+			// Paced: the fallback's first slot is now, its second 1 s out.
+			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait != 0 {
+				t.Fatalf("first paced check: %v route %v %+v", ok, it.route, it.Decision)
+			}
+			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait <= 900*time.Millisecond {
+				t.Fatalf("second paced check: %v route %v %+v, want the fallback's next slot", ok, it.route, it.Decision)
+			}
+			if Reservation(it) != "" {
+				t.Fatal("a fallback reservation is named for CancelReservation")
+			}
+		})
+	}
+}
