@@ -56,9 +56,7 @@ type Pacer struct {
 	c         *Client
 	rule, key string
 	opts      PacerOptions
-	// timer is a sleep that ctx cuts short (a test's hook).
-	timer  func(ctx context.Context, d time.Duration) error
-	missed atomic.Int64
+	missed    atomic.Int64
 }
 
 // Missed is the number of slots Wait gave up because it could not keep
@@ -71,7 +69,7 @@ func NewPacer(c *Client, rule, key string, opts PacerOptions) *Pacer {
 	if opts.MaxWait == 0 {
 		opts.MaxWait = DefaultPacerMaxWait
 	}
-	return &Pacer{c: c, rule: rule, key: key, opts: opts, timer: sleep}
+	return &Pacer{c: c, rule: rule, key: key, opts: opts}
 }
 
 // Wait blocks until the caller may send one call. It checks with the
@@ -111,14 +109,14 @@ func (p *Pacer) Wait(ctx context.Context) error {
 			return err
 		}
 		if !resp.GetAllowed() {
-			if err := p.timer(ctx, time.Duration(max(resp.GetRetryAfterMs(), 1))*time.Millisecond); err != nil {
+			if err := sleep(ctx, time.Duration(max(resp.GetRetryAfterMs(), 1))*time.Millisecond); err != nil {
 				return err
 			}
 			continue
 		}
 		// Never early: the answer came after the store decided.
 		wait := time.Duration(resp.GetWaitMs()) * time.Millisecond
-		if err := p.timer(ctx, wait); err != nil {
+		if err := sleep(ctx, wait); err != nil {
 			p.cancel(ctx, resp.GetReservation())
 			return err
 		}
