@@ -562,6 +562,15 @@ func TestPromQLMetricsExported(t *testing.T) {
 	if limited == 0 {
 		t.Fatal("password-reset admitted 8 checks: the limited series will not exist")
 	}
+	// Paced checks for limiter_paced_*: the third at once waits its slot.
+	for i := range 3 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := client.Check(cctx, &limiterv1.CheckRequest{RuleId: "sms-provider", Key: "provider:acme", MaxWaitMs: 1000})
+		cancel()
+		if err != nil || !resp.GetAllowed() {
+			t.Fatalf("paced check %d: %v, %v", i, resp, err)
+		}
+	}
 	// An invalid request (empty key) for limiter_invalid_requests_total.
 	if _, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "api"}); err == nil {
 		t.Error("a check with no key was accepted")

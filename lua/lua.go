@@ -96,6 +96,19 @@ func withAll(clock Clock, main string) string {
 	return b.String()
 }
 
+// Reserve returns the script that reserves the slot of a paced request on
+// several token bucket or GCRA rules of one client (see reserve_main.lua).
+func Reserve(clock Clock) string { return withInstant(clock, "reserve_main") }
+
+// Unreserve returns the script that gives a paced request's reservation
+// back while nothing was spent after it (see unreserve.lua).
+func Unreserve(clock Clock) string { return withInstant(clock, "unreserve") }
+
+// withInstant is a clock, lib, the token bucket's helpers, then main.
+func withInstant(clock Clock, main string) string {
+	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("instant") + mustRead(main)
+}
+
 // Refund returns the script that gives leased tokens back to a token
 // bucket or GCRA (see refund.lua). It reads the state with the algorithms'
 // own functions, so it is composed like Multi.

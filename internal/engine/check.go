@@ -89,7 +89,49 @@ type Check struct {
 	// as leases; held are those rules' items.
 	acquire bool
 	held    []*Item
+	// maxWait, when above 0, paces the check (Pace).
+	maxWait time.Duration
 }
+
+// Pace makes the check paced: instead of refusing, it reserves the next
+// slot within maxWait (at most bucket.MaxWait) and is allowed with a wait
+// (Item.Decision.Wait, the same for every rule: they reserve at one
+// instant). Call it after the rules are added. Only token bucket and GCRA
+// rules pace, and a paced check's enforced rules must all count against
+// one key (one store script reserves them at one instant); shadow rules are
+// decided unpaced. Errors are an *InvalidError naming max_wait_ms (and the
+// rule at fault), counted as AddRule's are. 0 leaves the check unpaced.
+func (c *Check) Pace(maxWait time.Duration) error {
+	err := c.pace(maxWait)
+	c.counted(err)
+	return err
+}
+
+func (c *Check) pace(maxWait time.Duration) error {
+	if err := (bucket.Limit{Algorithm: bucket.GCRA}).ValidateWait(maxWait); err != nil {
+		return invalid("max_wait_ms", "max_wait_ms: %w", err)
+	}
+	if maxWait == 0 {
+		return nil
+	}
+	if c.acquire {
+		return invalid("max_wait_ms", "max_wait_ms: %w: an Acquire does not pace", bucket.ErrInvalidWait)
+	}
+	for _, it := range c.enforce {
+		if err := it.e.limit.ValidateWait(maxWait); err != nil {
+			return invalid("max_wait_ms", "max_wait_ms: rule %s: %w", quote(it.Rule.ID), err)
+		}
+		if it.Key != c.enforce[0].Key {
+			return invalid("max_wait_ms", "max_wait_ms: rule %s: %w: its rules count against several keys, which no one script reserves at one instant",
+				quote(it.Rule.ID), bucket.ErrInvalidWait)
+		}
+	}
+	c.maxWait = maxWait
+	return nil
+}
+
+// MaxWait is the check's longest wait (Pace); 0 when it is not paced.
+func (c *Check) MaxWait() time.Duration { return c.maxWait }
 
 // NewCheck starts a check under the rules in force now.
 func (e *Engine) NewCheck() *Check { return &Check{t: e.table.Load(), m: e.m} }

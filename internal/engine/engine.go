@@ -103,6 +103,10 @@ type HomeItem struct {
 	Rule string
 	Key  string
 	Cost float64
+	// MaxWait paces the forwarded check (Check.Pace): the same for every
+	// item; the home reserves them at one instant and answers its wait in
+	// the decisions.
+	MaxWait time.Duration
 }
 
 // SpendRecorder collects the tokens admitted for reconciled rules, for the

@@ -107,7 +107,15 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	if e.deny != nil && !c.rerouted {
 		refused := false
 		for _, it := range items {
-			retry, reset, hit, probe := e.deny.Get(it.Rule.ID, it.Key, it.Cost)
+			var retry, reset time.Duration
+			var hit, probe bool
+			if c.maxWait > 0 {
+				// Refused here only when its slot cannot come within
+				// its wait (see denycache.GetBeyond).
+				retry, reset, hit = e.deny.GetBeyond(it.Rule.ID, it.Key, it.Cost, c.maxWait)
+			} else {
+				retry, reset, hit, probe = e.deny.Get(it.Rule.ID, it.Key, it.Cost)
+			}
 			it.probe = probe
 			if hit {
 				it.route = routeDeny
@@ -135,13 +143,20 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 			remote[home] = append(remote[home], it)
 			continue
 		}
-		if it.Rule.Lease > 0 {
+		if it.Rule.Lease > 0 && c.maxWait == 0 {
+			// A paced check never reserves from a lease: it goes to
+			// the store, whose state holds every reservation.
 			leased = append(leased, it)
 			continue
 		}
 		local = append(local, it)
 	}
 	slices.Sort(homes)
+	if c.maxWait > 0 && len(homes) > 0 && (len(homes) > 1 || len(local) > 0) {
+		// One instant for every rule needs one place that decides them.
+		return false, invalid("max_wait_ms", "max_wait_ms: %w: the check's rules are decided in different regions (rule %s is pinned to %s), which cannot reserve one instant",
+			bucket.ErrInvalidWait, quote(remote[homes[0]][0].Rule.ID), homes[0])
+	}
 	// What the earlier parts spent; given back by every return below that
 	// refuses or fails.
 	var sp spent
@@ -259,7 +274,7 @@ func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item
 	}
 	req := make([]HomeItem, len(its))
 	for i, it := range its {
-		req[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost}
+		req[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, MaxWait: c.maxWait}
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
@@ -329,7 +344,7 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 		if it.batch > 0 {
 			cost = it.batch
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.limit, Cost: cost}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.limit, Cost: cost, MaxWait: c.maxWait}
 	}
 	ds, err := e.takeAll(ctx, reqs)
 	if err == nil && !allAllowed(ds) {
@@ -367,7 +382,7 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 		}
 		return all, nil
 	}
-	return e.storeFailed(ctx, items, reqs, err)
+	return e.storeFailed(ctx, c, items, reqs, err)
 }
 
 // partlyDecided finishes a store call that decided some items and not
@@ -396,7 +411,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, req
 		return false, nil
 	}
 	at := time.Now()
-	allowed, err := e.storeFailed(ctx, failed, failedReqs, errors.Join(me.Unwrap()...))
+	allowed, err := e.storeFailed(ctx, c, failed, failedReqs, errors.Join(me.Unwrap()...))
 	if err == nil && allowed {
 		return true, nil
 	}
@@ -436,7 +451,12 @@ func allAllowed(ds []bucket.Decision) bool {
 // (never decided a second time); otherwise this instance's memory decides,
 // each rule with its share of the limit: limit / fleet, or for a pinned
 // rule whose home did not answer, limit / (regions × fleet).
-func (e *Engine) storeFailed(ctx context.Context, items []*Item, reqs []bucket.Request, err error) (bool, error) {
+//
+// A paced check whose outcome is unknown is decided by this instance's
+// memory too, not allowed at once: the store may have reserved a later
+// slot, and sending now could go above the rate. It may count twice, which
+// only slows it. The fallback paces with its share, within the same wait.
+func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs []bucket.Request, err error) (bool, error) {
 	if ctx.Err() != nil {
 		for _, it := range items {
 			it.e.failed.Inc()
@@ -454,7 +474,7 @@ func (e *Engine) storeFailed(ctx context.Context, items []*Item, reqs []bucket.R
 			return false, ErrUnavailable
 		}
 	}
-	if errors.Is(err, bucket.ErrOutcomeUnknown) {
+	if errors.Is(err, bucket.ErrOutcomeUnknown) && c.maxWait == 0 {
 		for _, it := range items {
 			it.route = routeUnknown
 			it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
@@ -471,13 +491,14 @@ func (e *Engine) storeFailed(ctx context.Context, items []*Item, reqs []bucket.R
 			it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: time.Second}
 			return false, nil
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost, MaxWait: c.maxWait}
 	}
 	ds, _ := e.fallback.TakeAll(ctx, reqs)
 	all := true
 	for i, it := range items {
 		it.Decision = ds[i]
 		it.Decision.Limit = it.e.limit.Capacity
+		it.Decision.Reservation = 0 // the store's reservations only are given back
 		all = all && ds[i].Allowed
 	}
 	return all, nil
@@ -497,8 +518,15 @@ func (e *Engine) remember(c *Check, items []*Item, sent int64, admitted bool) {
 		}
 		d := it.Decision
 		retry := d.RetryAfter
-		if d.Allowed && (it.batch > 0 || !admitted) {
-			continue // the lease holds what the batch left over, or given back
+		if d.Allowed && (it.batch > 0 || !admitted || c.maxWait > 0) {
+			// The lease holds what the batch left over, or given back;
+			// or a reservation, which says nothing of an unpaced check.
+			continue
+		}
+		if !d.Allowed && c.maxWait > 0 {
+			// A paced refusal's retry counts from its wait: an unpaced
+			// check of the same cost is refused for the wait longer.
+			retry += c.maxWait
 		}
 		if d.Allowed {
 			var ok bool
@@ -567,6 +595,17 @@ func (e *Engine) count(c *Check, allowed bool) {
 	var now int64 // read once, when a spend is recorded
 	for _, it := range c.enforce {
 		en := it.e
+		if c.maxWait > 0 {
+			// The series of a rule appear with its first paced check:
+			// most rules never pace.
+			switch {
+			case allowed:
+				e.m.paced.WithLabelValues(it.Rule.ID, resultAllowed).Inc()
+				e.m.pacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
+			case !it.Decision.Allowed && it.route != routeNone:
+				e.m.paced.WithLabelValues(it.Rule.ID, resultLimited).Inc()
+			}
+		}
 		if !allowed {
 			switch {
 			case it.Decision.Allowed || it.route == routeNone:

@@ -103,6 +103,11 @@ func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket
 		}
 		its = append(its, it)
 	}
+	if len(items) > 0 && items[0].MaxWait > 0 {
+		if err := c.Pace(items[0].MaxWait); err != nil {
+			return false, nil, time.Time{}, err
+		}
+	}
 	at := time.Now()
 	ok, err := h.e.Decide(ctx, c)
 	ds := make([]bucket.Decision, len(its))

@@ -96,6 +96,7 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 			forwardedAllowed: f.WithLabelValues(id, resultAllowed), forwardedLimited: f.WithLabelValues(id, resultLimited),
 			forwardedFailed: f.WithLabelValues(id, resultError),
 		}
+
 	}
 	return t
 }
@@ -115,6 +116,8 @@ type metrics struct {
 	duration     prometheus.Histogram
 	leases       *prometheus.CounterVec
 	untracked    prometheus.Counter
+	paced        *prometheus.CounterVec
+	pacedWait    *prometheus.HistogramVec
 }
 
 // Invalid counts a request a front door refused as invalid before its
@@ -126,7 +129,8 @@ func (e *Engine) Observe(seconds float64) { e.m.duration.Observe(seconds) }
 
 // forget removes the series of a rule no longer in force.
 func (m *metrics) forget(rule string) {
-	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded, m.leases} {
+	m.pacedWait.DeleteLabelValues(rule)
+	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded, m.leases, m.paced} {
 		v.DeletePartialMatch(prometheus.Labels{"rule": rule})
 	}
 	for _, v := range []*prometheus.CounterVec{m.admittedCost, m.denyHits, m.leased} {
@@ -190,6 +194,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_concurrency_untracked_total",
 			Help: "Leases granted but left out of limiter_concurrency_leases_in_flight: this instance already tracked the most it tracks.",
 		}),
+		paced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_paced_checks_total",
+			Help: "Paced checks (max_wait_ms > 0) of token bucket and GCRA rules, by rule and result: allowed (a slot reserved within the wait, limiter_paced_wait_seconds has its wait), limited (the next slot is beyond the wait: nothing spent).",
+		}, []string{"rule", "result"}),
+		pacedWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "limiter_paced_wait_seconds",
+			Help:    "The wait answered to allowed paced checks (the caller sends after it), by rule.",
+			Buckets: []float64{0, .001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}, []string{"rule"}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",
 			Help:    "Time to decide one check inside limiterd.",
@@ -197,12 +210,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.leased,
-		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration, m.leases, m.untracked} {
+		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration, m.leases, m.untracked,
+		m.paced, m.pacedWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id"} {
+	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation"} {
 		m.invalid.WithLabelValues(f)
 	}
 	for _, r := range []string{"ok", "error"} {

@@ -30,6 +30,7 @@ func TestHelperProcess(t *testing.T) {
 	switch os.Getenv(helperEnv) {
 	case "leases", "hold":
 		leaseHelper(os.Getenv(helperEnv))
+
 	case "check":
 		// Connect, wait for the start line on stdin, check once, print.
 		cc := dial(t, os.Getenv("LIMITERD_ADDR"))

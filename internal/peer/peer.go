@@ -194,6 +194,11 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 			}
 		}
 	}
+	if w := req.GetMaxWaitUs(); w != 0 {
+		if err := c.Pace(time.Duration(w) * time.Microsecond); err != nil {
+			return nil, checkapi.Status(err)
+		}
+	}
 	at := time.Now()
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
@@ -202,6 +207,10 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 	resp := &limiterv1.PeerDecideResponse{Allowed: allowed, DecidedAtUs: at.UnixMicro()}
 	for _, it := range items {
 		resp.Statuses = append(resp.Statuses, checkapi.RuleStatus(it))
+	}
+	if allowed && c.MaxWait() > 0 {
+		// Every item reserved at one instant: one wait, rounded up.
+		resp.WaitUs = int64((items[0].Decision.Wait + time.Microsecond - 1) / time.Microsecond)
 	}
 	return resp, nil
 }
@@ -267,7 +276,11 @@ func items(its []engine.HomeItem) []*limiterv1.PeerItem {
 
 // Decide forwards items to the home region.
 func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, time.Time, error) {
-	resp, err := c.c.Decide(c.outgoing(ctx), &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its), TopologyGeneration: c.generation})
+	req := &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its), TopologyGeneration: c.generation}
+	if len(its) > 0 && its[0].MaxWait > 0 {
+		req.MaxWaitUs = its[0].MaxWait.Microseconds()
+	}
+	resp, err := c.c.Decide(c.outgoing(ctx), req)
 	if err != nil {
 		return false, nil, time.Time{}, homeError(err)
 	}
@@ -277,6 +290,7 @@ func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []buc
 			Allowed: st.GetAllowed(), Remaining: st.GetRemaining(), Limit: st.GetLimit(),
 			RetryAfter: time.Duration(st.GetRetryAfterMs()) * time.Millisecond,
 			ResetAfter: time.Duration(st.GetResetAfterMs()) * time.Millisecond,
+			Wait:       time.Duration(resp.GetWaitUs()) * time.Microsecond,
 		}
 	}
 	return resp.GetAllowed(), ds, time.UnixMicro(resp.GetDecidedAtUs()), nil

@@ -52,6 +52,23 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 			return nil, fmt.Errorf("%w: no script for algorithm %q", bucket.ErrInvalidLimit, r.Limit.Algorithm)
 		}
 	}
+	for _, r := range reqs {
+		if r.MaxWait != 0 {
+			// Paced: one script reserves every rule at one instant.
+			ds, err := s.reserve(ctx, reqs)
+			if err != nil {
+				if errors.Is(err, bucket.ErrInvalidWait) {
+					return nil, err
+				}
+				errs := make([]error, len(reqs))
+				for i := range errs {
+					errs[i] = err
+				}
+				return make([]bucket.Decision, len(reqs)), &bucket.MultiError{Errs: errs}
+			}
+			return ds, nil
+		}
+	}
 	if len(reqs) == 1 {
 		d, err := s.Take(ctx, reqs[0])
 		if err != nil {

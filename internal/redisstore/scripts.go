@@ -48,7 +48,7 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script Load puts on a node.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript,
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript, reserveScript, unreserveScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }
 

@@ -225,6 +225,13 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 	if i < 0 {
 		return bucket.Decision{}, fmt.Errorf("%w: no script for algorithm %q", bucket.ErrInvalidLimit, req.Limit.Algorithm)
 	}
+	if req.MaxWait != 0 {
+		ds, err := s.reserve(ctx, []bucket.Request{req})
+		if err != nil {
+			return bucket.Decision{}, err
+		}
+		return ds[0], nil
+	}
 	key := Key(req.Rule, req.Key)
 	a := scriptArgs(req.Limit, req.Cost)
 	res, err := s.eval(ctx, opScript, key, scriptCall{script: singleScripts[i], keys: []string{key}, args: []any{a[0], a[1], a[2]}}, s.m.scriptDuration[i])

@@ -59,7 +59,34 @@ var (
 	ErrInvalidKey = errors.New("invalid key")
 	// ErrInvalidLimit: a Limit whose parameters cannot make decisions.
 	ErrInvalidLimit = errors.New("invalid limit")
+	// ErrInvalidWait: a MaxWait that is negative, above MaxWait, or set on
+	// a limit whose algorithm cannot reserve (see ValidateWait).
+	ErrInvalidWait = errors.New("invalid max wait")
 )
+
+// MaxWait is the longest wait a paced request may accept (Request.MaxWait).
+// It is DebtHorizon: a reservation never moves a token bucket's or GCRA's
+// state further ahead of now than capacity's duration plus MaxWait, which
+// stays within the debt bound that reads and debits clamp to (see
+// DebtHorizon), so no clamp ever drops a reservation.
+const MaxWait = DebtHorizon
+
+// ValidateWait reports, wrapping ErrInvalidWait, a wait a paced request
+// under l may not accept: negative, above MaxWait, or above 0 for an
+// algorithm other than TokenBucket and GCRA (a window has no exact
+// reservation: its count forgets when a request was admitted, and a sliding
+// log would have to log future instants).
+func (l Limit) ValidateWait(wait time.Duration) error {
+	switch {
+	case wait < 0:
+		return fmt.Errorf("%w: must be >= 0, got %v", ErrInvalidWait, wait)
+	case wait > MaxWait:
+		return fmt.Errorf("%w: must be at most %v, got %v", ErrInvalidWait, MaxWait, wait)
+	case wait > 0 && l.Algorithm != TokenBucket && l.Algorithm != GCRA:
+		return fmt.Errorf("%w: a %s limit cannot reserve: only token_bucket and gcra pace", ErrInvalidWait, l.Algorithm)
+	}
+	return nil
+}
 
 // Limit is the budget of one rule. The zero value is not valid: call Validate.
 type Limit struct {
@@ -185,6 +212,15 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the bucket is full or the window clear.
 	ResetAfter time.Duration
+	// Wait is, for an allowed paced request (Request.MaxWait > 0), how long
+	// the caller must wait before it sends: its reserved slot (rounded up
+	// to the µs, never early). 0 when it may send now.
+	Wait time.Duration
+	// Reservation is, for an allowed paced request, the bucket's state its
+	// spend left (the instant, ns since the Unix epoch, at which the bucket
+	// is full again), which names the reservation to give it back (see
+	// Unreserver); 0 otherwise.
+	Reservation int64
 }
 
 // Request is one check: spend Cost of Limit from the bucket of Key under Rule.
@@ -197,6 +233,11 @@ type Request struct {
 	Limit Limit
 	// Cost is the number of tokens to spend, already normalized.
 	Cost float64
+	// MaxWait, when above 0, makes the request paced: instead of being
+	// refused, it reserves the next slot within MaxWait and is allowed with
+	// Decision.Wait. Only a TokenBucket or GCRA paces (ValidateWait). The
+	// requests of one TakeAll share one MaxWait (the smallest counts).
+	MaxWait time.Duration
 }
 
 // Errors a Store returns when it could not decide. Callers test them with
@@ -260,4 +301,18 @@ type Store interface {
 type MultiStore interface {
 	Store
 	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
+}
+
+// Unreserver is a Store that can give back the spend of a paced request
+// (Request.MaxWait) that will not be sent, named by its
+// Decision.Reservation. It gives it back only while the bucket's state is
+// still the one that reservation left: no later spend (another
+// reservation stacked behind it, a check, a debit) has moved it. Then the
+// state moves back by the spend, never before now, and the next request
+// gets the slot. Otherwise it gives back nothing and reports false: the
+// slot stays unused (the rate stays under the limit, never above), since
+// giving it back would free the last slot reserved, which someone else
+// holds.
+type Unreserver interface {
+	Unreserve(ctx context.Context, req Request, reservation int64) (bool, error)
 }

@@ -124,6 +124,11 @@ func NewMemory(opts ...MemoryOption) *Memory {
 // Take decides req against the bucket of (req.Rule, req.Key). It never
 // returns an error.
 func (m *Memory) Take(_ context.Context, req Request) (Decision, error) {
+	if req.MaxWait != 0 {
+		if err := req.Limit.ValidateWait(req.MaxWait); err != nil {
+			return Decision{}, err
+		}
+	}
 	return m.take(m.nowMicros(), req), nil
 }
 
@@ -154,13 +159,13 @@ func (m *Memory) take(now int64, req Request) Decision {
 	}
 	if e == nil {
 		var fresh State
-		d := req.Limit.Take(&fresh, now, req.Cost)
+		d := req.Limit.Reserve(&fresh, now, req.Cost, req.MaxWait)
 		if d.Allowed {
 			m.put(sh, id, &memoryEntry{st: fresh, expires: req.Limit.ExpiresAt(&fresh)}, now)
 		}
 		return d
 	}
-	d := req.Limit.Take(&e.st, now, req.Cost)
+	d := req.Limit.Reserve(&e.st, now, req.Cost, req.MaxWait)
 	if d.Allowed {
 		e.expires = req.Limit.ExpiresAt(&e.st)
 		m.put(sh, id, e, now)
@@ -170,6 +175,17 @@ func (m *Memory) take(now int64, req Request) Decision {
 
 // TakeAll decides reqs all or nothing. It never returns an error.
 func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) {
+	maxWait := time.Duration(0)
+	for i, r := range reqs {
+		if r.MaxWait != 0 {
+			if err := r.Limit.ValidateWait(r.MaxWait); err != nil {
+				return nil, err
+			}
+		}
+		if i == 0 || r.MaxWait < maxWait {
+			maxWait = r.MaxWait
+		}
+	}
 	now := m.nowMicros()
 	// Lock every shard involved, in index order, so that concurrent
 	// TakeAlls cannot deadlock.
@@ -200,8 +216,17 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 			// Decide on a copy: the log is changed in place.
 			next[i].log = append([]int64(nil), e.st.log...)
 		}
-		out[i] = r.Limit.Take(&next[i], now, r.Cost)
-		all = all && out[i].Allowed
+		if maxWait == 0 {
+			out[i] = r.Limit.Take(&next[i], now, r.Cost)
+			all = all && out[i].Allowed
+		}
+	}
+	if maxWait > 0 {
+		ls, sts, costs := make([]*Limit, len(reqs)), make([]*State, len(reqs)), make([]float64, len(reqs))
+		for i := range reqs {
+			ls[i], sts[i], costs[i] = &reqs[i].Limit, &next[i], reqs[i].Cost
+		}
+		all = reserveAll(ls, sts, now, costs, float64(maxWait), out)
 	}
 	if !all {
 		return out, nil
@@ -294,4 +319,24 @@ func (m *Memory) Len() int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+// Unreserve gives back the spend of a paced request that will not be sent
+// (see Unreserver); it never returns an error.
+func (m *Memory) Unreserve(_ context.Context, req Request, reservation int64) (bool, error) {
+	if req.Limit.Algorithm != TokenBucket && req.Limit.Algorithm != GCRA {
+		return false, nil
+	}
+	now := m.nowMicros()
+	sh := m.shard(req.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	id := bucketID{req.Rule, req.Key}
+	e := sh.buckets[id]
+	if e == nil || e.expires <= now || !req.Limit.Unreserve(&e.st, now, reservation, req.Cost) {
+		return false, nil
+	}
+	e.expires = req.Limit.ExpiresAt(&e.st)
+	m.put(sh, id, e, now)
+	return true, nil
 }

@@ -107,6 +107,27 @@ func (c *Client) Check(ctx context.Context, rule, key string, cost float64) (*li
 	return c.check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: cost})
 }
 
+// CheckPaced is a paced Check: instead of refusing, limiterd reserves the
+// next slot within maxWait (at most 10 s, whole ms) and answers allowed
+// with WaitMs, the time to wait before sending, and Reservation, which
+// CancelReservation gives back when the call will not be sent. Beyond
+// maxWait it refuses, spending nothing, with RetryAfterMs: when the same
+// check fits within its wait. Only token bucket and GCRA rules pace (else
+// INVALID_ARGUMENT). Pacer wraps it. Errors as for Check.
+func (c *Client) CheckPaced(ctx context.Context, rule, key string, cost float64, maxWait time.Duration) (*limiterv1.CheckResponse, error) {
+	ms := int64((maxWait + time.Millisecond - 1) / time.Millisecond)
+	return c.check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: cost, MaxWaitMs: ms})
+}
+
+// CancelReservation gives back the slot of a paced check whose call will
+// not be sent. It comes back (givenBack true: the next caller gets it) only
+// while no later reservation or spend is stacked behind it in the bucket;
+// otherwise the slot stays unused, which keeps the rate under the limit.
+func (c *Client) CancelReservation(ctx context.Context, reservation string) (givenBack bool, err error) {
+	resp, err := call(c, ctx, &limiterv1.CancelReservationRequest{Reservation: reservation}, limiterv1.LimiterClient.CancelReservation)
+	return resp.GetGivenBack(), err
+}
+
 // CheckAttributes checks every rule whose match the attributes satisfy, all
 // or nothing, each rule's cost multiplied by cost (0 means 1). The
 // identities in a must come from the authenticated request. Errors are as

@@ -94,6 +94,24 @@ func (c *Cache) Get(rule, key string, cost float64) (retry, reset time.Duration,
 	return time.Duration(d.until - now), time.Duration(max(d.reset-now, 0)), true, false
 }
 
+// GetBeyond reports whether (rule, key) is denied for cost for longer
+// than wait, and for how long beyond it: a paced check (one that accepts
+// wait) is refused here only when even its wait cannot reach the end of
+// the denial, so the cache never refuses a paced check that a reservation
+// could admit. It never probes: a paced check that may fit goes to the
+// store, like any check of a key not denied.
+func (c *Cache) GetBeyond(rule, key string, cost float64, wait time.Duration) (retry, reset time.Duration, ok bool) {
+	sh := &c.shards[maphash.String(c.seed, key)%Shards]
+	now := c.Now()
+	sh.mu.Lock()
+	d, found := sh.m[bucketKey{rule, key}]
+	sh.mu.Unlock()
+	if !found || d.probing || cost < d.cost || d.until-now <= int64(wait) {
+		return 0, 0, false
+	}
+	return time.Duration(d.until - now - int64(wait)), time.Duration(max(d.reset-now, 0)), true
+}
+
 // Forget drops the denial of (rule, key): its probe was allowed or failed.
 func (c *Cache) Forget(rule, key string) {
 	sh := &c.shards[maphash.String(c.seed, key)%Shards]

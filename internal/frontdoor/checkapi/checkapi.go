@@ -7,6 +7,7 @@ package checkapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -50,6 +52,9 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 		if err != nil {
 			return nil, err
 		}
+		if err := s.pace(c, req.GetMaxWaitMs()); err != nil {
+			return nil, err
+		}
 		allowed, err := s.e.Decide(ctx, c)
 		if err != nil {
 			return nil, err
@@ -60,6 +65,9 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 	if err != nil {
 		return nil, err
 	}
+	if err := s.pace(c, req.GetMaxWaitMs()); err != nil {
+		return nil, err
+	}
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, err
@@ -68,7 +76,34 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 		// A check of a shadow rule by its id: its verdict, refusing nothing.
 		return Response([]*engine.Item{it}, nil, true, false), nil
 	}
-	return Response([]*engine.Item{it}, nil, allowed, false), nil
+	resp := Response([]*engine.Item{it}, nil, allowed, false)
+	if allowed && c.MaxWait() > 0 {
+		resp.Reservation = engine.Reservation(it)
+	}
+	return resp, nil
+}
+
+// pace makes c paced by max_wait_ms (0: not paced).
+func (s *Service) pace(c *engine.Check, ms int64) error {
+	if ms == 0 {
+		return nil
+	}
+	if most := bucket.MaxWait.Milliseconds(); ms < 0 || ms > most {
+		s.e.Invalid("max_wait_ms")
+		return &engine.InvalidError{Field: "max_wait_ms",
+			Err: fmt.Errorf("max_wait_ms: %w: must be 0 to %d, got %d", bucket.ErrInvalidWait, most, ms)}
+	}
+	return c.Pace(time.Duration(ms) * time.Millisecond)
+}
+
+// CancelReservation gives back a paced check's slot while nothing was
+// reserved after it.
+func (s *Service) CancelReservation(ctx context.Context, req *limiterv1.CancelReservationRequest) (*limiterv1.CancelReservationResponse, error) {
+	back, err := s.e.CancelReservation(ctx, req.GetReservation())
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &limiterv1.CancelReservationResponse{GivenBack: back}, nil
 }
 
 var errAttributesAlone = errors.New("rule_id, key: must be empty in a check by attributes")
@@ -91,6 +126,9 @@ func Response(enforce, shadow []*engine.Item, allowed, statuses bool) *limiterv1
 		resp.Remaining, resp.Limit = d.Remaining, d.Limit
 		resp.RetryAfterMs, resp.ResetAfterMs = engine.CeilMillis(d.RetryAfter), engine.CeilMillis(d.ResetAfter)
 		resp.RuleId, resp.WindowMs = top.Rule.ID, top.WindowMillis()
+		if allowed {
+			resp.WaitMs = engine.CeilMillis(d.Wait)
+		}
 	} else if top := engine.MostRestrictive(shadow); top != nil && !statuses {
 		resp.RuleId = top.Rule.ID
 	}
@@ -110,7 +148,7 @@ func RuleStatus(it *engine.Item) *limiterv1.RuleStatus {
 	return &limiterv1.RuleStatus{
 		RuleId: it.Rule.ID, Allowed: d.Allowed, Remaining: d.Remaining, Limit: d.Limit,
 		RetryAfterMs: engine.CeilMillis(d.RetryAfter), ResetAfterMs: engine.CeilMillis(d.ResetAfter),
-		WindowMs: it.WindowMillis(), Shadow: it.Rule.Shadow,
+		WindowMs: it.WindowMillis(), Shadow: it.Rule.Shadow, WaitMs: engine.CeilMillis(d.Wait),
 	}
 }
 

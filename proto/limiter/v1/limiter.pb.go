@@ -23,6 +23,96 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type CancelReservationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reservation of an allowed paced CheckResponse.
+	Reservation   string `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelReservationRequest) Reset() {
+	*x = CancelReservationRequest{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelReservationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelReservationRequest) ProtoMessage() {}
+
+func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelReservationRequest.ProtoReflect.Descriptor instead.
+func (*CancelReservationRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CancelReservationRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+type CancelReservationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the slot came back.
+	GivenBack     bool `protobuf:"varint,1,opt,name=given_back,json=givenBack,proto3" json:"given_back,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelReservationResponse) Reset() {
+	*x = CancelReservationResponse{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelReservationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelReservationResponse) ProtoMessage() {}
+
+func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelReservationResponse.ProtoReflect.Descriptor instead.
+func (*CancelReservationResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CancelReservationResponse) GetGivenBack() bool {
+	if x != nil {
+		return x.GivenBack
+	}
+	return false
+}
+
 // An Acquire names one concurrency rule and key (rule_id, key), or
 // describes the request (attributes), as a CheckRequest does.
 type AcquireRequest struct {
@@ -40,7 +130,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -52,7 +142,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -65,7 +155,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *AcquireRequest) GetRuleId() string {
@@ -127,7 +217,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -139,7 +229,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -152,7 +242,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *AcquireResponse) GetAllowed() bool {
@@ -227,7 +317,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +329,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +342,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReleaseRequest) GetLeaseId() string {
@@ -272,7 +362,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -284,7 +374,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -297,7 +387,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -316,7 +406,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -328,7 +418,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -341,7 +431,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RenewRequest) GetLeaseId() string {
@@ -363,7 +453,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -375,7 +465,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -388,7 +478,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RenewResponse) GetRenewed() bool {
@@ -427,14 +517,24 @@ type CheckRequest struct {
 	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
 	// The request, for a check of every matching rule; rule_id and key must
 	// then be empty.
-	Attributes    *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	Attributes *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	// Paces the check: 0 to 10000 (10 s). Instead of refusing, limiterd
+	// reserves the next slot within this wait and answers allowed with
+	// wait_ms: the caller sleeps that long, then sends, so that every caller
+	// together sends at exactly the rule's rate. Beyond the wait the answer
+	// is a refusal (nothing spent) whose retry_after_ms says when the same
+	// check fits within its wait. Only token_bucket and gcra rules pace: a
+	// check of another rule with max_wait_ms > 0 is INVALID_ARGUMENT naming
+	// the rule, as is one whose rules count against several keys. 0: decide
+	// now, as without it.
+	MaxWaitMs     int64 `protobuf:"varint,5,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -446,7 +546,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -459,7 +559,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *CheckRequest) GetRuleId() string {
@@ -490,6 +590,13 @@ func (x *CheckRequest) GetAttributes() *Attributes {
 	return nil
 }
 
+func (x *CheckRequest) GetMaxWaitMs() int64 {
+	if x != nil {
+		return x.MaxWaitMs
+	}
+	return 0
+}
+
 // Attributes of a request. Identities (api_key, user, ip) must come from the
 // authenticated request, never from a value the client chooses.
 type Attributes struct {
@@ -511,7 +618,7 @@ type Attributes struct {
 
 func (x *Attributes) Reset() {
 	*x = Attributes{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -523,7 +630,7 @@ func (x *Attributes) String() string {
 func (*Attributes) ProtoMessage() {}
 
 func (x *Attributes) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -536,7 +643,7 @@ func (x *Attributes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attributes.ProtoReflect.Descriptor instead.
 func (*Attributes) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Attributes) GetApiKey() string {
@@ -614,14 +721,20 @@ type CheckResponse struct {
 	// time to fill an empty bucket for a token bucket or GCRA.
 	WindowMs int64 `protobuf:"varint,7,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
 	// With attributes: one status per rule checked, shadow rules included.
-	Statuses      []*RuleStatus `protobuf:"bytes,8,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	Statuses []*RuleStatus `protobuf:"bytes,8,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	// A paced check allowed: how long to wait before sending (its reserved
+	// slot, rounded up to the ms: never early). 0: send now.
+	WaitMs int64 `protobuf:"varint,9,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
+	// A paced check by rule_id allowed in this region's store: names the
+	// reservation for CancelReservation. Empty otherwise.
+	Reservation   string `protobuf:"bytes,10,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -633,7 +746,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -646,7 +759,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -705,26 +818,43 @@ func (x *CheckResponse) GetStatuses() []*RuleStatus {
 	return nil
 }
 
+func (x *CheckResponse) GetWaitMs() int64 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
+func (x *CheckResponse) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
 // RuleStatus is one rule's verdict on an attribute-based check.
 type RuleStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
 	// Whether this rule alone would allow the request. A shadow rule's
 	// refusal refuses nothing.
-	Allowed       bool    `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
-	Remaining     float64 `protobuf:"fixed64,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	Limit         float64 `protobuf:"fixed64,4,opt,name=limit,proto3" json:"limit,omitempty"`
-	RetryAfterMs  int64   `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
-	ResetAfterMs  int64   `protobuf:"varint,6,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
-	WindowMs      int64   `protobuf:"varint,7,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
-	Shadow        bool    `protobuf:"varint,8,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	Allowed      bool    `protobuf:"varint,2,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	Remaining    float64 `protobuf:"fixed64,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	Limit        float64 `protobuf:"fixed64,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	RetryAfterMs int64   `protobuf:"varint,5,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	ResetAfterMs int64   `protobuf:"varint,6,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
+	WindowMs     int64   `protobuf:"varint,7,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Shadow       bool    `protobuf:"varint,8,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// A paced check allowed: the wait before sending, the check's (every
+	// rule reserves at one instant).
+	WaitMs        int64 `protobuf:"varint,9,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RuleStatus) Reset() {
 	*x = RuleStatus{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +866,7 @@ func (x *RuleStatus) String() string {
 func (*RuleStatus) ProtoMessage() {}
 
 func (x *RuleStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +879,7 @@ func (x *RuleStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleStatus.ProtoReflect.Descriptor instead.
 func (*RuleStatus) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RuleStatus) GetRuleId() string {
@@ -808,12 +938,24 @@ func (x *RuleStatus) GetShadow() bool {
 	return false
 }
 
+func (x *RuleStatus) GetWaitMs() int64 {
+	if x != nil {
+		return x.WaitMs
+	}
+	return 0
+}
+
 var File_limiter_v1_limiter_proto protoreflect.FileDescriptor
 
 const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"\x18limiter/v1/limiter.proto\x12\n" +
-	"limiter.v1\"\x87\x01\n" +
+	"limiter.v1\"<\n" +
+	"\x18CancelReservationRequest\x12 \n" +
+	"\vreservation\x18\x01 \x01(\tR\vreservation\":\n" +
+	"\x19CancelReservationResponse\x12\x1d\n" +
+	"\n" +
+	"given_back\x18\x01 \x01(\bR\tgivenBack\"\x87\x01\n" +
 	"\x0eAcquireRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -842,14 +984,15 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\arenewed\x18\x01 \x01(\bR\arenewed\x12+\n" +
 	"\x12expires_at_unix_ms\x18\x02 \x01(\x03R\x0fexpiresAtUnixMs\x12 \n" +
 	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
-	"leaseTtlMs\"\x85\x01\n" +
+	"leaseTtlMs\"\xa5\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04cost\x18\x03 \x01(\x01R\x04cost\x126\n" +
 	"\n" +
 	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
-	"attributes\"\x94\x02\n" +
+	"attributes\x12\x1e\n" +
+	"\vmax_wait_ms\x18\x05 \x01(\x03R\tmaxWaitMs\"\x94\x02\n" +
 	"\n" +
 	"Attributes\x12\x17\n" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
@@ -863,7 +1006,7 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"ExtraEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x93\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xce\x02\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x1c\n" +
 	"\tremaining\x18\x02 \x01(\x01R\tremaining\x12\x14\n" +
@@ -872,7 +1015,10 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x05 \x01(\x03R\fresetAfterMs\x12\x17\n" +
 	"\arule_id\x18\x06 \x01(\tR\x06ruleId\x12\x1b\n" +
 	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x122\n" +
-	"\bstatuses\x18\b \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"\xf4\x01\n" +
+	"\bstatuses\x18\b \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\x17\n" +
+	"\await_ms\x18\t \x01(\x03R\x06waitMs\x12 \n" +
+	"\vreservation\x18\n" +
+	" \x01(\tR\vreservation\"\x8d\x02\n" +
 	"\n" +
 	"RuleStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x18\n" +
@@ -882,12 +1028,14 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x0eretry_after_ms\x18\x05 \x01(\x03R\fretryAfterMs\x12$\n" +
 	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x1b\n" +
 	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x12\x16\n" +
-	"\x06shadow\x18\b \x01(\bR\x06shadow2\x8d\x02\n" +
+	"\x06shadow\x18\b \x01(\bR\x06shadow\x12\x17\n" +
+	"\await_ms\x18\t \x01(\x03R\x06waitMs2\xef\x02\n" +
 	"\aLimiter\x12<\n" +
 	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponse\x12B\n" +
 	"\aAcquire\x12\x1a.limiter.v1.AcquireRequest\x1a\x1b.limiter.v1.AcquireResponse\x12B\n" +
 	"\aRelease\x12\x1a.limiter.v1.ReleaseRequest\x1a\x1b.limiter.v1.ReleaseResponse\x12<\n" +
-	"\x05Renew\x12\x18.limiter.v1.RenewRequest\x1a\x19.limiter.v1.RenewResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\x05Renew\x12\x18.limiter.v1.RenewRequest\x1a\x19.limiter.v1.RenewResponse\x12`\n" +
+	"\x11CancelReservation\x12$.limiter.v1.CancelReservationRequest\x1a%.limiter.v1.CancelReservationResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_limiter_proto_rawDescOnce sync.Once
@@ -901,36 +1049,40 @@ func file_limiter_v1_limiter_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_limiter_proto_rawDescData
 }
 
-var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_limiter_v1_limiter_proto_goTypes = []any{
-	(*AcquireRequest)(nil),  // 0: limiter.v1.AcquireRequest
-	(*AcquireResponse)(nil), // 1: limiter.v1.AcquireResponse
-	(*ReleaseRequest)(nil),  // 2: limiter.v1.ReleaseRequest
-	(*ReleaseResponse)(nil), // 3: limiter.v1.ReleaseResponse
-	(*RenewRequest)(nil),    // 4: limiter.v1.RenewRequest
-	(*RenewResponse)(nil),   // 5: limiter.v1.RenewResponse
-	(*CheckRequest)(nil),    // 6: limiter.v1.CheckRequest
-	(*Attributes)(nil),      // 7: limiter.v1.Attributes
-	(*CheckResponse)(nil),   // 8: limiter.v1.CheckResponse
-	(*RuleStatus)(nil),      // 9: limiter.v1.RuleStatus
-	nil,                     // 10: limiter.v1.Attributes.ExtraEntry
+	(*CancelReservationRequest)(nil),  // 0: limiter.v1.CancelReservationRequest
+	(*CancelReservationResponse)(nil), // 1: limiter.v1.CancelReservationResponse
+	(*AcquireRequest)(nil),            // 2: limiter.v1.AcquireRequest
+	(*AcquireResponse)(nil),           // 3: limiter.v1.AcquireResponse
+	(*ReleaseRequest)(nil),            // 4: limiter.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 5: limiter.v1.ReleaseResponse
+	(*RenewRequest)(nil),              // 6: limiter.v1.RenewRequest
+	(*RenewResponse)(nil),             // 7: limiter.v1.RenewResponse
+	(*CheckRequest)(nil),              // 8: limiter.v1.CheckRequest
+	(*Attributes)(nil),                // 9: limiter.v1.Attributes
+	(*CheckResponse)(nil),             // 10: limiter.v1.CheckResponse
+	(*RuleStatus)(nil),                // 11: limiter.v1.RuleStatus
+	nil,                               // 12: limiter.v1.Attributes.ExtraEntry
 }
 var file_limiter_v1_limiter_proto_depIdxs = []int32{
-	7,  // 0: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
-	9,  // 1: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	7,  // 2: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
-	10, // 3: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
-	9,  // 4: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
-	6,  // 5: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	0,  // 6: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
-	2,  // 7: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
-	4,  // 8: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
-	8,  // 9: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	1,  // 10: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
-	3,  // 11: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
-	5,  // 12: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
-	9,  // [9:13] is the sub-list for method output_type
-	5,  // [5:9] is the sub-list for method input_type
+	9,  // 0: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
+	11, // 1: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	9,  // 2: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	12, // 3: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	11, // 4: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	8,  // 5: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	2,  // 6: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
+	4,  // 7: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
+	6,  // 8: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
+	0,  // 9: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
+	10, // 10: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	3,  // 11: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
+	5,  // 12: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
+	7,  // 13: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
+	1,  // 14: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -947,7 +1099,7 @@ func file_limiter_v1_limiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_limiter_proto_rawDesc), len(file_limiter_v1_limiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,10 +21,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Limiter_Check_FullMethodName   = "/limiter.v1.Limiter/Check"
-	Limiter_Acquire_FullMethodName = "/limiter.v1.Limiter/Acquire"
-	Limiter_Release_FullMethodName = "/limiter.v1.Limiter/Release"
-	Limiter_Renew_FullMethodName   = "/limiter.v1.Limiter/Renew"
+	Limiter_Check_FullMethodName             = "/limiter.v1.Limiter/Check"
+	Limiter_Acquire_FullMethodName           = "/limiter.v1.Limiter/Acquire"
+	Limiter_Release_FullMethodName           = "/limiter.v1.Limiter/Release"
+	Limiter_Renew_FullMethodName             = "/limiter.v1.Limiter/Renew"
+	Limiter_CancelReservation_FullMethodName = "/limiter.v1.Limiter/CancelReservation"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -55,6 +56,14 @@ type LimiterClient interface {
 	// the lease is gone (expired, released or never held) and the caller
 	// must stop the request's work or acquire again. Errors as for Release.
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
+	// CancelReservation gives back the slot of a paced check (max_wait_ms)
+	// that will not be sent, named by its response's reservation. It comes
+	// back only while nothing was spent from the bucket after it (no later
+	// reservation is stacked behind it): then the next caller gets the slot.
+	// Otherwise given_back is false and the slot stays unused (the rate stays
+	// under the limit, never above). INVALID_ARGUMENT for a malformed
+	// reservation, NOT_FOUND for a rule no longer in force.
+	CancelReservation(ctx context.Context, in *CancelReservationRequest, opts ...grpc.CallOption) (*CancelReservationResponse, error)
 }
 
 type limiterClient struct {
@@ -105,6 +114,16 @@ func (c *limiterClient) Renew(ctx context.Context, in *RenewRequest, opts ...grp
 	return out, nil
 }
 
+func (c *limiterClient) CancelReservation(ctx context.Context, in *CancelReservationRequest, opts ...grpc.CallOption) (*CancelReservationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelReservationResponse)
+	err := c.cc.Invoke(ctx, Limiter_CancelReservation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -133,6 +152,14 @@ type LimiterServer interface {
 	// the lease is gone (expired, released or never held) and the caller
 	// must stop the request's work or acquire again. Errors as for Release.
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
+	// CancelReservation gives back the slot of a paced check (max_wait_ms)
+	// that will not be sent, named by its response's reservation. It comes
+	// back only while nothing was spent from the bucket after it (no later
+	// reservation is stacked behind it): then the next caller gets the slot.
+	// Otherwise given_back is false and the slot stays unused (the rate stays
+	// under the limit, never above). INVALID_ARGUMENT for a malformed
+	// reservation, NOT_FOUND for a rule no longer in force.
+	CancelReservation(context.Context, *CancelReservationRequest) (*CancelReservationResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -154,6 +181,9 @@ func (UnimplementedLimiterServer) Release(context.Context, *ReleaseRequest) (*Re
 }
 func (UnimplementedLimiterServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
+}
+func (UnimplementedLimiterServer) CancelReservation(context.Context, *CancelReservationRequest) (*CancelReservationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelReservation not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -248,6 +278,24 @@ func _Limiter_Renew_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_CancelReservation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelReservationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).CancelReservation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_CancelReservation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).CancelReservation(ctx, req.(*CancelReservationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -270,6 +318,10 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Renew",
 			Handler:    _Limiter_Renew_Handler,
+		},
+		{
+			MethodName: "CancelReservation",
+			Handler:    _Limiter_CancelReservation_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

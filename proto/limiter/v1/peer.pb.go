@@ -95,8 +95,11 @@ type PeerDecideRequest struct {
 	// elsewhere refuses the check with FAILED_PRECONDITION, naming its
 	// generation and the key's home, and decides nothing.
 	TopologyGeneration uint64 `protobuf:"varint,3,opt,name=topology_generation,json=topologyGeneration,proto3" json:"topology_generation,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Paces the check (the origin's max_wait_ms, in µs): the home reserves
+	// every item at one instant within this wait, and answers its wait.
+	MaxWaitUs     int64 `protobuf:"varint,4,opt,name=max_wait_us,json=maxWaitUs,proto3" json:"max_wait_us,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PeerDecideRequest) Reset() {
@@ -150,6 +153,13 @@ func (x *PeerDecideRequest) GetTopologyGeneration() uint64 {
 	return 0
 }
 
+func (x *PeerDecideRequest) GetMaxWaitUs() int64 {
+	if x != nil {
+		return x.MaxWaitUs
+	}
+	return 0
+}
+
 type PeerDecideResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
@@ -158,7 +168,9 @@ type PeerDecideResponse struct {
 	// The store instant (µs since the Unix epoch) the items were decided
 	// at; a Refund names it, so that a window rule gives back the window
 	// the tokens were spent in.
-	DecidedAtUs   int64 `protobuf:"varint,3,opt,name=decided_at_us,json=decidedAtUs,proto3" json:"decided_at_us,omitempty"`
+	DecidedAtUs int64 `protobuf:"varint,3,opt,name=decided_at_us,json=decidedAtUs,proto3" json:"decided_at_us,omitempty"`
+	// A paced check allowed: the wait (µs) from the home's decision.
+	WaitUs        int64 `protobuf:"varint,4,opt,name=wait_us,json=waitUs,proto3" json:"wait_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +222,13 @@ func (x *PeerDecideResponse) GetStatuses() []*RuleStatus {
 func (x *PeerDecideResponse) GetDecidedAtUs() int64 {
 	if x != nil {
 		return x.DecidedAtUs
+	}
+	return 0
+}
+
+func (x *PeerDecideResponse) GetWaitUs() int64 {
+	if x != nil {
+		return x.WaitUs
 	}
 	return 0
 }
@@ -321,15 +340,17 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\bPeerItem\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x01R\x04cost\"\x95\x01\n" +
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\"\xb5\x01\n" +
 	"\x11PeerDecideRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\x12/\n" +
-	"\x13topology_generation\x18\x03 \x01(\x04R\x12topologyGeneration\"\x86\x01\n" +
+	"\x13topology_generation\x18\x03 \x01(\x04R\x12topologyGeneration\x12\x1e\n" +
+	"\vmax_wait_us\x18\x04 \x01(\x03R\tmaxWaitUs\"\x9f\x01\n" +
 	"\x12PeerDecideResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x122\n" +
 	"\bstatuses\x18\x02 \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\"\n" +
-	"\rdecided_at_us\x18\x03 \x01(\x03R\vdecidedAtUs\"\x88\x01\n" +
+	"\rdecided_at_us\x18\x03 \x01(\x03R\vdecidedAtUs\x12\x17\n" +
+	"\await_us\x18\x04 \x01(\x03R\x06waitUs\"\x88\x01\n" +
 	"\x11PeerRefundRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\x12\"\n" +

@@ -1,0 +1,282 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+const paceRules = `
+rules:
+  - id: pace
+    algorithm: gcra
+    capacity: 1
+    refill_per_second: 1
+  - id: pace-leased
+    capacity: 20
+    refill_per_second: 1
+    lease: 5
+  - id: window
+    algorithm: fixed_window
+    limit: 5
+    window: 1s
+  - id: by-user
+    capacity: 1
+    refill_per_second: 1
+    match: {path: /two}
+    key_by: user
+  - id: by-key
+    capacity: 1
+    refill_per_second: 1
+    match: {path: /two}
+    key_by: api_key
+  - id: pinned
+    capacity: 1
+    refill_per_second: 1
+    home: pinned
+    home_keys: {far: eu-west}
+`
+
+func paceEngine(t *testing.T) (*Engine, *faultStore, *prometheus.Registry) {
+	t.Helper()
+	set, err := rules.Parse("pace.yml", []byte(paceRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, reg := newFaultStore(), prometheus.NewRegistry()
+	e, err := New(Options{Store: store, Logger: quietLogger()}, set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, store, reg
+}
+
+// pacedCheck checks rule and key, paced by maxWait (0: not paced).
+func pacedCheck(t *testing.T, e *Engine, rule, key string, maxWait time.Duration) (bool, *Item) {
+	t.Helper()
+	c := e.NewCheck()
+	it, err := c.AddRule(rule, key, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Pace(maxWait); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := e.Decide(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok, it
+}
+
+// TestPacedCheck: a paced check of a full bucket reserves the next slot;
+// one beyond its wait is refused and spends nothing; the deny cache, which
+// remembers an unpaced refusal, never refuses a paced check that fits.
+func TestPacedCheck(t *testing.T) {
+	e, _, _ := paceEngine(t)
+	if ok, it := pacedCheck(t, e, "pace", "k", 0); !ok || it.Decision.Wait != 0 {
+		t.Fatalf("first check: %v %+v", ok, it.Decision)
+	}
+	// Unpaced: refused, and the denial (about 1 s) is remembered.
+	if ok, _ := pacedCheck(t, e, "pace", "k", 0); ok {
+		t.Fatal("second unpaced check allowed")
+	}
+	if e.deny.Len() != 1 {
+		t.Fatalf("deny cache holds %d, want the refusal", e.deny.Len())
+	}
+	// Paced within 2 s: the slot 1 s after the first.
+	ok, it := pacedCheck(t, e, "pace", "k", 2*time.Second)
+	if !ok || it.Decision.Wait <= 900*time.Millisecond || it.Decision.Wait > time.Second {
+		t.Fatalf("paced check: %v %+v, want allowed with a wait of about 1s", ok, it.Decision)
+	}
+	// The next slot is 2 s out: beyond 1.5 s, refused, nothing spent.
+	ok, it = pacedCheck(t, e, "pace", "k", 1500*time.Millisecond)
+	if ok || it.Decision.RetryAfter <= 400*time.Millisecond || it.Decision.RetryAfter > 500*time.Millisecond {
+		t.Fatalf("beyond the wait: %v %+v, want refused with a retry of about 0.5s", ok, it.Decision)
+	}
+	if ok, it = pacedCheck(t, e, "pace", "k", 2500*time.Millisecond); !ok || it.Decision.Wait <= 1900*time.Millisecond || it.Decision.Wait > 2*time.Second {
+		t.Fatalf("after a refusal beyond the wait: %v %+v, want the slot 2s after the first", ok, it.Decision)
+	}
+	m := e.m.paced
+	if a, l := testutil.ToFloat64(m.WithLabelValues("pace", "allowed")), testutil.ToFloat64(m.WithLabelValues("pace", "limited")); a != 2 || l != 1 {
+		t.Fatalf("limiter_paced_checks_total: allowed %v limited %v, want 2 and 1", a, l)
+	}
+	if n := testutil.CollectAndCount(e.m.pacedWait, "limiter_paced_wait_seconds"); n != 1 {
+		t.Fatalf("limiter_paced_wait_seconds has %d series, want the rule's", n)
+	}
+}
+
+// TestPacedMaxWaitZeroIsUnpaced: Pace(0) leaves a check exactly as it was.
+func TestPacedMaxWaitZeroIsUnpaced(t *testing.T) {
+	a, _, _ := paceEngine(t)
+	b, _, _ := paceEngine(t)
+	for i := range 3 {
+		okA, itA := pacedCheck(t, a, "pace-leased", "k", 0)
+		c := b.NewCheck()
+		itB, err := c.AddRule("pace-leased", "k", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		okB, err := b.Decide(context.Background(), c)
+		if err != nil || okA != okB || itA.route != itB.route || itA.Decision.Allowed != itB.Decision.Allowed {
+			t.Fatalf("check %d: paced(0) %v %v, unpaced %v %v", i, okA, itA.route, okB, itB.route)
+		}
+	}
+}
+
+// TestPacedLeaseRuleGoesToTheStore: a paced check of a lease rule never
+// reserves from a lease; it is decided in the store.
+func TestPacedLeaseRuleGoesToTheStore(t *testing.T) {
+	e, store, _ := paceEngine(t)
+	before := store.calls.Load()
+	for range 3 {
+		ok, it := pacedCheck(t, e, "pace-leased", "k", time.Second)
+		if !ok || it.route != routeStore || it.batch != 0 {
+			t.Fatalf("paced lease rule: %v route %v batch %v", ok, it.route, it.batch)
+		}
+	}
+	if n := store.calls.Load() - before; n != 3 {
+		t.Fatalf("%d store calls for 3 paced checks", n)
+	}
+	if e.leases.Len() != 0 {
+		t.Fatalf("a paced check took a lease")
+	}
+}
+
+// TestPaceInvalid: a wait out of bounds, on a rule that cannot reserve, or
+// over several keys is refused, naming max_wait_ms.
+func TestPaceInvalid(t *testing.T) {
+	e, _, _ := paceEngine(t)
+	for _, tc := range []struct {
+		name    string
+		add     func(c *Check) error
+		maxWait time.Duration
+	}{
+		{"negative", func(c *Check) error { _, err := c.AddRule("pace", "k", 1); return err }, -time.Millisecond},
+		{"above the most", func(c *Check) error { _, err := c.AddRule("pace", "k", 1); return err }, bucket.MaxWait + time.Millisecond},
+		{"a window rule", func(c *Check) error { _, err := c.AddRule("window", "k", 1); return err }, time.Second},
+		{"several keys", func(c *Check) error {
+			_, _, err := c.AddAttributes(&rules.Attributes{Path: "/two", User: "u", APIKey: "a"}, 1)
+			return err
+		}, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := e.NewCheck()
+			if err := tc.add(c); err != nil {
+				t.Fatal(err)
+			}
+			err := c.Pace(tc.maxWait)
+			var inv *InvalidError
+			if !errors.As(err, &inv) || inv.Field != "max_wait_ms" || !errors.Is(err, bucket.ErrInvalidWait) {
+				t.Fatalf("Pace(%v) = %v, want an InvalidError of max_wait_ms", tc.maxWait, err)
+			}
+		})
+	}
+}
+
+// TestCancelReservation: the latest reservation comes back (the next
+// caller gets its slot); one with a reservation stacked behind it does not.
+func TestCancelReservation(t *testing.T) {
+	e, _, _ := paceEngine(t)
+	pacedCheck(t, e, "pace", "k", 0)
+	_, first := pacedCheck(t, e, "pace", "k", 5*time.Second)  // slot +1 s
+	_, second := pacedCheck(t, e, "pace", "k", 5*time.Second) // slot +2 s
+	r1, r2 := Reservation(first), Reservation(second)
+	if r1 == "" || r2 == "" {
+		t.Fatal("no reservation named")
+	}
+	ctx := context.Background()
+	if back, err := e.CancelReservation(ctx, r1); err != nil || back {
+		t.Fatalf("stacked reservation: given back %v, %v; want false", back, err)
+	}
+	if back, err := e.CancelReservation(ctx, r2); err != nil || !back {
+		t.Fatalf("latest reservation: given back %v, %v; want true", back, err)
+	}
+	if back, _ := e.CancelReservation(ctx, r2); back {
+		t.Fatal("a reservation came back twice")
+	}
+	if _, next := pacedCheck(t, e, "pace", "k", 5*time.Second); next.Decision.Wait > 2*time.Second {
+		t.Fatalf("next caller waits %v, want the slot given back (2s out, not 3s)", next.Decision.Wait)
+	}
+	var inv *InvalidError
+	if _, err := e.CancelReservation(ctx, "r1.nonsense"); !errors.As(err, &inv) || inv.Field != "reservation" {
+		t.Fatalf("malformed reservation: %v", err)
+	}
+}
+
+// TestPacedPinnedRule: a paced check of a rule pinned to another region is
+// forwarded with its wait; the home reserves, and its wait is answered.
+func TestPacedPinnedRule(t *testing.T) {
+	set, err := rules.Parse("pace.yml", []byte(paceRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := region.New([]region.Region{{Name: "us-east", LimiterAddress: "a:1"}, {Name: "eu-west", LimiterAddress: "b:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	west, err := New(Options{Store: newFaultStore(), Region: "eu-west", Topology: topo, Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	east, err := New(Options{Store: newFaultStore(), Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": &fakeHome{e: west}},
+		Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pacedCheck(t, east, "pinned", "far", 0)
+	ok, it := pacedCheck(t, east, "pinned", "far", 2*time.Second)
+	if !ok || it.route != routeHome || it.Decision.Wait <= 900*time.Millisecond || it.Decision.Wait > time.Second {
+		t.Fatalf("paced pinned check: %v route %v %+v, want the home's slot about 1s out", ok, it.route, it.Decision)
+	}
+	if Reservation(it) != "" {
+		t.Fatal("a reservation of another region's store is named")
+	}
+	// The home holds the reservation: its own next slot is 2 s out.
+	if ok, it := pacedCheck(t, west, "pinned", "far", 1500*time.Millisecond); ok {
+		t.Fatalf("the home's next slot within 1.5s: %+v", it.Decision)
+	}
+}
+
+// TestPacedFallback: with the store down, a fail-open rule paces from this
+// instance's share (rate / fleet size) within the same wait; a paced check
+// whose store reply did not come is decided there too, never allowed at
+// once.
+func TestPacedFallback(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"store down", errors.New("connection refused")},
+		{"outcome unknown", bucket.ErrOutcomeUnknown},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, store, _ := paceEngine(t)
+			store.setFail(tc.err)
+			ok, it := pacedCheck(t, e, "pace", "k", 0)
+			if tc.err == bucket.ErrOutcomeUnknown {
+				if !ok || it.route != routeUnknown {
+					t.Fatalf("unpaced, outcome unknown: %v route %v, want allowed uncertain", ok, it.route)
+				}
+			}
+			// Paced: the fallback's first slot is now, its second 1 s out.
+			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait != 0 {
+				t.Fatalf("first paced check: %v route %v %+v", ok, it.route, it.Decision)
+			}
+			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait <= 900*time.Millisecond {
+				t.Fatalf("second paced check: %v route %v %+v, want the fallback's next slot", ok, it.route, it.Decision)
+			}
+			if Reservation(it) != "" {
+				t.Fatal("a fallback reservation is named for CancelReservation")
+			}
+		})
+	}
+}

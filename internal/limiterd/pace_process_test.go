@@ -1,0 +1,243 @@
+package limiterd
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// The pacing proof: the rule of testdata/pace.yml, and how long to send.
+const (
+	paceRate    = 100 // calls per second
+	paceBurst   = 2   // the rule's capacity
+	paceSending = 12 * time.Second
+)
+
+var pacerBin struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// pacerBinary builds testdata/pacer once per test binary, without the race
+// detector (as limiterdBinary): a pacing process as users run one, whose
+// sleeps the race detector's slowdown does not stretch.
+func pacerBinary(t *testing.T) string {
+	t.Helper()
+	pacerBin.once.Do(func() {
+		dir, err := os.MkdirTemp("", "pacer-bin")
+		if err != nil {
+			pacerBin.err = err
+			return
+		}
+		pacerBin.path = filepath.Join(dir, "pacer")
+		out, err := exec.Command("go", "build", "-o", pacerBin.path, "./testdata/pacer").CombinedOutput()
+		if err != nil {
+			pacerBin.err = fmt.Errorf("go build ./testdata/pacer: %v\n%s", err, out)
+		}
+	})
+	if pacerBin.err != nil {
+		t.Fatal(pacerBin.err)
+	}
+	return pacerBin.path
+}
+
+// pacerProcess starts a pacing process (testdata/pacer), ended when the
+// test ends (by its own pid, with its stdin closed first).
+func pacerProcess(t *testing.T, env ...string) (stdin io.WriteCloser, stdout *bufio.Reader) {
+	t.Helper()
+	cmd := exec.Command(pacerBinary(t))
+	cmd.Env = append(os.Environ(), env...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		in.Close()
+		done := make(chan struct{})
+		go func() {
+			cmd.Wait()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return in, bufio.NewReader(out)
+}
+
+// paceFigures are the figures of one series of instants (ns), sorted.
+type paceFigures struct {
+	n                int
+	rate             float64 // calls per second, first to last
+	worstSecond      int     // most calls in any window [t, t+1s)
+	worst10ms        int     // most calls in any window [t, t+10ms)
+	worstSecondStart time.Duration
+	worst10msStart   time.Duration
+}
+
+func figures(ts []int64) paceFigures {
+	slices.Sort(ts)
+	f := paceFigures{n: len(ts)}
+	if len(ts) > 1 {
+		f.rate = float64(len(ts)-1) / (float64(ts[len(ts)-1]-ts[0]) / 1e9)
+	}
+	// The most in a half-open window of width w starting at some call.
+	most := func(w int64) (int, int) {
+		best, at, j := 0, 0, 0
+		for i := range ts {
+			for j < len(ts) && ts[j] < ts[i]+w {
+				j++
+			}
+			if j-i > best {
+				best, at = j-i, i
+			}
+		}
+		return best, at
+	}
+	var at int
+	f.worstSecond, at = most(int64(time.Second))
+	f.worstSecondStart = time.Duration(ts[at] - ts[0])
+	f.worst10ms, at = most(int64(10 * time.Millisecond))
+	f.worst10msStart = time.Duration(ts[at] - ts[0])
+	return f
+}
+
+// TestPacerProof is the proof: three separate processes share one
+// 100/s pacer (rule partner, burst 2) through a real limiterd process on a
+// 3-primary Redis Cluster, toward a fake partner on loopback that records
+// when each call arrives. In every 1 s window the partner sees at most 100
+// (+1 for a boundary: the burst), the long-run rate is within 1% of
+// 100/s, and no 10 ms window holds more than the burst.
+func TestPacerProof(t *testing.T) {
+	if testing.Short() {
+		t.Skip("sends for 12 s from 3 processes")
+	}
+	c := testenv.RedisCluster(t, 3, 0)
+	var mu sync.Mutex
+	var arrived []int64
+	partner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		at := time.Now().UnixNano()
+		if r.URL.Path == "/warm" {
+			return
+		}
+		mu.Lock()
+		arrived = append(arrived, at)
+		mu.Unlock()
+	}))
+	t.Cleanup(partner.Close)
+	addr, httpAddr := limiterdProcess(t, "--rules.file", "testdata/pace.yml", "--redis.addrs", strings.Join(c.Addrs(), ","))
+
+	key := fmt.Sprintf("acme-%d", time.Now().UnixNano())
+	type proc struct {
+		in  interface{ Write([]byte) (int, error) }
+		out *bufio.Reader
+	}
+	var procs []proc
+	for range 3 {
+		in, out := pacerProcess(t, "LIMITERD_ADDR="+addr, "LIMITERD_KEY="+key, "LIMITERD_PARTNER="+partner.URL)
+		procs = append(procs, proc{in, out})
+	}
+	for i, p := range procs {
+		if line, _ := p.out.ReadString('\n'); strings.TrimSpace(line) != "ready" {
+			t.Fatalf("process %d: %q, want ready", i, line)
+		}
+	}
+	// The fleet has been sending: the burst is spent, so the first second
+	// holds no burst on top of the rate (from an idle bucket it would hold
+	// paceBurst-1 more: the slots of any 1 s window are at most
+	// rate + burst - 1). What the +1 of the bound then allows is one call
+	// pushed across a boundary by a late wake-up or delivery.
+	cc := dial(t, addr)
+	if resp, err := limiterv1.NewLimiterClient(cc).Check(context.Background(), &limiterv1.CheckRequest{RuleId: "partner", Key: key, Cost: paceBurst}); err != nil || !resp.GetAllowed() {
+		t.Fatalf("spending the burst: %v, %v", resp, err)
+	}
+	end := time.Now().Add(paceSending).UnixNano()
+	for _, p := range procs {
+		fmt.Fprintf(p.in, "go %d\n", end)
+	}
+	var sent []int64
+	missed := 0
+	for i, p := range procs {
+		for {
+			line, err := p.out.ReadString('\n')
+			if err != nil {
+				t.Fatalf("process %d: %v", i, err)
+			}
+			line = strings.TrimSpace(line)
+			if line == "done" {
+				break
+			}
+			if n, ok := strings.CutPrefix(line, "missed "); ok {
+				m, _ := strconv.Atoi(n)
+				missed += m
+				continue
+			}
+			if strings.HasPrefix(line, "error:") {
+				t.Errorf("process %d: %s", i, line)
+				continue
+			}
+			at, err := strconv.ParseInt(strings.TrimPrefix(line, "sent "), 10, 64)
+			if err != nil {
+				t.Fatalf("process %d: %q", i, line)
+			}
+			sent = append(sent, at)
+		}
+	}
+	mu.Lock()
+	got := slices.Clone(arrived)
+	mu.Unlock()
+	s, a := figures(sent), figures(got)
+	t.Logf("sent: %d calls at %.3f/s; worst 1 s window %d (at +%v); largest 10 ms burst %d (at +%v)", s.n, s.rate, s.worstSecond, s.worstSecondStart, s.worst10ms, s.worst10msStart)
+	t.Logf("partner: %d calls at %.3f/s; worst 1 s window %d (at +%v); largest 10 ms burst %d (at +%v)", a.n, a.rate, a.worstSecond, a.worstSecondStart, a.worst10ms, a.worst10msStart)
+	t.Logf("slots given up, too late to keep within 9 ms: %d", missed)
+	t.Logf("limiterd: %s", strings.Join(metricLines(t, httpAddr, "limiter_paced_checks_total", "limiter_paced_wait_seconds_count", "limiter_paced_wait_seconds_sum"), "; "))
+	if os.Getenv("PACE_DEBUG") != "" {
+		slices.Sort(sent)
+		for i := 1; i < len(sent); i++ {
+			if g := sent[i] - sent[i-1]; g < 5e6 || g > 15e6 {
+				t.Logf("gap before call %d at +%v: %v", i, time.Duration(sent[i]-sent[0]), time.Duration(g))
+			}
+		}
+	}
+	if a.n != s.n {
+		t.Errorf("the partner saw %d calls, the pacers sent %d", a.n, s.n)
+	}
+	if want := int(paceSending.Seconds()*paceRate) * 9 / 10; a.n < want {
+		t.Errorf("the partner saw %d calls in %v, want at least %d: the pacers did not keep the rule busy", a.n, paceSending, want)
+	}
+	if a.worstSecond > paceRate+1 {
+		t.Errorf("a 1 s window at the partner holds %d calls, want at most %d", a.worstSecond, paceRate+1)
+	}
+	if a.rate < paceRate*0.99 || a.rate > paceRate*1.01 {
+		t.Errorf("long-run rate at the partner %.3f/s, want within 1%% of %d/s", a.rate, paceRate)
+	}
+	if a.worst10ms > paceBurst {
+		t.Errorf("a 10 ms window at the partner holds %d calls, want at most the burst, %d", a.worst10ms, paceBurst)
+	}
+}
