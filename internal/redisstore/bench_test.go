@@ -123,5 +123,13 @@ func BenchmarkScriptCost(b *testing.B) {
 		phase("release", func(p redis.Pipeliner, i int) {
 			leaseScripts[1].EvalSha(ctx, p, []string{lease(i)}, member(i))
 		})
+		// Paced: 5 reservations per key of a bucket of 1 at 10/s, so the
+		// first fits now and the others wait 100 to 400 ms (within 1 s).
+		paced := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1, RefillPerSecond: 10}
+		phase("reserve", func(p redis.Pipeliner, i int) {
+			keys, args := groupArgs([]bucket.Request{{Rule: "bench", Key: "pace-" + key(i), Limit: paced, Cost: 1, MaxWait: time.Second}})
+			args = append([]any{strconv.FormatInt(time.Second.Nanoseconds(), 10)}, args...)
+			reserveScript.EvalSha(ctx, p, keys, args...)
+		})
 	}
 }
