@@ -230,3 +230,46 @@ func (s *stack) inboundExact(t *testing.T, skip ...string) {
 		}
 	}
 }
+
+// TestSourceMissingAddedBack: a source removed from the inbound stream and
+// not added back (a reconciler that died between the two updates of a
+// reset) is added back by the reconciler, from the message after the last
+// one of it the stream holds: what the source region published meanwhile
+// is applied, once.
+func TestSourceMissingAddedBack(t *testing.T) {
+	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	s.send("eu-west", "before", 5)
+	s.converge("before", 5)
+	js := s.opsJetStream(t, "us-east")
+	in := gossip.InStream("us-east")
+	st, err := js.Stream(t.Context(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := st.CachedInfo().Config
+	cfg.Sources = slices.DeleteFunc(slices.Clone(cfg.Sources), func(src *jetstream.StreamSource) bool {
+		return src.Name == gossip.RegionStream("eu-west")
+	})
+	if _, err := js.UpdateStream(t.Context(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	removedAt := time.Now()
+	s.send("eu-west", "during", 5)
+	for {
+		st, err := js.Stream(t.Context(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, c := sourceOf(st.CachedInfo(), "eu-west"); c != nil {
+			break
+		}
+		if time.Since(removedAt) > 10*time.Second {
+			t.Fatalf("%s has no source of eu-west 10 s after it was removed", in)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("source of eu-west added back %v after it was removed", time.Since(removedAt).Round(10*time.Millisecond))
+	s.converge("during", 5)
+	s.converge("before", 5)
+	s.inboundExact(t)
+}

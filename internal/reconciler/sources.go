@@ -206,16 +206,25 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 
 // sourceMissing adds back a source found missing from the inbound
 // stream's configuration on two rounds at least a probe apart: a reset
-// (this reconciler's or another's) stopped between its two updates.
+// (this reconciler's or another's) stopped between its two updates, or
+// one that read the configuration before a reconciler's set-up added the
+// source wrote it back without it.
 func (r *Reconciler) sourceMissing(ctx context.Context, name string, s *sourceState, now time.Time) {
-	if s.cfg == nil {
-		return // never seen: setup adds it
-	}
 	if s.missing.IsZero() {
 		s.missing = now
 		return
 	}
 	if now.Sub(s.missing) < sourceProbeEvery {
+		return
+	}
+	if s.cfg == nil {
+		// Never seen here: the set-up adds it, as at a switch of the
+		// topology.
+		s.missing = time.Time{}
+		select {
+		case r.topoChanged <- struct{}{}:
+		default:
+		}
 		return
 	}
 	actx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
