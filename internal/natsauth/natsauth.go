@@ -145,6 +145,10 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		pub = append(pub, consumer(local, "relay", "")...)
 		for _, src := range regions {
 			if src != self {
+				// The other regions' spends streams are looked up (never
+				// written): an answer says a stalled source of the inbound
+				// stream may be set up again now.
+				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src))
 				apply := "apply-" + self + "-from-" + src
 				pub = append(pub, consumer(in, apply, gossip.RelaySubject(src))...)
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)

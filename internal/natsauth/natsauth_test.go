@@ -103,3 +103,27 @@ func TestWriteStartsAServer(t *testing.T) {
 		nc.Close()
 	}
 }
+
+// TestReconcilerLooksUpOtherSpendsStreams: a reconciler may read the info
+// of the other regions' spends streams (a stalled source is reset when its
+// stream answers), and never create or update them.
+func TestReconcilerLooksUpOtherSpendsStreams(t *testing.T) {
+	p := natsauth.PermissionsFor(natsauth.RoleReconciler, "us-east", []string{"us-east", "eu-west", "ap-south"})
+	for _, s := range []string{"$JS.API.STREAM.INFO.LIMITER_SPENDS_EU_WEST", "$JS.API.STREAM.INFO.LIMITER_SPENDS_AP_SOUTH"} {
+		if !slices.Contains(p.PublishAllow, s) {
+			t.Errorf("reconciler of us-east may not publish %s", s)
+		}
+	}
+	for _, s := range p.PublishAllow {
+		for _, other := range []string{"EU_WEST", "AP_SOUTH"} {
+			if strings.HasSuffix(s, "LIMITER_SPENDS_"+other) && !strings.HasPrefix(s, "$JS.API.STREAM.INFO.") {
+				t.Errorf("reconciler of us-east may publish %s", s)
+			}
+			for _, verb := range []string{"STREAM.CREATE.", "STREAM.UPDATE."} {
+				if strings.Contains(s, verb) && strings.Contains(s, other) {
+					t.Errorf("reconciler of us-east may publish %s", s)
+				}
+			}
+		}
+	}
+}

@@ -457,6 +457,7 @@ func (r *Reconciler) run(ctx context.Context) {
 			startSource(src)
 		}
 		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
+		wg.Go(func() { r.sourceLoop(lctx, st) })
 		r.follow(lctx, st, loops, startSource)
 		wg.Wait()
 		lost()
@@ -651,7 +652,15 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		if exists && !legacy {
 			from = r.sourceStart(added[src])
 		}
-		in.Sources = append(in.Sources, &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from})
+		ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
+		if from != nil && r.notMade(ctx, name) {
+			// Everything the stream will hold comes after now. Sourced
+			// from a time, the server would source it from the inbound
+			// stream's last message instead when it first succeeds
+			// (trySetupSourceConsumer), skipping what it holds by then.
+			ss.OptStartTime, ss.OptStartSeq = nil, 1
+		}
+		in.Sources = append(in.Sources, ss)
 	}
 	if _, err := natsconn.EnsureStream(ctx, r.js, in); err != nil {
 		return nil, err
@@ -716,6 +725,15 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		r.inSince = info.CachedInfo().Created
 	}
 	return st, nil
+}
+
+// notMade reports whether the server answers that the stream name does
+// not exist (not when it does not answer in time).
+func (r *Reconciler) notMade(ctx context.Context, name string) bool {
+	ctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
+	defer cancel()
+	_, err := r.js.Stream(ctx, name)
+	return errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
 // sourceStart is where a source missing from an existing inbound stream is
@@ -1064,6 +1082,9 @@ type metrics struct {
 	lag          *prometheus.HistogramVec
 	backlog      *prometheus.GaugeVec
 	relayBacklog prometheus.Gauge
+	sourceActive *prometheus.GaugeVec
+	sourceStalls *prometheus.CounterVec
+	sourceResets *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metrics, error) {
@@ -1126,8 +1147,21 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Name: "limiter_relay_backlog_messages",
 			Help: "limiterd flushes of this region waiting to be relayed.",
 		}),
+		sourceActive: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_stream_source_active_seconds",
+			Help: "Time since this region's inbound stream last heard of a source region's spends stream (a message or a heartbeat, sent every second when healthy); read every interval.",
+		}, []string{"source_region"}),
+		sourceStalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_stream_source_stalls_total",
+			Help: "Times the inbound stream's source of a region was seen stalled: not heard of for 5 s, or reporting an error.",
+		}, []string{"source_region"}),
+		sourceResets: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_stream_source_resets_total",
+			Help: "Times this reconciler reset a stalled source of the inbound stream (removed and added back) once the source region's spends stream answered, cutting short nats-server's retry backoff.",
+		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.replays, m.skipped, m.invalid, m.deferred, m.retried, m.retryBacklog, m.rejected, m.lag, m.backlog, m.relayBacklog} {
+	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.replays, m.skipped, m.invalid, m.deferred, m.retried, m.retryBacklog, m.rejected, m.lag, m.backlog, m.relayBacklog,
+		m.sourceActive, m.sourceStalls, m.sourceResets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -1149,6 +1183,8 @@ func (m *metrics) addSource(src string) {
 	m.retried.WithLabelValues(src)
 	m.retryBacklog.WithLabelValues(src)
 	m.backlog.WithLabelValues(src)
+	m.sourceStalls.WithLabelValues(src)
+	m.sourceResets.WithLabelValues(src)
 }
 
 // removeSource drops the gauges of a source region no longer applied (its
@@ -1156,4 +1192,5 @@ func (m *metrics) addSource(src string) {
 func (m *metrics) removeSource(src string) {
 	m.retryBacklog.DeleteLabelValues(src)
 	m.backlog.DeleteLabelValues(src)
+	m.sourceActive.DeleteLabelValues(src)
 }

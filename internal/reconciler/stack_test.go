@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,14 @@ func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Du
 // not set).
 func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
 	t.Helper()
+	return buildStackLate(t, names, topos, nil, rulesYAML, interval, reconcilers, startNATS)
+}
+
+// buildStackLate is buildStackTopo where the regions of late get no
+// reconciler (the test starts them with startReconciler): their streams
+// do not exist yet.
+func buildStackLate(t testing.TB, names []string, topos map[string][]string, late []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
+	t.Helper()
 	s := &stack{t: t, names: names, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
 	ids, err := natsauth.Write(s.authDir, names)
@@ -169,6 +178,9 @@ func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rul
 		r.client = limiterv1.NewLimiterClient(cc)
 	}
 	for _, name := range names {
+		if slices.Contains(late, name) {
+			continue
+		}
 		for range reconcilers {
 			s.startReconciler(name)
 		}

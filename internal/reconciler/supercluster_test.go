@@ -358,13 +358,19 @@ func (s *stack) waitFlowing(tr *traffic) {
 // long that took, then makes sure the counts stay.
 func (s *stack) convergeAll(want map[string]float64) time.Duration {
 	s.t.Helper()
+	return s.convergeIn(s.names, want)
+}
+
+// convergeIn is convergeAll in regions only.
+func (s *stack) convergeIn(regions []string, want map[string]float64) time.Duration {
+	s.t.Helper()
 	start := time.Now()
 	deadline := start.Add(60 * time.Second)
 	var took time.Duration
 	for {
 		var off []string
 		for k, n := range want {
-			for _, r := range s.names {
+			for _, r := range regions {
 				got := s.count(r, k)
 				if got > n {
 					s.t.Fatalf("%s counts %v for %s, more than the %v admitted: a spend applied twice", r, got, k, n)
@@ -385,7 +391,7 @@ func (s *stack) convergeAll(want map[string]float64) time.Duration {
 	}
 	time.Sleep(3*s.interval + 2*time.Second)
 	for k, n := range want {
-		for _, r := range s.names {
+		for _, r := range regions {
 			if got := s.count(r, k); got != n {
 				s.t.Fatalf("%s counts %v for %s later, want %v", r, got, k, n)
 			}
