@@ -564,7 +564,7 @@ stop_one() {
 # start_one NAME: start again, with the command line `up` used, a process
 # stop_one stopped; wait until it is healthy.
 start_one() {
-	local name=$1 pid binary logf r p node args
+	local name=$1 pid binary logf r p node args n rest
 	node=$(redis_node "$name")
 	if [ -n "$node" ]; then
 		read -r r p <<<"$node"
@@ -581,11 +581,14 @@ start_one() {
 	fi
 	eval "args=($(cat "$cmd_dir/$name"))"
 	logf=${args[0]} binary=${args[1]}
-	grep -v "^$name " "$pids_file" >"$pids_file.new" || true
-	mv "$pids_file.new" "$pids_file"
 	echo "---- started again by scripts/stack.sh start $name ----" >>"$logf"
 	nohup "$binary" "${args[@]:2}" </dev/null >>"$logf" 2>&1 &
-	echo "$name $! $binary $logf" >>"$pids_file"
+	pid=$!
+	# The new pid takes the old one's line: `down` stops in start-up order.
+	while read -r n rest; do
+		if [ "$n" = "$name" ]; then echo "$name $pid $binary $logf"; else echo "$n $rest"; fi
+	done <"$pids_file" >"$pids_file.new"
+	mv "$pids_file.new" "$pids_file"
 	# shellcheck disable=SC2046 # ADDR PATH
 	wait_healthy "$name" $(health_of "$name")
 }
