@@ -596,9 +596,9 @@ func TestStackAlerts(t *testing.T) {
 	reconcilerDown := &failure{
 		name: "reconciler-eu-west stopped for 15 s",
 		watches: []*watch{
-			// The restarted reconciler applies the late spends within its
-			// first second, before its first scrape: a window shorter than
-			// the stop has no sample of it from before to rate() from.
+			// Does not fire (deploy/README.md, Alerts): the restarted
+			// reconciler may apply the late spends before its first
+			// scrape, which a window shorter than the stop cannot rate.
 			{alert: "LimiterReconcileLagHigh", labels: region("eu-west"), afterHeal: true, optional: true},
 			{alert: "LimiterReconcileLagHigh", labels: map[string]string{"region": "us-east", "source_region": "eu-west"}, afterHeal: true},
 			{alert: "LimiterRelayBacklogGrowing", labels: region("eu-west"), optional: true},
