@@ -40,18 +40,19 @@ SOAK_FLAGS ?=
 soak: up-deps
 	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/soak -args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
-## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race (Debian packages), promtool (Go module)
+## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus and alertmanager (Debian packages), promtool (Go module)
 deps:
-	@GO=$(GO) scripts/install-deps.sh redis nginx cc
+	@GO=$(GO) scripts/install-deps.sh redis nginx cc prometheus alertmanager
 	@deploy/install-promtool.sh
 
-## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli (NATS and the daemons are built by `up`)
+## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli, with MONITORING=1 prometheus and alertmanager too (NATS and the daemons are built by `up`)
 up-deps:
-	@GO=$(GO) scripts/install-deps.sh redis
+	@GO=$(GO) scripts/install-deps.sh redis$(if $(filter 1 true yes,$(MONITORING)), prometheus alertmanager)
 
-## up: start three regions on loopback (Redis Clusters, limiterd, reconcilers, a NATS server each joined by gateways); state in .stack/
+## up: start three regions on loopback (Redis Clusters, limiterd, reconcilers, a NATS server each joined by gateways); state in .stack/. MONITORING=1: Prometheus and Alertmanager too
+MONITORING ?=
 up: up-deps
-	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) scripts/stack.sh up
+	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) MONITORING=$(MONITORING) scripts/stack.sh up
 
 ## down: stop what `make up` started, by its recorded pids, and remove .stack/
 down:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, from Debian packages, what is missing of the tools named on the
-# command line (all three when none is named):
+# command line (all of them when none is named):
 #
 #   redis  redis-server and redis-cli (packages redis-server, redis-tools):
 #          the integration tests and the local stack (make up)
@@ -9,18 +9,24 @@
 #   cc     the C compiler go uses (`go env CC`, gcc by default; packages gcc,
 #          libc6-dev): go test -race needs cgo, and without a C compiler go
 #          turns cgo off
+#   prometheus    prometheus (package prometheus, which brings a promtool
+#                 too): the local stack's monitoring (make up MONITORING=1)
+#                 and the alerts' end-to-end test
+#   alertmanager  prometheus-alertmanager (package prometheus-alertmanager;
+#                 upstream's alertmanager binary will do), for the same
 #
-# `make test` and `make deps` install all three, `make up` only redis.
+# `make test` and `make deps` install them all, `make up` only redis
+# (with MONITORING=1, prometheus and alertmanager too).
 # Prints one line saying what it did.
 set -euo pipefail
 
-usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc]" >&2; }
+usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc] [prometheus] [alertmanager]" >&2; }
 
 want=("$@")
-if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc); fi
+if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc prometheus alertmanager); fi
 for w in "${want[@]}"; do
 	case $w in
-	redis | nginx | cc) ;;
+	redis | nginx | cc | prometheus | alertmanager) ;;
 	*)
 		usage
 		exit 2
@@ -37,6 +43,8 @@ have() {
 	redis) command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 ;;
 	nginx) command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] ;;
 	cc) command -v "$cc" >/dev/null 2>&1 ;;
+	prometheus) command -v prometheus >/dev/null 2>&1 ;;
+	alertmanager) command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 ;;
 	esac
 }
 packages_of() {
@@ -44,6 +52,8 @@ packages_of() {
 	redis) echo "redis-server redis-tools" ;;
 	nginx) echo "nginx" ;;
 	cc) echo "gcc libc6-dev" ;;
+	prometheus) echo "prometheus" ;;
+	alertmanager) echo "prometheus-alertmanager" ;;
 	esac
 }
 name_of() {
@@ -51,6 +61,8 @@ name_of() {
 	redis) echo "redis-server or redis-cli" ;;
 	nginx) echo "nginx" ;;
 	cc) echo "a C compiler ($cc)" ;;
+	prometheus) echo "prometheus" ;;
+	alertmanager) echo "alertmanager" ;;
 	esac
 }
 version_of() {
@@ -58,6 +70,8 @@ version_of() {
 	redis) echo "redis $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')" ;;
 	nginx) "$(command -v nginx 2>/dev/null || echo /usr/sbin/nginx)" -v 2>&1 | sed -n 's/.*nginx\/\([^ ]*\).*/nginx \1/p' ;;
 	cc) echo "$cc $("$cc" -dumpfullversion 2>/dev/null || "$cc" -dumpversion 2>/dev/null)" ;;
+	prometheus) prometheus --version 2>&1 | sed -n '1s/^prometheus, version \([^ ]*\).*/prometheus \1/p' ;;
+	alertmanager) "$(command -v prometheus-alertmanager 2>/dev/null || echo alertmanager)" --version 2>&1 | sed -n '1s/^alertmanager, version \([^ ]*\).*/alertmanager \1/p' ;;
 	esac
 }
 # list WORDS...: "a", "a and b", "a, b and c".
@@ -99,7 +113,7 @@ if [ -z "$packages" ]; then
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race; Debian/Ubuntu: $install)" >&2
+	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race, Prometheus 2 and Alertmanager; Debian/Ubuntu: $install)" >&2
 	exit 1
 fi
 

@@ -17,6 +17,9 @@ var stubs = map[string]struct{ pkg, script string }{
 	"redis-cli":    {"redis-tools", `echo "redis-cli 7.0.15"`},
 	"nginx":        {"nginx", `echo "nginx version: nginx/1.22.1" >&2`},
 	"gcc":          {"gcc", `echo 12.2.0`},
+	// Debian names its alertmanager prometheus-alertmanager.
+	"prometheus":              {"prometheus", `echo "prometheus, version 2.42.0+ds (branch: debian/sid, revision: 2.42.0+ds-5+deb12u1)"`},
+	"prometheus-alertmanager": {"prometheus-alertmanager", `echo "alertmanager, version 0.25.0 (branch: debian/sid, revision: 0.25.0-1+b4)"`},
 }
 
 // TestInstallDeps runs install-deps.sh against a PATH of stubs, with an
@@ -42,6 +45,10 @@ func TestInstallDeps(t *testing.T) {
 		{name: "redis only", args: []string{"redis"}, missing: []string{"redis-server", "gcc"}, want: []string{"redis-server", "redis-tools"}},
 		{name: "redis only, there", args: []string{"redis"}, missing: []string{"gcc"}, want: nil},
 		{name: "C compiler only", args: []string{"cc"}, missing: []string{"redis-server", "gcc"}, want: []string{"gcc", "libc6-dev"}},
+		// The alerts' end-to-end test and make up MONITORING=1.
+		{name: "no prometheus nor alertmanager", args: nil, missing: []string{"prometheus", "prometheus-alertmanager"}, want: []string{"prometheus", "prometheus-alertmanager"}},
+		{name: "monitoring of make up", args: []string{"redis", "prometheus", "alertmanager"}, missing: []string{"prometheus-alertmanager", "gcc", "nginx"}, want: []string{"prometheus-alertmanager"}},
+		{name: "redis only, no prometheus", args: []string{"redis"}, missing: []string{"prometheus"}, want: nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -9,10 +9,12 @@ import (
 )
 
 // TestMakeInstalls holds each make target to what it installs: the tests
-// need Redis, nginx, a C compiler (for -race) and promtool; the local stack
-// runs Redis and what it builds itself (NATS and the daemons), so `make up`
-// installs Redis only and none of promtool's minutes-long build; so does
-// the soak, which runs the same servers.
+// need Redis, nginx, a C compiler (for -race), Prometheus and Alertmanager
+// (the alerts' end-to-end test) and promtool; the local stack runs Redis
+// and what it builds itself (NATS and the daemons), so `make up` installs
+// Redis only (Prometheus and Alertmanager too with MONITORING=1) and none
+// of promtool's minutes-long build; so does the soak, which runs the same
+// servers.
 func TestMakeInstalls(t *testing.T) {
 	mk, err := exec.LookPath("make")
 	if err != nil {
@@ -21,17 +23,19 @@ func TestMakeInstalls(t *testing.T) {
 	tests := []struct {
 		name     string
 		target   string
+		vars     []string // make's variables
 		deps     []string // install-deps.sh's arguments
 		promtool bool     // runs deploy/install-promtool.sh
 	}{
-		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc"}, promtool: true},
-		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc"}, promtool: true},
+		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager"}, promtool: true},
+		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager"}, promtool: true},
 		{name: "up", target: "up", deps: []string{"redis"}, promtool: false},
+		{name: "up with monitoring", target: "up", vars: []string{"MONITORING=1"}, deps: []string{"redis", "prometheus", "alertmanager"}, promtool: false},
 		{name: "soak", target: "soak", deps: []string{"redis"}, promtool: false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cmd := exec.Command(mk, "-n", "-C", "..", tt.target)
+			cmd := exec.Command(mk, append([]string{"-n", "-C", "..", tt.target}, tt.vars...)...)
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				t.Fatalf("make -n %s: %v\n%s", tt.target, err, out)

@@ -4,13 +4,42 @@
 # by that pid only.
 #
 #   scripts/redis-cluster.sh start DIR PORT...   # 3+ ports: a cluster of primaries
+#   scripts/redis-cluster.sh restart DIR PORT    # start one node again (it rejoins by its nodes.conf)
 #   scripts/redis-cluster.sh stop DIR
 set -euo pipefail
 
-cmd=${1:?usage: redis-cluster.sh start DIR PORT... | stop DIR}
+cmd=${1:?usage: redis-cluster.sh start DIR PORT... | restart DIR PORT | stop DIR}
 dir=${2:?DIR missing}
 
+# node DIR PORT: start the node of PORT, its files in DIR.
+node() {
+	redis-server --port "$2" --bind 127.0.0.1 --cluster-enabled yes \
+		--cluster-config-file "$1/nodes.conf" --cluster-node-timeout 2000 \
+		--save '' --appendonly no --dir "$1" --daemonize yes \
+		--pidfile "$1/redis.pid" --logfile "$1/redis.log" \
+		--maxmemory 512mb --maxmemory-policy noeviction
+}
+
 case "$cmd" in
+restart)
+	port=${3:?PORT missing}
+	d="$dir/$port"
+	[ -f "$d/nodes.conf" ] || { echo "redis-cluster: no node of port $port in $dir" >&2; exit 1; }
+	if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+		echo "redis-cluster: 127.0.0.1:$port is already in use" >&2
+		exit 1
+	fi
+	node "$d" "$port"
+	for _ in $(seq 100); do
+		if redis-cli -p "$port" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; then
+			echo "redis-cluster: 127.0.0.1:$port ok"
+			exit 0
+		fi
+		sleep 0.1
+	done
+	echo "redis-cluster: 127.0.0.1:$port never reached cluster_state:ok" >&2
+	exit 1
+	;;
 start)
 	shift 2
 	[ $# -ge 3 ] || { echo "redis-cluster: need at least 3 ports" >&2; exit 2; }
@@ -24,11 +53,7 @@ start)
 		d="$dir/$port"
 		mkdir -p "$d"
 		rm -f "$d/nodes.conf"
-		redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes \
-			--cluster-config-file "$d/nodes.conf" --cluster-node-timeout 2000 \
-			--save '' --appendonly no --dir "$d" --daemonize yes \
-			--pidfile "$d/redis.pid" --logfile "$d/redis.log" \
-			--maxmemory 512mb --maxmemory-policy noeviction
+		node "$d" "$port"
 		nodes+=("127.0.0.1:$port")
 	done
 	for port in "$@"; do
@@ -60,7 +85,7 @@ stop)
 	done
 	;;
 *)
-	echo "usage: redis-cluster.sh start DIR PORT... | stop DIR" >&2
+	echo "usage: redis-cluster.sh start DIR PORT... | restart DIR PORT | stop DIR" >&2
 	exit 2
 	;;
 esac
