@@ -603,6 +603,7 @@ func TestStackAlerts(t *testing.T) {
 			{alert: "LimiterReconcileLagHigh", labels: map[string]string{"region": "us-east", "source_region": "eu-west"}, afterHeal: true},
 			{alert: "LimiterRelayBacklogGrowing", labels: region("eu-west"), optional: true},
 			{alert: "LimiterReconcilerNotApplying", labels: region("eu-west"), optional: true},
+			{alert: "LimiterReconcilerAbsent", labels: region("eu-west")},
 			{alert: "reconciler target down (no alert)", expr: `up{job="reconciler"} == 0`, labels: region("eu-west")},
 		},
 		inject: stackCmd("stop", "reconciler-eu-west"),
