@@ -570,8 +570,11 @@ func byStore(parts []heldPart) [][]heldPart {
 // wherever they are held (those of other regions through their Peer
 // service). When any of them is gone (expired, released, or never held),
 // the lease is gone: the others are released, and renewed is false: the
-// caller must stop the request's work or acquire again. Errors as for
-// Release.
+// caller must stop the request's work or acquire again. A pinned rule's
+// lease held where its key is no longer homed (the topology moved it), or
+// held here with this region's share while the home did not answer, is not
+// renewed either: the caller acquires again, at the key's home. Errors as
+// for Release.
 func (e *Engine) Renew(ctx context.Context, leaseID string) (renewed bool, _ *Lease, _ error) {
 	return e.renew(ctx, leaseID, false)
 }
@@ -598,6 +601,15 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 	}
 	l := &Lease{ID: leaseID}
 	gone := false
+	for _, p := range append(slices.Concat(slices.Collect(maps.Values(remote))...), here...) {
+		if e.unrenewable(ts, p) {
+			gone = true
+		}
+	}
+	if gone {
+		e.renewGone(ctx, ts, id, leaseID, here, remote)
+		return false, nil, nil
+	}
 	extend := func(expires time.Time, ttl time.Duration) {
 		if l.Expires.IsZero() || expires.Before(l.Expires) {
 			l.Expires = expires
@@ -641,22 +653,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		extend(expires, ttl)
 	}
 	if gone {
-		for _, p := range here {
-			p.en.lease[eventGone].Inc()
-		}
-		if e.inflight.remove(id.member()) {
-			for _, p := range here {
-				p.en.lease[eventExpired].Inc()
-			}
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
-		defer cancel()
-		if _, err := e.releaseHere(rctx, id, here, false); err != nil {
-			e.log.Warn("the rest of a lease gone not released: it expires on its own", "err", err)
-		}
-		for _, r := range slices.Sorted(maps.Keys(remote)) {
-			e.releaseRemote(rctx, ts, r, leaseID, remote[r])
-		}
+		e.renewGone(ctx, ts, id, leaseID, here, remote)
 		return false, nil, nil
 	}
 	for _, p := range here {
@@ -664,6 +661,42 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 	}
 	e.inflight.renew(id.member(), l.Expires)
 	return true, l, nil
+}
+
+// renewGone ends a lease a Renew found gone (or may not renew): the rest
+// of it is released, here and in the regions holding its other parts.
+func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseID, leaseID string, here []heldPart, remote map[string][]heldPart) {
+	for _, p := range here {
+		p.en.lease[eventGone].Inc()
+	}
+	if e.inflight.remove(id.member()) {
+		for _, p := range here {
+			p.en.lease[eventExpired].Inc()
+		}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
+	defer cancel()
+	if _, err := e.releaseHere(rctx, id, here, false); err != nil {
+		e.log.Warn("the rest of a lease gone not released: it expires on its own", "err", err)
+	}
+	for _, r := range slices.Sorted(maps.Keys(remote)) {
+		if _, err := e.releaseRemote(rctx, ts, r, leaseID, remote[r]); err != nil {
+			e.log.Warn("the rest of a lease gone not released in the region holding it: it expires there on its own", "region", r, "err", err)
+		}
+	}
+}
+
+// unrenewable says a pinned rule's lease is not renewed, so that the
+// global limit holds again within one lease length: a lease held where the
+// topology in force no longer homes its key (the home moved: it stays
+// until released or expired, and new leases are taken at the new home),
+// and a region's share taken while the home did not answer (acquiring
+// again goes to the home, or takes a share again).
+func (e *Engine) unrenewable(ts *topoState, p heldPart) bool {
+	if !p.en.pinned || ts.topo == nil {
+		return false
+	}
+	return p.flags&partRegional != 0 || ts.topo.Home(p.key, p.en.rule.HomeKeys) != p.region
 }
 
 // inflight tracks the leases this instance granted and has not seen

@@ -398,3 +398,81 @@ func TestPinnedConcurrencyHomeDown(t *testing.T) {
 		t.Errorf("a holds %d fallback leases after one release, want 2", got)
 	}
 }
+
+// TestPinnedLeaseTopologySwitch: region c joins (generation 2) and a key
+// moves to it. The leases taken at its old home stay there until released
+// (through any region) or expired, and are not renewed; new leases are
+// taken at the new home, so for up to one lease_ttl after the switch the
+// key can hold 2 × limit in flight, 10 at each home.
+func TestPinnedLeaseTopologySwitch(t *testing.T) {
+	const poll = 200 * time.Millisecond
+	s := newRegionStack(t, poll, pinnedLeaseRules, func(addrs map[string]string) map[string]string {
+		return map[string]string{
+			"a": topoYAML(1, time.Time{}, addrs, "a", "b"),
+			"b": topoYAML(1, time.Time{}, addrs, "a", "b"),
+			"c": topoYAML(2, time.Time{}, addrs, "a", "b", "c"),
+		}
+	})
+	gen1 := mustParse(t, topoYAML(1, time.Time{}, s.addrs, "a", "b"))
+	gen2 := mustParse(t, topoYAML(2, time.Time{}, s.addrs, "a", "b", "c"))
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("user-%d", i); gen2.Home(k, nil) == "c" {
+			key = k
+		}
+	}
+	old := gen1.Home(key, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a, b := s.regions["a"].client, s.regions["b"].client
+	acquireAll := func(step string) []string {
+		t.Helper()
+		var ids []string
+		for i := range 11 {
+			resp, err := a.Acquire(ctx, &limiterv1.AcquireRequest{RuleId: "global", Key: key})
+			if err != nil {
+				t.Fatalf("%s: Acquire %d: %v", step, i, err)
+			}
+			if resp.GetAllowed() != (i < 10) {
+				t.Fatalf("%s: Acquire %d allowed %v, want the limit of 10", step, i, resp.GetAllowed())
+			}
+			if resp.GetAllowed() {
+				ids = append(ids, resp.GetLeaseId())
+			}
+		}
+		return ids
+	}
+	before := acquireAll("generation 1")
+	if got := s.held(old, "global", key); got != 10 {
+		t.Fatalf("the old home %s holds %d leases, want 10", old, got)
+	}
+	for _, n := range []string{"a", "b"} {
+		replaceFile(t, s.regions[n].file, topoYAML(2, time.Time{}, s.addrs, "a", "b", "c"))
+	}
+	for _, n := range []string{"a", "b"} {
+		waitGauge(t, s.regions[n].d, "limiter_topology_generation", map[string]string{"state": "active"}, 2, 5*poll+time.Second)
+	}
+	after := acquireAll("generation 2")
+	if got := s.held("c", "global", key); got != 10 {
+		t.Fatalf("the new home c holds %d leases, want 10", got)
+	}
+	if got := s.held(old, "global", key); got != 10 {
+		t.Fatalf("the old home %s holds %d leases after the switch, want its 10 kept", old, got)
+	}
+	// An old lease released through b, wherever it is held.
+	if r, err := b.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: before[0]}); err != nil || !r.GetReleased() {
+		t.Fatalf("Release of a lease held at the old home: %v, %v", r, err)
+	}
+	// An old lease is not renewed: the caller acquires again, at c.
+	if rn, err := a.Renew(ctx, &limiterv1.RenewRequest{LeaseId: before[1]}); err != nil || rn.GetRenewed() {
+		t.Fatalf("Renew of a lease whose key moved: %v, %v; want renewed false", rn, err)
+	}
+	if got := s.held(old, "global", key); got != 8 {
+		t.Errorf("the old home %s holds %d leases after a release and a refused renewal, want 8", old, got)
+	}
+	// A new lease renews.
+	if rn, err := b.Renew(ctx, &limiterv1.RenewRequest{LeaseId: after[0]}); err != nil || !rn.GetRenewed() {
+		t.Fatalf("Renew through b of a lease held at the new home: %v, %v", rn, err)
+	}
+	t.Logf("key %s moved from %s to c: 10 leases kept at %s, 10 new ones at c", key, old, old)
+}
