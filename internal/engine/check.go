@@ -48,8 +48,9 @@ type Item struct {
 	// remembered: the check put a denial of it in the deny cache.
 	probe, remembered bool
 	// expires is, for a concurrency rule's item of an allowed Acquire,
-	// when its lease expires.
+	// when its lease expires; part is its part of the lease id.
 	expires time.Time
+	part    int
 }
 
 // Limit is the rule's limit.

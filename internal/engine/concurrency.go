@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -87,23 +89,40 @@ func concurrencyCheckError(field, prefix, rule string) *InvalidError {
 	return invalid(field, "%srule %s: %w: call Acquire before the request and Release after it", prefix, quote(rule), ErrConcurrencyRule)
 }
 
-func (it *Item) leaseRequest(fleet int) bucket.LeaseRequest {
-	l := it.e.leases
-	if it.route == routeFallback {
+// leaseLimit is what a lease of en with flags is held against: the rule's
+// limit, or this region's share of it (partRegional), or this instance's
+// share of either (partFallback).
+func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
+	l := en.leases
+	if flags&partRegional != 0 {
+		l = en.regionalLeases
+	}
+	if flags&partFallback != 0 {
 		l = l.Share(fleet)
 	}
-	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: l}
+	return l
 }
 
 // Acquire decides an Acquire: a lease of every concurrency rule and a
-// spend of every rate rule, all or nothing. The leases are taken first, in
-// one store call; when one refuses nothing else is asked. Then the rate
-// rules are decided as Decide does, and when they refuse, the leases are
-// given back. A refusal is allowed false and a nil error, and the items say
-// which rule refused: a concurrency rule's RetryAfter is the time until the
-// soonest lease held expires. When the store fails, fail-open rules take
-// their leases from this instance's fallback store, each with its share of
-// the limit (limit / fleet); fail-closed ones refuse with ErrUnavailable.
+// spend of every rate rule, all or nothing. The leases of pinned rules
+// whose keys are homed in other regions are held there first (one Peer
+// Acquire per home region, in the order of their names); then the leases
+// held here, in one store call; when one refuses nothing else is asked and
+// the leases already held are given back. Then the rate rules are decided
+// as Decide does, and when they refuse, every lease is given back. A
+// refusal is allowed false and a nil error, and the items say which rule
+// refused: a concurrency rule's RetryAfter is the time until the soonest
+// lease held expires.
+//
+// When the store fails, fail-open rules take their leases from this
+// instance's fallback store, each with its share of the limit (limit /
+// fleet); fail-closed ones refuse with ErrUnavailable. When a key's home
+// region does not answer, a fail-open pinned rule's lease is held here
+// with this region's share (limit / regions), a fail-closed one refuses
+// with ErrUnavailable. The lease id names where each lease is held.
+//
+// An Acquire is routed with the topology in force when it starts; a home
+// that refuses it as stale makes it routed again once, as Decide does.
 func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
 	if !c.acquire {
 		return false, nil, errors.New("engine: Acquire of a check not made by NewAcquire")
@@ -112,25 +131,110 @@ func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
 		allowed, err := e.Decide(ctx, c)
 		return allowed, nil, err
 	}
-	parts := make([]leasePart, len(c.held))
-	for i, it := range c.held {
-		it.route = routeNone
-		parts[i] = leasePart{rule: it.Rule.ID, key: it.Key}
+	ts := e.useTopology()
+	allowed, l, err := e.acquire(ctx, c, ts, false)
+	ts.release()
+	if errors.Is(err, errReroute) {
+		ts = e.useTopology()
+		allowed, l, err = e.acquire(ctx, c, ts, true)
+		ts.release()
 	}
-	id := newLeaseID(e.region, parts)
-	allowed, err := e.takeLeases(ctx, c, id)
+	return allowed, l, err
+}
+
+func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted bool) (bool, *Lease, error) {
+	id := newLeaseID(e.region, ts.gen, make([]leasePart, len(c.held)))
+	var homes []string
+	byHome := map[string][]int{}
+	var here []int
+	for i, it := range c.held {
+		it.route, it.part = routeNone, i
+		id.parts[i] = leasePart{rule: it.Rule.ID, key: it.Key, region: e.region}
+		if home := e.leaseHome(ts, c, it); home != "" {
+			id.parts[i].region = home
+			if byHome[home] == nil {
+				homes = append(homes, home)
+			}
+			byHome[home] = append(byHome[home], i)
+			continue
+		}
+		here = append(here, i)
+	}
+	slices.Sort(homes)
+	// The homes that hold leases of this Acquire, given them back by every
+	// return that refuses or fails.
+	var granted []string
+	for _, home := range homes {
+		allowed, err := e.acquireAt(ctx, c, ts, home, byHome[home], id)
+		if err == nil {
+			if !allowed {
+				e.releaseAt(ctx, ts, granted, id)
+				c.notAsked()
+				return false, nil, nil
+			}
+			granted = append(granted, home)
+			continue
+		}
+		if ctx.Err() != nil {
+			e.releaseAt(ctx, ts, append(granted, home), id)
+			return false, nil, ctx.Err()
+		}
+		if errors.Is(err, ErrStaleTopology) {
+			e.m.stale.WithLabelValues(home).Inc()
+			if !rerouted && e.reload != nil {
+				if e.reload(); e.topo.Load().gen > ts.gen {
+					e.releaseAt(ctx, ts, granted, id)
+					return false, nil, errReroute
+				}
+			}
+			e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
+				"home", home, "generation", ts.gen, "err", err)
+		}
+		var inv *InvalidError
+		if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
+			// The home region's rules differ from ours: its answer stands.
+			e.releaseAt(ctx, ts, granted, id)
+			return false, nil, err
+		}
+		if errors.Is(err, bucket.ErrOutcomeUnknown) {
+			// The home may hold them: ask it to give them back (else they
+			// expire there on their own).
+			e.releaseAt(ctx, ts, []string{home}, id)
+		}
+		for _, i := range byHome[home] {
+			if it := c.held[i]; it.e.closed {
+				it.e.lease[eventError].Inc()
+				e.log.Warn("home region unreachable, fail-closed concurrency rule refused", "rule", it.Rule.ID, "home", home, "err", err)
+				e.releaseAt(ctx, ts, granted, id)
+				return false, nil, ErrUnavailable
+			}
+		}
+		// Fail open: held here, with this region's share of each limit.
+		for _, i := range byHome[home] {
+			id.parts[i].region, id.parts[i].flags = e.region, partRegional
+			here = append(here, i)
+		}
+	}
+	held := make([]*Item, len(here))
+	for j, i := range here {
+		held[j] = c.held[i]
+	}
+	allowed, err := e.takeLeases(ctx, c, held, id)
 	if err != nil || !allowed {
+		e.releaseAt(ctx, ts, granted, id)
 		return false, nil, err
 	}
 	allowed, err = e.Decide(ctx, c)
 	if err != nil || !allowed {
-		e.giveLeasesBack(ctx, c, id)
+		e.giveLeasesBack(ctx, held, id)
+		e.releaseAt(ctx, ts, granted, id)
 		for _, it := range c.held {
 			it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+1)
 		}
 		return false, nil, err
 	}
 	l := &Lease{ID: id.String()}
+	var expires time.Time // of the leases held here
 	for _, it := range c.held {
 		if l.Expires.IsZero() || it.expires.Before(l.Expires) {
 			l.Expires = it.expires
@@ -138,21 +242,62 @@ func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
 		if ttl := it.e.leases.TTL; l.TTL == 0 || ttl < l.TTL {
 			l.TTL = ttl
 		}
+	}
+	for _, it := range held {
+		if expires.IsZero() || it.expires.Before(expires) {
+			expires = it.expires
+		}
+		// Counted where held: a home counts the leases it holds.
 		it.e.lease[eventAcquired].Inc()
 		if it.route == routeFallback {
 			it.e.lease[eventFallback].Inc()
 		}
 	}
-	e.inflight.add(id.member(), c.held, l.Expires)
+	if len(held) > 0 {
+		e.inflight.add(id.member(), held, expires)
+	}
 	return true, l, nil
 }
 
-// takeLeases takes the leases of c's concurrency rules under id, from the
-// store or, when it fails, as the rules' on_failure says.
-func (e *Engine) takeLeases(ctx context.Context, c *Check, id *leaseID) (bool, error) {
-	reqs := make([]bucket.LeaseRequest, len(c.held))
-	for i, it := range c.held {
-		reqs[i] = it.leaseRequest(1)
+// notAsked gives the items a refusal left undecided the answer of a
+// bucket that nothing was spent from.
+func (c *Check) notAsked() {
+	for _, it := range c.held {
+		if it.route == routeNone {
+			l := float64(it.e.leases.Limit)
+			it.Decision = bucket.Decision{Allowed: true, Remaining: l, Limit: l}
+		}
+	}
+	for _, it := range c.enforce {
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
+		it.route = routeNone
+	}
+}
+
+// leaseHome is the home region that holds it's lease, or "" to hold it
+// here: a pinned rule's key homed elsewhere, unless the Acquire was
+// forwarded by a peer (never forwarded again).
+func (e *Engine) leaseHome(ts *topoState, c *Check, it *Item) string {
+	if !it.e.pinned || ts.topo == nil || c.peer != "" {
+		return ""
+	}
+	if home := ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
+		return home
+	}
+	return ""
+}
+
+// takeLeases takes the leases of items (c's concurrency rules held here)
+// under id, from the store or, when it fails, as the rules' on_failure
+// says.
+func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *leaseID) (bool, error) {
+	if len(items) == 0 {
+		return true, nil
+	}
+	fleet := max(e.fleet(), 1)
+	reqs := make([]bucket.LeaseRequest, len(items))
+	for i, it := range items {
+		reqs[i] = e.partRequest(it, id, fleet)
 	}
 	var ds []bucket.LeaseDecision
 	var err error
@@ -165,11 +310,12 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, id *leaseID) (bool, e
 	if err != nil && errors.As(err, &me) && len(me.Errs) == len(reqs) && len(ds) == len(reqs) {
 		// Some clients' leases were decided: a refusal among them refuses
 		// (the store gave back whatever the others took).
-		for i, it := range c.held {
+		for i, it := range items {
 			if me.Errs[i] == nil && !ds[i].Allowed {
 				it.route = routeStore
 				it.Decision = bucket.Decision{Limit: float64(it.e.leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
 				it.e.lease[eventRefused].Inc()
+				c.notAsked()
 				return false, nil
 			}
 		}
@@ -182,7 +328,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, id *leaseID) (bool, e
 			e.m.overloaded.Inc()
 			return false, ErrOverloaded
 		}
-		for _, it := range c.held {
+		for _, it := range items {
 			if it.e.closed {
 				it.e.lease[eventError].Inc()
 				e.log.Warn("lease store failed, fail-closed concurrency rule refused", "rule", it.Rule.ID, "err", err)
@@ -191,20 +337,19 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, id *leaseID) (bool, e
 		}
 		// Fail open: this instance's share of each limit, held here. The
 		// store gave back whatever it may have taken.
-		id.flags |= leaseFallback
-		fleet := max(e.fleet(), 1)
-		for i, it := range c.held {
+		for i, it := range items {
+			id.parts[it.part].flags |= partFallback
 			it.route = routeFallback
-			reqs[i] = it.leaseRequest(fleet)
+			reqs[i] = e.partRequest(it, id, fleet)
 		}
 		ds, _ = e.fallback.Acquire(ctx, reqs, id.member())
 	} else {
-		for _, it := range c.held {
+		for _, it := range items {
 			it.route = routeStore
 		}
 	}
 	all := true
-	for i, it := range c.held {
+	for i, it := range items {
 		d := ds[i]
 		it.expires = d.Expires
 		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(it.e.leases.Limit-d.InFlight, 0)),
@@ -216,164 +361,342 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, id *leaseID) (bool, e
 	}
 	if !all {
 		// Nothing is held: the rate rules are not asked.
-		for _, it := range c.enforce {
-			it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
-			it.route = routeNone
-		}
+		c.notAsked()
 	}
 	return all, nil
 }
 
-// giveLeasesBack releases the leases an Acquire took when its rate rules
-// refused or failed.
-func (e *Engine) giveLeasesBack(ctx context.Context, c *Check, id *leaseID) {
+func (e *Engine) partRequest(it *Item, id *leaseID, fleet int) bucket.LeaseRequest {
+	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.leaseLimit(id.parts[it.part].flags, fleet)}
+}
+
+// giveLeasesBack releases the leases an Acquire took here when a later
+// part refused or failed.
+func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseID) {
+	if len(items) == 0 {
+		return
+	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
 	defer cancel()
-	reqs := make([]bucket.LeaseRequest, len(c.held))
-	for i, it := range c.held {
-		reqs[i] = it.leaseRequest(1)
+	fleet := max(e.fleet(), 1)
+	reqs := make([]bucket.LeaseRequest, len(items))
+	for i, it := range items {
+		reqs[i] = e.partRequest(it, id, fleet)
 	}
-	if _, err := e.leaseStoreOf(id).Release(rctx, reqs, id.member()); err != nil {
+	// The leases held here were taken in one store call: one store.
+	if _, err := e.leaseStoreOf(id.parts[items[0].part].flags).Release(rctx, reqs, id.member()); err != nil {
 		e.log.Warn("the leases of a refused acquire not given back: they expire on their own", "err", err)
 	}
 }
 
-func (e *Engine) leaseStoreOf(id *leaseID) bucket.LeaseStore {
-	if id.flags&leaseFallback != 0 || e.leaseStore == nil {
+func (e *Engine) leaseStoreOf(flags byte) bucket.LeaseStore {
+	if flags&partFallback != 0 || e.leaseStore == nil {
 		return e.fallback
 	}
 	return e.leaseStore
 }
 
-// leaseParts reads a caller's lease id: the requests of its rules in force,
-// and their entries. A rule no longer in force holds nothing (its part is
-// left out); a rule that is not a concurrency rule, or a lease id of
-// another region, is an *InvalidError of lease_id.
-func (e *Engine) leaseParts(s string) (*leaseID, []bucket.LeaseRequest, []*entry, error) {
+// heldPart is a part of a caller's lease id whose rule is in force: its
+// entry and its store request.
+type heldPart struct {
+	leasePart
+	en  *entry
+	req bucket.LeaseRequest
+}
+
+// leaseParts reads a caller's lease id: the parts of its rules in force,
+// those held here and those held in each other region. A rule no longer in
+// force holds nothing (its part is left out). A rule that is not a
+// concurrency rule, a region outside the topology, or a pinned rule's part
+// held in a region that cannot hold it under the id's topology generation
+// (when that is the one in force here: the id was edited) is an
+// *InvalidError of lease_id.
+func (e *Engine) leaseParts(ts *topoState, s string) (*leaseID, []heldPart, map[string][]heldPart, error) {
 	id, err := parseLeaseID(s)
+	if err == nil {
+		err = e.checkParts(ts, id)
+	}
 	if err != nil {
 		e.m.invalid.WithLabelValues("lease_id").Inc()
 		return nil, nil, nil, err
 	}
-	if id.region != e.region {
-		e.m.invalid.WithLabelValues("lease_id").Inc()
-		return nil, nil, nil, invalid("lease_id", "lease_id: held in region %s, not in %s: release or renew it there", quote(id.region), quote(e.region))
-	}
 	t := e.table.Load()
-	var reqs []bucket.LeaseRequest
-	var ens []*entry
+	fleet := max(e.fleet(), 1)
+	var here []heldPart
+	var remote map[string][]heldPart
+	for _, p := range id.parts {
+		en := t.byID[p.rule]
+		if en == nil {
+			continue
+		}
+		hp := heldPart{leasePart: p, en: en, req: bucket.LeaseRequest{Rule: p.rule, Key: p.key, Limit: en.leaseLimit(p.flags, fleet)}}
+		if p.region == e.region {
+			here = append(here, hp)
+			continue
+		}
+		if remote == nil {
+			remote = make(map[string][]heldPart)
+		}
+		remote[p.region] = append(remote[p.region], hp)
+	}
+	return id, here, remote, nil
+}
+
+// checkParts validates where id's parts say they are held.
+func (e *Engine) checkParts(ts *topoState, id *leaseID) error {
+	t := e.table.Load()
 	for _, p := range id.parts {
 		en := t.byID[p.rule]
 		if en == nil {
 			continue
 		}
 		if !en.rule.Concurrent() {
-			e.m.invalid.WithLabelValues("lease_id").Inc()
-			return nil, nil, nil, invalid("lease_id", "lease_id: rule %s: %w", quote(p.rule), ErrNotConcurrency)
+			return invalid("lease_id", "lease_id: rule %s: %w", quote(p.rule), ErrNotConcurrency)
 		}
-		l := en.leases
-		if id.flags&leaseFallback != 0 {
-			l = l.Share(max(e.fleet(), 1))
+		if p.region != e.region && (ts.topo == nil || !ts.topo.Has(p.region)) {
+			return invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", quote(p.region), quote(e.region))
 		}
-		reqs = append(reqs, bucket.LeaseRequest{Rule: p.rule, Key: p.key, Limit: l})
-		ens = append(ens, en)
+		if p.flags&partRegional != 0 && (!en.pinned || p.region != id.region) {
+			return invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", quote(p.rule))
+		}
+		if !en.pinned || ts.topo == nil || id.gen != ts.gen {
+			// Held where the acquire was, or homed under a topology not
+			// known here: the region named decides (a forged id names a
+			// member no set holds).
+			continue
+		}
+		home := ts.topo.Home(p.key, en.rule.HomeKeys)
+		if regional := p.flags&partRegional != 0; regional == (p.region == home) {
+			return invalid("lease_id", "lease_id: rule %s: under topology generation %d the key's home is %s, and the lease id says it is held in %s: an edited lease id",
+				quote(p.rule), ts.gen, home, p.region)
+		}
 	}
-	return id, reqs, ens, nil
+	return nil
 }
 
-// Release gives back the leases of a lease id. A lease unknown, expired or
-// already released is no error: released is then false. Errors: an
-// *InvalidError of lease_id, or ErrLeaseStore (the lease expires on its
-// own).
+// Release gives back the leases of a lease id, wherever they are held:
+// those held in another region through its Peer service. A lease unknown,
+// expired or already released is no error: released is then false (true
+// when any of its leases was held). Errors: an *InvalidError of lease_id,
+// ErrLeaseStore (the store here did not answer) or ErrLeaseHome (the
+// region holding a lease did not answer); the leases not released expire
+// on their own, and a Release again is safe.
 func (e *Engine) Release(ctx context.Context, leaseID string) (released bool, _ error) {
-	id, reqs, ens, err := e.leaseParts(leaseID)
+	return e.release(ctx, leaseID, false)
+}
+
+// PeerRelease is a Release forwarded by a peer region: it gives back the
+// leases held here and leaves the others (never forwarded again).
+func (e *Engine) PeerRelease(ctx context.Context, leaseID string) (released bool, _ error) {
+	return e.release(ctx, leaseID, true)
+}
+
+func (e *Engine) release(ctx context.Context, leaseID string, peer bool) (bool, error) {
+	ts := e.useTopology()
+	defer ts.release()
+	id, here, remote, err := e.leaseParts(ts, leaseID)
 	if err != nil {
 		return false, err
 	}
 	tracked := e.inflight.remove(id.member())
-	if len(reqs) == 0 {
-		return false, nil
+	released, err := e.releaseHere(ctx, id, here, tracked)
+	if peer {
+		return released, err
 	}
-	held, err := e.leaseStoreOf(id).Release(ctx, reqs, id.member())
+	for _, r := range slices.Sorted(maps.Keys(remote)) {
+		ok, rerr := e.releaseRemote(ctx, ts, r, leaseID, remote[r])
+		released = released || ok
+		if err == nil {
+			err = rerr
+		}
+	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		for _, en := range ens {
-			en.lease[eventError].Inc()
-		}
-		return false, fmt.Errorf("%w: %w", ErrLeaseStore, err)
+		return false, err
 	}
-	for i, en := range ens {
-		if held[i] {
-			released = true
-			en.lease[eventReleased].Inc()
-		} else if tracked {
-			// It expired before its release: counted as expired.
-			en.lease[eventExpired].Inc()
+	return released, nil
+}
+
+// releaseHere releases parts held in this region.
+func (e *Engine) releaseHere(ctx context.Context, id *leaseID, parts []heldPart, tracked bool) (released bool, _ error) {
+	for _, group := range byStore(parts) {
+		reqs := make([]bucket.LeaseRequest, len(group))
+		for i, p := range group {
+			reqs[i] = p.req
+		}
+		held, err := e.leaseStoreOf(group[0].flags).Release(ctx, reqs, id.member())
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			for _, p := range group {
+				p.en.lease[eventError].Inc()
+			}
+			return false, fmt.Errorf("%w: %w", ErrLeaseStore, err)
+		}
+		for i, p := range group {
+			if held[i] {
+				released = true
+				p.en.lease[eventReleased].Inc()
+			} else if tracked {
+				// It expired before its release: counted as expired.
+				p.en.lease[eventExpired].Inc()
+			}
 		}
 	}
 	return released, nil
 }
 
-// Renew extends the leases of a lease id by their rules' lease length. When
-// any of them is gone (expired, released, or never held), the lease is
-// gone: the others are released, and renewed is false: the caller must stop
-// the request's work or acquire again. Errors as for Release.
+// byStore groups parts held here by the store holding them (the shared
+// one, or this instance's fallback).
+func byStore(parts []heldPart) [][]heldPart {
+	var shared, fallback []heldPart
+	for _, p := range parts {
+		if p.flags&partFallback != 0 {
+			fallback = append(fallback, p)
+		} else {
+			shared = append(shared, p)
+		}
+	}
+	var out [][]heldPart
+	for _, g := range [][]heldPart{shared, fallback} {
+		if len(g) > 0 {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// Renew extends the leases of a lease id by their rules' lease length,
+// wherever they are held (those of other regions through their Peer
+// service). When any of them is gone (expired, released, or never held),
+// the lease is gone: the others are released, and renewed is false: the
+// caller must stop the request's work or acquire again. A pinned rule's
+// lease held where its key is no longer homed (the topology moved it), or
+// held here with this region's share while the home did not answer, is not
+// renewed either: the caller acquires again, at the key's home. Errors as
+// for Release.
 func (e *Engine) Renew(ctx context.Context, leaseID string) (renewed bool, _ *Lease, _ error) {
-	id, reqs, ens, err := e.leaseParts(leaseID)
+	return e.renew(ctx, leaseID, false)
+}
+
+// PeerRenew is a Renew forwarded by a peer region: it renews the leases
+// held here (and when one is gone, releases the others held here).
+func (e *Engine) PeerRenew(ctx context.Context, leaseID string) (renewed bool, _ *Lease, _ error) {
+	return e.renew(ctx, leaseID, true)
+}
+
+func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *Lease, error) {
+	ts := e.useTopology()
+	defer ts.release()
+	id, here, remote, err := e.leaseParts(ts, leaseID)
 	if err != nil {
 		return false, nil, err
 	}
-	if len(reqs) == 0 {
+	if peer {
+		remote = nil
+	}
+	if len(here) == 0 && len(remote) == 0 {
 		e.inflight.remove(id.member())
 		return false, nil, nil
 	}
-	ds, err := e.leaseStoreOf(id).Renew(ctx, reqs, id.member())
-	if err != nil {
-		if ctx.Err() != nil {
-			return false, nil, ctx.Err()
-		}
-		for _, en := range ens {
-			en.lease[eventError].Inc()
-		}
-		return false, nil, fmt.Errorf("%w: %w", ErrLeaseStore, err)
-	}
 	l := &Lease{ID: leaseID}
 	gone := false
-	for i, d := range ds {
-		if !d.Allowed {
+	for _, p := range append(slices.Concat(slices.Collect(maps.Values(remote))...), here...) {
+		if e.unrenewable(ts, p) {
 			gone = true
-			continue
-		}
-		if l.Expires.IsZero() || d.Expires.Before(l.Expires) {
-			l.Expires = d.Expires
-		}
-		if l.TTL == 0 || reqs[i].Limit.TTL < l.TTL {
-			l.TTL = reqs[i].Limit.TTL
 		}
 	}
 	if gone {
-		for _, en := range ens {
-			en.lease[eventGone].Inc()
-		}
-		if e.inflight.remove(id.member()) {
-			for _, en := range ens {
-				en.lease[eventExpired].Inc()
-			}
-		}
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
-		defer cancel()
-		if _, err := e.leaseStoreOf(id).Release(rctx, reqs, id.member()); err != nil {
-			e.log.Warn("the rest of a lease gone not released: it expires on its own", "err", err)
-		}
+		e.renewGone(ctx, ts, id, leaseID, here, remote)
 		return false, nil, nil
 	}
-	for _, en := range ens {
-		en.lease[eventRenewed].Inc()
+	extend := func(expires time.Time, ttl time.Duration) {
+		if l.Expires.IsZero() || expires.Before(l.Expires) {
+			l.Expires = expires
+		}
+		if l.TTL == 0 || ttl < l.TTL {
+			l.TTL = ttl
+		}
+	}
+	for _, group := range byStore(here) {
+		reqs := make([]bucket.LeaseRequest, len(group))
+		for i, p := range group {
+			reqs[i] = p.req
+		}
+		ds, err := e.leaseStoreOf(group[0].flags).Renew(ctx, reqs, id.member())
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, nil, ctx.Err()
+			}
+			for _, p := range group {
+				p.en.lease[eventError].Inc()
+			}
+			return false, nil, fmt.Errorf("%w: %w", ErrLeaseStore, err)
+		}
+		for i, d := range ds {
+			if !d.Allowed {
+				gone = true
+				continue
+			}
+			extend(d.Expires, reqs[i].Limit.TTL)
+		}
+	}
+	for _, r := range slices.Sorted(maps.Keys(remote)) {
+		ok, expires, ttl, err := e.renewRemote(ctx, ts, r, leaseID, remote[r])
+		if err != nil {
+			return false, nil, err
+		}
+		if !ok {
+			gone = true
+			continue
+		}
+		extend(expires, ttl)
+	}
+	if gone {
+		e.renewGone(ctx, ts, id, leaseID, here, remote)
+		return false, nil, nil
+	}
+	for _, p := range here {
+		p.en.lease[eventRenewed].Inc()
 	}
 	e.inflight.renew(id.member(), l.Expires)
 	return true, l, nil
+}
+
+// renewGone ends a lease a Renew found gone (or may not renew): the rest
+// of it is released, here and in the regions holding its other parts.
+func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseID, leaseID string, here []heldPart, remote map[string][]heldPart) {
+	for _, p := range here {
+		p.en.lease[eventGone].Inc()
+	}
+	if e.inflight.remove(id.member()) {
+		for _, p := range here {
+			p.en.lease[eventExpired].Inc()
+		}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
+	defer cancel()
+	if _, err := e.releaseHere(rctx, id, here, false); err != nil {
+		e.log.Warn("the rest of a lease gone not released: it expires on its own", "err", err)
+	}
+	for _, r := range slices.Sorted(maps.Keys(remote)) {
+		if _, err := e.releaseRemote(rctx, ts, r, leaseID, remote[r]); err != nil {
+			e.log.Warn("the rest of a lease gone not released in the region holding it: it expires there on its own", "region", r, "err", err)
+		}
+	}
+}
+
+// unrenewable says a pinned rule's lease is not renewed, so that the
+// global limit holds again within one lease length: a lease held where the
+// topology in force no longer homes its key (the home moved: it stays
+// until released or expired, and new leases are taken at the new home),
+// and a region's share taken while the home did not answer (acquiring
+// again goes to the home, or takes a share again).
+func (e *Engine) unrenewable(ts *topoState, p heldPart) bool {
+	if !p.en.pinned || ts.topo == nil {
+		return false
+	}
+	return p.flags&partRegional != 0 || ts.topo.Home(p.key, p.en.rule.HomeKeys) != p.region
 }
 
 // inflight tracks the leases this instance granted and has not seen

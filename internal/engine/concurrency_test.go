@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -182,9 +184,11 @@ func TestLeaseIDValidation(t *testing.T) {
 	forged := *real
 	forged.nonce[0] ^= 1
 	otherRule := *real
-	otherRule.parts = []leasePart{{rule: "api", key: "user:cy"}}
+	otherRule.parts = []leasePart{{rule: "api", key: "user:cy", region: "local"}}
 	otherRegion := *real
-	otherRegion.region = "mars"
+	otherRegion.parts = []leasePart{{rule: real.parts[0].rule, key: real.parts[0].key, region: "mars"}}
+	v1 := *real
+	v1.parts = []leasePart{{rule: real.parts[0].rule, key: real.parts[0].key, region: "local", flags: 4}}
 	for _, tt := range []struct {
 		name    string
 		id      string
@@ -196,7 +200,8 @@ func TestLeaseIDValidation(t *testing.T) {
 		{"trailing bytes", (&leaseID{parts: real.parts}).String() + "AAAA", true},
 		{"too long", strings.Repeat("A", MaxLeaseIDLen+1), true},
 		{"a rate rule's", otherRule.String(), true},
-		{"another region's", otherRegion.String(), true},
+		{"held in a region not in the topology", otherRegion.String(), true},
+		{"unknown flags", v1.String(), true},
 		{"forged nonce", forged.String(), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,8 +224,43 @@ func TestLeaseIDValidation(t *testing.T) {
 	}
 }
 
+// leaseIDV1 is a lease id of version 1: one region and one set of flags
+// for every part.
+func leaseIDV1(region string, flags byte, rule, key string) string {
+	b := []byte{leaseIDVersionV1, byte(len(region))}
+	b = append(b, region...)
+	b = append(b, flags)
+	b = append(b, make([]byte, leaseNonceLen)...)
+	b = append(b, 1, byte(len(rule)))
+	b = append(b, rule...)
+	b = append(b, byte(len(key)))
+	b = append(b, key...)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+// TestLeaseIDVersions: a version 1 id (every part in its one region) is
+// still read; a version 2 id names each part's region and round-trips.
+func TestLeaseIDVersions(t *testing.T) {
+	id, err := parseLeaseID(leaseIDV1("eu", partFallback, "r", "k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (leasePart{rule: "r", key: "k", region: "eu", flags: partFallback}); len(id.parts) != 1 || id.parts[0] != want {
+		t.Fatalf("v1 parts = %+v, want %+v", id.parts, want)
+	}
+	v2 := newLeaseID("eu", 7, []leasePart{{rule: "r", key: "k", region: "eu"}, {rule: "p", key: "k2", region: "us", flags: partRegional}})
+	back, err := parseLeaseID(v2.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if back.gen != 7 || back.region != "eu" || back.member() != v2.member() || !slices.Equal(back.parts, v2.parts) {
+		t.Fatalf("round trip = %+v, want %+v", back, v2)
+	}
+}
+
 func FuzzParseLeaseID(f *testing.F) {
-	f.Add(newLeaseID("eu", []leasePart{{"r", "k"}}).String())
+	f.Add(newLeaseID("eu", 3, []leasePart{{rule: "r", key: "k", region: "eu"}, {rule: "p", key: "k", region: "us", flags: partFallback}}).String())
+	f.Add(leaseIDV1("eu", partFallback, "r", "k"))
 	f.Add("")
 	f.Fuzz(func(t *testing.T, s string) {
 		id, err := parseLeaseID(s)

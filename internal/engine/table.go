@@ -36,10 +36,11 @@ type entry struct {
 	// denyHits count checks refused by the deny cache; leased those
 	// admitted from this instance's lease.
 	denyHits, leased prometheus.Counter
-	// leases is a concurrency rule's limit; lease its lease counters,
-	// by event.
-	leases bucket.LeaseLimit
-	lease  map[string]prometheus.Counter
+	// leases is a concurrency rule's limit, regionalLeases a region's
+	// share of a pinned one (its key's home did not answer); lease its
+	// lease counters, by event.
+	leases, regionalLeases bucket.LeaseLimit
+	lease                  map[string]prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 }
@@ -81,9 +82,16 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 			for _, ev := range leaseEvents {
 				lease[ev] = m.leases.WithLabelValues(id, ev)
 			}
+			if r.Pinned() {
+				for call, results := range forwardedLeaseResults {
+					for _, res := range results {
+						m.forwardedLeases.WithLabelValues(id, call, res)
+					}
+				}
+			}
 		}
 		t.byID[id] = &entry{
-			leases: r.Leases(), lease: lease,
+			leases: r.Leases(), regionalLeases: r.Leases().Share(regions), lease: lease,
 			rule: r, limit: lim, regional: share(lim, regions),
 			reconciled: r.Reconciled(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
 			allowed: d.WithLabelValues(id, resultAllowed), limited: d.WithLabelValues(id, resultLimited),
@@ -102,22 +110,25 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 }
 
 type metrics struct {
-	decisions    *prometheus.CounterVec
-	forwarded    *prometheus.CounterVec
-	admittedCost *prometheus.CounterVec
-	denyHits     *prometheus.CounterVec
-	leased       *prometheus.CounterVec
-	ruleLimit    *prometheus.GaugeVec
-	ruleRate     *prometheus.GaugeVec
-	invalid      *prometheus.CounterVec
-	overloaded   prometheus.Counter
-	refunds      *prometheus.CounterVec
-	stale        *prometheus.CounterVec
-	duration     prometheus.Histogram
-	leases       *prometheus.CounterVec
-	untracked    prometheus.Counter
-	paced        *prometheus.CounterVec
-	pacedWait    *prometheus.HistogramVec
+	decisions *prometheus.CounterVec
+	forwarded *prometheus.CounterVec
+	// forwardedLeases count the lease calls forwarded to the region
+	// holding the lease, by rule, call and result.
+	forwardedLeases *prometheus.CounterVec
+	admittedCost    *prometheus.CounterVec
+	denyHits        *prometheus.CounterVec
+	leased          *prometheus.CounterVec
+	ruleLimit       *prometheus.GaugeVec
+	ruleRate        *prometheus.GaugeVec
+	invalid         *prometheus.CounterVec
+	overloaded      prometheus.Counter
+	refunds         *prometheus.CounterVec
+	stale           *prometheus.CounterVec
+	duration        prometheus.Histogram
+	leases          *prometheus.CounterVec
+	untracked       prometheus.Counter
+	paced           *prometheus.CounterVec
+	pacedWait       *prometheus.HistogramVec
 }
 
 // Invalid counts a request a front door refused as invalid before its
@@ -130,7 +141,7 @@ func (e *Engine) Observe(seconds float64) { e.m.duration.Observe(seconds) }
 // forget removes the series of a rule no longer in force.
 func (m *metrics) forget(rule string) {
 	m.pacedWait.DeleteLabelValues(rule)
-	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded, m.leases, m.paced} {
+	for _, v := range []*prometheus.CounterVec{m.decisions, m.forwarded, m.forwardedLeases, m.leases, m.paced} {
 		v.DeletePartialMatch(prometheus.Labels{"rule": rule})
 	}
 	for _, v := range []*prometheus.CounterVec{m.admittedCost, m.denyHits, m.leased} {
@@ -150,6 +161,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "limiter_forwarded_checks_total",
 			Help: "Checks of pinned rules forwarded to the key's home region, by rule and result (error: no answer).",
 		}, []string{"rule", "result"}),
+		forwardedLeases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_forwarded_lease_calls_total",
+			Help: "Lease calls of concurrency rules forwarded to the region holding the lease (a pinned rule's key's home), by rule, call (acquire, release, renew) and result (acquire: allowed, limited; release: released, gone; renew: renewed, gone; error: no answer).",
+		}, []string{"rule", "call", "result"}),
 		admittedCost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_admitted_cost_total",
 			Help: "Tokens admitted by this instance, by rule; summed over every instance of every region it is the global admission.",
@@ -209,7 +224,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .002, .005, .01, .025, .1},
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.admittedCost, m.denyHits, m.leased,
+	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.forwardedLeases, m.admittedCost, m.denyHits, m.leased,
 		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration, m.leases, m.untracked,
 		m.paced, m.pacedWait} {
 		if err := reg.Register(c); err != nil {

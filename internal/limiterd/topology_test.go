@@ -78,9 +78,15 @@ type topoStack struct {
 // from the regions' addresses.
 func newTopoStackWith(t *testing.T, poll time.Duration, files func(addrs map[string]string) map[string]string) *topoStack {
 	t.Helper()
+	return newRegionStack(t, poll, pinRules, files)
+}
+
+// newRegionStack is newTopoStackWith with the rules of rulesYAML.
+func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files func(addrs map[string]string) map[string]string) *topoStack {
+	t.Helper()
 	dir := t.TempDir()
 	rulesFile := filepath.Join(dir, "rules.yml")
-	if err := os.WriteFile(rulesFile, []byte(pinRules), 0o644); err != nil {
+	if err := os.WriteFile(rulesFile, []byte(rulesYAML), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	secret := testenv.SecretFile(t)

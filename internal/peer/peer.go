@@ -1,7 +1,8 @@
 // Package peer is the link between regions for rules pinned to a key's home
 // region: the limiter.v1.Peer service, which decides and refunds the items
-// other regions forward, open only to authenticated peer regions; and its
-// client, the engine's Home.
+// other regions forward and holds, releases and renews the leases of pinned
+// concurrency rules, open only to authenticated peer regions; and its
+// client, the engine's Home and LeaseHome.
 //
 // A caller is a peer when it presents a client certificate the listener
 // verified whose identity (a DNS or URI subject alternative name, or the
@@ -236,7 +237,68 @@ func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) 
 	return &limiterv1.PeerRefundResponse{}, nil
 }
 
-// Client is another region's limiterd, as the engine's Home.
+// Acquire holds here the leases of a lease id's parts that name this
+// region: pinned concurrency rules whose keys this region homes. The
+// topology generation is handled as by Decide: a newer one makes this
+// region read its topology file first; under an older one a key homed
+// elsewhere is refused with FAILED_PRECONDITION, nothing held.
+func (s *Service) Acquire(ctx context.Context, req *limiterv1.PeerAcquireRequest) (*limiterv1.PeerAcquireResponse, error) {
+	gen := req.GetTopologyGeneration()
+	if s.topo != nil && s.auth.Check(ctx) == nil && gen > s.topo.Active().Generation() {
+		s.topo.Reload()
+	}
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	pl, err := s.e.PeerAcquire(ctx, req.GetOriginRegion(), gen, req.GetLeaseId())
+	if errors.Is(err, engine.ErrStaleTopology) {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	resp := &limiterv1.PeerAcquireResponse{Allowed: pl.Allowed, Fallback: pl.Fallback}
+	for _, it := range pl.Items {
+		resp.Statuses = append(resp.Statuses, checkapi.RuleStatus(it))
+	}
+	if pl.Allowed {
+		resp.ExpiresAtUs, resp.LeaseTtlMs = pl.Expires.UnixMicro(), pl.TTL.Milliseconds()
+	}
+	return resp, nil
+}
+
+// Release gives back the leases of a lease id held here; the parts held in
+// other regions are left alone (a forwarded call is never forwarded
+// again).
+func (s *Service) Release(ctx context.Context, req *limiterv1.PeerLeaseRequest) (*limiterv1.PeerReleaseResponse, error) {
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	released, err := s.e.PeerRelease(ctx, req.GetLeaseId())
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	return &limiterv1.PeerReleaseResponse{Released: released}, nil
+}
+
+// Renew extends the leases of a lease id held here.
+func (s *Service) Renew(ctx context.Context, req *limiterv1.PeerLeaseRequest) (*limiterv1.PeerRenewResponse, error) {
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	renewed, l, err := s.e.PeerRenew(ctx, req.GetLeaseId())
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	resp := &limiterv1.PeerRenewResponse{Renewed: renewed}
+	if l != nil {
+		resp.ExpiresAtUs, resp.LeaseTtlMs = l.Expires.UnixMicro(), l.TTL.Milliseconds()
+	}
+	return resp, nil
+}
+
+// Client is another region's limiterd, as the engine's Home (and
+// LeaseHome).
 type Client struct {
 	origin     string
 	secret     []byte
@@ -302,6 +364,55 @@ func (c *Client) Refund(ctx context.Context, its []engine.HomeItem, at time.Time
 	return homeError(err)
 }
 
+// AcquireLease asks the home region to hold the leases of leaseID's parts
+// that name it.
+func (c *Client) AcquireLease(ctx context.Context, leaseID string) (engine.HomeLease, error) {
+	resp, err := c.c.Acquire(c.outgoing(ctx), &limiterv1.PeerAcquireRequest{OriginRegion: c.origin, LeaseId: leaseID, TopologyGeneration: c.generation})
+	if err != nil {
+		return engine.HomeLease{}, leaseError(err)
+	}
+	hl := engine.HomeLease{Allowed: resp.GetAllowed(), Fallback: resp.GetFallback(),
+		Expires: time.UnixMicro(resp.GetExpiresAtUs()), TTL: time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond}
+	for _, st := range resp.GetStatuses() {
+		hl.Decisions = append(hl.Decisions, bucket.Decision{
+			Allowed: st.GetAllowed(), Remaining: st.GetRemaining(), Limit: st.GetLimit(),
+			RetryAfter: time.Duration(st.GetRetryAfterMs()) * time.Millisecond,
+			ResetAfter: time.Duration(st.GetResetAfterMs()) * time.Millisecond,
+		})
+	}
+	return hl, nil
+}
+
+// ReleaseLease asks the region holding leases of leaseID to give them back.
+func (c *Client) ReleaseLease(ctx context.Context, leaseID string) (bool, error) {
+	resp, err := c.c.Release(c.outgoing(ctx), &limiterv1.PeerLeaseRequest{OriginRegion: c.origin, LeaseId: leaseID})
+	if err != nil {
+		return false, leaseError(err)
+	}
+	return resp.GetReleased(), nil
+}
+
+// RenewLease asks the region holding leases of leaseID to extend them.
+func (c *Client) RenewLease(ctx context.Context, leaseID string) (bool, time.Time, time.Duration, error) {
+	resp, err := c.c.Renew(c.outgoing(ctx), &limiterv1.PeerLeaseRequest{OriginRegion: c.origin, LeaseId: leaseID})
+	if err != nil {
+		return false, time.Time{}, 0, leaseError(err)
+	}
+	if !resp.GetRenewed() {
+		return false, time.Time{}, 0, nil
+	}
+	return true, time.UnixMicro(resp.GetExpiresAtUs()), time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond, nil
+}
+
+// leaseError is homeError for lease calls: the home's verdict on an
+// invalid lease id names lease_id.
+func leaseError(err error) error {
+	if status.Code(err) == codes.InvalidArgument {
+		return &engine.InvalidError{Field: "lease_id", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
+	}
+	return homeError(err)
+}
+
 // homeError makes the home's verdict on invalid items an engine error (its
 // answer stands); a call that ran out of time wraps bucket.ErrOutcomeUnknown
 // (the home may have decided and spent); any other error means it did not
@@ -321,3 +432,9 @@ func homeError(err error) error {
 	}
 	return err
 }
+
+// Client is the engine's Home and LeaseHome.
+var (
+	_ engine.Home      = (*Client)(nil)
+	_ engine.LeaseHome = (*Client)(nil)
+)

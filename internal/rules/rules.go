@@ -474,12 +474,8 @@ func (r *Rule) validateConcurrency(limit float64, field string) error {
 		return fieldError("window", errors.New("not a parameter of a concurrency rule: a lease lasts lease_ttl"))
 	case r.Lease != 0:
 		return fieldError("lease", errors.New("a concurrency rule holds leases of requests, not tokens: its lease length is lease_ttl"))
-	case r.Home == HomePinned:
-		// A global concurrency limit needs acquire, release and renew
-		// forwarded to the key's home region: not built yet.
-		return fieldError("home", errors.New("a concurrency rule is counted in each region (home: local); pinned concurrency is not supported yet"))
 	case r.Reconcile != nil && *r.Reconcile:
-		return fieldError("reconcile", errors.New("a concurrency rule is counted in each region: leases in flight cannot be reconciled as spends"))
+		return fieldError("reconcile", errors.New("leases in flight cannot be reconciled as spends: a concurrency rule is counted in each region, or in its key's home region (home: pinned)"))
 	case r.Shadow:
 		return fieldError("shadow", errors.New("a concurrency rule cannot be a shadow rule yet"))
 	case r.Cost != 0 && r.Cost != 1:

@@ -76,7 +76,6 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "concurrency lease too short", file: "concurrency-lease-short.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
 		{name: "concurrency lease too long", file: "concurrency-lease-long.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
 		{name: "concurrency with a token lease", file: "concurrency-token-lease.bad.yml", index: 0, id: "a", field: "lease", line: 5},
-		{name: "concurrency pinned", file: "concurrency-pinned.bad.yml", index: 0, id: "a", field: "home", line: 5},
 		{name: "concurrency window", file: "concurrency-window.bad.yml", index: 0, id: "a", field: "window", line: 5},
 		{name: "lease_ttl on a token bucket", file: "lease-ttl-on-bucket.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
 	}

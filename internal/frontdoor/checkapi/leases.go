@@ -69,9 +69,11 @@ func (s *Service) Renew(ctx context.Context, req *limiterv1.RenewRequest) (*limi
 	return resp, nil
 }
 
-// leaseStatus is the status of a lease store that did not answer.
+// leaseStatus is the status of a lease store, or of a region holding a
+// lease, that did not answer: UNAVAILABLE, since the lease may still be
+// held (it expires on its own) and a Release again is safe.
 func leaseStatus(err error) (error, bool) {
-	if errors.Is(err, engine.ErrLeaseStore) {
+	if errors.Is(err, engine.ErrLeaseStore) || errors.Is(err, engine.ErrLeaseHome) {
 		return status.Error(codes.Unavailable, err.Error()), true
 	}
 	return nil, false

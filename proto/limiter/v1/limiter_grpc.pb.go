@@ -47,10 +47,14 @@ type LimiterClient interface {
 	// A Check of a concurrency rule is INVALID_ARGUMENT: it has no end to
 	// release at. Errors as for Check.
 	Acquire(ctx context.Context, in *AcquireRequest, opts ...grpc.CallOption) (*AcquireResponse, error)
-	// Release gives a lease back. A lease unknown, expired or already
-	// released is no error: released is then false. INVALID_ARGUMENT for a
-	// malformed lease_id, one naming a rule that is not a concurrency rule,
-	// or one held in another region.
+	// Release gives a lease back, through any region: a lease held in
+	// another region (a pinned rule's, at its key's home) is released there.
+	// A lease unknown, expired or already released is no error: released is
+	// then false. INVALID_ARGUMENT for a malformed lease_id, one naming a
+	// rule that is not a concurrency rule, a region outside the topology, or
+	// a region that cannot hold the pinned lease it names. UNAVAILABLE when
+	// the store or the region holding the lease did not answer: the lease
+	// expires on its own, and a Release again is safe.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Renew extends a lease by its rules' lease_ttl from now. renewed false:
 	// the lease is gone (expired, released or never held) and the caller
@@ -143,10 +147,14 @@ type LimiterServer interface {
 	// A Check of a concurrency rule is INVALID_ARGUMENT: it has no end to
 	// release at. Errors as for Check.
 	Acquire(context.Context, *AcquireRequest) (*AcquireResponse, error)
-	// Release gives a lease back. A lease unknown, expired or already
-	// released is no error: released is then false. INVALID_ARGUMENT for a
-	// malformed lease_id, one naming a rule that is not a concurrency rule,
-	// or one held in another region.
+	// Release gives a lease back, through any region: a lease held in
+	// another region (a pinned rule's, at its key's home) is released there.
+	// A lease unknown, expired or already released is no error: released is
+	// then false. INVALID_ARGUMENT for a malformed lease_id, one naming a
+	// rule that is not a concurrency rule, a region outside the topology, or
+	// a region that cannot hold the pinned lease it names. UNAVAILABLE when
+	// the store or the region holding the lease did not answer: the lease
+	// expires on its own, and a Release again is safe.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Renew extends a lease by its rules' lease_ttl from now. renewed false:
 	// the lease is gone (expired, released or never held) and the caller

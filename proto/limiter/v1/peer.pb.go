@@ -331,6 +331,318 @@ func (*PeerRefundResponse) Descriptor() ([]byte, []int) {
 	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
+type PeerAcquireRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region that forwards the Acquire; it must be in the topology.
+	OriginRegion string `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
+	// The lease id the origin answers its caller: the parts that name this
+	// region are held here, under its random member. 1 to 8 parts name this
+	// region, each a concurrency rule pinned to its key's home region.
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// As in PeerDecideRequest: a home on a newer generation that homes a
+	// key elsewhere refuses with FAILED_PRECONDITION and holds nothing.
+	TopologyGeneration uint64 `protobuf:"varint,3,opt,name=topology_generation,json=topologyGeneration,proto3" json:"topology_generation,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *PeerAcquireRequest) Reset() {
+	*x = PeerAcquireRequest{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerAcquireRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerAcquireRequest) ProtoMessage() {}
+
+func (x *PeerAcquireRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerAcquireRequest.ProtoReflect.Descriptor instead.
+func (*PeerAcquireRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PeerAcquireRequest) GetOriginRegion() string {
+	if x != nil {
+		return x.OriginRegion
+	}
+	return ""
+}
+
+func (x *PeerAcquireRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+func (x *PeerAcquireRequest) GetTopologyGeneration() uint64 {
+	if x != nil {
+		return x.TopologyGeneration
+	}
+	return 0
+}
+
+type PeerAcquireResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// One per part of lease_id held here, in order: remaining and limit of
+	// the key's leases; when refused, retry_after_ms is the time until the
+	// soonest lease held expires.
+	Statuses []*RuleStatus `protobuf:"bytes,2,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	// When allowed: the soonest expiry (µs since the Unix epoch, the home's
+	// store clock) and the shortest lease length.
+	ExpiresAtUs int64 `protobuf:"varint,3,opt,name=expires_at_us,json=expiresAtUs,proto3" json:"expires_at_us,omitempty"`
+	LeaseTtlMs  int64 `protobuf:"varint,4,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	// The home's store failed and the rules fail open: the leases are held
+	// in the answering instance's fallback store with its share of each
+	// limit; the origin marks them so in the lease id.
+	Fallback      bool `protobuf:"varint,5,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerAcquireResponse) Reset() {
+	*x = PeerAcquireResponse{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerAcquireResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerAcquireResponse) ProtoMessage() {}
+
+func (x *PeerAcquireResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerAcquireResponse.ProtoReflect.Descriptor instead.
+func (*PeerAcquireResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PeerAcquireResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *PeerAcquireResponse) GetStatuses() []*RuleStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+func (x *PeerAcquireResponse) GetExpiresAtUs() int64 {
+	if x != nil {
+		return x.ExpiresAtUs
+	}
+	return 0
+}
+
+func (x *PeerAcquireResponse) GetLeaseTtlMs() int64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return 0
+}
+
+func (x *PeerAcquireResponse) GetFallback() bool {
+	if x != nil {
+		return x.Fallback
+	}
+	return false
+}
+
+type PeerLeaseRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	OriginRegion string                 `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
+	// A lease id an Acquire answered (parts naming this region are acted
+	// on here).
+	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerLeaseRequest) Reset() {
+	*x = PeerLeaseRequest{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerLeaseRequest) ProtoMessage() {}
+
+func (x *PeerLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerLeaseRequest.ProtoReflect.Descriptor instead.
+func (*PeerLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PeerLeaseRequest) GetOriginRegion() string {
+	if x != nil {
+		return x.OriginRegion
+	}
+	return ""
+}
+
+func (x *PeerLeaseRequest) GetLeaseId() string {
+	if x != nil {
+		return x.LeaseId
+	}
+	return ""
+}
+
+type PeerReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At least one lease held here was released (false: unknown, expired or
+	// already released).
+	Released      bool `protobuf:"varint,1,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerReleaseResponse) Reset() {
+	*x = PeerReleaseResponse{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerReleaseResponse) ProtoMessage() {}
+
+func (x *PeerReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerReleaseResponse.ProtoReflect.Descriptor instead.
+func (*PeerReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PeerReleaseResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
+type PeerRenewResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Renewed bool                   `protobuf:"varint,1,opt,name=renewed,proto3" json:"renewed,omitempty"`
+	// When renewed: the soonest new expiry (µs since the Unix epoch) and the
+	// shortest lease length.
+	ExpiresAtUs   int64 `protobuf:"varint,2,opt,name=expires_at_us,json=expiresAtUs,proto3" json:"expires_at_us,omitempty"`
+	LeaseTtlMs    int64 `protobuf:"varint,3,opt,name=lease_ttl_ms,json=leaseTtlMs,proto3" json:"lease_ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerRenewResponse) Reset() {
+	*x = PeerRenewResponse{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerRenewResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerRenewResponse) ProtoMessage() {}
+
+func (x *PeerRenewResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerRenewResponse.ProtoReflect.Descriptor instead.
+func (*PeerRenewResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *PeerRenewResponse) GetRenewed() bool {
+	if x != nil {
+		return x.Renewed
+	}
+	return false
+}
+
+func (x *PeerRenewResponse) GetExpiresAtUs() int64 {
+	if x != nil {
+		return x.ExpiresAtUs
+	}
+	return 0
+}
+
+func (x *PeerRenewResponse) GetLeaseTtlMs() int64 {
+	if x != nil {
+		return x.LeaseTtlMs
+	}
+	return 0
+}
+
 var File_limiter_v1_peer_proto protoreflect.FileDescriptor
 
 const file_limiter_v1_peer_proto_rawDesc = "" +
@@ -355,10 +667,34 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\x12\"\n" +
 	"\rdecided_at_us\x18\x03 \x01(\x03R\vdecidedAtUs\"\x14\n" +
-	"\x12PeerRefundResponse2\x98\x01\n" +
+	"\x12PeerRefundResponse\"\x85\x01\n" +
+	"\x12PeerAcquireRequest\x12#\n" +
+	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12/\n" +
+	"\x13topology_generation\x18\x03 \x01(\x04R\x12topologyGeneration\"\xc5\x01\n" +
+	"\x13PeerAcquireResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x122\n" +
+	"\bstatuses\x18\x02 \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\"\n" +
+	"\rexpires_at_us\x18\x03 \x01(\x03R\vexpiresAtUs\x12 \n" +
+	"\flease_ttl_ms\x18\x04 \x01(\x03R\n" +
+	"leaseTtlMs\x12\x1a\n" +
+	"\bfallback\x18\x05 \x01(\bR\bfallback\"R\n" +
+	"\x10PeerLeaseRequest\x12#\n" +
+	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12\x19\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\"1\n" +
+	"\x13PeerReleaseResponse\x12\x1a\n" +
+	"\breleased\x18\x01 \x01(\bR\breleased\"s\n" +
+	"\x11PeerRenewResponse\x12\x18\n" +
+	"\arenewed\x18\x01 \x01(\bR\arenewed\x12\"\n" +
+	"\rexpires_at_us\x18\x02 \x01(\x03R\vexpiresAtUs\x12 \n" +
+	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
+	"leaseTtlMs2\xf4\x02\n" +
 	"\x04Peer\x12G\n" +
 	"\x06Decide\x12\x1d.limiter.v1.PeerDecideRequest\x1a\x1e.limiter.v1.PeerDecideResponse\x12G\n" +
-	"\x06Refund\x12\x1d.limiter.v1.PeerRefundRequest\x1a\x1e.limiter.v1.PeerRefundResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\x06Refund\x12\x1d.limiter.v1.PeerRefundRequest\x1a\x1e.limiter.v1.PeerRefundResponse\x12J\n" +
+	"\aAcquire\x12\x1e.limiter.v1.PeerAcquireRequest\x1a\x1f.limiter.v1.PeerAcquireResponse\x12H\n" +
+	"\aRelease\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1f.limiter.v1.PeerReleaseResponse\x12D\n" +
+	"\x05Renew\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1d.limiter.v1.PeerRenewResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_peer_proto_rawDescOnce sync.Once
@@ -372,28 +708,40 @@ func file_limiter_v1_peer_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_peer_proto_rawDescData
 }
 
-var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_limiter_v1_peer_proto_goTypes = []any{
-	(*PeerItem)(nil),           // 0: limiter.v1.PeerItem
-	(*PeerDecideRequest)(nil),  // 1: limiter.v1.PeerDecideRequest
-	(*PeerDecideResponse)(nil), // 2: limiter.v1.PeerDecideResponse
-	(*PeerRefundRequest)(nil),  // 3: limiter.v1.PeerRefundRequest
-	(*PeerRefundResponse)(nil), // 4: limiter.v1.PeerRefundResponse
-	(*RuleStatus)(nil),         // 5: limiter.v1.RuleStatus
+	(*PeerItem)(nil),            // 0: limiter.v1.PeerItem
+	(*PeerDecideRequest)(nil),   // 1: limiter.v1.PeerDecideRequest
+	(*PeerDecideResponse)(nil),  // 2: limiter.v1.PeerDecideResponse
+	(*PeerRefundRequest)(nil),   // 3: limiter.v1.PeerRefundRequest
+	(*PeerRefundResponse)(nil),  // 4: limiter.v1.PeerRefundResponse
+	(*PeerAcquireRequest)(nil),  // 5: limiter.v1.PeerAcquireRequest
+	(*PeerAcquireResponse)(nil), // 6: limiter.v1.PeerAcquireResponse
+	(*PeerLeaseRequest)(nil),    // 7: limiter.v1.PeerLeaseRequest
+	(*PeerReleaseResponse)(nil), // 8: limiter.v1.PeerReleaseResponse
+	(*PeerRenewResponse)(nil),   // 9: limiter.v1.PeerRenewResponse
+	(*RuleStatus)(nil),          // 10: limiter.v1.RuleStatus
 }
 var file_limiter_v1_peer_proto_depIdxs = []int32{
-	0, // 0: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
-	5, // 1: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
-	0, // 2: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
-	1, // 3: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
-	3, // 4: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
-	2, // 5: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
-	4, // 6: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	0,  // 0: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
+	10, // 1: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
+	0,  // 2: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
+	10, // 3: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	1,  // 4: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
+	3,  // 5: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
+	5,  // 6: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
+	7,  // 7: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
+	7,  // 8: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
+	2,  // 9: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
+	4,  // 10: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
+	6,  // 11: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
+	8,  // 12: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
+	9,  // 13: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_peer_proto_init() }
@@ -408,7 +756,7 @@ func file_limiter_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_peer_proto_rawDesc), len(file_limiter_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

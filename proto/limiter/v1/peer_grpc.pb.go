@@ -19,8 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Decide_FullMethodName = "/limiter.v1.Peer/Decide"
-	Peer_Refund_FullMethodName = "/limiter.v1.Peer/Refund"
+	Peer_Decide_FullMethodName  = "/limiter.v1.Peer/Decide"
+	Peer_Refund_FullMethodName  = "/limiter.v1.Peer/Refund"
+	Peer_Acquire_FullMethodName = "/limiter.v1.Peer/Acquire"
+	Peer_Release_FullMethodName = "/limiter.v1.Peer/Release"
+	Peer_Renew_FullMethodName   = "/limiter.v1.Peer/Renew"
 )
 
 // PeerClient is the client API for Peer service.
@@ -40,6 +43,19 @@ type PeerClient interface {
 	// part of was refused by a rule decided elsewhere. Each item gives back
 	// at most what it spent; a refund of what expired meanwhile does nothing.
 	Refund(ctx context.Context, in *PeerRefundRequest, opts ...grpc.CallOption) (*PeerRefundResponse, error)
+	// Acquire holds, in this region, the leases of a pinned concurrency
+	// rule's keys homed here: the parts of lease_id that name this region,
+	// all or nothing, with the full limit of each rule. A refusal is a normal
+	// response with allowed=false, and nothing is held.
+	Acquire(ctx context.Context, in *PeerAcquireRequest, opts ...grpc.CallOption) (*PeerAcquireResponse, error)
+	// Release gives back the leases of lease_id held in this region (its
+	// parts that name this region; the others are not this region's to
+	// release, and are never forwarded again).
+	Release(ctx context.Context, in *PeerLeaseRequest, opts ...grpc.CallOption) (*PeerReleaseResponse, error)
+	// Renew extends the leases of lease_id held in this region by their
+	// rules' lease_ttl from now. renewed=false: one of them is gone, and the
+	// others held here are released.
+	Renew(ctx context.Context, in *PeerLeaseRequest, opts ...grpc.CallOption) (*PeerRenewResponse, error)
 }
 
 type peerClient struct {
@@ -70,6 +86,36 @@ func (c *peerClient) Refund(ctx context.Context, in *PeerRefundRequest, opts ...
 	return out, nil
 }
 
+func (c *peerClient) Acquire(ctx context.Context, in *PeerAcquireRequest, opts ...grpc.CallOption) (*PeerAcquireResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerAcquireResponse)
+	err := c.cc.Invoke(ctx, Peer_Acquire_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Release(ctx context.Context, in *PeerLeaseRequest, opts ...grpc.CallOption) (*PeerReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerReleaseResponse)
+	err := c.cc.Invoke(ctx, Peer_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Renew(ctx context.Context, in *PeerLeaseRequest, opts ...grpc.CallOption) (*PeerRenewResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerRenewResponse)
+	err := c.cc.Invoke(ctx, Peer_Renew_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -87,6 +133,19 @@ type PeerServer interface {
 	// part of was refused by a rule decided elsewhere. Each item gives back
 	// at most what it spent; a refund of what expired meanwhile does nothing.
 	Refund(context.Context, *PeerRefundRequest) (*PeerRefundResponse, error)
+	// Acquire holds, in this region, the leases of a pinned concurrency
+	// rule's keys homed here: the parts of lease_id that name this region,
+	// all or nothing, with the full limit of each rule. A refusal is a normal
+	// response with allowed=false, and nothing is held.
+	Acquire(context.Context, *PeerAcquireRequest) (*PeerAcquireResponse, error)
+	// Release gives back the leases of lease_id held in this region (its
+	// parts that name this region; the others are not this region's to
+	// release, and are never forwarded again).
+	Release(context.Context, *PeerLeaseRequest) (*PeerReleaseResponse, error)
+	// Renew extends the leases of lease_id held in this region by their
+	// rules' lease_ttl from now. renewed=false: one of them is gone, and the
+	// others held here are released.
+	Renew(context.Context, *PeerLeaseRequest) (*PeerRenewResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -102,6 +161,15 @@ func (UnimplementedPeerServer) Decide(context.Context, *PeerDecideRequest) (*Pee
 }
 func (UnimplementedPeerServer) Refund(context.Context, *PeerRefundRequest) (*PeerRefundResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Refund not implemented")
+}
+func (UnimplementedPeerServer) Acquire(context.Context, *PeerAcquireRequest) (*PeerAcquireResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Acquire not implemented")
+}
+func (UnimplementedPeerServer) Release(context.Context, *PeerLeaseRequest) (*PeerReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedPeerServer) Renew(context.Context, *PeerLeaseRequest) (*PeerRenewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -160,6 +228,60 @@ func _Peer_Refund_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Acquire_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerAcquireRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Acquire(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Acquire_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Acquire(ctx, req.(*PeerAcquireRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Release(ctx, req.(*PeerLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Renew(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Renew_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Renew(ctx, req.(*PeerLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -174,6 +296,18 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Refund",
 			Handler:    _Peer_Refund_Handler,
+		},
+		{
+			MethodName: "Acquire",
+			Handler:    _Peer_Acquire_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Peer_Release_Handler,
+		},
+		{
+			MethodName: "Renew",
+			Handler:    _Peer_Renew_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,293 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// ErrLeaseHome: the region that holds a lease did not answer a Release or
+// Renew forwarded to it; the lease expires there on its own unless a
+// Release again reaches it.
+var ErrLeaseHome = errors.New("the region holding the lease did not answer")
+
+// LeaseHome is a Home that holds the leases of pinned concurrency rules
+// whose keys it homes. Each call names the whole lease id; the home acts on
+// the parts that name it. Errors as for Home: an *InvalidError or
+// ErrUnknownRule is the home's answer, ErrStaleTopology a refusal of an
+// Acquire routed with an older topology, anything else no answer.
+type LeaseHome interface {
+	AcquireLease(ctx context.Context, leaseID string) (HomeLease, error)
+	ReleaseLease(ctx context.Context, leaseID string) (released bool, _ error)
+	RenewLease(ctx context.Context, leaseID string) (renewed bool, expires time.Time, ttl time.Duration, _ error)
+}
+
+// HomeLease is a home region's answer to an Acquire of the leases it
+// holds: one decision per part naming it, in order; when allowed, the
+// soonest expiry and the shortest lease length. Fallback: the home's store
+// failed and it holds them in its fallback store.
+type HomeLease struct {
+	Allowed   bool
+	Decisions []bucket.Decision
+	Expires   time.Time
+	TTL       time.Duration
+	Fallback  bool
+}
+
+// Forwarded lease calls, the values of the call label.
+const (
+	callAcquire = "acquire"
+	callRelease = "release"
+	callRenew   = "renew"
+)
+
+// Results of forwarded lease calls besides allowed, limited and error.
+const (
+	resultReleased = "released"
+	resultRenewed  = "renewed"
+	resultGone     = "gone"
+)
+
+// forwardedLeaseResults are the results of each forwarded call.
+var forwardedLeaseResults = map[string][]string{
+	callAcquire: {resultAllowed, resultLimited, resultError},
+	callRelease: {resultReleased, resultGone, resultError},
+	callRenew:   {resultRenewed, resultGone, resultError},
+}
+
+func (e *Engine) countForward(rules []string, call, result string) {
+	for _, r := range rules {
+		e.m.forwardedLeases.WithLabelValues(r, call, result).Inc()
+	}
+}
+
+func partRules(id *leaseID, region string) []string {
+	var out []string
+	for _, p := range id.parts {
+		if p.region == region {
+			out = append(out, p.rule)
+		}
+	}
+	return out
+}
+
+func heldRules(parts []heldPart) []string {
+	out := make([]string, len(parts))
+	for i, p := range parts {
+		out[i] = p.rule
+	}
+	return out
+}
+
+// acquireAt asks home to hold the leases of id's parts idx (of c.held).
+func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home string, idx []int, id *leaseID) (bool, error) {
+	rules := partRules(id, home)
+	h, _ := ts.homes[home].(LeaseHome)
+	if h == nil {
+		e.countForward(rules, callAcquire, resultError)
+		return false, errors.New("no lease client for home region " + home)
+	}
+	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
+	defer cancel()
+	hl, err := h.AcquireLease(fctx, id.String())
+	if err != nil && fctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, bucket.ErrOutcomeUnknown) {
+		// The forward ran out of its own time: the home may hold them.
+		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
+	}
+	if err == nil && len(hl.Decisions) != len(idx) {
+		err = errors.New("home region answered for another number of leases")
+	}
+	if err != nil {
+		e.countForward(rules, callAcquire, resultError)
+		return false, err
+	}
+	for j, i := range idx {
+		it := c.held[i]
+		it.route, it.expires = routeHome, hl.Expires
+		it.Decision = hl.Decisions[j]
+		it.Decision.Limit = float64(it.e.leases.Limit)
+		if hl.Fallback {
+			id.parts[i].flags |= partFallback
+		}
+	}
+	if hl.Allowed {
+		e.countForward(rules, callAcquire, resultAllowed)
+	} else {
+		e.countForward(rules, callAcquire, resultLimited)
+	}
+	return hl.Allowed, nil
+}
+
+// releaseAt gives back the leases homes hold for a refused Acquire, on a
+// deadline of its own (the caller may be gone).
+func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, id *leaseID) {
+	if len(homes) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+	defer cancel()
+	s := id.String()
+	for _, home := range homes {
+		rules := partRules(id, home)
+		h, _ := ts.homes[home].(LeaseHome)
+		if h == nil {
+			continue
+		}
+		ok, err := h.ReleaseLease(rctx, s)
+		switch {
+		case err != nil:
+			e.countForward(rules, callRelease, resultError)
+			e.log.Warn("the leases of a refused acquire not given back at their home: they expire there on their own", "home", home, "err", err)
+		case ok:
+			e.countForward(rules, callRelease, resultReleased)
+		default:
+			e.countForward(rules, callRelease, resultGone)
+		}
+	}
+}
+
+// releaseRemote forwards the Release of parts held in region.
+func (e *Engine) releaseRemote(ctx context.Context, ts *topoState, region, leaseID string, parts []heldPart) (bool, error) {
+	rules := heldRules(parts)
+	h, _ := ts.homes[region].(LeaseHome)
+	if h == nil {
+		e.countForward(rules, callRelease, resultError)
+		return false, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
+	}
+	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
+	defer cancel()
+	ok, err := h.ReleaseLease(fctx, leaseID)
+	if err != nil {
+		return false, e.remoteLeaseError(ctx, rules, callRelease, region, err)
+	}
+	if ok {
+		e.countForward(rules, callRelease, resultReleased)
+	} else {
+		e.countForward(rules, callRelease, resultGone)
+	}
+	return ok, nil
+}
+
+// renewRemote forwards the Renew of parts held in region.
+func (e *Engine) renewRemote(ctx context.Context, ts *topoState, region, leaseID string, parts []heldPart) (bool, time.Time, time.Duration, error) {
+	rules := heldRules(parts)
+	h, _ := ts.homes[region].(LeaseHome)
+	if h == nil {
+		e.countForward(rules, callRenew, resultError)
+		return false, time.Time{}, 0, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
+	}
+	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
+	defer cancel()
+	ok, expires, ttl, err := h.RenewLease(fctx, leaseID)
+	if err != nil {
+		return false, time.Time{}, 0, e.remoteLeaseError(ctx, rules, callRenew, region, err)
+	}
+	if ok {
+		e.countForward(rules, callRenew, resultRenewed)
+	} else {
+		e.countForward(rules, callRenew, resultGone)
+	}
+	return ok, expires, ttl, nil
+}
+
+// remoteLeaseError is the error of a Release or Renew the region holding
+// the lease did not answer (or refused as invalid: its answer stands).
+func (e *Engine) remoteLeaseError(ctx context.Context, rules []string, call, region string, err error) error {
+	e.countForward(rules, call, resultError)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var inv *InvalidError
+	if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
+		return err
+	}
+	return fmt.Errorf("%w: region %s: %w", ErrLeaseHome, region, err)
+}
+
+// PeerLease is the answer to an Acquire a peer region forwarded: whether
+// the leases held here were taken, their items (one per part of the lease
+// id naming this region, in order, with their decisions), the soonest
+// expiry and shortest lease length when allowed, and whether they are held
+// in this instance's fallback store.
+type PeerLease struct {
+	Allowed  bool
+	Items    []*Item
+	Expires  time.Time
+	TTL      time.Duration
+	Fallback bool
+}
+
+// PeerAcquire holds, here, the leases of leaseID's parts that name this
+// region: an Acquire forwarded by region origin, routed with topology
+// generation gen. Each part must be a pinned concurrency rule whose key
+// this region homes; under an older generation one homed elsewhere refuses
+// the Acquire with ErrStaleTopology (nothing held). Errors: an
+// *InvalidError of lease_id, ErrUnknownRule, ErrStaleTopology,
+// ErrUnavailable, ErrOverloaded.
+func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, leaseID string) (*PeerLease, error) {
+	id, err := parseLeaseID(leaseID)
+	if err != nil {
+		e.m.invalid.WithLabelValues("lease_id").Inc()
+		return nil, err
+	}
+	ts := e.useTopology()
+	defer ts.release()
+	c := &Check{t: e.table.Load(), m: e.m, acquire: true, peer: origin}
+	for i, p := range id.parts {
+		if p.region != e.region {
+			continue
+		}
+		en := c.t.byID[p.rule]
+		switch {
+		case en == nil:
+			return nil, fmt.Errorf("lease_id: %w", errUnknownRule(p.rule))
+		case !en.rule.Concurrent():
+			return nil, invalid("lease_id", "lease_id: rule %s: %w", quote(p.rule), ErrNotConcurrency)
+		case !en.pinned:
+			return nil, invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", quote(p.rule))
+		case p.flags != 0:
+			return nil, invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", quote(p.rule))
+		case slices.ContainsFunc(c.held, func(it *Item) bool { return it.e == en && it.Key == p.key }):
+			return nil, invalid("lease_id", "lease_id: rule %s and key given twice", quote(p.rule))
+		}
+		if ts.topo != nil {
+			if home := ts.topo.Home(p.key, en.rule.HomeKeys); home != e.region {
+				if gen < ts.gen {
+					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.gen, gen, quote(p.rule), home, ErrStaleTopology)
+				}
+				return nil, invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", quote(p.rule), home, e.region)
+			}
+		}
+		c.held = append(c.held, &Item{Rule: en.rule, Key: p.key, Cost: 1, e: en, limit: en.limit, part: i})
+	}
+	if len(c.held) == 0 {
+		return nil, invalid("lease_id", "lease_id: no lease of it is held in region %s", quote(e.region))
+	}
+	allowed, err := e.takeLeases(ctx, c, c.held, id)
+	if err != nil {
+		return nil, err
+	}
+	pl := &PeerLease{Allowed: allowed, Items: c.held}
+	if !allowed {
+		return pl, nil
+	}
+	for _, it := range c.held {
+		if pl.Expires.IsZero() || it.expires.Before(pl.Expires) {
+			pl.Expires = it.expires
+		}
+		if ttl := it.e.leases.TTL; pl.TTL == 0 || ttl < pl.TTL {
+			pl.TTL = ttl
+		}
+		it.e.lease[eventAcquired].Inc()
+		if it.route == routeFallback {
+			pl.Fallback = true
+			it.e.lease[eventFallback].Inc()
+		}
+	}
+	e.inflight.add(id.member(), c.held, pl.Expires)
+	return pl, nil
+}

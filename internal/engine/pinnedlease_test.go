@@ -1,0 +1,244 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+const pinnedLeaseRules = `rules:
+  - id: pin
+    algorithm: concurrency
+    limit: 2
+    lease_ttl: 10s
+    home: pinned
+    home_keys: {k: eu, k2: eu}
+    on_failure: open
+  - id: local
+    algorithm: concurrency
+    limit: 5
+    lease_ttl: 10s
+`
+
+// engineHome is a home region's engine, reached in-process as a peer
+// region would reach it; down makes it answer nothing (err).
+type engineHome struct {
+	e      *Engine
+	origin string
+	gen    uint64
+	mu     sync.Mutex
+	err    error
+	calls  map[string]int
+}
+
+func (h *engineHome) call(name string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.calls == nil {
+		h.calls = map[string]int{}
+	}
+	h.calls[name]++
+	return h.err
+}
+
+func (h *engineHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, time.Time, error) {
+	return false, nil, time.Time{}, errors.New("not used")
+}
+func (h *engineHome) Refund(context.Context, []HomeItem, time.Time) error { return nil }
+
+func (h *engineHome) AcquireLease(ctx context.Context, id string) (HomeLease, error) {
+	if err := h.call(callAcquire); err != nil {
+		return HomeLease{}, err
+	}
+	pl, err := h.e.PeerAcquire(ctx, h.origin, h.gen, id)
+	if err != nil {
+		return HomeLease{}, err
+	}
+	hl := HomeLease{Allowed: pl.Allowed, Expires: pl.Expires, TTL: pl.TTL, Fallback: pl.Fallback}
+	for _, it := range pl.Items {
+		hl.Decisions = append(hl.Decisions, it.Decision)
+	}
+	return hl, nil
+}
+
+func (h *engineHome) ReleaseLease(ctx context.Context, id string) (bool, error) {
+	if err := h.call(callRelease); err != nil {
+		return false, err
+	}
+	return h.e.PeerRelease(ctx, id)
+}
+
+func (h *engineHome) RenewLease(ctx context.Context, id string) (bool, time.Time, time.Duration, error) {
+	if err := h.call(callRenew); err != nil {
+		return false, time.Time{}, 0, err
+	}
+	ok, l, err := h.e.PeerRenew(ctx, id)
+	if err != nil || !ok {
+		return false, time.Time{}, 0, err
+	}
+	return true, l.Expires, l.TTL, nil
+}
+
+// newPinnedPair makes the engines of regions us and eu, each homing the
+// other's pinned keys through an engineHome; key k is homed in eu.
+func newPinnedPair(t *testing.T) (us, eu *Engine, toEU *engineHome, usReg *prometheus.Registry) {
+	t.Helper()
+	set, err := rules.Parse("rules.yml", []byte(pinnedLeaseRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := region.Parse("topology.yml", []byte("generation: 1\nregions:\n  - name: us\n    limiter_address: 127.0.0.1:1\n  - name: eu\n    limiter_address: 127.0.0.1:2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	toEU, toUS := &engineHome{origin: "us", gen: 1}, &engineHome{origin: "eu", gen: 1}
+	mk := func(name string, homes map[string]Home, reg prometheus.Registerer) *Engine {
+		e, err := New(Options{Store: bucket.NewMemory(), Region: name, Topology: topo, Homes: homes, Logger: quietLogger()}, set, reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	usReg = prometheus.NewRegistry()
+	us = mk("us", map[string]Home{"eu": toEU}, usReg)
+	eu = mk("eu", map[string]Home{"us": toUS}, prometheus.NewRegistry())
+	toEU.e, toUS.e = eu, us
+	return us, eu, toEU, usReg
+}
+
+func acquireRule(t *testing.T, e *Engine, rule, key string) (bool, *Lease, error) {
+	t.Helper()
+	c := e.NewAcquire()
+	if _, err := c.AddRule(rule, key, 0); err != nil {
+		t.Fatal(err)
+	}
+	return e.Acquire(context.Background(), c)
+}
+
+// TestPinnedLeaseHeldAtHome: us forwards the Acquire of a key homed in eu;
+// the lease is held in eu (its limit counts every region's), and is
+// released or renewed through either region.
+func TestPinnedLeaseHeldAtHome(t *testing.T) {
+	us, eu, _, _ := newPinnedPair(t)
+	ctx := context.Background()
+	ok1, l1, err1 := acquireRule(t, us, "pin", "k")
+	ok2, l2, err2 := acquireRule(t, eu, "pin", "k")
+	if !ok1 || !ok2 || err1 != nil || err2 != nil {
+		t.Fatalf("two acquires under a limit of 2: %v %v, %v %v", ok1, err1, ok2, err2)
+	}
+	if ok, _, err := acquireRule(t, us, "pin", "k"); ok || err != nil {
+		t.Fatalf("a third acquire through us: %v, %v; want refused at the home", ok, err)
+	}
+	id, _ := parseLeaseID(l1.ID)
+	if id.parts[0].region != "eu" || id.parts[0].flags != 0 {
+		t.Fatalf("lease id part %+v, want held in eu", id.parts[0])
+	}
+	if ok, l, err := eu.Renew(ctx, l1.ID); !ok || err != nil || l.TTL != 10*time.Second {
+		t.Fatalf("Renew through eu of a lease taken through us: %v, %v, %v", ok, l, err)
+	}
+	if ok, err := eu.Release(ctx, l1.ID); !ok || err != nil {
+		t.Fatalf("Release through eu: %v, %v", ok, err)
+	}
+	if ok, err := us.Release(ctx, l2.ID); !ok || err != nil {
+		t.Fatalf("Release through us of a lease taken in eu: %v, %v", ok, err)
+	}
+	if ok, err := us.Release(ctx, l2.ID); ok || err != nil {
+		t.Fatalf("a second Release: %v, %v; want not released", ok, err)
+	}
+}
+
+// TestPeerAcquireNeverForwardsAgain: a forwarded Acquire of a key this
+// region does not home is refused, not forwarded on.
+func TestPeerAcquireNeverForwardsAgain(t *testing.T) {
+	us, _, toEU, _ := newPinnedPair(t)
+	id := newLeaseID("eu", 1, []leasePart{{rule: "pin", key: "k", region: "us"}})
+	_, err := us.PeerAcquire(context.Background(), "eu", 1, id.String())
+	var inv *InvalidError
+	if !errors.As(err, &inv) || inv.Field != "lease_id" {
+		t.Fatalf("PeerAcquire in us of a key homed in eu: %v, want an *InvalidError of lease_id", err)
+	}
+	_, err = us.PeerAcquire(context.Background(), "eu", 0, id.String())
+	if !errors.Is(err, ErrStaleTopology) {
+		t.Fatalf("PeerAcquire routed with an older generation: %v, want ErrStaleTopology", err)
+	}
+	if len(toEU.calls) != 0 {
+		t.Fatalf("us called eu %v for a forwarded acquire", toEU.calls)
+	}
+	local := newLeaseID("eu", 1, []leasePart{{rule: "local", key: "k", region: "us"}})
+	if _, err := us.PeerAcquire(context.Background(), "eu", 1, local.String()); !errors.As(err, &inv) {
+		t.Fatalf("PeerAcquire of a local rule: %v, want invalid", err)
+	}
+}
+
+// TestPinnedLeaseHomeNoAnswer: a home that does not answer leaves the
+// fail-open rule a fallback lease here, with this region's share (2 / 2
+// regions = 1), not renewed; one whose answer did not come in time is
+// asked to release what it may hold; a mixed Acquire whose local part
+// refuses after the home granted releases the home's lease.
+func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
+	us, eu, toEU, _ := newPinnedPair(t)
+	ctx := context.Background()
+	toEU.err = errors.New("connection refused")
+	ok, l, err := acquireRule(t, us, "pin", "k")
+	if !ok || err != nil {
+		t.Fatalf("Acquire with the home down: %v, %v", ok, err)
+	}
+	id, _ := parseLeaseID(l.ID)
+	if p := id.parts[0]; p.region != "us" || p.flags != partRegional {
+		t.Fatalf("fallback lease part %+v, want held in us, regional", p)
+	}
+	if ok, _, _ := acquireRule(t, us, "pin", "k"); ok {
+		t.Fatal("a second fallback lease past this region's share of 1")
+	}
+	if ok, _, err := us.Renew(ctx, l.ID); ok || err != nil {
+		t.Fatalf("Renew of a region's share: %v, %v; want not renewed", ok, err)
+	}
+	if ok, _, _ := acquireRule(t, us, "pin", "k"); !ok {
+		t.Fatal("the share's slot did not come back after the refused renewal")
+	}
+	if got := testutil.ToFloat64(us.m.forwardedLeases.WithLabelValues("pin", callAcquire, resultError)); got != 3 {
+		t.Errorf("forwarded acquires without an answer = %v, want 3", got)
+	}
+
+	toEU.err = fmt.Errorf("slow: %w", bucket.ErrOutcomeUnknown)
+	before := toEU.calls[callRelease]
+	if ok, _, err := acquireRule(t, us, "pin", "k2"); !ok || err != nil {
+		t.Fatalf("Acquire whose home's answer did not come: %v, %v; want a fallback lease", ok, err)
+	}
+	if toEU.calls[callRelease] != before+1 {
+		t.Errorf("an acquire whose answer did not come asked for %d releases, want 1", toEU.calls[callRelease]-before)
+	}
+
+	// The home granted, the local part refuses: the home's lease goes back.
+	toEU.err = nil
+	for range 5 {
+		if ok, _, err := acquireRule(t, us, "local", "m"); !ok || err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := us.NewAcquire()
+	c.AddRule("pin", "k", 0)
+	c.AddRule("local", "m", 0)
+	if ok, _, err := us.Acquire(ctx, c); ok || err != nil {
+		t.Fatalf("mixed acquire with the local rule full: %v, %v; want refused", ok, err)
+	}
+	if got := testutil.ToFloat64(us.m.forwardedLeases.WithLabelValues("pin", callRelease, resultReleased)); got < 1 {
+		t.Errorf("the home's lease of a refused acquire not given back (released %v)", got)
+	}
+	// Both of eu's slots are free: the refused acquire holds nothing there.
+	for i := range 2 {
+		if ok, _, err := acquireRule(t, eu, "pin", "k"); !ok || err != nil {
+			t.Fatalf("acquire %d in eu after the refused mixed acquire: %v, %v", i, ok, err)
+		}
+	}
+}
