@@ -63,32 +63,7 @@ func pacerProcess(t *testing.T, env ...string) (stdin io.WriteCloser, stdout *bu
 	t.Helper()
 	cmd := exec.Command(pacerBinary(t))
 	cmd.Env = append(os.Environ(), env...)
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		in.Close()
-		done := make(chan struct{})
-		go func() {
-			cmd.Wait()
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	return in, bufio.NewReader(out)
+	return startPiped(t, cmd)
 }
 
 // paceFigures are the figures of one series of instants (ns), sorted.
