@@ -265,37 +265,52 @@ func TestLegacyStreamDrained(t *testing.T) {
 	}
 }
 
-// TestStreamDeletedWhileRunning: an operator deletes eu-west's inbound
-// stream while its reconciler runs. The reconciler sets its streams up
-// again by itself, and every spend is applied exactly once: those before
-// the deletion are not applied again from the new stream, those after it
-// are applied.
-func TestStreamDeletedWhileRunning(t *testing.T) {
+// deletedWhileRunning sends 6 spends of key through us-east and waits for
+// them in eu-west, then runs del as an operator (before, when set, runs
+// just before it), sends 4 more, and checks eu-west counts exactly 10, and
+// still 10 a little later: nothing lost, nothing applied twice. It returns
+// the stack and the operator's JetStream, for the caller's own checks.
+func deletedWhileRunning(t *testing.T, key string, before func(*stack), del func(context.Context, jetstream.JetStream) error) (*stack, jetstream.JetStream) {
+	t.Helper()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	for range 6 {
-		s.send("us-east", "d", 1)
+		s.send("us-east", key, 1)
 		time.Sleep(250 * time.Millisecond)
 	}
-	s.waitCount("eu-west", "d", 6)
+	s.waitCount("eu-west", key, 6)
+	if before != nil {
+		before(s)
+	}
 	js, err := jetstream.New(s.connectAs("ops"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := js.DeleteStream(ctx, applyStream("eu-west")); err != nil {
+	if err := del(ctx, js); err != nil {
 		t.Fatal(err)
 	}
 	for range 4 {
-		s.send("us-east", "d", 1)
+		s.send("us-east", key, 1)
 		time.Sleep(250 * time.Millisecond)
 	}
-	s.waitCount("eu-west", "d", 10)
-	// And it stays at 10: nothing applied twice a little later.
+	s.waitCount("eu-west", key, 10)
 	time.Sleep(2 * time.Second)
-	if got := s.count("eu-west", "d"); got != 10 {
-		t.Fatalf("eu-west counts %v for d, want 10", got)
+	if got := s.count("eu-west", key); got != 10 {
+		t.Fatalf("eu-west counts %v for %s, want 10", got, key)
 	}
+	return s, js
+}
+
+// TestStreamDeletedWhileRunning: an operator deletes eu-west's inbound
+// stream while its reconciler runs. The reconciler sets its streams up
+// again by itself, and every spend is applied exactly once: those before
+// the deletion are not applied again from the new stream, those after it
+// are applied.
+func TestStreamDeletedWhileRunning(t *testing.T) {
+	deletedWhileRunning(t, "d", nil, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteStream(ctx, applyStream("eu-west"))
+	})
 }
 
 // TestConsumerDeletedWhileRunning: an operator deletes one apply consumer
@@ -304,32 +319,16 @@ func TestStreamDeletedWhileRunning(t *testing.T) {
 // every flush it had applied already is known by the clients' markers and
 // skipped: the counts stay exact and the duplicates are counted.
 func TestConsumerDeletedWhileRunning(t *testing.T) {
-	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
-	for range 6 {
-		s.send("us-east", "c", 1)
-		time.Sleep(250 * time.Millisecond)
-	}
-	s.waitCount("eu-west", "c", 6)
-	rec := s.regions["eu-west"].recs[0]
-	dupsBefore := testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east"))
-	js, err := jetstream.New(s.connectAs("ops"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	var rec *Reconciler
+	var dupsBefore float64
+	_, js := deletedWhileRunning(t, "c", func(s *stack) {
+		rec = s.regions["eu-west"].recs[0]
+		dupsBefore = testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east"))
+	}, func(ctx context.Context, js jetstream.JetStream) error {
+		return js.DeleteConsumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east"))
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := js.DeleteConsumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east")); err != nil {
-		t.Fatal(err)
-	}
-	for range 4 {
-		s.send("us-east", "c", 1)
-		time.Sleep(250 * time.Millisecond)
-	}
-	s.waitCount("eu-west", "c", 10)
-	time.Sleep(2 * time.Second)
-	if got := s.count("eu-west", "c"); got != 10 {
-		t.Fatalf("eu-west counts %v for c, want 10", got)
-	}
 	if _, err := js.Consumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east")); err != nil {
 		t.Fatalf("the apply consumer was not made again: %v", err)
 	}
