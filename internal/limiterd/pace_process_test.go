@@ -9,7 +9,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,33 +27,12 @@ const (
 	paceSending = 12 * time.Second
 )
 
-var pacerBin struct {
-	once sync.Once
-	path string
-	err  error
-}
-
 // pacerBinary builds testdata/pacer once per test binary, without the race
 // detector (as limiterdBinary): a pacing process as users run one, whose
 // sleeps the race detector's slowdown does not stretch.
 func pacerBinary(t *testing.T) string {
 	t.Helper()
-	pacerBin.once.Do(func() {
-		dir, err := os.MkdirTemp("", "pacer-bin")
-		if err != nil {
-			pacerBin.err = err
-			return
-		}
-		pacerBin.path = filepath.Join(dir, "pacer")
-		out, err := exec.Command("go", "build", "-o", pacerBin.path, "./testdata/pacer").CombinedOutput()
-		if err != nil {
-			pacerBin.err = fmt.Errorf("go build ./testdata/pacer: %v\n%s", err, out)
-		}
-	})
-	if pacerBin.err != nil {
-		t.Fatal(pacerBin.err)
-	}
-	return pacerBin.path
+	return builtBinary(t, "pacer", "./testdata/pacer")
 }
 
 // pacerProcess starts a pacing process (testdata/pacer), ended when the

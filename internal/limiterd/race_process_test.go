@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -142,32 +141,11 @@ func startPiped(t *testing.T, cmd *exec.Cmd) (stdin io.WriteCloser, stdout *bufi
 	return in, bufio.NewReader(out)
 }
 
-var limiterdBin struct {
-	once sync.Once
-	path string
-	err  error
-}
-
 // limiterdBinary builds cmd/limiterd once per test binary, without the race
 // detector: a limiterd as users run it.
 func limiterdBinary(t *testing.T) string {
 	t.Helper()
-	limiterdBin.once.Do(func() {
-		dir, err := os.MkdirTemp("", "limiterd-bin")
-		if err != nil {
-			limiterdBin.err = err
-			return
-		}
-		limiterdBin.path = filepath.Join(dir, "limiterd")
-		out, err := exec.Command("go", "build", "-o", limiterdBin.path, "../../cmd/limiterd").CombinedOutput()
-		if err != nil {
-			limiterdBin.err = fmt.Errorf("go build ./cmd/limiterd: %v\n%s", err, out)
-		}
-	})
-	if limiterdBin.err != nil {
-		t.Fatal(limiterdBin.err)
-	}
-	return limiterdBin.path
+	return builtBinary(t, "limiterd", "../../cmd/limiterd")
 }
 
 // limiterdProcess runs the limiterd binary with args plus loopback
