@@ -557,6 +557,12 @@ func (d *Daemon) startServers() error {
 	// says which dependency is missing.
 	mux := opshttp.NewMuxDetail(d.registry, &d.ready, "not ready", d.dependencies)
 	d.admin.Routes(mux)
+	if d.opts.Profiling {
+		opshttp.Profiling(mux)
+		if !loopbackOnly(d.opts.HTTPAddress) {
+			d.log.Warn("profiles are served to anyone who reaches the HTTP listener (--http.pprof on a non-loopback address)", "http", d.opts.HTTPAddress)
+		}
+	}
 	if fa != nil && d.opts.ForwardAuthAddress == "" {
 		mux.Handle(forwardauth.Path, fa)
 	}

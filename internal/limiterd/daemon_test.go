@@ -406,3 +406,22 @@ func TestBadOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestProfiling: /debug/pprof/ is served only with --http.pprof.
+func TestProfiling(t *testing.T) {
+	for _, on := range []bool{false, true} {
+		d := startDaemon(t, nil, func(o *Options) { o.Profiling = on })
+		for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/heap?debug=1": "heap profile"} {
+			resp, err := http.Get("http://" + d.HTTPAddr() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			served := resp.StatusCode == http.StatusOK && strings.Contains(string(body), want)
+			if served != on {
+				t.Errorf("--http.pprof=%v: GET %s: %d, served %v", on, path, resp.StatusCode, served)
+			}
+		}
+	}
+}

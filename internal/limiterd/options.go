@@ -97,6 +97,9 @@ type Options struct {
 	GRPCAddress string
 	// HTTPAddress serves /metrics, /healthz and /readyz.
 	HTTPAddress string
+	// Profiling serves Go's profiles (net/http/pprof) under /debug/pprof/
+	// on the HTTP listener.
+	Profiling bool
 	// TLSCertFile and TLSKeyFile enable TLS on the gRPC listener;
 	// TLSClientCAFile also requires client certificates signed by it (mTLS).
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
@@ -255,6 +258,7 @@ type Options struct {
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", DefaultGRPCAddress, "address of the gRPC check API")
 	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
+	fs.BoolVar(&o.Profiling, "http.pprof", false, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ on the HTTP listener")
 	fs.StringVar(&o.TLSCertFile, "grpc.tls-cert-file", "", "TLS certificate of the gRPC listener (PEM)")
 	fs.StringVar(&o.TLSKeyFile, "grpc.tls-key-file", "", "TLS private key of the gRPC listener (PEM)")
 	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", DefaultGRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")

@@ -5,6 +5,7 @@ package opshttp
 import (
 	"fmt"
 	"net/http"
+	"net/http/pprof"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -41,4 +42,15 @@ func NewMuxDetail(reg *prometheus.Registry, ready *atomic.Bool, notReady string,
 		}
 	})
 	return mux
+}
+
+// Profiling adds Go's profiles (net/http/pprof) to mux under /debug/pprof/:
+// go tool pprof http://ADDR/debug/pprof/profile?seconds=10 for the CPU,
+// /debug/pprof/heap and /debug/pprof/allocs for memory.
+func Profiling(mux *http.ServeMux) {
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 }
