@@ -514,7 +514,18 @@ func (d *Daemon) startServers() error {
 	if err != nil {
 		return err
 	}
-	gopts = append(gopts, grpc.ChainUnaryInterceptor(d.admin.Interceptor, peers.RefuseLegacyMarker),
+	// One interceptor, and no chain of them: a chain allocates a handler
+	// per call and level.
+	intercept := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		if err := d.admin.Authorize(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		if err := peers.RefuseLegacyMarker(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return h(ctx, req)
+	}
+	gopts = append(gopts, grpc.UnaryInterceptor(intercept),
 		grpc.MaxConcurrentStreams(uint32(d.opts.GRPCMaxStreams)),
 		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),

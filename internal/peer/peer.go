@@ -113,17 +113,16 @@ func NewService(e *engine.Engine, self string, topo Topologies, auth Auth, reg p
 	return &Service{e: e, region: self, topo: topo, auth: auth, refused: refused}, nil
 }
 
-// RefuseLegacyMarker is a unary interceptor for the Limiter service: a
-// Check with the old forwarded marker is refused and counted, since the
-// marker alone once let any client decide a pinned rule locally.
-func (s *Service) RefuseLegacyMarker(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if info.FullMethod == limiterv1.Limiter_Check_FullMethodName {
-		if md, ok := metadata.FromIncomingContext(ctx); ok && len(md.Get(LegacyForwardedHeader)) > 0 {
-			s.refused.WithLabelValues("legacy_marker").Inc()
-			return nil, status.Errorf(codes.PermissionDenied, "%s: checks forwarded by a peer region go through limiter.v1.Peer, authenticated", LegacyForwardedHeader)
-		}
+// RefuseLegacyMarker refuses, and counts, a call of method that is a Check
+// with the old forwarded marker, since the marker alone once let any client
+// decide a pinned rule locally. It returns nil for every other call; the
+// daemon's one unary interceptor calls it.
+func (s *Service) RefuseLegacyMarker(ctx context.Context, method string) error {
+	if method == limiterv1.Limiter_Check_FullMethodName && len(metadata.ValueFromIncomingContext(ctx, LegacyForwardedHeader)) > 0 {
+		s.refused.WithLabelValues("legacy_marker").Inc()
+		return status.Errorf(codes.PermissionDenied, "%s: checks forwarded by a peer region go through limiter.v1.Peer, authenticated", LegacyForwardedHeader)
 	}
-	return h(ctx, req)
+	return nil
 }
 
 // MaxItems bounds the items of one Peer request.
