@@ -394,7 +394,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
 	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,
 		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, ReplyDeadline: d.opts.RedisReplyDeadline, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
-		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, BreakerOpen: d.opts.RedisBreakerOpen}
+		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, Linger: max(d.opts.RedisLinger, 0), BreakerOpen: d.opts.RedisBreakerOpen}
 	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS,
 		TLSCAFile: d.opts.RedisTLSCAFile, TLSCertFile: d.opts.RedisTLSCertFile, TLSKeyFile: d.opts.RedisTLSKeyFile, Logger: d.log}).Apply(&ro); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package limiterd
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -140,6 +141,10 @@ type Options struct {
 	// RedisMaxBatch bounds one pipeline; RedisPipelines is how many may be
 	// in flight to one node.
 	RedisMaxBatch, RedisPipelines int
+	// RedisLinger is how long a pipeline that is not full waits for more
+	// checks while another pipeline to its node is in flight: 0 means
+	// redisstore.DefaultLinger, a negative value none.
+	RedisLinger time.Duration
 	// RedisBreakerOpen is how long a failing node is not called before a probe.
 	RedisBreakerOpen time.Duration
 	// RedisAllowUnsafeEviction starts even when a node's maxmemory-policy
@@ -286,6 +291,16 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is not noeviction (live counters may be evicted)")
 	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
 	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
+	fs.Func("redis.linger", fmt.Sprintf("while a pipeline to a node is in flight, how long the next one waits for more checks before it is sent (it goes as soon as that one is answered or it is full); 0: never waits (default %v)", redisstore.DefaultLinger), func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return err
+		}
+		if o.RedisLinger = d; d == 0 {
+			o.RedisLinger = -1
+		}
+		return nil
+	})
 	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")
 	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", DefaultDenyCacheSize), func(v string) error {
 		n, err := strconv.Atoi(v)
@@ -352,6 +367,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.RedisTimeout == 0 {
 		o.RedisTimeout = redisstore.DefaultTimeout
+	}
+	if o.RedisLinger == 0 {
+		o.RedisLinger = redisstore.DefaultLinger
 	}
 	if o.DenyCacheSize == 0 {
 		o.DenyCacheSize = DefaultDenyCacheSize
@@ -455,6 +473,9 @@ func (o *Options) validate() error {
 	}
 	if o.RedisPipelines < 0 || o.RedisPipelines > 64 {
 		errs = append(errs, fmt.Errorf("--redis.pipelines-per-node: must be 0 to 64, got %d", o.RedisPipelines))
+	}
+	if queueWait := cmp.Or(o.RedisMaxQueueWait, redisstore.DefaultMaxQueueWait); o.RedisLinger < -1 || o.RedisLinger >= queueWait {
+		errs = append(errs, fmt.Errorf("--redis.linger: must be 0 or more and less than --redis.max-queue-wait (%v), got %v", queueWait, o.RedisLinger))
 	}
 	if o.RedisBreakerOpen < 0 || o.RedisBreakerOpen > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("--redis.breaker-open: must be 0 to 5m, got %v", o.RedisBreakerOpen))

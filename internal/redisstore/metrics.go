@@ -36,6 +36,7 @@ type metrics struct {
 	up             prometheus.Gauge
 
 	batchSize          prometheus.Observer
+	lingerExpired      prometheus.Counter
 	breakersOpen       prometheus.Gauge
 	breakerTransitions *prometheus.CounterVec
 }
@@ -71,6 +72,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help:    "Checks sent together in one pipeline to one Redis node.",
 		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
 	})
+	linger := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limiter_store_linger_expired_total",
+		Help: "Pipelines sent because their linger (--redis.linger) passed before the pipeline in flight to their node was answered: a node slower to answer than the linger.",
+	})
 	open := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "limiter_store_breakers_open",
 		Help: "Redis nodes whose circuit breaker is open (not called until a probe succeeds).",
@@ -79,7 +84,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_breaker_transitions_total",
 		Help: "Circuit breaker state changes, by the state entered.",
 	}, []string{"state"})
-	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown, slow, up, batch, open, trans} {
+	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown, slow, up, batch, linger, open, trans} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
@@ -90,7 +95,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
 		overloaded: overloaded, outcomeUnknown: unknown, slowReplies: slow, up: up,
-		batchSize: batch, breakersOpen: open, breakerTransitions: trans,
+		batchSize: batch, lingerExpired: linger, breakersOpen: open, breakerTransitions: trans,
 	}
 	for i, o := range []op{opAcquire, opRelease, opRenew} {
 		m.leaseDuration[i] = dur.WithLabelValues(opNames[o])

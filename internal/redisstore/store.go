@@ -87,6 +87,10 @@ type Options struct {
 	// PipelinesPerNode is how many pipelines may be in flight to one node
 	// (0: DefaultPipelinesPerNode).
 	PipelinesPerNode int
+	// Linger is how long a batch that is not full waits for more checks
+	// while another pipeline to its node is in flight (0: none; see
+	// DefaultLinger). It must be less than MaxQueueWait.
+	Linger time.Duration
 	// BreakerOpen is how long a node's open breaker refuses calls before
 	// it lets a probe through (0: DefaultBreakerOpen).
 	BreakerOpen time.Duration
@@ -103,6 +107,7 @@ type Store struct {
 	dialTimeout, breakerOpen time.Duration
 	coalesce                 bool
 	maxBatch, pipelines      int
+	linger                   time.Duration
 	m                        *metrics
 	life                     context.Context
 	stop                     context.CancelFunc
@@ -139,7 +144,7 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, 
 	}
 	s := &Store{
 		opts: opts, m: m, timeout: opts.Timeout, maxQueueWait: opts.MaxQueueWait, dialTimeout: opts.DialTimeout,
-		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode,
+		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode, linger: opts.Linger,
 		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node), unsafe: make(map[string]bool),
 		up: make(map[string]bool),
 	}
@@ -164,6 +169,9 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, 
 	}
 	if s.breakerOpen <= 0 {
 		s.breakerOpen = DefaultBreakerOpen
+	}
+	if s.linger < 0 || s.linger >= s.maxQueueWait {
+		return nil, fmt.Errorf("redis: linger %v: must be 0 or more and less than the queue wait (%v)", s.linger, s.maxQueueWait)
 	}
 	s.life, s.stop = context.WithCancel(context.Background())
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)

@@ -1,0 +1,120 @@
+package redisstore
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// TestLinger: while one pipeline to a node is in flight, the checks that
+// arrive go out together once it is answered, in one pipeline, instead of
+// a lone check on the second connection and the rest after it; and a
+// linger that passes first sends what it holds.
+func TestLinger(t *testing.T) {
+	const later = 20
+	for _, tc := range []struct {
+		name   string
+		linger time.Duration
+		pause  time.Duration
+		// pipelines the checks went in: the first, then the later ones
+		pipelines func(n uint64) bool
+		want      string
+		expired   bool
+	}{
+		// The node answers the first pipeline after the pause; the
+		// linger (longer) ends when it does.
+		{"held-until-answered", 2 * time.Second, 300 * time.Millisecond, func(n uint64) bool { return n == 2 }, "2", false},
+		// Without a linger the second connection sends the first later
+		// check alone, at once: three pipelines at least.
+		{"no-linger", 0, 300 * time.Millisecond, func(n uint64) bool { return n >= 3 }, "3 or more", false},
+		// A linger shorter than the pause ends first and sends its batch.
+		{"linger-passes", 100 * time.Millisecond, 600 * time.Millisecond, func(n uint64) bool { return n >= 2 }, "2 or more", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testenv.RedisNode(t)
+			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, PipelinesPerNode: 2,
+				Linger: tc.linger, Timeout: 5 * time.Second, MaxQueueWait: 4 * time.Second})
+			// Both workers connected, and the counts from here on.
+			var warm sync.WaitGroup
+			for i := range 8 {
+				warm.Go(func() { mustTake(t, s, "warm"+strconv.Itoa(i), 1) })
+			}
+			warm.Wait()
+			before, sum0 := sampleCount(t, reg, "limiter_store_pipeline_checks"), sampleSum(t, reg, "limiter_store_pipeline_checks")
+			expired0 := counterValue(t, reg, "limiter_store_linger_expired_total")
+
+			unpause := pause(t, node.Addr())
+			var wg sync.WaitGroup
+			take := func(key string) {
+				d, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
+				if err != nil || !d.Allowed {
+					t.Errorf("Take(%s) = %+v, %v", key, d, err)
+				}
+			}
+			wg.Go(func() { take("first") })
+			// The first check is in flight (its pipeline written) before
+			// the later ones queue.
+			waitFor(t, "sending the first check", func() bool { return s.node(node.Addr()).inFlight.Load() == 1 })
+			for i := range later {
+				wg.Go(func() { take("later" + strconv.Itoa(i)) })
+			}
+			time.Sleep(tc.pause)
+			unpause()
+			wg.Wait()
+			pipelines := sampleCount(t, reg, "limiter_store_pipeline_checks") - before
+			if checks := sampleSum(t, reg, "limiter_store_pipeline_checks") - sum0; checks != later+1 {
+				t.Errorf("%v checks sent, want %d", checks, later+1)
+			}
+			if !tc.pipelines(pipelines) {
+				t.Errorf("the checks went in %d pipelines, want %s", pipelines, tc.want)
+			}
+			if expired := counterValue(t, reg, "limiter_store_linger_expired_total") - expired0; (expired > 0) != tc.expired {
+				t.Errorf("%v lingers expired, want any: %v", expired, tc.expired)
+			}
+		})
+	}
+}
+
+// sampleSum is the sum of the observations of the histogram name in reg.
+func sampleSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return sum
+}
+
+// counterValue is the value of the counter name in reg (summed over its
+// series).
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
