@@ -20,12 +20,13 @@ NATS_SERVER = $$($(GO) tool -n nats-server)
 
 ## test: install what the tests need, then vet and run every test with the race detector
 test: deps lint
-	@# Compile every test binary first, in parallel, then run the packages one
-	@# at a time: the guarantees measured under load (exactly 10 of 50 client
-	@# processes on busy cores, the model test) meet only the load their own
-	@# test makes, not another package's clusters.
+	@# Compile every test binary first, in parallel, then run the packages in
+	@# scripts/test.sh's two phases: the reconciler's waiting tests beside the
+	@# other packages, then alone the ones whose guarantees are measured under
+	@# load (exactly 10 of 50 client processes on busy cores, the pacers, the
+	@# soak, the model tests), which meet only their own test's load.
 	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
-	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -race -count=1 -p 1 -timeout 20m ./...
+	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test.sh
 
 ## test-repeat: run PKG's tests N times in a row with the race detector and count the failures (N=20, PKG=./internal/reconciler; PKG=./... for the suite)
 N ?= 20

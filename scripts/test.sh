@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Runs every package's tests with the race detector, in two phases:
+#
+#  1. internal/reconciler, whose tests mostly wait (on NATS gateways cut
+#     for tens of seconds, on stream sources), beside every other package
+#     but those of phase 2, one package at a time in each of the two;
+#  2. the packages whose guarantees are measured under their own load
+#     (exactly 10 of 50 client processes on busy cores, the pacers' lateness,
+#     the chaos soak, the model tests), one at a time and alone.
+#
+# Each stream's output is printed when it ends; the script fails when any
+# package failed.
+#
+#   LIMITER_NATS_SERVER=... scripts/test.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+GO=${GO:-go}
+flags=(-race -count=1 -p 1 -timeout 20m)
+
+alone=(./internal/limiterd ./internal/soak ./internal/engine ./pkg/bucket ./pkg/client)
+waiting=(./internal/reconciler)
+mod=$("$GO" list -m)
+others=()
+for p in $("$GO" list ./...); do
+	p=./${p#"$mod"/}
+	[ "$p" = "./$mod" ] && p=.
+	case " ${alone[*]} ${waiting[*]} " in *" $p "*) continue ;; esac
+	others+=("$p")
+done
+
+logs=$(mktemp -d "${TMPDIR:-/tmp}/limiterd-test.XXXXXX")
+pids=()
+cleanup() {
+	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	rm -rf "$logs"
+}
+trap cleanup EXIT
+
+failed=0
+start=$SECONDS
+"$GO" test "${flags[@]}" "${waiting[@]}" >"$logs/waiting.log" 2>&1 &
+pids+=($!)
+"$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
+pids+=($!)
+for i in 0 1; do
+	rc=0
+	wait "${pids[$i]}" || rc=$?
+	[ "$rc" -eq 0 ] || failed=1
+done
+pids=()
+cat "$logs/others.log" "$logs/waiting.log"
+echo "test: phase 1 (${waiting[*]} beside $((${#others[@]})) other packages) in $((SECONDS - start)) s"
+t1=$SECONDS
+"$GO" test "${flags[@]}" "${alone[@]}" || failed=1
+echo "test: phase 2 (${alone[*]}, alone) in $((SECONDS - t1)) s"
+exit "$failed"
