@@ -17,17 +17,22 @@ import (
 )
 
 // BenchmarkStoreTake is the store path alone: concurrent token bucket
-// checks over 100,000 keys on a 3-primary cluster, in-process, with and
-// without coalescing. Compare with redis-benchmark's EVALSHA ceiling
-// (scripts/loadrun.sh prints it):
+// checks over 100,000 keys on a 3-primary cluster, in-process: coalesced
+// with the default linger, coalesced without it, and one call per check,
+// with the checks per pipeline. Compare with redis-benchmark's EVALSHA
+// ceiling (scripts/loadrun.sh prints it):
 //
 //	go test -run '^$' -bench StoreTake -benchtime 5s ./internal/redisstore
 func BenchmarkStoreTake(b *testing.B) {
 	c := testenv.RedisCluster(b, 3, 0)
-	for _, coalesce := range []bool{true, false} {
-		name := map[bool]string{true: "coalesced", false: "one-call-per-check"}[coalesce]
-		b.Run(name, func(b *testing.B) {
-			s, err := New(context.Background(), Options{Addrs: c.Addrs(), Timeout: time.Second, NoCoalesce: !coalesce}, prometheus.NewRegistry())
+	for _, mode := range []struct {
+		name     string
+		coalesce bool
+		linger   time.Duration
+	}{{"coalesced-linger", true, DefaultLinger}, {"coalesced", true, 0}, {"one-call-per-check", false, 0}} {
+		b.Run(mode.name, func(b *testing.B) {
+			reg := prometheus.NewRegistry()
+			s, err := New(context.Background(), Options{Addrs: c.Addrs(), Timeout: time.Second, NoCoalesce: !mode.coalesce, Linger: mode.linger}, reg)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -51,6 +56,9 @@ func BenchmarkStoreTake(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
+			if p := sampleCount(b, reg, "limiter_store_pipeline_checks"); p > 0 {
+				b.ReportMetric(sampleSum(b, reg, "limiter_store_pipeline_checks")/float64(p), "checks/pipeline")
+			}
 		})
 	}
 }

@@ -83,7 +83,7 @@ func TestLinger(t *testing.T) {
 }
 
 // sampleSum is the sum of the observations of the histogram name in reg.
-func sampleSum(t *testing.T, reg *prometheus.Registry, name string) float64 {
+func sampleSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -117,4 +117,25 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return v
+}
+
+// TestArgsCacheBound: the cache of check arguments keeps at most
+// maxCachedArgs (costs come from clients: distinct ones cannot grow it), and
+// what it returns past the bound is still right.
+func TestArgsCacheBound(t *testing.T) {
+	var c argsCache
+	lim := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 2.5}
+	for i := range maxCachedArgs + 100 {
+		a := c.get(lim, float64(i+1))
+		if want := strconv.Itoa(i + 1); a[0] != "10" || a[1] != "2.5" || a[2] != want {
+			t.Fatalf("args for cost %d: %v", i+1, a)
+		}
+	}
+	if n := len(c.m); n != maxCachedArgs {
+		t.Fatalf("%d entries cached, want the bound %d", n, maxCachedArgs)
+	}
+	w := bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 5, Window: 1500 * time.Millisecond}
+	if a := c.get(w, 1); a[0] != "5" || a[1] != "1500000" || a[2] != "1" {
+		t.Fatalf("window args: %v", a)
+	}
 }

@@ -124,6 +124,7 @@ type Store struct {
 	nodes                    map[string]*node
 	unsafe                   map[string]bool // under nodesMu
 	beforeUndo               func()          // a test's hook, nil otherwise
+	args                     argsCache
 }
 
 // New returns a Store for opts, with its metrics registered on reg. It
@@ -241,8 +242,7 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 		return ds[0], nil
 	}
 	key := Key(req.Rule, req.Key)
-	a := scriptArgs(req.Limit, req.Cost)
-	res, err := s.eval(ctx, opScript, key, scriptCall{script: singleScripts[i], keys: []string{key}, args: []any{a[0], a[1], a[2]}}, s.m.scriptDuration[i])
+	res, err := s.eval(ctx, opScript, key, scriptCall{script: singleScripts[i], keys: []string{key}, args: s.args.get(req.Limit, req.Cost)}, s.m.scriptDuration[i])
 	if err == nil {
 		var d bucket.Decision
 		if d, err = parseDecision(res, req.Limit); err == nil {
@@ -251,6 +251,43 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 		s.m.errors[opScript].Inc()
 	}
 	return bucket.Decision{}, fmt.Errorf("eval %s: %w", req.Limit.Algorithm, err)
+}
+
+// argsCache keeps the ARGV of a check (scriptArgs, as the []any a pipeline
+// takes) by limit and cost: a rule's checks share a handful, and formatting
+// three floats on every check costs more than the lookup. It holds at most
+// maxCachedArgs; past that the args are made on each call.
+type argsCache struct {
+	mu sync.RWMutex
+	m  map[argsKey][]any
+}
+
+type argsKey struct {
+	limit bucket.Limit
+	cost  float64
+}
+
+const maxCachedArgs = 4096
+
+func (c *argsCache) get(l bucket.Limit, cost float64) []any {
+	k := argsKey{l, cost}
+	c.mu.RLock()
+	a, ok := c.m[k]
+	c.mu.RUnlock()
+	if ok {
+		return a
+	}
+	s := scriptArgs(l, cost)
+	a = []any{s[0], s[1], s[2]}
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[argsKey][]any)
+	}
+	if len(c.m) < maxCachedArgs {
+		c.m[k] = a
+	}
+	c.mu.Unlock()
+	return a
 }
 
 // scriptArgs are a script's ARGV for one bucket: capacity, rate (tokens/s)

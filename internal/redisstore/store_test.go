@@ -57,7 +57,7 @@ func pause(t *testing.T, addr string) (unpause func()) {
 }
 
 // sampleCount is the number of observations of the histogram name in reg.
-func sampleCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+func sampleCount(t testing.TB, reg *prometheus.Registry, name string) uint64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
