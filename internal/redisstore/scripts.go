@@ -98,7 +98,7 @@ func runScripts(ctx context.Context, p pipeliner, calls []scriptCall, before fun
 	_, err := pipe.Exec(ctx)
 	var retry []int
 	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			retry = append(retry, i)
 		}
 	}
