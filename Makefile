@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat soak bench proto lint deps up-deps build image clean up down demo
+.PHONY: run test test-repeat soak bench compare proto lint deps up-deps build image clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -79,6 +79,16 @@ image:
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchmem ./pkg/... ./internal/...
 	scripts/loadrun.sh
+
+## compare: limiterd next to envoy ratelimit and Gubernator, one load tool (ghz) for all: req/s, p99, server and Redis CPU per call, medians of COMPARE_ROUNDS (3) interleaved rounds of COMPARE_DURATION (5s) runs; the pinned peers and ghz are installed into bin/; COMPARE_FLAGS='--rows 1,3 --limiterd PATH' for more
+# The pinned versions are in internal/tools/compare/tools.go, so that
+# `go run ./internal/tools/compare` alone installs the same ones.
+COMPARE_ROUNDS ?= 3
+COMPARE_DURATION ?= 5s
+COMPARE_FLAGS ?=
+compare: up-deps
+	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)
+	$(GO) run ./internal/tools/compare --rounds $(COMPARE_ROUNDS) --duration $(COMPARE_DURATION) $(COMPARE_FLAGS)
 
 ## proto: regenerate the gRPC code with pinned protoc plugins
 proto:

@@ -32,6 +32,8 @@ func TestMakeInstalls(t *testing.T) {
 		{name: "up", target: "up", deps: []string{"redis"}, promtool: false},
 		{name: "up with monitoring", target: "up", vars: []string{"MONITORING=1"}, deps: []string{"redis", "prometheus", "alertmanager"}, promtool: false},
 		{name: "soak", target: "soak", deps: []string{"redis"}, promtool: false},
+		// The comparison runs Redis; its peers and ghz it installs itself.
+		{name: "compare", target: "compare", deps: []string{"redis"}, promtool: false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -57,6 +59,42 @@ func TestMakeInstalls(t *testing.T) {
 			}
 			if promtool != tt.promtool {
 				t.Errorf("make %s runs install-promtool.sh: %v, want %v\n%s", tt.target, promtool, tt.promtool, out)
+			}
+		})
+	}
+}
+
+// TestMakeCompare holds `make compare` to what the README says it runs:
+// the comparison tool, 3 rounds of 5 s runs unless told otherwise, with
+// COMPARE_FLAGS passed on.
+func TestMakeCompare(t *testing.T) {
+	mk, err := exec.LookPath("make")
+	if err != nil {
+		t.Skip("no make")
+	}
+	for _, tt := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"default", nil, []string{"--rounds 3", "--duration 5s"}},
+		{"shorter", []string{"COMPARE_ROUNDS=1", "COMPARE_DURATION=2s", "COMPARE_FLAGS=--rows 1,3"}, []string{"--rounds 1", "--duration 2s", "--rows 1,3"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := exec.Command(mk, append([]string{"-n", "-C", "..", "compare"}, tt.args...)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("make -n compare: %v\n%s", err, out)
+			}
+			var run string
+			for line := range strings.Lines(string(out)) {
+				if strings.Contains(line, " run ./internal/tools/compare") {
+					run = line
+				}
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(run, w) {
+					t.Errorf("make compare runs %q: no %q\n%s", run, w, out)
+				}
 			}
 		})
 	}
