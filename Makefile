@@ -87,7 +87,6 @@ COMPARE_ROUNDS ?= 3
 COMPARE_DURATION ?= 5s
 COMPARE_FLAGS ?=
 compare: up-deps
-	@command -v protoc >/dev/null || (apt-get update -qq && apt-get install -y -qq protobuf-compiler)
 	$(GO) run ./internal/tools/compare --rounds $(COMPARE_ROUNDS) --duration $(COMPARE_DURATION) $(COMPARE_FLAGS)
 
 ## proto: regenerate the gRPC code with pinned protoc plugins

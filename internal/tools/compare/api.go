@@ -7,9 +7,9 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"github.com/bufbuild/protocompile"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"text/template"
 
@@ -319,24 +319,33 @@ func protoset(extra *descriptorpb.FileDescriptorSet) (*descriptorpb.FileDescript
 	return set, nil
 }
 
-// compileGubernator compiles config/gubernator.proto (in dir) with protoc.
+// compileGubernator compiles config/gubernator.proto (in dir), in process,
+// into a descriptor set (its imports included) and its registry.
 func compileGubernator(ctx context.Context, dir string) (*descriptorpb.FileDescriptorSet, *protoregistry.Files, error) {
-	out := filepath.Join(dir, "gubernator.protoset")
-	cmd := exec.CommandContext(ctx, "protoc", "-I", dir, "--include_imports", "--descriptor_set_out="+out, "gubernator.proto")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, nil, fmt.Errorf("protoc gubernator.proto: %w\n%s", err, b)
-	}
-	b, err := os.ReadFile(out)
+	c := protocompile.Compiler{Resolver: protocompile.WithStandardImports(&protocompile.SourceResolver{ImportPaths: []string{dir}})}
+	compiled, err := c.Compile(ctx, "gubernator.proto")
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, fmt.Errorf("gubernator.proto: %w", err)
 	}
 	set := &descriptorpb.FileDescriptorSet{}
-	if err := proto.Unmarshal(b, set); err != nil {
-		return nil, nil, fmt.Errorf("gubernator.protoset: %w", err)
+	seen := map[string]bool{}
+	var add func(fd protoreflect.FileDescriptor)
+	add = func(fd protoreflect.FileDescriptor) {
+		if seen[fd.Path()] {
+			return
+		}
+		seen[fd.Path()] = true
+		for i := range fd.Imports().Len() {
+			add(fd.Imports().Get(i).FileDescriptor)
+		}
+		set.File = append(set.File, protodesc.ToFileDescriptorProto(fd))
+	}
+	for _, fd := range compiled {
+		add(fd)
 	}
 	files, err := protodesc.NewFiles(set)
 	if err != nil {
-		return nil, nil, fmt.Errorf("gubernator.protoset: %w", err)
+		return nil, nil, fmt.Errorf("gubernator.proto: %w", err)
 	}
 	return set, files, nil
 }

@@ -21,8 +21,8 @@
 // each run.
 //
 // ghz, envoy ratelimit and Gubernator are installed at pinned versions
-// into bin/ (tools.go) when missing; redis-server, redis-cli and protoc
-// come from the machine. Each system starts fresh, on free loopback ports,
+// into bin/ (tools.go) when missing; redis-server and redis-cli come from
+// the machine, and Gubernator's .proto is compiled in process. Each system starts fresh, on free loopback ports,
 // for each row of each round, and rounds interleave the rows; the report
 // is the medians over rounds. Everything started is stopped by pid when
 // the tool ends, on error or Ctrl-C too.
@@ -171,9 +171,6 @@ func compare(ctx context.Context, o options) error {
 	var progs []string
 	if withRedis {
 		progs = append(progs, "redis-server", "redis-cli")
-	}
-	if withGub {
-		progs = append(progs, "protoc")
 	}
 	if err := need(progs...); err != nil {
 		return err

@@ -124,5 +124,4 @@ func need(progs ...string) error {
 var installHint = map[string]string{
 	"redis-server": "scripts/install-deps.sh redis",
 	"redis-cli":    "scripts/install-deps.sh redis",
-	"protoc":       "apt-get install protobuf-compiler",
 }
