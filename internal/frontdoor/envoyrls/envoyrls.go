@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -85,6 +86,9 @@ import (
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	e *engine.Engine
+	// scratch holds *scratch: the memory one request maps its descriptors
+	// with, reused by the next.
+	scratch sync.Pool
 }
 
 // New returns the service deciding with e.
@@ -112,12 +116,35 @@ const (
 // ShouldRateLimit decides every descriptor's rules together.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	defer func() { s.e.Observe(time.Since(start).Seconds()) }()
 	resp, err := s.decide(ctx, req)
+	s.e.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
 	return resp, nil
+}
+
+// scratch is what a request maps its descriptors with: the named
+// attributes of the descriptor being mapped (the engine keeps none of
+// them), and each descriptor's enforced rules.
+type scratch struct {
+	extra map[string]string
+	sets  [][]*engine.Item
+}
+
+func (s *Service) getScratch() *scratch {
+	if sc, ok := s.scratch.Get().(*scratch); ok {
+		return sc
+	}
+	return &scratch{extra: make(map[string]string, 8)}
+}
+
+// putScratch returns sc for the next request, holding nothing of this one.
+func (s *Service) putScratch(sc *scratch) {
+	clear(sc.extra)
+	clear(sc.sets)
+	sc.sets = sc.sets[:0]
+	s.scratch.Put(sc)
 }
 
 func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -125,10 +152,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		s.e.Invalid("attributes")
 		return nil, &engine.InvalidError{Field: "attributes", Err: errNoDomain}
 	}
-	if len(req.GetDescriptors()) == 0 {
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
 		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_UNKNOWN}, nil
 	}
-	if n := len(req.GetDescriptors()); n > MaxDescriptors {
+	if n := len(descs); n > MaxDescriptors {
 		s.e.Invalid("attributes")
 		return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors: %d descriptors, the most is %d", n, MaxDescriptors)}
 	}
@@ -136,15 +164,18 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if cost == 0 {
 		cost = 1
 	}
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	c := s.e.NewCheck()
-	sets := make([][]*engine.Item, len(req.GetDescriptors()))
-	for i, desc := range req.GetDescriptors() {
-		a, descCost, err := envoyAttributes(req.GetDomain(), desc, cost)
+	a := rules.Attributes{Domain: req.GetDomain(), Extra: sc.extra}
+	for i, desc := range descs {
+		descCost, err := envoyAttributes(&a, desc, cost)
 		if err != nil {
 			s.e.Invalid("attributes")
 			return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
 		}
-		if sets[i], _, err = c.AddAttributes(a, descCost); err != nil {
+		set, _, err := c.AddAttributes(&a, descCost)
+		if err != nil {
 			var inv *engine.InvalidError
 			if errors.As(err, &inv) {
 				inv.Err = fmt.Errorf("descriptors[%d]: %w", i, inv.Err)
@@ -152,17 +183,15 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			}
 			return nil, err
 		}
+		sc.sets = append(sc.sets, set)
 	}
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sets))}
+	resp := answer(sc.sets)
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	for i, set := range sets {
-		resp.Statuses[i] = descriptorStatus(set)
 	}
 	all := c.Enforced()
 	if top := engine.MostRestrictive(all); top != nil {
@@ -179,34 +208,36 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 
 var errNoDomain = errors.New("domain: must not be empty")
 
-// envoyAttributes maps one descriptor onto attributes, and its cost.
-func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost float64) (*rules.Attributes, float64, error) {
+// envoyAttributes maps one descriptor onto a, keeping its domain and
+// reusing its Extra map (emptied first), and returns its cost.
+func envoyAttributes(a *rules.Attributes, desc *ratelimitv3.RateLimitDescriptor, cost float64) (float64, error) {
+	*a = rules.Attributes{Domain: a.Domain, Extra: a.Extra}
+	clear(a.Extra)
 	if desc.GetIsNegativeHits() {
-		return nil, 0, errors.New("is_negative_hits: not supported: limiterd gives no tokens back on request")
+		return 0, errors.New("is_negative_hits: not supported: limiterd gives no tokens back on request")
 	}
 	if h := desc.GetHitsAddend(); h != nil && h.GetValue() != 0 {
 		cost = float64(h.GetValue())
 	}
 	entries := desc.GetEntries()
 	if len(entries) == 0 {
-		return nil, 0, errors.New("entries: a descriptor needs at least one entry")
+		return 0, errors.New("entries: a descriptor needs at least one entry")
 	}
 	if len(entries) > MaxEntries {
-		return nil, 0, fmt.Errorf("entries: %d entries, the most is %d", len(entries), MaxEntries)
+		return 0, fmt.Errorf("entries: %d entries, the most is %d", len(entries), MaxEntries)
 	}
-	a := &rules.Attributes{Domain: domain, Extra: make(map[string]string, len(entries))}
 	for j, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
 		if k == "" {
-			return nil, 0, fmt.Errorf("entries[%d].key: empty", j)
+			return 0, fmt.Errorf("entries[%d].key: empty", j)
 		}
 		if len(k) > MaxValueBytes || len(v) > MaxValueBytes {
-			return nil, 0, fmt.Errorf("entries[%d]: key or value over %d bytes", j, MaxValueBytes)
+			return 0, fmt.Errorf("entries[%d]: key or value over %d bytes", j, MaxValueBytes)
 		}
-		if _, dup := a.Extra[k]; dup {
-			return nil, 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)
+		// One hash per entry: a key given before does not grow the map.
+		if a.Extra[k] = v; len(a.Extra) == j {
+			return 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)
 		}
-		a.Extra[k] = v
 		switch k {
 		case envoyKeyRemoteAddress:
 			a.IP = v
@@ -222,24 +253,45 @@ func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost 
 			a.Plan = v
 		}
 	}
-	return a, cost, nil
+	return cost, nil
 }
 
-// descriptorStatus reports a descriptor by its most restrictive rule.
-func descriptorStatus(items []*engine.Item) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	top := engine.MostRestrictive(items)
-	if top == nil {
-		return st
+// statusMem is the memory of one descriptor's status, allocated together
+// for all of a request's.
+type statusMem struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+}
+
+// answer is the response with one status per descriptor, each by its most
+// restrictive rule, overall code OK; its statuses take three allocations
+// whatever their number.
+func answer(sets [][]*engine.Item) *rlsv3.RateLimitResponse {
+	mem := make([]statusMem, len(sets))
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sets))}
+	for i, set := range sets {
+		m := &mem[i]
+		resp.Statuses[i] = &m.st
+		m.st.Code = rlsv3.RateLimitResponse_OK
+		top := engine.MostRestrictive(set)
+		if top == nil {
+			continue
+		}
+		d := top.Decision
+		if !d.Allowed {
+			m.st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		m.limit.Name = top.Rule.ID
+		m.limit.RequestsPerUnit, m.limit.Unit = envoyLimit(d.Limit, top.WindowMillis())
+		m.st.CurrentLimit = &m.limit
+		m.st.LimitRemaining = clampUint32(math.Floor(d.Remaining))
+		// As durationpb.New.
+		reset := time.Duration(engine.CeilMillis(d.ResetAfter)) * time.Millisecond
+		m.reset.Seconds, m.reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+		m.st.DurationUntilReset = &m.reset
 	}
-	d := top.Decision
-	if !d.Allowed {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	st.CurrentLimit = envoyLimit(top.Rule.ID, d.Limit, top.WindowMillis())
-	st.LimitRemaining = clampUint32(math.Floor(d.Remaining))
-	st.DurationUntilReset = durationpb.New(time.Duration(engine.CeilMillis(d.ResetAfter)) * time.Millisecond)
-	return st
+	return resp
 }
 
 // envoyUnits are Envoy's units of a limit, shortest first.
@@ -257,11 +309,11 @@ var envoyUnits = []struct {
 // the window is one unit, otherwise scaled to the shortest unit in which
 // it is at least 1 request (a day at most). Envoy's quota headers ignore
 // unit_multiplier, so it is not used.
-func envoyLimit(name string, limit float64, windowMs int64) *rlsv3.RateLimitResponse_RateLimit {
+func envoyLimit(limit float64, windowMs int64) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
 	window := time.Duration(windowMs) * time.Millisecond
 	for _, u := range envoyUnits {
 		if window == u.length {
-			return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(math.Floor(limit)), Unit: u.unit}
+			return clampUint32(math.Floor(limit)), u.unit
 		}
 	}
 	var perUnit float64
@@ -272,7 +324,7 @@ func envoyLimit(name string, limit float64, windowMs int64) *rlsv3.RateLimitResp
 			break
 		}
 	}
-	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(max(1, math.Round(perUnit))), Unit: unit}
+	return clampUint32(max(1, math.Round(perUnit))), unit
 }
 
 func clampUint32(f float64) uint32 {
