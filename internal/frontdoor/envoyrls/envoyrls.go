@@ -8,13 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -22,7 +19,6 @@ import (
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/rules"
-	"github.com/limiterd/limiterd/pkg/httplimit"
 )
 
 // Service is Envoy's rate limit service, envoy.service.ratelimit.v3
@@ -71,8 +67,8 @@ import (
 // RateLimit-Remaining, RateLimit-Reset in seconds, X-RateLimit-Limit,
 // X-RateLimit-Remaining, X-RateLimit-Reset as a Unix time, Retry-After in
 // whole seconds, rounded up, when over the limit; RateLimit-Policy and
-// RateLimit list every enforced rule checked), in lower case; none when
-// no rule matched.
+// RateLimit list every enforced rule checked), names in lower case,
+// sorted; none when no rule matched.
 //
 // Errors: INVALID_ARGUMENT for invalid input (the message names the
 // descriptor), UNAVAILABLE when a fail-closed rule cannot be decided. Envoy
@@ -194,15 +190,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	all := c.Enforced()
-	if top := engine.MostRestrictive(all); top != nil {
-		quota := checkapi.Response([]*engine.Item{top}, nil, allowed, false)
-		for _, it := range all {
-			quota.Statuses = append(quota.Statuses, checkapi.RuleStatus(it))
-		}
-		h := make(http.Header)
-		httplimit.SetHeaders(h, quota, time.Now())
-		resp.ResponseHeadersToAdd = envoyHeaders(h)
-	}
+	resp.ResponseHeadersToAdd = quotaHeaders(all, engine.MostRestrictive(all), allowed, time.Now())
 	return resp, nil
 }
 
@@ -335,21 +323,4 @@ func clampUint32(f float64) uint32 {
 		return math.MaxUint32
 	}
 	return uint32(f)
-}
-
-// envoyHeaders converts h to Envoy's header values, names in lower case
-// (as HTTP/2 sends them), sorted.
-func envoyHeaders(h http.Header) []*corev3.HeaderValue {
-	names := make([]string, 0, len(h))
-	for k := range h {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	var out []*corev3.HeaderValue
-	for _, k := range names {
-		for _, v := range h[k] {
-			out = append(out, &corev3.HeaderValue{Key: strings.ToLower(k), Value: v})
-		}
-	}
-	return out
 }
