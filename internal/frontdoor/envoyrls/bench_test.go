@@ -57,46 +57,59 @@ func benchAddrs() map[string][]string {
 var benchShapes = []string{"same-key", "new-key"}
 
 // BenchmarkShouldRateLimit is the in-process cost of an Envoy request of
-// one descriptor matching one rule, on the embedded store; resp-B is the
-// encoded answer, and marshal its encoding. BenchmarkCheckByAttributes is
-// the same decision through limiter.v1.Limiter/Check; the two should cost
+// one descriptor matching one rule, on the embedded store, without quota
+// headers (the default) and with them; resp-B is the encoded answer,
+// marshal its encoding and unmarshal the request's decoding, which gRPC
+// does around the service. BenchmarkCheckByAttributes is the same decision
+// through limiter.v1.Limiter/Check; without headers the two should cost
 // about the same.
 //
 //	go test -run '^$' -bench 'ShouldRateLimit|Check' -benchmem ./internal/frontdoor/envoyrls
 func BenchmarkShouldRateLimit(b *testing.B) {
-	s := New(benchEngine(b))
+	e := benchEngine(b)
 	ctx := context.Background()
 	addrs := benchAddrs()
-	for _, shape := range benchShapes {
-		b.Run(shape, func(b *testing.B) {
-			reqs := make([]*rlsv3.RateLimitRequest, len(addrs[shape]))
-			for i, a := range addrs[shape] {
-				reqs[i] = &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-					envoyDesc("generic_key", "per-ip", "remote_address", a)}}
-			}
-			var resp *rlsv3.RateLimitResponse
-			b.ReportAllocs()
-			i := 0
-			for b.Loop() {
-				var err error
-				if resp, err = s.ShouldRateLimit(ctx, reqs[i%len(reqs)]); err != nil {
-					b.Fatal(err)
+	for _, opts := range []Options{{}, {QuotaHeaders: true}} {
+		s := New(e, opts)
+		prefix := ""
+		if opts.QuotaHeaders {
+			prefix = "headers/"
+		}
+		for _, shape := range benchShapes {
+			b.Run(prefix+shape, func(b *testing.B) {
+				reqs := make([]*rlsv3.RateLimitRequest, len(addrs[shape]))
+				for i, a := range addrs[shape] {
+					reqs[i] = &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+						envoyDesc("generic_key", "per-ip", "remote_address", a)}}
 				}
-				i++
+				var resp *rlsv3.RateLimitResponse
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					var err error
+					if resp, err = s.ShouldRateLimit(ctx, reqs[i%len(reqs)]); err != nil {
+						b.Fatal(err)
+					}
+					i++
+				}
+				if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK || len(resp.GetResponseHeadersToAdd()) > 0 != opts.QuotaHeaders {
+					b.Fatalf("answer %v, want OK, headers %v", resp, opts.QuotaHeaders)
+				}
+				b.ReportMetric(float64(proto.Size(resp)), "resp-B")
+			})
+		}
+		b.Run(prefix+"marshal", func(b *testing.B) {
+			resp, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+				envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.1")}})
+			if err != nil {
+				b.Fatal(err)
 			}
-			if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-				b.Fatalf("answer %v, want OK", resp)
-			}
-			b.ReportMetric(float64(proto.Size(resp)), "resp-B")
+			benchMarshal(b, resp)
 		})
 	}
-	b.Run("marshal", func(b *testing.B) {
-		resp, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-			envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.1")}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		benchMarshal(b, resp)
+	b.Run("unmarshal", func(b *testing.B) {
+		benchUnmarshal(b, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+			envoyDesc("generic_key", "per-ip", "remote_address", "192.0.2.1")}}, &rlsv3.RateLimitRequest{})
 	})
 }
 
@@ -137,6 +150,10 @@ func BenchmarkCheckByAttributes(b *testing.B) {
 		}
 		benchMarshal(b, resp)
 	})
+	b.Run("unmarshal", func(b *testing.B) {
+		benchUnmarshal(b, &limiterv1.CheckRequest{Attributes: &limiterv1.Attributes{Domain: "edge", Ip: "192.0.2.1",
+			Extra: map[string]string{"generic_key": "per-ip", "remote_address": "192.0.2.1"}}}, &limiterv1.CheckRequest{})
+	})
 }
 
 // benchMarshal is the cost of encoding m, as gRPC does for an answer.
@@ -148,4 +165,21 @@ func benchMarshal(b *testing.B, m proto.Message) {
 		}
 	}
 	b.ReportMetric(float64(proto.Size(m)), "resp-B")
+}
+
+// benchUnmarshal is the cost of decoding req into into, as gRPC does for
+// a request before the service sees it; req-B is its size.
+func benchUnmarshal(b *testing.B, req, into proto.Message) {
+	wire, err := proto.Marshal(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		proto.Reset(into)
+		if err := proto.Unmarshal(wire, into); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(wire)), "req-B")
 }

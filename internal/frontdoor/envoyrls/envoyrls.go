@@ -62,13 +62,18 @@ import (
 // scaled to a per-second rate, or per minute, hour or day when that rate
 // rounds to less than 1. overall_code is OVER_LIMIT when any descriptor is,
 // OK otherwise, UNKNOWN for a request without descriptors.
-// response_headers_to_add are the quota headers pkg/httplimit's SetHeaders
-// writes for the most restrictive rule of all descriptors (RateLimit-Limit,
-// RateLimit-Remaining, RateLimit-Reset in seconds, X-RateLimit-Limit,
-// X-RateLimit-Remaining, X-RateLimit-Reset as a Unix time, Retry-After in
-// whole seconds, rounded up, when over the limit; RateLimit-Policy and
-// RateLimit list every enforced rule checked), names in lower case,
-// sorted; none when no rule matched.
+//
+// response_headers_to_add is empty unless Options.QuotaHeaders is set (as
+// Envoy's reference service adds none unless configured): Envoy's filter
+// makes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset
+// from the statuses itself with enable_x_ratelimit_headers:
+// DRAFT_VERSION_03. With QuotaHeaders they are the quota headers
+// pkg/httplimit's SetHeaders writes for the most restrictive rule of all
+// descriptors (RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset in
+// seconds, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset as
+// a Unix time, Retry-After in whole seconds, rounded up, when over the
+// limit; RateLimit-Policy and RateLimit list every enforced rule checked),
+// names in lower case, sorted; none when no rule matched.
 //
 // Errors: INVALID_ARGUMENT for invalid input (the message names the
 // descriptor), UNAVAILABLE when a fail-closed rule cannot be decided. Envoy
@@ -81,14 +86,25 @@ import (
 // (deploy/envoy/envoy.yaml does so).
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	e *engine.Engine
+	e    *engine.Engine
+	opts Options
 	// scratch holds *scratch: the memory one request maps its descriptors
 	// with, reused by the next.
 	scratch sync.Pool
 }
 
+// Options configure a Service. The zero value adds no headers.
+type Options struct {
+	// QuotaHeaders adds the quota headers to each answer
+	// (response_headers_to_add), as Envoy's reference service does with
+	// LIMIT_RESPONSE_HEADERS_ENABLED. Envoy's own filter can compute its
+	// X-RateLimit-* headers from the statuses instead
+	// (enable_x_ratelimit_headers: DRAFT_VERSION_03).
+	QuotaHeaders bool
+}
+
 // New returns the service deciding with e.
-func New(e *engine.Engine) *Service { return &Service{e: e} }
+func New(e *engine.Engine, opts Options) *Service { return &Service{e: e, opts: opts} }
 
 // Bounds of one request: what one ShouldRateLimit may cost.
 const (
@@ -189,8 +205,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	all := c.Enforced()
-	resp.ResponseHeadersToAdd = quotaHeaders(all, engine.MostRestrictive(all), allowed, time.Now())
+	if s.opts.QuotaHeaders {
+		all := c.Enforced()
+		resp.ResponseHeadersToAdd = quotaHeaders(all, engine.MostRestrictive(all), allowed, time.Now())
+	}
 	return resp, nil
 }
 

@@ -142,7 +142,7 @@ func TestRequestBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(e)
+	s := New(e, Options{QuotaHeaders: true})
 	many := func(n int) []*ratelimitv3.RateLimitDescriptor {
 		out := make([]*ratelimitv3.RateLimitDescriptor, n)
 		for i := range out {
@@ -186,7 +186,7 @@ func TestInvalidNamesTheField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(e)
+	s := New(e, Options{})
 	negative := envoyDesc("generic_key", "g")
 	negative.IsNegativeHits = true
 	ok := envoyDesc("generic_key", "g", "remote_address", "192.0.2.1")
