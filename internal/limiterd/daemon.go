@@ -534,7 +534,7 @@ func (d *Daemon) startServers() error {
 			MaxConnectionAge: grpcMaxConnectionAge, MaxConnectionAgeGrace: grpcMaxConnectionGrace}))
 	d.grpcServer = grpc.NewServer(gopts...)
 	limiterv1.RegisterLimiterServer(d.grpcServer, d.check)
-	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine))
+	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine, envoyrls.Options{QuotaHeaders: d.opts.EnvoyQuotaHeaders}))
 	limiterv1.RegisterAdminServer(d.grpcServer, d.admin)
 	limiterv1.RegisterPeerServer(d.grpcServer, peers)
 	d.health = health.NewServer()

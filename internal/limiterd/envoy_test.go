@@ -54,10 +54,14 @@ func envoyIntHeader(t *testing.T, resp *rlsv3.RateLimitResponse, name string) in
 }
 
 // TestEnvoyRateLimitService drives the Envoy rate limit service with
-// go-control-plane's client against a limiterd on a real Redis Cluster.
+// go-control-plane's client against a limiterd on a real Redis Cluster,
+// with the quota headers (--envoy.quota-headers).
 func TestEnvoyRateLimitService(t *testing.T) {
 	c := testenv.RedisCluster(t, 3, 0)
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RulesFile = envoyRulesFile })
+	d := startDaemon(t, c.Addrs(), func(o *Options) {
+		o.RulesFile = envoyRulesFile
+		o.EnvoyQuotaHeaders = true
+	})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
 	call := func(t *testing.T, req *rlsv3.RateLimitRequest) *rlsv3.RateLimitResponse {
@@ -263,7 +267,8 @@ func TestEnvoyRateLimitService(t *testing.T) {
 
 // TestEnvoyStoreDown: with Redis stopped, a descriptor of a fail-closed
 // rule makes the whole request UNAVAILABLE (Envoy's failure_mode_deny then
-// decides), while fail-open rules still answer from the local bucket.
+// decides), while fail-open rules still answer from the local bucket. The
+// daemon has the default options: answers without quota headers.
 func TestEnvoyStoreDown(t *testing.T) {
 	c := testenv.RedisCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) {
@@ -277,8 +282,9 @@ func TestEnvoyStoreDown(t *testing.T) {
 	req := func(descs ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitRequest {
 		return &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: descs}
 	}
-	if resp, err := client.ShouldRateLimit(ctx, req(login)); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
-		t.Fatalf("before the outage: %v, %v", resp, err)
+	if resp, err := client.ShouldRateLimit(ctx, req(login)); err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK ||
+		resp.GetStatuses()[0].GetCurrentLimit().GetName() != "envoy-login" || len(resp.GetResponseHeadersToAdd()) != 0 {
+		t.Fatalf("before the outage: %v, %v; want OK by envoy-login, without headers", resp, err)
 	}
 	c.StopAll()
 	for _, tt := range []struct {

@@ -235,6 +235,12 @@ type Options struct {
 	// GracePeriod bounds how long in-flight checks may take to finish.
 	GracePeriod time.Duration
 
+	// EnvoyQuotaHeaders adds the quota headers of pkg/httplimit to the
+	// answers of Envoy's rate limit service (response_headers_to_add). Off
+	// by default, as in Envoy's reference service: Envoy's filter can make
+	// its own from the statuses (enable_x_ratelimit_headers).
+	EnvoyQuotaHeaders bool
+
 	// ForwardAuth serves GET /forward-auth for nginx auth_request and
 	// Traefik forwardAuth (package forwardauth): on ForwardAuthAddress when
 	// set, else on the HTTP listener.
@@ -335,6 +341,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.AdminClientIdentities}, "admin.client-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) admitted to the admin API without the token (needs --grpc.tls-client-ca-file or --http.tls-client-ca-file)")
 	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
 	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
+	fs.BoolVar(&o.EnvoyQuotaHeaders, "envoy.quota-headers", false, "add the quota headers (RateLimit-*, X-RateLimit-*, Retry-After) to Envoy rate limit answers; off: Envoy's filter can make its own from the statuses (enable_x_ratelimit_headers)")
 	fs.BoolVar(&o.ForwardAuth, "forward-auth.enabled", false, "serve "+ForwardAuthPath+" on the HTTP listener for nginx auth_request and Traefik forwardAuth")
 	fs.StringVar(&o.ForwardAuthAddress, "forward-auth.listen-address", "", "serve "+ForwardAuthPath+" on its own listener, and no longer on the HTTP one (implies --forward-auth.enabled)")
 	fs.StringVar(&o.ForwardAuthSecretFile, "forward-auth.secret-file", "", "file holding a secret (at least 16 characters) the proxy must send in "+ForwardAuthSecretHeader+"; requests without it get 401")

@@ -8,12 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
-	"slices"
 	"strings"
+	"sync"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -21,7 +19,6 @@ import (
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/rules"
-	"github.com/limiterd/limiterd/pkg/httplimit"
 )
 
 // Service is Envoy's rate limit service, envoy.service.ratelimit.v3
@@ -65,13 +62,18 @@ import (
 // scaled to a per-second rate, or per minute, hour or day when that rate
 // rounds to less than 1. overall_code is OVER_LIMIT when any descriptor is,
 // OK otherwise, UNKNOWN for a request without descriptors.
-// response_headers_to_add are the quota headers pkg/httplimit's SetHeaders
-// writes for the most restrictive rule of all descriptors (RateLimit-Limit,
-// RateLimit-Remaining, RateLimit-Reset in seconds, X-RateLimit-Limit,
-// X-RateLimit-Remaining, X-RateLimit-Reset as a Unix time, Retry-After in
-// whole seconds, rounded up, when over the limit; RateLimit-Policy and
-// RateLimit list every enforced rule checked), in lower case; none when
-// no rule matched.
+//
+// response_headers_to_add is empty unless Options.QuotaHeaders is set (as
+// Envoy's reference service adds none unless configured): Envoy's filter
+// makes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset
+// from the statuses itself with enable_x_ratelimit_headers:
+// DRAFT_VERSION_03. With QuotaHeaders they are the quota headers
+// pkg/httplimit's SetHeaders writes for the most restrictive rule of all
+// descriptors (RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset in
+// seconds, X-RateLimit-Limit, X-RateLimit-Remaining, X-RateLimit-Reset as
+// a Unix time, Retry-After in whole seconds, rounded up, when over the
+// limit; RateLimit-Policy and RateLimit list every enforced rule checked),
+// names in lower case, sorted; none when no rule matched.
 //
 // Errors: INVALID_ARGUMENT for invalid input (the message names the
 // descriptor), UNAVAILABLE when a fail-closed rule cannot be decided. Envoy
@@ -84,11 +86,25 @@ import (
 // (deploy/envoy/envoy.yaml does so).
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	e *engine.Engine
+	e    *engine.Engine
+	opts Options
+	// scratch holds *scratch: the memory one request maps its descriptors
+	// with, reused by the next.
+	scratch sync.Pool
+}
+
+// Options configure a Service. The zero value adds no headers.
+type Options struct {
+	// QuotaHeaders adds the quota headers to each answer
+	// (response_headers_to_add), as Envoy's reference service does with
+	// LIMIT_RESPONSE_HEADERS_ENABLED. Envoy's own filter can compute its
+	// X-RateLimit-* headers from the statuses instead
+	// (enable_x_ratelimit_headers: DRAFT_VERSION_03).
+	QuotaHeaders bool
 }
 
 // New returns the service deciding with e.
-func New(e *engine.Engine) *Service { return &Service{e: e} }
+func New(e *engine.Engine, opts Options) *Service { return &Service{e: e, opts: opts} }
 
 // Bounds of one request: what one ShouldRateLimit may cost.
 const (
@@ -112,12 +128,35 @@ const (
 // ShouldRateLimit decides every descriptor's rules together.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	start := time.Now()
-	defer func() { s.e.Observe(time.Since(start).Seconds()) }()
 	resp, err := s.decide(ctx, req)
+	s.e.Observe(time.Since(start).Seconds())
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
 	return resp, nil
+}
+
+// scratch is what a request maps its descriptors with: the named
+// attributes of the descriptor being mapped (the engine keeps none of
+// them), and each descriptor's enforced rules.
+type scratch struct {
+	extra map[string]string
+	sets  [][]*engine.Item
+}
+
+func (s *Service) getScratch() *scratch {
+	if sc, ok := s.scratch.Get().(*scratch); ok {
+		return sc
+	}
+	return &scratch{extra: make(map[string]string, 8)}
+}
+
+// putScratch returns sc for the next request, holding nothing of this one.
+func (s *Service) putScratch(sc *scratch) {
+	clear(sc.extra)
+	clear(sc.sets)
+	sc.sets = sc.sets[:0]
+	s.scratch.Put(sc)
 }
 
 func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
@@ -125,10 +164,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		s.e.Invalid("attributes")
 		return nil, &engine.InvalidError{Field: "attributes", Err: errNoDomain}
 	}
-	if len(req.GetDescriptors()) == 0 {
+	descs := req.GetDescriptors()
+	if len(descs) == 0 {
 		return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_UNKNOWN}, nil
 	}
-	if n := len(req.GetDescriptors()); n > MaxDescriptors {
+	if n := len(descs); n > MaxDescriptors {
 		s.e.Invalid("attributes")
 		return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors: %d descriptors, the most is %d", n, MaxDescriptors)}
 	}
@@ -136,15 +176,18 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if cost == 0 {
 		cost = 1
 	}
+	sc := s.getScratch()
+	defer s.putScratch(sc)
 	c := s.e.NewCheck()
-	sets := make([][]*engine.Item, len(req.GetDescriptors()))
-	for i, desc := range req.GetDescriptors() {
-		a, descCost, err := envoyAttributes(req.GetDomain(), desc, cost)
+	a := rules.Attributes{Domain: req.GetDomain(), Extra: sc.extra}
+	for i, desc := range descs {
+		descCost, err := envoyAttributes(&a, desc, cost)
 		if err != nil {
 			s.e.Invalid("attributes")
 			return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
 		}
-		if sets[i], _, err = c.AddAttributes(a, descCost); err != nil {
+		set, _, err := c.AddAttributes(&a, descCost)
+		if err != nil {
 			var inv *engine.InvalidError
 			if errors.As(err, &inv) {
 				inv.Err = fmt.Errorf("descriptors[%d]: %w", i, inv.Err)
@@ -152,61 +195,55 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			}
 			return nil, err
 		}
+		sc.sets = append(sc.sets, set)
 	}
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, err
 	}
-	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sets))}
+	resp := answer(sc.sets)
 	if !allowed {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	for i, set := range sets {
-		resp.Statuses[i] = descriptorStatus(set)
-	}
-	all := c.Enforced()
-	if top := engine.MostRestrictive(all); top != nil {
-		quota := checkapi.Response([]*engine.Item{top}, nil, allowed, false)
-		for _, it := range all {
-			quota.Statuses = append(quota.Statuses, checkapi.RuleStatus(it))
-		}
-		h := make(http.Header)
-		httplimit.SetHeaders(h, quota, time.Now())
-		resp.ResponseHeadersToAdd = envoyHeaders(h)
+	if s.opts.QuotaHeaders {
+		all := c.Enforced()
+		resp.ResponseHeadersToAdd = quotaHeaders(all, engine.MostRestrictive(all), allowed, time.Now())
 	}
 	return resp, nil
 }
 
 var errNoDomain = errors.New("domain: must not be empty")
 
-// envoyAttributes maps one descriptor onto attributes, and its cost.
-func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost float64) (*rules.Attributes, float64, error) {
+// envoyAttributes maps one descriptor onto a, keeping its domain and
+// reusing its Extra map (emptied first), and returns its cost.
+func envoyAttributes(a *rules.Attributes, desc *ratelimitv3.RateLimitDescriptor, cost float64) (float64, error) {
+	*a = rules.Attributes{Domain: a.Domain, Extra: a.Extra}
+	clear(a.Extra)
 	if desc.GetIsNegativeHits() {
-		return nil, 0, errors.New("is_negative_hits: not supported: limiterd gives no tokens back on request")
+		return 0, errors.New("is_negative_hits: not supported: limiterd gives no tokens back on request")
 	}
 	if h := desc.GetHitsAddend(); h != nil && h.GetValue() != 0 {
 		cost = float64(h.GetValue())
 	}
 	entries := desc.GetEntries()
 	if len(entries) == 0 {
-		return nil, 0, errors.New("entries: a descriptor needs at least one entry")
+		return 0, errors.New("entries: a descriptor needs at least one entry")
 	}
 	if len(entries) > MaxEntries {
-		return nil, 0, fmt.Errorf("entries: %d entries, the most is %d", len(entries), MaxEntries)
+		return 0, fmt.Errorf("entries: %d entries, the most is %d", len(entries), MaxEntries)
 	}
-	a := &rules.Attributes{Domain: domain, Extra: make(map[string]string, len(entries))}
 	for j, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
 		if k == "" {
-			return nil, 0, fmt.Errorf("entries[%d].key: empty", j)
+			return 0, fmt.Errorf("entries[%d].key: empty", j)
 		}
 		if len(k) > MaxValueBytes || len(v) > MaxValueBytes {
-			return nil, 0, fmt.Errorf("entries[%d]: key or value over %d bytes", j, MaxValueBytes)
+			return 0, fmt.Errorf("entries[%d]: key or value over %d bytes", j, MaxValueBytes)
 		}
-		if _, dup := a.Extra[k]; dup {
-			return nil, 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)
+		// One hash per entry: a key given before does not grow the map.
+		if a.Extra[k] = v; len(a.Extra) == j {
+			return 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)
 		}
-		a.Extra[k] = v
 		switch k {
 		case envoyKeyRemoteAddress:
 			a.IP = v
@@ -222,24 +259,45 @@ func envoyAttributes(domain string, desc *ratelimitv3.RateLimitDescriptor, cost 
 			a.Plan = v
 		}
 	}
-	return a, cost, nil
+	return cost, nil
 }
 
-// descriptorStatus reports a descriptor by its most restrictive rule.
-func descriptorStatus(items []*engine.Item) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-	top := engine.MostRestrictive(items)
-	if top == nil {
-		return st
+// statusMem is the memory of one descriptor's status, allocated together
+// for all of a request's.
+type statusMem struct {
+	st    rlsv3.RateLimitResponse_DescriptorStatus
+	limit rlsv3.RateLimitResponse_RateLimit
+	reset durationpb.Duration
+}
+
+// answer is the response with one status per descriptor, each by its most
+// restrictive rule, overall code OK; its statuses take three allocations
+// whatever their number.
+func answer(sets [][]*engine.Item) *rlsv3.RateLimitResponse {
+	mem := make([]statusMem, len(sets))
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sets))}
+	for i, set := range sets {
+		m := &mem[i]
+		resp.Statuses[i] = &m.st
+		m.st.Code = rlsv3.RateLimitResponse_OK
+		top := engine.MostRestrictive(set)
+		if top == nil {
+			continue
+		}
+		d := top.Decision
+		if !d.Allowed {
+			m.st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		m.limit.Name = top.Rule.ID
+		m.limit.RequestsPerUnit, m.limit.Unit = envoyLimit(d.Limit, top.WindowMillis())
+		m.st.CurrentLimit = &m.limit
+		m.st.LimitRemaining = clampUint32(math.Floor(d.Remaining))
+		// As durationpb.New.
+		reset := time.Duration(engine.CeilMillis(d.ResetAfter)) * time.Millisecond
+		m.reset.Seconds, m.reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
+		m.st.DurationUntilReset = &m.reset
 	}
-	d := top.Decision
-	if !d.Allowed {
-		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-	}
-	st.CurrentLimit = envoyLimit(top.Rule.ID, d.Limit, top.WindowMillis())
-	st.LimitRemaining = clampUint32(math.Floor(d.Remaining))
-	st.DurationUntilReset = durationpb.New(time.Duration(engine.CeilMillis(d.ResetAfter)) * time.Millisecond)
-	return st
+	return resp
 }
 
 // envoyUnits are Envoy's units of a limit, shortest first.
@@ -257,11 +315,11 @@ var envoyUnits = []struct {
 // the window is one unit, otherwise scaled to the shortest unit in which
 // it is at least 1 request (a day at most). Envoy's quota headers ignore
 // unit_multiplier, so it is not used.
-func envoyLimit(name string, limit float64, windowMs int64) *rlsv3.RateLimitResponse_RateLimit {
+func envoyLimit(limit float64, windowMs int64) (uint32, rlsv3.RateLimitResponse_RateLimit_Unit) {
 	window := time.Duration(windowMs) * time.Millisecond
 	for _, u := range envoyUnits {
 		if window == u.length {
-			return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(math.Floor(limit)), Unit: u.unit}
+			return clampUint32(math.Floor(limit)), u.unit
 		}
 	}
 	var perUnit float64
@@ -272,7 +330,7 @@ func envoyLimit(name string, limit float64, windowMs int64) *rlsv3.RateLimitResp
 			break
 		}
 	}
-	return &rlsv3.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: clampUint32(max(1, math.Round(perUnit))), Unit: unit}
+	return clampUint32(max(1, math.Round(perUnit))), unit
 }
 
 func clampUint32(f float64) uint32 {
@@ -283,21 +341,4 @@ func clampUint32(f float64) uint32 {
 		return math.MaxUint32
 	}
 	return uint32(f)
-}
-
-// envoyHeaders converts h to Envoy's header values, names in lower case
-// (as HTTP/2 sends them), sorted.
-func envoyHeaders(h http.Header) []*corev3.HeaderValue {
-	names := make([]string, 0, len(h))
-	for k := range h {
-		names = append(names, k)
-	}
-	slices.Sort(names)
-	var out []*corev3.HeaderValue
-	for _, k := range names {
-		for _, v := range h[k] {
-			out = append(out, &corev3.HeaderValue{Key: strings.ToLower(k), Value: v})
-		}
-	}
-	return out
 }

@@ -69,15 +69,21 @@ func TestEnvoyAttributes(t *testing.T) {
 			cost: 2,
 		},
 	}
+	// One Attributes for every case, in turn, as one request maps its
+	// descriptors: nothing of a descriptor is left for the next.
+	a := &rules.Attributes{Domain: "edge", Extra: map[string]string{}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a, cost, err := envoyAttributes("edge", tt.desc, 2)
+			cost, err := envoyAttributes(a, tt.desc, 2)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if a.Domain != "edge" || a.IP != tt.want.IP || a.Path != tt.want.Path || a.Method != tt.want.Method ||
 				a.APIKey != tt.want.APIKey || a.User != tt.want.User || a.Plan != tt.want.Plan || cost != tt.cost {
 				t.Fatalf("attributes %+v, cost %v; want %+v, cost %v", a, cost, tt.want, tt.cost)
+			}
+			if len(a.Extra) != len(tt.desc.GetEntries()) {
+				t.Fatalf("extra %v, want the %d entries of the descriptor", a.Extra, len(tt.desc.GetEntries()))
 			}
 			for _, e := range tt.desc.GetEntries() {
 				if a.Extra[e.GetKey()] != e.GetValue() {
@@ -116,9 +122,9 @@ func TestEnvoyLimitUnits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := envoyLimit("r", tt.limit, tt.window.Milliseconds())
-			if got.GetName() != "r" || got.GetRequestsPerUnit() != tt.perUnit || got.GetUnit() != tt.wantUnit {
-				t.Fatalf("envoyLimit(%v per %v) = %v, want %d per %v", tt.limit, tt.window, got, tt.perUnit, tt.wantUnit)
+			perUnit, unit := envoyLimit(tt.limit, tt.window.Milliseconds())
+			if perUnit != tt.perUnit || unit != tt.wantUnit {
+				t.Fatalf("envoyLimit(%v per %v) = %d per %v, want %d per %v", tt.limit, tt.window, perUnit, unit, tt.perUnit, tt.wantUnit)
 			}
 		})
 	}
@@ -136,7 +142,7 @@ func TestRequestBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(e)
+	s := New(e, Options{QuotaHeaders: true})
 	many := func(n int) []*ratelimitv3.RateLimitDescriptor {
 		out := make([]*ratelimitv3.RateLimitDescriptor, n)
 		for i := range out {
@@ -165,5 +171,49 @@ func TestRequestBounds(t *testing.T) {
 				t.Fatalf("ShouldRateLimit = %v, want %v", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestInvalidNamesTheField: an invalid descriptor is refused with a
+// message naming it and its field, whichever descriptor of the request it
+// is (the attributes of one are reused for the next).
+func TestInvalidNamesTheField(t *testing.T) {
+	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: r\n    capacity: 10\n    refill_per_second: 1\n    match: {domain: edge}\n    key_by: ip\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Options{Store: bucket.NewMemory()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New(e, Options{})
+	negative := envoyDesc("generic_key", "g")
+	negative.IsNegativeHits = true
+	ok := envoyDesc("generic_key", "g", "remote_address", "192.0.2.1")
+	tests := []struct {
+		name   string
+		desc   []*ratelimitv3.RateLimitDescriptor
+		prefix string
+	}{
+		{"no entries", []*ratelimitv3.RateLimitDescriptor{ok, {}}, "descriptors[1].entries: "},
+		{"empty key", []*ratelimitv3.RateLimitDescriptor{envoyDesc("", "v")}, "descriptors[0].entries[0].key: empty"},
+		{"key twice", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("a", "1", "b", "2", "a", "3")}, `descriptors[1].entries[2].key: "a" given twice`},
+		{"a key of the previous descriptor", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("generic_key", "g", "generic_key", "h")}, "descriptors[1].entries[1].key: "},
+		{"negative hits", []*ratelimitv3.RateLimitDescriptor{ok, ok, negative}, "descriptors[2].is_negative_hits: "},
+		{"bad address", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("remote_address", "not-an-ip")}, "descriptors[1]: attributes."},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: tt.desc})
+			if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), tt.prefix) {
+				t.Fatalf("ShouldRateLimit = %v, want InvalidArgument starting with %q", err, tt.prefix)
+			}
+		})
+	}
+	// The same descriptors, valid, still map as before.
+	resp, err := s.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		ok, envoyDesc("generic_key", "g")}})
+	if err != nil || resp.GetStatuses()[0].GetCurrentLimit().GetName() != "r" || resp.GetStatuses()[1].GetCurrentLimit() != nil {
+		t.Fatalf("valid: %v, %v; want the rule for the first descriptor only (the second has no address)", resp, err)
 	}
 }
