@@ -390,7 +390,7 @@ func serve(t *testing.T, yml []byte) *grpc.ClientConn {
 	}
 	srv := grpc.NewServer()
 	limiterv1.RegisterLimiterServer(srv, checkapi.New(e))
-	rlsv3.RegisterRateLimitServiceServer(srv, envoyrls.New(e))
+	rlsv3.RegisterRateLimitServiceServer(srv, envoyrls.New(e, envoyrls.Options{}))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	lis := bufconn.Listen(1 << 20)
 	go srv.Serve(lis)
