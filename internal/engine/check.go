@@ -158,6 +158,9 @@ func (c *Check) AddRule(ruleID, key string, cost float64) (*Item, error) {
 
 // counted counts an invalid request by its field.
 func (c *Check) counted(err error) {
+	if err == nil {
+		return // and inv does not escape to the heap on every check
+	}
 	var inv *InvalidError
 	if errors.As(err, &inv) {
 		c.m.invalid.WithLabelValues(inv.Field).Inc()

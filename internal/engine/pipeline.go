@@ -360,9 +360,13 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 			ds, err = e.takeAll(ctx, reqs)
 		}
 	}
-	var me *bucket.MultiError
-	if err != nil && errors.As(err, &me) && len(me.Errs) == len(items) && len(ds) == len(items) {
-		return e.partlyDecided(ctx, c, items, reqs, ds, me, sent)
+	if err != nil {
+		// me is declared here, not on the path of every check: errors.As
+		// makes it escape to the heap.
+		var me *bucket.MultiError
+		if errors.As(err, &me) && len(me.Errs) == len(items) && len(ds) == len(items) {
+			return e.partlyDecided(ctx, c, items, reqs, ds, me, sent)
+		}
 	}
 	if err == nil {
 		all := true
