@@ -308,7 +308,7 @@ func (e *env) runRow(ctx context.Context, r row, dir string, o options) (map[int
 		if !math.IsNaN(s.redisUs) {
 			redis = fmt.Sprintf("  Redis %6.1f µs/call", s.redisUs)
 		}
-		progress("  c=%-3d %8.0f req/s  p99 %6.2f ms  server %6.1f µs/call%s", c, s.rps, float64(s.p99)/1e6, s.serverUs, redis)
+		progress("  c=%-3d %8.0f req/s  p99 %6.2f ms  server %6.1f µs/call%s  ghz %6.1f µs/call", c, s.rps, float64(s.p99)/1e6, s.serverUs, redis, s.clientUs)
 	}
 	return out, nil
 }

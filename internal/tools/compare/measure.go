@@ -31,6 +31,10 @@ type sample struct {
 	// serverUs and redisUs are CPU µs per call (/proc), redisUs summed
 	// over the system's Redis servers; NaN without Redis.
 	serverUs, redisUs float64
+	// clientUs is the load tool's own CPU µs per call (its user and
+	// system time): on a machine it shares with the servers, what it
+	// spends is not there for them.
+	clientUs float64
 	// commands are Redis's own time and calls per call, by command
 	// (INFO commandstats summed over the nodes).
 	commands map[string]cmdCost
@@ -41,6 +45,8 @@ type cmdCost struct{ usec, calls float64 }
 
 // ghzReport is the part of ghz's JSON report (--format json) read here.
 type ghzReport struct {
+	// cpu is ghz's user and system time, from its process.
+	cpu                 time.Duration
 	Count               uint64         `json:"count"`
 	Rps                 float64        `json:"rps"`
 	ErrorDist           map[string]int `json:"errorDistribution"`
@@ -68,6 +74,7 @@ func (e *env) ghz(ctx context.Context, r row, sys *system, dir string, c int, d 
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ghz: %w\n%s", err, b)
 	}
+	cpu := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 	b, err := os.ReadFile(out)
 	if err != nil {
 		return nil, err
@@ -77,6 +84,7 @@ func (e *env) ghz(ctx context.Context, r row, sys *system, dir string, c int, d 
 	if err := json.Unmarshal(b, &rep); err != nil {
 		return nil, fmt.Errorf("ghz report: %w", err)
 	}
+	rep.cpu = cpu
 	return &rep, nil
 }
 
@@ -162,6 +170,7 @@ func (e *env) measure(ctx context.Context, r row, sys *system, dir string, c int
 		return float64(ticks) / ticksPerSecond * 1e6 / float64(max(rep.Count, 1))
 	}
 	s.serverUs = perCall(after.server - before.server)
+	s.clientUs = float64(rep.cpu.Microseconds()) / float64(max(rep.Count, 1))
 	if len(sys.redis) > 0 {
 		s.redisUs = perCall(after.redis - before.redis)
 		for _, n := range sys.redis {

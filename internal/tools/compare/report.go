@@ -95,7 +95,8 @@ func report(w io.Writer, h header, selected []row, res results) {
 	for _, c := range h.concurrency {
 		cols = append(cols, fmt.Sprintf("req/s c=%d", c))
 	}
-	cols = append(cols, fmt.Sprintf("p99 c=%d", hi), fmt.Sprintf("server µs/call c=%d", hi), fmt.Sprintf("Redis µs/call c=%d", hi))
+	cols = append(cols, fmt.Sprintf("p99 c=%d", hi), fmt.Sprintf("server µs/call c=%d", hi), fmt.Sprintf("Redis µs/call c=%d", hi),
+		fmt.Sprintf("ghz µs/call c=%d", hi))
 	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
 	for _, r := range selected {
 		cells := []string{strconv.Itoa(r.n), r.system, r.api.name}
@@ -105,7 +106,8 @@ func report(w io.Writer, h header, selected []row, res results) {
 		cells = append(cells,
 			res.cell(r.n, hi, func(v float64) string { return fmt.Sprintf("%.2f ms", v) }, func(s sample) float64 { return float64(s.p99) / 1e6 }),
 			res.cell(r.n, hi, func(v float64) string { return fmt.Sprintf("%.1f", v) }, func(s sample) float64 { return s.serverUs }),
-			res.cell(r.n, hi, us, func(s sample) float64 { return s.redisUs }))
+			res.cell(r.n, hi, us, func(s sample) float64 { return s.redisUs }),
+			res.cell(r.n, hi, func(v float64) string { return fmt.Sprintf("%.1f", v) }, func(s sample) float64 { return s.clientUs }))
 		fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | "))
 	}
 
