@@ -28,17 +28,13 @@ type leaseGroup struct {
 
 func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
 	var groups []*leaseGroup
-	byKey := map[string]*leaseGroup{}
-	for i, r := range reqs {
-		g := byKey[r.Key]
-		if g == nil {
-			g = &leaseGroup{}
-			byKey[r.Key] = g
-			groups = append(groups, g)
+	for _, idx := range byKey(reqs, func(r bucket.LeaseRequest) string { return r.Key }) {
+		g := &leaseGroup{idx: idx}
+		for _, i := range idx {
+			g.reqs = append(g.reqs, reqs[i])
+			g.keys = append(g.keys, LeaseKey(reqs[i].Rule, reqs[i].Key))
 		}
-		g.idx = append(g.idx, i)
-		g.reqs = append(g.reqs, r)
-		g.keys = append(g.keys, LeaseKey(r.Rule, r.Key))
+		groups = append(groups, g)
 	}
 	return groups
 }

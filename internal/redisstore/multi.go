@@ -77,16 +77,12 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 		return []bucket.Decision{d}, nil
 	}
 	var groups []*group
-	byKey := map[string]*group{}
-	for i, r := range reqs {
-		g := byKey[r.Key]
-		if g == nil {
-			g = &group{}
-			byKey[r.Key] = g
-			groups = append(groups, g)
+	for _, idx := range byKey(reqs, func(r bucket.Request) string { return r.Key }) {
+		g := &group{idx: idx}
+		for _, i := range idx {
+			g.reqs = append(g.reqs, reqs[i])
 		}
-		g.idx = append(g.idx, i)
-		g.reqs = append(g.reqs, r)
+		groups = append(groups, g)
 	}
 	run := func(g *group) {
 		g.keys, g.args = groupArgs(g.reqs)
@@ -260,4 +256,23 @@ func (s *Store) Undo(ctx context.Context, reqs []bucket.Request, at time.Time) e
 		return fmt.Errorf("undo: %w", errors.Join(errs...))
 	}
 	return nil
+}
+
+// byKey groups the indexes of reqs by their client key, in the order each
+// key first appears: the requests one script decides together (all the
+// keys of one script share the client key's hash slot).
+func byKey[R any](reqs []R, key func(R) string) [][]int {
+	var out [][]int
+	at := make(map[string]int)
+	for i, r := range reqs {
+		k := key(r)
+		j, ok := at[k]
+		if !ok {
+			j = len(out)
+			at[k] = j
+			out = append(out, nil)
+		}
+		out[j] = append(out[j], i)
+	}
+	return out
 }

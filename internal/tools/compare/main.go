@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -61,6 +62,9 @@ type options struct {
 	warmup      time.Duration
 	concurrency []int
 	rows        []int
+	// pin runs ghz on the first CPU and every server of a row on the
+	// others (taskset), so that the load tool's CPU is not the servers'.
+	pin bool
 }
 
 // Defaults of the flags.
@@ -80,6 +84,7 @@ func run(args []string) int {
 	o := options{concurrency: DefaultConcurrency, rows: allRows}
 	fs.StringVar(&o.limiterd, "limiterd", "", "limiterd binary to measure (default: ./cmd/limiterd of this tree, built into --bin)")
 	fs.StringVar(&o.bin, "bin", "bin", "folder of the pinned tools (installed there when missing) and of the limiterd built, relative to the module root")
+	fs.BoolVar(&o.pin, "pin", false, "run ghz on CPU 0 and the servers of each row (and their Redis) on the other CPUs, with taskset, so the load tool does not take the servers' CPU")
 	fs.IntVar(&o.rounds, "rounds", DefaultRounds, "rounds; each runs every row once, the table gives medians over rounds")
 	fs.DurationVar(&o.duration, "duration", DefaultDuration, "length of each ghz run")
 	fs.DurationVar(&o.warmup, "warmup", DefaultWarmup, "length of an unmeasured ghz run at the highest concurrency after each start (0: none)")
@@ -144,6 +149,9 @@ type env struct {
 	// its answers; nil without row 7.
 	gub   *protoregistry.Files
 	ports ports
+	// pin: see options.pin; servers is the CPU list of the servers.
+	pin     bool
+	servers string
 }
 
 func progress(format string, args ...any) {
@@ -155,9 +163,22 @@ func compare(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	e := &env{}
+	e := &env{pin: o.pin}
 	if e.root, err = moduleRoot(wd); err != nil {
 		return err
+	}
+	if e.pin {
+		n := runtime.NumCPU()
+		if n < 2 {
+			return fmt.Errorf("--pin: %d CPU; it needs 2 or more", n)
+		}
+		if err := need("taskset"); err != nil {
+			return err
+		}
+		e.servers = "1"
+		if n > 2 {
+			e.servers = fmt.Sprintf("1-%d", n-1)
+		}
 	}
 	var selected []row
 	for _, r := range rows {
@@ -266,7 +287,7 @@ func compare(ctx context.Context, o options) error {
 	}
 	h := header{
 		limiterd: cmp.Or(limiterdDesc, "not run"), rounds: o.rounds, duration: o.duration, concurrency: o.concurrency,
-		took: time.Since(start).Round(time.Second), cores: runtime.NumCPU(),
+		took: time.Since(start).Round(time.Second), cores: runtime.NumCPU(), pinned: e.servers,
 	}
 	report(os.Stdout, h, selected, res)
 	return nil
@@ -283,6 +304,11 @@ func (e *env) runRow(ctx context.Context, r row, dir string, o options) (map[int
 		return nil, err
 	}
 	defer sys.stop()
+	if e.pin {
+		if err := e.pinServers(ctx, sys); err != nil {
+			return nil, err
+		}
+	}
 	hi := o.concurrency[len(o.concurrency)-1]
 	if o.warmup > 0 {
 		rep, err := e.ghz(ctx, r, sys, dir, hi, o.warmup)
@@ -311,4 +337,19 @@ func (e *env) runRow(ctx context.Context, r row, dir string, o options) (map[int
 		progress("  c=%-3d %8.0f req/s  p99 %6.2f ms  server %6.1f µs/call%s  ghz %6.1f µs/call", c, s.rps, float64(s.p99)/1e6, s.serverUs, redis, s.clientUs)
 	}
 	return out, nil
+}
+
+// pinServers moves every thread of sys's server and Redis processes onto
+// e.servers (taskset -a -p): the load tool keeps CPU 0 to itself.
+func (e *env) pinServers(ctx context.Context, sys *system) error {
+	pids := []int{sys.server}
+	for _, n := range sys.redis {
+		pids = append(pids, n.pid)
+	}
+	for _, pid := range pids {
+		if out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", e.servers, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+			return fmt.Errorf("taskset %d: %w\n%s", pid, err, out)
+		}
+	}
+	return nil
 }

@@ -70,7 +70,11 @@ func (e *env) ghz(ctx context.Context, r row, sys *system, dir string, c int, d 
 		"--format", "json", "--output", out, sys.grpc}
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, e.ghzBin, args...)
+	bin := e.ghzBin
+	if e.pin {
+		bin, args = "taskset", append([]string{"-c", "0", e.ghzBin}, args...)
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("ghz: %w\n%s", err, b)
 	}

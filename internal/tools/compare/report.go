@@ -80,6 +80,9 @@ type header struct {
 	concurrency []int
 	took        time.Duration
 	cores       int
+	// pinned is the CPUs of the servers when ghz had CPU 0 to itself
+	// (--pin); "" when they shared every CPU.
+	pinned string
 }
 
 // report prints the table of medians, the per-command Redis costs, the
@@ -87,9 +90,13 @@ type header struct {
 func report(w io.Writer, h header, selected []row, res results) {
 	hi := h.concurrency[len(h.concurrency)-1]
 	fmt.Fprintf(w, "\n## make compare\n\n")
+	cpus := "load tool and servers on the same ones"
+	if h.pinned != "" {
+		cpus = fmt.Sprintf("ghz on CPU 0, the servers and their Redis on CPU %s (--pin)", h.pinned)
+	}
 	fmt.Fprintf(w, "limiterd: %s. ghz %s, envoy ratelimit %s, Gubernator %s. %d round(s) of %s per run, "+
-		"one connection, a new key per request; medians over rounds; %d cores, load tool and servers on the same ones; took %s.\n\n",
-		h.limiterd, ghzTool.version, envoyRatelimit.version, gubernator.version, h.rounds, h.duration, h.cores, h.took)
+		"one connection, a new key per request; medians over rounds; %d cores, %s; took %s.\n\n",
+		h.limiterd, ghzTool.version, envoyRatelimit.version, gubernator.version, h.rounds, h.duration, h.cores, cpus, h.took)
 
 	cols := []string{"row", "system", "API"}
 	for _, c := range h.concurrency {

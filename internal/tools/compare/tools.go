@@ -124,4 +124,5 @@ func need(progs ...string) error {
 var installHint = map[string]string{
 	"redis-server": "scripts/install-deps.sh redis",
 	"redis-cli":    "scripts/install-deps.sh redis",
+	"taskset":      "apt-get install util-linux",
 }
