@@ -30,17 +30,17 @@ func TestLinger(t *testing.T) {
 	}{
 		// The node answers the first pipeline after the pause; the
 		// linger (longer) ends when it does.
-		{"held-until-answered", 2 * time.Second, 300 * time.Millisecond, func(n uint64) bool { return n == 2 }, "2", false},
+		{"held-until-answered", 3 * time.Second, time.Second, func(n uint64) bool { return n == 2 }, "2", false},
 		// Without a linger the second connection sends the first later
 		// check alone, at once: three pipelines at least.
 		{"no-linger", 0, 300 * time.Millisecond, func(n uint64) bool { return n >= 3 }, "3 or more", false},
 		// A linger shorter than the pause ends first and sends its batch.
-		{"linger-passes", 100 * time.Millisecond, 600 * time.Millisecond, func(n uint64) bool { return n >= 2 }, "2 or more", true},
+		{"linger-passes", 100 * time.Millisecond, time.Second, func(n uint64) bool { return n >= 2 }, "2 or more", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node := testenv.RedisNode(t)
 			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, PipelinesPerNode: 2,
-				Linger: tc.linger, Timeout: 5 * time.Second, MaxQueueWait: 4 * time.Second})
+				Linger: tc.linger, Timeout: 8 * time.Second, MaxQueueWait: 5 * time.Second})
 			// Both workers connected, and the counts from here on.
 			var warm sync.WaitGroup
 			for i := range 8 {
@@ -58,11 +58,16 @@ func TestLinger(t *testing.T) {
 					t.Errorf("Take(%s) = %+v, %v", key, d, err)
 				}
 			}
+			n := s.node(node.Addr())
 			wg.Go(func() { take("first") })
 			// The first check is in flight (its pipeline written) before
-			// the later ones queue.
-			waitFor(t, "sending the first check", func() bool { return s.node(node.Addr()).inFlight.Load() == 1 })
-			for i := range later {
+			// the later ones queue, and the first of them is taken by the
+			// other worker before the rest queue: without a linger it goes
+			// alone, however fast the rest come.
+			waitFor(t, "sending the first check", func() bool { return n.inFlight.Load() == 1 })
+			wg.Go(func() { take("later0") })
+			waitFor(t, "taking the first later check", func() bool { return len(n.calls) == 0 && (tc.linger > 0 || n.inFlight.Load() == 2) })
+			for i := 1; i < later; i++ {
 				wg.Go(func() { take("later" + strconv.Itoa(i)) })
 			}
 			time.Sleep(tc.pause)
