@@ -160,24 +160,25 @@ func TestStoreErrors(t *testing.T) {
 		},
 		{
 			name: "queued past the cap behind checks the node answers",
-			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 2 * time.Millisecond, PipelinesPerNode: 1, MaxBatch: 1},
+			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 5 * time.Millisecond, PipelinesPerNode: 1, MaxBatch: 1},
 			only: new(false),
 			run: func(t *testing.T, s *Store, _ *prometheus.Registry, key string) error {
 				mustTake(t, s, key, 1) // connected
-				// 200 callers, one check in flight at a time: the last
-				// wait far longer than 2 ms while the node answers.
-				errs := make(chan error, 200)
-				for i := range 200 {
+				// 1,000 callers, one check in flight at a time: the last
+				// wait far longer than 5 ms while the node answers.
+				const callers = 1000
+				errs := make(chan error, callers)
+				for i := range callers {
 					go func() {
 						_, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: fmt.Sprint(key, i), Limit: testLimit, Cost: 1})
 						errs <- err
 					}()
 				}
 				// One overloaded answer is enough; on a busy machine a
-				// pipeline may take longer than 2 ms, and a check queued
+				// pipeline may take longer than 5 ms, and a check queued
 				// behind only that one is told the node stalled.
 				var first error
-				for range 200 {
+				for range callers {
 					if err := <-errs; err != nil && (first == nil || errors.Is(err, bucket.ErrOverloaded)) {
 						first = err
 					}
