@@ -1,7 +1,7 @@
 package httplimit
 
 import (
-	"math"
+	"github.com/limiterd/limiterd/internal/quota"
 	"net/http"
 	"strconv"
 	"strings"
@@ -52,7 +52,7 @@ func SetHeaders(h http.Header, resp *limiterv1.CheckResponse, now time.Time) {
 	for _, name := range HeaderNames {
 		h.Del(name)
 	}
-	retry := ceilSeconds(resp.GetRetryAfterMs())
+	retry := quota.CeilSeconds(resp.GetRetryAfterMs())
 	if !resp.GetAllowed() {
 		retry = max(retry, 1)
 		h.Set(HeaderRetryAfter, strconv.FormatInt(retry, 10))
@@ -60,19 +60,19 @@ func SetHeaders(h http.Header, resp *limiterv1.CheckResponse, now time.Time) {
 	if !(resp.GetLimit() > 0) {
 		return
 	}
-	limit := floorInt(resp.GetLimit())
-	remaining := floorInt(resp.GetRemaining())
+	limit := quota.FloorInt(resp.GetLimit())
+	remaining := quota.FloorInt(resp.GetRemaining())
 	resetMs := resp.GetResetAfterMs()
 	if !resp.GetAllowed() {
 		resetMs = max(resetMs, resp.GetRetryAfterMs(), 1)
 	}
-	reset := ceilSeconds(resetMs)
+	reset := quota.CeilSeconds(resetMs)
 	h.Set(HeaderLimit, strconv.FormatInt(limit, 10))
 	h.Set(HeaderRemaining, strconv.FormatInt(remaining, 10))
 	h.Set(HeaderReset, strconv.FormatInt(reset, 10))
 	h.Set(HeaderXLimit, strconv.FormatInt(limit, 10))
 	h.Set(HeaderXRemaining, strconv.FormatInt(remaining, 10))
-	h.Set(HeaderXReset, strconv.FormatInt(unixCeil(now.Add(time.Duration(resetMs)*time.Millisecond)), 10))
+	h.Set(HeaderXReset, strconv.FormatInt(quota.UnixCeil(now.Add(time.Duration(resetMs)*time.Millisecond)), 10))
 
 	var policy, state []string
 	statuses := 0
@@ -85,8 +85,8 @@ func SetHeaders(h http.Header, resp *limiterv1.CheckResponse, now time.Time) {
 		if !s.GetAllowed() {
 			ms = max(ms, s.GetRetryAfterMs(), 1)
 		}
-		policy = append(policy, policyItem(s.GetRuleId(), floorInt(s.GetLimit()), s.GetWindowMs()))
-		state = append(state, stateItem(s.GetRuleId(), floorInt(s.GetRemaining()), ceilSeconds(ms)))
+		policy = append(policy, policyItem(s.GetRuleId(), quota.FloorInt(s.GetLimit()), s.GetWindowMs()))
+		state = append(state, stateItem(s.GetRuleId(), quota.FloorInt(s.GetRemaining()), quota.CeilSeconds(ms)))
 	}
 	if statuses == 0 {
 		policy = []string{policyItem(resp.GetRuleId(), limit, resp.GetWindowMs())}
@@ -96,10 +96,10 @@ func SetHeaders(h http.Header, resp *limiterv1.CheckResponse, now time.Time) {
 	h.Set(HeaderRateLimit, strings.Join(state, ", "))
 }
 
-func policyItem(rule string, quota, windowMs int64) string {
-	s := sfString(rule) + ";q=" + strconv.FormatInt(quota, 10)
+func policyItem(rule string, limit, windowMs int64) string {
+	s := sfString(rule) + ";q=" + strconv.FormatInt(limit, 10)
 	if windowMs > 0 {
-		s += ";w=" + strconv.FormatInt(ceilSeconds(windowMs), 10)
+		s += ";w=" + strconv.FormatInt(quota.CeilSeconds(windowMs), 10)
 	}
 	return s
 }
@@ -126,32 +126,4 @@ func sfString(s string) string {
 	}
 	b.WriteByte('"')
 	return b.String()
-}
-
-// floorInt rounds down, to 0 at least; NaN is 0.
-func floorInt(f float64) int64 {
-	if !(f > 0) {
-		return 0
-	}
-	if f >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(math.Floor(f))
-}
-
-// ceilSeconds is milliseconds in whole seconds, rounded up, 0 at least.
-func ceilSeconds(ms int64) int64 {
-	if ms <= 0 {
-		return 0
-	}
-	return (ms-1)/1000 + 1
-}
-
-// unixCeil is t in Unix seconds, rounded up.
-func unixCeil(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
 }

@@ -1,7 +1,7 @@
 package envoyrls
 
 import (
-	"math"
+	"github.com/limiterd/limiterd/internal/quota"
 	"strconv"
 	"time"
 
@@ -40,14 +40,14 @@ func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.T
 		if allowed {
 			return nil
 		}
-		return headerValues([]string{hRetryAfter}, strconv.FormatInt(max(ceilSeconds(retryMs), 1), 10), []int{0})
+		return headerValues([]string{hRetryAfter}, strconv.FormatInt(max(quota.CeilSeconds(retryMs), 1), 10), []int{0})
 	}
-	limit, remaining := floorInt(d.Limit), floorInt(d.Remaining)
+	limit, remaining := quota.FloorInt(d.Limit), quota.FloorInt(d.Remaining)
 	resetMs := engine.CeilMillis(d.ResetAfter)
 	if !allowed {
 		resetMs = max(resetMs, retryMs, 1)
 	}
-	reset := ceilSeconds(resetMs)
+	reset := quota.CeilSeconds(resetMs)
 
 	var mem [256]byte
 	buf := mem[:0]
@@ -73,7 +73,7 @@ func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.T
 		if !it.Decision.Allowed {
 			ms = max(ms, engine.CeilMillis(it.Decision.RetryAfter), 1)
 		}
-		buf = appendState(buf, it.Rule.ID, floorInt(it.Decision.Remaining), ceilSeconds(ms))
+		buf = appendState(buf, it.Rule.ID, quota.FloorInt(it.Decision.Remaining), quota.CeilSeconds(ms))
 	}
 	if !listed {
 		buf = appendState(buf, top.Rule.ID, remaining, reset)
@@ -90,7 +90,7 @@ func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.T
 			buf = append(buf, ", "...)
 		}
 		listed = true
-		buf = appendPolicy(buf, it.Rule.ID, floorInt(it.Decision.Limit), it.WindowMillis())
+		buf = appendPolicy(buf, it.Rule.ID, quota.FloorInt(it.Decision.Limit), it.WindowMillis())
 	}
 	if !listed {
 		buf = appendPolicy(buf, top.Rule.ID, limit, top.WindowMillis())
@@ -101,14 +101,14 @@ func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.T
 	buf = strconv.AppendInt(buf, reset, 10)
 	end(hReset)
 	if !allowed {
-		buf = strconv.AppendInt(buf, max(ceilSeconds(retryMs), 1), 10)
+		buf = strconv.AppendInt(buf, max(quota.CeilSeconds(retryMs), 1), 10)
 		end(hRetryAfter)
 	}
 	buf = strconv.AppendInt(buf, limit, 10)
 	end(hXLimit)
 	buf = strconv.AppendInt(buf, remaining, 10)
 	end(hXRemaining)
-	buf = strconv.AppendInt(buf, unixCeil(now.Add(time.Duration(resetMs)*time.Millisecond)), 10)
+	buf = strconv.AppendInt(buf, quota.UnixCeil(now.Add(time.Duration(resetMs)*time.Millisecond)), 10)
 	end(hXReset)
 	return headerValues(names[:n], string(buf), ends[:n])
 }
@@ -130,11 +130,11 @@ func headerValues(names []string, values string, ends []int) []*corev3.HeaderVal
 // appendPolicy and appendState append the items of RateLimit-Policy and
 // RateLimit as pkg/httplimit writes them: `"api";q=100;w=60` and
 // `"api";r=42;t=17`.
-func appendPolicy(buf []byte, rule string, quota, windowMs int64) []byte {
+func appendPolicy(buf []byte, rule string, limit, windowMs int64) []byte {
 	buf = append(appendSFString(buf, rule), ";q="...)
-	buf = strconv.AppendInt(buf, quota, 10)
+	buf = strconv.AppendInt(buf, limit, 10)
 	if windowMs > 0 {
-		buf = strconv.AppendInt(append(buf, ";w="...), ceilSeconds(windowMs), 10)
+		buf = strconv.AppendInt(append(buf, ";w="...), quota.CeilSeconds(windowMs), 10)
 	}
 	return buf
 }
@@ -160,32 +160,4 @@ func appendSFString(buf []byte, s string) []byte {
 		}
 	}
 	return append(buf, '"')
-}
-
-// floorInt, ceilSeconds and unixCeil round as pkg/httplimit does: down to
-// 0 at least (NaN is 0); milliseconds up to whole seconds; a time up to
-// Unix seconds.
-func floorInt(f float64) int64 {
-	if !(f > 0) {
-		return 0
-	}
-	if f >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return int64(math.Floor(f))
-}
-
-func ceilSeconds(ms int64) int64 {
-	if ms <= 0 {
-		return 0
-	}
-	return (ms-1)/1000 + 1
-}
-
-func unixCeil(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
-	}
-	return s
 }
