@@ -81,16 +81,7 @@ func TestMakeCompare(t *testing.T) {
 		{"shorter", []string{"COMPARE_ROUNDS=1", "COMPARE_DURATION=2s", "COMPARE_FLAGS=--rows 1,3"}, []string{"--rounds 1", "--duration 2s", "--rows 1,3"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := exec.Command(mk, append([]string{"-n", "-C", "..", "compare"}, tt.args...)...).CombinedOutput()
-			if err != nil {
-				t.Fatalf("make -n compare: %v\n%s", err, out)
-			}
-			var run string
-			for line := range strings.Lines(string(out)) {
-				if strings.Contains(line, " run ./internal/tools/compare") {
-					run = line
-				}
-			}
+			run, out := dryRunLine(t, mk, "compare", tt.args, func(line string) bool { return strings.Contains(line, " run ./internal/tools/compare") })
 			for _, w := range tt.want {
 				if !strings.Contains(run, w) {
 					t.Errorf("make compare runs %q: no %q\n%s", run, w, out)
@@ -117,16 +108,9 @@ func TestMakeSoak(t *testing.T) {
 		{"longer", []string{"SOAK_DURATION=10m"}, "-soak.duration=10m"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			out, err := exec.Command(mk, append([]string{"-n", "-C", "..", "soak"}, tt.args...)...).CombinedOutput()
-			if err != nil {
-				t.Fatalf("make -n soak: %v\n%s", err, out)
-			}
-			var run string
-			for line := range strings.Lines(string(out)) {
-				if strings.Contains(line, " test ") && strings.Contains(line, "./internal/soak") {
-					run = line
-				}
-			}
+			run, out := dryRunLine(t, mk, "soak", tt.args, func(line string) bool {
+				return strings.Contains(line, " test ") && strings.Contains(line, "./internal/soak")
+			})
 			for _, w := range []string{"LIMITER_NATS_SERVER=", "-run '^TestSoak$'", "-count=1", tt.want} {
 				if !strings.Contains(run, w) {
 					t.Errorf("make soak runs %q: no %q\n%s", run, w, out)
@@ -137,4 +121,20 @@ func TestMakeSoak(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dryRunLine runs `make -n target args...` at the module root and returns
+// the last line of what it would run that matches, and the whole output.
+func dryRunLine(t *testing.T, mk, target string, args []string, match func(string) bool) (line, out string) {
+	t.Helper()
+	b, err := exec.Command(mk, append([]string{"-n", "-C", "..", target}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("make -n %s: %v\n%s", target, err, b)
+	}
+	for l := range strings.Lines(string(b)) {
+		if match(l) {
+			line = l
+		}
+	}
+	return line, string(b)
 }
