@@ -1,0 +1,134 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/limiterd/limiterd/pkg/region"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// topologies is a fixed pair of topologies, in force and pending.
+type topologies struct{ active, pending *region.Topology }
+
+func (t topologies) Active() *region.Topology  { return t.active }
+func (t topologies) Pending() *region.Topology { return t.pending }
+func (t topologies) Reload() *region.Topology  { return t.active }
+
+func topology(t *testing.T, names ...string) *region.Topology {
+	t.Helper()
+	var rs []region.Region
+	for i, n := range names {
+		rs = append(rs, region.Region{Name: n, LimiterAddress: fmt.Sprintf("127.0.0.1:%d", 8081+i)})
+	}
+	topo, err := region.New(rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return topo
+}
+
+func incoming(kv ...string) context.Context {
+	return metadata.NewIncomingContext(context.Background(), metadata.Pairs(kv...))
+}
+
+// TestAuthCheck: the shared secret admits only when it matches exactly;
+// the zero Auth admits nobody; identities without a verified client
+// certificate admit nobody.
+func TestAuthCheck(t *testing.T) {
+	secret := []byte("0123456789abcdef")
+	for _, tc := range []struct {
+		name string
+		auth Auth
+		ctx  context.Context
+		ok   bool
+	}{
+		{"secret", Auth{Secret: secret}, incoming(SecretHeader, string(secret)), true},
+		{"secret among others", Auth{Secret: secret}, incoming(SecretHeader, "nope", SecretHeader, string(secret)), true},
+		{"wrong secret", Auth{Secret: secret}, incoming(SecretHeader, "0123456789abcdeX"), false},
+		{"secret's prefix", Auth{Secret: secret}, incoming(SecretHeader, "0123456789abcde"), false},
+		{"no metadata", Auth{Secret: secret}, context.Background(), false},
+		{"zero value", Auth{}, incoming(SecretHeader, ""), false},
+		{"identities, no certificate", Auth{Identities: []string{"us-east"}}, incoming(SecretHeader, string(secret)), false},
+	} {
+		err := tc.auth.Check(tc.ctx)
+		if (err == nil) != tc.ok {
+			t.Errorf("%s: Check = %v, want ok %v", tc.name, err, tc.ok)
+		}
+		if err != nil && !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("%s: %v, want ErrUnauthenticated", tc.name, err)
+		}
+	}
+}
+
+// TestRefuseLegacyMarker: a Check with the old forwarded marker is refused
+// and counted; other calls, and a Check without it, pass.
+func TestRefuseLegacyMarker(t *testing.T) {
+	s, err := NewService(nil, "us-east", nil, Auth{}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	marked := incoming(LegacyForwardedHeader, "eu-west")
+	if err := s.RefuseLegacyMarker(marked, limiterv1.Limiter_Check_FullMethodName); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("marked Check: %v, want PermissionDenied", err)
+	}
+	if err := s.RefuseLegacyMarker(incoming("x-other", "1"), limiterv1.Limiter_Check_FullMethodName); err != nil {
+		t.Fatalf("unmarked Check: %v", err)
+	}
+	if err := s.RefuseLegacyMarker(marked, limiterv1.Limiter_Acquire_FullMethodName); err != nil {
+		t.Fatalf("marked Acquire: %v (only Check carried the marker)", err)
+	}
+	if got := testutil.ToFloat64(s.refused.WithLabelValues("legacy_marker")); got != 1 {
+		t.Fatalf("legacy_marker refusals = %v, want 1", got)
+	}
+}
+
+// TestAuthorize: an authenticated caller is admitted when its origin is a
+// region of the topology in force or of the pending one; otherwise, or
+// unauthenticated, it is refused and counted by reason.
+func TestAuthorize(t *testing.T) {
+	secret := []byte("0123456789abcdef")
+	active, pending := topology(t, "us-east", "eu-west"), topology(t, "us-east", "eu-west", "ap-south")
+	for _, tc := range []struct {
+		name   string
+		topo   Topologies
+		ctx    context.Context
+		origin string
+		code   codes.Code
+		reason string
+	}{
+		{"in force", topologies{active: active}, incoming(SecretHeader, string(secret)), "eu-west", codes.OK, ""},
+		{"pending only", topologies{active: active, pending: pending}, incoming(SecretHeader, string(secret)), "ap-south", codes.OK, ""},
+		{"unknown origin", topologies{active: active, pending: pending}, incoming(SecretHeader, string(secret)), "mars", codes.InvalidArgument, "invalid"},
+		{"no topology", nil, incoming(SecretHeader, string(secret)), "eu-west", codes.InvalidArgument, "invalid"},
+		{"unauthenticated", topologies{active: active}, incoming(SecretHeader, "wrong-secret-000"), "eu-west", codes.PermissionDenied, "unauthenticated"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := NewService(nil, "us-east", tc.topo, Auth{Secret: secret}, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = s.authorize(tc.ctx, tc.origin)
+			if got := status.Code(err); got != tc.code {
+				t.Fatalf("authorize(%s) = %v, want %v", tc.origin, err, tc.code)
+			}
+			for _, r := range []string{"unauthenticated", "invalid", "legacy_marker"} {
+				want := 0.0
+				if r == tc.reason {
+					want = 1
+				}
+				if got := testutil.ToFloat64(s.refused.WithLabelValues(r)); got != want {
+					t.Errorf("refusals %s = %v, want %v", r, got, want)
+				}
+			}
+		})
+	}
+}
