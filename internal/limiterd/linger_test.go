@@ -1,0 +1,58 @@
+package limiterd
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+)
+
+// TestRedisLingerFlag: --redis.linger defaults to redisstore.DefaultLinger,
+// 0 turns it off, and a value that is negative, not a duration, or not
+// less than --redis.max-queue-wait is refused naming the flag.
+func TestRedisLingerFlag(t *testing.T) {
+	parse := func(args ...string) (Options, error) {
+		var o Options
+		fs := flag.NewFlagSet("limiterd", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.RegisterFlags(fs)
+		err := fs.Parse(append([]string{"--rules.file", "testdata/rules.yml"}, args...))
+		return o, err
+	}
+	for _, c := range []struct {
+		args []string
+		want time.Duration // the store's linger
+	}{
+		{nil, redisstore.DefaultLinger},
+		{[]string{"--redis.linger=0"}, 0},
+		{[]string{"--redis.linger=1ms"}, time.Millisecond},
+	} {
+		o, err := parse(c.args...)
+		if err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		o.setDefaults()
+		if err := o.validate(); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if got := max(o.RedisLinger, 0); got != c.want {
+			t.Errorf("%v: the store's linger is %v, want %v", c.args, got, c.want)
+		}
+	}
+	if _, err := parse("--redis.linger=soon"); err == nil || !strings.Contains(err.Error(), "redis.linger") {
+		t.Errorf("--redis.linger=soon: %v, want an error naming the flag", err)
+	}
+	for _, args := range [][]string{{"--redis.linger=-5ms"}, {"--redis.linger=50ms"}, {"--redis.linger=20ms", "--redis.max-queue-wait=10ms"}} {
+		o, err := parse(args...)
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		o.Logger = quietLogger()
+		if _, err := New(o); err == nil || !strings.Contains(err.Error(), "--redis.linger: must be") {
+			t.Errorf("%v: New = %v, want an error naming --redis.linger", args, err)
+		}
+	}
+}
