@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -48,7 +47,7 @@ func TestLinger(t *testing.T) {
 			}
 			warm.Wait()
 			before, sum0 := sampleCount(t, reg, "limiter_store_pipeline_checks"), sampleSum(t, reg, "limiter_store_pipeline_checks")
-			expired0 := counterValue(t, reg, "limiter_store_linger_expired_total")
+			expired0 := metricValue(t, reg, "limiter_store_linger_expired_total")
 
 			unpause := pause(t, node.Addr())
 			var wg sync.WaitGroup
@@ -80,48 +79,11 @@ func TestLinger(t *testing.T) {
 			if !tc.pipelines(pipelines) {
 				t.Errorf("the checks went in %d pipelines, want %s", pipelines, tc.want)
 			}
-			if expired := counterValue(t, reg, "limiter_store_linger_expired_total") - expired0; (expired > 0) != tc.expired {
+			if expired := metricValue(t, reg, "limiter_store_linger_expired_total") - expired0; (expired > 0) != tc.expired {
 				t.Errorf("%v lingers expired, want any: %v", expired, tc.expired)
 			}
 		})
 	}
-}
-
-// sampleSum is the sum of the observations of the histogram name in reg.
-func sampleSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return sum
-}
-
-// counterValue is the value of the counter name in reg (summed over its
-// series).
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				v += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return v
 }
 
 // TestArgsCacheBound: the cache of check arguments keeps at most

@@ -59,20 +59,38 @@ func pause(t *testing.T, addr string) (unpause func()) {
 // sampleCount is the number of observations of the histogram name in reg.
 func sampleCount(t testing.TB, reg *prometheus.Registry, name string) uint64 {
 	t.Helper()
+	n, _ := histogram(t, reg, name)
+	return n
+}
+
+// sampleSum is the sum of the observations of the histogram name in reg.
+func sampleSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	_, sum := histogram(t, reg, name)
+	return sum
+}
+
+// histogram is the count and sum of the observations of the histogram
+// name in reg, over its series (0 and 0 when it has none).
+func histogram(t testing.TB, reg *prometheus.Registry, name string) (uint64, float64) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var (
+		n   uint64
+		sum float64
+	)
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			var n uint64
 			for _, m := range mf.GetMetric() {
 				n += m.GetHistogram().GetSampleCount()
+				sum += m.GetHistogram().GetSampleSum()
 			}
-			return n
 		}
 	}
-	return 0
+	return n, sum
 }
 
 // metricValue is the value of the counter or gauge name in reg (summed
