@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
