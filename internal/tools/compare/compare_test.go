@@ -46,7 +46,7 @@ func readConfig(t *testing.T, name string) []byte {
 // filled is a request template filled as ghz fills it for one call.
 func filled(t *testing.T, name string) []byte {
 	t.Helper()
-	b, err := fill(readConfig(t, name), 7)
+	b, err := fill(readConfig(t, name), "c16", 7)
 	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -150,7 +150,7 @@ func TestSameLimitEverywhere(t *testing.T) {
 	}
 
 	// Check: the template names a rule of the file.
-	m, err := request(apiCheck, nil, 1)
+	m, err := request(apiCheck, nil, "c1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestSameLimitEverywhere(t *testing.T) {
 
 	// RLS: limiterd matches the descriptor to one rule, keyed by the
 	// entry's value, and envoy ratelimit's config has the same limit for it.
-	if m, err = request(apiRLS, nil, 1); err != nil {
+	if m, err = request(apiRLS, nil, "c1", 1); err != nil {
 		t.Fatal(err)
 	}
 	rls := m.(*rlsv3.RateLimitRequest)
@@ -252,7 +252,8 @@ func gubernatorFiles(t *testing.T) *protoregistry.Files {
 }
 
 // TestTemplates: every ghz template fills into valid JSON that protojson
-// decodes into its method's request message, with a new key per call.
+// decodes into its method's request message, with a new key per call and
+// per run.
 func TestTemplates(t *testing.T) {
 	keyOf := map[api]func(m protoreflect.Message) string{
 		apiRLS: func(m protoreflect.Message) string {
@@ -273,11 +274,15 @@ func TestTemplates(t *testing.T) {
 			if a == apiGubernator {
 				gub = gubernatorFiles(t)
 			}
-			first, err := request(a, gub, 1)
+			first, err := request(a, gub, "c16", 1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			second, err := request(a, gub, 2)
+			second, err := request(a, gub, "c16", 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			otherRun, err := request(a, gub, "c64", 1)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -285,9 +290,12 @@ func TestTemplates(t *testing.T) {
 				t.Errorf("%s decodes into %s, not a message of %s", a.template, first.ProtoReflect().Descriptor().FullName(), want)
 			}
 			if key := keyOf[a]; key != nil {
-				k1, k2 := key(first.ProtoReflect()), key(second.ProtoReflect())
+				k1, k2, k3 := key(first.ProtoReflect()), key(second.ProtoReflect()), key(otherRun.ProtoReflect())
 				if k1 == "" || k1 == k2 {
 					t.Errorf("%s: keys %q and %q, want a new key per call", a.template, k1, k2)
+				}
+				if k1 == k3 {
+					t.Errorf("%s: call 1 of two runs has key %q in both, want a new key per run", a.template, k1)
 				}
 			}
 		})

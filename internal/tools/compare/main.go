@@ -311,7 +311,7 @@ func (e *env) runRow(ctx context.Context, r row, dir string, o options) (map[int
 	}
 	hi := o.concurrency[len(o.concurrency)-1]
 	if o.warmup > 0 {
-		rep, err := e.ghz(ctx, r, sys, dir, hi, o.warmup)
+		rep, err := e.ghz(ctx, r, sys, dir, "warmup", hi, o.warmup)
 		if err != nil {
 			return nil, err
 		}

@@ -57,12 +57,21 @@ type ghzReport struct {
 	} `json:"latencyDistribution"`
 }
 
-// ghz runs ghz against sys for d at concurrency c on one connection, and
-// returns its report.
-func (e *env) ghz(ctx context.Context, r row, sys *system, dir string, c int, d time.Duration) (*ghzReport, error) {
-	out := filepath.Join(dir, fmt.Sprintf("ghz-c%d.json", c))
+// ghz runs ghz against sys for d at concurrency c on one connection, with
+// the requests of the run labelled run, and returns its report.
+func (e *env) ghz(ctx context.Context, r row, sys *system, dir, run string, c int, d time.Duration) (*ghzReport, error) {
+	src, err := os.ReadFile(filepath.Join(e.config, r.api.template))
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(dir, "request-"+run+".json")
+	if err := os.WriteFile(data, forRun(src, run), 0o600); err != nil {
+		return nil, err
+	}
+	defer os.Remove(data)
+	out := filepath.Join(dir, fmt.Sprintf("ghz-%s.json", run))
 	args := []string{"--insecure", "--protoset", e.protoset, "--call", r.api.method,
-		"--data-file", filepath.Join(e.config, r.api.template),
+		"--data-file", data,
 		"-c", strconv.Itoa(c), "--connections", "1", "-z", d.String(),
 		// The calls in flight at the end complete and count: "close" (the
 		// default) cuts them with UNAVAILABLE.
@@ -161,7 +170,7 @@ func (e *env) measure(ctx context.Context, r row, sys *system, dir string, c int
 	if err != nil {
 		return sample{}, err
 	}
-	rep, err := e.ghz(ctx, r, sys, dir, c, d)
+	rep, err := e.ghz(ctx, r, sys, dir, fmt.Sprintf("c%d", c), c, d)
 	if err != nil {
 		return sample{}, err
 	}
