@@ -92,7 +92,7 @@ func TestAttributeCheckValidation(t *testing.T) {
 		field string
 	}{
 		{"rule and attributes", &limiterv1.CheckRequest{RuleId: "tb", Attributes: &limiterv1.Attributes{Path: "/api/x"}}, "rule_id"},
-		{"bad ip", &limiterv1.CheckRequest{Attributes: &limiterv1.Attributes{Ip: "300.1.1.1", Path: "/api/x"}}, "attributes.bad attribute: ip"},
+		{"bad ip", &limiterv1.CheckRequest{Attributes: &limiterv1.Attributes{Ip: "300.1.1.1", Path: "/api/x"}}, `attributes.ip: "300.1.1.1" is not an IP address`},
 		{"long key", &limiterv1.CheckRequest{Attributes: &limiterv1.Attributes{ApiKey: strings.Repeat("k", 600), Path: "/api/x"}}, "attributes"},
 		{"negative cost", &limiterv1.CheckRequest{Cost: -1, Attributes: &limiterv1.Attributes{Path: "/api/x"}}, "cost"},
 		{"cost times rule cost above capacity", &limiterv1.CheckRequest{Cost: 11, Attributes: &limiterv1.Attributes{User: "u", Path: "/api/search"}}, "cost: rule \"search\""},

@@ -106,8 +106,17 @@ func validKeyBy(k string) bool {
 	return ok && name != ""
 }
 
-// ErrBadAttribute wraps an attribute that cannot be used as a key.
+// ErrBadAttribute is matched (errors.Is) by every AttributeError.
 var ErrBadAttribute = errors.New("bad attribute")
+
+// AttributeError is an attribute that cannot be used as a key: its name
+// (as in the API's Attributes, "ip") and why.
+type AttributeError struct{ Name, Reason string }
+
+func (e *AttributeError) Error() string { return e.Name + ": " + e.Reason }
+
+// Is makes an AttributeError match ErrBadAttribute.
+func (e *AttributeError) Is(target error) bool { return target == ErrBadAttribute }
 
 // KeyOf is the client key a attributes count against under r: the key_by
 // attribute, prefixed with its kind so keys of different kinds never meet,
@@ -128,7 +137,7 @@ func (r *Rule) KeyOf(a *Attributes) (key string, ok bool, err error) {
 		}
 		ip, err := netip.ParseAddr(a.IP)
 		if err != nil {
-			return "", false, fmt.Errorf("%w: ip: %q is not an IP address", ErrBadAttribute, a.IP)
+			return "", false, &AttributeError{Name: "ip", Reason: fmt.Sprintf("%q is not an IP address", a.IP)}
 		}
 		return "ip:" + ipKey(ip), true, nil
 	default:

@@ -76,8 +76,16 @@ func TestKeyOf(t *testing.T) {
 			if got != tt.want || ok != tt.ok || (err != nil) != tt.isErr {
 				t.Fatalf("KeyOf = %q, %v, %v; want %q, %v, error %v", got, ok, err, tt.want, tt.ok, tt.isErr)
 			}
-			if err != nil && !errors.Is(err, ErrBadAttribute) {
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, ErrBadAttribute) {
 				t.Fatalf("error %v does not wrap ErrBadAttribute", err)
+			}
+			// The error names the attribute as the API does, first.
+			var ae *AttributeError
+			if !errors.As(err, &ae) || ae.Name != "ip" || err.Error() != `ip: "not-an-ip" is not an IP address` {
+				t.Fatalf("error %q (%#v), want the attribute ip named first, then why", err, ae)
 			}
 		})
 	}

@@ -90,11 +90,11 @@ func TestMiddlewareResponses(t *testing.T) {
 		},
 		{
 			name: "invalid check: fails open",
-			err:  status.Error(codes.InvalidArgument, "attributes.bad attribute: ip"), code: 200, served: true,
+			err:  status.Error(codes.InvalidArgument, `attributes.ip: "300.1.1.1" is not an IP address`), code: 200, served: true,
 		},
 		{
 			name: "invalid check, FailClosed: 503",
-			err:  status.Error(codes.InvalidArgument, "attributes.bad attribute: ip"), failClosed: true, code: 503,
+			err:  status.Error(codes.InvalidArgument, `attributes.ip: "300.1.1.1" is not an IP address`), failClosed: true, code: 503,
 		},
 		{
 			name: "no rule matched: served, no quota headers",

@@ -200,7 +200,7 @@ func TestInvalidNamesTheField(t *testing.T) {
 		{"key twice", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("a", "1", "b", "2", "a", "3")}, `descriptors[1].entries[2].key: "a" given twice`},
 		{"a key of the previous descriptor", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("generic_key", "g", "generic_key", "h")}, "descriptors[1].entries[1].key: "},
 		{"negative hits", []*ratelimitv3.RateLimitDescriptor{ok, ok, negative}, "descriptors[2].is_negative_hits: "},
-		{"bad address", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("remote_address", "not-an-ip")}, "descriptors[1]: attributes."},
+		{"bad address", []*ratelimitv3.RateLimitDescriptor{ok, envoyDesc("remote_address", "not-an-ip")}, `descriptors[1]: attributes.ip: "not-an-ip" is not an IP address`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
