@@ -81,7 +81,7 @@ bench: deps
 	scripts/loadrun.sh
 
 ## compare: limiterd next to envoy ratelimit and Gubernator, one load tool (ghz) for all: req/s, p99, server and Redis CPU per call, medians of COMPARE_ROUNDS (3) interleaved rounds of COMPARE_DURATION (5s) runs; the pinned peers and ghz are installed into bin/; COMPARE_FLAGS='--rows 1,3 --limiterd PATH' for more
-# The pinned versions are in internal/tools/compare/tools.go, so that
+# The pinned versions are in internal/tools/compare/install/install.go, so that
 # `go run ./internal/tools/compare` alone installs the same ones.
 COMPARE_ROUNDS ?= 3
 COMPARE_DURATION ?= 5s

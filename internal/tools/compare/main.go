@@ -14,14 +14,14 @@
 // envoy ratelimit on one Redis, through Envoy RLS v3; limiterd on each
 // store and in memory through limiter.v1 Check; Gubernator v2 in memory;
 // the gRPC health check of limiterd (the transport's ceiling). Every
-// system has the same limit per key (config/), far above what a key is
+// system has the same limit per key (load/config/), far above what a key is
 // sent, and a run counts only when every answer was OK and came from the
 // store: ghz's status codes all OK, limiterd's decisions all allowed by
 // the store (its /metrics), a few answers read with a Go client after
 // each run.
 //
 // ghz, envoy ratelimit and Gubernator are installed at pinned versions
-// into bin/ (tools.go) when missing; redis-server and redis-cli come from
+// into bin/ (install/) when missing; redis-server and redis-cli come from
 // the machine, and Gubernator's .proto is compiled in process. Each system starts fresh, on free loopback ports,
 // for each row of each round, and rounds interleave the rows; the report
 // is the medians over rounds. Everything started is stopped by pid when
@@ -34,9 +34,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime"
@@ -46,9 +46,12 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
+	"google.golang.org/grpc"
+
+	"github.com/limiterd/limiterd/internal/tools/compare/install"
+	"github.com/limiterd/limiterd/internal/tools/compare/load"
+	"github.com/limiterd/limiterd/internal/tools/compare/report"
+	"github.com/limiterd/limiterd/internal/tools/compare/systems"
 )
 
 func main() { os.Exit(run(os.Args[1:])) }
@@ -138,19 +141,34 @@ func intList(s string, lo, hi int) ([]int, error) {
 	return out, nil
 }
 
+// row is one line of the table: a server on a store, driven through an API.
+type row struct {
+	n      int
+	system string
+	api    load.API
+	server systems.Server
+	store  systems.Store
+}
+
+// rows are the table's rows, numbered as the README numbers them.
+var rows = []row{
+	{1, "limiterd, 3-primary Redis Cluster", load.RLS, systems.Limiterd, systems.Cluster3},
+	{2, "limiterd, 1-primary Redis Cluster", load.RLS, systems.Limiterd, systems.Cluster1},
+	{3, "envoy ratelimit, 1 standalone Redis", load.RLS, systems.EnvoyRatelimit, systems.Standalone},
+	{4, "limiterd, 3-primary Redis Cluster", load.Check, systems.Limiterd, systems.Cluster3},
+	{5, "limiterd, 1-primary Redis Cluster", load.Check, systems.Limiterd, systems.Cluster1},
+	{6, "limiterd, in memory", load.Check, systems.Limiterd, systems.InMemory},
+	{7, "Gubernator v2, in memory", load.Gubernator, systems.Gubernator, systems.InMemory},
+	{8, "limiterd, 1-primary Redis Cluster", load.Health, systems.Limiterd, systems.Cluster1},
+}
+
 // env is what the runs share.
 type env struct {
-	root   string // the module root
-	config string // the config files, written from configFS
-	// The binaries.
-	limiterd, ghzBin, envoyRatelimit, gubernator string
-	protoset                                     string
-	// gub holds the descriptors of gubernator's API, for the checks of
-	// its answers; nil without row 7.
-	gub   *protoregistry.Files
-	ports ports
-	// pin: see options.pin; servers is the CPU list of the servers.
-	pin     bool
+	// starts starts the systems; runs drives them with ghz.
+	starts *systems.Env
+	runs   *load.Runner
+	// servers is the CPU list of the servers with --pin (see
+	// options.pin); "" without.
 	servers string
 }
 
@@ -163,16 +181,18 @@ func compare(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	e := &env{pin: o.pin}
-	if e.root, err = moduleRoot(wd); err != nil {
+	e := &env{starts: &systems.Env{Logf: progress}}
+	root, err := moduleRoot(wd)
+	if err != nil {
 		return err
 	}
-	if e.pin {
+	e.starts.Root = root
+	if o.pin {
 		n := runtime.NumCPU()
 		if n < 2 {
 			return fmt.Errorf("--pin: %d CPU; it needs 2 or more", n)
 		}
-		if err := need("taskset"); err != nil {
+		if err := install.Need("taskset"); err != nil {
 			return err
 		}
 		e.servers = "1"
@@ -187,45 +207,46 @@ func compare(ctx context.Context, o options) error {
 		}
 	}
 	has := func(f func(row) bool) bool { return slices.ContainsFunc(selected, f) }
-	withRedis := has(func(r row) bool { return r.store != storeNone })
-	withGub := has(func(r row) bool { return r.server == serverGubernator })
+	withRedis := has(func(r row) bool { return r.store != systems.InMemory })
+	withGub := has(func(r row) bool { return r.server == systems.Gubernator })
 	var progs []string
 	if withRedis {
 		progs = append(progs, "redis-server", "redis-cli")
 	}
-	if err := need(progs...); err != nil {
+	if err := install.Need(progs...); err != nil {
 		return err
 	}
 	goBin := cmp.Or(os.Getenv("GO"), "go")
 	bin := o.bin
 	if !filepath.IsAbs(bin) {
-		bin = filepath.Join(e.root, bin)
+		bin = filepath.Join(root, bin)
 	}
-	if e.ghzBin, err = ghzTool.install(ctx, goBin, bin); err != nil {
+	ghzBin, err := install.Ghz.Install(ctx, goBin, bin, progress)
+	if err != nil {
 		return err
 	}
-	if has(func(r row) bool { return r.server == serverEnvoyRatelimit }) {
-		if e.envoyRatelimit, err = envoyRatelimit.install(ctx, goBin, bin); err != nil {
+	if has(func(r row) bool { return r.server == systems.EnvoyRatelimit }) {
+		if e.starts.EnvoyRatelimit, err = install.EnvoyRatelimit.Install(ctx, goBin, bin, progress); err != nil {
 			return err
 		}
 	}
 	if withGub {
-		if e.gubernator, err = gubernator.install(ctx, goBin, bin); err != nil {
+		if e.starts.Gubernator, err = install.Gubernator.Install(ctx, goBin, bin, progress); err != nil {
 			return err
 		}
 	}
 	limiterdDesc := o.limiterd
-	if has(func(r row) bool { return r.server == serverLimiterd }) {
+	if has(func(r row) bool { return r.server == systems.Limiterd }) {
 		if o.limiterd == "" {
-			if e.limiterd, err = buildLimiterd(ctx, goBin, e.root, bin); err != nil {
+			if e.starts.Limiterd, err = install.BuildLimiterd(ctx, goBin, root, bin); err != nil {
 				return err
 			}
-			limiterdDesc = "./cmd/limiterd at " + cmp.Or(treeRevision(ctx, e.root), "this tree")
+			limiterdDesc = "./cmd/limiterd at " + cmp.Or(install.Revision(ctx, root), "this tree")
 		} else {
-			if e.limiterd, err = filepath.Abs(o.limiterd); err != nil {
+			if e.starts.Limiterd, err = filepath.Abs(o.limiterd); err != nil {
 				return err
 			}
-			if _, err := os.Stat(e.limiterd); err != nil {
+			if _, err := os.Stat(e.starts.Limiterd); err != nil {
 				return fmt.Errorf("--limiterd: %w", err)
 			}
 		}
@@ -236,39 +257,21 @@ func compare(ctx context.Context, o options) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	e.config = filepath.Join(work, "config")
-	if err := os.Mkdir(e.config, 0o755); err != nil {
+	e.starts.Config = filepath.Join(work, "config")
+	if err := os.Mkdir(e.starts.Config, 0o755); err != nil {
 		return err
 	}
-	if err := writeConfig(e.config); err != nil {
-		return err
-	}
-	var gubSet *descriptorpb.FileDescriptorSet
-	if withGub {
-		if gubSet, e.gub, err = compileGubernator(ctx, e.config); err != nil {
-			return err
-		}
-	}
-	set, err := protoset(gubSet)
-	if err != nil {
-		return err
-	}
-	b, err := proto.Marshal(set)
-	if err != nil {
-		return err
-	}
-	e.protoset = filepath.Join(work, "compare.protoset")
-	if err := os.WriteFile(e.protoset, b, 0o644); err != nil {
+	if e.runs, err = load.New(ctx, ghzBin, e.starts.Config, filepath.Join(work, "compare.protoset"), withGub, o.pin); err != nil {
 		return err
 	}
 
 	runs := len(selected) * o.rounds
 	progress("%d rows × %d rounds, %s per run at c=%v, limiterd %s", len(selected), o.rounds, o.duration, o.concurrency, cmp.Or(limiterdDesc, "(not run)"))
-	res := make(results)
+	res := make(report.Results)
 	start := time.Now()
 	for round := range o.rounds {
 		for i, r := range selected {
-			progress("round %d/%d, row %d (%s, %s) [%d/%d]", round+1, o.rounds, r.n, r.system, r.api.name, round*len(selected)+i+1, runs)
+			progress("round %d/%d, row %d (%s, %s) [%d/%d]", round+1, o.rounds, r.n, r.system, r.api.Name(), round*len(selected)+i+1, runs)
 			dir := filepath.Join(work, fmt.Sprintf("r%d-row%d", round+1, r.n))
 			samples, err := e.runRow(ctx, r, dir, o)
 			if ctx.Err() != nil {
@@ -276,80 +279,90 @@ func compare(ctx context.Context, o options) error {
 			}
 			if err != nil {
 				progress("row %d: %v", r.n, err)
-				samples = make(map[int]sample)
+				samples = make(map[int]load.Sample)
 				for _, c := range o.concurrency {
-					samples[c] = sample{failed: err.Error()}
+					samples[c] = load.Sample{Failed: err.Error()}
 				}
 			}
-			res.add(r.n, round, samples)
+			res.Add(r.n, round, samples)
 			os.RemoveAll(dir)
 		}
 	}
-	h := header{
-		limiterd: cmp.Or(limiterdDesc, "not run"), rounds: o.rounds, duration: o.duration, concurrency: o.concurrency,
-		took: time.Since(start).Round(time.Second), cores: runtime.NumCPU(), pinned: e.servers,
+	h := report.Header{
+		Limiterd: cmp.Or(limiterdDesc, "not run"),
+		Ghz:      install.Ghz.Version(), EnvoyRatelimit: install.EnvoyRatelimit.Version(), Gubernator: install.Gubernator.Version(),
+		Rounds: o.rounds, Duration: o.duration, Concurrency: o.concurrency,
+		Took: time.Since(start).Round(time.Second), Cores: runtime.NumCPU(), Pinned: e.servers,
 	}
-	report(os.Stdout, h, selected, res)
+	report.Write(os.Stdout, h, reportRows(selected), res)
 	return nil
+}
+
+// reportRows are the lines of rs in the report.
+func reportRows(rs []row) []report.Row {
+	var out []report.Row
+	for _, r := range rs {
+		out = append(out, report.Row{N: r.n, System: r.system, API: r.api.Name(), Redis: r.store != systems.InMemory})
+	}
+	return out
 }
 
 // runRow starts r's systems fresh in dir, runs ghz once at each
 // concurrency, and stops them.
-func (e *env) runRow(ctx context.Context, r row, dir string, o options) (map[int]sample, error) {
+func (e *env) runRow(ctx context.Context, r row, dir string, o options) (map[int]load.Sample, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	sys, err := e.start(ctx, r, dir)
+	// Ready when a check of the row's API is answered as it must be.
+	ready := func(ctx context.Context, conn *grpc.ClientConn) error { return e.runs.Verify(ctx, r.api, conn, 1) }
+	sys, err := e.starts.Start(ctx, r.server, r.store, dir, ready)
 	if err != nil {
 		return nil, err
 	}
-	defer sys.stop()
-	if e.pin {
-		if err := e.pinServers(ctx, sys); err != nil {
+	defer sys.Stop()
+	if e.servers != "" {
+		// The load tool keeps CPU 0 to itself.
+		if err := sys.Pin(ctx, e.servers); err != nil {
 			return nil, err
 		}
 	}
 	hi := o.concurrency[len(o.concurrency)-1]
 	if o.warmup > 0 {
-		rep, err := e.ghz(ctx, r, sys, dir, "warmup", hi, o.warmup)
-		if err != nil {
+		if err := e.runs.Warmup(ctx, r.api, sys, dir, hi, o.warmup); err != nil {
 			return nil, err
 		}
-		if msg := rep.notOK(); msg != "" {
-			return nil, fmt.Errorf("warm-up: %s", msg)
-		}
 	}
-	out := make(map[int]sample)
+	out := make(map[int]load.Sample)
 	for _, c := range o.concurrency {
-		s, err := e.measure(ctx, r, sys, dir, c, o.duration)
+		s, err := e.runs.Measure(ctx, r.api, sys, dir, c, o.duration)
 		if err != nil {
 			return nil, fmt.Errorf("c=%d: %w", c, err)
 		}
 		out[c] = s
-		if s.failed != "" {
-			progress("  c=%-3d FAILED: %s", c, s.failed)
+		if s.Failed != "" {
+			progress("  c=%-3d FAILED: %s", c, s.Failed)
 			continue
 		}
 		redis := ""
-		if !math.IsNaN(s.redisUs) {
-			redis = fmt.Sprintf("  Redis %6.1f µs/call", s.redisUs)
+		if !math.IsNaN(s.RedisUs) {
+			redis = fmt.Sprintf("  Redis %6.1f µs/call", s.RedisUs)
 		}
-		progress("  c=%-3d %8.0f req/s  p99 %6.2f ms  server %6.1f µs/call%s  ghz %6.1f µs/call", c, s.rps, float64(s.p99)/1e6, s.serverUs, redis, s.clientUs)
+		progress("  c=%-3d %8.0f req/s  p99 %6.2f ms  server %6.1f µs/call%s  ghz %6.1f µs/call", c, s.RPS, float64(s.P99)/1e6, s.ServerUs, redis, s.ClientUs)
 	}
 	return out, nil
 }
 
-// pinServers moves every thread of sys's server and Redis processes onto
-// e.servers (taskset -a -p): the load tool keeps CPU 0 to itself.
-func (e *env) pinServers(ctx context.Context, sys *system) error {
-	pids := []int{sys.server}
-	for _, n := range sys.redis {
-		pids = append(pids, n.pid)
-	}
-	for _, pid := range pids {
-		if out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", e.servers, strconv.Itoa(pid)).CombinedOutput(); err != nil {
-			return fmt.Errorf("taskset %d: %w\n%s", pid, err, out)
+// moduleRoot is the folder above dir (or dir) holding this module's go.mod
+// and scripts/redis-cluster.sh.
+func moduleRoot(dir string) (string, error) {
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "scripts", "redis-cluster.sh")); err == nil {
+			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+				return d, nil
+			}
+		}
+		if filepath.Dir(d) == d {
+			return "", fmt.Errorf("no module root with scripts/redis-cluster.sh above %s: %w", dir, fs.ErrNotExist)
 		}
 	}
-	return nil
 }

@@ -1,20 +1,23 @@
-package main
+// Package install puts the programs the comparison runs in place: the
+// pinned Go tools (ghz, envoy ratelimit, Gubernator) installed into bin/
+// with go install, limiterd built from the tree, and the programs that come
+// from the machine, found on PATH.
+package install
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 )
 
-// tool is a pinned Go program the comparison installs into bin/ at run
+// Tool is a pinned Go program the comparison installs into bin/ at run
 // time with go install: never vendored, committed or added to go.mod.
-type tool struct {
+type Tool struct {
 	// bin is the name go install gives the binary (its package's folder).
 	bin     string
 	pkg     string
@@ -23,21 +26,24 @@ type tool struct {
 
 // The pinned tools, in one place; the README's `make compare` lists them.
 var (
-	// ghz drives every system: one load tool, never a system's own client.
-	ghzTool = tool{bin: "ghz", pkg: "github.com/bojand/ghz/cmd/ghz", version: "v0.93.0"}
-	// envoyRatelimit is envoyproxy/ratelimit's server (main of 2026-01-22).
-	envoyRatelimit = tool{bin: "service_cmd", pkg: "github.com/envoyproxy/ratelimit/src/service_cmd", version: "v1.4.1-0.20260122083618-3fb702589d36"}
-	// gubernator is Gubernator v2; v2.21.0 needs a newer Go than 1.26.
-	gubernator = tool{bin: "gubernator", pkg: "github.com/gubernator-io/gubernator/v2/cmd/gubernator", version: "v2.13.0"}
+	// Ghz drives every system: one load tool, never a system's own client.
+	Ghz = Tool{bin: "ghz", pkg: "github.com/bojand/ghz/cmd/ghz", version: "v0.93.0"}
+	// EnvoyRatelimit is envoyproxy/ratelimit's server (main of 2026-01-22).
+	EnvoyRatelimit = Tool{bin: "service_cmd", pkg: "github.com/envoyproxy/ratelimit/src/service_cmd", version: "v1.4.1-0.20260122083618-3fb702589d36"}
+	// Gubernator is Gubernator v2; v2.21.0 needs a newer Go than 1.26.
+	Gubernator = Tool{bin: "gubernator", pkg: "github.com/gubernator-io/gubernator/v2/cmd/gubernator", version: "v2.13.0"}
 )
 
-func (t tool) String() string { return t.pkg + "@" + t.version }
+func (t Tool) String() string { return t.pkg + "@" + t.version }
+
+// Version is the version t is pinned at.
+func (t Tool) Version() string { return t.version }
 
 // stamp is the file beside the binary that names the version installed.
-func (t tool) stamp(dir string) string { return filepath.Join(dir, t.bin+".version") }
+func (t Tool) stamp(dir string) string { return filepath.Join(dir, t.bin+".version") }
 
 // installed reports whether dir holds t's binary at t's version.
-func (t tool) installed(dir string) bool {
+func (t Tool) installed(dir string) bool {
 	got, err := os.ReadFile(t.stamp(dir))
 	if err != nil {
 		return false
@@ -48,10 +54,11 @@ func (t tool) installed(dir string) bool {
 	return strings.TrimSpace(string(got)) == t.String()
 }
 
-// install runs `GOBIN=dir go install pkg@version` unless dir already holds
-// that version, and returns the binary's path. GOTOOLCHAIN=local: the Go
-// on this machine builds it, no other toolchain is downloaded.
-func (t tool) install(ctx context.Context, goBin, dir string) (string, error) {
+// Install runs `GOBIN=dir go install pkg@version` with the go command
+// goBin unless dir already holds that version, saying so with logf first,
+// and returns the binary's path. GOTOOLCHAIN=local: the Go on this machine
+// builds it, no other toolchain is downloaded.
+func (t Tool) Install(ctx context.Context, goBin, dir string, logf func(format string, args ...any)) (string, error) {
 	path := filepath.Join(dir, t.bin)
 	if t.installed(dir) {
 		return path, nil
@@ -59,7 +66,7 @@ func (t tool) install(ctx context.Context, goBin, dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	progress("installing %s into %s", t, dir)
+	logf("installing %s into %s", t, dir)
 	cmd := exec.CommandContext(ctx, goBin, "install", t.String())
 	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOTOOLCHAIN=local")
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -71,8 +78,9 @@ func (t tool) install(ctx context.Context, goBin, dir string) (string, error) {
 	return path, nil
 }
 
-// buildLimiterd builds ./cmd/limiterd of the tree at root into dir.
-func buildLimiterd(ctx context.Context, goBin, root, dir string) (string, error) {
+// BuildLimiterd builds ./cmd/limiterd of the tree at root into dir with the
+// go command goBin, and returns the binary's path.
+func BuildLimiterd(ctx context.Context, goBin, root, dir string) (string, error) {
 	cmd := exec.CommandContext(ctx, goBin, "build", "-o", dir+string(filepath.Separator), "./cmd/limiterd")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -81,9 +89,9 @@ func buildLimiterd(ctx context.Context, goBin, root, dir string) (string, error)
 	return filepath.Join(dir, "limiterd"), nil
 }
 
-// treeRevision names the commit of the tree at root, +dirty when it has
+// Revision names the commit of the tree at root, +dirty when it has
 // changes; "" when git cannot tell.
-func treeRevision(ctx context.Context, root string) string {
+func Revision(ctx context.Context, root string) string {
 	out, err := exec.CommandContext(ctx, "git", "-C", root, "rev-parse", "--short", "HEAD").Output()
 	if err != nil {
 		return ""
@@ -95,23 +103,8 @@ func treeRevision(ctx context.Context, root string) string {
 	return rev
 }
 
-// moduleRoot is the folder above dir (or dir) holding this module's go.mod
-// and scripts/redis-cluster.sh.
-func moduleRoot(dir string) (string, error) {
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "scripts", "redis-cluster.sh")); err == nil {
-			if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-				return d, nil
-			}
-		}
-		if filepath.Dir(d) == d {
-			return "", fmt.Errorf("no module root with scripts/redis-cluster.sh above %s: %w", dir, fs.ErrNotExist)
-		}
-	}
-}
-
-// need checks that each program is on PATH, naming what installs it.
-func need(progs ...string) error {
+// Need checks that each program is on PATH, naming what installs it.
+func Need(progs ...string) error {
 	var errs []error
 	for _, p := range progs {
 		if _, err := exec.LookPath(p); err != nil {

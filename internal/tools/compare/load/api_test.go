@@ -1,11 +1,10 @@
-package main
+package load
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"io/fs"
-	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -150,7 +149,7 @@ func TestSameLimitEverywhere(t *testing.T) {
 	}
 
 	// Check: the template names a rule of the file.
-	m, err := request(apiCheck, nil, "c1", 1)
+	m, err := request(Check, nil, "c1", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +160,7 @@ func TestSameLimitEverywhere(t *testing.T) {
 
 	// RLS: limiterd matches the descriptor to one rule, keyed by the
 	// entry's value, and envoy ratelimit's config has the same limit for it.
-	if m, err = request(apiRLS, nil, "c1", 1); err != nil {
+	if m, err = request(RLS, nil, "c1", 1); err != nil {
 		t.Fatal(err)
 	}
 	rls := m.(*rlsv3.RateLimitRequest)
@@ -255,23 +254,23 @@ func gubernatorFiles(t *testing.T) *protoregistry.Files {
 // decodes into its method's request message, with a new key per call and
 // per run.
 func TestTemplates(t *testing.T) {
-	keyOf := map[api]func(m protoreflect.Message) string{
-		apiRLS: func(m protoreflect.Message) string {
+	keyOf := map[API]func(m protoreflect.Message) string{
+		RLS: func(m protoreflect.Message) string {
 			return m.Interface().(*rlsv3.RateLimitRequest).GetDescriptors()[0].GetEntries()[0].GetValue()
 		},
-		apiCheck: func(m protoreflect.Message) string { return m.Interface().(*limiterv1.CheckRequest).GetKey() },
-		apiGubernator: func(m protoreflect.Message) string {
+		Check: func(m protoreflect.Message) string { return m.Interface().(*limiterv1.CheckRequest).GetKey() },
+		Gubernator: func(m protoreflect.Message) string {
 			r := m.Get(m.Descriptor().Fields().ByName("requests")).List().Get(0).Message()
 			return r.Get(r.Descriptor().Fields().ByName("unique_key")).String()
 		},
 	}
-	for _, a := range []api{apiRLS, apiCheck, apiHealth, apiGubernator} {
+	for _, a := range []API{RLS, Check, Health, Gubernator} {
 		t.Run(a.template, func(t *testing.T) {
 			if !json.Valid(filled(t, a.template)) {
 				t.Fatalf("%s filled is not JSON:\n%s", a.template, filled(t, a.template))
 			}
 			var gub *protoregistry.Files
-			if a == apiGubernator {
+			if a == Gubernator {
 				gub = gubernatorFiles(t)
 			}
 			first, err := request(a, gub, "c16", 1)
@@ -313,7 +312,7 @@ func TestProtoset(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []api{apiRLS, apiCheck, apiHealth} {
+	for _, a := range []API{RLS, Check, Health} {
 		svc, method, _ := strings.Cut(a.method, "/")
 		d, err := files.FindDescriptorByName(protoreflect.FullName(svc))
 		if err != nil {
@@ -420,148 +419,24 @@ func TestVerify(t *testing.T) {
 	tests := []struct {
 		name  string
 		rules []byte
-		ok    map[api]bool
+		ok    map[API]bool
 	}{
-		{"the comparison's rules", good, map[api]bool{apiRLS: true, apiCheck: true, apiHealth: true}},
-		{"another limit", bytes.ReplaceAll(good, []byte("1000000"), []byte("1000")), map[api]bool{apiRLS: false, apiCheck: false, apiHealth: true}},
-		{"another domain", bytes.ReplaceAll(good, []byte("domain: compare"), []byte("domain: other")), map[api]bool{apiRLS: false, apiCheck: true, apiHealth: true}},
+		{"the comparison's rules", good, map[API]bool{RLS: true, Check: true, Health: true}},
+		{"another limit", bytes.ReplaceAll(good, []byte("1000000"), []byte("1000")), map[API]bool{RLS: false, Check: false, Health: true}},
+		{"another domain", bytes.ReplaceAll(good, []byte("domain: compare"), []byte("domain: other")), map[API]bool{RLS: false, Check: true, Health: true}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			conn := serve(t, tt.rules)
-			e := &env{}
+			ru := &Runner{}
 			for a, ok := range tt.ok {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := e.verify(ctx, a, conn, 3)
+				err := ru.Verify(ctx, a, conn, 3)
 				cancel()
 				if (err == nil) != ok {
 					t.Errorf("%s: %v, want ok %v", a.method, err, ok)
 				}
 			}
 		})
-	}
-}
-
-func TestDecisionsMoved(t *testing.T) {
-	before := map[[2]string]float64{{"compare", "allowed"}: 10, {"compare", "fallback_allowed"}: 2}
-	tests := []struct {
-		name    string
-		after   map[[2]string]float64
-		decides bool
-		calls   uint64
-		ok      bool
-	}{
-		{"all allowed", map[[2]string]float64{{"compare", "allowed"}: 110, {"compare", "fallback_allowed"}: 2}, true, 100, true},
-		{"one more decided than counted", map[[2]string]float64{{"compare", "allowed"}: 111, {"compare", "fallback_allowed"}: 2}, true, 100, true},
-		{"fallback", map[[2]string]float64{{"compare", "allowed"}: 110, {"compare", "fallback_allowed"}: 3}, true, 100, false},
-		{"limited", map[[2]string]float64{{"compare", "allowed"}: 110, {"compare", "fallback_allowed"}: 2, {"compare", "limited"}: 1}, true, 100, false},
-		{"fewer decided than OK calls", map[[2]string]float64{{"compare", "allowed"}: 100, {"compare", "fallback_allowed"}: 2}, true, 100, false},
-		{"health decides nothing", map[[2]string]float64{{"compare", "allowed"}: 10, {"compare", "fallback_allowed"}: 2}, false, 100, true},
-		{"health with decisions", map[[2]string]float64{{"compare", "allowed"}: 11, {"compare", "fallback_allowed"}: 2}, false, 100, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if msg := decisionsMoved(before, tt.after, tt.decides, tt.calls); (msg == "") != tt.ok {
-				t.Errorf("decisionsMoved: %q, want ok %v", msg, tt.ok)
-			}
-		})
-	}
-}
-
-func TestNotOK(t *testing.T) {
-	tests := []struct {
-		name string
-		rep  ghzReport
-		ok   bool
-	}{
-		{"all OK", ghzReport{Count: 5, StatusCodeDist: map[string]int{"OK": 5}}, true},
-		{"one unavailable", ghzReport{Count: 5, StatusCodeDist: map[string]int{"OK": 4, "Unavailable": 1}, ErrorDist: map[string]int{"transport is closing": 1}}, false},
-		{"no calls", ghzReport{}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			if msg := tt.rep.notOK(); (msg == "") != tt.ok {
-				t.Errorf("notOK: %q, want ok %v", msg, tt.ok)
-			}
-		})
-	}
-}
-
-func TestParseStat(t *testing.T) {
-	// A name with a space and a parenthesis; utime 1234, stime 56.
-	line := "4242 (redis-server ) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 1234 56 0 0 20 0 5 0 100 1000 200\n"
-	got, err := parseStat([]byte(line))
-	if err != nil || got != 1290 {
-		t.Errorf("parseStat: %d, %v; want 1290", got, err)
-	}
-	if _, err := parseStat([]byte("4242 no name")); err == nil {
-		t.Error("parseStat of a line without a name: no error")
-	}
-	if _, err := cpuTicks(os.Getpid()); err != nil {
-		t.Errorf("cpuTicks of this process: %v", err)
-	}
-}
-
-func TestCommandStats(t *testing.T) {
-	info := "# Commandstats\r\ncmdstat_evalsha:calls=300,usec=2700,usec_per_call=9.00,rejected_calls=0,failed_calls=0\r\n" +
-		"cmdstat_config|resetstat:calls=1,usec=10,usec_per_call=10.00,rejected_calls=0,failed_calls=0\r\n"
-	got := commandStats(info)
-	if c := got["evalsha"]; c.calls != 300 || c.usec != 2700 {
-		t.Errorf("evalsha: %+v", c)
-	}
-	if c := got["config|resetstat"]; c.calls != 1 || c.usec != 10 {
-		t.Errorf("config|resetstat: %+v", c)
-	}
-	if len(got) != 2 {
-		t.Errorf("%d commands, want 2: %v", len(got), got)
-	}
-}
-
-// TestToolStamp: a pinned tool counts as installed only with its binary
-// and a stamp of its version.
-func TestToolStamp(t *testing.T) {
-	dir := t.TempDir()
-	tl := tool{bin: "x", pkg: "example.com/x", version: "v1.2.3"}
-	if tl.installed(dir) {
-		t.Fatal("installed in an empty folder")
-	}
-	if err := os.WriteFile(filepath.Join(dir, "x"), nil, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if tl.installed(dir) {
-		t.Error("installed without a stamp")
-	}
-	if err := os.WriteFile(tl.stamp(dir), []byte("example.com/x@v1.2.2\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if tl.installed(dir) {
-		t.Error("installed with the stamp of another version")
-	}
-	if err := os.WriteFile(tl.stamp(dir), []byte(tl.String()+"\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if !tl.installed(dir) {
-		t.Error("not installed with its binary and stamp")
-	}
-}
-
-// TestPerRound: a ratio is taken within each round where both rows
-// counted, and its median reported.
-func TestPerRound(t *testing.T) {
-	res := make(results)
-	for round, v := range [][2]float64{{200, 100}, {300, 100}, {900, 0}, {150, 100}} {
-		a, b := sample{rps: v[0]}, sample{rps: v[1]}
-		if v[1] == 0 {
-			b.failed = "codes: Unavailable 1"
-		}
-		res.add(1, round, map[int]sample{64: a})
-		res.add(3, round, map[int]sample{64: b})
-	}
-	got := res.perRound(1, 3, 64, func(x, y sample) float64 { return x.rps / y.rps })
-	if got != 2 {
-		t.Errorf("perRound: %v, want the median of 2, 3 and 1.5: 2", got)
-	}
-	if got := res.perRound(1, 5, 64, func(x, y sample) float64 { return 1 }); !math.IsNaN(got) {
-		t.Errorf("perRound with a row not run: %v, want NaN", got)
 	}
 }

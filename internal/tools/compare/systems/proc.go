@@ -1,4 +1,4 @@
-package main
+package systems
 
 import (
 	"bytes"
@@ -151,10 +151,10 @@ func parseStat(b []byte) (uint64, error) {
 	return u + s, nil
 }
 
-// ticksPerSecond is USER_HZ, the unit of /proc/PID/stat's times: 100 on
+// TicksPerSecond is USER_HZ, the unit of /proc/PID/stat's times: 100 on
 // every Linux architecture Go runs on (the kernel reports in USER_HZ
 // whatever its own HZ).
-const ticksPerSecond = 100
+const TicksPerSecond = 100
 
 // ports hands out free loopback ports, never the same one twice in a run.
 type ports struct {

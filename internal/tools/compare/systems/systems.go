@@ -1,4 +1,8 @@
-package main
+// Package systems starts the systems the comparison measures (limiterd,
+// envoy ratelimit, Gubernator) and their Redis servers fresh on free
+// loopback ports, pins them to CPUs with taskset, reads their CPU time
+// from /proc and Redis's INFO commandstats, and stops them by pid.
+package systems
 
 import (
 	"context"
@@ -17,6 +21,43 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
+// Server is the server a system runs.
+type Server int
+
+// The servers.
+const (
+	Limiterd Server = iota
+	EnvoyRatelimit
+	Gubernator
+)
+
+// Store is where a system keeps its counters.
+type Store int
+
+const (
+	// InMemory is the server's own memory: no Redis.
+	InMemory Store = iota
+	// Cluster3 is a 3-primary Redis Cluster.
+	Cluster3
+	// Cluster1 is a Redis Cluster of one primary holding every slot.
+	Cluster1
+	// Standalone is one Redis server, not a cluster.
+	Standalone
+)
+
+// Env is what the starts of every system share.
+type Env struct {
+	// Root is the module root, of scripts/redis-cluster.sh.
+	Root string
+	// Config is the folder of limiterd-rules.yml and envoy-ratelimit.yaml.
+	Config string
+	// The binaries of the servers.
+	Limiterd, EnvoyRatelimit, Gubernator string
+	// Logf reports what goes wrong in a stop.
+	Logf  func(format string, args ...any)
+	ports ports
+}
+
 // redisNode is one Redis server of a system, measured by its pid and its
 // INFO commandstats.
 type redisNode struct {
@@ -25,53 +66,112 @@ type redisNode struct {
 	c    *redis.Client
 }
 
-// system is the servers of one row, started fresh for each round.
-type system struct {
-	// grpc is the address ghz calls; conn a Go client's connection to it,
+// System is the servers of one row, started fresh for each round.
+type System struct {
+	// GRPC is the address ghz calls; Conn a Go client's connection to it,
 	// for the checks of the answers.
-	grpc string
-	conn *grpc.ClientConn
+	GRPC string
+	Conn *grpc.ClientConn
+	// Metrics is limiterd's /metrics URL; "" for the peers.
+	Metrics string
 	// server is the pid of the server measured.
 	server int
-	// metrics is limiterd's /metrics URL; "" for the peers.
-	metrics string
-	redis   []*redisNode
+	redis  []*redisNode
 	// stops undo the starts, run last first.
 	stops []func()
 }
 
-func (s *system) onStop(f func()) { s.stops = append(s.stops, f) }
+func (s *System) onStop(f func()) { s.stops = append(s.stops, f) }
 
-// stop stops every process of the system by pid, the server before its
+// Stop stops every process of the system by pid, the server before its
 // Redis servers.
-func (s *system) stop() {
+func (s *System) Stop() {
 	for i := len(s.stops) - 1; i >= 0; i-- {
 		s.stops[i]()
 	}
 	s.stops = nil
 }
 
+// HasRedis reports whether the system has Redis servers.
+func (s *System) HasRedis() bool { return len(s.redis) > 0 }
+
+// CPUTicks is the user + system CPU time of the server and, summed, of its
+// Redis servers, in clock ticks (TicksPerSecond).
+func (s *System) CPUTicks() (server, redis uint64, err error) {
+	if server, err = cpuTicks(s.server); err != nil {
+		return 0, 0, err
+	}
+	for _, n := range s.redis {
+		t, err := cpuTicks(n.pid)
+		if err != nil {
+			return 0, 0, fmt.Errorf("redis %s: %w", n.addr, err)
+		}
+		redis += t
+	}
+	return server, redis, nil
+}
+
+// ResetStats resets the statistics of every Redis server (CONFIG
+// RESETSTAT).
+func (s *System) ResetStats(ctx context.Context) error {
+	for _, n := range s.redis {
+		if err := n.c.ConfigResetStat(ctx).Err(); err != nil {
+			return fmt.Errorf("redis %s config resetstat: %w", n.addr, err)
+		}
+	}
+	return nil
+}
+
+// CommandStats is the INFO commandstats of each Redis server.
+func (s *System) CommandStats(ctx context.Context) ([]string, error) {
+	var out []string
+	for _, n := range s.redis {
+		info, err := n.c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return nil, fmt.Errorf("redis %s info commandstats: %w", n.addr, err)
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// Pin moves every thread of the server and Redis processes onto the CPU
+// list cpus (taskset -a -p).
+func (s *System) Pin(ctx context.Context, cpus string) error {
+	pids := []int{s.server}
+	for _, n := range s.redis {
+		pids = append(pids, n.pid)
+	}
+	for _, pid := range pids {
+		if out, err := exec.CommandContext(ctx, "taskset", "-a", "-p", "-c", cpus, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+			return fmt.Errorf("taskset %d: %w\n%s", pid, err, out)
+		}
+	}
+	return nil
+}
+
 // startTimeout bounds the start of one server, Redis Cluster included.
 const startTimeout = 30 * time.Second
 
-// start starts the servers of r in dir (a fresh folder) and waits until
-// they answer a check correctly. On error, what was started is stopped.
-func (e *env) start(ctx context.Context, r row, dir string) (sys *system, err error) {
-	sys = &system{}
+// Start starts server on store in dir (a fresh folder) and waits until
+// ready, a check of the server's answers on a connection to it, passes.
+// On error, what was started is stopped.
+func (e *Env) Start(ctx context.Context, server Server, store Store, dir string, ready func(context.Context, *grpc.ClientConn) error) (sys *System, err error) {
+	sys = &System{}
 	defer func() {
 		if err != nil {
-			sys.stop()
+			sys.Stop()
 			sys = nil
 		}
 	}()
 	var redisAddrs []string
-	switch r.store {
-	case storeCluster3:
+	switch store {
+	case Cluster3:
 		if err := e.startCluster3(ctx, sys, filepath.Join(dir, "redis")); err != nil {
 			return nil, err
 		}
-	case storeCluster1, storeStandalone:
-		if err := e.startRedis(ctx, sys, filepath.Join(dir, "redis"), r.store == storeCluster1); err != nil {
+	case Cluster1, Standalone:
+		if err := e.startRedis(ctx, sys, filepath.Join(dir, "redis"), store == Cluster1); err != nil {
 			return nil, err
 		}
 	}
@@ -79,29 +179,29 @@ func (e *env) start(ctx context.Context, r row, dir string) (sys *system, err er
 		redisAddrs = append(redisAddrs, n.addr)
 	}
 	var p *proc
-	switch r.server {
-	case serverLimiterd:
+	switch server {
+	case Limiterd:
 		p, err = e.startLimiterd(ctx, sys, dir, redisAddrs)
-	case serverEnvoyRatelimit:
+	case EnvoyRatelimit:
 		p, err = e.startEnvoyRatelimit(sys, dir, redisAddrs[0])
-	case serverGubernator:
+	case Gubernator:
 		p, err = e.startGubernator(sys, dir)
 	}
 	if err != nil {
 		return nil, err
 	}
 	sys.server = p.pid()
-	conn, err := grpc.NewClient(sys.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(sys.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
 	sys.onStop(func() { conn.Close() })
-	sys.conn = conn
-	// Ready when a check of the row's API is answered as it must be.
+	sys.Conn = conn
+	// Ready when a check of the server's answers passes.
 	err = waitReady(ctx, startTimeout, func(ctx context.Context) error {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
-		return e.verify(cctx, r.api, conn, 1)
+		return ready(cctx, conn)
 	}, p)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", p.name, err)
@@ -118,8 +218,8 @@ func redisArgs(dir string, port int) []string {
 
 // startCluster3 starts a 3-primary Redis Cluster with
 // scripts/redis-cluster.sh, which records the nodes' pids in dir.
-func (e *env) startCluster3(ctx context.Context, sys *system, dir string) error {
-	script := filepath.Join(e.root, "scripts", "redis-cluster.sh")
+func (e *Env) startCluster3(ctx context.Context, sys *System, dir string) error {
+	script := filepath.Join(e.Root, "scripts", "redis-cluster.sh")
 	args := []string{"start", dir}
 	for range 3 {
 		port, err := e.ports.get(true, false)
@@ -132,13 +232,13 @@ func (e *env) startCluster3(ctx context.Context, sys *system, dir string) error 
 	// pids the stop finds in dir.
 	sys.onStop(func() {
 		if out, err := exec.Command(script, "stop", dir).CombinedOutput(); err != nil {
-			progress("redis-cluster.sh stop %s: %v\n%s", dir, err, out)
+			e.Logf("redis-cluster.sh stop %s: %v\n%s", dir, err, out)
 		}
 	})
 	cctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(cctx, script, args...)
-	cmd.Dir = e.root
+	cmd.Dir = e.Root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cluster.sh start: %w\n%s", err, out)
 	}
@@ -159,7 +259,7 @@ func (e *env) startCluster3(ctx context.Context, sys *system, dir string) error 
 
 // startRedis starts one Redis server: with cluster, a Redis Cluster of one
 // primary holding every slot (redis-cli --cluster create wants three).
-func (e *env) startRedis(ctx context.Context, sys *system, dir string, cluster bool) error {
+func (e *Env) startRedis(ctx context.Context, sys *System, dir string, cluster bool) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -198,7 +298,7 @@ func (e *env) startRedis(ctx context.Context, sys *system, dir string, cluster b
 	}, p)
 }
 
-func (e *env) addRedis(sys *system, a string, pid int) *redisNode {
+func (e *Env) addRedis(sys *System, a string, pid int) *redisNode {
 	n := &redisNode{addr: a, pid: pid, c: redis.NewClient(&redis.Options{Addr: a, PoolSize: 1, MaxRetries: -1})}
 	sys.onStop(func() { n.c.Close() })
 	sys.redis = append(sys.redis, n)
@@ -208,7 +308,7 @@ func (e *env) addRedis(sys *system, a string, pid int) *redisNode {
 // startLimiterd starts limiterd on the Redis servers at redisAddrs, or on
 // its embedded in-memory store when there are none. --redis.timeout 100ms:
 // no answer comes from the fallback on a busy machine.
-func (e *env) startLimiterd(ctx context.Context, sys *system, dir string, redisAddrs []string) (*proc, error) {
+func (e *Env) startLimiterd(ctx context.Context, sys *System, dir string, redisAddrs []string) (*proc, error) {
 	grpcPort, err := e.ports.get(false, false)
 	if err != nil {
 		return nil, err
@@ -217,19 +317,19 @@ func (e *env) startLimiterd(ctx context.Context, sys *system, dir string, redisA
 	if err != nil {
 		return nil, err
 	}
-	args := []string{"--rules.file", filepath.Join(e.config, "limiterd-rules.yml"),
+	args := []string{"--rules.file", filepath.Join(e.Config, "limiterd-rules.yml"),
 		"--grpc.listen-address", addr(grpcPort), "--http.listen-address", addr(httpPort),
 		"--redis.timeout", "100ms", "--log.level", "warn"}
 	if len(redisAddrs) > 0 {
 		args = append(args, "--redis.addrs", strings.Join(redisAddrs, ","))
 	}
-	p, err := startProc("limiterd", filepath.Join(dir, "limiterd.log"), nil, e.limiterd, args...)
+	p, err := startProc("limiterd", filepath.Join(dir, "limiterd.log"), nil, e.Limiterd, args...)
 	if err != nil {
 		return nil, err
 	}
 	sys.onStop(p.stop)
-	sys.grpc = addr(grpcPort)
-	sys.metrics = "http://" + addr(httpPort) + "/metrics"
+	sys.GRPC = addr(grpcPort)
+	sys.Metrics = "http://" + addr(httpPort) + "/metrics"
 	ready := "http://" + addr(httpPort) + "/readyz"
 	err = waitReady(ctx, startTimeout, func(ctx context.Context) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, ready, nil)
@@ -254,13 +354,13 @@ func (e *env) startLimiterd(ctx context.Context, sys *system, dir string, redisA
 
 // startEnvoyRatelimit starts envoy ratelimit on the standalone Redis at
 // redisAddr, its config envoy-ratelimit.yaml under its runtime root.
-func (e *env) startEnvoyRatelimit(sys *system, dir, redisAddr string) (*proc, error) {
+func (e *Env) startEnvoyRatelimit(sys *System, dir, redisAddr string) (*proc, error) {
 	root := filepath.Join(dir, "runtime")
 	conf := filepath.Join(root, "ratelimit", "config")
 	if err := os.MkdirAll(conf, 0o755); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(filepath.Join(e.config, "envoy-ratelimit.yaml"))
+	b, err := os.ReadFile(filepath.Join(e.Config, "envoy-ratelimit.yaml"))
 	if err != nil {
 		return nil, err
 	}
@@ -282,18 +382,18 @@ func (e *env) startEnvoyRatelimit(sys *system, dir, redisAddr string) (*proc, er
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(p[1]),
 		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(p[2]),
 	}
-	proc, err := startProc("envoy ratelimit", filepath.Join(dir, "ratelimit.log"), envs, e.envoyRatelimit)
+	proc, err := startProc("envoy ratelimit", filepath.Join(dir, "ratelimit.log"), envs, e.EnvoyRatelimit)
 	if err != nil {
 		return nil, err
 	}
 	sys.onStop(proc.stop)
-	sys.grpc = addr(p[1])
+	sys.GRPC = addr(p[1])
 	return proc, nil
 }
 
 // startGubernator starts one Gubernator, its member list of itself alone
 // (so that it owns every key), no tracing.
-func (e *env) startGubernator(sys *system, dir string) (*proc, error) {
+func (e *Env) startGubernator(sys *System, dir string) (*proc, error) {
 	grpcPort, err := e.ports.get(false, false)
 	if err != nil {
 		return nil, err
@@ -314,11 +414,11 @@ func (e *env) startGubernator(sys *system, dir string) (*proc, error) {
 		"GUBER_MEMBERLIST_KNOWN_NODES=" + addr(mlPort),
 		"GUBER_LOG_LEVEL=warn", "OTEL_TRACES_EXPORTER=none",
 	}
-	p, err := startProc("gubernator", filepath.Join(dir, "gubernator.log"), envs, e.gubernator)
+	p, err := startProc("gubernator", filepath.Join(dir, "gubernator.log"), envs, e.Gubernator)
 	if err != nil {
 		return nil, err
 	}
 	sys.onStop(p.stop)
-	sys.grpc = addr(grpcPort)
+	sys.GRPC = addr(grpcPort)
 	return p, nil
 }

@@ -1,4 +1,4 @@
-package main
+package load
 
 import (
 	"bufio"
@@ -19,29 +19,76 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	"github.com/limiterd/limiterd/internal/tools/compare/systems"
 )
 
-// sample is what one ghz run measured.
-type sample struct {
-	// failed says why the run does not count; "" when it does.
-	failed string
-	count  uint64
-	rps    float64
-	p99    time.Duration
-	// serverUs and redisUs are CPU µs per call (/proc), redisUs summed
-	// over the system's Redis servers; NaN without Redis.
-	serverUs, redisUs float64
-	// clientUs is the load tool's own CPU µs per call (its user and
-	// system time): on a machine it shares with the servers, what it
-	// spends is not there for them.
-	clientUs float64
-	// commands are Redis's own time and calls per call, by command
-	// (INFO commandstats summed over the nodes).
-	commands map[string]cmdCost
+// Runner runs ghz against the systems and checks their answers.
+type Runner struct {
+	bin      string // ghz
+	config   string // the folder of the config files
+	protoset string // the file of the protoset
+	// gub holds the descriptors of gubernator's API, for the checks of
+	// its answers; nil without it.
+	gub *protoregistry.Files
+	// pin runs ghz on CPU 0 (taskset), the servers being on the others.
+	pin bool
 }
 
-// cmdCost is one Redis command's usec and calls, per call of the API.
-type cmdCost struct{ usec, calls float64 }
+// New writes the config files into the folder config, compiles
+// gubernator.proto there when gubernator (for a row of Gubernator's API),
+// and writes the protoset ghz reads into the file protosetPath: a Runner
+// of the ghz at bin, on CPU 0 when pin.
+func New(ctx context.Context, bin, config, protosetPath string, gubernator, pin bool) (*Runner, error) {
+	ru := &Runner{bin: bin, config: config, protoset: protosetPath, pin: pin}
+	if err := writeConfig(config); err != nil {
+		return nil, err
+	}
+	var gubSet *descriptorpb.FileDescriptorSet
+	if gubernator {
+		var err error
+		if gubSet, ru.gub, err = compileGubernator(ctx, config); err != nil {
+			return nil, err
+		}
+	}
+	set, err := protoset(gubSet)
+	if err != nil {
+		return nil, err
+	}
+	b, err := proto.Marshal(set)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(protosetPath, b, 0o644); err != nil {
+		return nil, err
+	}
+	return ru, nil
+}
+
+// Sample is what one ghz run measured.
+type Sample struct {
+	// Failed says why the run does not count; "" when it does.
+	Failed string
+	count  uint64
+	RPS    float64
+	P99    time.Duration
+	// ServerUs and RedisUs are CPU µs per call (/proc), RedisUs summed
+	// over the system's Redis servers; NaN without Redis.
+	ServerUs, RedisUs float64
+	// ClientUs is the load tool's own CPU µs per call (its user and
+	// system time): on a machine it shares with the servers, what it
+	// spends is not there for them.
+	ClientUs float64
+	// Commands are Redis's own time and calls per call, by command
+	// (INFO commandstats summed over the nodes).
+	Commands map[string]CmdCost
+}
+
+// CmdCost is one Redis command's usec and calls, per call of the API.
+type CmdCost struct{ Usec, Calls float64 }
 
 // ghzReport is the part of ghz's JSON report (--format json) read here.
 type ghzReport struct {
@@ -58,9 +105,9 @@ type ghzReport struct {
 }
 
 // ghz runs ghz against sys for d at concurrency c on one connection, with
-// the requests of the run labelled run, and returns its report.
-func (e *env) ghz(ctx context.Context, r row, sys *system, dir, run string, c int, d time.Duration) (*ghzReport, error) {
-	src, err := os.ReadFile(filepath.Join(e.config, r.api.template))
+// the requests of a of the run labelled run, and returns its report.
+func (ru *Runner) ghz(ctx context.Context, a API, sys *systems.System, dir, run string, c int, d time.Duration) (*ghzReport, error) {
+	src, err := os.ReadFile(filepath.Join(ru.config, a.template))
 	if err != nil {
 		return nil, err
 	}
@@ -70,18 +117,18 @@ func (e *env) ghz(ctx context.Context, r row, sys *system, dir, run string, c in
 	}
 	defer os.Remove(data)
 	out := filepath.Join(dir, fmt.Sprintf("ghz-%s.json", run))
-	args := []string{"--insecure", "--protoset", e.protoset, "--call", r.api.method,
+	args := []string{"--insecure", "--protoset", ru.protoset, "--call", a.method,
 		"--data-file", data,
 		"-c", strconv.Itoa(c), "--connections", "1", "-z", d.String(),
 		// The calls in flight at the end complete and count: "close" (the
 		// default) cuts them with UNAVAILABLE.
 		"--duration-stop", "wait",
-		"--format", "json", "--output", out, sys.grpc}
+		"--format", "json", "--output", out, sys.GRPC}
 	ctx, cancel := context.WithTimeout(ctx, d+time.Minute)
 	defer cancel()
-	bin := e.ghzBin
-	if e.pin {
-		bin, args = "taskset", append([]string{"-c", "0", e.ghzBin}, args...)
+	bin := ru.bin
+	if ru.pin {
+		bin, args = "taskset", append([]string{"-c", "0", ru.bin}, args...)
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -99,6 +146,19 @@ func (e *env) ghz(ctx context.Context, r row, sys *system, dir, run string, c in
 	}
 	rep.cpu = cpu
 	return &rep, nil
+}
+
+// Warmup runs ghz against sys for d at concurrency c, unmeasured, and
+// fails unless every call was OK.
+func (ru *Runner) Warmup(ctx context.Context, a API, sys *systems.System, dir string, c int, d time.Duration) error {
+	rep, err := ru.ghz(ctx, a, sys, dir, "warmup", c, d)
+	if err != nil {
+		return err
+	}
+	if msg := rep.notOK(); msg != "" {
+		return fmt.Errorf("warm-up: %s", msg)
+	}
+	return nil
 }
 
 // notOK describes the calls of rep that were not OK; "" when all were.
@@ -138,85 +198,75 @@ type snapshot struct {
 	decisions map[[2]string]float64
 }
 
-func (e *env) snap(ctx context.Context, sys *system) (snapshot, error) {
+func snap(ctx context.Context, sys *systems.System) (snapshot, error) {
 	var s snapshot
 	var err error
-	if sys.metrics != "" {
-		if s.decisions, err = decisions(ctx, sys.metrics); err != nil {
+	if sys.Metrics != "" {
+		if s.decisions, err = decisions(ctx, sys.Metrics); err != nil {
 			return s, err
 		}
 	}
-	if s.server, err = cpuTicks(sys.server); err != nil {
-		return s, err
-	}
-	for _, n := range sys.redis {
-		t, err := cpuTicks(n.pid)
-		if err != nil {
-			return s, fmt.Errorf("redis %s: %w", n.addr, err)
-		}
-		s.redis += t
-	}
-	return s, nil
+	s.server, s.redis, err = sys.CPUTicks()
+	return s, err
 }
 
-// measure runs ghz once at concurrency c and reads what the run cost.
-func (e *env) measure(ctx context.Context, r row, sys *system, dir string, c int, d time.Duration) (sample, error) {
-	for _, n := range sys.redis {
-		if err := n.c.ConfigResetStat(ctx).Err(); err != nil {
-			return sample{}, fmt.Errorf("redis %s config resetstat: %w", n.addr, err)
-		}
+// Measure runs ghz against sys once at concurrency c for d, with the
+// requests of a, and reads what the run cost.
+func (ru *Runner) Measure(ctx context.Context, a API, sys *systems.System, dir string, c int, d time.Duration) (Sample, error) {
+	if err := sys.ResetStats(ctx); err != nil {
+		return Sample{}, err
 	}
-	before, err := e.snap(ctx, sys)
+	before, err := snap(ctx, sys)
 	if err != nil {
-		return sample{}, err
+		return Sample{}, err
 	}
-	rep, err := e.ghz(ctx, r, sys, dir, fmt.Sprintf("c%d", c), c, d)
+	rep, err := ru.ghz(ctx, a, sys, dir, fmt.Sprintf("c%d", c), c, d)
 	if err != nil {
-		return sample{}, err
+		return Sample{}, err
 	}
-	after, err := e.snap(ctx, sys)
+	after, err := snap(ctx, sys)
 	if err != nil {
-		return sample{}, err
+		return Sample{}, err
 	}
-	s := sample{count: rep.Count, rps: rep.Rps, p99: rep.p99(), redisUs: math.NaN(), commands: make(map[string]cmdCost)}
+	s := Sample{count: rep.Count, RPS: rep.Rps, P99: rep.p99(), RedisUs: math.NaN(), Commands: make(map[string]CmdCost)}
 	perCall := func(ticks uint64) float64 {
-		return float64(ticks) / ticksPerSecond * 1e6 / float64(max(rep.Count, 1))
+		return float64(ticks) / systems.TicksPerSecond * 1e6 / float64(max(rep.Count, 1))
 	}
-	s.serverUs = perCall(after.server - before.server)
-	s.clientUs = float64(rep.cpu.Microseconds()) / float64(max(rep.Count, 1))
-	if len(sys.redis) > 0 {
-		s.redisUs = perCall(after.redis - before.redis)
-		for _, n := range sys.redis {
-			info, err := n.c.Info(ctx, "commandstats").Result()
-			if err != nil {
-				return sample{}, fmt.Errorf("redis %s info commandstats: %w", n.addr, err)
-			}
+	s.ServerUs = perCall(after.server - before.server)
+	s.ClientUs = float64(rep.cpu.Microseconds()) / float64(max(rep.Count, 1))
+	if sys.HasRedis() {
+		s.RedisUs = perCall(after.redis - before.redis)
+		infos, err := sys.CommandStats(ctx)
+		if err != nil {
+			return Sample{}, err
+		}
+		for _, info := range infos {
 			for cmd, st := range commandStats(info) {
-				c := s.commands[cmd]
-				c.usec += st.usec / float64(max(rep.Count, 1))
-				c.calls += st.calls / float64(max(rep.Count, 1))
-				s.commands[cmd] = c
+				c := s.Commands[cmd]
+				c.Usec += st.Usec / float64(max(rep.Count, 1))
+				c.Calls += st.Calls / float64(max(rep.Count, 1))
+				s.Commands[cmd] = c
 			}
 		}
 	}
 	if msg := rep.notOK(); msg != "" {
-		s.failed = msg
+		s.Failed = msg
 		return s, nil
 	}
-	if sys.metrics != "" {
-		if msg := decisionsMoved(before.decisions, after.decisions, r.decides(), rep.Count); msg != "" {
-			s.failed = msg
+	if sys.Metrics != "" {
+		if msg := decisionsMoved(before.decisions, after.decisions, a.decides(), rep.Count); msg != "" {
+			s.Failed = msg
 			return s, nil
 		}
 	}
-	if r.decides() && len(sys.redis) > 0 && len(s.commands) == 0 {
-		s.failed = "no Redis command ran: the answers did not come from Redis"
+	if a.decides() && sys.HasRedis() && len(s.Commands) == 0 {
+		s.Failed = "no Redis command ran: the answers did not come from Redis"
 		return s, nil
 	}
 	// A few more calls with a Go client, whose answers are read: each
 	// under the limit, decided by the config.
-	if err := e.verify(ctx, r.api, sys.conn, 3); err != nil {
-		s.failed = "after the run: " + err.Error()
+	if err := ru.Verify(ctx, a, sys.Conn, 3); err != nil {
+		s.Failed = "after the run: " + err.Error()
 	}
 	return s, nil
 }
@@ -224,8 +274,8 @@ func (e *env) measure(ctx context.Context, r row, sys *system, dir string, c int
 // commandStats parses INFO commandstats: calls and usec by command, the
 // commands ghz's calls cause and those of the tool and the clients
 // themselves (INFO, CLUSTER SLOTS, PING) alike.
-func commandStats(info string) map[string]cmdCost {
-	out := make(map[string]cmdCost)
+func commandStats(info string) map[string]CmdCost {
+	out := make(map[string]CmdCost)
 	sc := bufio.NewScanner(strings.NewReader(info))
 	for sc.Scan() {
 		name, rest, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
@@ -233,7 +283,7 @@ func commandStats(info string) map[string]cmdCost {
 		if !ok || !isCmd {
 			continue
 		}
-		var c cmdCost
+		var c CmdCost
 		for kv := range strings.SplitSeq(rest, ",") {
 			k, v, _ := strings.Cut(kv, "=")
 			f, err := strconv.ParseFloat(v, 64)
@@ -242,9 +292,9 @@ func commandStats(info string) map[string]cmdCost {
 			}
 			switch k {
 			case "calls":
-				c.calls = f
+				c.Calls = f
 			case "usec":
-				c.usec = f
+				c.Usec = f
 			}
 		}
 		out[cmd] = c

@@ -1,4 +1,9 @@
-package main
+// Package load drives the systems with ghz and reads what each run cost:
+// the config files of every system and ghz's request templates (config/),
+// the protoset ghz reads, the checks of the answers with a Go client, and
+// the measurement of one run (req/s, p99, CPU per call, Redis's time per
+// command).
+package load
 
 import (
 	"bytes"
@@ -7,12 +12,12 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"github.com/bufbuild/protocompile"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"text/template"
 
+	"github.com/bufbuild/protocompile"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -38,62 +43,28 @@ var configFS embed.FS
 // sent (each request names a new key), so that nothing is refused.
 const limitPerSecond = 1_000_000
 
-// api is one gRPC method ghz drives.
-type api struct {
+// API is one gRPC method ghz drives.
+type API struct {
 	name string
 	// method is ghz's --call; template the config file of its request.
 	method   string
 	template string
 }
 
+// The APIs of the systems.
 var (
-	apiRLS        = api{name: "Envoy RLS v3", method: "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", template: "ghz-rls.json"}
-	apiCheck      = api{name: "limiter.v1 Check", method: "limiter.v1.Limiter/Check", template: "ghz-check.json"}
-	apiGubernator = api{name: "pb.gubernator.V1/GetRateLimits", method: "pb.gubernator.V1/GetRateLimits", template: "ghz-gubernator.json"}
-	apiHealth     = api{name: "grpc.health.v1 Health/Check", method: "grpc.health.v1.Health/Check", template: "ghz-health.json"}
+	RLS        = API{name: "Envoy RLS v3", method: "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", template: "ghz-rls.json"}
+	Check      = API{name: "limiter.v1 Check", method: "limiter.v1.Limiter/Check", template: "ghz-check.json"}
+	Gubernator = API{name: "pb.gubernator.V1/GetRateLimits", method: "pb.gubernator.V1/GetRateLimits", template: "ghz-gubernator.json"}
+	Health     = API{name: "grpc.health.v1 Health/Check", method: "grpc.health.v1.Health/Check", template: "ghz-health.json"}
 )
 
-type storeKind int
+// Name is how the report names a.
+func (a API) Name() string { return a.name }
 
-const (
-	storeNone storeKind = iota
-	storeCluster3
-	storeCluster1
-	storeStandalone
-)
-
-type serverKind int
-
-const (
-	serverLimiterd serverKind = iota
-	serverEnvoyRatelimit
-	serverGubernator
-)
-
-// row is one line of the table: a server on a store, driven through an API.
-type row struct {
-	n      int
-	system string
-	api    api
-	server serverKind
-	store  storeKind
-}
-
-// rows are the table's rows, numbered as the README numbers them.
-var rows = []row{
-	{1, "limiterd, 3-primary Redis Cluster", apiRLS, serverLimiterd, storeCluster3},
-	{2, "limiterd, 1-primary Redis Cluster", apiRLS, serverLimiterd, storeCluster1},
-	{3, "envoy ratelimit, 1 standalone Redis", apiRLS, serverEnvoyRatelimit, storeStandalone},
-	{4, "limiterd, 3-primary Redis Cluster", apiCheck, serverLimiterd, storeCluster3},
-	{5, "limiterd, 1-primary Redis Cluster", apiCheck, serverLimiterd, storeCluster1},
-	{6, "limiterd, in memory", apiCheck, serverLimiterd, storeNone},
-	{7, "Gubernator v2, in memory", apiGubernator, serverGubernator, storeNone},
-	{8, "limiterd, 1-primary Redis Cluster", apiHealth, serverLimiterd, storeCluster1},
-}
-
-// decides reports whether the row's calls are rate limit decisions
-// (counted in limiterd's limiter_decisions_total).
-func (r row) decides() bool { return r.api != apiHealth }
+// decides reports whether a's calls are rate limit decisions (counted in
+// limiterd's limiter_decisions_total).
+func (a API) decides() bool { return a != Health }
 
 // callData is the part of ghz's template data (ghz v0.93.0
 // runner.CallData) a request template may use.
@@ -158,7 +129,7 @@ func newUUID() string {
 // request is call n of the run labelled run of a, filled from a's
 // template and decoded into its request message: typed, or gubernator's
 // dynamic one from gub.
-func request(a api, gub *protoregistry.Files, run string, n int64) (proto.Message, error) {
+func request(a API, gub *protoregistry.Files, run string, n int64) (proto.Message, error) {
 	src, err := fs.ReadFile(configFS, "config/"+a.template)
 	if err != nil {
 		return nil, err
@@ -169,13 +140,13 @@ func request(a api, gub *protoregistry.Files, run string, n int64) (proto.Messag
 	}
 	var m proto.Message
 	switch a {
-	case apiRLS:
+	case RLS:
 		m = &rlsv3.RateLimitRequest{}
-	case apiCheck:
+	case Check:
 		m = &limiterv1.CheckRequest{}
-	case apiHealth:
+	case Health:
 		m = &healthpb.HealthCheckRequest{}
-	case apiGubernator:
+	case Gubernator:
 		if m, err = gubernatorMessage(gub, "GetRateLimitsReq"); err != nil {
 			return nil, err
 		}
@@ -201,13 +172,13 @@ func gubernatorMessage(gub *protoregistry.Files, name protoreflect.Name) (*dynam
 	return dynamicpb.NewMessage(md), nil
 }
 
-// verify makes n calls of a on conn, each with a request from a's ghz
+// Verify makes n calls of a on conn, each with a request from a's ghz
 // template (a new key each), and checks that each answer admits the call
 // under the compare limit: that the config was loaded, the request
 // matched it, and the store decided.
-func (e *env) verify(ctx context.Context, a api, conn *grpc.ClientConn, n int) error {
+func (ru *Runner) Verify(ctx context.Context, a API, conn *grpc.ClientConn, n int) error {
 	for i := range n {
-		req, err := request(a, e.gub, "verify", int64(i))
+		req, err := request(a, ru.gub, "verify", int64(i))
 		if err != nil {
 			return err
 		}
@@ -218,9 +189,9 @@ func (e *env) verify(ctx context.Context, a api, conn *grpc.ClientConn, n int) e
 	return nil
 }
 
-func call(ctx context.Context, a api, conn *grpc.ClientConn, req proto.Message) error {
+func call(ctx context.Context, a API, conn *grpc.ClientConn, req proto.Message) error {
 	switch a {
-	case apiRLS:
+	case RLS:
 		resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
 		if err != nil {
 			return err
@@ -232,7 +203,7 @@ func call(ctx context.Context, a api, conn *grpc.ClientConn, req proto.Message) 
 		if l := st[0].GetCurrentLimit(); l.GetRequestsPerUnit() != limitPerSecond || l.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
 			return fmt.Errorf("descriptor's limit %v, want %d per second: the config did not match", l, limitPerSecond)
 		}
-	case apiCheck:
+	case Check:
 		resp, err := limiterv1.NewLimiterClient(conn).Check(ctx, req.(*limiterv1.CheckRequest))
 		if err != nil {
 			return err
@@ -240,7 +211,7 @@ func call(ctx context.Context, a api, conn *grpc.ClientConn, req proto.Message) 
 		if !resp.GetAllowed() || resp.GetLimit() != limitPerSecond {
 			return fmt.Errorf("not allowed under the limit %d: %v", limitPerSecond, resp)
 		}
-	case apiHealth:
+	case Health:
 		resp, err := healthpb.NewHealthClient(conn).Check(ctx, req.(*healthpb.HealthCheckRequest))
 		if err != nil {
 			return err
@@ -248,7 +219,7 @@ func call(ctx context.Context, a api, conn *grpc.ClientConn, req proto.Message) 
 		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 			return fmt.Errorf("not serving: %v", resp)
 		}
-	case apiGubernator:
+	case Gubernator:
 		// The response type is in the file of the request's.
 		md := req.ProtoReflect().Descriptor().ParentFile().Messages().ByName("GetRateLimitsResp")
 		if md == nil {
