@@ -29,6 +29,8 @@ import (
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/reconciler"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -485,8 +487,8 @@ func httpStatus(url string) int {
 // the running daemons.
 func TestPromQLMetricsExported(t *testing.T) {
 	used := usedMetrics(t)
-	cluster := testenv.RedisCluster(t, 3, 0)
-	nats := testenv.NATS(t)
+	cluster := redistest.NewCluster(t, 3, 0)
+	nats := natstest.NewServer(t)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
 	dir := t.TempDir()

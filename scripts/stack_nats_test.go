@@ -21,7 +21,8 @@ import (
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/reconciler"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -59,7 +60,7 @@ func TestStackNATSIdentities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := testenv.NATS(t, testenv.NATSConfig(string(conf)))
+	ns := natstest.NewServer(t, natstest.Config(string(conf)))
 
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if os.Getenv("LIMITER_TEST_LOG") != "" {
@@ -87,7 +88,7 @@ func TestStackNATSIdentities(t *testing.T) {
 	recs := map[string]*reconciler.Reconciler{}
 	lims := map[string]*limiterd.Daemon{}
 	for _, r := range regions {
-		node := testenv.RedisNode(t)
+		node := redistest.NewNode(t)
 		rec, err := reconciler.New(reconciler.Options{
 			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), RedisAddrs: []string{node.Addr()},
 			NATSAuth: natsconn.Auth{NkeySeedFile: seed("reconciler-" + r)}, Interval: 200 * time.Millisecond,

@@ -24,6 +24,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/httplimit"
 )
 
@@ -209,7 +210,7 @@ func stopNginx(t *testing.T, pid int, exited <-chan struct{}) {
 // a tiny application, limiterd deciding each one.
 func TestNginx(t *testing.T) {
 	lookNginx(t)
-	cluster := testenv.RedisCluster(t, 3, 0)
+	cluster := redistest.NewCluster(t, 3, 0)
 	rules := filepath.Join(t.TempDir(), "rules.yml")
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o600); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -58,7 +58,7 @@ func waitRule(t testing.TB, client limiterv1.LimiterClient, rule string, gone bo
 // in every limiterd of the region within 5 s; unauthenticated and invalid
 // calls change nothing.
 func TestAdminRules(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte(adminToken+"\n"), 0o600); err != nil {

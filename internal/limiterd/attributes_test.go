@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -28,7 +28,7 @@ func TestAttributeChecks(t *testing.T) {
 		t.Run(store, func(t *testing.T) {
 			var addrs []string
 			if store == "redis" {
-				addrs = testenv.RedisCluster(t, 3, 0).Addrs()
+				addrs = redistest.NewCluster(t, 3, 0).Addrs()
 			}
 			d := startDaemon(t, addrs)
 			client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -132,7 +132,7 @@ func leaseEvents(t *testing.T, d *Daemon, event string) float64 {
 // 10, through two limiterd on a 3-primary Redis Cluster: at no instant
 // more than 10 held, and every caller served.
 func TestConcurrencyRace(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ds := []*Daemon{startConcurrency(t, c.Addrs()), startConcurrency(t, c.Addrs())}
 	clients := []limiterv1.LimiterClient{limiterv1.NewLimiterClient(dial(t, ds[0].GRPCAddr())), limiterv1.NewLimiterClient(dial(t, ds[1].GRPCAddr()))}
 	const callers, rounds = 50, 5
@@ -173,7 +173,7 @@ func TestConcurrencyRaceProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts processes")
 	}
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ds := []*Daemon{startConcurrency(t, c.Addrs()), startConcurrency(t, c.Addrs())}
 	const procs, callers, rounds = 5, 10, 5
 	outs := make([]*bufio.Reader, procs)
@@ -254,7 +254,7 @@ func leaseHelper(kind string) {
 // a rule with 2 s leases is killed (SIGKILL): its slots stay taken until
 // the leases expire, and come back then.
 func TestKilledCallerSlotsComeBack(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startConcurrency(t, c.Addrs())
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=hold", "LIMITERD_ADDR="+d.GRPCAddr(), "LIMITERD_KEY=killed")
@@ -317,7 +317,7 @@ func TestKilledCallerSlotsComeBack(t *testing.T) {
 // concurrency rule (key user, one slot) and spends the rate rule (key ip,
 // another slot), all or nothing.
 func TestAcquireMixedAttributes(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startConcurrency(t, c.Addrs())
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
@@ -377,7 +377,7 @@ func TestAcquireMixedAttributes(t *testing.T) {
 // TestLeaseValidation: bad lease ids and plain checks of concurrency rules
 // are INVALID_ARGUMENT naming the field or the rule; the daemon serves on.
 func TestLeaseValidation(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startConcurrency(t, c.Addrs())
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()

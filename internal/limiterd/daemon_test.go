@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -121,7 +121,7 @@ func TestCheckResponse(t *testing.T) {
 // instances on one 3-primary cluster against a 10-token bucket admit
 // exactly 10, run after run.
 func TestRaceTwoInstances(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	a := startDaemon(t, c.Addrs())
 	b := startDaemon(t, c.Addrs())
 	clients := []limiterv1.LimiterClient{
@@ -159,7 +159,7 @@ func TestRaceTwoInstances(t *testing.T) {
 // the local bucket and fail-closed rules answer UNAVAILABLE; with Redis back,
 // decisions come from the store again.
 func TestStoreDown(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 200 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
@@ -259,7 +259,7 @@ func TestMetricsLint(t *testing.T) {
 }
 
 func TestMetricsLintRedis(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs())
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})

@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -44,7 +44,7 @@ func evalshaCalls(t testing.TB, addrs []string) int64 {
 
 // flood sends checks for one key from workers goroutines for d; it returns
 // the checks made and the store calls they cost.
-func flood(t testing.TB, c *testenv.Cluster, cacheSize, workers int, d time.Duration) (checks, calls int64) {
+func flood(t testing.TB, c *redistest.Cluster, cacheSize, workers int, d time.Duration) (checks, calls int64) {
 	t.Helper()
 	dm := startDaemon(t, c.Addrs(), func(o *Options) { o.DenyCacheSize = cacheSize })
 	client := limiterv1.NewLimiterClient(dial(t, dm.GRPCAddr()))
@@ -71,7 +71,7 @@ func flood(t testing.TB, c *testenv.Cluster, cacheSize, workers int, d time.Dura
 // TestDenyCacheSparesTheStore: one key flooding far over its limit costs
 // the store about one call per refill, not one per check.
 func TestDenyCacheSparesTheStore(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	const workers, capacity, rate = 16, 10, 2.0
 	run := 3 * time.Second
 	checks, calls := flood(t, c, 0, workers, run)

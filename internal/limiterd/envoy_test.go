@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 const envoyRulesFile = "testdata/envoy_rules.yml"
@@ -57,7 +57,7 @@ func envoyIntHeader(t *testing.T, resp *rlsv3.RateLimitResponse, name string) in
 // go-control-plane's client against a limiterd on a real Redis Cluster,
 // with the quota headers (--envoy.quota-headers).
 func TestEnvoyRateLimitService(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) {
 		o.RulesFile = envoyRulesFile
 		o.EnvoyQuotaHeaders = true
@@ -270,7 +270,7 @@ func TestEnvoyRateLimitService(t *testing.T) {
 // decides), while fail-open rules still answer from the local bucket. The
 // daemon has the default options: answers without quota headers.
 func TestEnvoyStoreDown(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) {
 		o.RulesFile = envoyRulesFile
 		o.RedisTimeout = 200 * time.Millisecond

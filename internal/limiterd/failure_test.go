@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -86,7 +86,7 @@ func quantile(l []time.Duration, q float64) time.Duration {
 // UNAVAILABLE, nothing else; when Redis returns, decisions come from it
 // again within seconds, without a restart.
 func TestRedisOutageUnderLoad(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	const timeout = 5 * time.Millisecond
 	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = timeout })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
@@ -145,7 +145,7 @@ func TestRedisOutageUnderLoad(t *testing.T) {
 // primary under load causes no errors beyond fail-closed refusals while the
 // replica takes over; fail-open rules keep answering throughout.
 func TestFailoverUnderLoad(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 1)
+	c := redistest.NewCluster(t, 3, 1)
 	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 50 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	stop := make(chan struct{})
@@ -198,7 +198,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 // UNAVAILABLE, and no check is answered RESOURCE_EXHAUSTED, which would
 // blame limiterd's own queue for the node's silence.
 func TestPausedNodeUnderLoad(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 50 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	stop := make(chan struct{})

@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -28,7 +28,7 @@ func fleetSize(t *testing.T, d *Daemon) float64 {
 // region as a whole still admits about the limit, not one limit per
 // instance. The count seen holds through the outage.
 func TestFleetSharesTheFallback(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ds := []*Daemon{startDaemon(t, c.Addrs(), func(o *Options) { o.Instance = "a" }),
 		startDaemon(t, c.Addrs(), func(o *Options) { o.Instance = "b" })}
 	deadline := time.Now().Add(10 * time.Second)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 const forwardAuthRules = `rules:
@@ -94,7 +94,7 @@ func startForwardAuth(t *testing.T, redis []string, mutate ...func(*Options)) *D
 // a real limiterd on a Redis Cluster, as Traefik (default) and nginx
 // (mode=nginx) ask.
 func TestForwardAuth(t *testing.T) {
-	cluster := testenv.RedisCluster(t, 3, 0)
+	cluster := redistest.NewCluster(t, 3, 0)
 	d := startForwardAuth(t, cluster.Addrs())
 
 	for i := range 3 {

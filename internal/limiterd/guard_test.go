@@ -9,13 +9,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // TestEvictionGuard: a node whose maxmemory-policy evicts any key stops
 // limiterd at start, unless allowed; the readings are exported.
 func TestEvictionGuard(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ctx := context.Background()
 	for _, a := range c.PrimaryAddrs() {
 		rc := redis.NewClient(&redis.Options{Addr: a})

@@ -7,14 +7,15 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // TestStartFailuresLeakNothing: a Start that fails at any step releases
 // what the steps before it started: goroutines, connections, listeners.
 func TestStartFailuresLeakNothing(t *testing.T) {
-	cluster := testenv.RedisCluster(t, 3, 0)
-	nats := testenv.NATS(t)
+	cluster := redistest.NewCluster(t, 3, 0)
+	nats := natstest.NewServer(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -14,7 +14,7 @@ import (
 // bucket admit exactly 20 of 100 concurrent checks (every leased token is
 // spent from the shared bucket first), with a fraction of the store calls.
 func TestLeaseBounds(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	clients := []limiterv1.LimiterClient{
 		limiterv1.NewLimiterClient(dial(t, startDaemon(t, c.Addrs()).GRPCAddr())),
 		limiterv1.NewLimiterClient(dial(t, startDaemon(t, c.Addrs()).GRPCAddr())),
@@ -48,7 +48,7 @@ func TestLeaseBounds(t *testing.T) {
 // TestLeaseRefund: tokens leased and not handed out go back to the shared
 // bucket when the instance stops.
 func TestLeaseRefund(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ctx := context.Background()
 	first := startDaemon(t, c.Addrs())
 	resp, err := limiterv1.NewLimiterClient(dial(t, first.GRPCAddr())).Check(ctx, &limiterv1.CheckRequest{RuleId: "leased", Key: "k"})

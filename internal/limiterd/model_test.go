@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -85,7 +86,7 @@ func (c modelCheck) buckets() []modelBucket {
 // replicas, the one that takes the traffic and the faults) and eu-west (one
 // limiterd on its own cluster, the home of half the pinned keys).
 type modelStack struct {
-	east    *testenv.Cluster
+	east    *redistest.Cluster
 	eastDs  []*Daemon
 	west    *Daemon
 	rules   string
@@ -110,8 +111,8 @@ func freeLoopbackAddr(t *testing.T) string {
 func newModelStack(t *testing.T, storeTimeout time.Duration) *modelStack {
 	t.Helper()
 	dir := t.TempDir()
-	s := &modelStack{rules: filepath.Join(dir, "rules.yml"), east: testenv.RedisCluster(t, 3, 1)}
-	west := testenv.RedisCluster(t, 3, 0)
+	s := &modelStack{rules: filepath.Join(dir, "rules.yml"), east: redistest.NewCluster(t, 3, 1)}
+	west := redistest.NewCluster(t, 3, 0)
 	if err := os.WriteFile(s.rules, []byte(modelRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -343,7 +344,7 @@ func admittedOf(admitted map[modelBucket]int, c modelCheck) map[string]int {
 }
 
 // primaries returns a client to each primary of the cluster now.
-func primaries(t *testing.T, c *testenv.Cluster) []*redis.Client {
+func primaries(t *testing.T, c *redistest.Cluster) []*redis.Client {
 	t.Helper()
 	var out []*redis.Client
 	for _, a := range c.PrimaryAddrs() {

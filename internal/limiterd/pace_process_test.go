@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -92,7 +92,7 @@ func TestPacerProof(t *testing.T) {
 	if testing.Short() {
 		t.Skip("sends for 12 s from 3 processes")
 	}
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	var mu sync.Mutex
 	var arrived []int64
 	partner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/peer"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -20,7 +21,7 @@ import (
 // CancelReservation gives back; max_wait_ms 0 answers as before; a bad wait
 // is INVALID_ARGUMENT naming max_wait_ms.
 func TestPacedCheckAPI(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs())
 	lc := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

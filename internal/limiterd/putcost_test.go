@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -23,7 +23,7 @@ import (
 //	go test -run '^$' -bench AdminPut768 -benchtime 1x ./internal/limiterd
 func BenchmarkAdminPut768(b *testing.B) {
 	const n = 768
-	ns := testenv.NATS(b)
+	ns := natstest.NewServer(b)
 	tokenFile := filepath.Join(b.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(adminToken), 0o600); err != nil {
 		b.Fatal(err)

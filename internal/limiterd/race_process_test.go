@@ -17,7 +17,7 @@ import (
 
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // helperEnv selects what TestHelperProcess does in a child process.
@@ -235,7 +235,7 @@ func TestRaceSeparateProcessesBusyCores(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts 100+ processes")
 	}
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	var grpcs, https []string
 	for _, name := range []string{"a", "b"} {
 		g, h := limiterdProcess(t, "--rules.file", "testdata/rules.yml", "--redis.addrs", strings.Join(c.Addrs(), ","), "--instance", name)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -86,7 +87,7 @@ func dialTLS(t *testing.T, addr string, ca *testenv.CA, certFile, keyFile string
 // the token it is refused PutRule (PermissionDenied, counted), unless its
 // identity is in --admin.client-identities; the token admits it anyway.
 func TestAdminCertificateIsNotEnough(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	ca := testenv.NewCA(t)
 	srvCert, srvKey := ca.Issue(t, "limiterd", true)
 	gwCert, gwKey := ca.Issue(t, "gateway.edge", false)
@@ -164,7 +165,7 @@ const pinnedRule = "id: %s\ncapacity: 5\nrefill_per_second: 1\nhome: pinned\nhom
 // is left out alone and counted as a failure, and every limiterd reports
 // as in force exactly what its engine decides with.
 func TestAdminRulesCannotPoison(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	topo, secret, tok := twoRegionTopology(t), testenv.SecretFile(t), tokenFile(t)
 	opts := func(o *Options) {
 		o.Region, o.TopologyFile, o.PeerSecretFile = "us-east", topo, secret
@@ -262,7 +263,7 @@ func agree(t *testing.T, ds ...*Daemon) {
 // TestAdminRuleCap: a put past --rules.max-rules is refused naming the
 // field, and nothing is stored; a rules file over it is refused at start.
 func TestAdminRuleCap(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	tok := tokenFile(t)
 	fileRules := strings.Count(readFile(t, "testdata/rules.yml"), "- id:")
 	d := startDaemon(t, nil, func(o *Options) {
@@ -438,7 +439,7 @@ func TestTokenInClearWarning(t *testing.T) {
 // debt horizon are warned of at start (a debit keeps at most capacity +
 // rate x DebtHorizon), and the default interval is not.
 func TestLongGossipIntervalWarning(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	for _, tt := range []struct {
 		interval time.Duration
 		warn     bool

@@ -11,7 +11,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -30,8 +31,8 @@ func readyz(t *testing.T, d *Daemon) (int, string) {
 // starts, is ready, says in /readyz what is missing, decides each rule by
 // its on_failure, and uses the store as soon as it is back, by itself.
 func TestStartsWithoutItsDependencies(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
-	nats := testenv.NATS(t)
+	c := redistest.NewCluster(t, 3, 0)
+	nats := natstest.NewServer(t)
 	c.StopAll()
 	nats.Shutdown()
 	d := startDaemon(t, c.Addrs(), func(o *Options) { o.NATSURL = nats.URL() })

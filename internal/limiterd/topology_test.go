@@ -15,6 +15,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -96,7 +97,7 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 	}
 	first := files(s.addrs)
 	for _, n := range []string{"a", "b", "c"} {
-		cluster := testenv.RedisCluster(t, 3, 0)
+		cluster := redistest.NewCluster(t, 3, 0)
 		r := &topoRegion{name: n, addr: s.addrs[n], file: filepath.Join(dir, n+"-topology.yml")}
 		if err := os.WriteFile(r.file, []byte(first[n]), 0o644); err != nil {
 			t.Fatal(err)

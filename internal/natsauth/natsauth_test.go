@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/limiterd/limiterd/internal/natsauth"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 func TestGenerateRefusesBadRegions(t *testing.T) {
@@ -77,7 +77,7 @@ func TestWriteStartsAServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := testenv.NATS(t, testenv.NATSConfig(string(conf)))
+	srv := natstest.NewServer(t, natstest.Config(string(conf)))
 	if nc, err := nats.Connect(srv.URL()); err == nil {
 		nc.Close()
 		t.Error("a client without an nkey was let in")

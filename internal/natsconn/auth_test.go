@@ -19,6 +19,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -79,7 +80,7 @@ func roundTrip(t *testing.T, nc *nats.Conn) {
 
 func TestAuthNkeySeed(t *testing.T) {
 	pub, seed := userSeed(t)
-	srv := testenv.NATS(t, testenv.NATSConfig(fmt.Sprintf("authorization { users = [ { nkey: %s } ] }", pub)))
+	srv := natstest.NewServer(t, natstest.Config(fmt.Sprintf("authorization { users = [ { nkey: %s } ] }", pub)))
 	dir := t.TempDir()
 
 	if _, err := connect(t, srv.URL(), natsconn.Auth{}); !errors.Is(err, nats.ErrAuthorization) {
@@ -131,7 +132,7 @@ func TestAuthCredsFileOperatorMode(t *testing.T) {
 		}
 		return b
 	}
-	srv := testenv.NATS(t, testenv.NATSConfig(fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: %q\n  %s: %q\n}",
+	srv := natstest.NewServer(t, natstest.Config(fmt.Sprintf("operator: %q\nsystem_account: %s\nresolver: MEMORY\nresolver_preload: {\n  %s: %q\n  %s: %q\n}",
 		ojwt, spub, spub, sjwt, apub, ajwt)))
 	dir := t.TempDir()
 
@@ -153,7 +154,7 @@ func TestAuthTLS(t *testing.T) {
 	ca := testenv.NewCA(t)
 	srvCert, srvKey := ca.Issue(t, "nats", true)
 	cliCert, cliKey := ca.Issue(t, "limiterd", false)
-	srv := testenv.NATS(t, testenv.NATSConfig(fmt.Sprintf("tls {\n  cert_file: %q\n  key_file: %q\n  ca_file: %q\n  verify: true\n}",
+	srv := natstest.NewServer(t, natstest.Config(fmt.Sprintf("tls {\n  cert_file: %q\n  key_file: %q\n  ca_file: %q\n  verify: true\n}",
 		srvCert, srvKey, ca.File)))
 
 	if _, err := connect(t, srv.URL(), natsconn.Auth{TLSCAFile: ca.File}); err == nil {

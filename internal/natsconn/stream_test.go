@@ -9,7 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 // apiCalls counts the JetStream API requests on subject (a wildcard) that
@@ -46,7 +46,7 @@ func jetStream(t *testing.T, url string) jetstream.JetStream {
 }
 
 func TestEnsureStreamUpdatesOnlyWhatDiffers(t *testing.T) {
-	srv := testenv.NATS(t)
+	srv := natstest.NewServer(t)
 	ctx := t.Context()
 	creates := apiCalls(t, srv.URL(), "$JS.API.STREAM.CREATE.>")
 	updates := apiCalls(t, srv.URL(), "$JS.API.STREAM.UPDATE.>")
@@ -122,7 +122,7 @@ func TestStreamMatches(t *testing.T) {
 }
 
 func TestEnsureKeyValueCreatesOnce(t *testing.T) {
-	srv := testenv.NATS(t)
+	srv := natstest.NewServer(t)
 	ctx := t.Context()
 	creates := apiCalls(t, srv.URL(), "$JS.API.STREAM.CREATE.>")
 	js := jetStream(t, srv.URL())

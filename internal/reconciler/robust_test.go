@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
@@ -176,7 +176,7 @@ func TestRedisPrimaryDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var down *testenv.Node
+	var down *redistest.Node
 	for _, n := range eu.cluster.Nodes() {
 		if n.Addr() != rec.Options().Addr {
 			down = n

@@ -8,7 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -110,8 +110,8 @@ func TestSourceOfLateSpendsStream(t *testing.T) {
 
 func lateSpendsStream(t *testing.T, fromTime bool) {
 	const late = "ap-south"
-	s := buildStackLate(t, superRegions, nil, []string{late}, quotaRules, 200*time.Millisecond, 1, func(s *stack, opts ...testenv.NATSOption) {
-		s.nats = testenv.NATS(t, opts...)
+	s := buildStackLate(t, superRegions, nil, []string{late}, quotaRules, 200*time.Millisecond, 1, func(s *stack, opts ...natstest.Option) {
+		s.nats = natstest.NewServer(t, opts...)
 	})
 	js := s.opsJetStream(t, "us-east")
 	if fromTime {

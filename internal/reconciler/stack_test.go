@@ -23,6 +23,8 @@ import (
 	"github.com/limiterd/limiterd/internal/natsauth"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -33,9 +35,9 @@ import (
 type stack struct {
 	t        testing.TB
 	names    []string
-	nats     *testenv.NATSServer   // nil on a supercluster
-	super    *testenv.Supercluster // nil on one server
-	replicas int                   // of the streams (--stream.replicas)
+	nats     *natstest.Server       // nil on a supercluster
+	super    *natstest.Supercluster // nil on one server
+	replicas int                    // of the streams (--stream.replicas)
 	dir      string
 	authDir  string // the identities' seeds (natsauth.Write)
 	interval time.Duration
@@ -47,7 +49,7 @@ type stack struct {
 
 type regionStack struct {
 	name    string
-	cluster *testenv.Cluster
+	cluster *redistest.Cluster
 	redis   *redis.ClusterClient
 	lim     *limiterd.Daemon
 	client  limiterv1.LimiterClient
@@ -73,8 +75,8 @@ var lockNATS = true
 // NATS identity (the limiterd of us-east also with the admin writer's).
 func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconcilers int) *stack {
 	t.Helper()
-	return buildStack(t, stackRegions, rulesYAML, interval, reconcilers, func(s *stack, opts ...testenv.NATSOption) {
-		s.nats = testenv.NATS(t, opts...)
+	return buildStack(t, stackRegions, rulesYAML, interval, reconcilers, func(s *stack, opts ...natstest.Option) {
+		s.nats = natstest.NewServer(t, opts...)
 	})
 }
 
@@ -84,9 +86,9 @@ func newStack(t testing.TB, rulesYAML string, interval time.Duration, reconciler
 // have as many replicas as a region has servers (at most 3).
 func newSuperStack(t testing.TB, regions []string, serversPerRegion int, rulesYAML string, interval time.Duration) *stack {
 	t.Helper()
-	return buildStack(t, regions, rulesYAML, interval, 1, func(s *stack, opts ...testenv.NATSOption) {
+	return buildStack(t, regions, rulesYAML, interval, 1, func(s *stack, opts ...natstest.Option) {
 		began := time.Now()
-		s.super = testenv.NATSSupercluster(t, regions, serversPerRegion, opts...)
+		s.super = natstest.NewSupercluster(t, regions, serversPerRegion, opts...)
 		s.replicas = min(serversPerRegion, 3)
 		t.Logf("NATS supercluster of %d regions x %d servers formed in %v", len(regions), serversPerRegion, time.Since(began).Round(10*time.Millisecond))
 	})
@@ -100,7 +102,7 @@ func (s *stack) natsURL(region string) string {
 	return s.nats.URL()
 }
 
-func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
+func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...natstest.Option)) *stack {
 	t.Helper()
 	return buildStackTopo(t, names, nil, rulesYAML, interval, reconcilers, startNATS)
 }
@@ -108,7 +110,7 @@ func buildStack(t testing.TB, names []string, rulesYAML string, interval time.Du
 // buildStackTopo is buildStack where region's daemons start on a topology
 // file of their own, of the regions topos[region] (all of them when it is
 // not set).
-func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
+func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...natstest.Option)) *stack {
 	t.Helper()
 	return buildStackLate(t, names, topos, nil, rulesYAML, interval, reconcilers, startNATS)
 }
@@ -116,7 +118,7 @@ func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rul
 // buildStackLate is buildStackTopo where the regions of late get no
 // reconciler (the test starts them with startReconciler): their streams
 // do not exist yet.
-func buildStackLate(t testing.TB, names []string, topos map[string][]string, late []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...testenv.NATSOption)) *stack {
+func buildStackLate(t testing.TB, names []string, topos map[string][]string, late []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...natstest.Option)) *stack {
 	t.Helper()
 	s := &stack{t: t, names: names, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
@@ -126,13 +128,13 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 	}
 	ids = append(ids, opsIdentity(t, s.authDir))
 	if lockNATS {
-		startNATS(s, testenv.NATSConfig(natsauth.Config(ids)))
+		startNATS(s, natstest.Config(natsauth.Config(ids)))
 	} else {
 		startNATS(s)
 	}
 	writeFile(t, s.dir, "rules.yml", rulesYAML)
 	for _, name := range names {
-		c := testenv.RedisCluster(t, 3, 0)
+		c := redistest.NewCluster(t, 3, 0)
 		rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 		t.Cleanup(func() { rc.Close() })
 		s.regions[name] = &regionStack{name: name, cluster: c, redis: rc}

@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -201,7 +201,7 @@ func superServerDown(t *testing.T, s *stack) {
 		t.Fatal(err)
 	}
 	victimName := st.CachedInfo().Cluster.Leader
-	var victim *testenv.NATSServer
+	var victim *natstest.Server
 	for _, srv := range s.super.Servers(r) {
 		if srv.Name() == victimName {
 			victim = srv

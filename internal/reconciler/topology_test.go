@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -58,7 +58,7 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 	names := []string{"us-east", "eu-west", "ap-south"}
 	old := []string{"us-east", "eu-west"}
 	s := buildStackTopo(t, names, map[string][]string{"us-east": old, "eu-west": old, "ap-south": names},
-		quotaRules, 200*time.Millisecond, 1, func(s *stack, opts ...testenv.NATSOption) { s.nats = testenv.NATS(t, opts...) })
+		quotaRules, 200*time.Millisecond, 1, func(s *stack, opts ...natstest.Option) { s.nats = natstest.NewServer(t, opts...) })
 	_, js := connectJS(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
@@ -177,7 +177,7 @@ func waitCount(t *testing.T, s *stack, region, key string, want float64) {
 // sourced). setup copies the existing sources as the server has them all
 // the same, so as not to depend on it.
 func TestSourceStartMovedOnUpdate(t *testing.T) {
-	srv := testenv.NATS(t)
+	srv := natstest.NewServer(t)
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -95,7 +95,7 @@ func repeatInstant(now int64, n int) []int64 {
 // sustained rate is the rule's; 0.1 + ... + 0.1 is 3 in a window; a huge
 // debit is kept up to capacity + rate*DebtHorizon.
 func TestScriptArithmetic(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
 	t.Cleanup(func() { client.Close() })
 	s := newScriptTaker(t, client)
@@ -202,7 +202,7 @@ func previousScript(t *testing.T, client *redis.Client, alg bucket.Algorithm) *r
 // the past), never as a debt that would lock the key out; windows keep
 // one format.
 func TestStateAcrossUpgrade(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
 	t.Cleanup(func() { client.Close() })
 	ctx := context.Background()

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -24,7 +24,7 @@ import (
 //
 //	go test -run '^$' -bench StoreTake -benchtime 5s ./internal/redisstore
 func BenchmarkStoreTake(b *testing.B) {
-	c := testenv.RedisCluster(b, 3, 0)
+	c := redistest.NewCluster(b, 3, 0)
 	for _, mode := range []struct {
 		name     string
 		coalesce bool
@@ -71,7 +71,7 @@ func BenchmarkStoreTake(b *testing.B) {
 //
 //	go test -run '^$' -bench ScriptCost -benchtime 1x ./internal/redisstore
 func BenchmarkScriptCost(b *testing.B) {
-	n := testenv.RedisNode(b)
+	n := redistest.NewNode(b)
 	c := redis.NewClient(&redis.Options{Addr: n.Addr()})
 	defer c.Close()
 	ctx := context.Background()

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -63,7 +63,7 @@ type conformance struct {
 }
 
 func newConformance(t *testing.T) *conformance {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { client.Close() })
 	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock))}
@@ -260,7 +260,7 @@ func TestConformanceRandomLimits(t *testing.T) {
 // DESIGN: a bucket expires when it would be full again, a fixed window at its
 // end, a sliding window two windows on, a log one window after its newest entry.
 func TestStoreExpiry(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ctx := context.Background()
 	s, err := New(ctx, Options{Addrs: c.Addrs(), Timeout: time.Second}, prometheus.NewRegistry())
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // TestCredentialsTLS: against a real redis-server that serves only TLS and
@@ -26,7 +27,7 @@ func TestCredentialsTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node := testenv.RedisTLSNode(t, testenv.TLSFiles{Cert: srvCert, Key: srvKey, CA: ca.File},
+	node := redistest.NewTLSNode(t, redistest.TLSFiles{Cert: srvCert, Key: srvKey, CA: ca.File},
 		&tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})
 	other := testenv.NewCA(t)
 	otherCert, otherKey := other.Issue(t, "limiterd", false)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -17,7 +17,7 @@ import (
 // 1) is applied; an earlier one is a duplicate. The legacy markers (epoch
 // 0) are apart from the stream's.
 func TestDebitEpochs(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	s, _ := newTestStore(t, Options{Addrs: []string{node.Addr()}, Timeout: time.Second})
 	ctx := context.Background()
 	lim := bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 1e9, Window: 1000 * time.Hour}
@@ -47,7 +47,7 @@ func TestDebitEpochs(t *testing.T) {
 
 // TestSlot: Slot agrees with the server's CLUSTER KEYSLOT.
 func TestSlot(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	rc := redis.NewClient(&redis.Options{Addr: c.Addrs()[0]})
 	t.Cleanup(func() { rc.Close() })
 	for i := range 200 {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -85,7 +85,7 @@ func (c *leaseConformance) step(step int, op string, now int64, member string) b
 }
 
 func TestLeaseConformance(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { client.Close() })
 	cases := []struct {
@@ -155,7 +155,7 @@ func TestLeaseConformance(t *testing.T) {
 // Redis clock): release is idempotent, renewal of an expired lease says it
 // is gone, and an expired lease frees its slot.
 func TestLeaseScripts(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
 	ctx := context.Background()
 	lim := bucket.LeaseLimit{Limit: 1, TTL: time.Second}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -36,7 +36,7 @@ func TestLinger(t *testing.T) {
 		{"linger-passes", 100 * time.Millisecond, time.Second, func(n uint64) bool { return n >= 2 }, "2 or more", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			node := testenv.RedisNode(t)
+			node := redistest.NewNode(t)
 			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, PipelinesPerNode: 2,
 				Linger: tc.linger, Timeout: 8 * time.Second, MaxQueueWait: 5 * time.Second})
 			// Both workers connected, and the counts from here on.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -17,7 +17,7 @@ import (
 // bytesPerBucket fills n token buckets on one node with the production
 // script, as limiterd names them, and returns the used_memory delta per bucket.
 func bytesPerBucket(t testing.TB, n int) float64 {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
 	defer client.Close()
 	ctx := context.Background()

@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -18,7 +18,7 @@ import (
 // capacity + rate*DebtHorizon of debt), not to the part of the old state no
 // check sees.
 func TestRefundAfterLoweredCapacity(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
 	t.Cleanup(func() { client.Close() })
 	ctx := context.Background()

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -147,7 +147,7 @@ func mustTake(t *testing.T, s *Store, key string, cost float64) float64 {
 // the write is an unknown outcome; a node that refuses connections, or
 // whose breaker is open, is neither (not applied).
 func TestStoreErrors(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	type want int
 	const (
 		wantOverloaded want = iota
@@ -293,7 +293,7 @@ func TestStoreErrors(t *testing.T) {
 	// the breaker opens; neither is overload or an unknown outcome.
 	for _, noCoalesce := range []bool{false, true} {
 		t.Run(map[bool]string{false: "connection refused/coalesced", true: "connection refused/one-by-one"}[noCoalesce], func(t *testing.T) {
-			stopped := testenv.RedisNode(t)
+			stopped := redistest.NewNode(t)
 			stopped.Stop()
 			s, _ := newTestStore(t, Options{Addrs: []string{stopped.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: time.Second})
 			var errs []error
@@ -358,7 +358,7 @@ func queuedBehindPaused(t *testing.T, s *Store, reg *prometheus.Registry, addr, 
 func TestBreaker(t *testing.T) {
 	for _, noCoalesce := range []bool{false, true} {
 		t.Run(map[bool]string{false: "coalesced", true: "one-by-one"}[noCoalesce], func(t *testing.T) {
-			node := testenv.RedisNode(t)
+			node := redistest.NewNode(t)
 			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce,
 				Timeout: 50 * time.Millisecond, BreakerOpen: 100 * time.Millisecond})
 			ctx := context.Background()
@@ -425,7 +425,7 @@ func TestStartUnreachable(t *testing.T) {
 		{
 			name: "cluster",
 			start: func(t *testing.T) ([]string, func()) {
-				c := testenv.RedisCluster(t, 3, 0)
+				c := redistest.NewCluster(t, 3, 0)
 				c.StopAll()
 				return c.Addrs(), func() { c.StartAll(); c.WaitHealthy(t) }
 			},
@@ -433,7 +433,7 @@ func TestStartUnreachable(t *testing.T) {
 		{
 			name: "one address, mode asked",
 			start: func(t *testing.T) ([]string, func()) {
-				n := testenv.RedisNode(t)
+				n := redistest.NewNode(t)
 				n.Stop()
 				return []string{n.Addr()}, n.Start
 			},
@@ -499,7 +499,7 @@ func TestGuard(t *testing.T) {
 	}
 
 	t.Run("unsafe at start", func(t *testing.T) {
-		node := testenv.RedisNode(t)
+		node := redistest.NewNode(t)
 		setPolicy(t, node.Addr(), "volatile-lru")
 		s, _ := newTestStore(t, Options{Addrs: []string{node.Addr()}})
 		if _, err := NewGuard(ctx, s, false, prometheus.NewRegistry()); !errors.Is(err, ErrUnsafeEviction) {
@@ -512,7 +512,7 @@ func TestGuard(t *testing.T) {
 
 	for _, allow := range []bool{false, true} {
 		t.Run(map[bool]string{false: "unsafe once reachable", true: "unsafe once reachable, allowed"}[allow], func(t *testing.T) {
-			node := testenv.RedisNode(t)
+			node := redistest.NewNode(t)
 			setPolicy(t, node.Addr(), "allkeys-lru")
 			node.Stop()
 			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Timeout: time.Second})
@@ -562,7 +562,7 @@ func TestGuard(t *testing.T) {
 // refusal gives back what the others spent, on a context of its own, and
 // never touches a client whose outcome is unknown.
 func TestTakeAllPartialFailure(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	ctx := context.Background()
 	s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: 100 * time.Millisecond})
 	// Two clients on two different primaries.
@@ -669,7 +669,7 @@ func mustTakeRule(t *testing.T, s *Store, rule, key string, cost float64) {
 // TestLostScripts: every store call still works on a node that lost its
 // scripts (SCRIPT FLUSH, as after a restart): EVALSHA falls back to EVAL.
 func TestLostScripts(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	ctx := context.Background()
 	tests := []struct {
 		name string
@@ -714,7 +714,7 @@ func TestLostScripts(t *testing.T) {
 
 // TestMetricsLint: the store's metrics follow Prometheus conventions.
 func TestMetricsLint(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}})
 	if _, err := NewGuard(context.Background(), s, false, reg); err != nil {
 		t.Fatal(err)
@@ -737,7 +737,7 @@ func TestMetricsLint(t *testing.T) {
 // (the pipelines' workers, the background probe) and those of its clients,
 // also after nodes went down and came back.
 func TestCloseStopsGoroutines(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+	c := redistest.NewCluster(t, 3, 0)
 	before := storeGoroutines()
 	s, err := New(context.Background(), Options{Addrs: c.Addrs(), Timeout: time.Second}, prometheus.NewRegistry())
 	if err != nil {
@@ -784,7 +784,7 @@ func storeGoroutines() []string {
 // answered as an unknown outcome (which would be decided without the
 // store), and counted as a slow reply.
 func TestLateReplyIsUsed(t *testing.T) {
-	node := testenv.RedisNode(t)
+	node := redistest.NewNode(t)
 	s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone,
 		Timeout: 5 * time.Millisecond, ReplyDeadline: 5 * time.Second})
 	mustTake(t, s, "late", 1) // connected

@@ -18,7 +18,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 // TestReadOnlyIdentity: on a server locked with the generated identities,
@@ -31,7 +31,7 @@ func TestReadOnlyIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ns := testenv.NATS(t, testenv.NATSConfig(natsauth.Config(ids)))
+	ns := natstest.NewServer(t, natstest.Config(natsauth.Config(ids)))
 	var mu sync.Mutex
 	var violations []error
 	connect := func(identity string) *nats.Conn {

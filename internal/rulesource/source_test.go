@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/rules"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 const fileRules = "rules:\n  - id: from-file\n    capacity: 1\n    refill_per_second: 1\n"
@@ -77,7 +77,7 @@ func newSource(t *testing.T, nc *nats.Conn, w *watcher) (*Source, *prometheus.Re
 // clashes with a file rule or does not validate is refused; one written
 // around the API that does not parse is left out, and the rest stay.
 func TestBucketRules(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	nc, err := nats.Connect(ns.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -147,7 +147,7 @@ func TestNoBucket(t *testing.T) {
 // refused by Put naming the field; one written around the API is left out
 // alone and counted; a set OnChange refuses is not reported as in force.
 func TestValidateAndCap(t *testing.T) {
-	ns := testenv.NATS(t)
+	ns := natstest.NewServer(t)
 	nc, err := nats.Connect(ns.URL())
 	if err != nil {
 		t.Fatal(err)

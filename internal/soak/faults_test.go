@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // The kinds of fault.
@@ -224,7 +224,7 @@ func (d *driver) inject(f *fault) {
 			return
 		}
 		f.target, f.thirds = "redis "+addr, thirds
-		var node *testenv.Node
+		var node *redistest.Node
 		for _, n := range r.redis.Nodes() {
 			if n.Addr() == addr {
 				node = n

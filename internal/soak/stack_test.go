@@ -26,6 +26,8 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -44,13 +46,13 @@ type stack struct {
 	dir      string
 	authDir  string
 	interval time.Duration
-	super    *testenv.Supercluster
+	super    *natstest.Supercluster
 	regions  map[string]*regionStack
 }
 
 type regionStack struct {
 	name    string
-	redis   *testenv.Cluster
+	redis   *redistest.Cluster
 	rc      *redis.ClusterClient
 	lim     *proc
 	rec     *proc
@@ -203,16 +205,16 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 	ids = append(ids, opsIdentity(t, s.authDir))
 
 	var wg sync.WaitGroup
-	clusters := make([]*testenv.Cluster, len(regions))
+	clusters := make([]*redistest.Cluster, len(regions))
 	wg.Go(func() {
 		began := time.Now()
-		s.super = testenv.NATSSupercluster(t, regions, natsServers, testenv.NATSConfig(natsauth.Config(ids)))
+		s.super = natstest.NewSupercluster(t, regions, natsServers, natstest.Config(natsauth.Config(ids)))
 		t.Logf("NATS supercluster of %d x %d servers in %v", len(regions), natsServers, time.Since(began).Round(10*time.Millisecond))
 	})
-	// testenv fails the test from these goroutines with Fatalf, which
-	// ends only the goroutine: the checks below catch it.
+	// natstest and redistest fail the test from these goroutines with
+	// Fatalf, which ends only the goroutine: the checks below catch it.
 	for i := range regions {
-		clusters[i] = testenv.RedisCluster(t, 3, 1)
+		clusters[i] = redistest.NewCluster(t, 3, 1)
 	}
 	wg.Wait()
 	if t.Failed() || s.super == nil {

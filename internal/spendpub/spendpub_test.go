@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -21,7 +21,7 @@ import (
 // are on disk before the next interval; a new process finds them and
 // publishes them, once, when NATS is back.
 func TestSpoolSurvivesACrashDuringAnOutage(t *testing.T) {
-	srv := testenv.NATS(t)
+	srv := natstest.NewServer(t)
 	ctx := t.Context()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	nc, err := nats.Connect(srv.URL(), nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))

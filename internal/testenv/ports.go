@@ -10,28 +10,33 @@ import (
 	"sync"
 )
 
-// clusterBusOffset is the distance Redis puts between a node's port and its
-// cluster bus port.
-const clusterBusOffset = 10000
-
 // lowestPort is the lowest port handed out, above the well-known ones.
 const lowestPort = 10000
 
-// reserved holds every port handed out in this process, so that two helpers
-// running in parallel never pick the same one. Ports are never returned:
-// a stopped node keeps its port for a restart.
+// reserved holds every port handed out in this process, so that two servers
+// started in parallel never pick the same one. Ports are never returned:
+// a stopped server keeps its port for a restart.
 var reserved struct {
 	sync.Mutex
 	ports map[int]bool
 }
 
-// reservePort returns a loopback port that is free now and was not handed
-// out before in this process. With bus set, port+clusterBusOffset is free too.
+// ReservePort returns a loopback port that is free now and was not handed
+// out before in this process.
 //
 // Another process may still take the port before the server binds it; the
 // callers detect that and ask again.
-func reservePort(bus bool) (int, error) {
-	lo, hi := portRange(bus)
+func ReservePort() (int, error) { return reservePort(0) }
+
+// ReservePortPair is ReservePort for a server that also binds port+offset
+// (as a Redis Cluster node binds its cluster bus port): that port is free
+// now and reserved too.
+func ReservePortPair(offset int) (int, error) { return reservePort(offset) }
+
+// reservePort returns a free port p not handed out before; with offset
+// above 0, p+offset is free too and is reserved with it.
+func reservePort(offset int) (int, error) {
+	lo, hi := portRange(offset)
 	reserved.Lock()
 	defer reserved.Unlock()
 	if reserved.ports == nil {
@@ -39,15 +44,15 @@ func reservePort(bus bool) (int, error) {
 	}
 	for range 1000 {
 		p := lo + rand.IntN(hi-lo+1)
-		if reserved.ports[p] || !canListen(p) {
+		if reserved.ports[p] || !CanListen(p) {
 			continue
 		}
-		if bus && (reserved.ports[p+clusterBusOffset] || !canListen(p+clusterBusOffset)) {
+		if offset > 0 && (reserved.ports[p+offset] || !CanListen(p+offset)) {
 			continue
 		}
 		reserved.ports[p] = true
-		if bus {
-			reserved.ports[p+clusterBusOffset] = true
+		if offset > 0 {
+			reserved.ports[p+offset] = true
 		}
 		return p, nil
 	}
@@ -55,9 +60,10 @@ func reservePort(bus bool) (int, error) {
 }
 
 // portRange returns the inclusive range to pick ports from. It stays below
-// the kernel's ephemeral range (bus ports included) when that leaves room,
-// so that outgoing connections never hold a port a server is about to bind.
-func portRange(bus bool) (lo, hi int) {
+// the kernel's ephemeral range (port+offset included) when that leaves
+// room, so that outgoing connections never hold a port a server is about
+// to bind.
+func portRange(offset int) (lo, hi int) {
 	ephemeral := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
@@ -66,23 +72,17 @@ func portRange(bus bool) (lo, hi int) {
 			}
 		}
 	}
-	hi = ephemeral - 1
-	if bus {
-		hi -= clusterBusOffset
-	}
+	hi = ephemeral - 1 - offset
 	if hi-lowestPort < 1000 {
 		// The ephemeral range starts too low: use the whole range and rely
 		// on the retries.
-		hi = 65535
-		if bus {
-			hi -= clusterBusOffset
-		}
+		hi = 65535 - offset
 	}
 	return lowestPort, hi
 }
 
-// canListen reports whether 127.0.0.1:port can be listened on right now.
-func canListen(port int) bool {
+// CanListen reports whether 127.0.0.1:port can be listened on right now.
+func CanListen(port int) bool {
 	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
 		return false

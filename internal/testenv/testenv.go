@@ -1,47 +1,29 @@
-// Package testenv starts real servers for integration tests.
+// Package testenv is what the integration test servers share: free loopback
+// ports (ReservePort), server processes killed with the test binary
+// (StartProcess), a throw-away certificate authority (NewCA), secret files
+// (SecretFile), and InCI, which tells a missing server that fails the test
+// from one that skips it.
 //
-// RedisCluster and RedisNode run redis-server processes on free loopback
-// ports; NATS runs a nats-server process with JetStream, and
-// NATSSupercluster a NATS supercluster of them (a cluster per region,
-// gateways between the regions, each gateway link cut and healed at will).
-// Everything a helper starts is stopped with t.Cleanup. When a binary is
-// missing the helper skips the test and names the install command, except
-// when the environment variable CI is true: there a missing server fails
-// the test, so that a green CI run means the integration tests ran.
+// The servers themselves are started by its subpackages: redistest for
+// redis-server nodes and Redis Clusters, natstest for nats-server processes
+// with JetStream and NATS superclusters.
 package testenv
 
 import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 )
 
-// installHint is the command that installs the Redis binaries.
-const installHint = "apt-get install -y redis-server redis-tools (or: make deps)"
-
-// inCI reports whether the environment variable CI is set to a true value.
-func inCI() bool {
+// InCI reports whether the environment variable CI is set to a true value.
+// There a missing server fails the test instead of skipping it, so that a
+// green CI run means the integration tests ran.
+func InCI() bool {
 	ci, err := strconv.ParseBool(os.Getenv("CI"))
 	return err == nil && ci
-}
-
-// lookBinary returns the path of the executable name, or ends the test: with
-// Fatalf in CI, with Skipf elsewhere.
-func lookBinary(t testing.TB, name string) string {
-	t.Helper()
-	path, err := exec.LookPath(name)
-	if err == nil {
-		return path
-	}
-	if inCI() {
-		t.Fatalf("testenv: %s not found on PATH and CI=true, so this is a failure, not a skip; install it with: %s", name, installHint)
-	}
-	t.Skipf("testenv: %s not found on PATH; install it with: %s", name, installHint)
-	return ""
 }
 
 // SecretFile writes a fresh random secret (32 hex characters) to a file of

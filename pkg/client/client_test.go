@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/limiterd"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/client"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -194,7 +194,7 @@ const e2eRules = `rules:
 // TestAgainstLimiterd: one shared Client, concurrent checks by rule and by
 // attributes, against a real in-process limiterd on a Redis Cluster.
 func TestAgainstLimiterd(t *testing.T) {
-	cluster := testenv.RedisCluster(t, 3, 0)
+	cluster := redistest.NewCluster(t, 3, 0)
 	rules := filepath.Join(t.TempDir(), "rules.yml")
 	if err := os.WriteFile(rules, []byte(e2eRules), 0o600); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/limiterd"
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/client"
 	"github.com/limiterd/limiterd/pkg/httplimit"
 )
@@ -40,7 +40,7 @@ type userKey struct{}
 // TestEndToEnd: a handler wrapped by the middleware, checking through a
 // real client against a real in-process limiterd on a Redis Cluster.
 func TestEndToEnd(t *testing.T) {
-	cluster := testenv.RedisCluster(t, 3, 0)
+	cluster := redistest.NewCluster(t, 3, 0)
 	rules := filepath.Join(t.TempDir(), "rules.yml")
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o600); err != nil {
 		t.Fatal(err)

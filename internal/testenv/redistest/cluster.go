@@ -1,4 +1,4 @@
-package testenv
+package redistest
 
 import (
 	"context"
@@ -22,7 +22,7 @@ const (
 )
 
 // Cluster is a Redis Cluster of redis-server processes started by
-// RedisCluster on loopback.
+// NewCluster on loopback.
 //
 // Addrs and Nodes are safe for concurrent use. The other methods report
 // failures with Fatalf on the test that created the cluster (or, for
@@ -33,7 +33,7 @@ type Cluster struct {
 	nodes []*Node
 }
 
-// RedisCluster starts primaries*(1+replicasPerPrimary) redis-server processes
+// NewCluster starts primaries*(1+replicasPerPrimary) redis-server processes
 // in cluster mode on free loopback ports, forms a cluster with
 // redis-cli --cluster create (the first primaries nodes become primaries,
 // each with replicasPerPrimary replicas), and returns once WaitHealthy
@@ -41,15 +41,15 @@ type Cluster struct {
 //
 // It skips the test when redis-server or redis-cli is missing, or fails it
 // if CI is true. Redis Cluster needs at least 3 primaries.
-func RedisCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
+func NewCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 	t.Helper()
 	server := lookBinary(t, "redis-server")
 	cli := lookBinary(t, "redis-cli")
 	if primaries < 3 {
-		t.Fatalf("testenv: a redis cluster needs at least 3 primaries, got %d", primaries)
+		t.Fatalf("redistest: a redis cluster needs at least 3 primaries, got %d", primaries)
 	}
 	if replicasPerPrimary < 0 {
-		t.Fatalf("testenv: negative replicas per primary %d", replicasPerPrimary)
+		t.Fatalf("redistest: negative replicas per primary %d", replicasPerPrimary)
 	}
 	began := time.Now()
 	root := t.TempDir()
@@ -69,7 +69,7 @@ func RedisCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("testenv: start redis cluster nodes: %v", err)
+		t.Fatalf("redistest: start redis cluster nodes: %v", err)
 	}
 
 	started := time.Now()
@@ -81,11 +81,11 @@ func RedisCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, cli, args...).CombinedOutput()
 	if err != nil {
-		t.Fatalf("testenv: %s %s: %v\n%s\n%s", cli, strings.Join(args, " "), err, out, c.logTails())
+		t.Fatalf("redistest: %s %s: %v\n%s\n%s", cli, strings.Join(args, " "), err, out, c.logTails())
 	}
 	created := time.Now()
 	c.WaitHealthy(t)
-	t.Logf("testenv: redis cluster of %d primaries and %d replicas healthy in %v (processes %v, redis-cli create %v, settling %v)",
+	t.Logf("redistest: redis cluster of %d primaries and %d replicas healthy in %v (processes %v, redis-cli create %v, settling %v)",
 		primaries, primaries*replicasPerPrimary, time.Since(began).Round(time.Millisecond),
 		started.Sub(began).Round(time.Millisecond), created.Sub(started).Round(time.Millisecond),
 		time.Since(created).Round(time.Millisecond))
@@ -142,7 +142,7 @@ func (c *Cluster) PrimaryAddrs() []string {
 		}
 		return addrs
 	}
-	c.t.Fatalf("testenv: list redis cluster primaries: %v", lastErr)
+	c.t.Fatalf("redistest: list redis cluster primaries: %v", lastErr)
 	return nil
 }
 
@@ -165,7 +165,7 @@ func (c *Cluster) StartAll() {
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		c.t.Fatalf("testenv: restart redis cluster nodes: %v", err)
+		c.t.Fatalf("redistest: restart redis cluster nodes: %v", err)
 	}
 }
 
@@ -184,7 +184,7 @@ func (c *Cluster) WaitHealthy(t testing.TB) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("testenv: redis cluster not healthy after %v: %v\n%s", healthyTimeout, err, c.logTails())
+			t.Fatalf("redistest: redis cluster not healthy after %v: %v\n%s", healthyTimeout, err, c.logTails())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

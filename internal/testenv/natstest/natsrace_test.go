@@ -10,8 +10,8 @@
 // jsConsumerCreateRequest) and (*fileStore).UpdateConfig (from
 // jsStreamUpdateRequest); it passes once the server fixes it:
 //
-//	go test -race -tags natsrace -run TestNATSServerRace -count=1 ./internal/testenv
-package testenv_test
+//	go test -race -tags natsrace -run TestNATSServerRace -count=1 ./internal/testenv/natstest
+package natstest_test
 
 import (
 	"fmt"

@@ -1,4 +1,4 @@
-package testenv_test
+package redistest_test
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // recordingTB records Skipf and Fatalf and ends the goroutine, as the real
@@ -28,10 +28,10 @@ func (r *recordingTB) Fatalf(format string, args ...any) {
 	runtime.Goexit()
 }
 
-func TestMissingRedisBinary(t *testing.T) {
+func TestMissingBinary(t *testing.T) {
 	helpers := map[string]func(testing.TB){
-		"RedisNode":    func(tb testing.TB) { testenv.RedisNode(tb) },
-		"RedisCluster": func(tb testing.TB) { testenv.RedisCluster(tb, 3, 0) },
+		"NewNode":    func(tb testing.TB) { redistest.NewNode(tb) },
+		"NewCluster": func(tb testing.TB) { redistest.NewCluster(tb, 3, 0) },
 	}
 	tests := []struct {
 		name     string

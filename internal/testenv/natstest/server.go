@@ -1,4 +1,12 @@
-package testenv
+// Package natstest runs nats-server processes with JetStream for
+// integration tests: NewServer one server, NewSupercluster a NATS
+// supercluster of them (a cluster per region, gateways between the regions,
+// each gateway link cut and healed at will), all on free loopback ports.
+// Everything it starts is stopped with t.Cleanup. When no nats-server can
+// be had it skips the test, except when the environment variable CI is
+// true: there it fails the test, so that a green CI run means the
+// integration tests ran.
+package natstest
 
 import (
 	"context"
@@ -15,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/limiterd/limiterd/internal/testenv"
 )
 
 const (
@@ -28,31 +38,35 @@ const (
 	natsMaxMemory = 256 << 20 // JetStream memory storage limit
 	natsMaxStore  = 1 << 30   // JetStream file storage limit
 
-	// NATSServerEnv names the environment variable that may hold the path
-	// of a nats-server binary; without it the helper builds one from the
+	// ServerEnv names the environment variable that may hold the path of
+	// a nats-server binary; without it NewServer builds one from the
 	// nats-server/v2 module this module requires (`go tool -n nats-server`).
-	NATSServerEnv = "LIMITER_NATS_SERVER"
+	ServerEnv = "LIMITER_NATS_SERVER"
 )
 
-// NATSServer is one nats-server process with JetStream, started by NATS.
-// Its ports and JetStream store directory stay the same across Shutdown,
-// Kill and Restart, so streams, their messages and durable consumers
-// survive an outage.
+// errPortInUse says a nats-server could not bind one of its ports because
+// another process took it first.
+var errPortInUse = errors.New("port already in use")
+
+// Server is one nats-server process with JetStream, started by NewServer
+// or NewSupercluster. Its ports and JetStream store directory stay the same
+// across Shutdown, Kill and Restart, so streams, their messages and durable
+// consumers survive an outage.
 //
 // The server runs as a separate process, as in production: a test can stop
 // or kill it like a real one, and the race detector of the test binary
 // watches this project's code, not the server's.
 //
 // URL, Pid, Shutdown and Kill are safe for concurrent use; Restart fails the
-// test it is given, so call it from that test's goroutine. A NATSServer is
+// test it is given, so call it from that test's goroutine. A Server is
 // only made by this package.
-type NATSServer struct {
+type Server struct {
 	bin   string
 	dir   string
 	name  string
 	extra string // configuration appended to the generated one
 	// member, when set, writes the cluster and gateway blocks of a server
-	// of a supercluster (NATSSupercluster).
+	// of a supercluster (NewSupercluster).
 	member func(*strings.Builder)
 	// healthPath is the monitoring path polled until the server is up:
 	// "/healthz" alone, or with ?js-enabled-only=true for a supercluster
@@ -62,40 +76,41 @@ type NATSServer struct {
 	mu      sync.Mutex
 	port    int
 	monitor int
-	proc    *process // nil while stopped
+	proc    *testenv.Process // nil while stopped
 }
 
-// NATSOption changes the configuration of a server NATS starts.
-type NATSOption func(*NATSServer)
+// Option changes the configuration of a server NewServer or
+// NewSupercluster starts.
+type Option func(*Server)
 
-// NATSConfig appends conf, nats-server configuration text, to the server's
+// Config appends conf, nats-server configuration text, to the server's
 // own (ports, log, JetStream): an authorization block, an operator and its
 // resolver, a tls block, or an include of a file.
-func NATSConfig(conf string) NATSOption {
-	return func(s *NATSServer) { s.extra += conf + "\n" }
+func Config(conf string) Option {
+	return func(s *Server) { s.extra += conf + "\n" }
 }
 
-// NATS starts a nats-server process on free loopback ports, with JetStream
-// storing in a fresh t.TempDir() (limits: 256 MiB of memory, 1 GiB of
-// files), and stops it when the test ends. The binary is the one named by
-// $LIMITER_NATS_SERVER, or else built (once, then cached by the go command)
-// from the nats-server/v2 module pinned in go.mod. Options add to the
-// configuration; it is the same after Restart.
-func NATS(t testing.TB, opts ...NATSOption) *NATSServer {
+// NewServer starts a nats-server process on free loopback ports, with
+// JetStream storing in a fresh t.TempDir() (limits: 256 MiB of memory,
+// 1 GiB of files), and stops it when the test ends. The binary is the one
+// named by $LIMITER_NATS_SERVER, or else built (once, then cached by the go
+// command) from the nats-server/v2 module pinned in go.mod. Options add to
+// the configuration; it is the same after Restart.
+func NewServer(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	s := &NATSServer{bin: natsBinary(t), dir: t.TempDir(), name: "testenv"}
+	s := &Server{bin: natsBinary(t), dir: t.TempDir(), name: "testenv"}
 	for _, o := range opts {
 		o(s)
 	}
 	var err error
 	for range 5 {
-		if s.port, err = reservePort(false); err != nil {
+		if s.port, err = testenv.ReservePort(); err != nil {
 			break
 		}
-		if s.monitor, err = reservePort(false); err != nil {
+		if s.monitor, err = testenv.ReservePort(); err != nil {
 			break
 		}
-		var p *process
+		var p *testenv.Process
 		if p, err = s.spawn(); err == nil {
 			s.proc = p
 			t.Cleanup(s.Shutdown)
@@ -105,7 +120,7 @@ func NATS(t testing.TB, opts ...NATSOption) *NATSServer {
 			break
 		}
 	}
-	t.Fatalf("testenv: start nats-server: %v", err)
+	t.Fatalf("natstest: start nats-server: %v", err)
 	return nil
 }
 
@@ -119,16 +134,16 @@ var natsBin struct {
 func natsBinary(t testing.TB) string {
 	t.Helper()
 	natsBin.once.Do(func() {
-		if p := os.Getenv(NATSServerEnv); p != "" {
+		if p := os.Getenv(ServerEnv); p != "" {
 			natsBin.path = p
 			if _, err := os.Stat(p); err != nil {
-				natsBin.err = fmt.Errorf("$%s: %w", NATSServerEnv, err)
+				natsBin.err = fmt.Errorf("$%s: %w", ServerEnv, err)
 			}
 			return
 		}
 		gobin, err := exec.LookPath("go")
 		if err != nil {
-			natsBin.err = fmt.Errorf("the go command is not on PATH to build nats-server; set $%s to a nats-server binary", NATSServerEnv)
+			natsBin.err = fmt.Errorf("the go command is not on PATH to build nats-server; set $%s to a nats-server binary", ServerEnv)
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -147,64 +162,64 @@ func natsBinary(t testing.TB) string {
 		natsBin.path = strings.TrimSpace(string(out))
 	})
 	if natsBin.err != nil {
-		if inCI() {
-			t.Fatalf("testenv: no nats-server and CI=true, so this is a failure, not a skip: %v", natsBin.err)
+		if testenv.InCI() {
+			t.Fatalf("natstest: no nats-server and CI=true, so this is a failure, not a skip: %v", natsBin.err)
 		}
-		t.Skipf("testenv: no nats-server: %v", natsBin.err)
+		t.Skipf("natstest: no nats-server: %v", natsBin.err)
 	}
 	return natsBin.path
 }
 
 // URL returns the client URL, "nats://127.0.0.1:port". It does not change
 // across Shutdown and Restart.
-func (s *NATSServer) URL() string {
+func (s *Server) URL() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return "nats://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
 }
 
-// Name is the server's name (server_name): "testenv" for NATS, and
+// Name is the server's name (server_name): "testenv" for NewServer, and
 // <region>-<n> in a supercluster, as JetStream names a stream's leader and
 // replicas.
-func (s *NATSServer) Name() string { return s.name }
+func (s *Server) Name() string { return s.name }
 
 // Pid returns the process id of the running server, or 0 while stopped.
-func (s *NATSServer) Pid() int {
+func (s *Server) Pid() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil {
 		return 0
 	}
-	return s.proc.cmd.Process.Pid
+	return s.proc.Pid()
 }
 
 // Shutdown stops the server gracefully (SIGTERM, then SIGKILL if it has not
 // exited within 10 s) and waits until it has exited; clients see the
 // connection drop. Shutting down a stopped server does nothing.
-func (s *NATSServer) Shutdown() {
+func (s *Server) Shutdown() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil {
 		return
 	}
-	_ = s.proc.cmd.Process.Signal(syscall.SIGTERM)
+	_ = s.proc.Signal(syscall.SIGTERM)
 	select {
-	case <-s.proc.done:
+	case <-s.proc.Done():
 	case <-time.After(natsStopTimeout):
-		s.proc.kill()
+		s.proc.Kill()
 	}
 	s.proc = nil
 }
 
 // Kill ends the server with SIGKILL, as in a crash, and waits for it to
 // exit. Killing a stopped server does nothing.
-func (s *NATSServer) Kill() {
+func (s *Server) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.proc == nil {
 		return
 	}
-	s.proc.kill()
+	s.proc.Kill()
 	s.proc = nil
 }
 
@@ -212,7 +227,7 @@ func (s *NATSServer) Kill() {
 // ports with the same JetStream store directory, retrying for a while if a
 // port is still busy. Clients that reconnect find their streams, messages
 // and durable consumers again.
-func (s *NATSServer) Restart(t testing.TB) {
+func (s *Server) Restart(t testing.TB) {
 	t.Helper()
 	s.Shutdown()
 	s.mu.Lock()
@@ -220,32 +235,32 @@ func (s *NATSServer) Restart(t testing.TB) {
 	deadline := time.Now().Add(natsRestartTimeout)
 	for {
 		err := fmt.Errorf("port %d or %d is busy", s.port, s.monitor)
-		if canListen(s.port) && canListen(s.monitor) {
-			var p *process
+		if testenv.CanListen(s.port) && testenv.CanListen(s.monitor) {
+			var p *testenv.Process
 			if p, err = s.spawn(); err == nil {
 				s.proc = p
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("testenv: restart nats-server on port %d: %v", s.port, err)
+			t.Fatalf("natstest: restart nats-server on port %d: %v", s.port, err)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }
 
-func (s *NATSServer) confPath() string { return filepath.Join(s.dir, "nats.conf") }
+func (s *Server) confPath() string { return filepath.Join(s.dir, "nats.conf") }
 
 // Dir is the server's own directory (configuration, logs, JetStream store).
-func (s *NATSServer) Dir() string { return s.dir }
+func (s *Server) Dir() string { return s.dir }
 
 // LogTail returns the last lines of the server's log, for a test that
 // looks for what the server refused.
-func (s *NATSServer) LogTail() string { return s.logTail() }
-func (s *NATSServer) logPath() string { return filepath.Join(s.dir, "nats.log") }
+func (s *Server) LogTail() string { return s.logTail() }
+func (s *Server) logPath() string { return filepath.Join(s.dir, "nats.log") }
 
 // writeConfig writes the server's configuration file for its current ports.
-func (s *NATSServer) writeConfig() error {
+func (s *Server) writeConfig() error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "server_name: %q\n", s.name)
 	fmt.Fprintf(&b, "listen: \"127.0.0.1:%d\"\n", s.port)
@@ -262,11 +277,11 @@ func (s *NATSServer) writeConfig() error {
 
 // spawn starts the server and waits until it reports healthy with
 // JetStream on; errPortInUse says another process holds one of its ports.
-func (s *NATSServer) spawn() (*process, error) {
+func (s *Server) spawn() (*testenv.Process, error) {
 	if err := s.writeConfig(); err != nil {
 		return nil, err
 	}
-	p, err := startProcess(s.dir, filepath.Join(s.dir, "output.log"), s.bin, "-c", s.confPath())
+	p, err := testenv.StartProcess(s.dir, filepath.Join(s.dir, "output.log"), s.bin, "-c", s.confPath())
 	if err != nil {
 		return nil, err
 	}
@@ -279,12 +294,12 @@ func (s *NATSServer) spawn() (*process, error) {
 	deadline := time.Now().Add(natsReadyTimeout)
 	for {
 		select {
-		case <-p.done:
+		case <-p.Done():
 			tail := s.logTail()
 			if strings.Contains(tail, "address already in use") {
 				return nil, fmt.Errorf("127.0.0.1:%d: %w\n%s", s.port, errPortInUse, tail)
 			}
-			return nil, fmt.Errorf("nats-server exited before it was healthy (%v)\n%s", p.err, tail)
+			return nil, fmt.Errorf("nats-server exited before it was healthy (%v)\n%s", p.Err(), tail)
 		default:
 		}
 		resp, err := client.Get(health)
@@ -296,7 +311,7 @@ func (s *NATSServer) spawn() (*process, error) {
 			err = fmt.Errorf("healthz: %s", resp.Status)
 		}
 		if time.Now().After(deadline) {
-			p.kill()
+			p.Kill()
 			return nil, fmt.Errorf("nats-server not healthy after %v (last: %v)\n%s", natsReadyTimeout, err, s.logTail())
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -304,6 +319,6 @@ func (s *NATSServer) spawn() (*process, error) {
 }
 
 // logTail returns the last lines of the server's log and output files.
-func (s *NATSServer) logTail() string {
-	return tailFiles(s.logPath(), filepath.Join(s.dir, "output.log"))
+func (s *Server) logTail() string {
+	return testenv.TailFiles(s.logPath(), filepath.Join(s.dir, "output.log"))
 }

@@ -1,4 +1,4 @@
-package testenv_test
+package natstest_test
 
 import (
 	"errors"
@@ -10,7 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 func connect(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
@@ -27,8 +27,8 @@ func connect(t *testing.T, url string) (*nats.Conn, jetstream.JetStream) {
 	return nc, js
 }
 
-func TestNATSRestartKeepsStreams(t *testing.T) {
-	s := testenv.NATS(t)
+func TestServerRestartKeepsStreams(t *testing.T) {
+	s := natstest.NewServer(t)
 	ctx := t.Context()
 	url := s.URL()
 
@@ -109,8 +109,8 @@ func TestNATSRestartKeepsStreams(t *testing.T) {
 	}
 }
 
-func TestNATSKillIsACrash(t *testing.T) {
-	s := testenv.NATS(t)
+func TestServerKillIsACrash(t *testing.T) {
+	s := natstest.NewServer(t)
 	ctx := t.Context()
 	pid := s.Pid()
 	if pid == 0 {

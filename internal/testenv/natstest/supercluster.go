@@ -1,4 +1,4 @@
-package testenv
+package natstest
 
 import (
 	"bufio"
@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/limiterd/limiterd/internal/testenv"
 )
 
 // superReadyTimeout bounds the wait for a supercluster to be formed: every
@@ -21,7 +23,7 @@ import (
 const superReadyTimeout = 60 * time.Second
 
 // Supercluster is a NATS supercluster of nats-server processes started by
-// NATSSupercluster on loopback: one NATS cluster per region (cluster and
+// NewSupercluster on loopback: one NATS cluster per region (cluster and
 // gateway name: the region), gateways between every pair of regions, one
 // JetStream domain over all of them.
 //
@@ -35,25 +37,25 @@ const superReadyTimeout = 60 * time.Second
 // only made by this package.
 type Supercluster struct {
 	regions []string
-	servers map[string][]*NATSServer
+	servers map[string][]*Server
 	proxies []*gatewayProxy
 
 	mu  sync.Mutex
 	cut map[[2]string]bool // both orders of every severed pair
 }
 
-// NATSSupercluster starts serversPerRegion nats-server processes for each
+// NewSupercluster starts serversPerRegion nats-server processes for each
 // region, forms the supercluster and returns once WaitReady succeeds. Every
-// server runs JetStream, stores in its own t.TempDir() (limits as NATS's)
-// and takes opts (NATSConfig: the same authorization block on every
-// server). Everything is stopped when the test ends.
-func NATSSupercluster(t testing.TB, regions []string, serversPerRegion int, opts ...NATSOption) *Supercluster {
+// server runs JetStream, stores in its own t.TempDir() (limits as
+// NewServer's) and takes opts (Config: the same authorization block on
+// every server). Everything is stopped when the test ends.
+func NewSupercluster(t testing.TB, regions []string, serversPerRegion int, opts ...Option) *Supercluster {
 	t.Helper()
 	if len(regions) < 2 || serversPerRegion < 1 {
-		t.Fatalf("testenv: a supercluster needs at least two regions and one server each, got %d and %d", len(regions), serversPerRegion)
+		t.Fatalf("natstest: a supercluster needs at least two regions and one server each, got %d and %d", len(regions), serversPerRegion)
 	}
 	bin := natsBinary(t)
-	sc := &Supercluster{regions: slices.Clone(regions), servers: map[string][]*NATSServer{}, cut: map[[2]string]bool{}}
+	sc := &Supercluster{regions: slices.Clone(regions), servers: map[string][]*Server{}, cut: map[[2]string]bool{}}
 	t.Cleanup(sc.closeProxies)
 	var lastErr error
 	for range 3 {
@@ -68,13 +70,13 @@ func NATSSupercluster(t testing.TB, regions []string, serversPerRegion int, opts
 			break
 		}
 	}
-	t.Fatalf("testenv: start nats supercluster: %v", lastErr)
+	t.Fatalf("natstest: start nats supercluster: %v", lastErr)
 	return nil
 }
 
 // start picks the ports, writes every configuration and starts every
 // server at once (a clustered JetStream server waits for its peers).
-func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []NATSOption) error {
+func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []Option) error {
 	sc.closeProxies()
 	sc.proxies = nil
 	type ports struct{ client, monitor, route, gateway int }
@@ -85,7 +87,7 @@ func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []NA
 			var p ports
 			for _, dst := range []*int{&p.client, &p.monitor, &p.route, &p.gateway} {
 				var err error
-				if *dst, err = reservePort(false); err != nil {
+				if *dst, err = testenv.ReservePort(); err != nil {
 					return err
 				}
 			}
@@ -98,10 +100,10 @@ func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []NA
 			proxies[r] = append(proxies[r], gp)
 		}
 	}
-	sc.servers = map[string][]*NATSServer{}
+	sc.servers = map[string][]*Server{}
 	for _, r := range sc.regions {
 		for i, p := range all[r] {
-			s := &NATSServer{bin: bin, dir: t.TempDir(), name: fmt.Sprintf("%s-%d", r, i+1),
+			s := &Server{bin: bin, dir: t.TempDir(), name: fmt.Sprintf("%s-%d", r, i+1),
 				port: p.client, monitor: p.monitor, healthPath: "/healthz?js-enabled-only=true"}
 			for _, o := range opts {
 				o(s)
@@ -173,7 +175,7 @@ func (sc *Supercluster) Regions() []string { return slices.Clone(sc.regions) }
 
 // Servers returns region's servers, to stop, kill and restart one by one
 // (Shutdown, Kill, Restart). Their names are <region>-1, <region>-2, ...
-func (sc *Supercluster) Servers(region string) []*NATSServer {
+func (sc *Supercluster) Servers(region string) []*Server {
 	return slices.Clone(sc.servers[region])
 }
 
@@ -236,7 +238,7 @@ func (sc *Supercluster) WaitReady(t testing.TB) {
 					tails.WriteString(s.logTail())
 				}
 			}
-			t.Fatalf("testenv: nats supercluster not ready after %v: %v\n%s", superReadyTimeout, err, tails.String())
+			t.Fatalf("natstest: nats supercluster not ready after %v: %v\n%s", superReadyTimeout, err, tails.String())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -244,7 +246,7 @@ func (sc *Supercluster) WaitReady(t testing.TB) {
 
 func (sc *Supercluster) ready() error {
 	client := &http.Client{Timeout: time.Second}
-	get := func(s *NATSServer, path string, v any) error {
+	get := func(s *Server, path string, v any) error {
 		resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d%s", s.monitor, path))
 		if err != nil {
 			return err

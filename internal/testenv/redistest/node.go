@@ -1,4 +1,4 @@
-package testenv
+package redistest
 
 import (
 	"context"
@@ -7,13 +7,14 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/limiterd/limiterd/internal/testenv"
 )
 
 // startTimeout bounds the wait for a new redis-server to accept connections.
@@ -23,7 +24,8 @@ const startTimeout = 10 * time.Second
 // because another process took it first.
 var errPortInUse = errors.New("port already in use")
 
-// Node is one redis-server process started by RedisNode or RedisCluster.
+// Node is one redis-server process started by NewNode, NewTLSNode or
+// NewCluster.
 // It keeps its port, directory and configuration file across Stop and Start.
 //
 // Addr, Pid and Stop are safe for concurrent use. Start reports a failure
@@ -40,25 +42,18 @@ type Node struct {
 	tlsClient *tls.Config
 
 	mu   sync.Mutex
-	proc *process // nil while stopped
+	proc *testenv.Process // nil while stopped
 }
 
-// process is one run of a Node.
-type process struct {
-	cmd  *exec.Cmd
-	done chan struct{} // closed once cmd.Wait returned
-	err  error         // the result of cmd.Wait, set before done is closed
-}
-
-// RedisNode starts one standalone (non-cluster) redis-server on a free
+// NewNode starts one standalone (non-cluster) redis-server on a free
 // loopback port and stops it when the test ends. It skips the test when
 // redis-server is missing, or fails it if CI is true.
-func RedisNode(t testing.TB) *Node {
+func NewNode(t testing.TB) *Node {
 	t.Helper()
 	server := lookBinary(t, "redis-server")
 	n, err := newNode(t, server, t.TempDir(), false)
 	if err != nil {
-		t.Fatalf("testenv: start redis-server: %v", err)
+		t.Fatalf("redistest: start redis-server: %v", err)
 	}
 	t.Cleanup(n.Stop)
 	return n
@@ -68,16 +63,16 @@ func RedisNode(t testing.TB) *Node {
 // key, and the CA its clients' certificates must chain to.
 type TLSFiles struct{ Cert, Key, CA string }
 
-// RedisTLSNode starts one standalone redis-server that serves only TLS on
+// NewTLSNode starts one standalone redis-server that serves only TLS on
 // a free loopback port (tls-port, port 0), requiring client certificates
-// of f.CA (tls-auth-clients yes); client is how the helper itself
-// connects to see it ready. Skips or fails as RedisNode does.
-func RedisTLSNode(t testing.TB, f TLSFiles, client *tls.Config) *Node {
+// of f.CA (tls-auth-clients yes); client is how NewTLSNode itself
+// connects to see it ready. Skips or fails as NewNode does.
+func NewTLSNode(t testing.TB, f TLSFiles, client *tls.Config) *Node {
 	t.Helper()
 	server := lookBinary(t, "redis-server")
 	n, err := newNodeWith(t, server, t.TempDir(), false, &f, client)
 	if err != nil {
-		t.Fatalf("testenv: start redis-server with TLS: %v", err)
+		t.Fatalf("redistest: start redis-server with TLS: %v", err)
 	}
 	t.Cleanup(n.Stop)
 	return n
@@ -165,7 +160,7 @@ func (n *Node) Pid() int {
 	if n.proc == nil {
 		return 0
 	}
-	return n.proc.cmd.Process.Pid
+	return n.proc.Pid()
 }
 
 // Stop kills the node's redis-server (SIGKILL, as in a crash) and waits for
@@ -176,7 +171,7 @@ func (n *Node) Stop() {
 	if n.proc == nil {
 		return
 	}
-	n.proc.kill()
+	n.proc.Kill()
 	n.proc = nil
 }
 
@@ -188,7 +183,7 @@ func (n *Node) Stop() {
 func (n *Node) Start() {
 	n.t.Helper()
 	if err := n.start(); err != nil {
-		n.t.Fatalf("testenv: restart redis-server %s: %v", n.Addr(), err)
+		n.t.Fatalf("redistest: restart redis-server %s: %v", n.Addr(), err)
 	}
 }
 
@@ -215,21 +210,21 @@ func (n *Node) running() bool {
 
 // spawn starts redis-server and waits until the process it started (not some
 // other server on the same port) answers.
-func (n *Node) spawn(ctx context.Context) (*process, error) {
-	p, err := startProcess(n.dir, n.outputPath(), n.server, n.confPath())
+func (n *Node) spawn(ctx context.Context) (*testenv.Process, error) {
+	p, err := testenv.StartProcess(n.dir, n.outputPath(), n.server, n.confPath())
 	if err != nil {
 		return nil, err
 	}
-	pid := strconv.Itoa(p.cmd.Process.Pid)
+	pid := strconv.Itoa(p.Pid())
 	deadline := time.Now().Add(startTimeout)
 	for {
 		select {
-		case <-p.done:
+		case <-p.Done():
 			tail := n.logTail()
 			if strings.Contains(tail, "already in use") {
 				return nil, fmt.Errorf("%s: %w\n%s", n.Addr(), errPortInUse, tail)
 			}
-			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%v)\n%s", n.Addr(), p.err, tail)
+			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%v)\n%s", n.Addr(), p.Err(), tail)
 		default:
 		}
 		info, err := commandVia(ctx, n.Addr(), n.tlsClient, "INFO", "server")
@@ -237,60 +232,12 @@ func (n *Node) spawn(ctx context.Context) (*process, error) {
 			return p, nil
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			p.kill()
+			p.Kill()
 			return nil, fmt.Errorf("%s: redis-server not answering after %v (last: %v)\n%s", n.Addr(), startTimeout, err, n.logTail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-// startProcess runs bin with args in dir, its output appended to output,
-// killed with the test binary (sysProcAttr); done closes when it exits.
-func startProcess(dir, output, bin string, args ...string) (*process, error) {
-	out, err := os.OpenFile(output, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = sysProcAttr()
-	if err := cmd.Start(); err != nil {
-		out.Close()
-		return nil, err
-	}
-	p := &process{cmd: cmd, done: make(chan struct{})}
-	go func() {
-		p.err = cmd.Wait()
-		out.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// kill sends SIGKILL and waits for the process to be reaped.
-func (p *process) kill() {
-	_ = p.cmd.Process.Kill() // fails only when the process is already gone
-	<-p.done
-}
-
 // logTail returns the last lines of the node's log and output files.
-func (n *Node) logTail() string { return tailFiles(n.logPath(), n.outputPath()) }
-
-// tailFiles returns the last lines of each file that exists and is not empty.
-func tailFiles(paths ...string) string {
-	const lines = 15
-	var b strings.Builder
-	for _, path := range paths {
-		data, err := os.ReadFile(path)
-		if err != nil || len(data) == 0 {
-			continue
-		}
-		all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-		if len(all) > lines {
-			all = all[len(all)-lines:]
-		}
-		fmt.Fprintf(&b, "--- %s (last %d lines)\n%s\n", path, len(all), strings.Join(all, "\n"))
-	}
-	return b.String()
-}
+func (n *Node) logTail() string { return testenv.TailFiles(n.logPath(), n.outputPath()) }

@@ -1,4 +1,4 @@
-package testenv_test
+package redistest_test
 
 import (
 	"context"
@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // newClusterClient returns a go-redis cluster client with short timeouts,
@@ -67,7 +67,7 @@ func setGet(t *testing.T, c *redis.ClusterClient, prefix string, n int) {
 	}
 }
 
-func nodeByAddr(t *testing.T, c *testenv.Cluster, addr string) *testenv.Node {
+func nodeByAddr(t *testing.T, c *redistest.Cluster, addr string) *redistest.Node {
 	t.Helper()
 	for _, n := range c.Nodes() {
 		if n.Addr() == addr {
@@ -93,8 +93,8 @@ func role(t *testing.T, addr string) string {
 	return ""
 }
 
-func TestRedisClusterServesKeysInManySlots(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 0)
+func TestClusterServesKeysInManySlots(t *testing.T) {
+	c := redistest.NewCluster(t, 3, 0)
 
 	addrs := c.Addrs()
 	if len(addrs) != 3 || len(c.Nodes()) != 3 {
@@ -134,8 +134,8 @@ func TestRedisClusterServesKeysInManySlots(t *testing.T) {
 	}
 }
 
-func TestRedisClusterFailover(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 1)
+func TestClusterFailover(t *testing.T) {
+	c := redistest.NewCluster(t, 3, 1)
 	ctx := t.Context()
 
 	if n := len(c.Nodes()); n != 6 {
@@ -213,8 +213,8 @@ func TestRedisClusterFailover(t *testing.T) {
 	}
 }
 
-func TestRedisClusterStopAllStartAll(t *testing.T) {
-	c := testenv.RedisCluster(t, 3, 1)
+func TestClusterStopAllStartAll(t *testing.T) {
+	c := redistest.NewCluster(t, 3, 1)
 	ctx := t.Context()
 
 	before := make(map[int]bool)
@@ -251,8 +251,8 @@ func TestRedisClusterStopAllStartAll(t *testing.T) {
 	setGet(t, newClusterClient(t, c.Addrs()), "again", 200)
 }
 
-func TestRedisNode(t *testing.T) {
-	n := testenv.RedisNode(t)
+func TestNode(t *testing.T) {
+	n := redistest.NewNode(t)
 	ctx := t.Context()
 	client := newClient(t, n.Addr())
 

@@ -1,4 +1,4 @@
-package testenv_test
+package natstest_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 )
 
 // waitMsgs waits until stream holds want messages, or fails after 30 s.
@@ -36,12 +36,12 @@ func msgs(t *testing.T, js jetstream.JetStream, stream string) uint64 {
 	return s.CachedInfo().State.Msgs
 }
 
-// TestNATSSupercluster: a stream is placed in the cluster of the region
+// TestSupercluster: a stream is placed in the cluster of the region
 // that makes it, sourced into the others over the gateways; a cut gateway
 // delays only what crosses it; a stopped server comes back.
-func TestNATSSupercluster(t *testing.T) {
+func TestSupercluster(t *testing.T) {
 	regions := []string{"us-east", "eu-west", "ap-south"}
-	sc := testenv.NATSSupercluster(t, regions, 1)
+	sc := natstest.NewSupercluster(t, regions, 1)
 	js := map[string]jetstream.JetStream{}
 	for _, r := range regions {
 		nc, j := connect(t, sc.URL(r))
