@@ -22,9 +22,9 @@
 //
 // ghz, envoy ratelimit and Gubernator are installed at pinned versions
 // into bin/ (install/) when missing; redis-server and redis-cli come from
-// the machine, and Gubernator's .proto is compiled in process. Each system starts fresh, on free loopback ports,
-// for each row of each round, and rounds interleave the rows; the report
-// is the medians over rounds. Everything started is stopped by pid when
+// the machine, and Gubernator's .proto is compiled in process. Each system
+// starts fresh, on free loopback ports, for each row of each round, and
+// rounds interleave the rows; the report is the medians over rounds. Everything started is stopped by pid when
 // the tool ends, on error or Ctrl-C too.
 package main
 
