@@ -53,7 +53,7 @@ type Env struct {
 	Config string
 	// The binaries of the servers.
 	Limiterd, EnvoyRatelimit, Gubernator string
-	// Logf reports what goes wrong in a stop.
+	// Logf reports what goes wrong in a stop; nil: standard error.
 	Logf  func(format string, args ...any)
 	ports ports
 }
@@ -153,6 +153,15 @@ func (s *System) Pin(ctx context.Context, cpus string) error {
 // startTimeout bounds the start of one server, Redis Cluster included.
 const startTimeout = 30 * time.Second
 
+// logf is Logf, or standard error without it.
+func (e *Env) logf(format string, args ...any) {
+	if e.Logf == nil {
+		fmt.Fprintf(os.Stderr, format+"\n", args...)
+		return
+	}
+	e.Logf(format, args...)
+}
+
 // Start starts server on store in dir (a fresh folder) and waits until
 // ready, a check of the server's answers on a connection to it, passes.
 // On error, what was started is stopped.
@@ -232,7 +241,7 @@ func (e *Env) startCluster3(ctx context.Context, sys *System, dir string) error 
 	// pids the stop finds in dir.
 	sys.onStop(func() {
 		if out, err := exec.Command(script, "stop", dir).CombinedOutput(); err != nil {
-			e.Logf("redis-cluster.sh stop %s: %v\n%s", dir, err, out)
+			e.logf("redis-cluster.sh stop %s: %v\n%s", dir, err, out)
 		}
 	})
 	cctx, cancel := context.WithTimeout(ctx, startTimeout)
