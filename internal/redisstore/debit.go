@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -119,16 +120,16 @@ var ErrNotRecorded = errors.New("flush record unavailable")
 // stream's keeping of a message. One small key per message and copy (about
 // 180 bytes of Redis memory with its expiry, measured on Redis 7.0).
 func (s *Store) FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, pos Position, ttl time.Duration) (string, error) {
-	admin, err := s.admin()
+	admin, err := s.nodes.Admin()
 	if err != nil {
 		return "", err
 	}
 	keys := recordKeys(ctx, admin, src, instance, seq, part)
-	calls := make([]scriptCall, len(keys))
+	calls := make([]pipeline.Call, len(keys))
 	for i, k := range keys {
-		calls[i] = scriptCall{script: seenScript, keys: []string{k}, args: []any{pos.String(), strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)}}
+		calls[i] = pipeline.Call{Script: seenScript, Keys: []string{k}, Args: []any{pos.String(), strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)}}
 	}
-	cmds, _ := runScripts(ctx, admin, calls, nil)
+	cmds, _ := pipeline.RunScripts(ctx, admin, calls)
 	first := ""
 	var errs []error
 	for _, cmd := range cmds {
@@ -169,7 +170,7 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 	if len(clients) == 0 {
 		return res, nil
 	}
-	admin, err := s.admin()
+	admin, err := s.nodes.Admin()
 	if err != nil {
 		for i := range clients {
 			res.Failed = append(res.Failed, i)
@@ -182,13 +183,13 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 		epochArg = strconv.FormatInt(pos.Epoch, 10)
 	}
 	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
-	calls := make([]scriptCall, len(clients))
+	calls := make([]pipeline.Call, len(clients))
 	for i, c := range clients {
 		keys, args := debitArgs(pos.marker(c.Key, src), seqArg, ttlArg, epochArg, c)
-		calls[i] = scriptCall{script: debitScript, keys: keys, args: args}
+		calls[i] = pipeline.Call{Script: debitScript, Keys: keys, Args: args}
 	}
 	start := time.Now()
-	cmds, _ := runScripts(ctx, admin, calls, nil)
+	cmds, _ := pipeline.RunScripts(ctx, admin, calls)
 	s.m.debitDuration.Observe(time.Since(start).Seconds())
 	var first error
 	for i, cmd := range cmds {
@@ -267,11 +268,11 @@ func (s *Store) Refund(ctx context.Context, rule, key string, lim bucket.Limit, 
 	if lim.Algorithm != bucket.TokenBucket && lim.Algorithm != bucket.GCRA {
 		return nil
 	}
-	admin, err := s.admin()
+	admin, err := s.nodes.Admin()
 	if err != nil {
 		return err
 	}
-	_, err = runScripts(ctx, admin, []scriptCall{{script: refundScript, keys: []string{Key(rule, key)}, args: refundArgs(lim, amount)}}, nil)
+	_, err = pipeline.RunScripts(ctx, admin, []pipeline.Call{{Script: refundScript, Keys: []string{Key(rule, key)}, Args: refundArgs(lim, amount)}})
 	if err != nil {
 		s.m.errors[opRefund].Inc()
 		return fmt.Errorf("refund: %w", err)

@@ -46,7 +46,7 @@ func (r MemoryReading) Unsafe() bool { return r.Policy != "" && r.Policy != "noe
 func (s *Store) ReadMemory(ctx context.Context) ([]MemoryReading, error) {
 	var mu sync.Mutex
 	var out []MemoryReading
-	err := s.forEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
+	err := s.nodes.ForEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "memory", "stats").Result()
 		if err != nil {
 			return fmt.Errorf("info %s: %w", c.Options().Addr, err)
@@ -62,19 +62,14 @@ func (s *Store) ReadMemory(ctx context.Context) ([]MemoryReading, error) {
 	return out, err
 }
 
-// setUnsafe marks the checks of node addr as failed (not sent), or clears
-// the mark.
+// setUnsafe marks the checks of node addr as failed (not sent, with an
+// error wrapping ErrUnsafeEviction), or clears the mark.
 func (s *Store) setUnsafe(addr string, unsafe bool) {
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
+	var reason error
 	if unsafe {
-		s.unsafe[addr] = true
-	} else {
-		delete(s.unsafe, addr)
+		reason = ErrUnsafeEviction
 	}
-	if n := s.nodes[addr]; n != nil {
-		n.unsafe.Store(unsafe)
-	}
+	s.nodes.Refuse(addr, reason)
 }
 
 func parseMemory(info string) MemoryReading {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -44,7 +45,7 @@ func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
 func (s *Store) runLeases(ctx context.Context, o int, groups []*leaseGroup, args func(g *leaseGroup) []any) {
 	ops := [3]op{opAcquire, opRelease, opRenew}
 	run := func(g *leaseGroup) {
-		g.res, g.err = s.eval(ctx, ops[o], g.keys[0], scriptCall{script: leaseScripts[o], keys: g.keys, args: args(g)}, s.m.leaseDuration[o])
+		g.res, g.err = s.eval(ctx, ops[o], g.keys[0], pipeline.Call{Script: leaseScripts[o], Keys: g.keys, Args: args(g)}, s.m.leaseDuration[o])
 		if g.err == nil && len(g.res) != len(g.keys)*[3]int{3, 1, 3}[o] {
 			g.err = fmt.Errorf("%w: %s reply has %d elements for %d keys", bucket.ErrOutcomeUnknown, opNames[ops[o]], len(g.res), len(g.keys))
 		}

@@ -1,10 +1,12 @@
 package redisstore
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/sony/gobreaker/v2"
+
+	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
 // op is a kind of store call, the op label of limiter_store_errors_total.
@@ -24,6 +26,8 @@ const (
 
 var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew"}
 
+// metrics are those of the store's operations; those of the sending of
+// their scripts to the nodes are the pipeline package's.
 type metrics struct {
 	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
 	multiDuration  prometheus.Observer
@@ -32,13 +36,6 @@ type metrics struct {
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
 	outcomeUnknown prometheus.Counter
-	slowReplies    prometheus.Counter
-	up             prometheus.Gauge
-
-	batchSize          prometheus.Observer
-	lingerExpired      prometheus.Counter
-	breakersOpen       prometheus.Gauge
-	breakerTransitions *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -59,43 +56,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_outcome_unknown_total",
 		Help: "Checks sent to Redis whose reply did not come in time: they may have been applied.",
 	})
-	slow := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "limiter_store_slow_replies_total",
-		Help: "Checks whose reply came after --redis.timeout and before --redis.reply-deadline: decided by Redis and used, counted against the node by its breaker.",
-	})
-	up := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "limiter_store_up",
-		Help: "1 when every Redis primary answered the store's last background probe.",
-	})
-	batch := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "limiter_store_pipeline_checks",
-		Help:    "Checks sent together in one pipeline to one Redis node.",
-		Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-	})
-	linger := prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "limiter_store_linger_expired_total",
-		Help: "Pipelines sent because their linger (--redis.linger) passed before the pipeline in flight to their node was answered: a node slower to answer than the linger.",
-	})
-	open := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "limiter_store_breakers_open",
-		Help: "Redis nodes whose circuit breaker is open (not called until a probe succeeds).",
-	})
-	trans := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "limiter_store_breaker_transitions_total",
-		Help: "Circuit breaker state changes, by the state entered.",
-	}, []string{"state"})
-	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown, slow, up, batch, linger, open, trans} {
+	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
 	}
-	for _, st := range []gobreaker.State{gobreaker.StateClosed, gobreaker.StateHalfOpen, gobreaker.StateOpen} {
-		trans.WithLabelValues(st.String())
-	}
 	m := &metrics{
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
-		overloaded: overloaded, outcomeUnknown: unknown, slowReplies: slow, up: up,
-		batchSize: batch, lingerExpired: linger, breakersOpen: open, breakerTransitions: trans,
+		overloaded: overloaded, outcomeUnknown: unknown,
 	}
 	for i, o := range []op{opAcquire, opRelease, opRenew} {
 		m.leaseDuration[i] = dur.WithLabelValues(opNames[o])
@@ -109,13 +77,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// failed counts a store call that failed as what f says it was.
-func (m *metrics) failed(o op, f failure) {
-	switch f {
-	case overloaded:
+// failed counts a store call of kind o that failed with err as what err
+// says it was: never sent (bucket.ErrOverloaded), perhaps applied
+// (bucket.ErrOutcomeUnknown, also a store error), or not applied.
+func (m *metrics) failed(o op, err error) {
+	switch {
+	case errors.Is(err, bucket.ErrOverloaded):
 		m.overloaded.Inc()
 		return
-	case unknown:
+	case errors.Is(err, bucket.ErrOutcomeUnknown):
 		m.outcomeUnknown.Inc()
 	}
 	m.errors[o].Inc()

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -86,12 +87,12 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 	}
 	run := func(g *group) {
 		g.keys, g.args = groupArgs(g.reqs)
-		res, err := s.eval(ctx, opMulti, g.keys[0], scriptCall{script: multiScript, keys: g.keys, args: g.args}, s.m.multiDuration)
+		res, err := s.eval(ctx, opMulti, g.keys[0], pipeline.Call{Script: multiScript, Keys: g.keys, Args: g.args}, s.m.multiDuration)
 		if err == nil {
 			if g.ds, g.at, err = parseMultiReply(res, g.reqs); err != nil {
 				// It ran, and what it did is not known.
-				s.m.failed(opMulti, unknown)
 				err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
+				s.m.failed(opMulti, err)
 			}
 		}
 		g.err = err
@@ -153,18 +154,18 @@ func (s *Store) undo(ctx context.Context, groups []*group) {
 	if s.beforeUndo != nil {
 		s.beforeUndo()
 	}
-	admin, err := s.admin()
+	admin, err := s.nodes.Admin()
 	if err != nil {
 		s.m.errors[opUndo].Add(float64(len(groups)))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UndoTimeout)
 	defer cancel()
-	calls := make([]scriptCall, len(groups))
+	calls := make([]pipeline.Call, len(groups))
 	for i, g := range groups {
-		calls[i] = scriptCall{script: undoScript, keys: g.keys, args: undoArgs(g.at, g.args)}
+		calls[i] = pipeline.Call{Script: undoScript, Keys: g.keys, Args: undoArgs(g.at, g.args)}
 	}
-	cmds, _ := runScripts(ctx, admin, calls, nil)
+	cmds, _ := pipeline.RunScripts(ctx, admin, calls)
 	for _, cmd := range cmds {
 		if cmd.Err() != nil {
 			s.m.errors[opUndo].Inc()
@@ -220,12 +221,12 @@ func undoArgs(at int64, args []any) []any {
 // request's cost, in the window at fell in, and nothing once that window is
 // gone.
 func (s *Store) Undo(ctx context.Context, reqs []bucket.Request, at time.Time) error {
-	admin, err := s.admin()
+	admin, err := s.nodes.Admin()
 	if err != nil {
 		s.m.errors[opUndo].Add(float64(len(reqs)))
 		return err
 	}
-	var calls []scriptCall
+	var calls []pipeline.Call
 	byKey := map[string][]bucket.Request{}
 	var order []string
 	for _, r := range reqs {
@@ -239,9 +240,9 @@ func (s *Store) Undo(ctx context.Context, reqs []bucket.Request, at time.Time) e
 	}
 	for _, k := range order {
 		keys, args := groupArgs(byKey[k])
-		calls = append(calls, scriptCall{script: undoScript, keys: keys, args: undoArgs(at.UnixMicro(), args)})
+		calls = append(calls, pipeline.Call{Script: undoScript, Keys: keys, Args: undoArgs(at.UnixMicro(), args)})
 	}
-	cmds, err := runScripts(ctx, admin, calls, nil)
+	cmds, err := pipeline.RunScripts(ctx, admin, calls)
 	var errs []error
 	if err != nil {
 		errs = append(errs, err)

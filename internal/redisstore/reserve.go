@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -40,14 +41,15 @@ func (s *Store) reserve(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 	}
 	keys, args := groupArgs(reqs)
 	args = append([]any{strconv.FormatInt(maxWait.Nanoseconds(), 10)}, args...)
-	res, err := s.eval(ctx, opMulti, keys[0], scriptCall{script: reserveScript, keys: keys, args: args}, s.m.multiDuration)
+	res, err := s.eval(ctx, opMulti, keys[0], pipeline.Call{Script: reserveScript, Keys: keys, Args: args}, s.m.multiDuration)
 	if err != nil {
 		return nil, fmt.Errorf("eval reserve: %w", err)
 	}
 	ds, err := parseReserveReply(res, reqs)
 	if err != nil {
-		s.m.failed(opMulti, unknown)
-		return nil, fmt.Errorf("eval reserve: %w: %w", bucket.ErrOutcomeUnknown, err)
+		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
+		s.m.failed(opMulti, err) // it ran, and what it did is not known
+		return nil, fmt.Errorf("eval reserve: %w", err)
 	}
 	return ds, nil
 }
@@ -94,8 +96,8 @@ func (s *Store) Unreserve(ctx context.Context, req bucket.Request, reservation i
 	}
 	key := Key(req.Rule, req.Key)
 	a := scriptArgs(req.Limit, req.Cost)
-	res, err := s.eval(ctx, opUndo, key, scriptCall{script: unreserveScript, keys: []string{key},
-		args: []any{a[0], a[1], a[2], "-" + strconv.FormatInt(reservation, 10)}}, s.m.multiDuration)
+	res, err := s.eval(ctx, opUndo, key, pipeline.Call{Script: unreserveScript, Keys: []string{key},
+		Args: []any{a[0], a[1], a[2], "-" + strconv.FormatInt(reservation, 10)}}, s.m.multiDuration)
 	if err != nil {
 		return false, fmt.Errorf("eval unreserve: %w", err)
 	}

@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"context"
 	"fmt"
 
 	"github.com/redis/go-redis/v9"
@@ -46,77 +45,8 @@ func scriptIndex(a bucket.Algorithm) int {
 	return -1
 }
 
-// allScripts lists every script Load puts on a node.
+// allScripts lists every script the store keeps loaded on its nodes.
 func allScripts() []*redis.Script {
 	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript, reserveScript, unreserveScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
-}
-
-// loadScripts loads every script on one node, so checks run by hash.
-func loadScripts(ctx context.Context, c *redis.Client) error {
-	for _, sc := range allScripts() {
-		if err := sc.Load(ctx, c).Err(); err != nil {
-			return fmt.Errorf("load scripts on %s: %w", c.Options().Addr, err)
-		}
-	}
-	return nil
-}
-
-// scriptCall is one script to run on one slot: KEYS and ARGV.
-type scriptCall struct {
-	script *redis.Script
-	keys   []string
-	args   []any
-}
-
-// pipeliner is what runScripts sends on: a node client, a cluster client
-// (which splits a pipeline by node) or one connection.
-type pipeliner interface {
-	Pipeline() redis.Pipeliner
-}
-
-// runScripts sends calls as one pipeline, each by its hash (EVALSHA), and
-// returns their commands, in order. A node that lost its scripts (a restart,
-// a failover) answers NOSCRIPT; nothing ran for those calls, so they go again
-// in a second pipeline with the script's text (EVAL, which also caches the
-// script on that node, so the next calls run by hash again). This is the
-// store's only EVALSHA to EVAL fallback: checks, all-or-nothing checks,
-// undos, debits and refunds all run through it. before, when not nil, is
-// queued ahead of each call (ASKING, for a slot being migrated).
-//
-// The error is that of the pipeline (the first command's failure); each
-// command holds its own.
-func runScripts(ctx context.Context, p pipeliner, calls []scriptCall, before func(redis.Pipeliner)) ([]*redis.Cmd, error) {
-	cmds := make([]*redis.Cmd, len(calls))
-	pipe := p.Pipeline()
-	for i, c := range calls {
-		if before != nil {
-			before(pipe)
-		}
-		cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
-	}
-	_, err := pipe.Exec(ctx)
-	var retry []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) == 0 {
-		return cmds, err
-	}
-	pipe = p.Pipeline()
-	for _, i := range retry {
-		if before != nil {
-			before(pipe)
-		}
-		cmds[i] = calls[i].script.Eval(ctx, pipe, calls[i].keys, calls[i].args...)
-	}
-	_, _ = pipe.Exec(ctx)
-	for _, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
-			return cmds, err
-		}
-	}
-	return cmds, nil
 }

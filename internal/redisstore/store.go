@@ -11,120 +11,97 @@ package redisstore
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// Options configure a Store: the addresses, authentication and TLS of its
+// Redis nodes, and how its checks are sent to them.
+type Options = pipeline.Options
+
+// Mode says whether Options.Addrs name a Redis Cluster or one standalone
+// server.
+type Mode = pipeline.Mode
+
+// The modes of Options.Mode.
+const (
+	// ModeAuto: more than one address is a cluster; one address is asked
+	// (INFO cluster) when it first answers, and checks fail with
+	// ErrNotConnected until then.
+	ModeAuto = pipeline.ModeAuto
+	// ModeCluster: the addresses are seeds of a Redis Cluster.
+	ModeCluster = pipeline.ModeCluster
+	// ModeStandalone: the one address is a standalone server.
+	ModeStandalone = pipeline.ModeStandalone
 )
 
 // Defaults of Options.
 const (
 	// DefaultTimeout bounds the wait for a store reply, from the moment the
 	// command is written to Redis.
-	DefaultTimeout = 5 * time.Millisecond
+	DefaultTimeout = pipeline.DefaultTimeout
 	// DefaultMaxQueueWait bounds the time a check waits in limiterd's own
 	// queue (or for a pooled connection) before it is sent.
-	DefaultMaxQueueWait = 50 * time.Millisecond
+	DefaultMaxQueueWait = pipeline.DefaultMaxQueueWait
 	// DefaultReplyDeadline bounds the wait for a reply that is late (past
 	// the timeout): until then it is still used, since the store decided.
-	DefaultReplyDeadline = 100 * time.Millisecond
+	DefaultReplyDeadline = pipeline.DefaultReplyDeadline
 	// DefaultDialTimeout bounds opening a connection to a node, its
 	// handshake included.
-	DefaultDialTimeout = 250 * time.Millisecond
+	DefaultDialTimeout = pipeline.DefaultDialTimeout
+	// DefaultMaxBatch bounds the checks in one pipeline.
+	DefaultMaxBatch = pipeline.DefaultMaxBatch
+	// DefaultPipelinesPerNode is how many pipelines may be in flight to
+	// one node.
+	DefaultPipelinesPerNode = pipeline.DefaultPipelinesPerNode
+	// DefaultBreakerOpen is how long a node's open breaker refuses calls.
+	DefaultBreakerOpen = pipeline.DefaultBreakerOpen
+	// DefaultLinger is how long a worker holds a pipeline that is not full
+	// while another pipeline to its node is in flight: its checks go when
+	// that one is answered, the batch is full, or this has passed.
+	DefaultLinger = pipeline.DefaultLinger
+	// ProbeInterval is how often the store probes its nodes in the
+	// background: it connects when Redis first answers, loads the scripts
+	// on a node that comes (back) up, and updates Health.
+	ProbeInterval = pipeline.ProbeInterval
 )
 
-// Options configure a Store.
-type Options struct {
-	// Addrs are the seed nodes of a cluster, or one standalone server.
-	Addrs []string
-	// Mode tells a cluster from a standalone server; the zero value,
-	// ModeAuto, takes more than one address for a cluster and asks one
-	// address when it first answers.
-	Mode Mode
-	// Username and Password authenticate (Redis ACL), when set.
-	Username, Password string
-	// TLS, when set, is used for every connection.
-	TLS *tls.Config
-	// Timeout bounds the wait for the reply of a check, from the moment it
-	// is written to Redis; time in limiterd's queue does not count (see
-	// MaxQueueWait). A check that was written and got no reply in time
-	// fails with an error wrapping bucket.ErrOutcomeUnknown. 0 means
-	// DefaultTimeout.
-	Timeout time.Duration
-	// MaxQueueWait bounds the time a check waits before it is sent: in its
-	// node's queue, or for a connection of the pool with NoCoalesce. The
-	// caller's deadline bounds it too. Past it the check fails, unsent,
-	// with an error wrapping bucket.ErrOverloaded. 0 means
-	// DefaultMaxQueueWait.
-	MaxQueueWait time.Duration
-	// ReplyDeadline bounds the wait for a reply past Timeout: a reply that
-	// comes after Timeout and before ReplyDeadline is used (the store
-	// decided, and the outcome is known) but counts as a slow reply, which
-	// the node's breaker takes as a failure; one that has not come by then
-	// fails with an error wrapping bucket.ErrOutcomeUnknown. A loaded host
-	// delays replies past a tight Timeout (the store, or this process,
-	// waits for a core) without anything being wrong. 0 means
-	// DefaultReplyDeadline; less than Timeout means Timeout.
-	ReplyDeadline time.Duration
-	// DialTimeout bounds opening a connection to a node (0:
-	// DefaultDialTimeout).
-	DialTimeout time.Duration
-	// PoolSize is the pool size per node; 0 lets go-redis choose.
-	PoolSize int
-	// NoCoalesce sends every check on its own instead of batching the
-	// checks bound for one node into one pipeline.
-	NoCoalesce bool
-	// MaxBatch bounds the checks in one pipeline (0: DefaultMaxBatch).
-	MaxBatch int
-	// PipelinesPerNode is how many pipelines may be in flight to one node
-	// (0: DefaultPipelinesPerNode).
-	PipelinesPerNode int
-	// Linger is how long a batch that is not full waits for more checks
-	// while another pipeline to its node is in flight (0: none; see
-	// DefaultLinger). It must be less than MaxQueueWait.
-	Linger time.Duration
-	// BreakerOpen is how long a node's open breaker refuses calls before
-	// it lets a probe through (0: DefaultBreakerOpen).
-	BreakerOpen time.Duration
-}
+// Errors of the store, besides bucket.ErrOverloaded and
+// bucket.ErrOutcomeUnknown. Each means the request was not applied: nothing
+// was sent, or Redis answered an error. Callers test them with errors.Is.
+var (
+	// ErrBreakerOpen: the circuit breaker of the request's node is open
+	// (the node was shown unhealthy), so nothing was sent.
+	ErrBreakerOpen = pipeline.ErrBreakerOpen
+	// ErrNotConnected: the store has not reached Redis yet (no node
+	// answered since New, so the slot map or the server's mode is unknown).
+	// It keeps trying in the background; see Store.Health.
+	ErrNotConnected = pipeline.ErrNotConnected
+	// ErrNodeStalled: the request waited in its node's queue past the cap
+	// while every pipeline to that node was waiting for its replies and
+	// none came (a paused or stuck node): the store failed, not limiterd,
+	// and nothing was sent, so the rule's on_failure decides.
+	ErrNodeStalled = pipeline.ErrNodeStalled
+)
 
 // Store is a bucket.Store and bucket.MultiStore on Redis. It is safe for
 // concurrent use. It serves from New on, whether or not Redis answers: it
 // connects in the background (see Health), and a check it cannot send
 // fails at once with an error that says it was not applied.
 type Store struct {
-	opts                     Options
-	timeout, maxQueueWait    time.Duration
-	replyDeadline            time.Duration
-	dialTimeout, breakerOpen time.Duration
-	coalesce                 bool
-	maxBatch, pipelines      int
-	linger                   time.Duration
-	m                        *metrics
-	life                     context.Context
-	stop                     context.CancelFunc
-	workers                  sync.WaitGroup
-	closed                   atomic.Bool
-	lastReload               atomic.Int64
-	beMu                     sync.Mutex // guards the creation of be against Close
-	be                       atomic.Pointer[backend]
-	ready                    atomic.Bool
-	health                   atomic.Pointer[health]
-	upMu                     sync.Mutex
-	up                       map[string]bool
-	nodesMu                  sync.RWMutex
-	nodes                    map[string]*node
-	unsafe                   map[string]bool // under nodesMu
-	beforeUndo               func()          // a test's hook, nil otherwise
-	args                     argsCache
+	nodes      *pipeline.Nodes
+	m          *metrics
+	beforeUndo func() // a test's hook, nil otherwise
+	args       argsCache
 }
 
 // New returns a Store for opts, with its metrics registered on reg. It
@@ -133,78 +110,65 @@ type Store struct {
 // serves anyway and connects when it can. New fails only on invalid options
 // or metrics.
 func New(ctx context.Context, opts Options, reg prometheus.Registerer) (*Store, error) {
-	if len(opts.Addrs) == 0 {
-		return nil, errors.New("redis: no addresses")
-	}
-	if opts.Mode == ModeStandalone && len(opts.Addrs) > 1 {
-		return nil, fmt.Errorf("redis: %d addresses for a standalone server", len(opts.Addrs))
+	if err := opts.Check(); err != nil {
+		return nil, err
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{
-		opts: opts, m: m, timeout: opts.Timeout, maxQueueWait: opts.MaxQueueWait, dialTimeout: opts.DialTimeout,
-		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode, linger: opts.Linger,
-		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node), unsafe: make(map[string]bool),
-		up: make(map[string]bool),
+	nodes, err := pipeline.New(ctx, opts, reg, allScripts())
+	if err != nil {
+		return nil, err
 	}
-	if s.timeout <= 0 {
-		s.timeout = DefaultTimeout
-	}
-	if s.maxQueueWait <= 0 {
-		s.maxQueueWait = DefaultMaxQueueWait
-	}
-	if s.replyDeadline = opts.ReplyDeadline; s.replyDeadline <= 0 {
-		s.replyDeadline = DefaultReplyDeadline
-	}
-	s.replyDeadline = max(s.replyDeadline, s.timeout)
-	if s.dialTimeout <= 0 {
-		s.dialTimeout = DefaultDialTimeout
-	}
-	if s.maxBatch <= 0 {
-		s.maxBatch = DefaultMaxBatch
-	}
-	if s.pipelines <= 0 {
-		s.pipelines = DefaultPipelinesPerNode
-	}
-	if s.breakerOpen <= 0 {
-		s.breakerOpen = DefaultBreakerOpen
-	}
-	if s.linger < 0 || s.linger >= s.maxQueueWait {
-		return nil, fmt.Errorf("redis: linger %v: must be 0 or more and less than the queue wait (%v)", s.linger, s.maxQueueWait)
-	}
-	s.life, s.stop = context.WithCancel(context.Background())
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	s.probe(pctx)
-	cancel()
-	s.workers.Go(func() { s.run(s.life) })
-	return s, nil
+	return &Store{nodes: nodes, m: m}, nil
 }
 
 // Close stops the background probe and the pipelines and closes every
 // connection. Checks made after Close fail with redis.ErrClosed.
-func (s *Store) Close() error {
-	// Under both locks, so that no backend or node (with its workers) is
-	// made once Close waits for the workers.
-	s.beMu.Lock()
-	s.nodesMu.Lock()
-	s.closed.Store(true)
-	s.nodesMu.Unlock()
-	s.beMu.Unlock()
-	s.stop()
-	s.workers.Wait()
-	var errs []error
-	s.nodesMu.Lock()
-	for _, n := range s.nodes {
-		errs = append(errs, n.close())
+func (s *Store) Close() error { return s.nodes.Close() }
+
+// eval runs c on the node of key, and counts a failure as what it means
+// for a call of kind o.
+func (s *Store) eval(ctx context.Context, o op, key string, c pipeline.Call, dur prometheus.Observer) ([]any, error) {
+	res, err := s.nodes.Eval(ctx, key, c, dur)
+	if err != nil {
+		s.m.failed(o, err)
+		return nil, err
 	}
-	s.nodesMu.Unlock()
-	if be := s.be.Load(); be != nil {
-		errs = append(errs, be.admin.Close())
-	}
-	return errors.Join(errs...)
+	return res, nil
 }
+
+// Health reports the store's reachability as the background probe last
+// found it (every ProbeInterval; no I/O here), for a readiness detail or a
+// log line. It is nil when every primary answered; otherwise its error
+// names the nodes that did not, and wraps ErrNotConnected while the store
+// is not connected (see Connected). A store that is not healthy still
+// serves: checks bound for a node that is down fail at once (not applied),
+// so a caller's on_failure policy decides them.
+func (s *Store) Health() error { return s.nodes.Health() }
+
+// Connected reports whether the store sends checks: it knows the mode and,
+// for a cluster, the slot map, learnt from a node that answered (with
+// ModeStandalone, from New on). Until then every check fails at once with
+// ErrNotConnected. It stays true through a later outage, when the nodes'
+// breakers fail the checks instead.
+func (s *Store) Connected() bool { return s.nodes.Connected() }
+
+// Load loads every script on every primary that answers, so checks run by
+// hash. A node that lost them (a restart, a failover) is served by EVAL
+// until the background probe loads them again. Its error names the nodes
+// that could not load them.
+func (s *Store) Load(ctx context.Context) error { return s.nodes.Load(ctx) }
+
+// Client returns the admin client, for health checks and admin reads; it is
+// nil until the store has connected (see Connected) when the mode was left
+// to ModeAuto with one address. Its commands take their deadline from their
+// context.
+func (s *Store) Client() redis.UniversalClient { return s.nodes.Client() }
+
+// Ping reports whether every primary answers now.
+func (s *Store) Ping(ctx context.Context) error { return s.nodes.Ping(ctx) }
 
 // Key is the Redis key of the bucket of key under rule: rl:{key}:rule. The
 // hash tag puts every bucket of one client in one slot, so one script can
@@ -242,7 +206,7 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 		return ds[0], nil
 	}
 	key := Key(req.Rule, req.Key)
-	res, err := s.eval(ctx, opScript, key, scriptCall{script: singleScripts[i], keys: []string{key}, args: s.args.get(req.Limit, req.Cost)}, s.m.scriptDuration[i])
+	res, err := s.eval(ctx, opScript, key, pipeline.Call{Script: singleScripts[i], Keys: []string{key}, Args: s.args.get(req.Limit, req.Cost)}, s.m.scriptDuration[i])
 	if err == nil {
 		var d bucket.Decision
 		if d, err = parseDecision(res, req.Limit); err == nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/redis/go-redis/v9"
 
@@ -139,277 +140,67 @@ func mustTake(t *testing.T, s *Store, key string, cost float64) float64 {
 	return d.Remaining
 }
 
-// TestStoreErrors: each way a check can fail says what happened to it.
-// Waiting in limiterd's own queue past the cap or the caller's deadline is
-// overload (never sent, nothing spent), unless the node answered nothing
-// meanwhile while pipelines to it were in flight: then the node is stalled
-// (not applied, a store failure); a reply that does not come in time after
-// the write is an unknown outcome; a node that refuses connections, or
-// whose breaker is open, is neither (not applied).
+// TestStoreErrors: a failed check is counted as what its error says: a
+// reply that did not come in time after the write is an unknown outcome (a
+// store error of its operation too), a check that waited too long in the
+// queue is overload (and no store error), and any other failure a store
+// error of its operation only. (The pipeline package's tests cover which
+// failure is which.)
 func TestStoreErrors(t *testing.T) {
-	node := redistest.NewNode(t)
-	type want int
-	const (
-		wantOverloaded want = iota
-		wantUnknown
-		wantNotApplied
-	)
-	tests := []struct {
-		name string
-		opts Options
-		// only, when set, runs the case with that NoCoalesce only.
-		only *bool
-		// run makes one check fail and returns its error.
-		run  func(t *testing.T, s *Store, reg *prometheus.Registry, key string) error
-		want want
-		// stalledCoalesced: coalesced, the error is ErrNodeStalled (not
-		// applied) instead of want, which is then the one-by-one error.
-		stalledCoalesced bool
-		// cause, when set, must be wrapped too.
-		cause error
-	}{
-		{
-			name: "queued past the cap behind a paused node",
-			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 50 * time.Millisecond, PipelinesPerNode: 1, MaxBatch: 1, PoolSize: 1},
-			run: func(t *testing.T, s *Store, reg *prometheus.Registry, key string) error {
-				return queuedBehindPaused(t, s, reg, node.Addr(), key, context.Background())
-			},
-			want: wantOverloaded, stalledCoalesced: true,
-		},
-		{
-			name: "queued past the cap behind checks the node answers",
-			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 5 * time.Millisecond, PipelinesPerNode: 1, MaxBatch: 1},
-			only: new(false),
-			run: func(t *testing.T, s *Store, _ *prometheus.Registry, key string) error {
-				mustTake(t, s, key, 1) // connected
-				// 1,000 callers, one check in flight at a time: the last
-				// wait far longer than 5 ms while the node answers.
-				const callers = 1000
-				errs := make(chan error, callers)
-				for i := range callers {
-					go func() {
-						_, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: fmt.Sprint(key, i), Limit: testLimit, Cost: 1})
-						errs <- err
-					}()
+	t.Run("counted", func(t *testing.T) {
+		for _, tt := range []struct {
+			name                      string
+			err                       error
+			overloaded, unknown, errs float64
+		}{
+			{"overloaded", fmt.Errorf("%w: waited 50ms in the queue of n", bucket.ErrOverloaded), 1, 0, 0},
+			{"outcome unknown", fmt.Errorf("%w: redis n: %w", bucket.ErrOutcomeUnknown, context.DeadlineExceeded), 0, 1, 1},
+			{"breaker open", fmt.Errorf("%w: n", ErrBreakerOpen), 0, 0, 1},
+			{"node stalled", fmt.Errorf("redis n: %w: %w", ErrNodeStalled, context.DeadlineExceeded), 0, 0, 1},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				reg := prometheus.NewRegistry()
+				m, err := newMetrics(reg)
+				if err != nil {
+					t.Fatal(err)
 				}
-				// One overloaded answer is enough; on a busy machine a
-				// pipeline may take longer than 5 ms, and a check queued
-				// behind only that one is told the node stalled.
-				var first error
-				for range callers {
-					if err := <-errs; err != nil && (first == nil || errors.Is(err, bucket.ErrOverloaded)) {
-						first = err
-					}
+				m.failed(opMulti, tt.err)
+				if got := metricValue(t, reg, "limiter_store_overloaded_total"); got != tt.overloaded {
+					t.Errorf("limiter_store_overloaded_total = %v, want %v", got, tt.overloaded)
 				}
-				return first
-			},
-			want: wantOverloaded,
-		},
-		{
-			name: "caller deadline passes in the queue",
-			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 10 * time.Second, PipelinesPerNode: 1, MaxBatch: 1, PoolSize: 1},
-			run: func(t *testing.T, s *Store, reg *prometheus.Registry, key string) error {
-				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-				defer cancel()
-				return queuedBehindPaused(t, s, reg, node.Addr(), key, ctx)
-			},
-			want: wantOverloaded, stalledCoalesced: true, cause: context.DeadlineExceeded,
-		},
-		{
-			name: "no reply within the timeout",
-			opts: Options{Timeout: 50 * time.Millisecond},
-			run: func(t *testing.T, s *Store, _ *prometheus.Registry, key string) error {
-				mustTake(t, s, key, 1) // connected
-				unpause := pause(t, node.Addr())
-				defer unpause()
-				_, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
-				return err
-			},
-			want: wantUnknown,
-		},
-		{
-			name: "caller deadline passes after the write",
-			opts: Options{Timeout: 10 * time.Second},
-			only: new(false), // with NoCoalesce the reply wait is Options.Timeout
-			run: func(t *testing.T, s *Store, _ *prometheus.Registry, key string) error {
-				mustTake(t, s, key, 1)
-				unpause := pause(t, node.Addr())
-				defer unpause()
-				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-				defer cancel()
-				_, err := s.Take(ctx, bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
-				return err
-			},
-			want: wantUnknown, cause: context.DeadlineExceeded,
-		},
-	}
-	for _, tt := range tests {
+				if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != tt.unknown {
+					t.Errorf("limiter_store_outcome_unknown_total = %v, want %v", got, tt.unknown)
+				}
+				if got := testutil.ToFloat64(m.errors[opMulti]); got != tt.errs {
+					t.Errorf("limiter_store_errors_total{op=\"multi\"} = %v, want %v", got, tt.errs)
+				}
+				if got := metricValue(t, reg, "limiter_store_errors_total"); got != tt.errs {
+					t.Errorf("limiter_store_errors_total = %v, want %v (all of op multi)", got, tt.errs)
+				}
+			})
+		}
+	})
+
+	t.Run("no reply within the timeout", func(t *testing.T) {
+		node := redistest.NewNode(t)
 		for _, noCoalesce := range []bool{false, true} {
-			if tt.only != nil && *tt.only != noCoalesce {
-				continue
-			}
-			name := tt.name + map[bool]string{false: "/coalesced", true: "/one-by-one"}[noCoalesce]
-			t.Run(name, func(t *testing.T) {
-				opts := tt.opts
-				opts.Addrs, opts.Mode, opts.NoCoalesce = []string{node.Addr()}, ModeStandalone, noCoalesce
-				s, reg := newTestStore(t, opts)
-				key := "errors-" + name
-				err := tt.run(t, s, reg, key)
-				if err == nil {
-					t.Fatal("no error")
-				}
-				isOverloaded, isUnknown := errors.Is(err, bucket.ErrOverloaded), errors.Is(err, bucket.ErrOutcomeUnknown)
-				switch {
-				case tt.stalledCoalesced && !noCoalesce:
-					if !errors.Is(err, ErrNodeStalled) || isOverloaded || isUnknown {
-						t.Fatalf("error %v: want ErrNodeStalled only", err)
-					}
-					if got := metricValue(t, reg, "limiter_store_overloaded_total"); got != 0 {
-						t.Errorf("limiter_store_overloaded_total = %v, want 0", got)
-					}
-				case tt.want == wantOverloaded:
-					if !isOverloaded || isUnknown {
-						t.Fatalf("error %v: want overloaded only", err)
-					}
-					if got := metricValue(t, reg, "limiter_store_overloaded_total"); got < 1 {
-						t.Errorf("limiter_store_overloaded_total = %v, want at least 1", got)
-					}
-				case tt.want == wantUnknown:
-					if !isUnknown || isOverloaded {
-						t.Fatalf("error %v: want outcome unknown only", err)
-					}
-					if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != 1 {
-						t.Errorf("limiter_store_outcome_unknown_total = %v, want 1", got)
-					}
-				}
-				if tt.cause != nil && !errors.Is(err, tt.cause) {
-					t.Errorf("error %v does not wrap %v", err, tt.cause)
-				}
-			})
-		}
-	}
-
-	// Not applied: a stopped node. The first checks fail to connect, then
-	// the breaker opens; neither is overload or an unknown outcome.
-	for _, noCoalesce := range []bool{false, true} {
-		t.Run(map[bool]string{false: "connection refused/coalesced", true: "connection refused/one-by-one"}[noCoalesce], func(t *testing.T) {
-			stopped := redistest.NewNode(t)
-			stopped.Stop()
-			s, _ := newTestStore(t, Options{Addrs: []string{stopped.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: time.Second})
-			var errs []error
-			for range breakerConnFailures + 1 {
-				_, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: "k", Limit: testLimit, Cost: 1})
-				if err == nil {
-					t.Fatal("a check on a stopped node succeeded")
-				}
-				if errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
-					t.Fatalf("error %v: want neither overloaded nor outcome unknown", err)
-				}
-				errs = append(errs, err)
-			}
-			if last := errs[len(errs)-1]; !errors.Is(last, ErrBreakerOpen) {
-				t.Fatalf("after %d refused connections: %v, want ErrBreakerOpen", breakerConnFailures, last)
-			}
-		})
-	}
-}
-
-// queuedBehindPaused makes the one connection (or pipeline) to addr busy
-// with a check the paused node does not answer, then returns the error of a
-// second check, made with ctx, that can only wait behind it. The first
-// check is answered once the node resumes, and it alone spent: the second
-// was never sent.
-func queuedBehindPaused(t *testing.T, s *Store, reg *prometheus.Registry, addr, key string, ctx context.Context) error {
-	t.Helper()
-	left := mustTake(t, s, key, 1) // connected
-	unpause := pause(t, addr)
-	first := make(chan error, 1)
-	go func() {
-		d, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
-		if err == nil && !d.Allowed {
-			err = errors.New("refused")
-		}
-		first <- err
-	}()
-	n := s.node(addr)
-	if s.coalesce {
-		waitFor(t, "sending the first check", func() bool { return sampleCount(t, reg, "limiter_store_pipeline_checks") == 2 })
-	} else {
-		waitFor(t, "holding the pool's connection", func() bool {
-			st := n.pooled.PoolStats()
-			return st.TotalConns == 1 && st.IdleConns == 0
-		})
-	}
-	_, err := s.Take(ctx, bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
-	unpause()
-	if ferr := <-first; ferr != nil {
-		t.Fatalf("first check: %v", ferr)
-	}
-	// The first check spent 1; the second nothing. (The bucket refills by
-	// a millionth of a token a second.)
-	if got := mustTake(t, s, key, 1); math.Round(got) != math.Round(left-2) {
-		t.Fatalf("%v tokens left after two checks, want %v: the queued check spent", got, left-2)
-	}
-	return err
-}
-
-// TestBreaker: a node that answers slowly a few times keeps its breaker
-// closed; a stopped node opens it; it closes again once the node is back.
-func TestBreaker(t *testing.T) {
-	for _, noCoalesce := range []bool{false, true} {
-		t.Run(map[bool]string{false: "coalesced", true: "one-by-one"}[noCoalesce], func(t *testing.T) {
-			node := redistest.NewNode(t)
-			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce,
-				Timeout: 50 * time.Millisecond, BreakerOpen: 100 * time.Millisecond})
-			ctx := context.Background()
-			req := bucket.Request{Rule: "r", Key: "breaker", Limit: testLimit, Cost: 1}
-			mustTake(t, s, req.Key, 1)
-
-			// More slow answers in a row than the old breaker allowed (5).
+			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: 50 * time.Millisecond})
+			key := "errors-" + strconv.FormatBool(noCoalesce)
+			mustTake(t, s, key, 1) // connected
 			unpause := pause(t, node.Addr())
-			for i := range 2 * breakerConnFailures {
-				_, err := s.Take(ctx, req)
-				if err == nil {
-					t.Fatalf("slow check %d answered", i)
-				}
-				if errors.Is(err, ErrBreakerOpen) {
-					t.Fatalf("slow check %d: %v: the breaker opened on slow answers", i, err)
-				}
-			}
+			_, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
 			unpause()
-			waitFor(t, "answering after the pause", func() bool {
-				d, err := s.Take(ctx, req)
-				if errors.Is(err, ErrBreakerOpen) {
-					t.Fatalf("after slow answers: %v", err)
-				}
-				return err == nil && d.Allowed
-			})
-			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
-				t.Fatalf("limiter_store_breakers_open = %v after slow answers, want 0", got)
+			if !errors.Is(err, bucket.ErrOutcomeUnknown) || errors.Is(err, bucket.ErrOverloaded) {
+				t.Fatalf("no-coalesce=%v: error %v: want outcome unknown only", noCoalesce, err)
 			}
-
-			node.Stop()
-			waitFor(t, "open on a stopped node", func() bool {
-				_, err := s.Take(ctx, req)
-				if err == nil || errors.Is(err, bucket.ErrOverloaded) {
-					t.Fatalf("check on a stopped node: %v", err)
-				}
-				return errors.Is(err, ErrBreakerOpen)
-			})
-			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 1 {
-				t.Fatalf("limiter_store_breakers_open = %v on a stopped node, want 1", got)
+			if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != 1 {
+				t.Errorf("no-coalesce=%v: limiter_store_outcome_unknown_total = %v, want 1", noCoalesce, got)
 			}
-
-			node.Start()
-			waitFor(t, "closed once the node is back", func() bool {
-				d, err := s.Take(ctx, req)
-				return err == nil && d.Allowed
-			})
-			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
-				t.Fatalf("limiter_store_breakers_open = %v with the node back, want 0", got)
+			if got := metricValue(t, reg, "limiter_store_errors_total"); got != 1 {
+				t.Errorf("no-coalesce=%v: limiter_store_errors_total = %v, want 1", noCoalesce, got)
 			}
-		})
-	}
+		}
+	})
 }
 
 // TestStartUnreachable: New returns a working store while no node answers;
@@ -570,15 +361,15 @@ func TestTakeAllPartialFailure(t *testing.T) {
 	var addrs [2]string
 	for i := 0; keys[1] == ""; i++ {
 		k := "client-" + strconv.Itoa(i)
-		n, err := s.nodeFor(ctx, Key("r", k))
+		n, err := s.Client().(*redis.ClusterClient).MasterForKey(ctx, Key("r", k))
 		if err != nil {
 			t.Fatal(err)
 		}
-		switch {
+		switch addr := n.Options().Addr; {
 		case keys[0] == "":
-			keys[0], addrs[0] = k, n.addr
-		case n.addr != addrs[0]:
-			keys[1], addrs[1] = k, n.addr
+			keys[0], addrs[0] = k, addr
+		case addr != addrs[0]:
+			keys[1], addrs[1] = k, addr
 		}
 	}
 	gate := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 1, RefillPerSecond: 1e-6}
@@ -762,8 +553,8 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	}
 }
 
-// storeGoroutines lists the goroutines running code of this package (but
-// not its tests) or of go-redis.
+// storeGoroutines lists the goroutines running code of this package or of
+// the packages under it (but not their tests), or of go-redis.
 func storeGoroutines() []string {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
@@ -772,35 +563,30 @@ func storeGoroutines() []string {
 		if strings.Contains(g, "_test.go") {
 			continue
 		}
-		if strings.Contains(g, "limiterd/internal/redisstore.") || strings.Contains(g, "go-redis/v9") {
+		if strings.Contains(g, "limiterd/internal/redisstore.") || strings.Contains(g, "limiterd/internal/redisstore/") || strings.Contains(g, "go-redis/v9") {
 			out = append(out, g)
 		}
 	}
 	return out
 }
 
-// TestLateReplyIsUsed: a reply that comes after the store timeout and
-// before the reply deadline is Redis's decision, known: it is used, not
-// answered as an unknown outcome (which would be decided without the
-// store), and counted as a slow reply.
-func TestLateReplyIsUsed(t *testing.T) {
-	node := redistest.NewNode(t)
-	s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone,
-		Timeout: 5 * time.Millisecond, ReplyDeadline: 5 * time.Second})
-	mustTake(t, s, "late", 1) // connected
-	unpause := pause(t, node.Addr())
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		unpause()
-	}()
-	d, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: "late", Limit: testLimit, Cost: 1})
-	if err != nil || !d.Allowed || d.Remaining < 7.99 || d.Remaining > 8.01 {
-		t.Fatalf("a check answered 100 ms late = %+v, %v; want allowed with 8 left", d, err)
+// TestArgsCacheBound: the cache of check arguments keeps at most
+// maxCachedArgs (costs come from clients: distinct ones cannot grow it), and
+// what it returns past the bound is still right.
+func TestArgsCacheBound(t *testing.T) {
+	var c argsCache
+	lim := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 2.5}
+	for i := range maxCachedArgs + 100 {
+		a := c.get(lim, float64(i+1))
+		if want := strconv.Itoa(i + 1); a[0] != "10" || a[1] != "2.5" || a[2] != want {
+			t.Fatalf("args for cost %d: %v", i+1, a)
+		}
 	}
-	if got := metricValue(t, reg, "limiter_store_slow_replies_total"); got != 1 {
-		t.Errorf("limiter_store_slow_replies_total = %v, want 1", got)
+	if n := len(c.m); n != maxCachedArgs {
+		t.Fatalf("%d entries cached, want the bound %d", n, maxCachedArgs)
 	}
-	if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != 0 {
-		t.Errorf("limiter_store_outcome_unknown_total = %v, want 0", got)
+	w := bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 5, Window: 1500 * time.Millisecond}
+	if a := c.get(w, 1); a[0] != "5" || a[1] != "1500000" || a[2] != "1" {
+		t.Fatalf("window args: %v", a)
 	}
 }

@@ -1,4 +1,4 @@
-package redisstore
+package pipeline
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// Errors of the store, besides bucket.ErrOverloaded and
+// Errors of a call, besides bucket.ErrOverloaded and
 // bucket.ErrOutcomeUnknown. Each means the request was not applied: nothing
 // was sent, or Redis answered with an error. Callers test them with errors.Is.
 var (
@@ -22,12 +22,12 @@ var (
 	ErrBreakerOpen = errors.New("redis node circuit breaker open")
 	// ErrNotConnected: the store has not reached Redis yet (no node
 	// answered since New, so the slot map or the server's mode is unknown).
-	// It keeps trying in the background; see Store.Health.
+	// It keeps trying in the background; see Nodes.Health.
 	ErrNotConnected = errors.New("redis store not connected")
 	// ErrNodeStalled: the request waited in its node's queue past the cap
 	// while every pipeline to that node was waiting for its replies and
 	// none came (a paused or stuck node): the store failed, not limiterd,
-	// and nothing was sent, so the rule's on_failure decides.
+	// and nothing was sent, so the caller's failure policy decides.
 	ErrNodeStalled = errors.New("redis node stalled")
 )
 

@@ -1,4 +1,4 @@
-package redisstore
+package pipeline
 
 import (
 	"context"
@@ -43,9 +43,9 @@ const (
 	adminTimeout = 3 * time.Second
 )
 
-// backend is what the store knows once Redis first answered: the mode, and
+// backend is what the nodes know once Redis first answered: the mode, and
 // the admin client, which routes keys to nodes (its slot map) and runs
-// admin commands, debits, refunds and undos with context deadlines.
+// admin commands and the scripts run with RunScripts, with context deadlines.
 type backend struct {
 	cluster bool
 	admin   redis.UniversalClient
@@ -62,18 +62,18 @@ func withConnPhase(ctx context.Context, p *connPhase) context.Context {
 	return context.WithValue(ctx, connPhaseKey{}, p)
 }
 
-// dialer opens connections for every client of the store and marks the
+// dialer opens connections for every client of the nodes and marks the
 // dial on the call's connPhase, if it has one.
-func (s *Store) dialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func (ns *Nodes) dialer(timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: timeout, KeepAlive: 5 * time.Minute}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		if p, ok := ctx.Value(connPhaseKey{}).(*connPhase); ok {
 			p.dialed.Store(true)
 		}
-		if s.opts.TLS == nil {
+		if ns.opts.TLS == nil {
 			return d.DialContext(ctx, network, addr)
 		}
-		td := &tls.Dialer{NetDialer: d, Config: s.opts.TLS}
+		td := &tls.Dialer{NetDialer: d, Config: ns.opts.TLS}
 		return td.DialContext(ctx, network, addr)
 	}
 }
@@ -89,11 +89,11 @@ func onConnect(ctx context.Context, _ *redis.Conn) error {
 // nodeOptions are the options of a client of one node. Each command is
 // sent once: a retry spends the latency budget and could run a script
 // twice; the caller decides what a failure means.
-func (s *Store) nodeOptions(addr string) *redis.Options {
+func (ns *Nodes) nodeOptions(addr string) *redis.Options {
 	return &redis.Options{
-		Addr: addr, Username: s.opts.Username, Password: s.opts.Password,
-		PoolSize: s.opts.PoolSize, MaxRetries: -1, DialerRetries: 1, DialTimeout: s.dialTimeout,
-		Dialer: s.dialer(s.dialTimeout), OnConnect: onConnect,
+		Addr: addr, Username: ns.opts.Username, Password: ns.opts.Password,
+		PoolSize: ns.opts.PoolSize, MaxRetries: -1, DialerRetries: 1, DialTimeout: ns.dialTimeout,
+		Dialer: ns.dialer(ns.dialTimeout), OnConnect: onConnect,
 		ReadTimeout: adminTimeout, WriteTimeout: adminTimeout, ContextTimeoutEnabled: true,
 		// Pipelines share the main pool, so PoolSize and PoolTimeout bound them.
 		PipelinePoolSize: -1,
@@ -104,13 +104,13 @@ func (s *Store) nodeOptions(addr string) *redis.Options {
 }
 
 // newBackend makes the admin client for the mode.
-func (s *Store) newBackend(cluster bool) *backend {
+func (ns *Nodes) newBackend(cluster bool) *backend {
 	if !cluster {
-		return &backend{admin: redis.NewClient(s.nodeOptions(s.opts.Addrs[0]))}
+		return &backend{admin: redis.NewClient(ns.nodeOptions(ns.opts.Addrs[0]))}
 	}
-	o := s.nodeOptions("")
+	o := ns.nodeOptions("")
 	return &backend{cluster: true, admin: redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs: s.opts.Addrs, Username: o.Username, Password: o.Password,
+		Addrs: ns.opts.Addrs, Username: o.Username, Password: o.Password,
 		PoolSize: o.PoolSize, MaxRetries: o.MaxRetries, DialerRetries: o.DialerRetries, DialTimeout: o.DialTimeout,
 		Dialer: o.Dialer, OnConnect: o.OnConnect, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout,
 		ContextTimeoutEnabled: true, PipelinePoolSize: -1, DisableIdentity: true,
@@ -124,15 +124,15 @@ func (s *Store) newBackend(cluster bool) *backend {
 // health is the last probe's finding.
 type health struct{ err error }
 
-// Health reports the store's reachability as the background probe last
+// Health reports the nodes' reachability as the background probe last
 // found it (every ProbeInterval; no I/O here), for a readiness detail or a
 // log line. It is nil when every primary answered; otherwise its error
 // names the nodes that did not, and wraps ErrNotConnected while the store
 // is not connected (see Connected). A store that is not healthy still
 // serves: checks bound for a node that is down fail at once (not applied),
 // so a caller's on_failure policy decides them.
-func (s *Store) Health() error {
-	if h := s.health.Load(); h != nil {
+func (ns *Nodes) Health() error {
+	if h := ns.health.Load(); h != nil {
 		return h.err
 	}
 	return ErrNotConnected
@@ -143,10 +143,10 @@ func (s *Store) Health() error {
 // ModeStandalone, from New on). Until then every check fails at once with
 // ErrNotConnected. It stays true through a later outage, when the nodes'
 // breakers fail the checks instead.
-func (s *Store) Connected() bool { return s.ready.Load() }
+func (ns *Nodes) Connected() bool { return ns.ready.Load() }
 
-// run probes the nodes every ProbeInterval until the store closes.
-func (s *Store) run(life context.Context) {
+// run probes the nodes every ProbeInterval until they are closed.
+func (ns *Nodes) run(life context.Context) {
 	t := time.NewTicker(ProbeInterval)
 	defer t.Stop()
 	for {
@@ -156,7 +156,7 @@ func (s *Store) run(life context.Context) {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(life, probeTimeout)
-		s.probe(ctx)
+		ns.probe(ctx)
 		cancel()
 	}
 }
@@ -164,22 +164,22 @@ func (s *Store) run(life context.Context) {
 // probe learns the mode when it is not known yet, pings every primary,
 // loads the scripts on a primary that answers for the first time since it
 // last did not, and records the result for Health.
-func (s *Store) probe(ctx context.Context) {
-	be := s.be.Load()
+func (ns *Nodes) probe(ctx context.Context) {
+	be := ns.be.Load()
 	if be == nil {
-		cluster, err := s.detectMode(ctx)
+		cluster, err := ns.detectMode(ctx)
 		if err != nil {
-			s.setHealth(fmt.Errorf("%w: %s: %w", ErrNotConnected, s.opts.Addrs[0], err))
+			ns.setHealth(fmt.Errorf("%w: %s: %w", ErrNotConnected, ns.opts.Addrs[0], err))
 			return
 		}
-		s.beMu.Lock()
-		if s.closed.Load() {
-			s.beMu.Unlock()
+		ns.beMu.Lock()
+		if ns.closed.Load() {
+			ns.beMu.Unlock()
 			return
 		}
-		be = s.newBackend(cluster)
-		s.be.Store(be)
-		s.beMu.Unlock()
+		be = ns.newBackend(cluster)
+		ns.be.Store(be)
+		ns.beMu.Unlock()
 	}
 	var (
 		mu      sync.Mutex
@@ -200,49 +200,49 @@ func (s *Store) probe(ctx context.Context) {
 	if cc, ok := be.admin.(*redis.ClusterClient); ok {
 		if err := cc.ForEachMaster(ctx, ping); err != nil {
 			// No slot map: no seed answered.
-			err = fmt.Errorf("no node of %s answers: %w", strings.Join(s.opts.Addrs, ","), err)
-			if !s.ready.Load() {
+			err = fmt.Errorf("no node of %s answers: %w", strings.Join(ns.opts.Addrs, ","), err)
+			if !ns.ready.Load() {
 				err = fmt.Errorf("%w: %w", ErrNotConnected, err)
 			}
-			s.setHealth(err)
-			s.markDown(nil)
+			ns.setHealth(err)
+			ns.markDown(nil)
 			return
 		}
 	} else {
 		_ = ping(ctx, be.admin.(*redis.Client))
 	}
-	s.ready.Store(true)
+	ns.ready.Store(true)
 	up := make([]string, 0, len(answers))
 	for _, c := range answers {
 		addr := c.Options().Addr
 		up = append(up, addr)
-		if !s.wasUp(addr) {
+		if !ns.wasUp(addr) {
 			// A node seen for the first time, or back: it may have lost
 			// the scripts. (EVALSHA falls back to EVAL anyway.)
-			if err := loadScripts(ctx, c); err != nil {
+			if err := ns.loadScripts(ctx, c); err != nil {
 				down = append(down, err.Error())
 				up = up[:len(up)-1]
 			}
 		}
 	}
-	s.markDown(up)
+	ns.markDown(up)
 	if len(down) == 0 {
-		s.setHealth(nil)
+		ns.setHealth(nil)
 		return
 	}
 	slices.Sort(down)
-	s.setHealth(fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")))
+	ns.setHealth(fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")))
 }
 
 // detectMode asks the one address whether it is a cluster node.
-func (s *Store) detectMode(ctx context.Context) (cluster bool, err error) {
+func (ns *Nodes) detectMode(ctx context.Context) (cluster bool, err error) {
 	switch {
-	case s.opts.Mode == ModeCluster || len(s.opts.Addrs) > 1:
+	case ns.opts.Mode == ModeCluster || len(ns.opts.Addrs) > 1:
 		return true, nil
-	case s.opts.Mode == ModeStandalone:
+	case ns.opts.Mode == ModeStandalone:
 		return false, nil
 	}
-	c := redis.NewClient(s.nodeOptions(s.opts.Addrs[0]))
+	c := redis.NewClient(ns.nodeOptions(ns.opts.Addrs[0]))
 	defer c.Close()
 	info, err := c.Info(ctx, "cluster").Result()
 	if err != nil {
@@ -251,74 +251,77 @@ func (s *Store) detectMode(ctx context.Context) (cluster bool, err error) {
 	return strings.Contains(info, "cluster_enabled:1"), nil
 }
 
-func (s *Store) setHealth(err error) {
-	s.health.Store(&health{err: err})
+func (ns *Nodes) setHealth(err error) {
+	ns.health.Store(&health{err: err})
 	if err == nil {
-		s.m.up.Set(1)
+		ns.m.up.Set(1)
 	} else {
-		s.m.up.Set(0)
+		ns.m.up.Set(0)
 	}
 }
 
 // wasUp reports whether the last probe found addr answering.
-func (s *Store) wasUp(addr string) bool {
-	s.upMu.Lock()
-	defer s.upMu.Unlock()
-	return s.up[addr]
+func (ns *Nodes) wasUp(addr string) bool {
+	ns.upMu.Lock()
+	defer ns.upMu.Unlock()
+	return ns.up[addr]
 }
 
 // markDown records the primaries that answered this probe; the others are
 // down until they answer again.
-func (s *Store) markDown(up []string) {
-	s.upMu.Lock()
-	defer s.upMu.Unlock()
-	clear(s.up)
+func (ns *Nodes) markDown(up []string) {
+	ns.upMu.Lock()
+	defer ns.upMu.Unlock()
+	clear(ns.up)
 	for _, a := range up {
-		s.up[a] = true
+		ns.up[a] = true
 	}
 }
 
-// Load loads every script on every primary that answers, so checks run by
-// hash. A node that lost them (a restart, a failover) is served by EVAL
-// until the background probe loads them again. Its error names the nodes
-// that could not load them.
-func (s *Store) Load(ctx context.Context) error {
-	be := s.be.Load()
+// Load loads every script given to New on every primary that answers, so
+// checks run by hash. A node that lost them (a restart, a failover) is
+// served by EVAL until the background probe loads them again. Its error
+// names the nodes that could not load them.
+func (ns *Nodes) Load(ctx context.Context) error {
+	be := ns.be.Load()
 	if be == nil {
 		return ErrNotConnected
 	}
 	if cc, ok := be.admin.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, loadScripts)
+		return cc.ForEachMaster(ctx, ns.loadScripts)
 	}
-	return loadScripts(ctx, be.admin.(*redis.Client))
+	return ns.loadScripts(ctx, be.admin.(*redis.Client))
 }
 
 // Client returns the admin client, for health checks and admin reads; it is
 // nil until the store has connected (see Connected) when the mode was left
 // to ModeAuto with one address. Its commands take their deadline from their
 // context.
-func (s *Store) Client() redis.UniversalClient {
-	if be := s.be.Load(); be != nil {
+func (ns *Nodes) Client() redis.UniversalClient {
+	if be := ns.be.Load(); be != nil {
 		return be.admin
 	}
 	return nil
 }
 
-// admin returns the admin client once the store is connected.
-func (s *Store) admin() (redis.UniversalClient, error) {
-	if s.closed.Load() {
+// Admin returns the admin client once the nodes are connected: a closed
+// Nodes answers redis.ErrClosed, one not connected yet ErrNotConnected. It
+// routes keys to nodes (its slot map) and runs the commands and scripts
+// given to it with their context's deadline.
+func (ns *Nodes) Admin() (redis.UniversalClient, error) {
+	if ns.closed.Load() {
 		return nil, redis.ErrClosed
 	}
-	be := s.be.Load()
-	if be == nil || !s.ready.Load() {
+	be := ns.be.Load()
+	if be == nil || !ns.ready.Load() {
 		return nil, ErrNotConnected
 	}
 	return be.admin, nil
 }
 
 // Ping reports whether every primary answers now.
-func (s *Store) Ping(ctx context.Context) error {
-	be := s.be.Load()
+func (ns *Nodes) Ping(ctx context.Context) error {
+	be := ns.be.Load()
 	if be == nil {
 		return ErrNotConnected
 	}
@@ -330,10 +333,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	return be.admin.Ping(ctx).Err()
 }
 
-// forEachPrimary calls fn on every primary the admin client knows, at
+// ForEachPrimary calls fn on every primary the admin client knows, at
 // once, and returns the errors of the primaries it could not reach, joined.
-func (s *Store) forEachPrimary(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error {
-	be := s.be.Load()
+func (ns *Nodes) ForEachPrimary(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error {
+	be := ns.be.Load()
 	if be == nil {
 		return ErrNotConnected
 	}

@@ -1,4 +1,4 @@
-package redisstore
+package pipeline
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// Defaults of coalescing and the breaker.
+// Defaults of Options: coalescing and the breaker.
 const (
 	DefaultMaxBatch         = 128
 	DefaultPipelinesPerNode = 2
@@ -62,7 +62,7 @@ var errNothingSent = errors.New("nothing sent")
 // node is one primary: its queue of checks, the workers that send them as
 // pipelines, its clients and its breaker.
 type node struct {
-	s    *Store
+	ns   *Nodes
 	addr string
 	// base carries the workers' connections: the context of each pipeline
 	// has the store timeout as its deadline, set when it is written.
@@ -74,7 +74,9 @@ type node struct {
 	calls        chan *call
 	breaker      *gobreaker.CircuitBreaker[struct{}]
 	connFailures atomic.Int32
-	unsafe       atomic.Bool
+	// refused, when set, is why the node's checks are not sent (see
+	// Nodes.Refuse).
+	refused atomic.Pointer[refusal]
 	// inFlight counts the pipelines being sent (their connection made, or
 	// their replies awaited); answered is when one last got its replies
 	// (ns since the Unix epoch). A check that waited its whole queue wait
@@ -87,6 +89,18 @@ type node struct {
 	idle chan struct{}
 }
 
+// refusal is the reason given to Nodes.Refuse.
+type refusal struct{ reason error }
+
+// refusedError returns the error of a check the node does not send, or nil
+// when it sends them.
+func (n *node) refusedError() error {
+	if r := n.refused.Load(); r != nil {
+		return fmt.Errorf("redis %s: %w: its checks are not sent", n.addr, r.reason)
+	}
+	return nil
+}
+
 // stalled reports that the node answered no pipeline since queued (ns since
 // the Unix epoch) while some are in flight: a check queued then waited for
 // the node.
@@ -95,15 +109,15 @@ func (n *node) stalled(queued int64) bool {
 }
 
 // nodeFor returns the node of the primary serving key.
-func (s *Store) nodeFor(ctx context.Context, key string) (*node, error) {
-	if s.closed.Load() {
+func (ns *Nodes) nodeFor(ctx context.Context, key string) (*node, error) {
+	if ns.closed.Load() {
 		return nil, redis.ErrClosed
 	}
-	be := s.be.Load()
-	if be == nil || !s.ready.Load() {
+	be := ns.be.Load()
+	if be == nil || !ns.ready.Load() {
 		return nil, ErrNotConnected
 	}
-	addr := s.opts.Addrs[0]
+	addr := ns.opts.Addrs[0]
 	if cc, ok := be.admin.(*redis.ClusterClient); ok {
 		c, err := cc.MasterForKey(ctx, key)
 		if err != nil {
@@ -111,39 +125,41 @@ func (s *Store) nodeFor(ctx context.Context, key string) (*node, error) {
 		}
 		addr = c.Options().Addr
 	}
-	n := s.node(addr)
-	if n.unsafe.Load() {
-		return nil, fmt.Errorf("redis %s: %w: its checks are not sent", addr, ErrUnsafeEviction)
+	n := ns.node(addr)
+	if err := n.refusedError(); err != nil {
+		return nil, err
 	}
 	return n, nil
 }
 
 // node returns the node of addr, making it on first use.
-func (s *Store) node(addr string) *node {
-	s.nodesMu.RLock()
-	n := s.nodes[addr]
-	s.nodesMu.RUnlock()
+func (ns *Nodes) node(addr string) *node {
+	ns.nodesMu.RLock()
+	n := ns.nodes[addr]
+	ns.nodesMu.RUnlock()
 	if n != nil {
 		return n
 	}
-	s.nodesMu.Lock()
-	defer s.nodesMu.Unlock()
-	if n = s.nodes[addr]; n != nil {
+	ns.nodesMu.Lock()
+	defer ns.nodesMu.Unlock()
+	if n = ns.nodes[addr]; n != nil {
 		return n
 	}
-	pooled := s.nodeOptions(addr)
+	pooled := ns.nodeOptions(addr)
 	pooled.ContextTimeoutEnabled = false
-	pooled.ReadTimeout, pooled.WriteTimeout = s.replyDeadline, s.replyDeadline
-	pooled.PoolTimeout = s.maxQueueWait
-	n = &node{s: s, addr: addr, base: redis.NewClient(s.nodeOptions(addr)), pooled: redis.NewClient(pooled),
-		calls: make(chan *call, 4*s.maxBatch), idle: make(chan struct{}, 1)}
-	n.unsafe.Store(s.unsafe[addr])
+	pooled.ReadTimeout, pooled.WriteTimeout = ns.replyDeadline, ns.replyDeadline
+	pooled.PoolTimeout = ns.maxQueueWait
+	n = &node{ns: ns, addr: addr, base: redis.NewClient(ns.nodeOptions(addr)), pooled: redis.NewClient(pooled),
+		calls: make(chan *call, 4*ns.maxBatch), idle: make(chan struct{}, 1)}
+	if reason := ns.refused[addr]; reason != nil {
+		n.refused.Store(&refusal{reason})
+	}
 	n.breaker = gobreaker.NewCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:         addr,
 		MaxRequests:  1,
 		Interval:     breakerWindow,
 		BucketPeriod: breakerBucket,
-		Timeout:      s.breakerOpen,
+		Timeout:      ns.breakerOpen,
 		ReadyToTrip: func(c gobreaker.Counts) bool {
 			if n.connFailures.Load() >= breakerConnFailures {
 				return true
@@ -153,19 +169,19 @@ func (s *Store) node(addr string) *node {
 		},
 		IsExcluded: func(err error) bool { return errors.Is(err, errNothingSent) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
-			s.m.breakerTransitions.WithLabelValues(to.String()).Inc()
+			ns.m.breakerTransitions.WithLabelValues(to.String()).Inc()
 			switch {
 			case to == gobreaker.StateOpen:
-				s.m.breakersOpen.Inc()
+				ns.m.breakersOpen.Inc()
 			case from == gobreaker.StateOpen:
-				s.m.breakersOpen.Dec()
+				ns.m.breakersOpen.Dec()
 			}
 		},
 	})
-	s.nodes[addr] = n
-	if s.coalesce && !s.closed.Load() {
-		for range s.pipelines {
-			s.workers.Go(func() { n.work(s.life) })
+	ns.nodes[addr] = n
+	if ns.coalesce && !ns.closed.Load() {
+		for range ns.pipelines {
+			ns.workers.Go(func() { n.work(ns.life) })
 		}
 	}
 	return n
@@ -199,28 +215,31 @@ type result struct {
 	err error
 }
 
-// eval runs sc on the node of key and says what a failure means. A reply
-// that the slot moved (a failover, a resharding) is followed once.
-func (s *Store) eval(ctx context.Context, o op, key string, sc scriptCall, dur prometheus.Observer) ([]any, error) {
-	n, err := s.nodeFor(ctx, key)
+// Eval runs sc on the primary that serves key (coalesced into that node's
+// next pipeline, unless Options.NoCoalesce) and returns the script's reply.
+// dur observes the time of its round trip (for a coalesced call, of its
+// pipeline). A reply that the slot moved (a failover, a resharding) is
+// followed once. The error wraps bucket.ErrOverloaded when sc was never
+// sent because it waited too long, bucket.ErrOutcomeUnknown when it was
+// sent and no reply came in time; any other error means it did not run.
+func (ns *Nodes) Eval(ctx context.Context, key string, sc Call, dur prometheus.Observer) ([]any, error) {
+	n, err := ns.nodeFor(ctx, key)
 	if err != nil {
-		s.m.errors[o].Inc()
 		return nil, err
 	}
 	r := n.eval(ctx, sc, dur)
 	if r.err != nil && isRedirect(r.err) {
-		r = s.redirect(ctx, r.err, sc)
+		r = ns.redirect(ctx, r.err, sc)
 	}
 	if r.err != nil {
-		s.m.failed(o, r.f)
 		return nil, r.err
 	}
 	return r.res, nil
 }
 
 // eval sends sc: coalesced into the node's next pipeline, or on its own.
-func (n *node) eval(ctx context.Context, sc scriptCall, dur prometheus.Observer) result {
-	if !n.s.coalesce {
+func (n *node) eval(ctx context.Context, sc Call, dur prometheus.Observer) result {
+	if !n.ns.coalesce {
 		start := time.Now()
 		r := n.direct(ctx, sc, nil)
 		dur.Observe(time.Since(start).Seconds())
@@ -244,20 +263,20 @@ func isRedirect(err error) bool {
 
 // redirect follows a MOVED or ASK reply once, on the node it names. Nothing
 // ran on the node that answered it.
-func (s *Store) redirect(ctx context.Context, err error, sc scriptCall) result {
-	s.reroute()
+func (ns *Nodes) redirect(ctx context.Context, err error, sc Call) result {
+	ns.reroute()
 	if addr, ok := redis.IsMovedError(err); ok {
-		return s.node(addr).direct(ctx, sc, nil)
+		return ns.node(addr).direct(ctx, sc, nil)
 	}
 	if addr, ok := redis.IsAskError(err); ok {
-		return s.node(addr).direct(ctx, sc, func(p redis.Pipeliner) { p.Do(ctx, "asking") })
+		return ns.node(addr).direct(ctx, sc, func(p redis.Pipeliner) { p.Do(ctx, "asking") })
 	}
 	return result{f: notApplied, err: err}
 }
 
 // reroute refreshes the cluster's slot map, at most once a second.
-func (s *Store) reroute() {
-	be := s.be.Load()
+func (ns *Nodes) reroute() {
+	be := ns.be.Load()
 	if be == nil {
 		return
 	}
@@ -266,23 +285,23 @@ func (s *Store) reroute() {
 		return
 	}
 	now := time.Now().UnixNano()
-	last := s.lastReload.Load()
-	if now-last < int64(time.Second) || !s.lastReload.CompareAndSwap(last, now) {
+	last := ns.lastReload.Load()
+	if now-last < int64(time.Second) || !ns.lastReload.CompareAndSwap(last, now) {
 		return
 	}
-	cc.ReloadState(s.life) // in the background
+	cc.ReloadState(ns.life) // in the background
 }
 
 // direct sends sc on its own through the pooled client, under the breaker.
-func (n *node) direct(ctx context.Context, sc scriptCall, before func(redis.Pipeliner)) result {
-	if n.unsafe.Load() {
-		return result{f: notApplied, err: fmt.Errorf("redis %s: %w: its checks are not sent", n.addr, ErrUnsafeEviction)}
+func (n *node) direct(ctx context.Context, sc Call, before func(redis.Pipeliner)) result {
+	if err := n.refusedError(); err != nil {
+		return result{f: notApplied, err: err}
 	}
 	var p connPhase
 	pctx := withConnPhase(ctx, &p)
 	var r result
 	_, err := n.breaker.Execute(func() (struct{}, error) {
-		cmds, _ := runScripts(pctx, n.pooled, []scriptCall{sc}, before)
+		cmds, _ := runScripts(pctx, n.pooled, []Call{sc}, before)
 		res, err := cmds[0].Slice()
 		if err == nil || isReply(err) {
 			n.connFailures.Store(0)
@@ -318,7 +337,7 @@ const (
 // call is one check waiting for its node's next pipeline.
 type call struct {
 	state atomic.Int32
-	sc    scriptCall
+	sc    Call
 	dur   prometheus.Observer
 	done  chan result
 }
@@ -326,7 +345,7 @@ type call struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan result, 1)} }}
 
 func putCall(c *call) {
-	c.sc, c.dur = scriptCall{}, nil
+	c.sc, c.dur = Call{}, nil
 	callPool.Put(c)
 }
 
@@ -337,7 +356,7 @@ var timerPool = sync.Pool{New: func() any {
 }}
 
 // start makes the call of sc.
-func (n *node) start(sc scriptCall, dur prometheus.Observer) *call {
+func (n *node) start(sc Call, dur prometheus.Observer) *call {
 	c := callPool.Get().(*call)
 	c.sc, c.dur = sc, dur
 	c.state.Store(callQueued)
@@ -353,7 +372,7 @@ func (n *node) start(sc scriptCall, dur prometheus.Observer) *call {
 func (n *node) wait(ctx context.Context, c *call) result {
 	queued := time.Now().UnixNano()
 	t := timerPool.Get().(*time.Timer)
-	t.Reset(n.s.maxQueueWait)
+	t.Reset(n.ns.maxQueueWait)
 	defer func() {
 		t.Stop()
 		timerPool.Put(t)
@@ -414,7 +433,7 @@ func (n *node) overloaded(cause error, queued int64) result {
 		}
 		return result{f: notApplied, err: err}
 	}
-	err := fmt.Errorf("%w: waited %v in the queue of %s", bucket.ErrOverloaded, n.s.maxQueueWait, n.addr)
+	err := fmt.Errorf("%w: waited %v in the queue of %s", bucket.ErrOverloaded, n.ns.maxQueueWait, n.addr)
 	if cause != nil {
 		err = fmt.Errorf("%w: in the queue of %s: %w", bucket.ErrOverloaded, n.addr, cause)
 	}
@@ -445,7 +464,7 @@ func (w *workerConn) ready(life context.Context) error {
 		return nil
 	}
 	ping := func() error {
-		ctx, cancel := context.WithTimeout(life, w.n.s.dialTimeout)
+		ctx, cancel := context.WithTimeout(life, w.n.ns.dialTimeout)
 		defer cancel()
 		return w.conn.Ping(ctx).Err()
 	}
@@ -481,9 +500,9 @@ func (w *workerConn) close() {
 func (n *node) work(life context.Context) {
 	w := &workerConn{n: n}
 	defer w.close()
-	batch := make([]*call, 0, n.s.maxBatch)
+	batch := make([]*call, 0, n.ns.maxBatch)
 	var timer *time.Timer
-	if n.s.linger > 0 {
+	if n.ns.linger > 0 {
 		timer = time.NewTimer(time.Hour)
 		timer.Stop()
 		defer timer.Stop()
@@ -497,7 +516,7 @@ func (n *node) work(life context.Context) {
 			return
 		}
 		batch = n.drain(batch)
-		if timer != nil && len(batch) > 0 && len(batch) < n.s.maxBatch {
+		if timer != nil && len(batch) > 0 && len(batch) < n.ns.maxBatch {
 			batch = n.linger(life, batch, timer)
 		}
 		if len(batch) > 0 {
@@ -508,7 +527,7 @@ func (n *node) work(life context.Context) {
 
 // drain adds the calls already queued to batch, up to its bound.
 func (n *node) drain(batch []*call) []*call {
-	for len(batch) < n.s.maxBatch {
+	for len(batch) < n.ns.maxBatch {
 		select {
 		case c := <-n.calls:
 			batch = take(batch, c)
@@ -531,16 +550,16 @@ func (n *node) linger(life context.Context, batch []*call, timer *time.Timer) []
 	if n.inFlight.Load() == 0 {
 		return batch
 	}
-	timer.Reset(n.s.linger)
+	timer.Reset(n.ns.linger)
 	defer timer.Stop()
-	for len(batch) < n.s.maxBatch {
+	for len(batch) < n.ns.maxBatch {
 		select {
 		case c := <-n.calls:
 			batch = n.drain(take(batch, c))
 		case <-n.idle:
 			return batch
 		case <-timer.C:
-			n.s.m.lingerExpired.Inc()
+			n.ns.m.lingerExpired.Inc()
 			return batch
 		case <-life.Done():
 			return batch
@@ -560,8 +579,7 @@ func take(batch []*call, c *call) []*call {
 
 // run sends one pipeline and answers every call in it.
 func (n *node) run(life context.Context, w *workerConn, batch []*call) {
-	if n.unsafe.Load() {
-		err := fmt.Errorf("redis %s: %w: its checks are not sent", n.addr, ErrUnsafeEviction)
+	if err := n.refusedError(); err != nil {
 		for _, c := range batch {
 			answer(c, result{f: notApplied, err: err})
 		}
@@ -602,15 +620,15 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 		if len(live) == 0 {
 			return struct{}{}, errNothingSent
 		}
-		n.s.m.batchSize.Observe(float64(len(live)))
-		calls := make([]scriptCall, len(live))
+		n.ns.m.batchSize.Observe(float64(len(live)))
+		calls := make([]Call, len(live))
 		for i, c := range live {
 			calls[i] = c.sc
 		}
 		// The store timeout starts here, when the pipeline is written; a
 		// late reply is still waited for, up to the reply deadline.
 		start = time.Now()
-		ctx, cancel := context.WithDeadline(context.Background(), start.Add(n.s.replyDeadline))
+		ctx, cancel := context.WithDeadline(context.Background(), start.Add(n.ns.replyDeadline))
 		cmds, _ = runScripts(ctx, w.conn, calls, nil)
 		cancel()
 		w.used = time.Now()
@@ -626,14 +644,14 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 		}
 		n.connFailures.Store(0)
 		n.answered.Store(w.used.UnixNano())
-		if w.used.Sub(start) > n.s.timeout {
+		if w.used.Sub(start) > n.ns.timeout {
 			// Decided, but late: evidence against the node.
 			return struct{}{}, errSlowReply
 		}
 		return struct{}{}, nil
 	})
 	if errors.Is(err, errSlowReply) {
-		n.s.m.slowReplies.Add(float64(len(live)))
+		n.ns.m.slowReplies.Add(float64(len(live)))
 		err = nil
 	}
 	switch {

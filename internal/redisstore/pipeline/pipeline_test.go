@@ -1,0 +1,470 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// incrScript adds ARGV[1] to the counter KEYS[1] and returns {the sum}.
+var incrScript = redis.NewScript(`return {redis.call('incrby', KEYS[1], ARGV[1])}`)
+
+// newTestNodes makes Nodes with their own registry, closed with the test.
+func newTestNodes(t *testing.T, opts Options) (*Nodes, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	ns, err := New(context.Background(), opts, reg, []*redis.Script{incrScript})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close() })
+	return ns, reg
+}
+
+// discard observes nothing.
+var discard = prometheus.ObserverFunc(func(float64) {})
+
+// incr adds by to the counter key, with ctx, and returns the sum.
+func incr(ctx context.Context, ns *Nodes, key string, by int) (int64, error) {
+	res, err := ns.Eval(ctx, key, Call{Script: incrScript, Keys: []string{key}, Args: []any{by}}, discard)
+	if err != nil {
+		return 0, err
+	}
+	if len(res) != 1 {
+		return 0, fmt.Errorf("reply %v", res)
+	}
+	n, ok := res[0].(int64)
+	if !ok {
+		return 0, fmt.Errorf("reply %v", res)
+	}
+	return n, nil
+}
+
+// mustIncr adds by to the counter key and returns the sum, failing t on an
+// error.
+func mustIncr(t *testing.T, ns *Nodes, key string, by int) int64 {
+	t.Helper()
+	n, err := incr(context.Background(), ns, key, by)
+	if err != nil {
+		t.Fatalf("incr(%s, %d): %v", key, by, err)
+	}
+	return n
+}
+
+// pause stops node addr from running scripts (CLIENT PAUSE WRITE: PING and
+// the handshake still pass, and so does CLIENT UNPAUSE, which PAUSE ALL
+// would hold too) until the returned function is called, or 10 s at most.
+func pause(t *testing.T, addr string) (unpause func()) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	ctx := context.Background()
+	if err := c.Do(ctx, "client", "pause", 10_000, "write").Err(); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	unpause = func() {
+		if done {
+			return
+		}
+		done = true
+		if err := c.Do(ctx, "client", "unpause").Err(); err != nil {
+			t.Error(err)
+		}
+		c.Close()
+	}
+	t.Cleanup(unpause)
+	return unpause
+}
+
+// sampleCount is the number of observations of the histogram name in reg.
+func sampleCount(t testing.TB, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	n, _ := histogram(t, reg, name)
+	return n
+}
+
+// sampleSum is the sum of the observations of the histogram name in reg.
+func sampleSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	_, sum := histogram(t, reg, name)
+	return sum
+}
+
+// histogram is the count and sum of the observations of the histogram
+// name in reg, over its series (0 and 0 when it has none).
+func histogram(t testing.TB, reg *prometheus.Registry, name string) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		n   uint64
+		sum float64
+	)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+				sum += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return n, sum
+}
+
+// metricValue is the value of the counter or gauge name in reg (summed
+// over its labels).
+func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			v := 0.0
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+			return v
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// waitFor polls cond until it holds, failing t after 20 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("still not %s after 20 s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestErrors: each way a call can fail says what happened to it. Waiting
+// in the node's queue past the cap or the caller's deadline is overload
+// (never sent, nothing run), unless the node answered nothing meanwhile
+// while pipelines to it were in flight: then the node is stalled (not
+// applied, a store failure); a reply that does not come in time after the
+// write is an unknown outcome; a node that refuses connections, or whose
+// breaker is open, is neither (not applied).
+func TestErrors(t *testing.T) {
+	node := redistest.NewNode(t)
+	type want int
+	const (
+		wantOverloaded want = iota
+		wantUnknown
+		wantNotApplied
+	)
+	tests := []struct {
+		name string
+		opts Options
+		// only, when set, runs the case with that NoCoalesce only.
+		only *bool
+		// run makes one call fail and returns its error.
+		run  func(t *testing.T, ns *Nodes, reg *prometheus.Registry, key string) error
+		want want
+		// stalledCoalesced: coalesced, the error is ErrNodeStalled (not
+		// applied) instead of want, which is then the one-by-one error.
+		stalledCoalesced bool
+		// cause, when set, must be wrapped too.
+		cause error
+	}{
+		{
+			name: "queued past the cap behind a paused node",
+			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 50 * time.Millisecond, PipelinesPerNode: 1, MaxBatch: 1, PoolSize: 1},
+			run: func(t *testing.T, ns *Nodes, reg *prometheus.Registry, key string) error {
+				return queuedBehindPaused(t, ns, reg, node.Addr(), key, context.Background())
+			},
+			want: wantOverloaded, stalledCoalesced: true,
+		},
+		{
+			name: "queued past the cap behind calls the node answers",
+			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 5 * time.Millisecond, PipelinesPerNode: 1, MaxBatch: 1},
+			only: new(false),
+			run: func(t *testing.T, ns *Nodes, _ *prometheus.Registry, key string) error {
+				mustIncr(t, ns, key, 1) // connected
+				// 1,000 callers, one call in flight at a time: the last
+				// wait far longer than 5 ms while the node answers.
+				const callers = 1000
+				errs := make(chan error, callers)
+				for i := range callers {
+					go func() {
+						_, err := incr(context.Background(), ns, fmt.Sprint(key, i), 1)
+						errs <- err
+					}()
+				}
+				// One overloaded answer is enough; on a busy machine a
+				// pipeline may take longer than 5 ms, and a call queued
+				// behind only that one is told the node stalled.
+				var first error
+				for range callers {
+					if err := <-errs; err != nil && (first == nil || errors.Is(err, bucket.ErrOverloaded)) {
+						first = err
+					}
+				}
+				return first
+			},
+			want: wantOverloaded,
+		},
+		{
+			name: "caller deadline passes in the queue",
+			opts: Options{Timeout: 10 * time.Second, MaxQueueWait: 10 * time.Second, PipelinesPerNode: 1, MaxBatch: 1, PoolSize: 1},
+			run: func(t *testing.T, ns *Nodes, reg *prometheus.Registry, key string) error {
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				defer cancel()
+				return queuedBehindPaused(t, ns, reg, node.Addr(), key, ctx)
+			},
+			want: wantOverloaded, stalledCoalesced: true, cause: context.DeadlineExceeded,
+		},
+		{
+			name: "no reply within the timeout",
+			opts: Options{Timeout: 50 * time.Millisecond},
+			run: func(t *testing.T, ns *Nodes, _ *prometheus.Registry, key string) error {
+				mustIncr(t, ns, key, 1) // connected
+				unpause := pause(t, node.Addr())
+				defer unpause()
+				_, err := incr(context.Background(), ns, key, 1)
+				return err
+			},
+			want: wantUnknown,
+		},
+		{
+			name: "caller deadline passes after the write",
+			opts: Options{Timeout: 10 * time.Second},
+			only: new(false), // with NoCoalesce the reply wait is Options.Timeout
+			run: func(t *testing.T, ns *Nodes, _ *prometheus.Registry, key string) error {
+				mustIncr(t, ns, key, 1)
+				unpause := pause(t, node.Addr())
+				defer unpause()
+				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+				defer cancel()
+				_, err := incr(ctx, ns, key, 1)
+				return err
+			},
+			want: wantUnknown, cause: context.DeadlineExceeded,
+		},
+	}
+	for _, tt := range tests {
+		for _, noCoalesce := range []bool{false, true} {
+			if tt.only != nil && *tt.only != noCoalesce {
+				continue
+			}
+			name := tt.name + map[bool]string{false: "/coalesced", true: "/one-by-one"}[noCoalesce]
+			t.Run(name, func(t *testing.T) {
+				opts := tt.opts
+				opts.Addrs, opts.Mode, opts.NoCoalesce = []string{node.Addr()}, ModeStandalone, noCoalesce
+				ns, reg := newTestNodes(t, opts)
+				key := "errors-" + name
+				err := tt.run(t, ns, reg, key)
+				if err == nil {
+					t.Fatal("no error")
+				}
+				isOverloaded, isUnknown := errors.Is(err, bucket.ErrOverloaded), errors.Is(err, bucket.ErrOutcomeUnknown)
+				switch {
+				case tt.stalledCoalesced && !noCoalesce:
+					if !errors.Is(err, ErrNodeStalled) || isOverloaded || isUnknown {
+						t.Fatalf("error %v: want ErrNodeStalled only", err)
+					}
+				case tt.want == wantOverloaded:
+					if !isOverloaded || isUnknown {
+						t.Fatalf("error %v: want overloaded only", err)
+					}
+				case tt.want == wantUnknown:
+					if !isUnknown || isOverloaded {
+						t.Fatalf("error %v: want outcome unknown only", err)
+					}
+				}
+				if tt.cause != nil && !errors.Is(err, tt.cause) {
+					t.Errorf("error %v does not wrap %v", err, tt.cause)
+				}
+			})
+		}
+	}
+
+	// Not applied: a stopped node. The first calls fail to connect, then
+	// the breaker opens; neither is overload or an unknown outcome.
+	for _, noCoalesce := range []bool{false, true} {
+		t.Run(map[bool]string{false: "connection refused/coalesced", true: "connection refused/one-by-one"}[noCoalesce], func(t *testing.T) {
+			stopped := redistest.NewNode(t)
+			stopped.Stop()
+			ns, _ := newTestNodes(t, Options{Addrs: []string{stopped.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: time.Second})
+			var errs []error
+			for range breakerConnFailures + 1 {
+				_, err := incr(context.Background(), ns, "k", 1)
+				if err == nil {
+					t.Fatal("a call on a stopped node succeeded")
+				}
+				if errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
+					t.Fatalf("error %v: want neither overloaded nor outcome unknown", err)
+				}
+				errs = append(errs, err)
+			}
+			if last := errs[len(errs)-1]; !errors.Is(last, ErrBreakerOpen) {
+				t.Fatalf("after %d refused connections: %v, want ErrBreakerOpen", breakerConnFailures, last)
+			}
+		})
+	}
+}
+
+// queuedBehindPaused makes the one connection (or pipeline) to addr busy
+// with a call the paused node does not answer, then returns the error of a
+// second call, made with ctx, that can only wait behind it. The first call
+// is answered once the node resumes, and it alone ran: the second was
+// never sent.
+func queuedBehindPaused(t *testing.T, ns *Nodes, reg *prometheus.Registry, addr, key string, ctx context.Context) error {
+	t.Helper()
+	before := mustIncr(t, ns, key, 1) // connected
+	unpause := pause(t, addr)
+	first := make(chan error, 1)
+	go func() {
+		_, err := incr(context.Background(), ns, key, 1)
+		first <- err
+	}()
+	n := ns.node(addr)
+	if ns.coalesce {
+		waitFor(t, "sending the first call", func() bool { return sampleCount(t, reg, "limiter_store_pipeline_checks") == 2 })
+	} else {
+		waitFor(t, "holding the pool's connection", func() bool {
+			st := n.pooled.PoolStats()
+			return st.TotalConns == 1 && st.IdleConns == 0
+		})
+	}
+	_, err := incr(ctx, ns, key, 1)
+	unpause()
+	if ferr := <-first; ferr != nil {
+		t.Fatalf("first call: %v", ferr)
+	}
+	// The first call added 1; the second nothing.
+	if got := mustIncr(t, ns, key, 1); got != before+2 {
+		t.Fatalf("counter %d after two calls and this one, want %d: the queued call ran", got, before+2)
+	}
+	return err
+}
+
+// TestBreaker: a node that answers slowly a few times keeps its breaker
+// closed; a stopped node opens it; it closes again once the node is back.
+func TestBreaker(t *testing.T) {
+	for _, noCoalesce := range []bool{false, true} {
+		t.Run(map[bool]string{false: "coalesced", true: "one-by-one"}[noCoalesce], func(t *testing.T) {
+			node := redistest.NewNode(t)
+			ns, reg := newTestNodes(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce,
+				Timeout: 50 * time.Millisecond, BreakerOpen: 100 * time.Millisecond})
+			ctx := context.Background()
+			const key = "breaker"
+			mustIncr(t, ns, key, 1)
+
+			// More slow answers in a row than the old breaker allowed (5).
+			unpause := pause(t, node.Addr())
+			for i := range 2 * breakerConnFailures {
+				_, err := incr(ctx, ns, key, 1)
+				if err == nil {
+					t.Fatalf("slow call %d answered", i)
+				}
+				if errors.Is(err, ErrBreakerOpen) {
+					t.Fatalf("slow call %d: %v: the breaker opened on slow answers", i, err)
+				}
+			}
+			unpause()
+			waitFor(t, "answering after the pause", func() bool {
+				_, err := incr(ctx, ns, key, 1)
+				if errors.Is(err, ErrBreakerOpen) {
+					t.Fatalf("after slow answers: %v", err)
+				}
+				return err == nil
+			})
+			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
+				t.Fatalf("limiter_store_breakers_open = %v after slow answers, want 0", got)
+			}
+
+			node.Stop()
+			waitFor(t, "open on a stopped node", func() bool {
+				_, err := incr(ctx, ns, key, 1)
+				if err == nil || errors.Is(err, bucket.ErrOverloaded) {
+					t.Fatalf("call on a stopped node: %v", err)
+				}
+				return errors.Is(err, ErrBreakerOpen)
+			})
+			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 1 {
+				t.Fatalf("limiter_store_breakers_open = %v on a stopped node, want 1", got)
+			}
+
+			node.Start()
+			waitFor(t, "closed once the node is back", func() bool {
+				_, err := incr(ctx, ns, key, 1)
+				return err == nil
+			})
+			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
+				t.Fatalf("limiter_store_breakers_open = %v with the node back, want 0", got)
+			}
+		})
+	}
+}
+
+// TestLateReplyIsUsed: a reply that comes after the timeout and before the
+// reply deadline is Redis's answer, known: it is used, not answered as an
+// unknown outcome, and counted as a slow reply.
+func TestLateReplyIsUsed(t *testing.T) {
+	node := redistest.NewNode(t)
+	ns, reg := newTestNodes(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone,
+		Timeout: 5 * time.Millisecond, ReplyDeadline: 5 * time.Second})
+	mustIncr(t, ns, "late", 1) // connected
+	unpause := pause(t, node.Addr())
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		unpause()
+	}()
+	if n, err := incr(context.Background(), ns, "late", 1); err != nil || n != 2 {
+		t.Fatalf("a call answered 100 ms late = %v, %v; want 2", n, err)
+	}
+	if got := metricValue(t, reg, "limiter_store_slow_replies_total"); got != 1 {
+		t.Errorf("limiter_store_slow_replies_total = %v, want 1", got)
+	}
+}
+
+// TestRefuse: the calls bound for a refused node fail unsent with an error
+// wrapping the reason (not applied), coalesced or not, for a node met
+// before or after the refusal, until the refusal is lifted.
+func TestRefuse(t *testing.T) {
+	node := redistest.NewNode(t)
+	reason := errors.New("refused for the test")
+	for _, noCoalesce := range []bool{false, true} {
+		for _, met := range []bool{false, true} {
+			t.Run(fmt.Sprintf("no-coalesce=%v/met=%v", noCoalesce, met), func(t *testing.T) {
+				ns, reg := newTestNodes(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: time.Second})
+				key := "refuse-" + strconv.FormatBool(noCoalesce) + strconv.FormatBool(met)
+				before := int64(0)
+				if met {
+					before = mustIncr(t, ns, key, 1)
+				}
+				sent := sampleCount(t, reg, "limiter_store_pipeline_checks")
+				ns.Refuse(node.Addr(), reason)
+				_, err := incr(context.Background(), ns, key, 1)
+				if !errors.Is(err, reason) || errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
+					t.Fatalf("call on a refused node = %v, want the reason only", err)
+				}
+				if got := sampleCount(t, reg, "limiter_store_pipeline_checks"); got != sent {
+					t.Fatalf("%d pipelines sent to a refused node", got-sent)
+				}
+				ns.Refuse(node.Addr(), nil)
+				if got := mustIncr(t, ns, key, 1); got != before+1 {
+					t.Fatalf("counter %d once the refusal is lifted, want %d", got, before+1)
+				}
+			})
+		}
+	}
+}
