@@ -150,7 +150,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 	for i, it := range c.held {
 		it.route, it.part = routeNone, i
 		id.parts[i] = leasePart{rule: it.Rule.ID, key: it.Key, region: e.region}
-		if home := e.leaseHome(ts, c, it); home != "" {
+		if home := e.homeOf(ts, c, it); home != "" {
 			id.parts[i].region = home
 			if byHome[home] == nil {
 				homes = append(homes, home)
@@ -179,20 +179,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 			e.releaseAt(ctx, ts, append(granted, home), id)
 			return false, nil, ctx.Err()
 		}
-		if errors.Is(err, ErrStaleTopology) {
-			e.m.stale.WithLabelValues(home).Inc()
-			if !rerouted && e.reload != nil {
-				if e.reload(); e.topo.Load().gen > ts.gen {
-					e.releaseAt(ctx, ts, granted, id)
-					return false, nil, errReroute
-				}
-			}
-			e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
-				"home", home, "generation", ts.gen, "err", err)
-		}
-		var inv *InvalidError
-		if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
-			// The home region's rules differ from ours: its answer stands.
+		if err := e.homeFailed(ts, rerouted, home, err); err != nil {
 			e.releaseAt(ctx, ts, granted, id)
 			return false, nil, err
 		}
@@ -274,19 +261,6 @@ func (c *Check) notAsked() {
 	}
 }
 
-// leaseHome is the home region that holds it's lease, or "" to hold it
-// here: a pinned rule's key homed elsewhere, unless the Acquire was
-// forwarded by a peer (never forwarded again).
-func (e *Engine) leaseHome(ts *topoState, c *Check, it *Item) string {
-	if !it.e.pinned || ts.topo == nil || c.peer != "" {
-		return ""
-	}
-	if home := ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
-		return home
-	}
-	return ""
-}
-
 // takeLeases takes the leases of items (c's concurrency rules held here)
 // under id, from the store or, when it fails, as the rules' on_failure
 // says.
@@ -352,7 +326,10 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 	for i, it := range items {
 		d := ds[i]
 		it.expires = d.Expires
-		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(it.e.leases.Limit-d.InFlight, 0)),
+		// Remaining is what is left of the limit the lease was held
+		// against: this region's or this instance's share when it was
+		// held as the rule's on_failure, as a check's is; Limit the rule's.
+		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(reqs[i].Limit.Limit-d.InFlight, 0)),
 			Limit: float64(it.e.leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
 		if !d.Allowed {
 			all = false

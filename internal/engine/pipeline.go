@@ -133,7 +133,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	var remote map[string][]*Item
 	var leased, local []*Item
 	for _, it := range items {
-		if home := e.homeOf(c, it); home != "" {
+		if home := e.homeOf(c.ts, c, it); home != "" {
 			if remote == nil {
 				remote = make(map[string][]*Item)
 			}
@@ -176,19 +176,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		if ctx.Err() != nil {
 			return e.giveBack(ctx, &sp, ctx.Err())
 		}
-		if errors.Is(err, ErrStaleTopology) {
-			e.m.stale.WithLabelValues(home).Inc()
-			if !c.rerouted && e.reload != nil {
-				if e.reload(); e.topo.Load().gen > c.ts.gen {
-					return e.giveBack(ctx, &sp, errReroute)
-				}
-			}
-			e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
-				"home", home, "generation", c.ts.gen, "err", err)
-		}
-		var inv *InvalidError
-		if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
-			// The home region's rules differ from ours: its answer stands.
+		if err := e.homeFailed(c.ts, c.rerouted, home, err); err != nil {
 			return e.giveBack(ctx, &sp, err)
 		}
 		for _, it := range its {
@@ -254,16 +242,43 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	return true, nil
 }
 
-// homeOf is the home region a check of it must be forwarded to, or "" to
-// decide it here.
-func (e *Engine) homeOf(c *Check, it *Item) string {
-	if !it.e.pinned || c.ts.topo == nil || c.peer != "" {
+// homeOf is the home region that decides it (a check) or holds it (a
+// concurrency lease) under the topology of ts, or "" for this region: a
+// pinned rule's key homed elsewhere, unless c was forwarded by a peer (a
+// forwarded call is never forwarded again).
+func (e *Engine) homeOf(ts *topoState, c *Check, it *Item) string {
+	if !it.e.pinned || ts.topo == nil || c.peer != "" {
 		return ""
 	}
-	if home := c.ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
+	if home := ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
 		return home
 	}
 	return ""
+}
+
+// homeFailed says whether err, a home region's failure to answer a call
+// made under the topology of ts, decides the call by itself; nil means
+// the rules' on_failure decides. It is errReroute when the home's topology
+// is newer and reading this region's file gave it the newer one too (at
+// most once: not when rerouted), and err itself when the home's rules
+// differ from this region's (an invalid request or an unknown rule there):
+// the home's answer stands.
+func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error) error {
+	if errors.Is(err, ErrStaleTopology) {
+		e.m.stale.WithLabelValues(home).Inc()
+		if !rerouted && e.reload != nil {
+			if e.reload(); e.topo.Load().gen > ts.gen {
+				return errReroute
+			}
+		}
+		e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
+			"home", home, "generation", ts.gen, "err", err)
+	}
+	var inv *InvalidError
+	if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
+		return err
+	}
+	return nil
 }
 
 // forward asks home to decide its items.
