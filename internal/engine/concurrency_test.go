@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -303,35 +304,38 @@ func TestAcquireStoreFailure(t *testing.T) {
 
 // An abandoned lease expires after its length, and its slot comes back.
 func TestAbandonedLeaseExpires(t *testing.T) {
-	e, _, reg := newLeaseEngine(t)
-	ctx := context.Background()
-	for range 2 {
+	// In a bubble: the sleep past the leases' TTL takes no real time.
+	synctest.Test(t, func(t *testing.T) {
+		e, _, reg := newLeaseEngine(t)
+		ctx := context.Background()
+		for range 2 {
+			c := e.NewAcquire()
+			c.AddRule("reports", "user:eve", 0)
+			if ok, _, _ := e.Acquire(ctx, c); !ok {
+				t.Fatal("refused")
+			}
+		}
+		if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 2 {
+			t.Fatalf("in flight = %v, want 2", got)
+		}
 		c := e.NewAcquire()
 		c.AddRule("reports", "user:eve", 0)
-		if ok, _, _ := e.Acquire(ctx, c); !ok {
-			t.Fatal("refused")
+		if ok, _, _ := e.Acquire(ctx, c); ok {
+			t.Fatal("a third lease at limit 2")
 		}
-	}
-	if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 2 {
-		t.Fatalf("in flight = %v, want 2", got)
-	}
-	c := e.NewAcquire()
-	c.AddRule("reports", "user:eve", 0)
-	if ok, _, _ := e.Acquire(ctx, c); ok {
-		t.Fatal("a third lease at limit 2")
-	}
-	time.Sleep(time.Second + 20*time.Millisecond)
-	c = e.NewAcquire()
-	c.AddRule("reports", "user:eve", 0)
-	if ok, _, _ := e.Acquire(ctx, c); !ok {
-		t.Fatal("refused after the abandoned leases expired")
-	}
-	if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 1 {
-		t.Fatalf("in flight = %v, want 1", got)
-	}
-	if got := sumOf(t, reg, "limiter_concurrency_leases_total"); got < 5 {
-		t.Fatalf("lease events = %v, want at least 3 acquired, 1 refused, 2 expired", got)
-	}
+		time.Sleep(time.Second + 20*time.Millisecond)
+		c = e.NewAcquire()
+		c.AddRule("reports", "user:eve", 0)
+		if ok, _, _ := e.Acquire(ctx, c); !ok {
+			t.Fatal("refused after the abandoned leases expired")
+		}
+		if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 1 {
+			t.Fatalf("in flight = %v, want 1", got)
+		}
+		if got := sumOf(t, reg, "limiter_concurrency_leases_total"); got < 5 {
+			t.Fatalf("lease events = %v, want at least 3 acquired, 1 refused, 2 expired", got)
+		}
+	})
 }
 
 // partStore fails the lease acquire of one key and refuses another's, as a
