@@ -131,7 +131,7 @@ func BenchmarkApplyThroughput(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
-		for testutil.ToFloat64(rec.m.applied.WithLabelValues("us-east")) < messages*keys {
+		for testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("us-east")) < messages*keys {
 			if time.Since(start) > 2*time.Minute {
 				b.Fatal("not applied after 2 minutes")
 			}

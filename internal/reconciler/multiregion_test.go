@@ -415,7 +415,7 @@ func TestReconcilerDies(t *testing.T) {
 	}
 	want := float64(sent["us-east"].Load() + sent["eu-west"].Load())
 	s.converge("k", want)
-	dups := testutil.ToFloat64(second.m.duplicates.WithLabelValues("us-east"))
+	dups := testutil.ToFloat64(second.m.apply.Duplicates.WithLabelValues("us-east"))
 	t.Logf("sent %v + %v; duplicates skipped by the surviving reconciler: %v", sent["us-east"].Load(), sent["eu-west"].Load(), dups)
 	if dups < 1 {
 		t.Errorf("the message the dead reconciler applied was not caught as a duplicate (duplicates %v)", dups)
@@ -528,13 +528,13 @@ func TestMalformedMessages(t *testing.T) {
 	s.converge("k", 7)
 	rejected := 0.0
 	for _, name := range stackRegions {
-		rejected += testutil.ToFloat64(s.regions[name].recs[0].m.rejected)
+		rejected += testutil.ToFloat64(s.regions[name].recs[0].m.apply.Rejected)
 	}
 	// The batch with one infinite cost is not refused whole: that entry is.
 	if rejected != 3 {
 		t.Fatalf("%v messages rejected, want 3", rejected)
 	}
-	if got := testutil.ToFloat64(s.regions["us-east"].recs[0].m.invalid.WithLabelValues("eu-west")); got != 1 {
+	if got := testutil.ToFloat64(s.regions["us-east"].recs[0].m.apply.Invalid.WithLabelValues("eu-west")); got != 1 {
 		t.Fatalf("%v invalid entries skipped in us-east, want 1", got)
 	}
 }
@@ -559,10 +559,10 @@ func TestReconcilerMetricsLint(t *testing.T) {
 	}
 	// eu-west applied us-east's spend, and measured its lag.
 	rec := s.regions["eu-west"].recs[0]
-	if got := testutil.ToFloat64(rec.m.applied.WithLabelValues("us-east")); got != 1 {
+	if got := testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("us-east")); got != 1 {
 		t.Errorf("applied = %v, want 1", got)
 	}
-	if n := testutil.CollectAndCount(rec.m.lag); n != 1 {
+	if n := testutil.CollectAndCount(rec.m.apply.Lag); n != 1 {
 		t.Errorf("lag histogram has %d series, want 1", n)
 	}
 }

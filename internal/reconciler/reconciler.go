@@ -14,6 +14,9 @@
 // the same order with the same markers. Several reconcilers of one region
 // share the durable consumers: the work is spread over them, and when one
 // dies its unacknowledged message goes to another after the ack wait.
+// Package apply applies each message and each retry entry; this package
+// sets up the streams and consumers, runs the loops and follows the
+// topology.
 package reconciler
 
 import (
@@ -37,13 +40,13 @@ import (
 
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
+	"github.com/limiterd/limiterd/internal/reconciler/apply"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
-	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
 
 // Defaults of the flags.
@@ -52,7 +55,7 @@ const (
 	DefaultAckWait        = 10 * time.Second
 	DefaultStreamMaxAge   = time.Hour
 	DefaultStreamMaxBytes = 256 << 20
-	DefaultApplyTimeout   = 5 * time.Second
+	DefaultApplyTimeout   = apply.DefaultTimeout
 )
 
 // Options configure a Reconciler.
@@ -124,6 +127,7 @@ type Reconciler struct {
 	inSince time.Time
 
 	store   *redisstore.Store
+	applier *apply.Applier
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	httpLis net.Listener
@@ -308,6 +312,11 @@ func (r *Reconciler) currentSources() ([]string, map[string]time.Time) {
 	return slices.Clone(r.sources), maps.Clone(r.added)
 }
 
+// beforeAckHook runs beforeAck, when a test set it, else lets the ack go.
+func (r *Reconciler) beforeAckHook(src string, seq uint64) bool {
+	return r.beforeAck == nil || r.beforeAck(src, seq)
+}
+
 // Registry is the reconciler's metrics registry.
 func (r *Reconciler) Registry() *prometheus.Registry { return r.registry }
 
@@ -347,6 +356,8 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		store.Close()
 		return fmt.Errorf("--nats.url: %w", err)
 	}
+	r.applier = apply.New(apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
+		MaxMessageBytes: r.opts.MaxMessageBytes, Logger: r.log, BeforeAck: r.beforeAckHook}, store, r.js, r.rules, r.m.apply)
 	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
 		r.nc.Close()
 		store.Close()
@@ -556,6 +567,12 @@ type source struct {
 	// legacy, when not nil, reads the source's spends left in the one
 	// spends stream of earlier releases.
 	legacy jetstream.Consumer
+}
+
+// applied is src as the applier reads it, from the inbound stream or
+// (legacy) the one spends stream of earlier releases.
+func (src *source) applied(legacy bool) apply.Source {
+	return apply.Source{Name: src.name, Epoch: src.epoch, Legacy: legacy, Retry: src.retryStream}
 }
 
 // streamConfig is what every stream of this region shares: its limits, its
@@ -772,7 +789,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				err = fmt.Errorf("%w: region: %q on %s's local stream", gossip.ErrInvalidBatch, b.GetRegion(), r.opts.Region)
 			}
 			if err != nil {
-				r.reject(msg, "relay", err)
+				r.applier.Reject(msg, "relay", err)
 				continue
 			}
 			id := fmt.Sprintf("%s-%d-%d", b.GetInstance(), b.GetSequence(), b.GetPart())
@@ -796,6 +813,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 // applyLoop applies src's spends, one message at a time, in order, from
 // the inbound stream or (legacy) the one spends stream of earlier releases.
 func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Consumer, legacy bool) {
+	as := src.applied(legacy)
 	for ctx.Err() == nil {
 		batch, err := c.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -803,7 +821,7 @@ func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Con
 			continue
 		}
 		for msg := range batch.Messages() {
-			r.applyMessage(ctx, src, msg, legacy)
+			r.applier.Apply(ctx, as, msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
 			r.pause(ctx, "apply fetch", err)
@@ -811,199 +829,22 @@ func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Con
 	}
 }
 
-func (r *Reconciler) applyMessage(ctx context.Context, src *source, msg jetstream.Msg, legacy bool) {
-	meta, err := msg.Metadata()
-	if err != nil {
-		r.reject(msg, src.name, err)
-		return
-	}
-	b, bad, err := gossip.DecodeEntries(msg.Data(), r.opts.MaxMessageBytes)
-	if err == nil && b.GetRegion() != src.name {
-		err = fmt.Errorf("%w: region: %q on %s's subject", gossip.ErrInvalidBatch, b.GetRegion(), src.name)
-	}
-	if err != nil {
-		r.reject(msg, src.name, err)
-		return
-	}
-	pos := redisstore.Position{Epoch: src.epoch, Seq: meta.Sequence.Stream}
-	if legacy {
-		pos.Epoch = 0
-	}
-	if len(bad) > 0 && meta.NumDelivered == 1 {
-		r.m.invalid.WithLabelValues(src.name).Add(float64(len(bad)))
-		r.log.Warn("invalid spends skipped", "source", src.name, "seq", pos.Seq, "count", len(bad), "first", bad[0])
-	}
-	clients, skipped := r.debits(b.GetSpends())
-	if skipped > 0 && meta.NumDelivered == 1 {
-		r.m.skipped.WithLabelValues(src.name).Add(float64(skipped))
-	}
-	if len(clients) == 0 {
-		r.ack(ctx, src.name, pos.Seq, msg)
-		return
-	}
-	actx, cancel := context.WithTimeout(context.Background(), DefaultApplyTimeout)
-	defer cancel()
-	entry := retryEntry{Source: src.name, Epoch: pos.Epoch, Seq: pos.Seq, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
-	// A flush is applied once by its name, (instance, sequence, part),
-	// not only by its stream position: the same bytes published again are
-	// a new stream message that the clients' markers would take for a new
-	// flush.
-	first, err := r.store.FirstSeen(actx, src.name, b.GetInstance(), b.GetSequence(), b.GetPart(), pos, r.recordTTL())
-	switch {
-	case err != nil && !legacy && errors.Is(err, redisstore.ErrNotRecorded):
-		// Both copies of the record are on nodes that are down: every
-		// client waits in the retry stream, which writes the record first.
-		entry.Flush = &flushName{Instance: b.GetInstance(), Sequence: b.GetSequence(), Part: b.GetPart()}
-		r.log.Warn("message not recorded, its debits wait in the retry stream", "source", src.name, "seq", pos.Seq, "err", err)
-		r.deferAndAck(ctx, src, msg, entry, clients)
-		return
-	case err != nil:
-		r.log.Warn("message not recorded, will retry", "source", src.name, "seq", pos.Seq, "err", err)
-		msg.NakWithDelay(time.Second)
-		return
-	case first != pos.String():
-		r.m.replays.WithLabelValues(src.name).Inc()
-		r.m.duplicates.WithLabelValues(src.name).Add(float64(len(clients)))
-		r.log.Warn("spend message replayed: applied already, skipped", "source", src.name, "seq", pos.Seq,
-			"first", first, "instance", b.GetInstance(), "flush", b.GetSequence(), "part", b.GetPart())
-		r.ack(ctx, src.name, pos.Seq, msg)
-		return
-	}
-	direct, waiting := clients, []redisstore.ClientDebits(nil)
-	if !legacy {
-		pending, err := r.pendingBuckets(ctx, src)
+// retryLoop applies src's retry entries, one at a time, in order.
+func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
+	as := src.applied(false)
+	for ctx.Err() == nil {
+		batch, err := src.retry.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
-			r.log.Warn("retry stream not read, will retry", "source", src.name, "seq", pos.Seq, "err", err)
-			msg.NakWithDelay(time.Second)
-			return
-		}
-		if len(pending) > 0 {
-			direct = nil
-			for _, c := range clients {
-				if pending[bucketOf(c.Key, src.name)] {
-					waiting = append(waiting, c)
-				} else {
-					direct = append(direct, c)
-				}
-			}
-		}
-	}
-	res, err := r.store.ApplyDebits(actx, src.name, pos, r.markerTTL(), direct)
-	r.observe(src.name, b.GetFirstAdmittedUnixMicros(), res, direct)
-	if err != nil {
-		if legacy {
-			// Nothing is lost: the message comes again, and what was
-			// applied is marked, so it is not applied twice.
-			r.log.Warn("debits not applied, will retry", "source", src.name, "seq", pos.Seq, "applied", res.Applied, "err", err)
-			msg.NakWithDelay(time.Second)
-			return
-		}
-		r.log.Warn("debits not applied, they wait in the retry stream", "source", src.name, "seq", pos.Seq,
-			"applied", res.Applied, "failed", len(res.Failed), "err", err)
-		for _, i := range res.Failed {
-			waiting = append(waiting, direct[i])
-		}
-	}
-	if len(waiting) > 0 {
-		r.deferAndAck(ctx, src, msg, entry, waiting)
-		return
-	}
-	if r.beforeAck != nil && !r.beforeAck(src.name, pos.Seq) {
-		return
-	}
-	r.ack(ctx, src.name, pos.Seq, msg)
-}
-
-// observe records what one application of debits did.
-func (r *Reconciler) observe(src string, firstAdmitted int64, res redisstore.DebitResult, clients []redisstore.ClientDebits) {
-	r.m.applied.WithLabelValues(src).Add(float64(res.Applied))
-	r.m.duplicates.WithLabelValues(src).Add(float64(res.Duplicates))
-	failed := make(map[int]bool, len(res.Failed))
-	for _, i := range res.Failed {
-		failed[i] = true
-	}
-	for i, c := range clients {
-		if failed[i] {
+			r.pause(ctx, "retry fetch", err)
 			continue
 		}
-		for _, d := range c.Debits {
-			r.m.overshoot.WithLabelValues(d.Rule, src).Observe(d.Overshoot)
+		for msg := range batch.Messages() {
+			r.applier.Retry(ctx, as, msg)
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
+			r.pause(ctx, "retry fetch", err)
 		}
 	}
-	if res.Applied > 0 {
-		lag := time.Since(time.UnixMicro(firstAdmitted))
-		r.m.lag.WithLabelValues(src).Observe(max(lag.Seconds(), 0))
-	}
-}
-
-// deferAndAck puts clients' debits of msg in the retry stream, then
-// acknowledges msg. If a publish fails, msg is delivered again: what was
-// applied is marked, and a retry entry published twice applies once.
-func (r *Reconciler) deferAndAck(ctx context.Context, src *source, msg jetstream.Msg, entry retryEntry, clients []redisstore.ClientDebits) {
-	if err := r.publishRetries(ctx, entry, clients); err != nil {
-		r.log.Warn("debits not put in the retry stream, will retry", "source", src.name, "seq", entry.Seq, "err", err)
-		msg.NakWithDelay(time.Second)
-		return
-	}
-	r.m.deferred.WithLabelValues(src.name).Add(float64(len(clients)))
-	if r.beforeAck != nil && !r.beforeAck(src.name, entry.Seq) {
-		return
-	}
-	r.ack(ctx, src.name, entry.Seq, msg)
-}
-
-// ack acknowledges an applied (or skipped) message and waits for the
-// server's confirmation.
-func (r *Reconciler) ack(ctx context.Context, src string, seq uint64, msg jetstream.Msg) {
-	ackCtx, cancelAck := context.WithTimeout(ctx, r.opts.AckWait/2)
-	defer cancelAck()
-	if err := msg.DoubleAck(ackCtx); err != nil {
-		// Redelivered later: a duplicate the markers catch.
-		r.log.Warn("ack failed", "source", src, "seq", seq, "err", err)
-	}
-}
-
-// markerTTL is how long a client's marker lives: as long as a message can
-// be delivered again, which is as long as the stream keeps it, with ten ack
-// waits as a margin for a redelivery near the end of it.
-func (r *Reconciler) markerTTL() time.Duration { return r.opts.StreamMaxAge + 10*r.opts.AckWait }
-
-// recordTTL is how long a flush's record lives: as long as a marker.
-func (r *Reconciler) recordTTL() time.Duration { return r.markerTTL() }
-
-// debits groups spends by client, with this region's limits; spends of
-// rules this region does not have or does not reconcile are skipped.
-func (r *Reconciler) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientDebits, skipped int) {
-	byKey := make(map[string]int)
-	set := r.rules.Current()
-	for _, s := range spends {
-		rule := set.Get(s.GetRuleId())
-		if rule == nil || !rule.Reconciled() {
-			skipped++
-			continue
-		}
-		i, ok := byKey[s.GetKey()]
-		if !ok {
-			i = len(clients)
-			byKey[s.GetKey()] = i
-			clients = append(clients, redisstore.ClientDebits{Key: s.GetKey()})
-		}
-		d := &clients[i]
-		if j := slices.IndexFunc(d.Debits, func(x redisstore.Debit) bool { return x.Rule == rule.ID }); j >= 0 {
-			d.Debits[j].Amount += s.GetCost()
-			continue
-		}
-		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.Bucket(), Amount: s.GetCost()})
-	}
-	return clients, skipped
-}
-
-// reject terminates a message that can never be applied: it is counted and
-// logged, and the stream moves on.
-func (r *Reconciler) reject(msg jetstream.Msg, where string, err error) {
-	r.m.rejected.Inc()
-	r.log.Warn("spend message rejected", "from", where, "subject", msg.Subject(), "err", err)
-	msg.Term()
 }
 
 func (r *Reconciler) pause(ctx context.Context, what string, err error) {
@@ -1068,18 +909,9 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 }
 
 type metrics struct {
-	overshoot    *prometheus.HistogramVec
+	apply        *apply.Metrics
 	relayed      prometheus.Counter
-	applied      *prometheus.CounterVec
-	duplicates   *prometheus.CounterVec
-	replays      *prometheus.CounterVec
-	skipped      *prometheus.CounterVec
-	invalid      *prometheus.CounterVec
-	deferred     *prometheus.CounterVec
-	retried      *prometheus.CounterVec
 	retryBacklog *prometheus.GaugeVec
-	rejected     prometheus.Counter
-	lag          *prometheus.HistogramVec
 	backlog      *prometheus.GaugeVec
 	relayBacklog prometheus.Gauge
 	sourceActive *prometheus.GaugeVec
@@ -1088,56 +920,19 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metrics, error) {
+	am, err := apply.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	m := &metrics{
-		overshoot: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "limiter_overshoot_tokens",
-			Help:    "For each key debited with another region's spends, by how much the admissions known here exceed the rule's limit right after (0: within it): the cross-region overshoot, by rule and source region.",
-			Buckets: []float64{0, 0.5, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 10000},
-		}, []string{"rule", "source_region"}),
+		apply: am,
 		relayed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_spends_published_total",
 			Help: "Spend entries of this region relayed to the other regions.",
 		}),
-		applied: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spends_applied_total",
-			Help: "Clients debited with another region's spends, by source region.",
-		}, []string{"source_region"}),
-		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spends_duplicates_total",
-			Help: "Clients whose debit was skipped because the message was applied already.",
-		}, []string{"source_region"}),
-		replays: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spend_replays_total",
-			Help: "Spend messages skipped because the same flush (instance, sequence, part) was applied from an earlier stream message.",
-		}, []string{"source_region"}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spends_skipped_total",
-			Help: "Spend entries of rules this region does not have or does not reconcile.",
-		}, []string{"source_region"}),
-		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spends_invalid_total",
-			Help: "Spend entries skipped because a field was invalid (a cost above the maximum, a bad rule id or key); the other entries of their message are applied.",
-		}, []string{"source_region"}),
-		deferred: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spends_deferred_total",
-			Help: "Clients' debits put in the retry stream, their Redis node having failed or their slot's earlier debits waiting there.",
-		}, []string{"source_region"}),
-		retried: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "limiter_spends_retried_total",
-			Help: "Clients debited from the retry stream, by source region.",
-		}, []string{"source_region"}),
 		retryBacklog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_retry_backlog_messages",
 			Help: "Entries of the retry stream of a source region waiting to be applied here.",
-		}, []string{"source_region"}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "limiter_spend_messages_rejected_total",
-			Help: "Spend messages that were malformed, oversized or misaddressed, and terminated.",
-		}),
-		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "limiter_reconcile_lag_seconds",
-			Help:    "From a spend's admission in its source region to its debit here (the source's clock).",
-			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300},
 		}, []string{"source_region"}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_reconcile_backlog_messages",
@@ -1160,8 +955,7 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 			Help: "Times this reconciler reset a stalled source of the inbound stream (removed and added back) once the source region's spends stream answered, cutting short nats-server's retry backoff.",
 		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.overshoot, m.relayed, m.applied, m.duplicates, m.replays, m.skipped, m.invalid, m.deferred, m.retried, m.retryBacklog, m.rejected, m.lag, m.backlog, m.relayBacklog,
-		m.sourceActive, m.sourceStalls, m.sourceResets} {
+	for _, c := range []prometheus.Collector{m.relayed, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -1174,13 +968,7 @@ func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metr
 
 // addSource makes the series of a source region.
 func (m *metrics) addSource(src string) {
-	m.applied.WithLabelValues(src)
-	m.duplicates.WithLabelValues(src)
-	m.replays.WithLabelValues(src)
-	m.skipped.WithLabelValues(src)
-	m.invalid.WithLabelValues(src)
-	m.deferred.WithLabelValues(src)
-	m.retried.WithLabelValues(src)
+	m.apply.AddSource(src)
 	m.retryBacklog.WithLabelValues(src)
 	m.backlog.WithLabelValues(src)
 	m.sourceStalls.WithLabelValues(src)

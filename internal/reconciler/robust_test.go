@@ -47,10 +47,10 @@ func TestOversizedSpendSkipped(t *testing.T) {
 		}
 	}
 	rec := s.regions["eu-west"].recs[0]
-	if got := testutil.ToFloat64(rec.m.invalid.WithLabelValues("us-east")); got != 1 {
+	if got := testutil.ToFloat64(rec.m.apply.Invalid.WithLabelValues("us-east")); got != 1 {
 		t.Errorf("invalid spends counted: %v, want 1", got)
 	}
-	if got := testutil.ToFloat64(rec.m.rejected); got != 0 {
+	if got := testutil.ToFloat64(rec.m.apply.Rejected); got != 0 {
 		t.Errorf("messages rejected: %v, want 0", got)
 	}
 }
@@ -126,7 +126,7 @@ func TestRecreatedStream(t *testing.T) {
 	s.send("us-east", "k", 4)
 	s.waitCount("eu-west", "k", 14)
 	rec := s.regions["eu-west"].recs[1]
-	if got := testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east")); got != 0 {
+	if got := testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east")); got != 0 {
 		t.Errorf("%v debits of the new stream taken for duplicates", got)
 	}
 }
@@ -323,7 +323,7 @@ func TestConsumerDeletedWhileRunning(t *testing.T) {
 	var dupsBefore float64
 	_, js := deletedWhileRunning(t, "c", func(s *stack) {
 		rec = s.regions["eu-west"].recs[0]
-		dupsBefore = testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east"))
+		dupsBefore = testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east"))
 	}, func(ctx context.Context, js jetstream.JetStream) error {
 		return js.DeleteConsumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east"))
 	})
@@ -332,7 +332,7 @@ func TestConsumerDeletedWhileRunning(t *testing.T) {
 	if _, err := js.Consumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east")); err != nil {
 		t.Fatalf("the apply consumer was not made again: %v", err)
 	}
-	if dups := testutil.ToFloat64(rec.m.duplicates.WithLabelValues("us-east")) - dupsBefore; dups < 1 {
+	if dups := testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east")) - dupsBefore; dups < 1 {
 		t.Errorf("%v duplicates counted after the consumer was made again; want the debits applied before it skipped", dups)
 	} else {
 		t.Logf("%v debits read again by the new consumer and skipped", dups)

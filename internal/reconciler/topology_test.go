@@ -93,11 +93,11 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 			if src == r {
 				continue
 			}
-			if n := testutil.ToFloat64(rec.m.replays.WithLabelValues(src)); n != 0 {
+			if n := testutil.ToFloat64(rec.m.apply.Replays.WithLabelValues(src)); n != 0 {
 				t.Errorf("%s: limiter_spend_replays_total{source_region=%s} = %v, want 0", r, src, n)
 			}
 		}
-		if n := testutil.ToFloat64(rec.m.applied.WithLabelValues("ap-south")); n == 0 {
+		if n := testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("ap-south")); n == 0 {
 			t.Errorf("%s: limiter_spends_applied_total{source_region=ap-south} = 0", r)
 		}
 	}
@@ -114,14 +114,14 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 	s.replaceTopology("us-east", s.topology(3, time.Time{}, old...))
 	s.waitGeneration("us-east", 3)
 	rec := s.regions["us-east"].recs[0]
-	applied := testutil.ToFloat64(rec.m.applied.WithLabelValues("ap-south"))
+	applied := testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("ap-south"))
 	s.send("ap-south", "removed", 3)
 	waitCount(t, s, "eu-west", "removed", 3)
 	time.Sleep(5 * s.interval)
 	if got := s.count("us-east", "removed"); got != 0 {
 		t.Errorf("us-east applied %v of ap-south's spends after ap-south was removed, want 0", got)
 	}
-	if n := testutil.ToFloat64(rec.m.applied.WithLabelValues("ap-south")); n != applied {
+	if n := testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("ap-south")); n != applied {
 		t.Errorf("us-east: applied from ap-south went from %v to %v after its removal", applied, n)
 	}
 	if inSources(ctx, t, js, "us-east")["ap-south"] == nil {

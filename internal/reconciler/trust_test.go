@@ -209,7 +209,7 @@ func TestForgedSpendsRefused(t *testing.T) {
 	s.converge("k", 5)
 	rejected := 0.0
 	for _, name := range stackRegions {
-		rejected += testutil.ToFloat64(s.regions[name].recs[0].m.rejected)
+		rejected += testutil.ToFloat64(s.regions[name].recs[0].m.apply.Rejected)
 	}
 	if rejected != 2 {
 		t.Errorf("%v misaddressed messages terminated, want 2", rejected)
@@ -254,7 +254,7 @@ func TestReplayNotDebitedTwice(t *testing.T) {
 	s.waitCount("eu-west", "r", 8)
 
 	rec := s.regions["eu-west"].recs[0]
-	if got := testutil.ToFloat64(rec.m.replays.WithLabelValues("us-east")); got != 2 {
+	if got := testutil.ToFloat64(rec.m.apply.Replays.WithLabelValues("us-east")); got != 2 {
 		t.Errorf("replays counted: %v, want 2", got)
 	}
 	ttl, err := s.regions["eu-west"].redis.PTTL(context.Background(), redisstore.MessageKey("us-east", "replayer", 1, 0)).Result()

@@ -1,4 +1,4 @@
-package reconciler
+package apply
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
@@ -111,14 +110,14 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 }
 
 // retrySubject is the subject of src's retries of bucket.
-func (r *Reconciler) retrySubject(src string, bucket int) string {
-	return gossip.RetrySubjectPrefix + r.opts.Region + "." + src + "." + strconv.Itoa(bucket)
+func (a *Applier) retrySubject(src string, bucket int) string {
+	return gossip.RetrySubjectPrefix + a.opts.Region + "." + src + "." + strconv.Itoa(bucket)
 }
 
 // publishRetries publishes clients' debits, one entry per bucket, in
 // order, each with an id made of its message's position and its bucket (so
 // one published twice within the duplicate window is stored once).
-func (r *Reconciler) publishRetries(ctx context.Context, entry retryEntry, clients []redisstore.ClientDebits) error {
+func (a *Applier) publishRetries(ctx context.Context, entry retryEntry, clients []redisstore.ClientDebits) error {
 	byBucket := map[int][]retryClient{}
 	var order []int
 	for _, c := range clients {
@@ -140,8 +139,8 @@ func (r *Reconciler) publishRetries(ctx context.Context, entry retryEntry, clien
 			return err
 		}
 		id := fmt.Sprintf("%s-%d-%d-%d", e.Source, e.Epoch, e.Seq, b)
-		pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
-		_, err = r.js.Publish(pctx, r.retrySubject(entry.Source, b), data, jetstream.WithMsgID(id))
+		pctx, cancel := context.WithTimeout(ctx, a.opts.AckWait/2)
+		_, err = a.js.Publish(pctx, a.retrySubject(entry.Source, b), data, jetstream.WithMsgID(id))
 		cancel()
 		if err != nil {
 			return fmt.Errorf("publish retry of bucket %d: %w", b, err)
@@ -151,17 +150,17 @@ func (r *Reconciler) publishRetries(ctx context.Context, entry retryEntry, clien
 }
 
 // pendingBuckets are the buckets of src with entries in the retry stream.
-func (r *Reconciler) pendingBuckets(ctx context.Context, src *source) (map[int]bool, error) {
-	ictx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
+func (a *Applier) pendingBuckets(ctx context.Context, src Source) (map[int]bool, error) {
+	ictx, cancel := context.WithTimeout(ctx, a.opts.AckWait/2)
 	defer cancel()
-	info, err := src.retryStream.Info(ictx, jetstream.WithSubjectFilter(gossip.RetrySubjects(r.opts.Region, src.name)))
+	info, err := src.Retry.Info(ictx, jetstream.WithSubjectFilter(gossip.RetrySubjects(a.opts.Region, src.Name)))
 	if err != nil {
 		return nil, err
 	}
 	if info.State.Msgs == 0 {
 		return nil, nil
 	}
-	prefix := gossip.RetrySubjectPrefix + r.opts.Region + "." + src.name + "."
+	prefix := gossip.RetrySubjectPrefix + a.opts.Region + "." + src.Name + "."
 	out := map[int]bool{}
 	for subject, n := range info.State.Subjects {
 		if b, err := strconv.Atoi(strings.TrimPrefix(subject, prefix)); err == nil && n > 0 {
@@ -171,42 +170,28 @@ func (r *Reconciler) pendingBuckets(ctx context.Context, src *source) (map[int]b
 	return out, nil
 }
 
-// retryLoop applies src's retry entries, one at a time, in order.
-func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
-	for ctx.Err() == nil {
-		batch, err := src.retry.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
-		if err != nil {
-			r.pause(ctx, "retry fetch", err)
-			continue
-		}
-		for msg := range batch.Messages() {
-			r.retryMessage(ctx, src, msg)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
-			r.pause(ctx, "retry fetch", err)
-		}
-	}
-}
-
-func (r *Reconciler) retryMessage(ctx context.Context, src *source, msg jetstream.Msg) {
-	e, err := decodeRetry(msg.Data(), src.name)
+// Retry applies one entry of src's retry stream, with the position of the
+// message it came from and the same markers as Apply, then acknowledges
+// it, asks for it again later, or rejects it.
+func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
+	e, err := decodeRetry(msg.Data(), src.Name)
 	if err != nil {
-		r.reject(msg, "retry "+src.name, err)
+		a.Reject(msg, "retry "+src.Name, err)
 		return
 	}
 	pos := redisstore.Position{Epoch: e.Epoch, Seq: e.Seq}
-	actx, cancel := context.WithTimeout(context.Background(), DefaultApplyTimeout)
+	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	if f := e.Flush; f != nil {
-		first, err := r.store.FirstSeen(actx, src.name, f.Instance, f.Sequence, f.Part, pos, r.recordTTL())
+		first, err := a.store.FirstSeen(actx, src.Name, f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
 		if err != nil {
-			r.log.Warn("retry: message not recorded, will retry", "source", src.name, "seq", e.Seq, "err", err)
+			a.log.Warn("retry: message not recorded, will retry", "source", src.Name, "seq", e.Seq, "err", err)
 			msg.NakWithDelay(time.Second)
 			return
 		}
 		if first != pos.String() {
-			r.m.replays.WithLabelValues(src.name).Inc()
-			r.ack(ctx, src.name, e.Seq, msg)
+			a.m.Replays.WithLabelValues(src.Name).Inc()
+			a.ack(ctx, src.Name, e.Seq, msg)
 			return
 		}
 	}
@@ -216,14 +201,14 @@ func (r *Reconciler) retryMessage(ctx context.Context, src *source, msg jetstrea
 			spends = append(spends, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount})
 		}
 	}
-	clients, _ := r.debits(spends)
-	res, err := r.store.ApplyDebits(actx, src.name, pos, r.markerTTL(), clients)
-	r.observe(src.name, e.FirstAdmitted, res, clients)
+	clients, _ := a.debits(spends)
+	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.markerTTL(), clients)
+	a.observe(src.Name, e.FirstAdmitted, res, clients)
 	if err != nil {
-		r.log.Warn("retry: debits not applied, will retry", "source", src.name, "seq", e.Seq, "failed", len(res.Failed), "err", err)
+		a.log.Warn("retry: debits not applied, will retry", "source", src.Name, "seq", e.Seq, "failed", len(res.Failed), "err", err)
 		msg.NakWithDelay(time.Second)
 		return
 	}
-	r.m.retried.WithLabelValues(src.name).Add(float64(res.Applied))
-	r.ack(ctx, src.name, e.Seq, msg)
+	a.m.Retried.WithLabelValues(src.Name).Add(float64(res.Applied))
+	a.ack(ctx, src.Name, e.Seq, msg)
 }

@@ -1,0 +1,311 @@
+// Package apply applies a message of another region's spends to this
+// region's buckets: it validates the message, turns its spends into debits
+// with this region's rules, runs them through the store at most once each,
+// observes the lag and the overshoot, and defers the debits of clients
+// whose Redis node fails to the retry stream, before it acknowledges or
+// rejects the message.
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/gossip"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
+)
+
+// DefaultTimeout bounds the store's work on one message.
+const DefaultTimeout = 5 * time.Second
+
+// Options configure an Applier.
+type Options struct {
+	// Region is this region: its retry stream's subjects name it.
+	Region string
+	// AckWait is how long a message may stay unacknowledged before it is
+	// delivered again; an ack, a publish to the retry stream and a read
+	// of it each wait half of it at most.
+	AckWait time.Duration
+	// StreamMaxAge is the oldest message the streams keep: with ten ack
+	// waits, how long a client's marker and a flush's record live.
+	StreamMaxAge time.Duration
+	// MaxMessageBytes bounds a spend message.
+	MaxMessageBytes int
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Now is the clock the lag is measured on (nil: time.Now).
+	Now func() time.Time
+	// BeforeAck, when set, runs after a message's debits are applied (or
+	// deferred) and before its ack; returning false skips the ack, as a
+	// reconciler that dies at that moment would.
+	BeforeAck func(src string, seq uint64) bool
+}
+
+// Store applies debits at most once each, by their stream position.
+type Store interface {
+	FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, pos redisstore.Position, ttl time.Duration) (string, error)
+	ApplyDebits(ctx context.Context, src string, pos redisstore.Position, markerTTL time.Duration, clients []redisstore.ClientDebits) (redisstore.DebitResult, error)
+}
+
+// Publisher publishes to the retry stream.
+type Publisher interface {
+	Publish(ctx context.Context, subject string, payload []byte, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// Rules are the rules in force.
+type Rules interface {
+	Current() *rules.Set
+}
+
+// RetryStream is the retry stream, as read for the buckets whose debits
+// wait there.
+type RetryStream interface {
+	Info(ctx context.Context, opts ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error)
+}
+
+// Source is one other region whose spends are applied here, as one
+// consumer reads them.
+type Source struct {
+	// Name is the region.
+	Name string
+	// Epoch is the creation (µs) of the inbound stream the messages come
+	// from: with a message's stream sequence, its position.
+	Epoch int64
+	// Legacy: the messages come from the one spends stream of earlier
+	// releases. Their positions have epoch 0, and debits that fail are
+	// applied again by redelivery, not from the retry stream.
+	Legacy bool
+	// Retry is this region's retry stream.
+	Retry RetryStream
+}
+
+// Applier applies messages of spends. Its zero value is not usable: make
+// it with New. It is safe for concurrent use; each consumer gives it one
+// message at a time, in stream order.
+type Applier struct {
+	opts  Options
+	log   *slog.Logger
+	store Store
+	js    Publisher
+	rules Rules
+	m     *Metrics
+}
+
+// New returns an Applier of store, publishing retries with js, debiting
+// with the limits of the rules rs has in force, and recording in m.
+func New(opts Options, store Store, js Publisher, rs Rules, m *Metrics) *Applier {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Applier{opts: opts, log: opts.Logger, store: store, js: js, rules: rs, m: m}
+}
+
+// Apply applies one message of src's spends, then acknowledges it, puts
+// the debits that cannot be applied now in the retry stream, asks for it
+// again later, or rejects it.
+func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
+	legacy := src.Legacy
+	meta, err := msg.Metadata()
+	if err != nil {
+		a.Reject(msg, src.Name, err)
+		return
+	}
+	b, bad, err := gossip.DecodeEntries(msg.Data(), a.opts.MaxMessageBytes)
+	if err == nil && b.GetRegion() != src.Name {
+		err = fmt.Errorf("%w: region: %q on %s's subject", gossip.ErrInvalidBatch, b.GetRegion(), src.Name)
+	}
+	if err != nil {
+		a.Reject(msg, src.Name, err)
+		return
+	}
+	pos := redisstore.Position{Epoch: src.Epoch, Seq: meta.Sequence.Stream}
+	if legacy {
+		pos.Epoch = 0
+	}
+	if len(bad) > 0 && meta.NumDelivered == 1 {
+		a.m.Invalid.WithLabelValues(src.Name).Add(float64(len(bad)))
+		a.log.Warn("invalid spends skipped", "source", src.Name, "seq", pos.Seq, "count", len(bad), "first", bad[0])
+	}
+	clients, skipped := a.debits(b.GetSpends())
+	if skipped > 0 && meta.NumDelivered == 1 {
+		a.m.Skipped.WithLabelValues(src.Name).Add(float64(skipped))
+	}
+	if len(clients) == 0 {
+		a.ack(ctx, src.Name, pos.Seq, msg)
+		return
+	}
+	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
+	// A flush is applied once by its name, (instance, sequence, part),
+	// not only by its stream position: the same bytes published again are
+	// a new stream message that the clients' markers would take for a new
+	// flush.
+	first, err := a.store.FirstSeen(actx, src.Name, b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
+	switch {
+	case err != nil && !legacy && errors.Is(err, redisstore.ErrNotRecorded):
+		// Both copies of the record are on nodes that are down: every
+		// client waits in the retry stream, which writes the record first.
+		entry.Flush = &flushName{Instance: b.GetInstance(), Sequence: b.GetSequence(), Part: b.GetPart()}
+		a.log.Warn("message not recorded, its debits wait in the retry stream", "source", src.Name, "seq", pos.Seq, "err", err)
+		a.deferAndAck(ctx, src, msg, entry, clients)
+		return
+	case err != nil:
+		a.log.Warn("message not recorded, will retry", "source", src.Name, "seq", pos.Seq, "err", err)
+		msg.NakWithDelay(time.Second)
+		return
+	case first != pos.String():
+		a.m.Replays.WithLabelValues(src.Name).Inc()
+		a.m.Duplicates.WithLabelValues(src.Name).Add(float64(len(clients)))
+		a.log.Warn("spend message replayed: applied already, skipped", "source", src.Name, "seq", pos.Seq,
+			"first", first, "instance", b.GetInstance(), "flush", b.GetSequence(), "part", b.GetPart())
+		a.ack(ctx, src.Name, pos.Seq, msg)
+		return
+	}
+	direct, waiting := clients, []redisstore.ClientDebits(nil)
+	if !legacy {
+		pending, err := a.pendingBuckets(ctx, src)
+		if err != nil {
+			a.log.Warn("retry stream not read, will retry", "source", src.Name, "seq", pos.Seq, "err", err)
+			msg.NakWithDelay(time.Second)
+			return
+		}
+		if len(pending) > 0 {
+			direct = nil
+			for _, c := range clients {
+				if pending[bucketOf(c.Key, src.Name)] {
+					waiting = append(waiting, c)
+				} else {
+					direct = append(direct, c)
+				}
+			}
+		}
+	}
+	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.markerTTL(), direct)
+	a.observe(src.Name, b.GetFirstAdmittedUnixMicros(), res, direct)
+	if err != nil {
+		if legacy {
+			// Nothing is lost: the message comes again, and what was
+			// applied is marked, so it is not applied twice.
+			a.log.Warn("debits not applied, will retry", "source", src.Name, "seq", pos.Seq, "applied", res.Applied, "err", err)
+			msg.NakWithDelay(time.Second)
+			return
+		}
+		a.log.Warn("debits not applied, they wait in the retry stream", "source", src.Name, "seq", pos.Seq,
+			"applied", res.Applied, "failed", len(res.Failed), "err", err)
+		for _, i := range res.Failed {
+			waiting = append(waiting, direct[i])
+		}
+	}
+	if len(waiting) > 0 {
+		a.deferAndAck(ctx, src, msg, entry, waiting)
+		return
+	}
+	if a.opts.BeforeAck != nil && !a.opts.BeforeAck(src.Name, pos.Seq) {
+		return
+	}
+	a.ack(ctx, src.Name, pos.Seq, msg)
+}
+
+// observe records what one application of debits did.
+func (a *Applier) observe(src string, firstAdmitted int64, res redisstore.DebitResult, clients []redisstore.ClientDebits) {
+	a.m.Applied.WithLabelValues(src).Add(float64(res.Applied))
+	a.m.Duplicates.WithLabelValues(src).Add(float64(res.Duplicates))
+	failed := make(map[int]bool, len(res.Failed))
+	for _, i := range res.Failed {
+		failed[i] = true
+	}
+	for i, c := range clients {
+		if failed[i] {
+			continue
+		}
+		for _, d := range c.Debits {
+			a.m.Overshoot.WithLabelValues(d.Rule, src).Observe(d.Overshoot)
+		}
+	}
+	if res.Applied > 0 {
+		lag := a.opts.Now().Sub(time.UnixMicro(firstAdmitted))
+		a.m.Lag.WithLabelValues(src).Observe(max(lag.Seconds(), 0))
+	}
+}
+
+// deferAndAck puts clients' debits of msg in the retry stream, then
+// acknowledges msg. If a publish fails, msg is delivered again: what was
+// applied is marked, and a retry entry published twice applies once.
+func (a *Applier) deferAndAck(ctx context.Context, src Source, msg jetstream.Msg, entry retryEntry, clients []redisstore.ClientDebits) {
+	if err := a.publishRetries(ctx, entry, clients); err != nil {
+		a.log.Warn("debits not put in the retry stream, will retry", "source", src.Name, "seq", entry.Seq, "err", err)
+		msg.NakWithDelay(time.Second)
+		return
+	}
+	a.m.Deferred.WithLabelValues(src.Name).Add(float64(len(clients)))
+	if a.opts.BeforeAck != nil && !a.opts.BeforeAck(src.Name, entry.Seq) {
+		return
+	}
+	a.ack(ctx, src.Name, entry.Seq, msg)
+}
+
+// ack acknowledges an applied (or skipped) message and waits for the
+// server's confirmation.
+func (a *Applier) ack(ctx context.Context, src string, seq uint64, msg jetstream.Msg) {
+	ackCtx, cancelAck := context.WithTimeout(ctx, a.opts.AckWait/2)
+	defer cancelAck()
+	if err := msg.DoubleAck(ackCtx); err != nil {
+		// Redelivered later: a duplicate the markers catch.
+		a.log.Warn("ack failed", "source", src, "seq", seq, "err", err)
+	}
+}
+
+// markerTTL is how long a client's marker lives: as long as a message can
+// be delivered again, which is as long as the stream keeps it, with ten ack
+// waits as a margin for a redelivery near the end of it.
+func (a *Applier) markerTTL() time.Duration { return a.opts.StreamMaxAge + 10*a.opts.AckWait }
+
+// recordTTL is how long a flush's record lives: as long as a marker.
+func (a *Applier) recordTTL() time.Duration { return a.markerTTL() }
+
+// debits groups spends by client, with this region's limits; spends of
+// rules this region does not have or does not reconcile are skipped.
+func (a *Applier) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientDebits, skipped int) {
+	byKey := make(map[string]int)
+	set := a.rules.Current()
+	for _, s := range spends {
+		rule := set.Get(s.GetRuleId())
+		if rule == nil || !rule.Reconciled() {
+			skipped++
+			continue
+		}
+		i, ok := byKey[s.GetKey()]
+		if !ok {
+			i = len(clients)
+			byKey[s.GetKey()] = i
+			clients = append(clients, redisstore.ClientDebits{Key: s.GetKey()})
+		}
+		d := &clients[i]
+		if j := slices.IndexFunc(d.Debits, func(x redisstore.Debit) bool { return x.Rule == rule.ID }); j >= 0 {
+			d.Debits[j].Amount += s.GetCost()
+			continue
+		}
+		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.Bucket(), Amount: s.GetCost()})
+	}
+	return clients, skipped
+}
+
+// Reject terminates a message that can never be applied (or relayed): it
+// is counted and logged, and the stream moves on. where names the
+// consumer.
+func (a *Applier) Reject(msg jetstream.Msg, where string, err error) {
+	a.m.Rejected.Inc()
+	a.log.Warn("spend message rejected", "from", where, "subject", msg.Subject(), "err", err)
+	msg.Term()
+}
