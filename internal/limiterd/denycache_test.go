@@ -75,9 +75,14 @@ func TestDenyCacheSparesTheStore(t *testing.T) {
 	const workers, capacity, rate = 16, 10, 2.0
 	run := 3 * time.Second
 	checks, calls := flood(t, c, 0, workers, run)
-	// The burst (the last token's answer already denies), then one probe
-	// each time a denial expires (every 1/rate s).
-	bound := capacity + workers + rate*run.Seconds() + 1
+	// The burst (the last token's answer already denies), then a probe
+	// each time a denial expires (every 1/rate s), and at most one more
+	// when that probe reached Redis before the token did: a denial counts
+	// from when its store call was sent (so that the cache never refuses
+	// what the store would admit), and on a busy machine a call waits a
+	// little between being sent and running, so the denial may end just
+	// before the refill.
+	bound := capacity + workers + 2*(rate*run.Seconds()+1)
 	t.Logf("with the deny cache: %d checks, %d store calls (bound %.0f); %.0f checks per store call", checks, calls, bound, float64(checks)/float64(calls))
 	if float64(calls) > bound {
 		t.Fatalf("%d store calls for %d checks of one flooding key, bound %.0f", calls, checks, bound)

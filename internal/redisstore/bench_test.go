@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -56,8 +57,8 @@ func BenchmarkStoreTake(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "checks/s")
-			if p := sampleCount(b, reg, "limiter_store_pipeline_checks"); p > 0 {
-				b.ReportMetric(sampleSum(b, reg, "limiter_store_pipeline_checks")/float64(p), "checks/pipeline")
+			if p := testenv.SampleCount(b, reg, "limiter_store_pipeline_checks"); p > 0 {
+				b.ReportMetric(testenv.SampleSum(b, reg, "limiter_store_pipeline_checks")/float64(p), "checks/pipeline")
 			}
 		})
 	}

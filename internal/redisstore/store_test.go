@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -30,101 +31,6 @@ func newTestStore(t *testing.T, opts Options) (*Store, *prometheus.Registry) {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s, reg
-}
-
-// pause stops node addr from running scripts (CLIENT PAUSE WRITE: PING and
-// the handshake still pass, and so does CLIENT UNPAUSE, which PAUSE ALL
-// would hold too) until the returned function is called, or 10 s at most.
-func pause(t *testing.T, addr string) (unpause func()) {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	ctx := context.Background()
-	if err := c.Do(ctx, "client", "pause", 10_000, "write").Err(); err != nil {
-		t.Fatal(err)
-	}
-	done := false
-	unpause = func() {
-		if done {
-			return
-		}
-		done = true
-		if err := c.Do(ctx, "client", "unpause").Err(); err != nil {
-			t.Error(err)
-		}
-		c.Close()
-	}
-	t.Cleanup(unpause)
-	return unpause
-}
-
-// sampleCount is the number of observations of the histogram name in reg.
-func sampleCount(t testing.TB, reg *prometheus.Registry, name string) uint64 {
-	t.Helper()
-	n, _ := histogram(t, reg, name)
-	return n
-}
-
-// sampleSum is the sum of the observations of the histogram name in reg.
-func sampleSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	_, sum := histogram(t, reg, name)
-	return sum
-}
-
-// histogram is the count and sum of the observations of the histogram
-// name in reg, over its series (0 and 0 when it has none).
-func histogram(t testing.TB, reg *prometheus.Registry, name string) (uint64, float64) {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		n   uint64
-		sum float64
-	)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				n += m.GetHistogram().GetSampleCount()
-				sum += m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return n, sum
-}
-
-// metricValue is the value of the counter or gauge name in reg (summed
-// over its labels).
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			v := 0.0
-			for _, m := range mf.GetMetric() {
-				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-			return v
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
-// waitFor polls cond until it holds, failing t after 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after 20 s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 var testLimit = bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 1e-6}
@@ -165,16 +71,16 @@ func TestStoreErrors(t *testing.T) {
 					t.Fatal(err)
 				}
 				m.failed(opMulti, tt.err)
-				if got := metricValue(t, reg, "limiter_store_overloaded_total"); got != tt.overloaded {
+				if got := testenv.MetricValue(t, reg, "limiter_store_overloaded_total"); got != tt.overloaded {
 					t.Errorf("limiter_store_overloaded_total = %v, want %v", got, tt.overloaded)
 				}
-				if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != tt.unknown {
+				if got := testenv.MetricValue(t, reg, "limiter_store_outcome_unknown_total"); got != tt.unknown {
 					t.Errorf("limiter_store_outcome_unknown_total = %v, want %v", got, tt.unknown)
 				}
 				if got := testutil.ToFloat64(m.errors[opMulti]); got != tt.errs {
 					t.Errorf("limiter_store_errors_total{op=\"multi\"} = %v, want %v", got, tt.errs)
 				}
-				if got := metricValue(t, reg, "limiter_store_errors_total"); got != tt.errs {
+				if got := testenv.MetricValue(t, reg, "limiter_store_errors_total"); got != tt.errs {
 					t.Errorf("limiter_store_errors_total = %v, want %v (all of op multi)", got, tt.errs)
 				}
 			})
@@ -187,16 +93,16 @@ func TestStoreErrors(t *testing.T) {
 			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: 50 * time.Millisecond})
 			key := "errors-" + strconv.FormatBool(noCoalesce)
 			mustTake(t, s, key, 1) // connected
-			unpause := pause(t, node.Addr())
+			unpause := redistest.Pause(t, node.Addr())
 			_, err := s.Take(context.Background(), bucket.Request{Rule: "r", Key: key, Limit: testLimit, Cost: 1})
 			unpause()
 			if !errors.Is(err, bucket.ErrOutcomeUnknown) || errors.Is(err, bucket.ErrOverloaded) {
 				t.Fatalf("no-coalesce=%v: error %v: want outcome unknown only", noCoalesce, err)
 			}
-			if got := metricValue(t, reg, "limiter_store_outcome_unknown_total"); got != 1 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_outcome_unknown_total"); got != 1 {
 				t.Errorf("no-coalesce=%v: limiter_store_outcome_unknown_total = %v, want 1", noCoalesce, got)
 			}
-			if got := metricValue(t, reg, "limiter_store_errors_total"); got != 1 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_errors_total"); got != 1 {
 				t.Errorf("no-coalesce=%v: limiter_store_errors_total = %v, want 1", noCoalesce, got)
 			}
 		}
@@ -250,20 +156,20 @@ func TestStartUnreachable(t *testing.T) {
 			if _, err := s.TakeAll(ctx, []bucket.Request{req, {Rule: "r", Key: "other", Limit: testLimit, Cost: 1}}); !errors.Is(err, ErrNotConnected) {
 				t.Fatalf("TakeAll while unreachable = %v, want ErrNotConnected", err)
 			}
-			if got := metricValue(t, reg, "limiter_store_up"); got != 0 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_up"); got != 0 {
 				t.Fatalf("limiter_store_up = %v while unreachable", got)
 			}
 
 			start()
-			waitFor(t, "deciding once Redis is up", func() bool {
+			testenv.WaitFor(t, "deciding once Redis is up", func() bool {
 				d, err := s.Take(context.Background(), req)
 				return err == nil && d.Allowed
 			})
-			waitFor(t, "healthy", func() bool { return s.Health() == nil })
+			testenv.WaitFor(t, "healthy", func() bool { return s.Health() == nil })
 			if !s.Connected() || s.Client() == nil {
 				t.Fatal("not connected once healthy")
 			}
-			if got := metricValue(t, reg, "limiter_store_up"); got != 1 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_up"); got != 1 {
 				t.Fatalf("limiter_store_up = %v once healthy", got)
 			}
 		})
@@ -329,21 +235,21 @@ func TestGuard(t *testing.T) {
 			if r := <-found; r.Policy != "allkeys-lru" || r.Node != node.Addr() {
 				t.Fatalf("onUnsafe(%+v)", r)
 			}
-			if got := metricValue(t, reg, "limiter_store_unsafe_eviction_policy"); got != 1 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_unsafe_eviction_policy"); got != 1 {
 				t.Fatalf("limiter_store_unsafe_eviction_policy = %v, want 1", got)
 			}
 			req := bucket.Request{Rule: "r", Key: "guarded", Limit: testLimit, Cost: 1}
 			if allow {
-				waitFor(t, "deciding", func() bool { d, err := s.Take(ctx, req); return err == nil && d.Allowed })
+				testenv.WaitFor(t, "deciding", func() bool { d, err := s.Take(ctx, req); return err == nil && d.Allowed })
 				return
 			}
-			waitFor(t, "connected", s.Connected)
+			testenv.WaitFor(t, "connected", s.Connected)
 			_, err = s.Take(ctx, req)
 			if !errors.Is(err, ErrUnsafeEviction) || errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
 				t.Fatalf("Take on an unsafe node = %v, want ErrUnsafeEviction (not applied)", err)
 			}
 			setPolicy(t, node.Addr(), "noeviction")
-			waitFor(t, "deciding once the node is safe", func() bool { d, err := s.Take(ctx, req); return err == nil && d.Allowed })
+			testenv.WaitFor(t, "deciding once the node is safe", func() bool { d, err := s.Take(ctx, req); return err == nil && d.Allowed })
 		})
 	}
 }
@@ -406,7 +312,7 @@ func TestTakeAllPartialFailure(t *testing.T) {
 			t.Fatal(err)
 		}
 		mustTakeRule(t, s, rs[1].Rule, keys[1], 5)
-		unpause := pause(t, addrs[1])
+		unpause := redistest.Pause(t, addrs[1])
 		ds, err := s.TakeAll(ctx, rs)
 		unpause()
 		multiErr(t, err, []error{nil, bucket.ErrOutcomeUnknown})
@@ -547,7 +453,7 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "without the store's goroutines", func() bool { return len(storeGoroutines()) <= len(before) })
+	testenv.WaitFor(t, "without the store's goroutines", func() bool { return len(storeGoroutines()) <= len(before) })
 	if _, err := s.Take(ctx, bucket.Request{Rule: "a", Key: "k", Limit: testLimit, Cost: 1}); !errors.Is(err, redis.ErrClosed) {
 		t.Fatalf("Take after Close = %v, want redis.ErrClosed", err)
 	}

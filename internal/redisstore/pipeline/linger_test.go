@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
@@ -44,10 +45,10 @@ func TestLinger(t *testing.T) {
 				warm.Go(func() { mustIncr(t, ns, "warm"+strconv.Itoa(i), 1) })
 			}
 			warm.Wait()
-			before, sum0 := sampleCount(t, reg, "limiter_store_pipeline_checks"), sampleSum(t, reg, "limiter_store_pipeline_checks")
-			expired0 := metricValue(t, reg, "limiter_store_linger_expired_total")
+			before, sum0 := testenv.SampleCount(t, reg, "limiter_store_pipeline_checks"), testenv.SampleSum(t, reg, "limiter_store_pipeline_checks")
+			expired0 := testenv.MetricValue(t, reg, "limiter_store_linger_expired_total")
 
-			unpause := pause(t, node.Addr())
+			unpause := redistest.Pause(t, node.Addr())
 			var wg sync.WaitGroup
 			call := func(key string) {
 				if n, err := incr(context.Background(), ns, key, 1); err != nil || n != 1 {
@@ -60,23 +61,23 @@ func TestLinger(t *testing.T) {
 			// the later ones queue, and the first of them is taken by the
 			// other worker before the rest queue: without a linger it goes
 			// alone, however fast the rest come.
-			waitFor(t, "sending the first call", func() bool { return n.inFlight.Load() == 1 })
+			testenv.WaitFor(t, "sending the first call", func() bool { return n.inFlight.Load() == 1 })
 			wg.Go(func() { call("later0") })
-			waitFor(t, "taking the first later call", func() bool { return len(n.calls) == 0 && (tc.linger > 0 || n.inFlight.Load() == 2) })
+			testenv.WaitFor(t, "taking the first later call", func() bool { return len(n.calls) == 0 && (tc.linger > 0 || n.inFlight.Load() == 2) })
 			for i := 1; i < later; i++ {
 				wg.Go(func() { call("later" + strconv.Itoa(i)) })
 			}
 			time.Sleep(tc.pause)
 			unpause()
 			wg.Wait()
-			pipelines := sampleCount(t, reg, "limiter_store_pipeline_checks") - before
-			if calls := sampleSum(t, reg, "limiter_store_pipeline_checks") - sum0; calls != later+1 {
+			pipelines := testenv.SampleCount(t, reg, "limiter_store_pipeline_checks") - before
+			if calls := testenv.SampleSum(t, reg, "limiter_store_pipeline_checks") - sum0; calls != later+1 {
 				t.Errorf("%v calls sent, want %d", calls, later+1)
 			}
 			if !tc.pipelines(pipelines) {
 				t.Errorf("the calls went in %d pipelines, want %s", pipelines, tc.want)
 			}
-			if expired := metricValue(t, reg, "limiter_store_linger_expired_total") - expired0; (expired > 0) != tc.expired {
+			if expired := testenv.MetricValue(t, reg, "limiter_store_linger_expired_total") - expired0; (expired > 0) != tc.expired {
 				t.Errorf("%v lingers expired, want any: %v", expired, tc.expired)
 			}
 		})

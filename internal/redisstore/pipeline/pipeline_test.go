@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -58,101 +59,6 @@ func mustIncr(t *testing.T, ns *Nodes, key string, by int) int64 {
 		t.Fatalf("incr(%s, %d): %v", key, by, err)
 	}
 	return n
-}
-
-// pause stops node addr from running scripts (CLIENT PAUSE WRITE: PING and
-// the handshake still pass, and so does CLIENT UNPAUSE, which PAUSE ALL
-// would hold too) until the returned function is called, or 10 s at most.
-func pause(t *testing.T, addr string) (unpause func()) {
-	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	ctx := context.Background()
-	if err := c.Do(ctx, "client", "pause", 10_000, "write").Err(); err != nil {
-		t.Fatal(err)
-	}
-	done := false
-	unpause = func() {
-		if done {
-			return
-		}
-		done = true
-		if err := c.Do(ctx, "client", "unpause").Err(); err != nil {
-			t.Error(err)
-		}
-		c.Close()
-	}
-	t.Cleanup(unpause)
-	return unpause
-}
-
-// sampleCount is the number of observations of the histogram name in reg.
-func sampleCount(t testing.TB, reg *prometheus.Registry, name string) uint64 {
-	t.Helper()
-	n, _ := histogram(t, reg, name)
-	return n
-}
-
-// sampleSum is the sum of the observations of the histogram name in reg.
-func sampleSum(t testing.TB, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	_, sum := histogram(t, reg, name)
-	return sum
-}
-
-// histogram is the count and sum of the observations of the histogram
-// name in reg, over its series (0 and 0 when it has none).
-func histogram(t testing.TB, reg *prometheus.Registry, name string) (uint64, float64) {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		n   uint64
-		sum float64
-	)
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				n += m.GetHistogram().GetSampleCount()
-				sum += m.GetHistogram().GetSampleSum()
-			}
-		}
-	}
-	return n, sum
-}
-
-// metricValue is the value of the counter or gauge name in reg (summed
-// over its labels).
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			v := 0.0
-			for _, m := range mf.GetMetric() {
-				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-			}
-			return v
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
-// waitFor polls cond until it holds, failing t after 20 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("still not %s after 20 s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // TestErrors: each way a call can fail says what happened to it. Waiting
@@ -236,7 +142,7 @@ func TestErrors(t *testing.T) {
 			opts: Options{Timeout: 50 * time.Millisecond},
 			run: func(t *testing.T, ns *Nodes, _ *prometheus.Registry, key string) error {
 				mustIncr(t, ns, key, 1) // connected
-				unpause := pause(t, node.Addr())
+				unpause := redistest.Pause(t, node.Addr())
 				defer unpause()
 				_, err := incr(context.Background(), ns, key, 1)
 				return err
@@ -249,7 +155,7 @@ func TestErrors(t *testing.T) {
 			only: new(false), // with NoCoalesce the reply wait is Options.Timeout
 			run: func(t *testing.T, ns *Nodes, _ *prometheus.Registry, key string) error {
 				mustIncr(t, ns, key, 1)
-				unpause := pause(t, node.Addr())
+				unpause := redistest.Pause(t, node.Addr())
 				defer unpause()
 				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 				defer cancel()
@@ -329,7 +235,7 @@ func TestErrors(t *testing.T) {
 func queuedBehindPaused(t *testing.T, ns *Nodes, reg *prometheus.Registry, addr, key string, ctx context.Context) error {
 	t.Helper()
 	before := mustIncr(t, ns, key, 1) // connected
-	unpause := pause(t, addr)
+	unpause := redistest.Pause(t, addr)
 	first := make(chan error, 1)
 	go func() {
 		_, err := incr(context.Background(), ns, key, 1)
@@ -337,9 +243,9 @@ func queuedBehindPaused(t *testing.T, ns *Nodes, reg *prometheus.Registry, addr,
 	}()
 	n := ns.node(addr)
 	if ns.coalesce {
-		waitFor(t, "sending the first call", func() bool { return sampleCount(t, reg, "limiter_store_pipeline_checks") == 2 })
+		testenv.WaitFor(t, "sending the first call", func() bool { return testenv.SampleCount(t, reg, "limiter_store_pipeline_checks") == 2 })
 	} else {
-		waitFor(t, "holding the pool's connection", func() bool {
+		testenv.WaitFor(t, "holding the pool's connection", func() bool {
 			st := n.pooled.PoolStats()
 			return st.TotalConns == 1 && st.IdleConns == 0
 		})
@@ -369,7 +275,7 @@ func TestBreaker(t *testing.T) {
 			mustIncr(t, ns, key, 1)
 
 			// More slow answers in a row than the old breaker allowed (5).
-			unpause := pause(t, node.Addr())
+			unpause := redistest.Pause(t, node.Addr())
 			for i := range 2 * breakerConnFailures {
 				_, err := incr(ctx, ns, key, 1)
 				if err == nil {
@@ -380,35 +286,35 @@ func TestBreaker(t *testing.T) {
 				}
 			}
 			unpause()
-			waitFor(t, "answering after the pause", func() bool {
+			testenv.WaitFor(t, "answering after the pause", func() bool {
 				_, err := incr(ctx, ns, key, 1)
 				if errors.Is(err, ErrBreakerOpen) {
 					t.Fatalf("after slow answers: %v", err)
 				}
 				return err == nil
 			})
-			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
 				t.Fatalf("limiter_store_breakers_open = %v after slow answers, want 0", got)
 			}
 
 			node.Stop()
-			waitFor(t, "open on a stopped node", func() bool {
+			testenv.WaitFor(t, "open on a stopped node", func() bool {
 				_, err := incr(ctx, ns, key, 1)
 				if err == nil || errors.Is(err, bucket.ErrOverloaded) {
 					t.Fatalf("call on a stopped node: %v", err)
 				}
 				return errors.Is(err, ErrBreakerOpen)
 			})
-			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 1 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_breakers_open"); got != 1 {
 				t.Fatalf("limiter_store_breakers_open = %v on a stopped node, want 1", got)
 			}
 
 			node.Start()
-			waitFor(t, "closed once the node is back", func() bool {
+			testenv.WaitFor(t, "closed once the node is back", func() bool {
 				_, err := incr(ctx, ns, key, 1)
 				return err == nil
 			})
-			if got := metricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
+			if got := testenv.MetricValue(t, reg, "limiter_store_breakers_open"); got != 0 {
 				t.Fatalf("limiter_store_breakers_open = %v with the node back, want 0", got)
 			}
 		})
@@ -423,7 +329,7 @@ func TestLateReplyIsUsed(t *testing.T) {
 	ns, reg := newTestNodes(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone,
 		Timeout: 5 * time.Millisecond, ReplyDeadline: 5 * time.Second})
 	mustIncr(t, ns, "late", 1) // connected
-	unpause := pause(t, node.Addr())
+	unpause := redistest.Pause(t, node.Addr())
 	go func() {
 		time.Sleep(100 * time.Millisecond)
 		unpause()
@@ -431,7 +337,7 @@ func TestLateReplyIsUsed(t *testing.T) {
 	if n, err := incr(context.Background(), ns, "late", 1); err != nil || n != 2 {
 		t.Fatalf("a call answered 100 ms late = %v, %v; want 2", n, err)
 	}
-	if got := metricValue(t, reg, "limiter_store_slow_replies_total"); got != 1 {
+	if got := testenv.MetricValue(t, reg, "limiter_store_slow_replies_total"); got != 1 {
 		t.Errorf("limiter_store_slow_replies_total = %v, want 1", got)
 	}
 }
@@ -451,13 +357,13 @@ func TestRefuse(t *testing.T) {
 				if met {
 					before = mustIncr(t, ns, key, 1)
 				}
-				sent := sampleCount(t, reg, "limiter_store_pipeline_checks")
+				sent := testenv.SampleCount(t, reg, "limiter_store_pipeline_checks")
 				ns.Refuse(node.Addr(), reason)
 				_, err := incr(context.Background(), ns, key, 1)
 				if !errors.Is(err, reason) || errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
 					t.Fatalf("call on a refused node = %v, want the reason only", err)
 				}
-				if got := sampleCount(t, reg, "limiter_store_pipeline_checks"); got != sent {
+				if got := testenv.SampleCount(t, reg, "limiter_store_pipeline_checks"); got != sent {
 					t.Fatalf("%d pipelines sent to a refused node", got-sent)
 				}
 				ns.Refuse(node.Addr(), nil)
