@@ -43,6 +43,7 @@ import (
 	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/peer"
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/redisstore/evictguard"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/secretfile"
@@ -412,7 +413,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 		}
 	})
 	gctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	guard, err := redisstore.NewGuard(gctx, s, d.opts.RedisAllowUnsafeEviction, d.registry)
+	guard, err := evictguard.New(gctx, s, d.opts.RedisAllowUnsafeEviction, d.registry)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("--redis.addrs: %w (--redis.allow-unsafe-eviction overrides)", err)
@@ -423,7 +424,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
 		}
 	}
 	d.goBackground(func(ctx context.Context) {
-		guard.Run(ctx, redisstore.GuardInterval, func(r redisstore.MemoryReading) {
+		guard.Run(ctx, evictguard.Interval, func(r evictguard.MemoryReading) {
 			d.log.Warn("a Redis node may evict live counters: limits are then silently lost", "node", r.Node, "policy", r.Policy)
 		})
 	})

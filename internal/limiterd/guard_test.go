@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/redisstore/evictguard"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
@@ -35,7 +35,7 @@ func TestEvictionGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = d.Start(ctx)
-	if !errors.Is(err, redisstore.ErrUnsafeEviction) || !strings.Contains(err.Error(), "allkeys-lru") {
+	if !errors.Is(err, evictguard.ErrUnsafeEviction) || !strings.Contains(err.Error(), "allkeys-lru") {
 		t.Fatalf("Start with an allkeys-lru node = %v, want ErrUnsafeEviction naming the policy", err)
 	}
 

@@ -167,6 +167,17 @@ func (s *Store) Load(ctx context.Context) error { return s.nodes.Load(ctx) }
 // context.
 func (s *Store) Client() redis.UniversalClient { return s.nodes.Client() }
 
+// ForEachPrimary calls fn with a client of each primary, at once, and
+// joins their errors.
+func (s *Store) ForEachPrimary(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error {
+	return s.nodes.ForEachPrimary(ctx, fn)
+}
+
+// Refuse makes the checks of node addr fail, unsent, with an error wrapping
+// reason (their rules' on_failure decides them); a nil reason sends them
+// again.
+func (s *Store) Refuse(addr string, reason error) { s.nodes.Refuse(addr, reason) }
+
 // Ping reports whether every primary answers now.
 func (s *Store) Ping(ctx context.Context) error { return s.nodes.Ping(ctx) }
 

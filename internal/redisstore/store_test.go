@@ -176,84 +176,6 @@ func TestStartUnreachable(t *testing.T) {
 	}
 }
 
-// TestGuard: the eviction guard refuses an unsafe node at start; it works
-// while the store is unreachable at start and reads the nodes once they
-// answer; a node found unsafe then has its checks failed (not applied)
-// unless unsafe policies are allowed, until it is safe again.
-func TestGuard(t *testing.T) {
-	ctx := context.Background()
-	setPolicy := func(t *testing.T, addr, policy string) {
-		t.Helper()
-		c := redis.NewClient(&redis.Options{Addr: addr})
-		defer c.Close()
-		if err := c.ConfigSet(ctx, "maxmemory-policy", policy).Err(); err != nil {
-			t.Fatal(err)
-		}
-		// Kept across a restart.
-		if err := c.ConfigRewrite(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	t.Run("unsafe at start", func(t *testing.T) {
-		node := redistest.NewNode(t)
-		setPolicy(t, node.Addr(), "volatile-lru")
-		s, _ := newTestStore(t, Options{Addrs: []string{node.Addr()}})
-		if _, err := NewGuard(ctx, s, false, prometheus.NewRegistry()); !errors.Is(err, ErrUnsafeEviction) {
-			t.Fatalf("NewGuard with a volatile-lru node = %v, want ErrUnsafeEviction", err)
-		}
-		if _, err := NewGuard(ctx, s, true, prometheus.NewRegistry()); err != nil {
-			t.Fatalf("NewGuard allowing unsafe policies: %v", err)
-		}
-	})
-
-	for _, allow := range []bool{false, true} {
-		t.Run(map[bool]string{false: "unsafe once reachable", true: "unsafe once reachable, allowed"}[allow], func(t *testing.T) {
-			node := redistest.NewNode(t)
-			setPolicy(t, node.Addr(), "allkeys-lru")
-			node.Stop()
-			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Timeout: time.Second})
-			g, err := NewGuard(ctx, s, allow, reg)
-			if err != nil {
-				t.Fatalf("NewGuard with the store unreachable: %v", err)
-			}
-			found := make(chan MemoryReading, 100)
-			rctx, cancel := context.WithCancel(ctx)
-			done := make(chan struct{})
-			go func() {
-				g.Run(rctx, 100*time.Millisecond, func(r MemoryReading) {
-					select {
-					case found <- r:
-					default:
-					}
-				})
-				close(done)
-			}()
-			t.Cleanup(func() { cancel(); <-done })
-
-			node.Start()
-			if r := <-found; r.Policy != "allkeys-lru" || r.Node != node.Addr() {
-				t.Fatalf("onUnsafe(%+v)", r)
-			}
-			if got := testenv.MetricValue(t, reg, "limiter_store_unsafe_eviction_policy"); got != 1 {
-				t.Fatalf("limiter_store_unsafe_eviction_policy = %v, want 1", got)
-			}
-			req := bucket.Request{Rule: "r", Key: "guarded", Limit: testLimit, Cost: 1}
-			if allow {
-				testenv.WaitFor(t, "deciding", func() bool { d, err := s.Take(ctx, req); return err == nil && d.Allowed })
-				return
-			}
-			testenv.WaitFor(t, "connected", s.Connected)
-			_, err = s.Take(ctx, req)
-			if !errors.Is(err, ErrUnsafeEviction) || errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
-				t.Fatalf("Take on an unsafe node = %v, want ErrUnsafeEviction (not applied)", err)
-			}
-			setPolicy(t, node.Addr(), "noeviction")
-			testenv.WaitFor(t, "deciding once the node is safe", func() bool { d, err := s.Take(ctx, req); return err == nil && d.Allowed })
-		})
-	}
-}
-
 // TestTakeAllPartialFailure: when one client's script fails and another's
 // decided, the decisions known come back with a *bucket.MultiError; a
 // refusal gives back what the others spent, on a context of its own, and
@@ -328,10 +250,11 @@ func TestTakeAllPartialFailure(t *testing.T) {
 
 	t.Run("an allowed client and one not applied", func(t *testing.T) {
 		rs := reqs("2", keys[0], keys[1])
-		s.setUnsafe(addrs[1], true)
+		refused := errors.New("refused by the test")
+		s.Refuse(addrs[1], refused)
 		ds, err := s.TakeAll(ctx, rs)
-		s.setUnsafe(addrs[1], false)
-		multiErr(t, err, []error{nil, ErrUnsafeEviction})
+		s.Refuse(addrs[1], nil)
+		multiErr(t, err, []error{nil, refused})
 		if !ds[0].Allowed {
 			t.Fatalf("gate: %+v", ds[0])
 		}
@@ -413,9 +336,6 @@ func TestLostScripts(t *testing.T) {
 func TestMetricsLint(t *testing.T) {
 	node := redistest.NewNode(t)
 	s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}})
-	if _, err := NewGuard(context.Background(), s, false, reg); err != nil {
-		t.Fatal(err)
-	}
 	mustTake(t, s, "lint", 1)
 	mfs, err := reg.Gather()
 	if err != nil {

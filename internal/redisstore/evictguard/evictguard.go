@@ -1,4 +1,8 @@
-package redisstore
+// Package evictguard watches the memory and eviction policy of a store's
+// Redis primaries: a node that may evict keys would silently drop live
+// counters, so its checks are refused (unless allowed) and the readings are
+// exported.
+package evictguard
 
 import (
 	"context"
@@ -15,8 +19,17 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// GuardInterval is how often the eviction guard reads the nodes.
-const GuardInterval = 10 * time.Second
+// Interval is how often the guard reads the nodes.
+const Interval = 10 * time.Second
+
+// Nodes are the primaries a Guard reads and marks: a *redisstore.Store.
+type Nodes interface {
+	// ForEachPrimary calls fn with a client of each primary.
+	ForEachPrimary(ctx context.Context, fn func(ctx context.Context, c *redis.Client) error) error
+	// Refuse makes the checks of node addr fail, unsent, with an error
+	// wrapping reason; a nil reason sends them again.
+	Refuse(addr string, reason error)
+}
 
 // ErrUnsafeEviction: a node evicts keys under memory pressure. Live
 // counters would vanish, every request would be admitted, and every
@@ -43,10 +56,10 @@ func (r MemoryReading) Unsafe() bool { return r.Policy != "" && r.Policy != "noe
 // ReadMemory reads every primary's INFO memory and stats. It works where
 // CONFIG is disabled (managed services). It returns the readings of the
 // primaries that answered and, joined, the errors of those that did not.
-func (s *Store) ReadMemory(ctx context.Context) ([]MemoryReading, error) {
+func ReadMemory(ctx context.Context, ns Nodes) ([]MemoryReading, error) {
 	var mu sync.Mutex
 	var out []MemoryReading
-	err := s.nodes.ForEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
+	err := ns.ForEachPrimary(ctx, func(ctx context.Context, c *redis.Client) error {
 		info, err := c.Info(ctx, "memory", "stats").Result()
 		if err != nil {
 			return fmt.Errorf("info %s: %w", c.Options().Addr, err)
@@ -60,16 +73,6 @@ func (s *Store) ReadMemory(ctx context.Context) ([]MemoryReading, error) {
 	})
 	slices.SortFunc(out, func(a, b MemoryReading) int { return strings.Compare(a.Node, b.Node) })
 	return out, err
-}
-
-// setUnsafe marks the checks of node addr as failed (not sent, with an
-// error wrapping ErrUnsafeEviction), or clears the mark.
-func (s *Store) setUnsafe(addr string, unsafe bool) {
-	var reason error
-	if unsafe {
-		reason = ErrUnsafeEviction
-	}
-	s.nodes.Refuse(addr, reason)
 }
 
 func parseMemory(info string) MemoryReading {
@@ -94,9 +97,9 @@ func parseMemory(info string) MemoryReading {
 	return r
 }
 
-// Guard reads the nodes' memory at start and every GuardInterval and
+// Guard reads the nodes' memory at start and every Interval and
 // exports it. A node whose policy may evict keys (MemoryReading.Unsafe):
-//   - found by NewGuard, is an error wrapping ErrUnsafeEviction unless
+//   - found by New, is an error wrapping ErrUnsafeEviction unless
 //     allowUnsafe: the caller should not start;
 //   - found later by Run (a node that was unreachable at start, or whose
 //     policy changed), is reported to Run's onUnsafe and exported, and unless
@@ -106,7 +109,7 @@ func parseMemory(info string) MemoryReading {
 //
 // A Guard is safe for concurrent use.
 type Guard struct {
-	s           *Store
+	ns          Nodes
 	allowUnsafe bool
 
 	mu       sync.Mutex
@@ -117,12 +120,12 @@ type Guard struct {
 // reach every node (such as at start while the store is unreachable).
 const guardRetry = time.Second
 
-// NewGuard reads the nodes that answer and registers the guard's metrics.
+// New reads the nodes that answer and registers the guard's metrics.
 // Nodes that do not answer (or a store not connected yet) are read later
 // by Run; that is not an error.
-func NewGuard(ctx context.Context, s *Store, allowUnsafe bool, reg prometheus.Registerer) (*Guard, error) {
-	g := &Guard{s: s, allowUnsafe: allowUnsafe, readings: make(map[string]MemoryReading)}
-	readings, _ := s.ReadMemory(ctx)
+func New(ctx context.Context, ns Nodes, allowUnsafe bool, reg prometheus.Registerer) (*Guard, error) {
+	g := &Guard{ns: ns, allowUnsafe: allowUnsafe, readings: make(map[string]MemoryReading)}
+	readings, _ := ReadMemory(ctx, ns)
 	for _, r := range readings {
 		if r.Unsafe() && !allowUnsafe {
 			return nil, fmt.Errorf("%w: node %s has maxmemory-policy %s; every bucket has an expiry, so only noeviction keeps live counters; set it, or allow the policy explicitly",
@@ -196,8 +199,9 @@ func (g *Guard) Readings() []MemoryReading {
 	return out
 }
 
-// update keeps readings as the last of their nodes and marks the store's
-// unsafe nodes.
+// update keeps readings as the last of their nodes and refuses the checks
+// of the unsafe ones (an error wrapping ErrUnsafeEviction), or sends them
+// again once safe.
 func (g *Guard) update(readings []MemoryReading) {
 	g.mu.Lock()
 	for _, r := range readings {
@@ -205,7 +209,11 @@ func (g *Guard) update(readings []MemoryReading) {
 	}
 	g.mu.Unlock()
 	for _, r := range readings {
-		g.s.setUnsafe(r.Node, r.Unsafe() && !g.allowUnsafe)
+		var reason error
+		if r.Unsafe() && !g.allowUnsafe {
+			reason = ErrUnsafeEviction
+		}
+		g.ns.Refuse(r.Node, reason)
 	}
 }
 
@@ -224,7 +232,7 @@ func (g *Guard) Run(ctx context.Context, interval time.Duration, onUnsafe func(M
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, interval)
-		readings, err := g.s.ReadMemory(rctx)
+		readings, err := ReadMemory(rctx, g.ns)
 		cancel()
 		g.update(readings)
 		for _, r := range readings {
