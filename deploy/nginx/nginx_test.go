@@ -64,15 +64,14 @@ func lookNginx(t *testing.T) string {
 	return ""
 }
 
-// freePort returns a loopback port free a moment ago.
+// freePort returns a loopback port for nginx to bind (testenv.ReservePort).
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := testenv.ReservePort()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // replaceOnce replaces the one line of conf holding marker, or fails.

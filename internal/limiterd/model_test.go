@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,16 +95,6 @@ type modelStack struct {
 	region func(name, addr string) func(*Options)
 }
 
-func freeLoopbackAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // newModelStack starts the regions; storeTimeout is --redis.timeout (0:
 // the default).
 func newModelStack(t *testing.T, storeTimeout time.Duration) *modelStack {
@@ -116,7 +105,7 @@ func newModelStack(t *testing.T, storeTimeout time.Duration) *modelStack {
 	if err := os.WriteFile(s.rules, []byte(modelRules), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	eastAddr, westAddr := freeLoopbackAddr(t), freeLoopbackAddr(t)
+	eastAddr, westAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 	topo := filepath.Join(dir, "topology.yml")
 	if err := os.WriteFile(topo, []byte(fmt.Sprintf("regions:\n  - name: us-east\n    limiter_address: %s\n  - name: eu-west\n    limiter_address: %s\n", eastAddr, westAddr)), 0o644); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
@@ -153,7 +154,7 @@ func limiterdBinary(t *testing.T) string {
 // when the test ends. It returns its gRPC and HTTP addresses.
 func limiterdProcess(t *testing.T, args ...string) (grpcAddr, httpAddr string) {
 	t.Helper()
-	grpcAddr, httpAddr = freeLoopbackAddr(t), freeLoopbackAddr(t)
+	grpcAddr, httpAddr = testenv.FreeAddr(t), testenv.FreeAddr(t)
 	cmd := exec.Command(limiterdBinary(t), append([]string{"--grpc.listen-address", grpcAddr, "--http.listen-address", httpAddr, "--log.level", "warn"}, args...)...)
 	var logs strings.Builder
 	cmd.Stderr = &syncWriter{w: &logs}

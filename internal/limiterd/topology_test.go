@@ -93,7 +93,7 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 	secret := testenv.SecretFile(t)
 	s := &topoStack{t: t, poll: poll, addrs: map[string]string{}, regions: map[string]*topoRegion{}}
 	for _, n := range []string{"a", "b", "c"} {
-		s.addrs[n] = freeLoopbackAddr(t)
+		s.addrs[n] = testenv.FreeAddr(t)
 	}
 	first := files(s.addrs)
 	for _, n := range []string{"a", "b", "c"} {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -142,7 +141,7 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 	// The topology names each limiterd's address, so pick them first.
 	s.addrs = map[string]string{}
 	for _, name := range names {
-		s.addrs[name] = freeAddr(t)
+		s.addrs[name] = testenv.FreeAddr(t)
 	}
 	writeFile(t, s.dir, "topology.yml", s.topology(0, time.Time{}, names...))
 	for name, regions := range topos {
@@ -310,17 +309,6 @@ func (s *stack) waitReady() {
 			}
 		}
 	}
-}
-
-// freeAddr returns a loopback address that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func writeFile(t testing.TB, dir, name, content string) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -225,7 +224,7 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 	var topo strings.Builder
 	topo.WriteString("regions:\n")
 	for _, name := range regions {
-		addrs[name] = freeAddr(t)
+		addrs[name] = testenv.FreeAddr(t)
 		fmt.Fprintf(&topo, "  - name: %s\n    limiter_address: %s\n", name, addrs[name])
 	}
 	write(t, s.dir, "topology.yml", topo.String())
@@ -234,7 +233,7 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 		c := clusters[i]
 		rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: 5, DialTimeout: time.Second})
 		t.Cleanup(func() { rc.Close() })
-		r := &regionStack{name: name, redis: c, rc: rc, limHTTP: freeAddr(t)}
+		r := &regionStack{name: name, redis: c, rc: rc, limHTTP: testenv.FreeAddr(t)}
 		redisAddrs := strings.Join(c.Addrs(), ",")
 		args := []string{
 			"--grpc.listen-address", addrs[name], "--http.listen-address", r.limHTTP,
@@ -250,7 +249,7 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 		}
 		r.lim = &proc{name: "limiterd-" + name, bin: limBin, args: args, httpAddr: r.limHTTP,
 			logPath: filepath.Join(s.dir, "limiterd-"+name+".log")}
-		recHTTP := freeAddr(t)
+		recHTTP := testenv.FreeAddr(t)
 		r.rec = &proc{name: "reconciler-" + name, bin: recBin, httpAddr: recHTTP,
 			logPath: filepath.Join(s.dir, "reconciler-"+name+".log"), args: []string{
 				"--region", name, "--region.topology-file", filepath.Join(s.dir, "topology.yml"),
@@ -374,16 +373,6 @@ func (s *stack) check(ctx context.Context, region, rule, key string, cost float6
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return s.regions[region].client.Check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: cost})
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 func write(t *testing.T, dir, name, content string) {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // lowestPort is the lowest port handed out, above the well-known ones.
@@ -89,4 +90,17 @@ func CanListen(port int) bool {
 	}
 	l.Close()
 	return true
+}
+
+// FreeAddr is "127.0.0.1:port" for a port from ReservePort, for a server
+// that another process binds: free now, below the ephemeral range (no
+// outgoing connection holds it) and never handed out again in this
+// process, as a port of a listener opened and closed at once could be.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	p, err := ReservePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
 }
