@@ -367,19 +367,22 @@ func TestNATSOutage(t *testing.T) {
 // message again and skips it; a reconciler stopped and replaced mid-stream
 // loses nothing. The counts end exact.
 func TestReconcilerDies(t *testing.T) {
-	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
+	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
+	var died atomic.Bool
+	s.startReconciler("us-east")
+	// eu-west's first reconciler dies at its first ack.
+	s.startReconciler("eu-west", func(victim *Reconciler) {
+		victim.beforeAck = func(src string, seq uint64) bool {
+			if died.CompareAndSwap(false, true) {
+				go victim.Stop()
+				return false
+			}
+			return true
+		}
+	})
 	// A second reconciler in eu-west shares the work.
 	second := s.startReconciler("eu-west")
-	victim := s.regions["eu-west"].recs[0]
-	var died atomic.Bool
-	victim.beforeAck = func(src string, seq uint64) bool {
-		if died.CompareAndSwap(false, true) {
-			go victim.Stop()
-			return false
-		}
-		return true
-	}
-	second.beforeAck = func(string, uint64) bool { return true }
+	s.waitReady()
 
 	var wg sync.WaitGroup
 	stop := make(chan struct{})

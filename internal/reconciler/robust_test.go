@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
@@ -62,23 +63,26 @@ func TestOversizedSpendSkipped(t *testing.T) {
 func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	const hold = 12 * time.Second
-	var start time.Time
+	// The first delivery's time, read by the test while the hook runs in
+	// the reconciler's goroutines.
+	var first atomic.Pointer[time.Time]
 	var deliveries atomic.Int64
-	for _, name := range stackRegions {
-		r := s.startReconciler(name)
-		if name == "eu-west" {
-			r.beforeAck = func(src string, seq uint64) bool {
-				deliveries.Add(1)
-				if start.IsZero() {
-					start = time.Now()
-				}
-				return time.Since(start) > hold
-			}
+	hold12s := func(r *Reconciler) {
+		r.beforeAck = func(src string, seq uint64) bool {
+			deliveries.Add(1)
+			now := time.Now()
+			first.CompareAndSwap(nil, &now)
+			return time.Since(*first.Load()) > hold
 		}
 	}
+	s.startReconciler("us-east")
+	s.startReconciler("eu-west", hold12s)
 	s.waitReady()
 	s.send("us-east", "k", 5)
 	s.waitCount("eu-west", "k", 5)
+	// The count is written before the hook runs: wait for its first call.
+	testenv.WaitFor(t, "the first delivery to reach its ack", func() bool { return first.Load() != nil })
+	start := *first.Load()
 	// Held unacknowledged, redelivered every ack wait; then acknowledged.
 	for time.Since(start) <= hold+time.Second {
 		time.Sleep(100 * time.Millisecond)

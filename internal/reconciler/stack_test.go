@@ -225,7 +225,10 @@ func (s *stack) topologyFile(region string) string {
 }
 
 // startReconciler starts one more reconciler in region.
-func (s *stack) startReconciler(region string) *Reconciler {
+//
+// Each setup runs between New and Start, so what it sets (a test hook
+// such as beforeAck) is written before the reconciler's goroutines start.
+func (s *stack) startReconciler(region string, setup ...func(*Reconciler)) *Reconciler {
 	s.t.Helper()
 	o := s.reconcilerOptions(region)
 	if s.recOpts != nil {
@@ -234,6 +237,9 @@ func (s *stack) startReconciler(region string) *Reconciler {
 	r, err := New(o)
 	if err != nil {
 		s.t.Fatal(err)
+	}
+	for _, f := range setup {
+		f(r)
 	}
 	if err := r.Start(context.Background()); err != nil {
 		s.t.Fatal(err)
