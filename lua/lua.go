@@ -66,6 +66,11 @@ var helpers = map[string][]string{
 	"fixed_window":   {"window"},
 }
 
+// Handoff returns the script that hands a pinned key's buckets to its new
+// home region at a topology switch (see handoff.lua for its operations,
+// keys and arguments).
+func Handoff(clock Clock) string { return withAll(clock, "debit") + mustRead("handoff") }
+
 // Debit returns the script that applies one source region's spends for one
 // client at most once (see debit_main.lua for its keys and arguments).
 func Debit(clock Clock) string { return withAll(clock, "debit") + mustRead("debit_main") }

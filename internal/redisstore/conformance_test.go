@@ -59,19 +59,22 @@ type conformance struct {
 	ctx    context.Context
 	client *redis.ClusterClient
 	debit  *redis.Script
-	seq    int
+	// handoff reads and seeds buckets as a key's old and new homes do.
+	handoff *redis.Script
+	seq     int
 }
 
 func newConformance(t *testing.T) *conformance {
 	c := redistest.NewCluster(t, 3, 0)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { client.Close() })
-	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock))}
+	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock)),
+		handoff: redis.NewScript(lua.Handoff(lua.FixedClock))}
 }
 
 // conformanceRun is what run saw.
 type conformanceRun struct {
-	allowed, refused, refusedAfterChange, debits int
+	allowed, refused, refusedAfterChange, debits, handoffs int
 }
 
 // run steps through one table of (time, cost) steps, and debits, against
@@ -163,6 +166,34 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 			run.debits++
 			continue
 		}
+		if rng.IntN(8) == 0 {
+			// A handoff: what the bucket counts, then the bucket replaced
+			// by a fresh one debited by that, as a key's new home seeds it.
+			wantUsed := lim.Used(&st, now)
+			a := scriptArgs(lim, 0)
+			at := strconv.FormatInt(now, 10)
+			res, err := cf.handoff.Run(ctx, client, []string{key}, "used", string(lim.Algorithm), a[0], a[1], at).StringSlice()
+			if err != nil || len(res) != 1 {
+				t.Fatalf("step %d: handoff used = %v, %v", step, res, err)
+			}
+			if used, _ := strconv.ParseFloat(res[0], 64); used != wantUsed {
+				t.Fatalf("step %d at %d: used lua %v, go %v", step, now, used, wantUsed)
+			}
+			st = bucket.State{}
+			lim.Debit(&st, now, wantUsed)
+			cf.seq++
+			gen := strconv.Itoa(cf.seq)
+			seedKey := SeedKey("conf-"+name, "client")
+			a = scriptArgs(lim, wantUsed)
+			for i, want := range []int64{1, 0} { // seeded once per generation
+				n, err := cf.handoff.Run(ctx, client, []string{seedKey, key}, "seed", gen, "60000", string(lim.Algorithm), a[0], a[1], a[2], at).Int64Slice()
+				if err != nil || len(n) != 1 || n[0] != want {
+					t.Fatalf("step %d: seed #%d = %v, %v; want {%d}", step, i+1, n, err, want)
+				}
+			}
+			run.handoffs++
+			continue
+		}
 		want := lim.Take(&st, now, cost)
 		a := scriptArgs(lim, cost)
 		res, err := script(lim.Algorithm).Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
@@ -197,15 +228,16 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 
 // TestConformance runs one table of (time, cost) steps against the Go
 // algorithms and the Lua scripts on a real cluster, and requires the same
-// decisions at every step, and an expiry on every key a script wrote.
+// decisions at every step (and the same count handed off to a key's new
+// home), and an expiry on every key a script wrote.
 func TestConformance(t *testing.T) {
 	cf := newConformance(t)
 	for li, tc := range conformanceCases {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(li), 42))
 			run := cf.run(t, fmt.Sprint(li), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
-			if run.allowed == 0 || run.refused == 0 {
-				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused", run.allowed, run.refused)
+			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 {
+				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused, %d handoffs", run.allowed, run.refused, run.handoffs)
 			}
 			if tc.then != nil && run.refusedAfterChange == 0 {
 				t.Fatalf("no refusal after the change to %+v", *tc.then)
@@ -248,10 +280,12 @@ func TestConformanceRandomLimits(t *testing.T) {
 			total.allowed += run.allowed
 			total.refused += run.refused
 			total.debits += run.debits
+			total.handoffs += run.handoffs
 		})
 	}
-	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits, every decision and overshoot identical", limits, steps, total.allowed, total.refused, total.debits)
-	if total.allowed == 0 || total.refused == 0 {
+	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits, %d handoffs, every decision, overshoot and count handed off identical",
+		limits, steps, total.allowed, total.refused, total.debits, total.handoffs)
+	if total.allowed == 0 || total.refused == 0 || total.handoffs == 0 {
 		t.Fatalf("one outcome only: %+v", total)
 	}
 }

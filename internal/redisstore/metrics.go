@@ -21,10 +21,11 @@ const (
 	opAcquire           // leases of concurrency rules taken
 	opRelease           // leases given back
 	opRenew             // leases extended
+	opHandoff           // buckets handed to a key's new home region
 	numOps
 )
 
-var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew"}
+var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff"}
 
 // metrics are those of the store's operations; those of the sending of
 // their scripts to the nodes are the pipeline package's.
@@ -32,6 +33,7 @@ type metrics struct {
 	scriptDuration [len(scriptAlgorithms)]prometheus.Observer
 	multiDuration  prometheus.Observer
 	debitDuration  prometheus.Observer
+	handoffDur     prometheus.Observer
 	leaseDuration  [3]prometheus.Observer // acquire, release, renew
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
@@ -63,6 +65,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	m := &metrics{
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
+		handoffDur: dur.WithLabelValues("handoff"),
 		overloaded: overloaded, outcomeUnknown: unknown,
 	}
 	for i, o := range []op{opAcquire, opRelease, opRenew} {

@@ -26,6 +26,8 @@ var (
 	debitScript  = redis.NewScript(lua.Debit(lua.StoreClock))
 	refundScript = redis.NewScript(lua.Refund(lua.StoreClock))
 	seenScript   = redis.NewScript(lua.Seen())
+	// handoffScript hands pinned keys' buckets to their new home region.
+	handoffScript = redis.NewScript(lua.Handoff(lua.StoreClock))
 	// The lease operations of concurrency rules: acquire, release, renew.
 	leaseScripts = [3]*redis.Script{
 		redis.NewScript(lua.Lease(lua.LeaseAcquire, lua.StoreClock)),
@@ -47,6 +49,6 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script the store keeps loaded on its nodes.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript, reserveScript, unreserveScript,
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript, reserveScript, unreserveScript, handoffScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }

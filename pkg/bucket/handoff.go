@@ -1,0 +1,179 @@
+package bucket
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// A bucket handed off moves with its key: when a topology switch gives a
+// pinned rule's key a new home region, the new home takes what the old
+// home's bucket counts (Used there) into a fresh bucket of its own (Seed
+// here), once, before it decides the key. The amount is tokens, not a
+// state: the two stores' clocks need not agree.
+
+// Used is the tokens st counts against l at now: what a Debit of that
+// amount into a fresh State counts again.
+//   - TokenBucket, GCRA: the debt (capacity less the tokens left, and any
+//     debt or reservation beyond), exactly: a fresh bucket debited by it
+//     refills to full at the same instant;
+//   - SlidingWindow: the estimate of the last window, previous*(1-f) +
+//     current, rounded up to the millionth. Debited, it all counts in the
+//     current window, so it weighs until the window after next begins,
+//     longer than the previous window's part did: never less;
+//   - FixedWindow: the current window's count;
+//   - SlidingLog: the entries within the window. Debited, they count from
+//     now, for a whole window.
+//
+// So a bucket seeded with Used admits no more than st would have. st is not
+// changed.
+func (l *Limit) Used(st *State, now int64) float64 {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		cp := *st
+		d := l.debt(&cp, now, spendNs(l.Capacity, l.RefillPerSecond))
+		return float64(d*l.RefillPerSecond) / 1e9
+	case SlidingWindow:
+		w := l.windowMicros()
+		idx := now / w
+		cur, prev := st.windowCounts(idx)
+		f := float64(now-idx*w) / float64(w)
+		return math.Ceil(float64(float64(prev*(1-f))+cur)*1e6) / 1e6
+	case FixedWindow:
+		if st.a == now/l.windowMicros() {
+			return micro(st.b)
+		}
+	case SlidingLog:
+		cut := now - l.windowMicros()
+		n := 0
+		for _, t := range st.log {
+			if t > cut {
+				n++
+			}
+		}
+		return float64(n)
+	}
+	return 0
+}
+
+// HandoffWindow is how long after a topology switch a bucket of l may still
+// count what it held before: the longest a debt or a window lasts. Past it
+// the old home's bucket is full again or its windows are clear, so a key
+// that moves has nothing to take.
+func (l Limit) HandoffWindow() time.Duration {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		// Two capacities' duration and the debt horizon (maxDebtNs).
+		return time.Duration(maxDebtNs(spendNs(l.Capacity, l.RefillPerSecond)))
+	case SlidingWindow:
+		return 2 * l.Window
+	case FixedWindow, SlidingLog:
+		return l.Window
+	}
+	return 0
+}
+
+// Seed is the state a bucket takes from the key's old home region.
+type Seed struct {
+	// Rule, Key and Limit name the bucket, as in a Request.
+	Rule  string
+	Key   string
+	Limit Limit
+	// Generation is the topology generation the key moved at: a bucket is
+	// seeded once per generation.
+	Generation uint64
+	// Used is what the old home's bucket counted (Limit.Used there).
+	Used float64
+	// TTL is how long the record that the bucket was seeded is kept: the
+	// rest of the rule's HandoffWindow after the switch.
+	TTL time.Duration
+}
+
+// HandoffStore is a store that can hand its buckets off: read what they
+// count, and seed them with what another store's counted. Implementations
+// are safe for concurrent use.
+type HandoffStore interface {
+	// Used reports, per request, the tokens its bucket counts now
+	// (Limit.Used; a request's Cost and MaxWait are ignored).
+	Used(ctx context.Context, reqs []Request) ([]float64, error)
+	// Seeded reports, per seed, whether its bucket was seeded at its
+	// Generation or a later one within that seed's TTL.
+	Seeded(ctx context.Context, seeds []Seed) ([]bool, error)
+	// Seed replaces each bucket that Seeded would not report with a fresh
+	// one debited by Used (Limit.Debit), and records it seeded for TTL; it
+	// reports which it replaced. A bucket already seeded is left as it is,
+	// with the checks it decided since, so two callers racing to seed one
+	// bucket seed it once.
+	Seed(ctx context.Context, seeds []Seed) ([]bool, error)
+}
+
+// handoffRule names a seed's record among the buckets: no rule id starts
+// with '~'.
+func handoffRule(rule string) string { return "~moved:" + rule }
+
+// Used reports the tokens each request's bucket counts now. It never
+// returns an error.
+func (m *Memory) Used(_ context.Context, reqs []Request) ([]float64, error) {
+	now := m.nowMicros()
+	out := make([]float64, len(reqs))
+	for i, r := range reqs {
+		sh := m.shard(r.Key)
+		sh.mu.Lock()
+		if e := sh.buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
+			out[i] = r.Limit.Used(&e.st, now)
+		}
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
+// Seeded reports which seeds' buckets were seeded at their generation or a
+// later one. It never returns an error.
+func (m *Memory) Seeded(_ context.Context, seeds []Seed) ([]bool, error) {
+	now := m.nowMicros()
+	out := make([]bool, len(seeds))
+	for i, s := range seeds {
+		sh := m.shard(s.Key)
+		sh.mu.Lock()
+		out[i] = sh.seeded(s, now)
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
+// seeded is Seeded for one seed, with its shard locked.
+func (sh *memoryShard) seeded(s Seed, now int64) bool {
+	e := sh.buckets[bucketID{handoffRule(s.Rule), s.Key}]
+	return e != nil && e.expires > now && uint64(e.st.a) >= s.Generation
+}
+
+// Seed replaces the buckets not yet seeded at their generation with fresh
+// ones debited by Used. It never returns an error.
+func (m *Memory) Seed(_ context.Context, seeds []Seed) ([]bool, error) {
+	now := m.nowMicros()
+	out := make([]bool, len(seeds))
+	for i, s := range seeds {
+		sh := m.shard(s.Key)
+		sh.mu.Lock()
+		if !sh.seeded(s, now) {
+			id := bucketID{s.Rule, s.Key}
+			if old := sh.buckets[id]; old != nil {
+				sh.drop(id, old)
+			}
+			var st State
+			s.Limit.Debit(&st, now, s.Used)
+			if exp := s.Limit.ExpiresAt(&st); exp > now {
+				m.put(sh, id, &memoryEntry{st: st, expires: exp}, now)
+			}
+			mark := bucketID{handoffRule(s.Rule), s.Key}
+			if old := sh.buckets[mark]; old != nil {
+				sh.drop(mark, old)
+			}
+			ttl := max(s.TTL.Microseconds(), 1)
+			m.put(sh, mark, &memoryEntry{st: State{a: int64(s.Generation)}, expires: now + ttl}, now)
+			out[i] = true
+		}
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
