@@ -96,6 +96,10 @@ type Home interface {
 	Decide(ctx context.Context, items []HomeItem) (allowed bool, ds []bucket.Decision, at time.Time, err error)
 	// Refund gives back what an allowed Decide spent.
 	Refund(ctx context.Context, items []HomeItem, at time.Time) error
+	// Handoff asks a region that was the home of items' keys before a
+	// topology switch what their buckets count now (Engine.Used there),
+	// one count per item; the items' costs are not used.
+	Handoff(ctx context.Context, items []HomeItem) ([]float64, error)
 }
 
 // HomeItem is one rule of a check forwarded to its key's home region.
@@ -154,7 +158,10 @@ type Options struct {
 
 // Engine decides checks. Make it with New; it is safe for concurrent use.
 type Engine struct {
-	store    bucket.MultiStore
+	store bucket.MultiStore
+	// handoffs is store, when it can hand pinned keys' buckets between
+	// regions; nil: keys moved by a topology switch start full.
+	handoffs bucket.HandoffStore
 	fallback *bucket.Memory
 	table    atomic.Pointer[table]
 	gen      atomic.Uint64
@@ -204,7 +211,15 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 	}
-	e.topo.Store(newTopoState(opts.Topology, opts.Homes))
+	e.handoffs, _ = opts.Store.(bucket.HandoffStore)
+	ts := newTopoState(opts.Topology, opts.Homes)
+	if opts.Topology != nil && opts.Topology.Previous() != nil {
+		// Started on a topology that names the one before it: the keys
+		// it moved here take their buckets from their old homes, within
+		// their windows from its effective_at.
+		ts.prev, ts.since = opts.Topology.Previous(), opts.Topology.EffectiveAt()
+	}
+	e.topo.Store(ts)
 	for name := range opts.Homes {
 		m.stale.WithLabelValues(name)
 	}
@@ -324,7 +339,23 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 		e.m.stale.WithLabelValues(name)
 	}
 	ts := newTopoState(topo, homes)
+	cur := e.topo.Load()
+	if cur.topo != nil && topo != nil {
+		// The keys this switch moves here take their buckets from the
+		// homes cur gave them, a region it removes included: cur, with
+		// its clients, stays in use for the longest handoff window.
+		ts.prev, ts.since, ts.prevHomes = cur.topo, time.Now(), cur.homes
+		if w := longestHandoff(set); w > 0 && removesRegion(cur.topo, topo) {
+			cur.users.Add(1)
+			ts.prevState = cur
+			ts.holdPrev = time.AfterFunc(w, cur.release)
+		}
+	}
 	old := e.topo.Swap(ts)
+	if old.holdPrev != nil && old.holdPrev.Stop() {
+		// The topology before old is not asked any more.
+		old.prevRelease()
+	}
 	e.install(set, ts.regions)
 	old.retire(retired)
 	return nil
@@ -355,14 +386,27 @@ func (e *Engine) install(set *rules.Set, regions int) {
 // topoState is a topology checks are routed with and the Homes of its other
 // regions, with the count of the checks and refunds using it.
 type topoState struct {
-	topo    *region.Topology // nil: no topology
-	gen     uint64
-	homes   map[string]Home
-	regions int
-	users   atomic.Int64
-	retired atomic.Bool
-	onIdle  func()
-	idle    sync.Once
+	topo *region.Topology // nil: no topology
+	gen  uint64
+	// prev is the topology in force before this one, since when this one
+	// is (nil: the first of this process), and seeded the keys it moved
+	// here whose buckets were seeded from their old homes (see handoff).
+	prev   *region.Topology
+	since  time.Time
+	seeded seededKeys
+	// prevHomes are the clients of prev's regions, for those this
+	// topology removed; holdPrev, when set, keeps prevState (prev's own
+	// state, its clients with it) in use until the longest handoff window
+	// has passed.
+	prevHomes map[string]Home
+	holdPrev  *time.Timer
+	prevState *topoState
+	homes     map[string]Home
+	regions   int
+	users     atomic.Int64
+	retired   atomic.Bool
+	onIdle    func()
+	idle      sync.Once
 }
 
 func newTopoState(topo *region.Topology, homes map[string]Home) *topoState {
@@ -384,6 +428,21 @@ func (e *Engine) useTopology() *topoState {
 			return ts
 		}
 		ts.release()
+	}
+}
+
+// prevRelease gives back the use of the state before ts that holdPrev
+// kept, once its timer was stopped.
+func (ts *topoState) prevRelease() { ts.prevState.release() }
+
+// StopHandoffs gives up the handoff windows still open: the previous
+// topology's clients are released (and closed by its retire callback) now,
+// not when the longest window has passed. Call it when the process stops.
+func (e *Engine) StopHandoffs() {
+	e.rulesMu.Lock()
+	defer e.rulesMu.Unlock()
+	if ts := e.topo.Load(); ts.holdPrev != nil && ts.holdPrev.Stop() {
+		ts.prevRelease()
 	}
 }
 

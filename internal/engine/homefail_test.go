@@ -19,6 +19,8 @@ import (
 type failingHome struct {
 	err   error
 	calls int
+	// handoffs counts the buckets asked for after a switch, apart.
+	handoffs int
 }
 
 func (h *failingHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, time.Time, error) {
@@ -26,6 +28,10 @@ func (h *failingHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decisi
 	return false, nil, time.Time{}, h.err
 }
 func (h *failingHome) Refund(context.Context, []HomeItem, time.Time) error { return nil }
+func (h *failingHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
+	h.handoffs++
+	return nil, h.err
+}
 func (h *failingHome) AcquireLease(context.Context, string) (HomeLease, error) {
 	h.calls++
 	return HomeLease{}, h.err

@@ -55,6 +55,9 @@ func (h *engineHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decisio
 	return false, nil, time.Time{}, errors.New("not used")
 }
 func (h *engineHome) Refund(context.Context, []HomeItem, time.Time) error { return nil }
+func (h *engineHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
+	return nil, errors.New("not used")
+}
 
 func (h *engineHome) AcquireLease(ctx context.Context, id string) (HomeLease, error) {
 	if err := h.call(callAcquire); err != nil {

@@ -232,6 +232,11 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	if len(local) == 0 {
 		return true, nil
 	}
+	// Keys a topology switch moved here take their old homes' buckets
+	// first.
+	if err := e.handoff(ctx, c, local); err != nil {
+		return e.giveBack(ctx, &sp, err)
+	}
 	allowed, err := e.fromStore(ctx, c, local, sent)
 	if err != nil {
 		return e.giveBack(ctx, &sp, err)

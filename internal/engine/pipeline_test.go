@@ -122,6 +122,13 @@ func (h *fakeHome) Refund(ctx context.Context, items []HomeItem, at time.Time) e
 	return h.e.Refund(ctx, items, at)
 }
 
+func (h *fakeHome) Handoff(ctx context.Context, items []HomeItem) ([]float64, error) {
+	if h.fail.Load() {
+		return nil, errors.New("home unreachable")
+	}
+	return h.e.Used(ctx, items)
+}
+
 const pipelineRules = `
 rules:
   - id: local

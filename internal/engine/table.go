@@ -124,6 +124,7 @@ type metrics struct {
 	overloaded      prometheus.Counter
 	refunds         *prometheus.CounterVec
 	stale           *prometheus.CounterVec
+	handoffs        *prometheus.CounterVec
 	duration        prometheus.Histogram
 	leases          *prometheus.CounterVec
 	untracked       prometheus.Counter
@@ -218,6 +219,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "The wait answered to allowed paced checks (the caller sends after it), by rule.",
 			Buckets: []float64{0, .001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"rule"}),
+		handoffs: newHandoffMetric(),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",
 			Help:    "Time to decide one check inside limiterd.",
@@ -225,7 +227,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.decisions, m.forwarded, m.forwardedLeases, m.admittedCost, m.denyHits, m.leased,
-		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.duration, m.leases, m.untracked,
+		m.ruleLimit, m.ruleRate, m.invalid, m.overloaded, m.refunds, m.stale, m.handoffs, m.duration, m.leases, m.untracked,
 		m.paced, m.pacedWait} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -236,6 +238,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	for _, r := range []string{"ok", "error"} {
 		m.refunds.WithLabelValues(r)
+	}
+	for _, r := range handoffResults {
+		m.handoffs.WithLabelValues(r)
 	}
 	return m, nil
 }

@@ -353,6 +353,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	// A removed region's connection, kept for the handoff window of the
+	// keys it homed, is closed at once on Stop.
+	d.onStop(e.StopHandoffs)
 	d.mu.Lock()
 	d.engine = e
 	d.mu.Unlock()

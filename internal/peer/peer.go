@@ -296,6 +296,31 @@ func (s *Service) Renew(ctx context.Context, req *limiterv1.PeerLeaseRequest) (*
 	return resp, nil
 }
 
+// Handoff answers a key's new home after a topology switch: what the
+// buckets of items (pinned rate rules' keys that were homed here) count.
+// Nothing is spent; the topology in force here is not consulted, since the
+// keys are, by then, homed elsewhere.
+func (s *Service) Handoff(ctx context.Context, req *limiterv1.PeerHandoffRequest) (*limiterv1.PeerHandoffResponse, error) {
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	if n := len(req.GetItems()); n == 0 || n > MaxItems {
+		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
+	}
+	items := make([]engine.HomeItem, len(req.GetItems()))
+	for i, pi := range req.GetItems() {
+		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
+			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
+		}
+		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey()}
+	}
+	used, err := s.e.Used(ctx, items)
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	return &limiterv1.PeerHandoffResponse{Used: used}, nil
+}
+
 // Client is another region's limiterd, as the engine's Home (and
 // LeaseHome).
 type Client struct {
@@ -361,6 +386,15 @@ func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []buc
 func (c *Client) Refund(ctx context.Context, its []engine.HomeItem, at time.Time) error {
 	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its), DecidedAtUs: at.UnixMicro()})
 	return homeError(err)
+}
+
+// Handoff asks a key's old home what the buckets of its items count.
+func (c *Client) Handoff(ctx context.Context, its []engine.HomeItem) ([]float64, error) {
+	resp, err := c.c.Handoff(c.outgoing(ctx), &limiterv1.PeerHandoffRequest{OriginRegion: c.origin, Items: items(its)})
+	if err != nil {
+		return nil, homeError(err)
+	}
+	return resp.GetUsed(), nil
 }
 
 // AcquireLease asks the home region to hold the leases of leaseID's parts

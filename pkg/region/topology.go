@@ -5,6 +5,7 @@
 //
 //	generation: 2                      # optional, default 0
 //	effective_at: 2026-05-01T12:00:00Z # optional, RFC 3339
+//	previous_regions: [us-east]        # optional, needs effective_at
 //	regions:
 //	  - name: us-east
 //	    limiter_address: 127.0.0.1:8081
@@ -13,7 +14,10 @@
 //
 // A file replaced at run time must raise generation to change the regions
 // or their addresses ([Topology.CheckNext]); effective_at is the instant
-// every process switches to it, each by its own clock.
+// every process switches to it, each by its own clock. previous_regions
+// names the regions of the generation it replaces, so that a process that
+// starts on it knows where the keys it moved were homed before
+// ([Topology.Previous]).
 //
 // Every process of a deployment loads the same set of regions, maybe listed in
 // a different order, and [Topology.Home] gives each of them the same home
@@ -100,6 +104,7 @@ func (r Region) validate() error {
 type Topology struct {
 	generation  uint64
 	effectiveAt time.Time
+	previous    []string       // previous_regions, as written
 	regions     []Region       // file order
 	byName      map[string]int // name -> index in regions
 	names       []string       // sorted
@@ -136,6 +141,26 @@ func (t *Topology) Generation() uint64 { return t.generation }
 // EffectiveAt is the instant the topology takes effect, as the file's
 // effective_at gives it; the zero time when it has none (at once).
 func (t *Topology) EffectiveAt() time.Time { return t.effectiveAt }
+
+// Previous is the topology of the generation this one replaced, as the
+// file's previous_regions names it, for Home only: its regions have the
+// addresses this topology gives them, none for a region it no longer has.
+// Nil when the file has no previous_regions.
+func (t *Topology) Previous() *Topology {
+	if len(t.previous) == 0 {
+		return nil
+	}
+	p := &Topology{byName: make(map[string]int, len(t.previous)), names: slices.Clone(t.previous)}
+	for i, n := range t.previous {
+		r, _ := t.Region(n)
+		r.Name = n
+		p.regions = append(p.regions, r)
+		p.byName[n] = i
+	}
+	slices.Sort(p.names)
+	p.seeds = seedsOf(p.names)
+	return p
+}
 
 // SameRegions reports whether t and o have the same regions with the same
 // addresses, in any order.
@@ -197,9 +222,10 @@ func (t *Topology) diff(next *Topology) string {
 type file struct {
 	// Generation and EffectiveAt are decoded by hand, so that their errors
 	// name them.
-	Generation  yaml.Node `yaml:"generation"`
-	EffectiveAt yaml.Node `yaml:"effective_at"`
-	Regions     []Region  `yaml:"regions"`
+	Generation      yaml.Node `yaml:"generation"`
+	EffectiveAt     yaml.Node `yaml:"effective_at"`
+	PreviousRegions []string  `yaml:"previous_regions"`
+	Regions         []Region  `yaml:"regions"`
 }
 
 // header decodes the generation and effective_at of f.
@@ -259,7 +285,31 @@ func Parse(name string, data []byte) (*Topology, error) {
 		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	t.generation, t.effectiveAt = gen, at
+	if err := t.setPrevious(f.PreviousRegions); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
 	return t, nil
+}
+
+// setPrevious checks and keeps a file's previous_regions: valid names,
+// each once, and an effective_at to count the handoff from.
+func (t *Topology) setPrevious(names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	if t.effectiveAt.IsZero() {
+		return fmt.Errorf("%w: previous_regions: needs effective_at, the instant the keys it moved changed home", ErrInvalid)
+	}
+	for i, n := range names {
+		if err := ValidateName(n); err != nil {
+			return fmt.Errorf("%w: previous_regions[%d]: %v", ErrInvalid, i, err)
+		}
+		if j := slices.Index(names[:i], n); j >= 0 {
+			return fmt.Errorf("%w: previous_regions[%d] (%q): already listed as previous_regions[%d]", ErrInvalid, i, n, j)
+		}
+	}
+	t.previous = slices.Clone(names)
+	return nil
 }
 
 // New builds a topology of generation 0 from regions, validated as [Parse]
@@ -284,9 +334,15 @@ func New(regions []Region) (*Topology, error) {
 		t.names = append(t.names, r.Name)
 	}
 	slices.Sort(t.names)
-	t.seeds = make([]uint64, len(t.names))
-	for i, n := range t.names {
-		t.seeds[i] = fnv1a(fnv1a(fnvOffset64, n), "\x00")
-	}
+	t.seeds = seedsOf(t.names)
 	return t, nil
+}
+
+// seedsOf are the hash states of names for Home.
+func seedsOf(names []string) []uint64 {
+	seeds := make([]uint64, len(names))
+	for i, n := range names {
+		seeds[i] = fnv1a(fnv1a(fnvOffset64, n), "\x00")
+	}
+	return seeds
 }

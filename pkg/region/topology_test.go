@@ -2,6 +2,7 @@ package region
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,6 +75,9 @@ func TestErrorsNameRegionAndField(t *testing.T) {
 		{"effective_at not a time", "bad-effective-at.bad.yml", `effective_at: "tomorrow" is not an RFC 3339 time`},
 		{"effective_at without a zone", "no-zone-effective-at.bad.yml", `effective_at: "2026-05-01 12:00" is not an RFC 3339 time`},
 		{"effective_at a list", "list-effective-at.bad.yml", `effective_at: not an RFC 3339 time`},
+		{"previous_regions without effective_at", "previous-no-effective-at.bad.yml", `previous_regions: needs effective_at`},
+		{"previous_regions twice", "previous-duplicate.bad.yml", `previous_regions[1] ("us-east"): already listed as previous_regions[0]`},
+		{"previous_regions bad name", "previous-bad-name.bad.yml", `previous_regions[0]: invalid region name: "US"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -331,5 +335,62 @@ func TestCheckNext(t *testing.T) {
 				t.Fatalf("CheckNext = %v, want it to wrap ErrInvalid and name generation and %q", err, tt.field)
 			}
 		})
+	}
+}
+
+// TestPrevious: previous_regions gives the homes keys had before the
+// generation, as a topology of those regions would: a region added takes
+// keys from the others only, a region removed gives its keys to them.
+func TestPrevious(t *testing.T) {
+	src := func(prev string, names ...string) string {
+		s := "generation: 2\neffective_at: 2026-05-01T12:00:00Z\n"
+		if prev != "" {
+			s += "previous_regions: " + prev + "\n"
+		}
+		s += "regions:\n"
+		for i, n := range names {
+			s += fmt.Sprintf("  - name: %s\n    limiter_address: 10.0.0.%d:8081\n", n, i+1)
+		}
+		return s
+	}
+	parse := func(s string) *Topology {
+		t.Helper()
+		tp, err := Parse("t.yml", []byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tp
+	}
+	if p := parse(src("", "a", "b")).Previous(); p != nil {
+		t.Fatalf("Previous without previous_regions = %v, want nil", p.Names())
+	}
+	added := parse(src("[a, b]", "a", "b", "c"))
+	removed := parse(src("[c, b, a]", "a", "b"))
+	ab, abc := parse(src("", "b", "a")), parse(src("", "a", "b", "c"))
+	moved := 0
+	for i := range 2000 {
+		k := fmt.Sprintf("key-%d", i)
+		if got, want := added.Previous().Home(k, nil), ab.Home(k, nil); got != want {
+			t.Fatalf("%s: previous home %s, want %s (as {a, b} homes it)", k, got, want)
+		}
+		if got, want := removed.Previous().Home(k, nil), abc.Home(k, nil); got != want {
+			t.Fatalf("%s: previous home %s, want %s (as {a, b, c} homes it)", k, got, want)
+		}
+		if added.Home(k, nil) != added.Previous().Home(k, nil) {
+			moved++
+			if added.Home(k, nil) != "c" {
+				t.Fatalf("%s moved to %s, not to the region added", k, added.Home(k, nil))
+			}
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no key moved")
+	}
+	p := removed.Previous()
+	if r, _ := p.Region("a"); r.LimiterAddress != "10.0.0.1:8081" {
+		t.Errorf("previous region a has address %q, want this topology's", r.LimiterAddress)
+	}
+	if r, ok := p.Region("c"); !ok || r.LimiterAddress != "" {
+		t.Errorf("previous region c (removed) = %+v, %v; want it with no address", r, ok)
 	}
 }

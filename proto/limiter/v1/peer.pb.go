@@ -643,6 +643,105 @@ func (x *PeerRenewResponse) GetLeaseTtlMs() int64 {
 	return 0
 }
 
+type PeerHandoffRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	OriginRegion string                 `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
+	// 1 to 64 items, each a pinned rate rule and a key; cost is not used.
+	Items         []*PeerItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerHandoffRequest) Reset() {
+	*x = PeerHandoffRequest{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerHandoffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerHandoffRequest) ProtoMessage() {}
+
+func (x *PeerHandoffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerHandoffRequest.ProtoReflect.Descriptor instead.
+func (*PeerHandoffRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *PeerHandoffRequest) GetOriginRegion() string {
+	if x != nil {
+		return x.OriginRegion
+	}
+	return ""
+}
+
+func (x *PeerHandoffRequest) GetItems() []*PeerItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type PeerHandoffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per item, in order: the tokens its bucket counts now (0: full, or
+	// no bucket).
+	Used          []float64 `protobuf:"fixed64,1,rep,packed,name=used,proto3" json:"used,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerHandoffResponse) Reset() {
+	*x = PeerHandoffResponse{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerHandoffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerHandoffResponse) ProtoMessage() {}
+
+func (x *PeerHandoffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerHandoffResponse.ProtoReflect.Descriptor instead.
+func (*PeerHandoffResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PeerHandoffResponse) GetUsed() []float64 {
+	if x != nil {
+		return x.Used
+	}
+	return nil
+}
+
 var File_limiter_v1_peer_proto protoreflect.FileDescriptor
 
 const file_limiter_v1_peer_proto_rawDesc = "" +
@@ -688,13 +787,19 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\arenewed\x18\x01 \x01(\bR\arenewed\x12\"\n" +
 	"\rexpires_at_us\x18\x02 \x01(\x03R\vexpiresAtUs\x12 \n" +
 	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
-	"leaseTtlMs2\xf4\x02\n" +
+	"leaseTtlMs\"e\n" +
+	"\x12PeerHandoffRequest\x12#\n" +
+	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
+	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\")\n" +
+	"\x13PeerHandoffResponse\x12\x12\n" +
+	"\x04used\x18\x01 \x03(\x01R\x04used2\xc0\x03\n" +
 	"\x04Peer\x12G\n" +
 	"\x06Decide\x12\x1d.limiter.v1.PeerDecideRequest\x1a\x1e.limiter.v1.PeerDecideResponse\x12G\n" +
 	"\x06Refund\x12\x1d.limiter.v1.PeerRefundRequest\x1a\x1e.limiter.v1.PeerRefundResponse\x12J\n" +
 	"\aAcquire\x12\x1e.limiter.v1.PeerAcquireRequest\x1a\x1f.limiter.v1.PeerAcquireResponse\x12H\n" +
 	"\aRelease\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1f.limiter.v1.PeerReleaseResponse\x12D\n" +
-	"\x05Renew\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1d.limiter.v1.PeerRenewResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\x05Renew\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1d.limiter.v1.PeerRenewResponse\x12J\n" +
+	"\aHandoff\x12\x1e.limiter.v1.PeerHandoffRequest\x1a\x1f.limiter.v1.PeerHandoffResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_peer_proto_rawDescOnce sync.Once
@@ -708,7 +813,7 @@ func file_limiter_v1_peer_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_peer_proto_rawDescData
 }
 
-var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_limiter_v1_peer_proto_goTypes = []any{
 	(*PeerItem)(nil),            // 0: limiter.v1.PeerItem
 	(*PeerDecideRequest)(nil),   // 1: limiter.v1.PeerDecideRequest
@@ -720,28 +825,33 @@ var file_limiter_v1_peer_proto_goTypes = []any{
 	(*PeerLeaseRequest)(nil),    // 7: limiter.v1.PeerLeaseRequest
 	(*PeerReleaseResponse)(nil), // 8: limiter.v1.PeerReleaseResponse
 	(*PeerRenewResponse)(nil),   // 9: limiter.v1.PeerRenewResponse
-	(*RuleStatus)(nil),          // 10: limiter.v1.RuleStatus
+	(*PeerHandoffRequest)(nil),  // 10: limiter.v1.PeerHandoffRequest
+	(*PeerHandoffResponse)(nil), // 11: limiter.v1.PeerHandoffResponse
+	(*RuleStatus)(nil),          // 12: limiter.v1.RuleStatus
 }
 var file_limiter_v1_peer_proto_depIdxs = []int32{
 	0,  // 0: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
-	10, // 1: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
+	12, // 1: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
 	0,  // 2: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
-	10, // 3: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	1,  // 4: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
-	3,  // 5: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
-	5,  // 6: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
-	7,  // 7: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
-	7,  // 8: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
-	2,  // 9: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
-	4,  // 10: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
-	6,  // 11: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
-	8,  // 12: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
-	9,  // 13: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	12, // 3: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	0,  // 4: limiter.v1.PeerHandoffRequest.items:type_name -> limiter.v1.PeerItem
+	1,  // 5: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
+	3,  // 6: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
+	5,  // 7: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
+	7,  // 8: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
+	7,  // 9: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
+	10, // 10: limiter.v1.Peer.Handoff:input_type -> limiter.v1.PeerHandoffRequest
+	2,  // 11: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
+	4,  // 12: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
+	6,  // 13: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
+	8,  // 14: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
+	9,  // 15: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
+	11, // 16: limiter.v1.Peer.Handoff:output_type -> limiter.v1.PeerHandoffResponse
+	11, // [11:17] is the sub-list for method output_type
+	5,  // [5:11] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_peer_proto_init() }
@@ -756,7 +866,7 @@ func file_limiter_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_peer_proto_rawDesc), len(file_limiter_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -24,6 +24,7 @@ const (
 	Peer_Acquire_FullMethodName = "/limiter.v1.Peer/Acquire"
 	Peer_Release_FullMethodName = "/limiter.v1.Peer/Release"
 	Peer_Renew_FullMethodName   = "/limiter.v1.Peer/Renew"
+	Peer_Handoff_FullMethodName = "/limiter.v1.Peer/Handoff"
 )
 
 // PeerClient is the client API for Peer service.
@@ -56,6 +57,12 @@ type PeerClient interface {
 	// rules' lease_ttl from now. renewed=false: one of them is gone, and the
 	// others held here are released.
 	Renew(ctx context.Context, in *PeerLeaseRequest, opts ...grpc.CallOption) (*PeerRenewResponse, error)
+	// Handoff answers a key's new home after a topology switch: what the
+	// buckets of pinned rate rules' keys that were homed here count now, in
+	// tokens, so that the new home starts each key from that instead of a
+	// full bucket. It spends and changes nothing; the keys need not be homed
+	// here under the topology in force.
+	Handoff(ctx context.Context, in *PeerHandoffRequest, opts ...grpc.CallOption) (*PeerHandoffResponse, error)
 }
 
 type peerClient struct {
@@ -116,6 +123,16 @@ func (c *peerClient) Renew(ctx context.Context, in *PeerLeaseRequest, opts ...gr
 	return out, nil
 }
 
+func (c *peerClient) Handoff(ctx context.Context, in *PeerHandoffRequest, opts ...grpc.CallOption) (*PeerHandoffResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerHandoffResponse)
+	err := c.cc.Invoke(ctx, Peer_Handoff_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -146,6 +163,12 @@ type PeerServer interface {
 	// rules' lease_ttl from now. renewed=false: one of them is gone, and the
 	// others held here are released.
 	Renew(context.Context, *PeerLeaseRequest) (*PeerRenewResponse, error)
+	// Handoff answers a key's new home after a topology switch: what the
+	// buckets of pinned rate rules' keys that were homed here count now, in
+	// tokens, so that the new home starts each key from that instead of a
+	// full bucket. It spends and changes nothing; the keys need not be homed
+	// here under the topology in force.
+	Handoff(context.Context, *PeerHandoffRequest) (*PeerHandoffResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -170,6 +193,9 @@ func (UnimplementedPeerServer) Release(context.Context, *PeerLeaseRequest) (*Pee
 }
 func (UnimplementedPeerServer) Renew(context.Context, *PeerLeaseRequest) (*PeerRenewResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
+}
+func (UnimplementedPeerServer) Handoff(context.Context, *PeerHandoffRequest) (*PeerHandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -282,6 +308,24 @@ func _Peer_Renew_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Handoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerHandoffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Handoff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Handoff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Handoff(ctx, req.(*PeerHandoffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -308,6 +352,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Renew",
 			Handler:    _Peer_Renew_Handler,
+		},
+		{
+			MethodName: "Handoff",
+			Handler:    _Peer_Handoff_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

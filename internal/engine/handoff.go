@@ -1,0 +1,273 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+// A pinned rule's key whose home region moves at a topology switch takes
+// its bucket with it: the first check of the key at its new home, within
+// the rule's handoff window after the switch (bucket.Limit.HandoffWindow:
+// past it the old bucket is full again), asks the old home what the bucket
+// counts (Home.Handoff) and seeds this region's bucket with that
+// (bucket.HandoffStore.Seed), once per generation for the region's whole
+// fleet, before it decides. Without it a moved key would start from a full
+// bucket: a switch could admit one more capacity per moved key.
+//
+// When the old home cannot answer, the rule's on_failure decides: a
+// fail-closed rule refuses the check (the next one asks again), a
+// fail-open one starts the key from a full bucket. Only the topology in
+// force before this process's last switch is looked at: a process started
+// on the new topology, or a key moved twice within the window, does not
+// hand off.
+
+// MaxHandoffKeys bounds the moved keys each process remembers as seeded
+// after a switch, so that their checks skip the store's Seeded; beyond it a
+// moved key's checks ask the store each time, within its window.
+const MaxHandoffKeys = 100_000
+
+// Handoff results (limiter_topology_handoffs_total).
+const (
+	handoffSeeded      = "seeded"
+	handoffAlready     = "already"
+	handoffUnreachable = "unreachable"
+	handoffStoreError  = "store_error"
+)
+
+// seededKeys are the moved keys this process knows are seeded, at most
+// MaxHandoffKeys.
+type seededKeys struct {
+	mu   sync.Mutex
+	keys map[bucketKey]struct{}
+}
+
+type bucketKey struct{ rule, key string }
+
+func (s *seededKeys) has(rule, key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.keys[bucketKey{rule, key}]
+	return ok
+}
+
+func (s *seededKeys) add(rule, key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.keys == nil {
+		s.keys = make(map[bucketKey]struct{})
+	}
+	if len(s.keys) < MaxHandoffKeys {
+		s.keys[bucketKey{rule, key}] = struct{}{}
+	}
+}
+
+// movedIn reports whether it, decided here, is a key that ts's switch
+// moved here from another home, within its window; from is that home.
+func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (from string, window time.Duration, ok bool) {
+	if ts.prev == nil || !it.e.pinned {
+		return "", 0, false
+	}
+	window = it.e.limit.HandoffWindow() - now.Sub(ts.since)
+	if now.Before(ts.since) || window <= 0 || ts.topo.Home(it.Key, it.Rule.HomeKeys) != e.region {
+		return "", 0, false
+	}
+	if from = ts.prev.Home(it.Key, it.Rule.HomeKeys); from == e.region {
+		return "", 0, false
+	}
+	return from, window, !ts.seeded.has(it.Rule.ID, it.Key)
+}
+
+// handoff seeds the buckets of the items that c's topology moved here and
+// that are not yet seeded, from their old homes, before the store decides
+// them. It fails only for a fail-closed rule whose old home did not answer.
+func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
+	ts := c.ts
+	if ts.prev == nil || e.handoffs == nil {
+		return nil
+	}
+	var moved []*Item
+	var seeds []bucket.Seed
+	var from []string
+	now := time.Now()
+	for _, it := range items {
+		home, window, ok := e.movedIn(ts, it, now)
+		if !ok {
+			continue
+		}
+		moved = append(moved, it)
+		from = append(from, home)
+		seeds = append(seeds, bucket.Seed{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.limit, Generation: ts.gen, TTL: window})
+	}
+	if len(moved) == 0 {
+		return nil
+	}
+	done, err := e.handoffs.Seeded(ctx, seeds)
+	if err != nil {
+		// The store fails: its check fails too, and on_failure decides.
+		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(moved)))
+		return nil
+	}
+	// The old homes' counts of the buckets not seeded yet, one call per home.
+	byHome := map[string][]int{}
+	var homes []string
+	for i := range moved {
+		if done[i] {
+			ts.seeded.add(seeds[i].Rule, seeds[i].Key)
+			e.m.handoffs.WithLabelValues(handoffAlready).Inc()
+			continue
+		}
+		if byHome[from[i]] == nil {
+			homes = append(homes, from[i])
+		}
+		byHome[from[i]] = append(byHome[from[i]], i)
+	}
+	var todo []bucket.Seed
+	for _, home := range homes {
+		idx := byHome[home]
+		used, err := e.askHandoff(ctx, ts, home, moved, idx)
+		if err != nil {
+			e.m.handoffs.WithLabelValues(handoffUnreachable).Add(float64(len(idx)))
+			for _, i := range idx {
+				if moved[i].e.closed {
+					moved[i].e.failed.Inc()
+					e.log.Warn("old home region did not hand off a moved key, fail-closed rule refused",
+						"rule", moved[i].Rule.ID, "home", home, "generation", ts.gen, "err", err)
+					return ErrUnavailable
+				}
+			}
+			e.log.Warn("old home region did not hand off moved keys: they start from a full bucket",
+				"home", home, "keys", len(idx), "generation", ts.gen, "err", err)
+			used = make([]float64, len(idx))
+		}
+		for j, i := range idx {
+			seeds[i].Used = used[j]
+			todo = append(todo, seeds[i])
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	ok, err := e.handoffs.Seed(ctx, todo)
+	if err != nil {
+		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(todo)))
+		return nil
+	}
+	for i, s := range todo {
+		ts.seeded.add(s.Rule, s.Key)
+		if ok[i] {
+			e.m.handoffs.WithLabelValues(handoffSeeded).Inc()
+		} else {
+			e.m.handoffs.WithLabelValues(handoffAlready).Inc()
+		}
+	}
+	return nil
+}
+
+// askHandoff asks home, a key's old home, what the buckets of moved[idx]
+// count, within the forward timeout. Its answers are checked: one per
+// item, each finite and not below 0.
+func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, moved []*Item, idx []int) ([]float64, error) {
+	h := ts.homes[home]
+	if h == nil {
+		h = ts.prevHomes[home] // a region the switch removed
+	}
+	if h == nil {
+		return nil, fmt.Errorf("no client for region %s (not in the topology in force, and this process did not switch from one that had it)", home)
+	}
+	req := make([]HomeItem, len(idx))
+	for j, i := range idx {
+		req[j] = HomeItem{Rule: moved[i].Rule.ID, Key: moved[i].Key}
+	}
+	hctx, cancel := context.WithTimeout(ctx, e.fwdTO)
+	defer cancel()
+	used, err := h.Handoff(hctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(used) != len(req) {
+		return nil, fmt.Errorf("old home answered %d counts for %d keys", len(used), len(req))
+	}
+	for j, u := range used {
+		if !(u >= 0) || u > maxHandoffUsed(moved[idx[j]].e.limit) {
+			return nil, fmt.Errorf("old home answered %v for rule %s, out of range", u, quote(req[j].Rule))
+		}
+	}
+	return used, nil
+}
+
+// longestHandoff is the longest handoff window of set's pinned rate rules.
+func longestHandoff(set *rules.Set) time.Duration {
+	var w time.Duration
+	for _, r := range set.Rules() {
+		if r.Pinned() && !r.Concurrent() {
+			w = max(w, r.Bucket().HandoffWindow())
+		}
+	}
+	return w
+}
+
+// removesRegion reports whether next lacks a region of cur.
+func removesRegion(cur, next *region.Topology) bool {
+	for _, n := range cur.Names() {
+		if !next.Has(n) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxHandoffUsed is the most a bucket of l can count: its capacity and its
+// debt bound (bucket.DebtHorizon), with room for a log's rounding.
+func maxHandoffUsed(l bucket.Limit) float64 {
+	most := 2*l.Capacity + 1
+	if l.RefillPerSecond > 0 {
+		most += l.RefillPerSecond * bucket.DebtHorizon.Seconds()
+	} else if l.Window > 0 {
+		most += l.Capacity * max(1, float64(bucket.DebtHorizon)/float64(l.Window))
+	}
+	return most
+}
+
+// Used answers a key's new home region (Home.Handoff): what the buckets of
+// items, pinned rules' keys that were homed here, count now. Items name a
+// rule and a key; their costs are ignored.
+func (e *Engine) Used(ctx context.Context, items []HomeItem) ([]float64, error) {
+	if e.handoffs == nil {
+		return nil, errors.New("this region's store cannot hand buckets off")
+	}
+	t := e.table.Load()
+	reqs := make([]bucket.Request, len(items))
+	for i, it := range items {
+		en := t.byID[it.Rule]
+		if en == nil {
+			return nil, errUnknownRule(it.Rule)
+		}
+		if !en.pinned || en.rule.Concurrent() {
+			return nil, invalid("rule_id", "rule_id: rule %s is not a pinned rate rule: it has no bucket to hand off", quote(it.Rule))
+		}
+		if err := bucket.ValidateKey(it.Key); err != nil {
+			return nil, invalid("key", "key: %w", err)
+		}
+		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit}
+	}
+	return e.handoffs.Used(ctx, reqs)
+}
+
+// handoffResults are the results limiter_topology_handoffs_total counts.
+var handoffResults = []string{handoffSeeded, handoffAlready, handoffUnreachable, handoffStoreError}
+
+func newHandoffMetric() *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "limiter_topology_handoffs_total",
+		Help: "Pinned rules' keys moved here by a topology switch, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed; the check's own store call decides).",
+	}, []string{"result"})
+}

@@ -1,0 +1,308 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+	"github.com/limiterd/limiterd/pkg/region"
+)
+
+const handoffRules = `rules:
+  - id: open
+    capacity: 10
+    refill_per_second: 0.001
+    home: pinned
+    on_failure: open
+  - id: closed
+    capacity: 10
+    refill_per_second: 0.001
+    home: pinned
+    on_failure: closed
+  - id: window
+    algorithm: fixed_window
+    limit: 10
+    window: 1h
+    home: pinned
+    on_failure: open
+`
+
+// handoffWorld is two regions, us and eu, each an engine on its own store:
+// us switches from a topology of both to one of us alone (eu removed), so
+// the keys homed in eu move to us. eu decides every key in its own store
+// (it has no topology), as the home it was.
+type handoffWorld struct {
+	t          *testing.T
+	set        *rules.Set
+	older      *region.Topology
+	newer      *region.Topology
+	us, eu     *Engine
+	usStore    *bucket.Memory
+	euHome     *fakeHome
+	usRegistry *prometheus.Registry
+	retired    atomic.Int64 // the older topology's retire callbacks run
+}
+
+func parseTopo(t *testing.T, src string) *region.Topology {
+	t.Helper()
+	tp, err := region.Parse("topology.yml", []byte(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tp
+}
+
+func topoSrc(gen int, head string, regions ...string) string {
+	src := fmt.Sprintf("generation: %d\n%sregions:\n", gen, head)
+	for i, r := range regions {
+		src += fmt.Sprintf("  - name: %s\n    limiter_address: 127.0.0.1:%d\n", r, i+1)
+	}
+	return src
+}
+
+func newHandoffWorld(t *testing.T) *handoffWorld {
+	t.Helper()
+	set, err := rules.Parse("rules.yml", []byte(handoffRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &handoffWorld{t: t, set: set, older: parseTopo(t, topoSrc(1, "", "us", "eu")), newer: parseTopo(t, topoSrc(2, "", "us")),
+		usStore: bucket.NewMemory(), usRegistry: prometheus.NewRegistry()}
+	w.eu, err = New(Options{Store: bucket.NewMemory(), Region: "eu", Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.euHome = &fakeHome{e: w.eu}
+	w.us = w.usEngine(w.usRegistry, w.older)
+	return w
+}
+
+// usEngine is an instance of us on us's store, started on topo.
+func (w *handoffWorld) usEngine(reg *prometheus.Registry, topo *region.Topology) *Engine {
+	w.t.Helper()
+	e, err := New(Options{Store: w.usStore, Region: "us", Topology: topo, Homes: map[string]Home{"eu": w.euHome},
+		Logger: quietLogger()}, w.set, reg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return e
+}
+
+// switchTo puts newer (us alone) in force in e.
+func (w *handoffWorld) switchTo(e *Engine) {
+	w.t.Helper()
+	if err := e.SetTopology(w.newer, map[string]Home{}, func() { w.retired.Add(1) }); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// movedKey is a key that the switch moves from eu to us.
+func (w *handoffWorld) movedKey(skip int) string {
+	for i := range 10_000 {
+		k := fmt.Sprintf("user:%d", i)
+		if w.older.Home(k, nil) == "eu" {
+			if skip == 0 {
+				return k
+			}
+			skip--
+		}
+	}
+	w.t.Fatal("no key moves from eu to us")
+	return ""
+}
+
+// spend takes cost of rule and key at e, which must allow it.
+func spend(t *testing.T, e *Engine, rule, key string, cost float64) {
+	t.Helper()
+	c := e.NewCheck()
+	if _, err := c.AddRule(rule, key, cost); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.Decide(context.Background(), c); !ok || err != nil {
+		t.Fatalf("spending %v of %s at %s: %v, %v", cost, key, e.region, ok, err)
+	}
+}
+
+// admit checks rule and key through e until it refuses (at most 20), and
+// returns how many it admitted.
+func admit(t *testing.T, e *Engine, rule, key string) (int, error) {
+	t.Helper()
+	for n := range 20 {
+		c := e.NewCheck()
+		if _, err := c.AddRule(rule, key, 1); err != nil {
+			t.Fatal(err)
+		}
+		ok, err := e.Decide(context.Background(), c)
+		if err != nil || !ok {
+			return n, err
+		}
+	}
+	return 20, nil
+}
+
+func (w *handoffWorld) handoffs(reg *prometheus.Registry, result string) float64 {
+	w.t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "limiter_topology_handoffs_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestHandoffAtSwitch: a key that a topology switch moves from eu (a
+// region removed) to us starts at us from what eu's bucket counted, not
+// from a full bucket, for a token bucket and a window; once for the
+// region's whole fleet (a second instance finds it seeded); and with eu
+// unreachable its rule's on_failure decides: a fail-open rule starts full,
+// a fail-closed one refuses until eu answers. A key the switch does not
+// move, and a moved key past its rule's handoff window, never ask eu. The
+// removed region's client is kept (the older topology not retired) until
+// StopHandoffs.
+func TestHandoffAtSwitch(t *testing.T) {
+	for _, rule := range []string{"open", "window"} {
+		t.Run(rule, func(t *testing.T) {
+			w := newHandoffWorld(t)
+			key := w.movedKey(0)
+			spend(t, w.eu, rule, key, 6) // of 10, at the key's home before the switch
+			w.switchTo(w.us)
+			if n, err := admit(t, w.us, rule, key); n != 4 || err != nil {
+				t.Fatalf("us admitted %d after the switch (%v); want the 4 eu had left", n, err)
+			}
+			if got := w.handoffs(w.usRegistry, handoffSeeded); got != 1 {
+				t.Errorf("handoffs seeded: %v, want 1", got)
+			}
+			// A second instance of us, on the same store, finds it seeded.
+			reg2 := prometheus.NewRegistry()
+			us2 := w.usEngine(reg2, w.older)
+			w.switchTo(us2)
+			if n, err := admit(t, us2, rule, key); n != 0 || err != nil {
+				t.Fatalf("a second instance admitted %d (%v); want 0", n, err)
+			}
+			if got := w.handoffs(reg2, handoffAlready); got != 1 {
+				t.Errorf("the second instance's handoffs already: %v, want 1", got)
+			}
+			if got := w.retired.Load(); got != 0 {
+				t.Fatalf("the older topology retired %d times within the handoff window, want 0", got)
+			}
+			w.us.StopHandoffs()
+			us2.StopHandoffs()
+			if got := w.retired.Load(); got != 2 {
+				t.Fatalf("the older topology retired %d times after StopHandoffs, want 2 (once per instance)", got)
+			}
+		})
+	}
+
+	t.Run("old home unreachable", func(t *testing.T) {
+		w := newHandoffWorld(t)
+		k1, k2 := w.movedKey(0), w.movedKey(1)
+		for _, rule := range []string{"open", "closed"} {
+			spend(t, w.eu, rule, k1, 10)
+			spend(t, w.eu, rule, k2, 10)
+		}
+		w.switchTo(w.us)
+		w.euHome.fail.Store(true)
+		// Fail-open: starts full.
+		if n, err := admit(t, w.us, "open", k1); n != 10 || err != nil {
+			t.Fatalf("fail-open with eu down: admitted %d (%v), want 10 (a full bucket)", n, err)
+		}
+		// Fail-closed: refused, and asked again on the next check.
+		for range 2 {
+			if n, err := admit(t, w.us, "closed", k1); n != 0 || !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("fail-closed with eu down: admitted %d (%v), want ErrUnavailable", n, err)
+			}
+		}
+		if got := w.handoffs(w.usRegistry, handoffUnreachable); got != 3 {
+			t.Errorf("handoffs unreachable: %v, want 3", got)
+		}
+		w.euHome.fail.Store(false)
+		if n, err := admit(t, w.us, "closed", k1); n != 0 || err != nil {
+			t.Fatalf("fail-closed with eu back: admitted %d (%v), want 0 (eu spent all 10)", n, err)
+		}
+		// Past the handoff window, a moved key starts full: eu's bucket
+		// would be full again by then.
+		w.us.topo.Load().since = time.Now().Add(-w.set.Get("closed").Bucket().HandoffWindow())
+		w.euHome.fail.Store(true) // never asked
+		if n, err := admit(t, w.us, "closed", k2); n != 10 || err != nil {
+			t.Fatalf("past the window: admitted %d (%v), want 10", n, err)
+		}
+		if got := w.handoffs(w.usRegistry, handoffUnreachable); got != 3 {
+			t.Errorf("handoffs unreachable: %v, want still 3 (eu not asked past the window)", got)
+		}
+	})
+
+	t.Run("key not moved", func(t *testing.T) {
+		w := newHandoffWorld(t)
+		key := ""
+		for i := range 10_000 {
+			if k := fmt.Sprintf("user:%d", i); w.older.Home(k, nil) == "us" {
+				key = k
+				break
+			}
+		}
+		w.switchTo(w.us)
+		w.euHome.fail.Store(true)
+		if n, err := admit(t, w.us, "closed", key); n != 10 || err != nil {
+			t.Fatalf("a key homed here before and after: admitted %d (%v), want 10", n, err)
+		}
+		for _, r := range handoffResults {
+			if got := testutil.ToFloat64(w.us.m.handoffs.WithLabelValues(r)); got != 0 {
+				t.Errorf("handoffs %s: %v, want 0", r, got)
+			}
+		}
+	})
+
+	// A process started on a topology that names the regions before it
+	// (a region added: us, eu's keys moving to it) hands off from its
+	// effective_at, not before.
+	t.Run("started on a topology naming its previous", func(t *testing.T) {
+		w := newHandoffWorld(t)
+		at := time.Now().Add(-time.Second)
+		src := func(at time.Time) string {
+			return topoSrc(2, "effective_at: "+at.UTC().Format(time.RFC3339Nano)+"\nprevious_regions: [eu]\n", "us", "eu")
+		}
+		added := parseTopo(t, src(at))
+		var key, early string
+		for i := range 10_000 {
+			if k := fmt.Sprintf("user:%d", i); added.Home(k, nil) == "us" {
+				if key == "" {
+					key = k
+				} else {
+					early = k
+					break
+				}
+			}
+		}
+		spend(t, w.eu, "open", key, 7)
+		spend(t, w.eu, "open", early, 7)
+		us := w.usEngine(prometheus.NewRegistry(), added)
+		if n, err := admit(t, us, "open", key); n != 3 || err != nil {
+			t.Fatalf("started on the new topology: admitted %d (%v), want the 3 eu had left", n, err)
+		}
+		// Before effective_at nothing is handed off (the old home still
+		// decides the key by then).
+		soon := w.usEngine(prometheus.NewRegistry(), parseTopo(t, src(time.Now().Add(time.Hour))))
+		if n, err := admit(t, soon, "open", early); n != 10 || err != nil {
+			t.Fatalf("before effective_at: admitted %d (%v), want 10", n, err)
+		}
+	})
+}
