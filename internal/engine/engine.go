@@ -327,7 +327,11 @@ func validateHomes(topo *region.Topology, set *rules.Set) error {
 // under which the rules in force are invalid is refused. A change of the
 // number of regions changes the share of the limit each region decides
 // with when a key's home does not answer; denials remembered are
-// forgotten, since keys moved home.
+// forgotten, since keys moved home. The keys it moves here take their
+// buckets from their old homes (see handoff): those of topo's
+// previous_regions when it names them, else those of the topology it
+// replaces; when that removes a region, retired waits for the longest
+// handoff window too (or StopHandoffs).
 func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retired func()) error {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
@@ -340,12 +344,21 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 	}
 	ts := newTopoState(topo, homes)
 	cur := e.topo.Load()
-	if cur.topo != nil && topo != nil {
-		// The keys this switch moves here take their buckets from the
-		// homes cur gave them, a region it removes included: cur, with
-		// its clients, stays in use for the longest handoff window.
-		ts.prev, ts.since, ts.prevHomes = cur.topo, time.Now(), cur.homes
-		if w := longestHandoff(set); w > 0 && removesRegion(cur.topo, topo) {
+	switch {
+	case topo == nil:
+	case topo.Previous() != nil:
+		// The file names the regions before it: every process hands off
+		// the same keys, within windows from the same instant.
+		ts.prev, ts.since = topo.Previous(), topo.EffectiveAt()
+	case cur.topo != nil:
+		ts.prev, ts.since = cur.topo, time.Now()
+	}
+	if ts.prev != nil {
+		// The keys this switch moves here take their buckets from their
+		// old homes, a region it removes included: cur, with its clients,
+		// stays in use for the longest handoff window.
+		ts.prevHomes = cur.homes
+		if w := longestHandoff(set); w > 0 && removesRegion(ts.prev, topo) && cur.topo != nil {
 			cur.users.Add(1)
 			ts.prevState = cur
 			ts.holdPrev = time.AfterFunc(w, cur.release)

@@ -63,8 +63,11 @@ func replaceFile(t *testing.T, path, content string) {
 type topoRegion struct {
 	name, addr, file string
 	d                *Daemon
-	redis            *redis.ClusterClient
-	client           limiterv1.LimiterClient
+	// start starts the region's limiterd again, on its address, Redis and
+	// file (the first is d).
+	start  func() *Daemon
+	redis  *redis.ClusterClient
+	client limiterv1.LimiterClient
 }
 
 type topoStack struct {
@@ -102,11 +105,14 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 		if err := os.WriteFile(r.file, []byte(first[n]), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		r.d = startDaemon(t, cluster.Addrs(), func(o *Options) {
-			o.Region, o.TopologyFile, o.TopologyPoll, o.PeerSecretFile, o.RulesFile = n, r.file, poll, secret, rulesFile
-			o.GRPCAddress = r.addr
-			o.ForwardTimeout = 2 * time.Second // the race detector on two cores
-		})
+		r.start = func() *Daemon {
+			return startDaemon(t, cluster.Addrs(), func(o *Options) {
+				o.Region, o.TopologyFile, o.TopologyPoll, o.PeerSecretFile, o.RulesFile = n, r.file, poll, secret, rulesFile
+				o.GRPCAddress = r.addr
+				o.ForwardTimeout = 2 * time.Second // the race detector on two cores
+			})
+		}
+		r.d = r.start()
 		r.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 		t.Cleanup(func() { r.redis.Close() })
 		r.client = limiterv1.NewLimiterClient(dial(t, r.d.GRPCAddr()))
