@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -305,4 +306,70 @@ func TestHandoffAtSwitch(t *testing.T) {
 			t.Fatalf("before effective_at: admitted %d (%v), want 10", n, err)
 		}
 	})
+}
+
+// TestHandoffKeysBound: a process remembers at most MaxHandoffKeys moved
+// keys as seeded; past that, a moved key is still handed off once, and its
+// later checks ask the store (Seeded) instead of the memory.
+func TestHandoffKeysBound(t *testing.T) {
+	w := newHandoffWorld(t)
+	key := w.movedKey(0)
+	spend(t, w.eu, "open", key, 6)
+	w.switchTo(w.us)
+	ts := w.us.topo.Load()
+	for i := range MaxHandoffKeys + 10 {
+		ts.seeded.add("open", fmt.Sprintf("filler:%d", i))
+	}
+	if n := len(ts.seeded.keys); n != MaxHandoffKeys {
+		t.Fatalf("%d keys remembered, want the bound %d", n, MaxHandoffKeys)
+	}
+	if n, err := admit(t, w.us, "open", key); n != 4 || err != nil {
+		t.Fatalf("a moved key past the bound: admitted %d (%v), want 4", n, err)
+	}
+	if ts.seeded.has("open", key) {
+		t.Fatal("a key past the bound remembered")
+	}
+	if got := w.handoffs(w.usRegistry, handoffSeeded); got != 1 {
+		t.Errorf("seeded %v, want 1", got)
+	}
+	// admit made 5 checks: the first seeded, the next 3 asked the store,
+	// the last (refused) the deny cache answered.
+	if got := w.handoffs(w.usRegistry, handoffAlready); got != 3 {
+		t.Errorf("found seeded in the store %v times, want 3", got)
+	}
+}
+
+// answerHome answers every Handoff with used.
+type answerHome struct {
+	fakeHome
+	used []float64
+}
+
+func (h *answerHome) Handoff(context.Context, []HomeItem) ([]float64, error) { return h.used, nil }
+
+// TestHandoffBadAnswers: an old home's answer that is not one finite count
+// per key, within what a bucket can hold, is not taken: the key is handed
+// off as from a home that did not answer.
+func TestHandoffBadAnswers(t *testing.T) {
+	for _, used := range [][]float64{nil, {1, 2}, {-1}, {math.NaN()}, {math.Inf(1)}, {1e12}} {
+		t.Run(fmt.Sprint(used), func(t *testing.T) {
+			w := newHandoffWorld(t)
+			bad := &answerHome{used: used}
+			us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]Home{"eu": bad},
+				Logger: quietLogger()}, w.set, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+				t.Fatal(err)
+			}
+			key := w.movedKey(0)
+			if n, err := admit(t, us, "closed", key); n != 0 || !errors.Is(err, ErrUnavailable) {
+				t.Fatalf("fail-closed: admitted %d (%v), want ErrUnavailable", n, err)
+			}
+			if n, err := admit(t, us, "open", key); n != 10 || err != nil {
+				t.Fatalf("fail-open: admitted %d (%v), want 10 (a full bucket)", n, err)
+			}
+		})
+	}
 }

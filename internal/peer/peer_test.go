@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -12,6 +14,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -130,5 +135,81 @@ func TestAuthorize(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestHandoffRequests: the Handoff a key's new home sends is authorized as
+// every Peer call, validated item by item (the error names the field), and
+// answered with what each bucket counts, spending nothing.
+func TestHandoffRequests(t *testing.T) {
+	set, err := rules.Parse("rules.yml", []byte(`rules:
+  - id: pin
+    capacity: 10
+    refill_per_second: 0.001
+    home: pinned
+  - id: free
+    capacity: 10
+    refill_per_second: 0.001
+  - id: conc
+    algorithm: concurrency
+    limit: 5
+    lease_ttl: 10s
+    home: pinned
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Options{Store: bucket.NewMemory(), Region: "us-east"}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := e.NewCheck()
+	if _, err := c.AddRule("pin", "alice", 3); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := e.Decide(context.Background(), c); !ok || err != nil {
+		t.Fatalf("spend: %v, %v", ok, err)
+	}
+	secret := []byte("0123456789abcdef")
+	s, err := NewService(e, "us-east", topologies{active: topology(t, "us-east", "eu-west")}, Auth{Secret: secret}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	authed := incoming(SecretHeader, string(secret))
+	item := func(rule, key string) *limiterv1.PeerItem { return &limiterv1.PeerItem{RuleId: rule, Key: key} }
+	many := make([]*limiterv1.PeerItem, MaxItems+1)
+	for i := range many {
+		many[i] = item("pin", fmt.Sprint("k", i))
+	}
+	for _, tc := range []struct {
+		name  string
+		ctx   context.Context
+		items []*limiterv1.PeerItem
+		code  codes.Code
+		msg   string
+	}{
+		{"unauthenticated", incoming(SecretHeader, "wrong-secret-000"), []*limiterv1.PeerItem{item("pin", "alice")}, codes.PermissionDenied, ""},
+		{"no items", authed, nil, codes.InvalidArgument, "items: 0 items"},
+		{"too many items", authed, many, codes.InvalidArgument, fmt.Sprintf("items: %d items", MaxItems+1)},
+		{"empty key", authed, []*limiterv1.PeerItem{item("pin", "alice"), item("pin", "")}, codes.InvalidArgument, "items[1].key"},
+		{"unknown rule", authed, []*limiterv1.PeerItem{item("nope", "alice")}, codes.NotFound, "nope"},
+		{"rule not pinned", authed, []*limiterv1.PeerItem{item("free", "alice")}, codes.InvalidArgument, "rule_id"},
+		{"concurrency rule", authed, []*limiterv1.PeerItem{item("conc", "alice")}, codes.InvalidArgument, "rule_id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := s.Handoff(tc.ctx, &limiterv1.PeerHandoffRequest{OriginRegion: "eu-west", Items: tc.items})
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+				t.Fatalf("Handoff = %v; want %v containing %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+	for range 2 { // answering spends nothing
+		resp, err := s.Handoff(authed, &limiterv1.PeerHandoffRequest{OriginRegion: "eu-west", Items: []*limiterv1.PeerItem{item("pin", "alice"), item("pin", "bob")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := resp.GetUsed(); len(got) != 2 || math.Abs(got[0]-3) > 1e-3 || got[1] != 0 {
+			t.Fatalf("used = %v, want [3 0]", got)
+		}
 	}
 }
