@@ -213,11 +213,13 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	}
 	e.handoffs, _ = opts.Store.(bucket.HandoffStore)
 	ts := newTopoState(opts.Topology, opts.Homes)
-	if opts.Topology != nil && opts.Topology.Previous() != nil {
-		// Started on a topology that names the one before it: the keys
-		// it moved here take their buckets from their old homes, within
-		// their windows from its effective_at.
-		ts.prev, ts.since = opts.Topology.Previous(), opts.Topology.EffectiveAt()
+	if opts.Topology != nil {
+		if prev := opts.Topology.Previous(); prev != nil {
+			// Started on a topology that names the one before it: the
+			// keys it moved here take their buckets from their old homes,
+			// within their windows from its effective_at.
+			ts.prev, ts.since = prev, opts.Topology.EffectiveAt()
+		}
 	}
 	e.topo.Store(ts)
 	for name := range opts.Homes {
@@ -344,14 +346,14 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 	}
 	ts := newTopoState(topo, homes)
 	cur := e.topo.Load()
-	switch {
-	case topo == nil:
-	case topo.Previous() != nil:
-		// The file names the regions before it: every process hands off
-		// the same keys, within windows from the same instant.
-		ts.prev, ts.since = topo.Previous(), topo.EffectiveAt()
-	case cur.topo != nil:
-		ts.prev, ts.since = cur.topo, time.Now()
+	if topo != nil {
+		if prev := topo.Previous(); prev != nil {
+			// The file names the regions before it: every process hands
+			// off the same keys, within windows from the same instant.
+			ts.prev, ts.since = prev, topo.EffectiveAt()
+		} else if cur.topo != nil {
+			ts.prev, ts.since = cur.topo, time.Now()
+		}
 	}
 	if ts.prev != nil {
 		// The keys this switch moves here take their buckets from their

@@ -173,7 +173,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 }
 
 // askHandoff asks home, a key's old home, what the buckets of moved[idx]
-// count, within the forward timeout. Its answers are checked: one per
+// count, within the forward timeout (whatever the caller's deadline). Its answers are checked: one per
 // item, each finite and not below 0.
 func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, moved []*Item, idx []int) ([]float64, error) {
 	h := ts.homes[home]
@@ -187,7 +187,9 @@ func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, mov
 	for j, i := range idx {
 		req[j] = HomeItem{Rule: moved[i].Rule.ID, Key: moved[i].Key}
 	}
-	hctx, cancel := context.WithTimeout(ctx, e.fwdTO)
+	// Not cut short by the caller giving up: a fail-open key would start
+	// from a full bucket for the whole fleet.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
 	defer cancel()
 	used, err := h.Handoff(hctx, req)
 	if err != nil {

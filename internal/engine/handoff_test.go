@@ -373,3 +373,42 @@ func TestHandoffBadAnswers(t *testing.T) {
 		})
 	}
 }
+
+// ctxHome is eu's engine as a home that gives up when its caller's context
+// is done, as a gRPC call does.
+type ctxHome struct{ fakeHome }
+
+func (h *ctxHome) Handoff(ctx context.Context, items []HomeItem) ([]float64, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return h.e.Used(ctx, items)
+}
+
+// TestHandoffOutlivesItsCaller: a caller that gives up (a cancelled
+// context) cannot make a fail-open moved key start from a full bucket: the
+// handoff runs to its own timeout.
+func TestHandoffOutlivesItsCaller(t *testing.T) {
+	w := newHandoffWorld(t)
+	key := w.movedKey(0)
+	spend(t, w.eu, "open", key, 6)
+	home := &ctxHome{fakeHome{e: w.eu}}
+	us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]Home{"eu": home},
+		Logger: quietLogger()}, w.set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c := us.NewCheck()
+	if _, err := c.AddRule("open", key, 1); err != nil {
+		t.Fatal(err)
+	}
+	us.Decide(ctx, c) // its answer does not matter: the caller is gone
+	if n, err := admit(t, us, "open", key); n > 4 || err != nil {
+		t.Fatalf("after a cancelled check: admitted %d (%v), want at most the 4 eu had left", n, err)
+	}
+}
