@@ -86,9 +86,19 @@ func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (from string, w
 	return from, window, !ts.seeded.has(it.Rule.ID, it.Key)
 }
 
+// storeFailure is this region's store failing to tell or to seed a moved
+// key: the check is decided as when the store fails it (storeFailed), and
+// the next check of the key tries the handoff again.
+type storeFailure struct{ err error }
+
+func (f storeFailure) Error() string { return "handoff: " + f.err.Error() }
+func (f storeFailure) Unwrap() error { return f.err }
+
 // handoff seeds the buckets of the items that c's topology moved here and
 // that are not yet seeded, from their old homes, before the store decides
-// them. It fails only for a fail-closed rule whose old home did not answer.
+// them. It fails for a fail-closed rule whose old home did not answer
+// (ErrUnavailable), and with a storeFailure when this region's store did
+// not answer.
 func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	ts := c.ts
 	if ts.prev == nil || e.handoffs == nil {
@@ -112,9 +122,8 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	}
 	done, err := e.handoffs.Seeded(ctx, seeds)
 	if err != nil {
-		// The store fails: its check fails too, and on_failure decides.
 		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(moved)))
-		return nil
+		return storeFailure{err}
 	}
 	// The old homes' counts of the buckets not seeded yet, one call per home.
 	byHome := map[string][]int{}
@@ -159,7 +168,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	ok, err := e.handoffs.Seed(ctx, todo)
 	if err != nil {
 		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(todo)))
-		return nil
+		return storeFailure{err}
 	}
 	for i, s := range todo {
 		ts.seeded.add(s.Rule, s.Key)
@@ -270,6 +279,6 @@ var handoffResults = []string{handoffSeeded, handoffAlready, handoffUnreachable,
 func newHandoffMetric() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "limiter_topology_handoffs_total",
-		Help: "Pinned rules' keys moved here by a topology switch, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed; the check's own store call decides).",
+		Help: "Pinned rules' keys moved here by a topology switch, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed: the check is decided as on a store failure, and the next one tries again).",
 	}, []string{"result"})
 }

@@ -412,3 +412,55 @@ func TestHandoffOutlivesItsCaller(t *testing.T) {
 		t.Fatalf("after a cancelled check: admitted %d (%v), want at most the 4 eu had left", n, err)
 	}
 }
+
+// seedFailStore is a Memory whose Seed fails while fail is set.
+type seedFailStore struct {
+	*bucket.Memory
+	fail atomic.Bool
+}
+
+func (s *seedFailStore) Seed(ctx context.Context, seeds []bucket.Seed) ([]bool, error) {
+	if s.fail.Load() {
+		return nil, errors.New("store down")
+	}
+	return s.Memory.Seed(ctx, seeds)
+}
+
+// TestHandoffStoreFails: this region's store failing to seed a moved key
+// decides the check as a store failure does (fail-closed refused,
+// fail-open from this instance's fallback share), leaves the key unseeded,
+// and the next check once the store is back takes the old home's count.
+func TestHandoffStoreFails(t *testing.T) {
+	w := newHandoffWorld(t)
+	key := w.movedKey(0)
+	spend(t, w.eu, "open", key, 6)
+	spend(t, w.eu, "closed", key, 6)
+	store := &seedFailStore{Memory: bucket.NewMemory()}
+	reg := prometheus.NewRegistry()
+	us, err := New(Options{Store: store, Region: "us", Topology: w.older, Homes: map[string]Home{"eu": w.euHome},
+		Logger: quietLogger()}, w.set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	store.fail.Store(true)
+	if n, err := admit(t, us, "closed", key); n != 0 || !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("fail-closed, the store failing the seed: admitted %d (%v), want ErrUnavailable", n, err)
+	}
+	c := us.NewCheck()
+	it, _ := c.AddRule("open", key, 1)
+	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.route != routeFallback {
+		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.route)
+	}
+	if got := w.handoffs(reg, handoffStoreError); got != 2 {
+		t.Errorf("handoffs store_error %v, want 2", got)
+	}
+	store.fail.Store(false)
+	for _, rule := range []string{"open", "closed"} {
+		if n, err := admit(t, us, rule, key); n != 4 || err != nil {
+			t.Fatalf("%s, the store back: admitted %d (%v), want the 4 eu had left", rule, n, err)
+		}
+	}
+}

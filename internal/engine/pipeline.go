@@ -234,10 +234,14 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	}
 	// Keys a topology switch moved here take their old homes' buckets
 	// first.
-	if err := e.handoff(ctx, c, local); err != nil {
-		return e.giveBack(ctx, &sp, err)
+	var allowed bool
+	var err error
+	if err = e.handoff(ctx, c, local); err == nil {
+		allowed, err = e.fromStore(ctx, c, local, sent)
+	} else if sf, ok := errors.AsType[storeFailure](err); ok {
+		// The store failed seeding a moved key: as if it failed the check.
+		allowed, err = e.storeFailed(ctx, c, local, storeRequests(c, local), sf.err)
 	}
-	allowed, err := e.fromStore(ctx, c, local, sent)
 	if err != nil {
 		return e.giveBack(ctx, &sp, err)
 	}
@@ -358,14 +362,7 @@ func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error
 // fromStore decides items in one store call; when the store fails, the
 // rules' on_failure decides.
 func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent int64) (bool, error) {
-	reqs := make([]bucket.Request, len(items))
-	for i, it := range items {
-		cost := it.Cost
-		if it.batch > 0 {
-			cost = it.batch
-		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.limit, Cost: cost, MaxWait: c.maxWait}
-	}
+	reqs := storeRequests(c, items)
 	ds, err := e.takeAll(ctx, reqs)
 	if err == nil && !allAllowed(ds) {
 		// A lease batch larger than what is left: ask again with the
@@ -480,6 +477,20 @@ func allAllowed(ds []bucket.Decision) bool {
 // memory too, not allowed at once: the store may have reserved a later
 // slot, and sending now could go above the rate. It may count twice, which
 // only slows it. The fallback paces with its share, within the same wait.
+// storeRequests are the store's requests of c's items: each its cost, or
+// the lease batch it takes.
+func storeRequests(c *Check, items []*Item) []bucket.Request {
+	reqs := make([]bucket.Request, len(items))
+	for i, it := range items {
+		cost := it.Cost
+		if it.batch > 0 {
+			cost = it.batch
+		}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.limit, Cost: cost, MaxWait: c.maxWait}
+	}
+	return reqs
+}
+
 func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs []bucket.Request, err error) (bool, error) {
 	if ctx.Err() != nil {
 		for _, it := range items {
