@@ -149,25 +149,9 @@ func admit(t *testing.T, e *Engine, rule, key string) (int, error) {
 	return 20, nil
 }
 
-func (w *handoffWorld) handoffs(reg *prometheus.Registry, result string) float64 {
-	w.t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "limiter_topology_handoffs_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+// handoffCount is e's count of handoffs of result.
+func handoffCount(e *Engine, result string) float64 {
+	return testutil.ToFloat64(e.m.handoffs.WithLabelValues(result))
 }
 
 // TestHandoffAtSwitch: a key that a topology switch moves from eu (a
@@ -189,7 +173,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 			if n, err := admit(t, w.us, rule, key); n != 4 || err != nil {
 				t.Fatalf("us admitted %d after the switch (%v); want the 4 eu had left", n, err)
 			}
-			if got := w.handoffs(w.usRegistry, handoffSeeded); got != 1 {
+			if got := handoffCount(w.us, handoffSeeded); got != 1 {
 				t.Errorf("handoffs seeded: %v, want 1", got)
 			}
 			// A second instance of us, on the same store, finds it seeded.
@@ -199,7 +183,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 			if n, err := admit(t, us2, rule, key); n != 0 || err != nil {
 				t.Fatalf("a second instance admitted %d (%v); want 0", n, err)
 			}
-			if got := w.handoffs(reg2, handoffAlready); got != 1 {
+			if got := handoffCount(us2, handoffAlready); got != 1 {
 				t.Errorf("the second instance's handoffs already: %v, want 1", got)
 			}
 			if got := w.retired.Load(); got != 0 {
@@ -232,7 +216,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 				t.Fatalf("fail-closed with eu down: admitted %d (%v), want ErrUnavailable", n, err)
 			}
 		}
-		if got := w.handoffs(w.usRegistry, handoffUnreachable); got != 3 {
+		if got := handoffCount(w.us, handoffUnreachable); got != 3 {
 			t.Errorf("handoffs unreachable: %v, want 3", got)
 		}
 		w.euHome.fail.Store(false)
@@ -246,7 +230,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 		if n, err := admit(t, w.us, "closed", k2); n != 10 || err != nil {
 			t.Fatalf("past the window: admitted %d (%v), want 10", n, err)
 		}
-		if got := w.handoffs(w.usRegistry, handoffUnreachable); got != 3 {
+		if got := handoffCount(w.us, handoffUnreachable); got != 3 {
 			t.Errorf("handoffs unreachable: %v, want still 3 (eu not asked past the window)", got)
 		}
 	})
@@ -329,12 +313,12 @@ func TestHandoffKeysBound(t *testing.T) {
 	if ts.seeded.has("open", key) {
 		t.Fatal("a key past the bound remembered")
 	}
-	if got := w.handoffs(w.usRegistry, handoffSeeded); got != 1 {
+	if got := handoffCount(w.us, handoffSeeded); got != 1 {
 		t.Errorf("seeded %v, want 1", got)
 	}
 	// admit made 5 checks: the first seeded, the next 3 asked the store,
 	// the last (refused) the deny cache answered.
-	if got := w.handoffs(w.usRegistry, handoffAlready); got != 3 {
+	if got := handoffCount(w.us, handoffAlready); got != 3 {
 		t.Errorf("found seeded in the store %v times, want 3", got)
 	}
 }
@@ -454,7 +438,7 @@ func TestHandoffStoreFails(t *testing.T) {
 	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.route != routeFallback {
 		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.route)
 	}
-	if got := w.handoffs(reg, handoffStoreError); got != 2 {
+	if got := handoffCount(us, handoffStoreError); got != 2 {
 		t.Errorf("handoffs store_error %v, want 2", got)
 	}
 	store.fail.Store(false)

@@ -215,20 +215,31 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 	return resp, nil
 }
 
-// Refund gives back what an allowed Decide spent.
-func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) (*limiterv1.PeerRefundResponse, error) {
-	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+// homeItems authorizes origin and reads the items of a Refund or a
+// Handoff: 1 to MaxItems, each with a valid key (the engine checks the
+// rules and costs).
+func (s *Service) homeItems(ctx context.Context, origin string, pis []*limiterv1.PeerItem) ([]engine.HomeItem, error) {
+	if _, err := s.authorize(ctx, origin); err != nil {
 		return nil, err
 	}
-	if n := len(req.GetItems()); n == 0 || n > MaxItems {
+	if n := len(pis); n == 0 || n > MaxItems {
 		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
 	}
-	items := make([]engine.HomeItem, len(req.GetItems()))
-	for i, pi := range req.GetItems() {
+	items := make([]engine.HomeItem, len(pis))
+	for i, pi := range pis {
 		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
 		}
 		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost()}
+	}
+	return items, nil
+}
+
+// Refund gives back what an allowed Decide spent.
+func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) (*limiterv1.PeerRefundResponse, error) {
+	items, err := s.homeItems(ctx, req.GetOriginRegion(), req.GetItems())
+	if err != nil {
+		return nil, err
 	}
 	if err := s.e.Refund(ctx, items, time.UnixMicro(req.GetDecidedAtUs())); err != nil {
 		return nil, checkapi.Status(err)
@@ -301,18 +312,9 @@ func (s *Service) Renew(ctx context.Context, req *limiterv1.PeerLeaseRequest) (*
 // Nothing is spent; the topology in force here is not consulted, since the
 // keys are, by then, homed elsewhere.
 func (s *Service) Handoff(ctx context.Context, req *limiterv1.PeerHandoffRequest) (*limiterv1.PeerHandoffResponse, error) {
-	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+	items, err := s.homeItems(ctx, req.GetOriginRegion(), req.GetItems())
+	if err != nil {
 		return nil, err
-	}
-	if n := len(req.GetItems()); n == 0 || n > MaxItems {
-		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
-	}
-	items := make([]engine.HomeItem, len(req.GetItems()))
-	for i, pi := range req.GetItems() {
-		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
-			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
-		}
-		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey()}
 	}
 	used, err := s.e.Used(ctx, items)
 	if err != nil {
