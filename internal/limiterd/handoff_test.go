@@ -183,10 +183,12 @@ func TestTopologyHandoff(t *testing.T) {
 			}
 		}
 	}
+	// Keys of the run: which of them move differs from run to run.
+	tag := intN(1_000_000)
 	keysOf := func(prefix string) []string {
 		var keys []string
 		for i := range 30 {
-			keys = append(keys, fmt.Sprintf("%s-%d", prefix, i))
+			keys = append(keys, fmt.Sprintf("%s-%d-%d", prefix, tag, i))
 		}
 		return keys
 	}
