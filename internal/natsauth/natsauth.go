@@ -70,6 +70,8 @@ type Identity struct {
 	// PublicKey is the user's nkey (U...), Seed its private seed (SU...).
 	PublicKey string
 	Seed      []byte
+	// Kept: Write found the seed in its directory and kept it.
+	Kept bool
 	Permissions
 }
 
@@ -195,6 +197,12 @@ func consumer(stream, name, filter string) []string {
 // Generate makes fresh nkey users for regions: a limiterd and a reconciler
 // identity per region, then the admin writer.
 func Generate(regions []string) ([]Identity, error) {
+	return generate(regions, func(string) ([]byte, error) { return nil, nil })
+}
+
+// generate is Generate with the seed of each identity that seedOf gives
+// (nil: a fresh one).
+func generate(regions []string, seedOf func(name string) ([]byte, error)) ([]Identity, error) {
 	if len(regions) == 0 {
 		return nil, errors.New("regions: at least one")
 	}
@@ -208,7 +216,17 @@ func Generate(regions []string) ([]Identity, error) {
 	}
 	var ids []Identity
 	add := func(name string, role Role, r string) error {
-		kp, err := nkeys.CreateUser()
+		seed, err := seedOf(name)
+		if err != nil {
+			return err
+		}
+		kept := seed != nil
+		var kp nkeys.KeyPair
+		if kept {
+			kp, err = nkeys.FromSeed(seed)
+		} else {
+			kp, err = nkeys.CreateUser()
+		}
 		if err != nil {
 			return err
 		}
@@ -216,11 +234,10 @@ func Generate(regions []string) ([]Identity, error) {
 		if err != nil {
 			return err
 		}
-		seed, err := kp.Seed()
-		if err != nil {
+		if seed, err = kp.Seed(); err != nil {
 			return err
 		}
-		ids = append(ids, Identity{Name: name, Role: role, Region: r, PublicKey: pub, Seed: seed,
+		ids = append(ids, Identity{Name: name, Role: role, Region: r, PublicKey: pub, Seed: seed, Kept: kept,
 			Permissions: PermissionsFor(role, r, regions)})
 		return nil
 	}
@@ -270,11 +287,34 @@ func list(subjects []string) string {
 // SeedFile is the path Write gives the seed of the identity named name.
 func SeedFile(dir, name string) string { return filepath.Join(dir, name+".nk") }
 
-// Write generates the identities of regions and writes, into dir (made
-// with mode 0700 if missing), the authorization block (ConfigFile) and
-// each identity's seed (<name>.nk, mode 0600).
-func Write(dir string, regions []string) ([]Identity, error) {
-	ids, err := Generate(regions)
+// WriteOption changes what Write does.
+type WriteOption func(*writeOptions)
+
+type writeOptions struct{ rotate bool }
+
+// Rotate makes Write give every identity a fresh seed, also those whose
+// seed it finds.
+func Rotate() WriteOption { return func(o *writeOptions) { o.rotate = true } }
+
+// Write writes the identities of regions into dir (made with mode 0700 if
+// missing): the authorization block (ConfigFile) and each identity's seed
+// (<name>.nk, mode 0600). An identity whose seed file is in dir already
+// keeps that seed (Kept), unless Rotate: adding a region gives new seeds
+// to its identities only, and every other daemon keeps the seed it runs
+// with (the permissions in ConfigFile change for all). A seed file that is
+// not one nkey user seed is an error naming it; seed files of identities
+// regions no longer has are left alone.
+func Write(dir string, regions []string, opts ...WriteOption) ([]Identity, error) {
+	var o writeOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	ids, err := generate(regions, func(name string) ([]byte, error) {
+		if o.rotate {
+			return nil, nil
+		}
+		return readSeed(SeedFile(dir, name))
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -290,6 +330,26 @@ func Write(dir string, regions []string) ([]Identity, error) {
 		return nil, err
 	}
 	return ids, nil
+}
+
+// readSeed reads the user seed in path: nil when there is no file.
+func readSeed(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	seed := []byte(strings.TrimSpace(string(data)))
+	kp, err := nkeys.FromSeed(seed)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not an nkey seed: %w (remove it, or use --rotate)", path, err)
+	}
+	if pub, _ := kp.PublicKey(); !strings.HasPrefix(pub, "U") {
+		return nil, fmt.Errorf("%s: the seed of a key starting %s, not a user's (U...): remove it, or use --rotate", path, pub[:1])
+	}
+	return seed, nil
 }
 
 // writeFile writes data to path with mode perm, also when path exists

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
 	"github.com/limiterd/limiterd/internal/natsauth"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
@@ -124,6 +125,83 @@ func TestReconcilerLooksUpOtherSpendsStreams(t *testing.T) {
 					t.Errorf("reconciler of us-east may publish %s", s)
 				}
 			}
+		}
+	}
+}
+
+// TestWriteKeepsSeeds: writing the identities of one more region into the
+// same directory keeps the seeds found there (the daemons running with
+// them log in to a server reloaded with the new block) and makes seeds for
+// the new region's identities only; Rotate makes new ones for all; a seed
+// file that is not a user's seed is an error naming it.
+func TestWriteKeepsSeeds(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "auth")
+	before, err := natsauth.Write(dir, []string{"us-east", "eu-west"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := map[string]string{}
+	for _, id := range before {
+		if id.Kept {
+			t.Errorf("%s kept in an empty directory", id.Name)
+		}
+		keys[id.Name] = id.PublicKey
+	}
+	after, err := natsauth.Write(dir, []string{"us-east", "eu-west", "ap-south"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != 7 {
+		t.Fatalf("%d identities, want 7", len(after))
+	}
+	for _, id := range after {
+		old, had := keys[id.Name]
+		if id.Kept != had || (had && id.PublicKey != old) {
+			t.Errorf("%s: kept %v, key %s (before: %q)", id.Name, id.Kept, id.PublicKey, old)
+		}
+	}
+	// The block written now admits the seeds written before.
+	conf, err := os.ReadFile(filepath.Join(dir, natsauth.ConfigFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := natstest.NewServer(t, natstest.Config(string(conf)))
+	for _, name := range []string{"limiterd-us-east", "reconciler-ap-south", "admin"} {
+		opt, err := nats.NkeyOptionFromSeed(natsauth.SeedFile(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(srv.URL(), opt)
+		if err != nil {
+			t.Errorf("%s: %v", name, err)
+			continue
+		}
+		nc.Close()
+	}
+	rotated, err := natsauth.Write(dir, []string{"us-east", "eu-west", "ap-south"}, natsauth.Rotate())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range rotated {
+		if id.Kept || id.PublicKey == after[i].PublicKey {
+			t.Errorf("%s: not rotated", id.Name)
+		}
+	}
+	// A file that is not a user's seed: not a seed, an account's seed.
+	account, err := nkeys.CreateAccount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	accountSeed, _ := account.Seed()
+	bad := natsauth.SeedFile(dir, "limiterd-eu-west")
+	for _, content := range []string{"not a seed\n", string(accountSeed) + "\n"} {
+		if err := os.WriteFile(bad, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := natsauth.Write(dir, []string{"us-east", "eu-west"})
+		t.Logf("%v", err)
+		if err == nil || !strings.Contains(err.Error(), bad) {
+			t.Errorf("a bad seed file %q: %v, want an error naming %s", strings.TrimSpace(content), err, bad)
 		}
 	}
 }

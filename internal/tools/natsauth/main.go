@@ -5,6 +5,11 @@
 // --nats.nkey-seed-file and --admin.nats-nkey-seed-file. scripts/stack.sh
 // runs it for `make up`.
 //
+// A seed already in the directory is kept (so adding a region gives new
+// seeds to its identities only); --rotate makes new ones for every
+// identity. Each line it prints names an identity, its seed file, and
+// whether the seed is new or kept.
+//
 //	go run ./internal/tools/natsauth --regions us-east,eu-west --dir .stack/nats/auth
 package main
 
@@ -24,17 +29,18 @@ func run(args []string) int {
 	fs := flag.NewFlagSet("natsauth", flag.ContinueOnError)
 	regions := fs.String("regions", "", "comma-separated region names (required)")
 	dir := fs.String("dir", "", "directory to write auth.conf and the seed files into (required)")
+	rotate := fs.Bool("rotate", false, "make new seeds for every identity, also those whose seed file is in --dir")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if err := write(*regions, *dir); err != nil {
+	if err := write(*regions, *dir, *rotate); err != nil {
 		fmt.Fprintln(os.Stderr, "natsauth:", err)
 		return 1
 	}
 	return 0
 }
 
-func write(regions, dir string) error {
+func write(regions, dir string, rotate bool) error {
 	var errs []error
 	if regions == "" {
 		errs = append(errs, errors.New("--regions: required"))
@@ -45,12 +51,20 @@ func write(regions, dir string) error {
 	if len(errs) > 0 {
 		return errors.Join(errs...)
 	}
-	ids, err := natsauth.Write(dir, strings.Split(regions, ","))
+	var opts []natsauth.WriteOption
+	if rotate {
+		opts = append(opts, natsauth.Rotate())
+	}
+	ids, err := natsauth.Write(dir, strings.Split(regions, ","), opts...)
 	if err != nil {
 		return fmt.Errorf("--regions %s --dir %s: %w", regions, dir, err)
 	}
 	for _, id := range ids {
-		fmt.Printf("%s %s\n", id.Name, natsauth.SeedFile(dir, id.Name))
+		state := "new"
+		if id.Kept {
+			state = "kept"
+		}
+		fmt.Printf("%s %s %s\n", id.Name, natsauth.SeedFile(dir, id.Name), state)
 	}
 	return nil
 }
