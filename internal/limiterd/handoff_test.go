@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -110,13 +111,15 @@ func forKeys(t *testing.T, keys []string, f func(key string) error) {
 // keeps what it spent. Region c is added (c started on the new generation,
 // which names the regions before it), then removed again (a and b switch
 // at run time; c is stopped right after the switch and started again
-// later). Keys spend random amounts before each switch through random
-// regions; after it they are checked until refused. Over the whole run no
+// later), and c's Redis is paused right after c's switch. Keys spend random
+// amounts before each switch through random regions; after it they are
+// checked until refused. Over the whole run no
 // key of a rule of capacity 20 that hardly refills is admitted more than
 // 20, and every key is admitted exactly 20: the new home took the old
 // home's count, neither a full bucket (up to 40) nor less. With the old
-// home down, a fail-closed rule's moved keys are refused, never admitted
-// from a full bucket, and are handed off once it is back.
+// home down, or the new home's Redis paused, a fail-closed rule's moved
+// keys are refused, never admitted from a full or unseeded bucket, and are
+// handed off once it is back.
 func TestTopologyHandoff(t *testing.T) {
 	const poll = 200 * time.Millisecond
 	far := time.Now().Add(time.Hour)
@@ -212,6 +215,30 @@ func TestTopologyHandoff(t *testing.T) {
 	}
 	for _, n := range []string{"a", "b", "c"} {
 		waitGauge(t, s.regions[n].d, "limiter_topology_generation", map[string]string{"state": "active"}, 3, time.Until(at)+3*time.Second)
+	}
+	// c's Redis paused (CLIENT PAUSE WRITE, longer than limiterd's store
+	// timeout): the fail-closed rule's moved keys are refused, not decided
+	// from an unseeded bucket, and handed off once it runs again.
+	var movedTo []string
+	for _, k := range keys1 {
+		if mustParse(t, gen3).Home(k, nil) == "c" {
+			movedTo = append(movedTo, k)
+		}
+	}
+	var unpause []func()
+	for _, addr := range s.regions["c"].redisAddrs {
+		unpause = append(unpause, redistest.Pause(t, addr))
+	}
+	forKeys(t, movedTo, func(k string) error {
+		v := []string{"a", "b", "c"}[intN(3)]
+		ok, err := s.check(adm, v, "hard", k, 1)
+		if ok || status.Code(err) != codes.Unavailable {
+			return fmt.Errorf("hard through %s, c's Redis paused: %v, %v; want UNAVAILABLE (fail-closed)", v, ok, err)
+		}
+		return nil
+	})
+	for _, f := range unpause {
+		f()
 	}
 	forKeys(t, keys1, func(k string) error {
 		for _, rule := range ruleIDs {

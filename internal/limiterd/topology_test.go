@@ -65,9 +65,10 @@ type topoRegion struct {
 	d                *Daemon
 	// start starts the region's limiterd again, on its address, Redis and
 	// file (the first is d).
-	start  func() *Daemon
-	redis  *redis.ClusterClient
-	client limiterv1.LimiterClient
+	start      func() *Daemon
+	redisAddrs []string // the cluster's primaries
+	redis      *redis.ClusterClient
+	client     limiterv1.LimiterClient
 }
 
 type topoStack struct {
@@ -113,6 +114,7 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 			})
 		}
 		r.d = r.start()
+		r.redisAddrs = cluster.Addrs()
 		r.redis = redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
 		t.Cleanup(func() { r.redis.Close() })
 		r.client = limiterv1.NewLimiterClient(dial(t, r.d.GRPCAddr()))
