@@ -238,7 +238,7 @@ func New(opts Options) (*Reconciler, error) {
 	r.sources = otherRegions(topo.Active(), opts.Region)
 	r.registry = reg
 	r.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if r.m, err = newMetrics(r.registry, opts.Region, r.sources); err != nil {
+	if r.m, err = newMetrics(r.registry, r.sources); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -919,7 +919,7 @@ type metrics struct {
 	sourceResets *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, self string, sources []string) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 	am, err := apply.NewMetrics(reg)
 	if err != nil {
 		return nil, err
