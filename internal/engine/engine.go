@@ -360,10 +360,15 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 		// old homes, a region it removes included: cur, with its clients,
 		// stays in use for the longest handoff window.
 		ts.prevHomes = cur.homes
-		if w := longestHandoff(set); w > 0 && removesRegion(ts.prev, topo) && cur.topo != nil {
+		w, rule := longestHandoff(set)
+		if w > 0 && removesRegion(ts.prev, topo) && cur.topo != nil {
 			cur.users.Add(1)
 			ts.prevState = cur
 			ts.holdPrev = time.AfterFunc(w, cur.release)
+		}
+		if w > 0 {
+			e.log.Info("keys this topology moves here take their old homes' buckets until the longest handoff window has passed",
+				"generation", topo.Generation(), "previous_regions", ts.prev.Names(), "until", ts.since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
 		}
 	}
 	old := e.topo.Swap(ts)

@@ -215,15 +215,19 @@ func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, mov
 	return used, nil
 }
 
-// longestHandoff is the longest handoff window of set's pinned rate rules.
-func longestHandoff(set *rules.Set) time.Duration {
+// longestHandoff is the longest handoff window of set's pinned rate rules,
+// and the rule that has it.
+func longestHandoff(set *rules.Set) (time.Duration, string) {
 	var w time.Duration
+	var rule string
 	for _, r := range set.Rules() {
 		if r.Pinned() && !r.Concurrent() {
-			w = max(w, r.Bucket().HandoffWindow())
+			if hw := r.Bucket().HandoffWindow(); hw > w {
+				w, rule = hw, r.ID
+			}
 		}
 	}
-	return w
+	return w, rule
 }
 
 // removesRegion reports whether next lacks a region of cur.
