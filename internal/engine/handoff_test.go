@@ -28,6 +28,11 @@ const handoffRules = `rules:
     refill_per_second: 0.001
     home: pinned
     on_failure: closed
+  - id: big
+    capacity: 1000000000
+    refill_per_second: 1000000
+    home: pinned
+    on_failure: open
   - id: window
     algorithm: fixed_window
     limit: 10
@@ -41,7 +46,7 @@ const handoffRules = `rules:
 // the keys homed in eu move to us. eu decides every key in its own store
 // (it has no topology), as the home it was.
 type handoffWorld struct {
-	t          *testing.T
+	t          testing.TB
 	set        *rules.Set
 	older      *region.Topology
 	newer      *region.Topology
@@ -52,7 +57,7 @@ type handoffWorld struct {
 	retired    atomic.Int64 // the older topology's retire callbacks run
 }
 
-func parseTopo(t *testing.T, src string) *region.Topology {
+func parseTopo(t testing.TB, src string) *region.Topology {
 	t.Helper()
 	tp, err := region.Parse("topology.yml", []byte(src))
 	if err != nil {
@@ -69,7 +74,7 @@ func topoSrc(gen int, head string, regions ...string) string {
 	return src
 }
 
-func newHandoffWorld(t *testing.T) *handoffWorld {
+func newHandoffWorld(t testing.TB) *handoffWorld {
 	t.Helper()
 	set, err := rules.Parse("rules.yml", []byte(handoffRules))
 	if err != nil {
@@ -446,5 +451,40 @@ func TestHandoffStoreFails(t *testing.T) {
 		if n, err := admit(t, us, rule, key); n != 4 || err != nil {
 			t.Fatalf("%s, the store back: admitted %d (%v), want the 4 eu had left", rule, n, err)
 		}
+	}
+}
+
+// BenchmarkHandoffWindow is a pinned rule's check decided here: with no
+// switch behind it, and for a key a switch moved here, within the rule's
+// handoff window, once its bucket is seeded (what every check of a moved
+// key costs until the window ends).
+func BenchmarkHandoffWindow(b *testing.B) {
+	w := newHandoffWorld(b)
+	key := w.movedKey(0)
+	ctx := context.Background()
+	run := func(b *testing.B, e *Engine, key string) {
+		b.ReportAllocs()
+		for b.Loop() {
+			c := e.NewCheck()
+			if _, err := c.AddRule("big", key, 1); err != nil {
+				b.Fatal(err)
+			}
+			if ok, err := e.Decide(ctx, c); !ok || err != nil {
+				b.Fatal(ok, err)
+			}
+		}
+	}
+	steady := ""
+	for i := range 10_000 {
+		if k := fmt.Sprintf("user:%d", i); w.older.Home(k, nil) == "us" {
+			steady = k
+			break
+		}
+	}
+	b.Run("no switch", func(b *testing.B) { run(b, w.us, steady) })
+	w.switchTo(w.us)
+	b.Run("moved key in its window", func(b *testing.B) { run(b, w.us, key) })
+	if got := handoffCount(w.us, handoffSeeded); got != 1 {
+		b.Fatalf("seeded %v, want 1", got)
 	}
 }
