@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -90,14 +91,14 @@ func concurrencyCheckError(field, prefix, rule string) *InvalidError {
 }
 
 // leaseLimit is what a lease of en with flags is held against: the rule's
-// limit, or this region's share of it (partRegional), or this instance's
-// share of either (partFallback).
+// limit, or this region's share of it (leaseid.Regional), or this instance's
+// share of either (leaseid.Fallback).
 func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
 	l := en.leases
-	if flags&partRegional != 0 {
+	if flags&leaseid.Regional != 0 {
 		l = en.regionalLeases
 	}
-	if flags&partFallback != 0 {
+	if flags&leaseid.Fallback != 0 {
 		l = l.Share(fleet)
 	}
 	return l
@@ -143,15 +144,15 @@ func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
 }
 
 func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted bool) (bool, *Lease, error) {
-	id := newLeaseID(e.region, ts.gen, make([]leasePart, len(c.held)))
+	id := leaseid.New(e.region, ts.gen, make([]leaseid.Part, len(c.held)))
 	var homes []string
 	byHome := map[string][]int{}
 	var here []int
 	for i, it := range c.held {
 		it.route, it.part = routeNone, i
-		id.parts[i] = leasePart{rule: it.Rule.ID, key: it.Key, region: e.region}
+		id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
 		if home := e.homeOf(ts, c, it); home != "" {
-			id.parts[i].region = home
+			id.Parts[i].Region = home
 			if byHome[home] == nil {
 				homes = append(homes, home)
 			}
@@ -198,7 +199,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 		}
 		// Fail open: held here, with this region's share of each limit.
 		for _, i := range byHome[home] {
-			id.parts[i].region, id.parts[i].flags = e.region, partRegional
+			id.Parts[i].Region, id.Parts[i].Flags = e.region, leaseid.Regional
 			here = append(here, i)
 		}
 	}
@@ -241,7 +242,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 		}
 	}
 	if len(held) > 0 {
-		e.inflight.add(id.member(), held, expires)
+		e.inflight.add(id.Member(), held, expires)
 	}
 	return true, l, nil
 }
@@ -264,7 +265,7 @@ func (c *Check) notAsked() {
 // takeLeases takes the leases of items (c's concurrency rules held here)
 // under id, from the store or, when it fails, as the rules' on_failure
 // says.
-func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *leaseID) (bool, error) {
+func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *leaseid.ID) (bool, error) {
 	if len(items) == 0 {
 		return true, nil
 	}
@@ -278,7 +279,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 	if e.leaseStore == nil {
 		err = errors.New("the store holds no leases")
 	} else {
-		ds, err = e.leaseStore.Acquire(ctx, reqs, id.member())
+		ds, err = e.leaseStore.Acquire(ctx, reqs, id.Member())
 	}
 	var me *bucket.MultiError
 	if err != nil && errors.As(err, &me) && len(me.Errs) == len(reqs) && len(ds) == len(reqs) {
@@ -312,11 +313,11 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 		// Fail open: this instance's share of each limit, held here. The
 		// store gave back whatever it may have taken.
 		for i, it := range items {
-			id.parts[it.part].flags |= partFallback
+			id.Parts[it.part].Flags |= leaseid.Fallback
 			it.route = routeFallback
 			reqs[i] = e.partRequest(it, id, fleet)
 		}
-		ds, _ = e.fallback.Acquire(ctx, reqs, id.member())
+		ds, _ = e.fallback.Acquire(ctx, reqs, id.Member())
 	} else {
 		for _, it := range items {
 			it.route = routeStore
@@ -343,13 +344,13 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 	return all, nil
 }
 
-func (e *Engine) partRequest(it *Item, id *leaseID, fleet int) bucket.LeaseRequest {
-	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.leaseLimit(id.parts[it.part].flags, fleet)}
+func (e *Engine) partRequest(it *Item, id *leaseid.ID, fleet int) bucket.LeaseRequest {
+	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.leaseLimit(id.Parts[it.part].Flags, fleet)}
 }
 
 // giveLeasesBack releases the leases an Acquire took here when a later
 // part refused or failed.
-func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseID) {
+func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseid.ID) {
 	if len(items) == 0 {
 		return
 	}
@@ -361,13 +362,13 @@ func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseID)
 		reqs[i] = e.partRequest(it, id, fleet)
 	}
 	// The leases held here were taken in one store call: one store.
-	if _, err := e.leaseStoreOf(id.parts[items[0].part].flags).Release(rctx, reqs, id.member()); err != nil {
+	if _, err := e.leaseStoreOf(id.Parts[items[0].part].Flags).Release(rctx, reqs, id.Member()); err != nil {
 		e.log.Warn("the leases of a refused acquire not given back: they expire on their own", "err", err)
 	}
 }
 
 func (e *Engine) leaseStoreOf(flags byte) bucket.LeaseStore {
-	if flags&partFallback != 0 || e.leaseStore == nil {
+	if flags&leaseid.Fallback != 0 || e.leaseStore == nil {
 		return e.fallback
 	}
 	return e.leaseStore
@@ -376,7 +377,7 @@ func (e *Engine) leaseStoreOf(flags byte) bucket.LeaseStore {
 // heldPart is a part of a caller's lease id whose rule is in force: its
 // entry and its store request.
 type heldPart struct {
-	leasePart
+	leaseid.Part
 	en  *entry
 	req bucket.LeaseRequest
 }
@@ -388,7 +389,7 @@ type heldPart struct {
 // held in a region that cannot hold it under the id's topology generation
 // (when that is the one in force here: the id was edited) is an
 // *InvalidError of lease_id.
-func (e *Engine) leaseParts(ts *topoState, s string) (*leaseID, []heldPart, map[string][]heldPart, error) {
+func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, map[string][]heldPart, error) {
 	id, err := parseLeaseID(s)
 	if err == nil {
 		err = e.checkParts(ts, id)
@@ -401,51 +402,51 @@ func (e *Engine) leaseParts(ts *topoState, s string) (*leaseID, []heldPart, map[
 	fleet := max(e.fleet(), 1)
 	var here []heldPart
 	var remote map[string][]heldPart
-	for _, p := range id.parts {
-		en := t.byID[p.rule]
+	for _, p := range id.Parts {
+		en := t.byID[p.Rule]
 		if en == nil {
 			continue
 		}
-		hp := heldPart{leasePart: p, en: en, req: bucket.LeaseRequest{Rule: p.rule, Key: p.key, Limit: en.leaseLimit(p.flags, fleet)}}
-		if p.region == e.region {
+		hp := heldPart{Part: p, en: en, req: bucket.LeaseRequest{Rule: p.Rule, Key: p.Key, Limit: en.leaseLimit(p.Flags, fleet)}}
+		if p.Region == e.region {
 			here = append(here, hp)
 			continue
 		}
 		if remote == nil {
 			remote = make(map[string][]heldPart)
 		}
-		remote[p.region] = append(remote[p.region], hp)
+		remote[p.Region] = append(remote[p.Region], hp)
 	}
 	return id, here, remote, nil
 }
 
 // checkParts validates where id's parts say they are held.
-func (e *Engine) checkParts(ts *topoState, id *leaseID) error {
+func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
 	t := e.table.Load()
-	for _, p := range id.parts {
-		en := t.byID[p.rule]
+	for _, p := range id.Parts {
+		en := t.byID[p.Rule]
 		if en == nil {
 			continue
 		}
 		if !en.rule.Concurrent() {
-			return invalid("lease_id", "lease_id: rule %s: %w", quote(p.rule), ErrNotConcurrency)
+			return invalid("lease_id", "lease_id: rule %s: %w", quote(p.Rule), ErrNotConcurrency)
 		}
-		if p.region != e.region && (ts.topo == nil || !ts.topo.Has(p.region)) {
-			return invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", quote(p.region), quote(e.region))
+		if p.Region != e.region && (ts.topo == nil || !ts.topo.Has(p.Region)) {
+			return invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", quote(p.Region), quote(e.region))
 		}
-		if p.flags&partRegional != 0 && (!en.pinned || p.region != id.region) {
-			return invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", quote(p.rule))
+		if p.Flags&leaseid.Regional != 0 && (!en.pinned || p.Region != id.Region) {
+			return invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", quote(p.Rule))
 		}
-		if !en.pinned || ts.topo == nil || id.gen != ts.gen {
+		if !en.pinned || ts.topo == nil || id.Gen != ts.gen {
 			// Held where the acquire was, or homed under a topology not
 			// known here: the region named decides (a forged id names a
 			// member no set holds).
 			continue
 		}
-		home := ts.topo.Home(p.key, en.rule.HomeKeys)
-		if regional := p.flags&partRegional != 0; regional == (p.region == home) {
+		home := ts.topo.Home(p.Key, en.rule.HomeKeys)
+		if regional := p.Flags&leaseid.Regional != 0; regional == (p.Region == home) {
 			return invalid("lease_id", "lease_id: rule %s: under topology generation %d the key's home is %s, and the lease id says it is held in %s: an edited lease id",
-				quote(p.rule), ts.gen, home, p.region)
+				quote(p.Rule), ts.gen, home, p.Region)
 		}
 	}
 	return nil
@@ -475,7 +476,7 @@ func (e *Engine) release(ctx context.Context, leaseID string, peer bool) (bool, 
 	if err != nil {
 		return false, err
 	}
-	tracked := e.inflight.remove(id.member())
+	tracked := e.inflight.remove(id.Member())
 	released, err := e.releaseHere(ctx, id, here, tracked)
 	if peer {
 		return released, err
@@ -494,13 +495,13 @@ func (e *Engine) release(ctx context.Context, leaseID string, peer bool) (bool, 
 }
 
 // releaseHere releases parts held in this region.
-func (e *Engine) releaseHere(ctx context.Context, id *leaseID, parts []heldPart, tracked bool) (released bool, _ error) {
+func (e *Engine) releaseHere(ctx context.Context, id *leaseid.ID, parts []heldPart, tracked bool) (released bool, _ error) {
 	for _, group := range byStore(parts) {
 		reqs := make([]bucket.LeaseRequest, len(group))
 		for i, p := range group {
 			reqs[i] = p.req
 		}
-		held, err := e.leaseStoreOf(group[0].flags).Release(ctx, reqs, id.member())
+		held, err := e.leaseStoreOf(group[0].Flags).Release(ctx, reqs, id.Member())
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, ctx.Err()
@@ -528,7 +529,7 @@ func (e *Engine) releaseHere(ctx context.Context, id *leaseID, parts []heldPart,
 func byStore(parts []heldPart) [][]heldPart {
 	var shared, fallback []heldPart
 	for _, p := range parts {
-		if p.flags&partFallback != 0 {
+		if p.Flags&leaseid.Fallback != 0 {
 			fallback = append(fallback, p)
 		} else {
 			shared = append(shared, p)
@@ -573,7 +574,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		remote = nil
 	}
 	if len(here) == 0 && len(remote) == 0 {
-		e.inflight.remove(id.member())
+		e.inflight.remove(id.Member())
 		return false, nil, nil
 	}
 	l := &Lease{ID: leaseID}
@@ -600,7 +601,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		for i, p := range group {
 			reqs[i] = p.req
 		}
-		ds, err := e.leaseStoreOf(group[0].flags).Renew(ctx, reqs, id.member())
+		ds, err := e.leaseStoreOf(group[0].Flags).Renew(ctx, reqs, id.Member())
 		if err != nil {
 			if ctx.Err() != nil {
 				return false, nil, ctx.Err()
@@ -636,17 +637,17 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 	for _, p := range here {
 		p.en.lease[eventRenewed].Inc()
 	}
-	e.inflight.renew(id.member(), l.Expires)
+	e.inflight.renew(id.Member(), l.Expires)
 	return true, l, nil
 }
 
 // renewGone ends a lease a Renew found gone (or may not renew): the rest
 // of it is released, here and in the regions holding its other parts.
-func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseID, leaseID string, here []heldPart, remote map[string][]heldPart) {
+func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, leaseID string, here []heldPart, remote map[string][]heldPart) {
 	for _, p := range here {
 		p.en.lease[eventGone].Inc()
 	}
-	if e.inflight.remove(id.member()) {
+	if e.inflight.remove(id.Member()) {
 		for _, p := range here {
 			p.en.lease[eventExpired].Inc()
 		}
@@ -673,7 +674,7 @@ func (e *Engine) unrenewable(ts *topoState, p heldPart) bool {
 	if !p.en.pinned || ts.topo == nil {
 		return false
 	}
-	return p.flags&partRegional != 0 || ts.topo.Home(p.key, p.en.rule.HomeKeys) != p.region
+	return p.Flags&leaseid.Regional != 0 || ts.topo.Home(p.Key, p.en.rule.HomeKeys) != p.Region
 }
 
 // inflight tracks the leases this instance granted and has not seen

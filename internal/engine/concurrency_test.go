@@ -2,9 +2,7 @@ package engine
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -183,13 +182,13 @@ func TestLeaseIDValidation(t *testing.T) {
 	}
 	real, _ := parseLeaseID(l.ID)
 	forged := *real
-	forged.nonce[0] ^= 1
+	forged.Nonce[0] ^= 1
 	otherRule := *real
-	otherRule.parts = []leasePart{{rule: "api", key: "user:cy", region: "local"}}
+	otherRule.Parts = []leaseid.Part{{Rule: "api", Key: "user:cy", Region: "local"}}
 	otherRegion := *real
-	otherRegion.parts = []leasePart{{rule: real.parts[0].rule, key: real.parts[0].key, region: "mars"}}
+	otherRegion.Parts = []leaseid.Part{{Rule: real.Parts[0].Rule, Key: real.Parts[0].Key, Region: "mars"}}
 	v1 := *real
-	v1.parts = []leasePart{{rule: real.parts[0].rule, key: real.parts[0].key, region: "local", flags: 4}}
+	v1.Parts = []leaseid.Part{{Rule: real.Parts[0].Rule, Key: real.Parts[0].Key, Region: "local", Flags: 4}}
 	for _, tt := range []struct {
 		name    string
 		id      string
@@ -198,7 +197,7 @@ func TestLeaseIDValidation(t *testing.T) {
 		{"empty", "", true},
 		{"not base64", "!!!", true},
 		{"truncated", l.ID[:len(l.ID)-3], true},
-		{"trailing bytes", (&leaseID{parts: real.parts}).String() + "AAAA", true},
+		{"trailing bytes", (&leaseid.ID{Parts: real.Parts}).String() + "AAAA", true},
 		{"too long", strings.Repeat("A", MaxLeaseIDLen+1), true},
 		{"a rate rule's", otherRule.String(), true},
 		{"held in a region not in the topology", otherRegion.String(), true},
@@ -223,59 +222,6 @@ func TestLeaseIDValidation(t *testing.T) {
 	if ok, _, err := e.Renew(ctx, l.ID); !ok || err != nil {
 		t.Fatalf("the real lease after the forgeries: %v, %v", ok, err)
 	}
-}
-
-// leaseIDV1 is a lease id of version 1: one region and one set of flags
-// for every part.
-func leaseIDV1(region string, flags byte, rule, key string) string {
-	b := []byte{leaseIDVersionV1, byte(len(region))}
-	b = append(b, region...)
-	b = append(b, flags)
-	b = append(b, make([]byte, leaseNonceLen)...)
-	b = append(b, 1, byte(len(rule)))
-	b = append(b, rule...)
-	b = append(b, byte(len(key)))
-	b = append(b, key...)
-	return base64.RawURLEncoding.EncodeToString(b)
-}
-
-// TestLeaseIDVersions: a version 1 id (every part in its one region) is
-// still read; a version 2 id names each part's region and round-trips.
-func TestLeaseIDVersions(t *testing.T) {
-	id, err := parseLeaseID(leaseIDV1("eu", partFallback, "r", "k"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (leasePart{rule: "r", key: "k", region: "eu", flags: partFallback}); len(id.parts) != 1 || id.parts[0] != want {
-		t.Fatalf("v1 parts = %+v, want %+v", id.parts, want)
-	}
-	v2 := newLeaseID("eu", 7, []leasePart{{rule: "r", key: "k", region: "eu"}, {rule: "p", key: "k2", region: "us", flags: partRegional}})
-	back, err := parseLeaseID(v2.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if back.gen != 7 || back.region != "eu" || back.member() != v2.member() || !slices.Equal(back.parts, v2.parts) {
-		t.Fatalf("round trip = %+v, want %+v", back, v2)
-	}
-}
-
-func FuzzParseLeaseID(f *testing.F) {
-	f.Add(newLeaseID("eu", 3, []leasePart{{rule: "r", key: "k", region: "eu"}, {rule: "p", key: "k", region: "us", flags: partFallback}}).String())
-	f.Add(leaseIDV1("eu", partFallback, "r", "k"))
-	f.Add("")
-	f.Fuzz(func(t *testing.T, s string) {
-		id, err := parseLeaseID(s)
-		if err != nil {
-			var inv *InvalidError
-			if !errors.As(err, &inv) || inv.Field != "lease_id" || !errors.Is(err, bucket.ErrInvalidLease) {
-				t.Fatalf("error %v", err)
-			}
-			return
-		}
-		if back, err := parseLeaseID(id.String()); err != nil || back.String() != id.String() {
-			t.Fatalf("round trip of %q: %v", s, err)
-		}
-	})
 }
 
 // When the store fails, a fail-open concurrency rule holds a fallback

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -65,11 +66,11 @@ func (e *Engine) countForward(rules []string, call, result string) {
 	}
 }
 
-func partRules(id *leaseID, region string) []string {
+func partRules(id *leaseid.ID, region string) []string {
 	var out []string
-	for _, p := range id.parts {
-		if p.region == region {
-			out = append(out, p.rule)
+	for _, p := range id.Parts {
+		if p.Region == region {
+			out = append(out, p.Rule)
 		}
 	}
 	return out
@@ -78,13 +79,13 @@ func partRules(id *leaseID, region string) []string {
 func heldRules(parts []heldPart) []string {
 	out := make([]string, len(parts))
 	for i, p := range parts {
-		out[i] = p.rule
+		out[i] = p.Rule
 	}
 	return out
 }
 
 // acquireAt asks home to hold the leases of id's parts idx (of c.held).
-func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home string, idx []int, id *leaseID) (bool, error) {
+func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home string, idx []int, id *leaseid.ID) (bool, error) {
 	rules := partRules(id, home)
 	h, _ := ts.homes[home].(LeaseHome)
 	if h == nil {
@@ -111,7 +112,7 @@ func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home st
 		it.Decision = hl.Decisions[j]
 		it.Decision.Limit = float64(it.e.leases.Limit)
 		if hl.Fallback {
-			id.parts[i].flags |= partFallback
+			id.Parts[i].Flags |= leaseid.Fallback
 		}
 	}
 	if hl.Allowed {
@@ -124,7 +125,7 @@ func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home st
 
 // releaseAt gives back the leases homes hold for a refused Acquire, on a
 // deadline of its own (the caller may be gone).
-func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, id *leaseID) {
+func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, id *leaseid.ID) {
 	if len(homes) == 0 {
 		return
 	}
@@ -237,32 +238,32 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	ts := e.useTopology()
 	defer ts.release()
 	c := &Check{t: e.table.Load(), m: e.m, acquire: true, peer: origin}
-	for i, p := range id.parts {
-		if p.region != e.region {
+	for i, p := range id.Parts {
+		if p.Region != e.region {
 			continue
 		}
-		en := c.t.byID[p.rule]
+		en := c.t.byID[p.Rule]
 		switch {
 		case en == nil:
-			return nil, fmt.Errorf("lease_id: %w", errUnknownRule(p.rule))
+			return nil, fmt.Errorf("lease_id: %w", errUnknownRule(p.Rule))
 		case !en.rule.Concurrent():
-			return nil, invalid("lease_id", "lease_id: rule %s: %w", quote(p.rule), ErrNotConcurrency)
+			return nil, invalid("lease_id", "lease_id: rule %s: %w", quote(p.Rule), ErrNotConcurrency)
 		case !en.pinned:
-			return nil, invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", quote(p.rule))
-		case p.flags != 0:
-			return nil, invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", quote(p.rule))
-		case slices.ContainsFunc(c.held, func(it *Item) bool { return it.e == en && it.Key == p.key }):
-			return nil, invalid("lease_id", "lease_id: rule %s and key given twice", quote(p.rule))
+			return nil, invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", quote(p.Rule))
+		case p.Flags != 0:
+			return nil, invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", quote(p.Rule))
+		case slices.ContainsFunc(c.held, func(it *Item) bool { return it.e == en && it.Key == p.Key }):
+			return nil, invalid("lease_id", "lease_id: rule %s and key given twice", quote(p.Rule))
 		}
 		if ts.topo != nil {
-			if home := ts.topo.Home(p.key, en.rule.HomeKeys); home != e.region {
+			if home := ts.topo.Home(p.Key, en.rule.HomeKeys); home != e.region {
 				if gen < ts.gen {
-					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.gen, gen, quote(p.rule), home, ErrStaleTopology)
+					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.gen, gen, quote(p.Rule), home, ErrStaleTopology)
 				}
-				return nil, invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", quote(p.rule), home, e.region)
+				return nil, invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", quote(p.Rule), home, e.region)
 			}
 		}
-		c.held = append(c.held, &Item{Rule: en.rule, Key: p.key, Cost: 1, e: en, limit: en.limit, part: i})
+		c.held = append(c.held, &Item{Rule: en.rule, Key: p.Key, Cost: 1, e: en, limit: en.limit, part: i})
 	}
 	if len(c.held) == 0 {
 		return nil, invalid("lease_id", "lease_id: no lease of it is held in region %s", quote(e.region))
@@ -288,6 +289,6 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 			it.e.lease[eventFallback].Inc()
 		}
 	}
-	e.inflight.add(id.member(), c.held, pl.Expires)
+	e.inflight.add(id.Member(), c.held, pl.Expires)
 	return pl, nil
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -143,8 +144,8 @@ func TestPinnedLeaseHeldAtHome(t *testing.T) {
 		t.Fatalf("a third acquire through us: %v, %v; want refused at the home", ok, err)
 	}
 	id, _ := parseLeaseID(l1.ID)
-	if id.parts[0].region != "eu" || id.parts[0].flags != 0 {
-		t.Fatalf("lease id part %+v, want held in eu", id.parts[0])
+	if id.Parts[0].Region != "eu" || id.Parts[0].Flags != 0 {
+		t.Fatalf("lease id part %+v, want held in eu", id.Parts[0])
 	}
 	if ok, l, err := eu.Renew(ctx, l1.ID); !ok || err != nil || l.TTL != 10*time.Second {
 		t.Fatalf("Renew through eu of a lease taken through us: %v, %v, %v", ok, l, err)
@@ -164,7 +165,7 @@ func TestPinnedLeaseHeldAtHome(t *testing.T) {
 // region does not home is refused, not forwarded on.
 func TestPeerAcquireNeverForwardsAgain(t *testing.T) {
 	us, _, toEU, _ := newPinnedPair(t)
-	id := newLeaseID("eu", 1, []leasePart{{rule: "pin", key: "k", region: "us"}})
+	id := leaseid.New("eu", 1, []leaseid.Part{{Rule: "pin", Key: "k", Region: "us"}})
 	_, err := us.PeerAcquire(context.Background(), "eu", 1, id.String())
 	var inv *InvalidError
 	if !errors.As(err, &inv) || inv.Field != "lease_id" {
@@ -177,7 +178,7 @@ func TestPeerAcquireNeverForwardsAgain(t *testing.T) {
 	if len(toEU.calls) != 0 {
 		t.Fatalf("us called eu %v for a forwarded acquire", toEU.calls)
 	}
-	local := newLeaseID("eu", 1, []leasePart{{rule: "local", key: "k", region: "us"}})
+	local := leaseid.New("eu", 1, []leaseid.Part{{Rule: "local", Key: "k", Region: "us"}})
 	if _, err := us.PeerAcquire(context.Background(), "eu", 1, local.String()); !errors.As(err, &inv) {
 		t.Fatalf("PeerAcquire of a local rule: %v, want invalid", err)
 	}
@@ -197,7 +198,7 @@ func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
 		t.Fatalf("Acquire with the home down: %v, %v", ok, err)
 	}
 	id, _ := parseLeaseID(l.ID)
-	if p := id.parts[0]; p.region != "us" || p.flags != partRegional {
+	if p := id.Parts[0]; p.Region != "us" || p.Flags != leaseid.Regional {
 		t.Fatalf("fallback lease part %+v, want held in us, regional", p)
 	}
 	if ok, _, _ := acquireRule(t, us, "pin", "k"); ok {
