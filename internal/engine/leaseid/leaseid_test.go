@@ -60,4 +60,3 @@ func FuzzParseLeaseID(f *testing.F) {
 		}
 	})
 }
-
