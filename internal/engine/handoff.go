@@ -2,8 +2,12 @@ package engine
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -26,9 +30,10 @@ import (
 // When the old home cannot answer, the rule's on_failure decides: a
 // fail-closed rule refuses the check (the next one asks again), a
 // fail-open one starts the key from a full bucket. Only the topology in
-// force before this process's last switch is looked at: a process started
-// on the new topology, or a key moved twice within the window, does not
-// hand off.
+// force before this process's last switch (or the file's
+// previous_regions) is looked at, and only the last change of a rule's
+// home_keys (see rehoming): a key moved twice within its window does not
+// hand its first home's bucket off.
 
 // MaxHandoffKeys bounds the moved keys each process remembers as seeded
 // after a switch, so that their checks skip the store's Seeded; beyond it a
@@ -70,20 +75,86 @@ func (s *seededKeys) add(rule, key string) {
 	}
 }
 
-// movedIn reports whether it, decided here, is a key that ts's switch
-// moved here from another home, within its window; from is that home.
-func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (from string, window time.Duration, ok bool) {
-	if ts.prev == nil || !it.e.pinned {
-		return "", 0, false
+// rehoming is a change of a pinned rate rule's home_keys: a key it gives
+// this region as its home takes its old home's bucket, as at a topology
+// switch, within the rule's handoff window from when this process put the
+// change in force.
+type rehoming struct {
+	prev  map[string]string // home_keys before the change
+	since time.Time
+	// origin names the change for every process of the fleet (the seed
+	// record of each change is its own): a digest of the new home_keys.
+	origin string
+	seeded seededKeys
+}
+
+// rehomed is the rehoming of r, replacing the rule of en: a new one when
+// r changes a pinned rate rule's home_keys, else en's (still running its
+// window).
+func rehomed(en *entry, r *rules.Rule) *rehoming {
+	if !en.pinned || !r.Pinned() || r.Concurrent() || en.rule.Concurrent() {
+		return nil
 	}
-	window = it.e.limit.HandoffWindow() - now.Sub(ts.since)
-	if now.Before(ts.since) || window <= 0 || ts.topo.Home(it.Key, it.Rule.HomeKeys) != e.region {
-		return "", 0, false
+	if maps.Equal(en.rule.HomeKeys, r.HomeKeys) {
+		return en.rehome
 	}
-	if from = ts.prev.Home(it.Key, it.Rule.HomeKeys); from == e.region {
-		return "", 0, false
+	return &rehoming{prev: en.rule.HomeKeys, since: time.Now(), origin: homesDigest(r.HomeKeys)}
+}
+
+// homesDigest names a home_keys map by its content: 16 hex digits of a
+// SHA-256 of its sorted key=region lines.
+func homesDigest(homes map[string]string) string {
+	h := sha256.New()
+	for _, k := range slices.Sorted(maps.Keys(homes)) {
+		fmt.Fprintf(h, "%q=%q\n", k, homes[k])
 	}
-	return from, window, !ts.seeded.has(it.Rule.ID, it.Key)
+	return "homes-" + hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// move is a key moved here, within its window: from its old home, with the
+// seed its bucket takes and the memory of the keys its move seeded.
+type move struct {
+	from string
+	seed bucket.Seed
+	seen *seededKeys
+}
+
+// movedIn reports whether it, decided here, is a key moved here from
+// another home within its rule's handoff window, and not yet known to be
+// seeded: by ts's topology switch, or by a change of its rule's home_keys.
+func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (move, bool) {
+	if !it.e.pinned || ts.topo == nil {
+		return move{}, false
+	}
+	hk := it.Rule.HomeKeys
+	rh := it.e.rehome
+	if ts.prev == nil && rh == nil {
+		return move{}, false
+	}
+	if ts.topo.Home(it.Key, hk) != e.region {
+		return move{}, false
+	}
+	full := it.e.limit.HandoffWindow()
+	seed := bucket.Seed{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.limit}
+	if ts.prev != nil && !now.Before(ts.since) {
+		if w := full - now.Sub(ts.since); w > 0 {
+			if from := ts.prev.Home(it.Key, hk); from != e.region {
+				seed.Generation, seed.TTL = ts.gen, w
+				return move{from, seed, &ts.seeded}, !ts.seeded.has(it.Rule.ID, it.Key)
+			}
+		}
+	}
+	if rh != nil {
+		_, before := rh.prev[it.Key]
+		_, after := hk[it.Key]
+		if w := full - now.Sub(rh.since); w > 0 && (before || after) {
+			if from := ts.topo.Home(it.Key, rh.prev); from != e.region {
+				seed.Generation, seed.Origin, seed.TTL = 1, rh.origin, w
+				return move{from, seed, &rh.seeded}, !rh.seeded.has(it.Rule.ID, it.Key)
+			}
+		}
+	}
+	return move{}, false
 }
 
 // storeFailure is this region's store failing to tell or to seed a moved
@@ -101,21 +172,21 @@ func (f storeFailure) Unwrap() error { return f.err }
 // not answer.
 func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	ts := c.ts
-	if ts.prev == nil || e.handoffs == nil {
+	if e.handoffs == nil {
 		return nil
 	}
 	var moved []*Item
+	var moves []move
 	var seeds []bucket.Seed
-	var from []string
 	now := time.Now()
 	for _, it := range items {
-		home, window, ok := e.movedIn(ts, it, now)
+		mv, ok := e.movedIn(ts, it, now)
 		if !ok {
 			continue
 		}
 		moved = append(moved, it)
-		from = append(from, home)
-		seeds = append(seeds, bucket.Seed{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.limit, Generation: ts.gen, TTL: window})
+		moves = append(moves, mv)
+		seeds = append(seeds, mv.seed)
 	}
 	if len(moved) == 0 {
 		return nil
@@ -128,18 +199,19 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	// The old homes' counts of the buckets not seeded yet, one call per home.
 	byHome := map[string][]int{}
 	var homes []string
-	for i := range moved {
+	for i, mv := range moves {
 		if done[i] {
-			ts.seeded.add(seeds[i].Rule, seeds[i].Key)
+			mv.seen.add(mv.seed.Rule, mv.seed.Key)
 			e.m.handoffs.WithLabelValues(handoffAlready).Inc()
 			continue
 		}
-		if byHome[from[i]] == nil {
-			homes = append(homes, from[i])
+		if byHome[mv.from] == nil {
+			homes = append(homes, mv.from)
 		}
-		byHome[from[i]] = append(byHome[from[i]], i)
+		byHome[mv.from] = append(byHome[mv.from], i)
 	}
 	var todo []bucket.Seed
+	var todoMoves []move
 	for _, home := range homes {
 		idx := byHome[home]
 		used, err := e.askHandoff(ctx, ts, home, moved, idx)
@@ -160,6 +232,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 		for j, i := range idx {
 			seeds[i].Used = used[j]
 			todo = append(todo, seeds[i])
+			todoMoves = append(todoMoves, moves[i])
 		}
 	}
 	if len(todo) == 0 {
@@ -171,7 +244,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 		return storeFailure{err}
 	}
 	for i, s := range todo {
-		ts.seeded.add(s.Rule, s.Key)
+		todoMoves[i].seen.add(s.Rule, s.Key)
 		if ok[i] {
 			e.m.handoffs.WithLabelValues(handoffSeeded).Inc()
 		} else {
@@ -283,6 +356,6 @@ var handoffResults = []string{handoffSeeded, handoffAlready, handoffUnreachable,
 func newHandoffMetric() *prometheus.CounterVec {
 	return prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "limiter_topology_handoffs_total",
-		Help: "Pinned rules' keys moved here by a topology switch, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed: the check is decided as on a store failure, and the next one tries again).",
+		Help: "Pinned rules' keys moved here by a topology switch or a change of the rule's home_keys, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed: the check is decided as on a store failure, and the next one tries again).",
 	}, []string{"result"})
 }

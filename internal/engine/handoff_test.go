@@ -488,3 +488,102 @@ func BenchmarkHandoffWindow(b *testing.B) {
 		b.Fatalf("seeded %v, want 1", got)
 	}
 }
+
+// TestHandoffAtRehome: a change of a pinned rule's home_keys that gives a
+// key a new home hands its bucket off as a topology switch does: once for
+// the fleet, within the rule's window; a later change of the rule that
+// keeps its home_keys keeps the window; keys in neither map are not asked.
+func TestHandoffAtRehome(t *testing.T) {
+	rulesWith := func(homes string, capacity int) *rules.Set {
+		t.Helper()
+		set, err := rules.Parse("rules.yml", []byte(fmt.Sprintf(`rules:
+  - id: vip
+    capacity: %d
+    refill_per_second: 0.001
+    home: pinned
+    on_failure: closed
+    home_keys: {%s}
+`, capacity, homes)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	topo := parseTopo(t, topoSrc(1, "", "us", "eu"))
+	eu, err := New(Options{Store: bucket.NewMemory(), Region: "eu", Logger: quietLogger()}, rulesWith("acme: eu", 10), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	euHome := &fakeHome{e: eu}
+	store := bucket.NewMemory()
+	usEngine := func() *Engine {
+		e, err := New(Options{Store: store, Region: "us", Topology: topo, Homes: map[string]Home{"eu": euHome}, Logger: quietLogger()},
+			rulesWith("acme: eu", 10), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	us, us2 := usEngine(), usEngine()
+	spend(t, eu, "vip", "acme", 6)
+	// A key homed here by the hash before and after: never asked.
+	plain := ""
+	for i := range 10_000 {
+		if k := fmt.Sprintf("user:%d", i); topo.Home(k, nil) == "us" {
+			plain = k
+			break
+		}
+	}
+	moved := rulesWith("acme: us", 10)
+	for _, e := range []*Engine{us, us2} {
+		if err := e.SetRules(moved); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := admit(t, us, "vip", "acme"); n != 4 || err != nil {
+		t.Fatalf("after home_keys moved acme here: admitted %d (%v), want the 4 eu had left", n, err)
+	}
+	if n, err := admit(t, us2, "vip", "acme"); n != 0 || err != nil {
+		t.Fatalf("a second instance: admitted %d (%v), want 0", n, err)
+	}
+	if handoffCount(us, handoffSeeded) != 1 || handoffCount(us2, handoffAlready) != 1 {
+		t.Errorf("seeded %v, already %v; want 1 and 1", handoffCount(us, handoffSeeded), handoffCount(us2, handoffAlready))
+	}
+	euHome.fail.Store(true) // a key not moved, and the window past, never ask
+	if n, err := admit(t, us, "vip", plain); n != 10 || err != nil {
+		t.Fatalf("a key in neither map: admitted %d (%v), want 10", n, err)
+	}
+	// The rule changed again, its home_keys kept: the change's window
+	// goes on (a fresh instance-wide memory is not needed: the store has
+	// the record).
+	if err := us.SetRules(rulesWith("acme: us", 12)); err != nil {
+		t.Fatal(err)
+	}
+	if rh := us.table.Load().byID["vip"].rehome; rh == nil || rh.origin != homesDigest(map[string]string{"acme": "us"}) {
+		t.Fatalf("the rehoming after a change keeping home_keys: %+v", rh)
+	}
+	if n, err := admit(t, us, "vip", "acme"); n != 2 || err != nil {
+		t.Fatalf("capacity raised to 12: admitted %d (%v), want 2", n, err)
+	}
+	// Another key moved here (from eu, its home by the hash), past the
+	// window: starts full, eu not asked.
+	bolt := ""
+	for i := range 10_000 {
+		if k := fmt.Sprintf("bolt-%d", i); topo.Home(k, nil) == "eu" {
+			bolt = k
+			break
+		}
+	}
+	spend(t, eu, "vip", bolt, 10)
+	later := rulesWith("acme: us, "+bolt+": us", 12)
+	if err := us.SetRules(later); err != nil {
+		t.Fatal(err)
+	}
+	us.table.Load().byID["vip"].rehome.since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
+	if n, err := admit(t, us, "vip", bolt); n != 12 || err != nil {
+		t.Fatalf("past the window: admitted %d (%v), want 12", n, err)
+	}
+	if got := handoffCount(us, handoffUnreachable); got != 0 {
+		t.Errorf("eu asked %v times while down, want 0", got)
+	}
+}

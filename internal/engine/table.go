@@ -43,6 +43,9 @@ type entry struct {
 	lease                  map[string]prometheus.Counter
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
+	// rehome is the last change of a pinned rule's home_keys, whose moved
+	// keys take their old homes' buckets (see handoff); nil: none.
+	rehome *rehoming
 }
 
 // Rules is the rule set checks starting now are decided with.
@@ -64,10 +67,14 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 	d, f := m.decisions, m.forwarded
 	t := &table{set: set, gen: gen, regions: regions, byID: make(map[string]*entry, len(set.Rules()))}
 	for _, r := range set.Rules() {
-		if old != nil && old.regions == regions {
-			if en := old.byID[r.ID]; en != nil && en.rule == r {
-				t.byID[r.ID] = en
-				continue
+		var rehome *rehoming
+		if old != nil {
+			if en := old.byID[r.ID]; en != nil {
+				if en.rule == r && old.regions == regions {
+					t.byID[r.ID] = en
+					continue
+				}
+				rehome = rehomed(en, r)
 			}
 		}
 		lim := r.Bucket()
@@ -103,6 +110,7 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 			denyHits:     m.denyHits.WithLabelValues(id), leased: m.leased.WithLabelValues(id),
 			forwardedAllowed: f.WithLabelValues(id, resultAllowed), forwardedLimited: f.WithLabelValues(id, resultLimited),
 			forwardedFailed: f.WithLabelValues(id, resultError),
+			rehome:          rehome,
 		}
 
 	}

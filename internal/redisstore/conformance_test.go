@@ -183,7 +183,7 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 			lim.Debit(&st, now, wantUsed)
 			cf.seq++
 			gen := strconv.Itoa(cf.seq)
-			seedKey := SeedKey("conf-"+name, "client")
+			seedKey := SeedKey(bucket.Seed{Rule: "conf-" + name, Key: "client"})
 			a = scriptArgs(lim, wantUsed)
 			for i, want := range []int64{1, 0} { // seeded once per generation
 				n, err := cf.handoff.Run(ctx, client, []string{seedKey, key}, "seed", gen, "60000", string(lim.Algorithm), a[0], a[1], a[2], at).Int64Slice()

@@ -10,12 +10,12 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// SeedKey is the key that records that the bucket of rule and key was
-// seeded from the key's old home region, holding the topology generation
-// it moved at. It shares the buckets' hash tag, so one script checks it and
-// replaces the bucket; no rule id starts with '~'.
-func SeedKey(rule, key string) string {
-	return Key("~moved:"+rule, key)
+// SeedKey is the key that records that the bucket of s was seeded from its
+// key's old home region, holding the topology generation it moved at
+// (bucket.SeedRecord names it). It shares the buckets' hash tag, so one
+// script checks it and replaces the bucket.
+func SeedKey(s bucket.Seed) string {
+	return Key(bucket.SeedRecord(s), s.Key)
 }
 
 // Used reports, per request, the tokens its bucket counts now
@@ -53,7 +53,7 @@ func (s *Store) Seeded(ctx context.Context, seeds []bucket.Seed) ([]bool, error)
 	out := make([]bool, len(seeds))
 	err := each(len(seeds), func(i int) error {
 		sd := seeds[i]
-		mark := SeedKey(sd.Rule, sd.Key)
+		mark := SeedKey(sd)
 		n, err := s.handoffInt(ctx, mark, []string{mark}, "seeded", strconv.FormatUint(sd.Generation, 10))
 		out[i] = n == 1
 		return err
@@ -68,7 +68,7 @@ func (s *Store) Seed(ctx context.Context, seeds []bucket.Seed) ([]bool, error) {
 	out := make([]bool, len(seeds))
 	err := each(len(seeds), func(i int) error {
 		sd := seeds[i]
-		mark := SeedKey(sd.Rule, sd.Key)
+		mark := SeedKey(sd)
 		a := scriptArgs(sd.Limit, sd.Used)
 		ttl := max(sd.TTL.Milliseconds(), 1)
 		n, err := s.handoffInt(ctx, mark, []string{mark, Key(sd.Rule, sd.Key)}, "seed",

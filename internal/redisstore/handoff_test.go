@@ -80,7 +80,7 @@ func TestHandoff(t *testing.T) {
 				t.Fatalf("%s: take %d at the new home = %+v, %v", r.Rule, i+1, d, err)
 			}
 		}
-		ttl := newHome.Client().PTTL(ctx, SeedKey(r.Rule, r.Key)).Val()
+		ttl := newHome.Client().PTTL(ctx, SeedKey(bucket.Seed{Rule: r.Rule, Key: r.Key})).Val()
 		if ttl <= 0 || ttl > time.Minute {
 			t.Errorf("%s: the seed record lives %v, want up to its TTL (1m)", r.Rule, ttl)
 		}

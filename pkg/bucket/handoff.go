@@ -80,8 +80,12 @@ type Seed struct {
 	Key   string
 	Limit Limit
 	// Generation is the topology generation the key moved at: a bucket is
-	// seeded once per generation.
+	// seeded once per generation (and Origin).
 	Generation uint64
+	// Origin names what moved the key when it is not a topology switch
+	// (a change of the rule's explicit homes): each origin has its own
+	// record of the seed. Empty for a topology switch.
+	Origin string
 	// Used is what the old home's bucket counted (Limit.Used there).
 	Used float64
 	// TTL is how long the record that the bucket was seeded is kept: the
@@ -107,9 +111,14 @@ type HandoffStore interface {
 	Seed(ctx context.Context, seeds []Seed) ([]bool, error)
 }
 
-// handoffRule names a seed's record among the buckets: no rule id starts
-// with '~'.
-func handoffRule(rule string) string { return "~moved:" + rule }
+// SeedRecord names a seed's record among the buckets of s.Key, as a rule
+// id: no rule id starts with '~', and none holds ':'.
+func SeedRecord(s Seed) string {
+	if s.Origin != "" {
+		return "~moved:" + s.Origin + ":" + s.Rule
+	}
+	return "~moved:" + s.Rule
+}
 
 // Used reports the tokens each request's bucket counts now. It never
 // returns an error.
@@ -143,7 +152,7 @@ func (m *Memory) Seeded(_ context.Context, seeds []Seed) ([]bool, error) {
 
 // seeded is Seeded for one seed, with its shard locked.
 func (sh *memoryShard) seeded(s Seed, now int64) bool {
-	e := sh.buckets[bucketID{handoffRule(s.Rule), s.Key}]
+	e := sh.buckets[bucketID{SeedRecord(s), s.Key}]
 	return e != nil && e.expires > now && uint64(e.st.a) >= s.Generation
 }
 
@@ -165,7 +174,7 @@ func (m *Memory) Seed(_ context.Context, seeds []Seed) ([]bool, error) {
 			if exp := s.Limit.ExpiresAt(&st); exp > now {
 				m.put(sh, id, &memoryEntry{st: st, expires: exp}, now)
 			}
-			mark := bucketID{handoffRule(s.Rule), s.Key}
+			mark := bucketID{SeedRecord(s), s.Key}
 			if old := sh.buckets[mark]; old != nil {
 				sh.drop(mark, old)
 			}

@@ -145,6 +145,17 @@ func TestMemorySeed(t *testing.T) {
 	if ok, _ := m.Seeded(ctx, []Seed{{Rule: "r", Key: "k", Generation: 2}, {Rule: "r", Key: "k", Generation: 4}}); !ok[0] || ok[1] {
 		t.Fatalf("seeded at generations 2 and 4: %v", ok)
 	}
+	// Another origin (a change of the rule's homes) has its own record.
+	other := Seed{Rule: "r", Key: "k", Limit: l, Generation: 1, Origin: "homes-1", TTL: time.Minute}
+	if ok, _ := m.Seeded(ctx, []Seed{other}); ok[0] {
+		t.Fatal("another origin seeded by a topology's seed")
+	}
+	if ok, _ := m.Seed(ctx, []Seed{other}); !ok[0] {
+		t.Fatal("another origin not seeded")
+	}
+	if ok, _ := m.Seeded(ctx, []Seed{s, other}); !ok[0] || !ok[1] {
+		t.Fatalf("seeded: %v, want both", ok)
+	}
 	// Past the TTL the record is gone.
 	c.advance(time.Minute - time.Second)
 	if ok, _ := m.Seeded(ctx, []Seed{s}); ok[0] {
