@@ -323,6 +323,39 @@ func TestTopologyHandoff(t *testing.T) {
 	if seeded != float64(2*len(moved2)) {
 		t.Errorf("a and b seeded %v buckets, want %d (2 rules x %d keys moved off c)", seeded, 2*len(moved2), len(moved2))
 	}
-	t.Logf("added c: %d of %d keys moved to it; removed c: %d of %d moved off it; every key admitted exactly its capacity over both switches",
-		moved1, len(keys1), len(moved2), len(keys2))
+
+	// Phase 3: the rules pin keys to the region their hash does not give
+	// them (home_keys), in every region's rules file at once.
+	keys3 := keysOf("rehome")
+	spendSome(keys3, "a", "b")
+	gen4t := mustParse(t, gen4)
+	var pins []string
+	for _, k := range keys3 {
+		to := "a"
+		if gen4t.Home(k, nil) == "a" {
+			to = "b"
+		}
+		pins = append(pins, fmt.Sprintf("%q: %s", k, to))
+	}
+	pinned := strings.ReplaceAll(handoffTestRules, "    home: pinned\n", "    home: pinned\n    home_keys: {"+strings.Join(pins, ", ")+"}\n")
+	reloads := map[string]float64{}
+	success := map[string]string{"source": "file", "result": "success"}
+	for _, n := range []string{"a", "b", "c"} {
+		reloads[n] = metricValue(t, s.regions[n].d, "limiter_rules_reloads_total", success)
+	}
+	replaceFile(t, s.rulesFile, pinned)
+	for _, n := range []string{"a", "b", "c"} {
+		waitGauge(t, s.regions[n].d, "limiter_rules_reloads_total", success, reloads[n]+1, 10*time.Second)
+	}
+	forKeys(t, keys3, func(k string) error {
+		for _, rule := range ruleIDs {
+			if err := exhaust(rule, k, "a", "b"); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	bounded(keys3)
+	t.Logf("added c: %d of %d keys moved to it; removed c: %d of %d moved off it; home_keys moved %d keys; every key admitted exactly its capacity",
+		moved1, len(keys1), len(moved2), len(keys2), len(keys3))
 }

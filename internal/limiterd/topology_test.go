@@ -72,10 +72,11 @@ type topoRegion struct {
 }
 
 type topoStack struct {
-	t       *testing.T
-	poll    time.Duration
-	addrs   map[string]string
-	regions map[string]*topoRegion
+	t         *testing.T
+	rulesFile string // every region's --rules.file
+	poll      time.Duration
+	addrs     map[string]string
+	regions   map[string]*topoRegion
 }
 
 // newTopoStackWith makes the regions a, b, c, each on its own Redis
@@ -95,7 +96,7 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 		t.Fatal(err)
 	}
 	secret := testenv.SecretFile(t)
-	s := &topoStack{t: t, poll: poll, addrs: map[string]string{}, regions: map[string]*topoRegion{}}
+	s := &topoStack{t: t, poll: poll, addrs: map[string]string{}, regions: map[string]*topoRegion{}, rulesFile: rulesFile}
 	for _, n := range []string{"a", "b", "c"} {
 		s.addrs[n] = testenv.FreeAddr(t)
 	}
