@@ -135,6 +135,9 @@ type Options struct {
 	// ForwardTimeout bounds a check forwarded to a home region (0:
 	// DefaultForwardTimeout).
 	ForwardTimeout time.Duration
+	// HandoffMaxWindow, when above 0, caps the handoff window of every
+	// rule (see handoff): past it a moved key starts from a full bucket.
+	HandoffMaxWindow time.Duration
 	// DenyCacheSize bounds the deny cache (0: DefaultDenyCacheSize; < 0: off).
 	DenyCacheSize int
 	// FallbackMaxBytes bounds the memory of the local fallback's buckets,
@@ -172,8 +175,10 @@ type Engine struct {
 	topo     atomic.Pointer[topoState]
 	reload   func()
 	fwdTO    time.Duration
-	fleet    func() int
-	spends   SpendRecorder
+	// handoffMax caps the rules' handoff windows (0: none).
+	handoffMax time.Duration
+	fleet      func() int
+	spends     SpendRecorder
 	// leaseStore holds the leases of concurrency rules; inflight counts
 	// those this instance granted.
 	leaseStore bucket.LeaseStore
@@ -208,7 +213,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	e := &Engine{
 		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
-		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
+		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 	}
 	e.handoffs, _ = opts.Store.(bucket.HandoffStore)
@@ -360,7 +365,7 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 		// old homes, a region it removes included: cur, with its clients,
 		// stays in use for the longest handoff window.
 		ts.prevHomes = cur.homes
-		w, rule := longestHandoff(set)
+		w, rule := e.longestHandoff(set)
 		if w > 0 && removesRegion(ts.prev, topo) && cur.topo != nil {
 			cur.users.Add(1)
 			ts.prevState = cur

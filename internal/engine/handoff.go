@@ -134,7 +134,7 @@ func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (move, bool) {
 	if ts.topo.Home(it.Key, hk) != e.region {
 		return move{}, false
 	}
-	full := it.e.limit.HandoffWindow()
+	full := e.handoffWindow(it.e.limit)
 	seed := bucket.Seed{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.limit}
 	if ts.prev != nil && !now.Before(ts.since) {
 		if w := full - now.Sub(ts.since); w > 0 {
@@ -290,17 +290,27 @@ func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, mov
 
 // longestHandoff is the longest handoff window of set's pinned rate rules,
 // and the rule that has it.
-func longestHandoff(set *rules.Set) (time.Duration, string) {
+func (e *Engine) longestHandoff(set *rules.Set) (time.Duration, string) {
 	var w time.Duration
 	var rule string
 	for _, r := range set.Rules() {
 		if r.Pinned() && !r.Concurrent() {
-			if hw := r.Bucket().HandoffWindow(); hw > w {
+			if hw := e.handoffWindow(r.Bucket()); hw > w {
 				w, rule = hw, r.ID
 			}
 		}
 	}
 	return w, rule
+}
+
+// handoffWindow is l's handoff window, within the cap of
+// Options.HandoffMaxWindow.
+func (e *Engine) handoffWindow(l bucket.Limit) time.Duration {
+	w := l.HandoffWindow()
+	if e.handoffMax > 0 {
+		w = min(w, e.handoffMax)
+	}
+	return w
 }
 
 // removesRegion reports whether next lacks a region of cur.

@@ -587,3 +587,37 @@ func TestHandoffAtRehome(t *testing.T) {
 		t.Errorf("eu asked %v times while down, want 0", got)
 	}
 }
+
+// TestHandoffMaxWindow: Options.HandoffMaxWindow caps every rule's handoff
+// window: past the cap a moved key starts from a full bucket, its old home
+// not asked, and a removed region's connection is released then.
+func TestHandoffMaxWindow(t *testing.T) {
+	w := newHandoffWorld(t)
+	key := w.movedKey(0)
+	spend(t, w.eu, "open", key, 6)
+	us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]Home{"eu": w.euHome},
+		HandoffMaxWindow: time.Minute, Logger: quietLogger()}, w.set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ts := us.topo.Load()
+	if ts.holdPrev == nil {
+		t.Fatal("the removed region's connection not held")
+	}
+	// The rule's own window is about 5.5 hours: one minute past the
+	// switch is past the cap.
+	ts.since = time.Now().Add(-time.Minute)
+	if n, err := admit(t, us, "open", key); n != 10 || err != nil {
+		t.Fatalf("past the cap: admitted %d (%v), want 10 (a full bucket)", n, err)
+	}
+	if got := handoffCount(us, handoffSeeded) + handoffCount(us, handoffUnreachable); got != 0 {
+		t.Errorf("handoffs past the cap: %v, want none", got)
+	}
+	if w, _ := us.longestHandoff(w.set); w != time.Minute {
+		t.Errorf("longest handoff window %v, want the cap (1m)", w)
+	}
+	us.StopHandoffs()
+}

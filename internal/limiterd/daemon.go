@@ -274,7 +274,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 
 	eopts := engine.Options{
-		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout,
+		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout, HandoffMaxWindow: d.opts.HandoffMaxWindow,
 		DenyCacheSize: d.opts.DenyCacheSize, FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
 		FleetSize: d.fleet.Size, Logger: d.log,
 	}

@@ -56,3 +56,39 @@ func TestRedisLingerFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestHandoffMaxWindowFlag: --region.handoff-max-window is off (0) by
+// default, takes 1s to 720h, and anything else is refused naming the flag.
+func TestHandoffMaxWindowFlag(t *testing.T) {
+	parse := func(args ...string) Options {
+		var o Options
+		fs := flag.NewFlagSet("limiterd", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		o.RegisterFlags(fs)
+		if err := fs.Parse(append([]string{"--rules.file", "testdata/rules.yml"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		o.Logger = quietLogger()
+		o.setDefaults()
+		return o
+	}
+	for _, c := range []struct {
+		arg  string
+		want time.Duration
+	}{{"", 0}, {"--region.handoff-max-window=1s", time.Second}, {"--region.handoff-max-window=720h", 720 * time.Hour}} {
+		var args []string
+		if c.arg != "" {
+			args = append(args, c.arg)
+		}
+		o := parse(args...)
+		if err := o.validate(); err != nil || o.HandoffMaxWindow != c.want {
+			t.Errorf("%q: %v, %v; want %v", c.arg, o.HandoffMaxWindow, err, c.want)
+		}
+	}
+	for _, bad := range []string{"-1s", "500ms", "721h"} {
+		o := parse("--region.handoff-max-window=" + bad)
+		if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--region.handoff-max-window: must be") {
+			t.Errorf("%s: %v, want an error naming --region.handoff-max-window", bad, err)
+		}
+	}
+}

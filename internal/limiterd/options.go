@@ -197,6 +197,9 @@ type Options struct {
 	TopologyPoll time.Duration
 	// ForwardTimeout bounds a check forwarded to the home region.
 	ForwardTimeout time.Duration
+	// HandoffMaxWindow caps the handoff window of moved pinned keys (0:
+	// each rule's own).
+	HandoffMaxWindow time.Duration
 	// ForwardTLSCAFile enables TLS to other regions' limiterd, trusting
 	// this CA; the gRPC listener's certificate, if any, is the client's.
 	ForwardTLSCAFile string
@@ -333,6 +336,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
 	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", topowatch.DefaultPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
 	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
+	fs.DurationVar(&o.HandoffMaxWindow, "region.handoff-max-window", 0, "the longest a pinned key moved here by a topology switch or a home_keys change takes its old home's bucket (0: each rule's own handoff window); past it the key starts from a full bucket")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
 	fs.StringVar(&o.PeerSecretFile, "region.peer-secret-file", "", "file holding the secret peer regions share (mode 0600, at least 16 characters): sent with forwarded checks, required of Peer calls")
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.PeerIdentities}, "region.peer-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) of peer regions' limiterd, allowed to call the Peer service (needs --grpc.tls-client-ca-file)")
@@ -524,6 +528,9 @@ func (o *Options) validate() error {
 	}
 	if o.ForwardTimeout < 0 || o.ForwardTimeout > time.Minute {
 		errs = append(errs, fmt.Errorf("--region.forward-timeout: must be in (0, 1m], got %v", o.ForwardTimeout))
+	}
+	if o.HandoffMaxWindow != 0 && (o.HandoffMaxWindow < time.Second || o.HandoffMaxWindow > 30*24*time.Hour) {
+		errs = append(errs, fmt.Errorf("--region.handoff-max-window: must be 0 (each rule's own window) or in [1s, 720h], got %v", o.HandoffMaxWindow))
 	}
 	if !instancePattern.MatchString(o.Instance) || len(o.Instance) > 100 {
 		errs = append(errs, fmt.Errorf("--instance: %q must match %s", o.Instance, instancePattern))
