@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
@@ -170,6 +171,7 @@ func superGatewayCut(t *testing.T, s *stack) {
 		deadline := healAt.Add(2 * time.Minute)
 		for s.count(p.dst, k) < want[k] {
 			if time.Now().After(deadline) {
+				s.logSource(t, p.dst, p.src)
 				t.Fatalf("%s: %v of %s's %v spends applied 2 minutes after the heal", p.dst, s.count(p.dst, k), p.src, want[k])
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -409,6 +411,46 @@ func (s *stack) opsJetStream(t *testing.T, region string) jetstream.JetStream {
 		t.Fatal(err)
 	}
 	return js
+}
+
+// logSource logs, for a test that failed waiting on dst to apply src's
+// spends, where they stopped: src's spends stream, dst's inbound stream
+// and its source of src as the server reports them, and dst's
+// reconcilers' counts of that source's stalls and resets.
+func (s *stack) logSource(t *testing.T, dst, src string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	js := s.opsJetStream(t, dst)
+	if st, err := js.Stream(ctx, gossip.RegionStream(src)); err != nil {
+		t.Logf("%s's spends stream, read from %s: %v", src, dst, err)
+	} else {
+		i := st.CachedInfo()
+		t.Logf("%s's spends stream: %d messages, sequences %d to %d, %d consumers, leader %q",
+			src, i.State.Msgs, i.State.FirstSeq, i.State.LastSeq, i.State.Consumers, leaderOf(i))
+	}
+	st, err := js.Stream(ctx, gossip.InStream(dst))
+	if err != nil {
+		t.Logf("%s's inbound stream: %v", dst, err)
+		return
+	}
+	i := st.CachedInfo()
+	t.Logf("%s's inbound stream: %d messages, last sequence %d, leader %q", dst, i.State.Msgs, i.State.LastSeq, leaderOf(i))
+	for _, si := range i.Sources {
+		t.Logf("  source %s (filter %s): lag %d, active %v, error %v", si.Name, si.FilterSubject, si.Lag, si.Active, si.Error)
+	}
+	for n, rec := range s.regions[dst].recs {
+		t.Logf("  %s's reconciler %d: source %s stalled %v times, reset %v times", dst, n,
+			src, testutil.ToFloat64(rec.m.sourceStalls.WithLabelValues(src)), testutil.ToFloat64(rec.m.sourceResets.WithLabelValues(src)))
+	}
+}
+
+// leaderOf is the server leading the stream of i, "" when not clustered.
+func leaderOf(i *jetstream.StreamInfo) string {
+	if i.Cluster == nil {
+		return ""
+	}
+	return i.Cluster.Leader
 }
 
 // logLag logs each reconciler's limiter_reconcile_lag_seconds, by source.
