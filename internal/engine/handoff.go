@@ -111,9 +111,10 @@ func homesDigest(homes map[string]string) string {
 	return "homes-" + hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-// move is a key moved here, within its window: from its old home, with the
-// seed its bucket takes and the memory of the keys its move seeded.
+// move is a key moved here, within its window: its item, its old home, the
+// seed its bucket takes, and the memory of the keys its move seeded.
 type move struct {
+	it   *Item
 	from string
 	seed bucket.Seed
 	seen *seededKeys
@@ -140,7 +141,7 @@ func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (move, bool) {
 		if w := full - now.Sub(ts.since); w > 0 {
 			if from := ts.prev.Home(it.Key, hk); from != e.region {
 				seed.Generation, seed.TTL = ts.gen, w
-				return move{from, seed, &ts.seeded}, !ts.seeded.has(it.Rule.ID, it.Key)
+				return move{it, from, seed, &ts.seeded}, !ts.seeded.has(it.Rule.ID, it.Key)
 			}
 		}
 	}
@@ -150,7 +151,7 @@ func (e *Engine) movedIn(ts *topoState, it *Item, now time.Time) (move, bool) {
 		if w := full - now.Sub(rh.since); w > 0 && (before || after) {
 			if from := ts.topo.Home(it.Key, rh.prev); from != e.region {
 				seed.Generation, seed.Origin, seed.TTL = 1, rh.origin, w
-				return move{from, seed, &rh.seeded}, !rh.seeded.has(it.Rule.ID, it.Key)
+				return move{it, from, seed, &rh.seeded}, !rh.seeded.has(it.Rule.ID, it.Key)
 			}
 		}
 	}
@@ -171,33 +172,27 @@ func (f storeFailure) Unwrap() error { return f.err }
 // (ErrUnavailable), and with a storeFailure when this region's store did
 // not answer.
 func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
-	ts := c.ts
 	if e.handoffs == nil {
 		return nil
 	}
-	var moved []*Item
+	ts := c.ts
 	var moves []move
-	var seeds []bucket.Seed
 	now := time.Now()
 	for _, it := range items {
-		mv, ok := e.movedIn(ts, it, now)
-		if !ok {
-			continue
+		if mv, ok := e.movedIn(ts, it, now); ok {
+			moves = append(moves, mv)
 		}
-		moved = append(moved, it)
-		moves = append(moves, mv)
-		seeds = append(seeds, mv.seed)
 	}
-	if len(moved) == 0 {
+	if len(moves) == 0 {
 		return nil
 	}
-	done, err := e.handoffs.Seeded(ctx, seeds)
+	done, err := e.handoffs.Seeded(ctx, seedsOf(moves))
 	if err != nil {
-		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(moved)))
+		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(moves)))
 		return storeFailure{err}
 	}
 	// The old homes' counts of the buckets not seeded yet, one call per home.
-	byHome := map[string][]int{}
+	byHome := map[string][]move{}
 	var homes []string
 	for i, mv := range moves {
 		if done[i] {
@@ -208,43 +203,39 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 		if byHome[mv.from] == nil {
 			homes = append(homes, mv.from)
 		}
-		byHome[mv.from] = append(byHome[mv.from], i)
+		byHome[mv.from] = append(byHome[mv.from], mv)
 	}
-	var todo []bucket.Seed
-	var todoMoves []move
+	var todo []move
 	for _, home := range homes {
-		idx := byHome[home]
-		used, err := e.askHandoff(ctx, ts, home, moved, idx)
-		if err != nil {
-			e.m.handoffs.WithLabelValues(handoffUnreachable).Add(float64(len(idx)))
-			for _, i := range idx {
-				if moved[i].e.closed {
-					moved[i].e.failed.Inc()
+		mvs := byHome[home]
+		if err := e.askHandoff(ctx, ts, home, mvs); err != nil {
+			e.m.handoffs.WithLabelValues(handoffUnreachable).Add(float64(len(mvs)))
+			for _, mv := range mvs {
+				if mv.it.e.closed {
+					mv.it.e.failed.Inc()
 					e.log.Warn("old home region did not hand off a moved key, fail-closed rule refused",
-						"rule", moved[i].Rule.ID, "home", home, "generation", ts.gen, "err", err)
+						"rule", mv.seed.Rule, "home", home, "generation", ts.gen, "err", err)
 					return ErrUnavailable
 				}
 			}
 			e.log.Warn("old home region did not hand off moved keys: they start from a full bucket",
-				"home", home, "keys", len(idx), "generation", ts.gen, "err", err)
-			used = make([]float64, len(idx))
+				"home", home, "keys", len(mvs), "generation", ts.gen, "err", err)
+			for i := range mvs {
+				mvs[i].seed.Used = 0
+			}
 		}
-		for j, i := range idx {
-			seeds[i].Used = used[j]
-			todo = append(todo, seeds[i])
-			todoMoves = append(todoMoves, moves[i])
-		}
+		todo = append(todo, mvs...)
 	}
 	if len(todo) == 0 {
 		return nil
 	}
-	ok, err := e.handoffs.Seed(ctx, todo)
+	ok, err := e.handoffs.Seed(ctx, seedsOf(todo))
 	if err != nil {
 		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(todo)))
 		return storeFailure{err}
 	}
-	for i, s := range todo {
-		todoMoves[i].seen.add(s.Rule, s.Key)
+	for i, mv := range todo {
+		mv.seen.add(mv.seed.Rule, mv.seed.Key)
 		if ok[i] {
 			e.m.handoffs.WithLabelValues(handoffSeeded).Inc()
 		} else {
@@ -254,20 +245,29 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	return nil
 }
 
-// askHandoff asks home, a key's old home, what the buckets of moved[idx]
-// count, within the forward timeout (whatever the caller's deadline). Its answers are checked: one per
-// item, each finite and not below 0.
-func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, moved []*Item, idx []int) ([]float64, error) {
+func seedsOf(moves []move) []bucket.Seed {
+	out := make([]bucket.Seed, len(moves))
+	for i, mv := range moves {
+		out[i] = mv.seed
+	}
+	return out
+}
+
+// askHandoff asks home, the moves' old home, what their buckets count,
+// within the forward timeout (whatever the caller's deadline), and sets
+// each move's seed.Used. Its answers are checked: one per move, each
+// finite, not below 0 and not above what a bucket can hold.
+func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, moves []move) error {
 	h := ts.homes[home]
 	if h == nil {
 		h = ts.prevHomes[home] // a region the switch removed
 	}
 	if h == nil {
-		return nil, fmt.Errorf("no client for region %s (not in the topology in force, and this process did not switch from one that had it)", home)
+		return fmt.Errorf("no client for region %s (not in the topology in force, and this process did not switch from one that had it)", home)
 	}
-	req := make([]HomeItem, len(idx))
-	for j, i := range idx {
-		req[j] = HomeItem{Rule: moved[i].Rule.ID, Key: moved[i].Key}
+	req := make([]HomeItem, len(moves))
+	for i, mv := range moves {
+		req[i] = HomeItem{Rule: mv.seed.Rule, Key: mv.seed.Key}
 	}
 	// Not cut short by the caller giving up: a fail-open key would start
 	// from a full bucket for the whole fleet.
@@ -275,17 +275,21 @@ func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, mov
 	defer cancel()
 	used, err := h.Handoff(hctx, req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if len(used) != len(req) {
-		return nil, fmt.Errorf("old home answered %d counts for %d keys", len(used), len(req))
+		return fmt.Errorf("old home answered %d counts for %d keys", len(used), len(req))
 	}
-	for j, u := range used {
-		if !(u >= 0) || u > maxHandoffUsed(moved[idx[j]].e.limit) {
-			return nil, fmt.Errorf("old home answered %v for rule %s, out of range", u, quote(req[j].Rule))
+	for i, u := range used {
+		// A little above the bound: the old home's own float rounding.
+		if !(u >= 0) || u > moves[i].seed.Limit.MostUsed()*(1+1e-9)+1e-6 {
+			return fmt.Errorf("old home answered %v for rule %s, out of range", u, quote(req[i].Rule))
 		}
 	}
-	return used, nil
+	for i := range moves {
+		moves[i].seed.Used = used[i]
+	}
+	return nil
 }
 
 // longestHandoff is the longest handoff window of set's pinned rate rules,
@@ -321,18 +325,6 @@ func removesRegion(cur, next *region.Topology) bool {
 		}
 	}
 	return false
-}
-
-// maxHandoffUsed is the most a bucket of l can count: its capacity and its
-// debt bound (bucket.DebtHorizon), with room for a log's rounding.
-func maxHandoffUsed(l bucket.Limit) float64 {
-	most := 2*l.Capacity + 1
-	if l.RefillPerSecond > 0 {
-		most += l.RefillPerSecond * bucket.DebtHorizon.Seconds()
-	} else if l.Window > 0 {
-		most += l.Capacity * max(1, float64(bucket.DebtHorizon)/float64(l.Window))
-	}
-	return most
 }
 
 // Used answers a key's new home region (Home.Handoff): what the buckets of

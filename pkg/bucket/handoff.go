@@ -56,6 +56,24 @@ func (l *Limit) Used(st *State, now int64) float64 {
 	return 0
 }
 
+// MostUsed is the most Used can report for l: the debt bound a debit stops
+// at (see DebtHorizon), twice the window's for a sliding window's estimate
+// (its current and previous windows). A count above it did not come from a
+// bucket of l.
+func (l *Limit) MostUsed() float64 {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		return float64(maxDebtNs(spendNs(l.Capacity, l.RefillPerSecond))*l.RefillPerSecond) / 1e9
+	case SlidingWindow:
+		return 2 * l.windowMost()
+	case FixedWindow:
+		return l.windowMost()
+	case SlidingLog:
+		return float64(l.logMost())
+	}
+	return 0
+}
+
 // HandoffWindow is how long after a topology switch a bucket of l may still
 // count what it held before: the longest a debt or a window lasts. Past it
 // the old home's bucket is full again or its windows are clear, so a key

@@ -43,8 +43,8 @@ func TestHandoffAdmitsNoMore(t *testing.T) {
 					}
 				}
 				used := l.Used(&old, now)
-				if used < 0 {
-					t.Fatalf("run %d: used %v", run, used)
+				if used < 0 || used > l.MostUsed() {
+					t.Fatalf("run %d: used %v, want 0 to %v", run, used, l.MostUsed())
 				}
 				var seeded State
 				l.Debit(&seeded, now, used)
@@ -93,6 +93,9 @@ func TestHandoffWindow(t *testing.T) {
 		end := t0 + l.HandoffWindow().Microseconds()
 		if u := l.Used(&st, end-1); u == 0 {
 			t.Errorf("%s: counts nothing 1µs before the end of its window (%v)", l.Algorithm, l.HandoffWindow())
+		}
+		if u := l.Used(&st, t0); u > l.MostUsed() {
+			t.Errorf("%s: a debt of 100 capacities counts %v, above MostUsed %v", l.Algorithm, u, l.MostUsed())
 		}
 		if u := l.Used(&st, end); u != 0 {
 			t.Errorf("%s: counts %v at the end of its window (%v)", l.Algorithm, u, l.HandoffWindow())
