@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nkeys"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -24,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -236,13 +236,7 @@ func TestMetricsLint(t *testing.T) {
 	d := startDaemon(t, nil)
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
-	problems, err := promlint.NewWithMetricFamilies(mustGather(t, d)).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testenv.Lint(t, mustGather(t, d))
 	body := scrape(t, d)
 	for _, want := range []string{
 		`limiter_decisions_total{result="allowed",rule="tb"} 1`,
@@ -263,13 +257,7 @@ func TestMetricsLintRedis(t *testing.T) {
 	d := startDaemon(t, c.Addrs())
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
-	problems, err := promlint.NewWithMetricFamilies(mustGather(t, d)).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testenv.Lint(t, mustGather(t, d))
 	if body := scrape(t, d); !strings.Contains(body, `limiter_store_script_duration_seconds_count{script="token_bucket"} 1`) {
 		t.Errorf("no store script duration recorded")
 	}

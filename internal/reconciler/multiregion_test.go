@@ -15,13 +15,13 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
@@ -552,13 +552,7 @@ func TestReconcilerMetricsLint(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range problems {
-			t.Errorf("%s: promlint: %s: %s", name, p.Metric, p.Text)
-		}
+		testenv.Lint(t, mfs)
 	}
 	// eu-west applied us-east's spend, and measured its lag.
 	rec := s.regions["eu-west"].recs[0]

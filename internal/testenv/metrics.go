@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // MetricValue is the value of the counter or gauge name in reg, summed over
@@ -71,4 +73,17 @@ func SampleSum(t testing.TB, reg prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	_, sum := Histogram(t, reg, name)
 	return sum
+}
+
+// Lint fails t for each problem promlint finds in mfs (Prometheus naming
+// and help conventions).
+func Lint(t testing.TB, mfs []*dto.MetricFamily) {
+	t.Helper()
+	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
+	}
 }

@@ -14,11 +14,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
@@ -319,11 +319,5 @@ func TestApplyObservesLag(t *testing.T) {
 	if n := testutil.CollectAndCount(m.Lag); n != 1 {
 		t.Errorf("lag has %d series, want 1", n)
 	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("promlint: %s: %s", p.Metric, p.Text)
-	}
+	testenv.Lint(t, mfs)
 }

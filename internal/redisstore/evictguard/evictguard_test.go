@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
@@ -151,11 +150,5 @@ func TestMetricsLint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	problems, err := promlint.NewWithMetricFamilies(mfs).Lint()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range problems {
-		t.Errorf("metric %s: %s", p.Metric, p.Text)
-	}
+	testenv.Lint(t, mfs)
 }
