@@ -203,6 +203,20 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	}
 
 	// Leases: what this instance holds, or a batch taken with the rest.
+	// A batch this check takes is ended on every return from here on, a
+	// later lease's wait ending early too: the key's other checks wait for
+	// it.
+	defer func() {
+		for _, it := range local {
+			if it.batch > 0 {
+				left := 0.0
+				if admitted && it.route == routeStore {
+					left = it.batch - it.Cost
+				}
+				e.leases.Fetched(it.Rule.ID, it.Key, left)
+			}
+		}
+	}()
 	for _, it := range leased {
 		ok, err := e.fromLease(ctx, c, it)
 		switch {
@@ -217,18 +231,6 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 			local = append(local, it)
 		}
 	}
-	defer func() {
-		for _, it := range local {
-			if it.batch > 0 {
-				left := 0.0
-				if admitted && it.route == routeStore {
-					left = it.batch - it.Cost
-				}
-				e.leases.Fetched(it.Rule.ID, it.Key, left)
-			}
-		}
-	}()
-
 	if len(local) == 0 {
 		return true, nil
 	}
