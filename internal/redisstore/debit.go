@@ -268,13 +268,7 @@ func (s *Store) Refund(ctx context.Context, rule, key string, lim bucket.Limit, 
 	if lim.Algorithm != bucket.TokenBucket && lim.Algorithm != bucket.GCRA {
 		return nil
 	}
-	admin, err := s.nodes.Admin()
-	if err != nil {
-		return err
-	}
-	_, err = pipeline.RunScripts(ctx, admin, []pipeline.Call{{Script: refundScript, Keys: []string{Key(rule, key)}, Args: refundArgs(lim, amount)}})
-	if err != nil {
-		s.m.errors[opRefund].Inc()
+	if err := s.once(ctx, opRefund, pipeline.Call{Script: refundScript, Keys: []string{Key(rule, key)}, Args: refundArgs(lim, amount)}); err != nil {
 		return fmt.Errorf("refund: %w", err)
 	}
 	return nil

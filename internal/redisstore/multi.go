@@ -154,23 +154,21 @@ func (s *Store) undo(ctx context.Context, groups []*group) {
 	if s.beforeUndo != nil {
 		s.beforeUndo()
 	}
-	admin, err := s.nodes.Admin()
-	if err != nil {
-		s.m.errors[opUndo].Add(float64(len(groups)))
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UndoTimeout)
 	defer cancel()
-	calls := make([]pipeline.Call, len(groups))
-	for i, g := range groups {
-		calls[i] = pipeline.Call{Script: undoScript, Keys: g.keys, Args: undoArgs(g.at, g.args)}
+	for _, g := range groups {
+		_ = s.once(ctx, opUndo, pipeline.Call{Script: undoScript, Keys: g.keys, Args: undoArgs(g.at, g.args)})
 	}
-	cmds, _ := pipeline.RunScripts(ctx, admin, calls)
-	for _, cmd := range cmds {
-		if cmd.Err() != nil {
-			s.m.errors[opUndo].Inc()
-		}
+}
+
+// once runs c, a script that must not run twice, on the node of its keys
+// (sent once: see pipeline.Nodes.EvalOnce), and counts a failure under o.
+func (s *Store) once(ctx context.Context, o op, c pipeline.Call) error {
+	if _, err := s.nodes.EvalOnce(ctx, c.Keys[0], c); err != nil {
+		s.m.errors[o].Inc()
+		return err
 	}
+	return nil
 }
 
 // groupArgs are the multi script's KEYS and ARGV for the requests of one
@@ -221,12 +219,6 @@ func undoArgs(at int64, args []any) []any {
 // request's cost, in the window at fell in, and nothing once that window is
 // gone.
 func (s *Store) Undo(ctx context.Context, reqs []bucket.Request, at time.Time) error {
-	admin, err := s.nodes.Admin()
-	if err != nil {
-		s.m.errors[opUndo].Add(float64(len(reqs)))
-		return err
-	}
-	var calls []pipeline.Call
 	byKey := map[string][]bucket.Request{}
 	var order []string
 	for _, r := range reqs {
@@ -238,19 +230,11 @@ func (s *Store) Undo(ctx context.Context, reqs []bucket.Request, at time.Time) e
 		}
 		byKey[r.Key] = append(byKey[r.Key], r)
 	}
+	var errs []error
 	for _, k := range order {
 		keys, args := groupArgs(byKey[k])
-		calls = append(calls, pipeline.Call{Script: undoScript, Keys: keys, Args: undoArgs(at.UnixMicro(), args)})
-	}
-	cmds, err := pipeline.RunScripts(ctx, admin, calls)
-	var errs []error
-	if err != nil {
-		errs = append(errs, err)
-	}
-	for _, cmd := range cmds {
-		if cmd.Err() != nil {
-			s.m.errors[opUndo].Inc()
-			errs = append(errs, cmd.Err())
+		if err := s.once(ctx, opUndo, pipeline.Call{Script: undoScript, Keys: keys, Args: undoArgs(at.UnixMicro(), args)}); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if len(errs) > 0 {

@@ -229,7 +229,29 @@ func (ns *Nodes) Eval(ctx context.Context, key string, sc Call, dur prometheus.O
 	}
 	r := n.eval(ctx, sc, dur)
 	if r.err != nil && isRedirect(r.err) {
-		r = ns.redirect(ctx, r.err, sc)
+		r = ns.follow(ctx, n, r, sc)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.res, nil
+}
+
+// EvalOnce runs sc on the primary that serves key, on its own (never
+// coalesced, never re-sent) under that node's breaker, and returns the
+// script's reply: for scripts that must not run twice, such as an undo or
+// a refund, which a cluster client's pipeline would send again after a
+// retryable error of another command of its batch. Replies that say
+// nothing ran are followed as Eval follows them. It takes its deadline
+// from ctx. The errors are Eval's.
+func (ns *Nodes) EvalOnce(ctx context.Context, key string, sc Call) ([]any, error) {
+	n, err := ns.nodeFor(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	r := n.direct(ctx, sc, nil)
+	if r.err != nil && isRedirect(r.err) {
+		r = ns.follow(ctx, n, r, sc)
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -261,17 +283,50 @@ func isRedirect(err error) bool {
 	return redis.IsTryAgainError(err) || redis.IsClusterDownError(err)
 }
 
-// redirect follows a MOVED or ASK reply once, on the node it names. Nothing
-// ran on the node that answered it.
-func (ns *Nodes) redirect(ctx context.Context, err error, sc Call) result {
+// TryAgainPauses are the pauses before sending a call again that a node
+// answered TRYAGAIN (a script of several keys of a slot being migrated,
+// some already moved): the migration of a slot's few keys takes
+// milliseconds, so a short wait usually finds them in one place. Past
+// them, the call is not applied and the rule's on_failure decides.
+var TryAgainPauses = []time.Duration{time.Millisecond, 2 * time.Millisecond, 4 * time.Millisecond}
+
+// follow sends sc again after n's reply r said that nothing ran and where
+// to go: a MOVED or ASK on the node it names, once; a TRYAGAIN on the same
+// node after each of TryAgainPauses, while ctx allows. A CLUSTERDOWN, or
+// a reply still saying so, is returned (not applied).
+func (ns *Nodes) follow(ctx context.Context, n *node, r result, sc Call) result {
 	ns.reroute()
-	if addr, ok := redis.IsMovedError(err); ok {
-		return ns.node(addr).direct(ctx, sc, nil)
+	redirected := false
+	pauses := TryAgainPauses
+	for r.err != nil {
+		if addr, ok := redis.IsMovedError(r.err); ok && !redirected {
+			redirected, n = true, ns.node(addr)
+			r = n.direct(ctx, sc, nil)
+			continue
+		}
+		if addr, ok := redis.IsAskError(r.err); ok && !redirected {
+			redirected = true
+			r = ns.node(addr).direct(ctx, sc, func(p redis.Pipeliner) { p.Do(ctx, "asking") })
+			continue
+		}
+		if !redis.IsTryAgainError(r.err) || len(pauses) == 0 {
+			break
+		}
+		t := time.NewTimer(pauses[0])
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return result{f: notApplied, err: r.err}
+		}
+		pauses = pauses[1:]
+		ns.m.tryAgain.Inc()
+		r = n.direct(ctx, sc, nil)
 	}
-	if addr, ok := redis.IsAskError(err); ok {
-		return ns.node(addr).direct(ctx, sc, func(p redis.Pipeliner) { p.Do(ctx, "asking") })
+	if r.err != nil && isRedirect(r.err) {
+		r.f = notApplied
 	}
-	return result{f: notApplied, err: err}
+	return r
 }
 
 // reroute refreshes the cluster's slot map, at most once a second.
@@ -302,7 +357,7 @@ func (n *node) direct(ctx context.Context, sc Call, before func(redis.Pipeliner)
 	var r result
 	_, err := n.breaker.Execute(func() (struct{}, error) {
 		cmds, _ := runScripts(pctx, n.pooled, []Call{sc}, before)
-		res, err := cmds[0].Slice()
+		res, err := replySlice(cmds[0])
 		if err == nil || isReply(err) {
 			n.connFailures.Store(0)
 			r = result{res: res, f: notApplied, err: err}
@@ -322,6 +377,22 @@ func (n *node) direct(ctx context.Context, sc Call, before func(redis.Pipeliner)
 		r.err = r.f.wrap(n.addr, r.err)
 	}
 	return r
+}
+
+// replySlice is a script's reply as a slice: a table's elements, or a lone
+// value (an undo's 1, or nothing) as its one element.
+func replySlice(cmd *redis.Cmd) ([]any, error) {
+	v, err := cmd.Result()
+	if errors.Is(err, redis.Nil) {
+		return []any{nil}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if res, ok := v.([]any); ok {
+		return res, nil
+	}
+	return []any{v}, nil
 }
 
 // The states of a call. A call is owned by its caller until it is queued;

@@ -103,7 +103,12 @@ func (ns *Nodes) nodeOptions(addr string) *redis.Options {
 	}
 }
 
-// newBackend makes the admin client for the mode.
+// newBackend makes the admin client for the mode. A cluster client's
+// pipeline sends a node's whole batch again when its first command is
+// answered TRYAGAIN, LOADING, CLUSTERDOWN, MASTERDOWN or READONLY, or when
+// a reply cannot be read (up to MaxRedirects times): it carries only
+// scripts that may run twice (debits, kept once by their markers) and
+// reads. Scripts that must run once go through Nodes.EvalOnce.
 func (ns *Nodes) newBackend(cluster bool) *backend {
 	if !cluster {
 		return &backend{admin: redis.NewClient(ns.nodeOptions(ns.opts.Addrs[0]))}

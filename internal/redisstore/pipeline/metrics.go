@@ -17,6 +17,7 @@ type metrics struct {
 	lingerExpired      prometheus.Counter
 	breakersOpen       prometheus.Gauge
 	breakerTransitions *prometheus.CounterVec
+	tryAgain           prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,7 +46,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_breaker_transitions_total",
 		Help: "Circuit breaker state changes, by the state entered.",
 	}, []string{"state"})
-	for _, c := range []prometheus.Collector{slow, up, batch, linger, open, trans} {
+	tryAgain := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limiter_store_try_again_total",
+		Help: "Store calls sent again after a short pause because their node answered TRYAGAIN (a slot being migrated).",
+	})
+	for _, c := range []prometheus.Collector{slow, up, batch, linger, open, trans, tryAgain} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
@@ -56,5 +61,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return &metrics{
 		slowReplies: slow, up: up,
 		batchSize: batch, lingerExpired: linger, breakersOpen: open, breakerTransitions: trans,
+		tryAgain: tryAgain,
 	}, nil
 }

@@ -28,8 +28,9 @@ type Pipeliner interface {
 // (EVALSHA, then EVAL for a node that lost the script), and returns their
 // commands, in order. It is for calls that go through the admin client
 // (Nodes.Admin) and take their deadline from ctx, outside the nodes'
-// queues and breakers. The error is that of the pipeline (the first
-// command's failure); each command holds its own.
+// queues and breakers. A cluster client may send them more than once (see
+// newBackend): only for scripts that may run twice. The error is that of
+// the pipeline (the first command's failure); each command holds its own.
 func RunScripts(ctx context.Context, p Pipeliner, calls []Call) ([]*redis.Cmd, error) {
 	return runScripts(ctx, p, calls, nil)
 }
