@@ -3,12 +3,15 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
 const cornerRules = `
@@ -89,5 +92,117 @@ func TestLeasedKeyNotJammedWhenAWaitEnds(t *testing.T) {
 	ok, err := decideRules(ctx, t, e, "k", "lx")
 	if err != nil || !ok {
 		t.Fatalf("later check of lx = %v, %v; want allowed (the key is jammed by a fetch never ended)", ok, err)
+	}
+}
+
+const homeRules = `
+rules:
+  - id: pin
+    capacity: 8
+    refill_per_second: 0.000001
+    home: pinned
+    home_keys: {u1: eu-west}
+    match: {path: "/p/**"}
+    key_by: user
+  - id: plocal
+    capacity: 1
+    refill_per_second: 0.000001
+    match: {path: /p/both}
+    key_by: api_key
+  - id: win
+    algorithm: fixed_window
+    limit: 2
+    window: 1h
+    home: pinned
+    home_keys: {u1: eu-west}
+    match: {path: "/w/**"}
+    key_by: user
+  - id: wlocal
+    capacity: 1
+    refill_per_second: 0.000001
+    match: {path: /w/both}
+    key_by: api_key
+`
+
+func decideAttrs(t *testing.T, e *Engine, a *rules.Attributes) bool {
+	t.Helper()
+	e.deny.Clear()
+	ok, _, err := checkAttrs(t, e, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// TestHomeRefundsOnlyWhatItsStoreSpent: a home that decided a forwarded
+// check from its fallback (its store failing) spent nothing in its store;
+// when a local rule at the origin refuses, the refund must not give its
+// store bucket a token it never took.
+func TestHomeRefundsOnlyWhatItsStoreSpent(t *testing.T) {
+	r := twoRegionsWith(t, homeRules, newFaultStore())
+	one := &rules.Attributes{User: "u1", Path: "/p/one"}
+	for i := range 8 {
+		if !decideAttrs(t, r.east, one) {
+			t.Fatalf("check %d of pin's 8 refused", i+1)
+		}
+	}
+	// plocal's one token, spent by another user.
+	if !decideAttrs(t, r.east, &rules.Attributes{User: "u2", APIKey: "k1", Path: "/p/both"}) {
+		t.Fatal("plocal's first check refused")
+	}
+	r.wStore.setFail(errors.New("eu-west's store is down"))
+	// eu-west decides pin from its fallback; plocal refuses at us-east.
+	r.west.deny.Clear()
+	if decideAttrs(t, r.east, &rules.Attributes{User: "u1", APIKey: "k1", Path: "/p/both"}) {
+		t.Fatal("check with plocal exhausted allowed")
+	}
+	if n := testutil.ToFloat64(r.west.table.Load().byID["pin"].fallbackAllowed); n != 1 {
+		t.Fatalf("eu-west's fallback allowed %v checks of pin, want 1", n)
+	}
+	if err := r.east.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.wStore.setFail(nil)
+	r.west.deny.Clear()
+	if decideAttrs(t, r.east, one) {
+		t.Fatalf("pin of capacity 8 admitted a 9th check (%d refunds): the home gave its store back what its fallback spent", r.home.refunds.Load())
+	}
+}
+
+// TestRefundAtTheStoresInstant: a forwarded check spends a fixed window's
+// token at the home in the store's window H-1 (the store's clock reads
+// just before the hour limiterd's clock reads); its refund, arriving once
+// the store is in window H and that window is full, must give back to
+// window H-1 (gone: nothing), never to H.
+func TestRefundAtTheStoresInstant(t *testing.T) {
+	hour := time.Hour.Microseconds()
+	realHour := time.Now().UnixMicro() / hour * hour
+	var clock atomic.Int64
+	clock.Store(realHour - 1) // the store's window H-1, limiterd's H
+	west := &faultStore{Memory: bucket.NewMemory(bucket.WithClock(func() time.Time { return time.UnixMicro(clock.Load()) }))}
+	r := twoRegionsWith(t, homeRules, west)
+	// wlocal's one token, spent by another user.
+	if !decideAttrs(t, r.east, &rules.Attributes{User: "u2", APIKey: "k1", Path: "/w/both"}) {
+		t.Fatal("wlocal's first check refused")
+	}
+	r.home.refundGate = make(chan struct{})
+	if decideAttrs(t, r.east, &rules.Attributes{User: "u1", APIKey: "k1", Path: "/w/both"}) {
+		t.Fatal("check with wlocal exhausted allowed")
+	}
+	// The store moves into window H, which two checks fill.
+	clock.Store(realHour + time.Second.Microseconds())
+	one := &rules.Attributes{User: "u1", Path: "/w/one"}
+	for i := range 2 {
+		if !decideAttrs(t, r.east, one) {
+			t.Fatalf("check %d of window H refused", i+1)
+		}
+	}
+	close(r.home.refundGate)
+	if err := r.east.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.west.deny.Clear()
+	if decideAttrs(t, r.east, one) {
+		t.Fatal("a fixed window of 2 admitted a 3rd check in one window: the refund of a spend in window H-1 gave back to window H")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,10 +93,13 @@ func invalid(field string, format string, args ...any) *InvalidError {
 // not answer, and the rules' on_failure decides.
 type Home interface {
 	// Decide decides items in the home region, all or nothing; it returns
-	// one decision per item and the home's instant of the decision.
-	Decide(ctx context.Context, items []HomeItem) (allowed bool, ds []bucket.Decision, at time.Time, err error)
-	// Refund gives back what an allowed Decide spent.
-	Refund(ctx context.Context, items []HomeItem, at time.Time) error
+	// one decision per item, whose At is the instant the home's store
+	// spent it at, or 0 when the home spent nothing in its store (it
+	// decided from its fallback, or did not learn the outcome).
+	Decide(ctx context.Context, items []HomeItem) (allowed bool, ds []bucket.Decision, err error)
+	// Refund gives back what an allowed Decide spent in the home's
+	// store: the items whose decision had an At, each with it.
+	Refund(ctx context.Context, items []HomeItem) error
 	// Handoff asks a region that was the home of items' keys before a
 	// topology switch what their buckets count now (Engine.Used there),
 	// one count per item; the items' costs are not used.
@@ -111,6 +115,9 @@ type HomeItem struct {
 	// item; the home reserves them at one instant and answers its wait in
 	// the decisions.
 	MaxWait time.Duration
+	// At, in a Refund, is the instant the home's store spent the item at
+	// (its Decide's bucket.Decision.At).
+	At int64
 }
 
 // SpendRecorder collects the tokens admitted for reconciled rules, for the
@@ -554,26 +561,31 @@ func SustainedRate(l bucket.Limit) float64 {
 var ErrNoUndo = errors.New("the store cannot give spends back")
 
 // Refund gives back what an allowed Decide of a peer region's check spent
-// here, in the keys' home region (the Peer service's Refund). Items of
-// rules no longer in force are skipped; costs are normalized against the
-// rule as Decide did.
-func (e *Engine) Refund(ctx context.Context, items []HomeItem, at time.Time) error {
+// in this region's store, the keys' home (the Peer service's Refund): each
+// item at the instant its decision's At named. Items of rules no longer in
+// force are skipped; costs are normalized against the rule as Decide did.
+func (e *Engine) Refund(ctx context.Context, items []HomeItem) error {
 	u, ok := e.store.(bucket.Undoer)
 	if !ok {
 		return ErrNoUndo
 	}
 	t := e.table.Load()
 	reqs := make([]bucket.Request, 0, len(items))
-	for _, it := range items {
+	ats := make([]int64, 0, len(items))
+	for i, it := range items {
 		en := t.byID[it.Rule]
 		if en == nil {
 			continue
 		}
 		cost, err := en.limit.NormalizeCost(it.Cost)
 		if err != nil {
-			return &InvalidError{Field: "cost", Err: err}
+			return &InvalidError{Field: fmt.Sprintf("items[%d].cost", i), Err: err}
+		}
+		if it.At <= 0 {
+			return invalid(fmt.Sprintf("items[%d].spent_at_us", i), "items[%d].spent_at_us: %d: want the instant the item was spent at (µs since the Unix epoch, > 0)", i, it.At)
 		}
 		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit, Cost: cost})
+		ats = append(ats, it.At)
 	}
 	if len(reqs) == 0 {
 		return nil
@@ -584,5 +596,26 @@ func (e *Engine) Refund(ctx context.Context, items []HomeItem, at time.Time) err
 			e.deny.Forget(r.Rule, r.Key)
 		}
 	}
-	return u.Undo(ctx, reqs, at)
+	return undoAt(ctx, u, reqs, ats)
+}
+
+// undoAt gives reqs back, each spent at the instant of ats (µs, the
+// store's clock), in one Undo per instant.
+func undoAt(ctx context.Context, u bucket.Undoer, reqs []bucket.Request, ats []int64) error {
+	var errs []error
+	for i, at := range ats {
+		if slices.Contains(ats[:i], at) {
+			continue // given back with the first of its instant
+		}
+		var group []bucket.Request
+		for j := i; j < len(reqs); j++ {
+			if ats[j] == at {
+				group = append(group, reqs[j])
+			}
+		}
+		if err := u.Undo(ctx, group, time.UnixMicro(at)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -23,11 +23,11 @@ type failingHome struct {
 	handoffs int
 }
 
-func (h *failingHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, time.Time, error) {
+func (h *failingHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, error) {
 	h.calls++
-	return false, nil, time.Time{}, h.err
+	return false, nil, h.err
 }
-func (h *failingHome) Refund(context.Context, []HomeItem, time.Time) error { return nil }
+func (h *failingHome) Refund(context.Context, []HomeItem) error { return nil }
 func (h *failingHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
 	h.handoffs++
 	return nil, h.err

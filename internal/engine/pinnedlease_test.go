@@ -52,10 +52,10 @@ func (h *engineHome) call(name string) error {
 	return h.err
 }
 
-func (h *engineHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, time.Time, error) {
-	return false, nil, time.Time{}, errors.New("not used")
+func (h *engineHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, error) {
+	return false, nil, errors.New("not used")
 }
-func (h *engineHome) Refund(context.Context, []HomeItem, time.Time) error { return nil }
+func (h *engineHome) Refund(context.Context, []HomeItem) error { return nil }
 func (h *engineHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
 	return nil, errors.New("not used")
 }

@@ -89,7 +89,6 @@ type homeSpend struct {
 	h     Home
 	ts    *topoState
 	items []*Item
-	at    time.Time
 }
 
 func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) {
@@ -164,13 +163,13 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	// The home regions of pinned rules.
 	for _, home := range homes {
 		its := remote[home]
-		allowed, at, err := e.forward(ctx, c, home, its)
+		allowed, err := e.forward(ctx, c, home, its)
 		if err == nil {
 			if !allowed {
 				e.remember(c, its, sent, false)
 				return e.giveBack(ctx, &sp, nil)
 			}
-			sp.homes = append(sp.homes, homeSpend{home: home, h: c.ts.homes[home], ts: c.ts, items: its, at: at})
+			sp.homes = append(sp.homes, homeSpend{home: home, h: c.ts.homes[home], ts: c.ts, items: its})
 			continue
 		}
 		if ctx.Err() != nil {
@@ -293,10 +292,10 @@ func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error
 }
 
 // forward asks home to decide its items.
-func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item) (bool, time.Time, error) {
+func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item) (bool, error) {
 	h := c.ts.homes[home]
 	if h == nil {
-		return false, time.Time{}, errors.New("no client for home region " + home)
+		return false, errors.New("no client for home region " + home)
 	}
 	req := make([]HomeItem, len(its))
 	for i, it := range its {
@@ -304,7 +303,7 @@ func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
-	allowed, ds, at, err := h.Decide(fctx, req)
+	allowed, ds, err := h.Decide(fctx, req)
 	if err != nil && fctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, bucket.ErrOutcomeUnknown) {
 		// The forward ran out of its own time: the home may have decided.
 		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
@@ -316,14 +315,14 @@ func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item
 		for _, it := range its {
 			it.e.forwardedFailed.Inc()
 		}
-		return false, time.Time{}, err
+		return false, err
 	}
 	for i, it := range its {
 		it.route = routeHome
 		it.Decision = ds[i]
 		it.Decision.Limit = it.e.limit.Capacity
 	}
-	return allowed, at, nil
+	return allowed, nil
 }
 
 // fromLease hands out it.Cost from this instance's lease. When the lease
@@ -433,14 +432,19 @@ func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, req
 	if refused {
 		return false, nil
 	}
-	at := time.Now()
 	allowed, err := e.storeFailed(ctx, c, failed, failedReqs, errors.Join(me.Unwrap()...))
 	if err == nil && allowed {
 		return true, nil
 	}
 	if u, ok := e.store.(bucket.Undoer); ok && len(spentReqs) > 0 {
+		// Each at the store's instant of its spend: a window rule gives
+		// back to the window it counted in.
+		ats := make([]int64, len(decided))
+		for i, it := range decided {
+			ats[i] = it.Decision.At
+		}
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
-		if uerr := u.Undo(uctx, spentReqs, at); uerr != nil {
+		if uerr := undoAt(uctx, u, spentReqs, ats); uerr != nil {
 			e.log.Warn("a refused check's store spends not given back", "err", uerr)
 		}
 		cancel()
@@ -535,7 +539,8 @@ func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs 
 	for i, it := range items {
 		it.Decision = ds[i]
 		it.Decision.Limit = it.e.limit.Capacity
-		it.Decision.Reservation = 0 // the store's reservations only are given back
+		// The store's reservations and spends only are given back.
+		it.Decision.Reservation, it.Decision.At = 0, 0
 		all = all && ds[i].Allowed
 	}
 	return all, nil
@@ -605,9 +610,16 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 		e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
 	}
 	for _, hs := range sp.homes {
-		items := make([]HomeItem, len(hs.items))
-		for i, it := range hs.items {
-			items[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost}
+		// Only what the home spent in its store: what it decided from its
+		// fallback, or without learning the outcome, has no instant.
+		var items []HomeItem
+		for _, it := range hs.items {
+			if it.Decision.At > 0 {
+				items = append(items, HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
+			}
+		}
+		if len(items) == 0 {
+			continue
 		}
 		h := hs.h
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
@@ -615,7 +627,7 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 		e.refunds.Go(func() {
 			defer hs.ts.release()
 			defer cancel()
-			if err := h.Refund(rctx, items, hs.at); err != nil {
+			if err := h.Refund(rctx, items); err != nil {
 				e.m.refunds.WithLabelValues("error").Inc()
 				e.log.Warn("home region refund failed: its tokens stay spent", "home", hs.home, "err", err)
 				return

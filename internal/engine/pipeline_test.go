@@ -78,48 +78,52 @@ type fakeHome struct {
 	fail    atomic.Bool
 	slow    atomic.Bool // decide, then answer after the caller's deadline
 	refunds atomic.Int64
+	// refundGate, when set, holds each Refund until it is closed.
+	refundGate chan struct{}
 }
 
-func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, time.Time, error) {
+func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
 	if h.fail.Load() {
-		return false, nil, time.Time{}, errors.New("home unreachable")
+		return false, nil, errors.New("home unreachable")
 	}
 	if h.slow.Load() {
 		defer func() { <-ctx.Done() }()
-		_, ds, at, err := h.decide(context.WithoutCancel(ctx), items)
-		return false, ds, at, errors.Join(err, context.DeadlineExceeded)
+		_, ds, err := h.decide(context.WithoutCancel(ctx), items)
+		return false, ds, errors.Join(err, context.DeadlineExceeded)
 	}
 	return h.decide(ctx, items)
 }
 
-func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, time.Time, error) {
+func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
 	c := h.e.NewCheck()
 	c.FromPeer("us-east")
 	var its []*Item
 	for _, hi := range items {
 		it, err := c.AddRule(hi.Rule, hi.Key, hi.Cost)
 		if err != nil {
-			return false, nil, time.Time{}, err
+			return false, nil, err
 		}
 		its = append(its, it)
 	}
 	if len(items) > 0 && items[0].MaxWait > 0 {
 		if err := c.Pace(items[0].MaxWait); err != nil {
-			return false, nil, time.Time{}, err
+			return false, nil, err
 		}
 	}
-	at := time.Now()
 	ok, err := h.e.Decide(ctx, c)
 	ds := make([]bucket.Decision, len(its))
 	for i, it := range its {
 		ds[i] = it.Decision
 	}
-	return ok, ds, at, err
+	return ok, ds, err
 }
 
-func (h *fakeHome) Refund(ctx context.Context, items []HomeItem, at time.Time) error {
+func (h *fakeHome) Refund(ctx context.Context, items []HomeItem) error {
+	if h.refundGate != nil {
+		<-h.refundGate
+	}
 	h.refunds.Add(1)
-	return h.e.Refund(ctx, items, at)
+	return h.e.Refund(ctx, items)
 }
 
 func (h *fakeHome) Handoff(ctx context.Context, items []HomeItem) ([]float64, error) {
@@ -191,7 +195,14 @@ type regions struct {
 // twoRegions is us-east deciding with eu-west as the home of pinned keys.
 func twoRegions(t *testing.T) *regions {
 	t.Helper()
-	set, err := rules.Parse("pipeline.yml", []byte(pipelineRules))
+	return twoRegionsWith(t, pipelineRules, newFaultStore())
+}
+
+// twoRegionsWith is twoRegions with the rules of src and west as eu-west's
+// store.
+func twoRegionsWith(t *testing.T, src string, west *faultStore) *regions {
+	t.Helper()
+	set, err := rules.Parse("pipeline.yml", []byte(src))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +210,7 @@ func twoRegions(t *testing.T) *regions {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &regions{eastStore: newFaultStore(), wStore: newFaultStore()}
+	r := &regions{eastStore: newFaultStore(), wStore: west}
 	r.fleet.Store(1)
 	r.west, err = New(Options{Store: r.wStore, Region: "eu-west", Topology: topo, Logger: quietLogger()}, set, prometheus.NewRegistry())
 	if err != nil {

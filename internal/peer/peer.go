@@ -199,14 +199,15 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 			return nil, checkapi.Status(err)
 		}
 	}
-	at := time.Now()
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
-	resp := &limiterv1.PeerDecideResponse{Allowed: allowed, DecidedAtUs: at.UnixMicro()}
+	resp := &limiterv1.PeerDecideResponse{Allowed: allowed}
 	for _, it := range items {
 		resp.Statuses = append(resp.Statuses, checkapi.RuleStatus(it))
+		// Set only for what this region's store spent (engine.Item).
+		resp.SpentAtUs = append(resp.SpentAtUs, it.Decision.At)
 	}
 	if allowed && c.MaxWait() > 0 {
 		// Every item reserved at one instant: one wait, rounded up.
@@ -230,7 +231,7 @@ func (s *Service) homeItems(ctx context.Context, origin string, pis []*limiterv1
 		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
 		}
-		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost()}
+		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost(), At: pi.GetSpentAtUs()}
 	}
 	return items, nil
 }
@@ -241,7 +242,7 @@ func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) 
 	if err != nil {
 		return nil, err
 	}
-	if err := s.e.Refund(ctx, items, time.UnixMicro(req.GetDecidedAtUs())); err != nil {
+	if err := s.e.Refund(ctx, items); err != nil {
 		return nil, checkapi.Status(err)
 	}
 	return &limiterv1.PeerRefundResponse{}, nil
@@ -357,20 +358,23 @@ func (c *Client) outgoing(ctx context.Context) context.Context {
 func items(its []engine.HomeItem) []*limiterv1.PeerItem {
 	out := make([]*limiterv1.PeerItem, len(its))
 	for i, it := range its {
-		out[i] = &limiterv1.PeerItem{RuleId: it.Rule, Key: it.Key, Cost: it.Cost}
+		out[i] = &limiterv1.PeerItem{RuleId: it.Rule, Key: it.Key, Cost: it.Cost, SpentAtUs: it.At}
 	}
 	return out
 }
 
 // Decide forwards items to the home region.
-func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, time.Time, error) {
+func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, error) {
 	req := &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its), TopologyGeneration: c.generation}
 	if len(its) > 0 && its[0].MaxWait > 0 {
 		req.MaxWaitUs = its[0].MaxWait.Microseconds()
 	}
 	resp, err := c.c.Decide(c.outgoing(ctx), req)
 	if err != nil {
-		return false, nil, time.Time{}, homeError(err)
+		return false, nil, homeError(err)
+	}
+	if n, m := len(resp.GetSpentAtUs()), len(resp.GetStatuses()); n != m {
+		return false, nil, fmt.Errorf("home answered %d instants for %d statuses", n, m)
 	}
 	ds := make([]bucket.Decision, len(resp.GetStatuses()))
 	for i, st := range resp.GetStatuses() {
@@ -379,14 +383,15 @@ func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []buc
 			RetryAfter: time.Duration(st.GetRetryAfterMs()) * time.Millisecond,
 			ResetAfter: time.Duration(st.GetResetAfterMs()) * time.Millisecond,
 			Wait:       time.Duration(resp.GetWaitUs()) * time.Microsecond,
+			At:         max(resp.GetSpentAtUs()[i], 0),
 		}
 	}
-	return resp.GetAllowed(), ds, time.UnixMicro(resp.GetDecidedAtUs()), nil
+	return resp.GetAllowed(), ds, nil
 }
 
-// Refund gives back what Decide spent at the home region.
-func (c *Client) Refund(ctx context.Context, its []engine.HomeItem, at time.Time) error {
-	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its), DecidedAtUs: at.UnixMicro()})
+// Refund gives back what Decide spent in the home region's store.
+func (c *Client) Refund(ctx context.Context, its []engine.HomeItem) error {
+	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its)})
 	return homeError(err)
 }
 

@@ -202,6 +202,7 @@ func parseMultiReply(res []any, reqs []bucket.Request) ([]bucket.Decision, int64
 		if err != nil {
 			return nil, 0, err
 		}
+		d.At = at
 		ds[k] = d
 	}
 	return ds, at, nil

@@ -138,3 +138,44 @@ func TestTryAgainSentAgain(t *testing.T) {
 		t.Fatalf("limiter_store_try_again_total = %v, want at least 1", got)
 	}
 }
+
+// TestUndoAtTheStoresInstant: a decision carries the instant the store's
+// clock decided it at, and an undo naming it gives a sliding log's spend
+// back (the undo script removes entries at exactly that instant: an undo
+// at limiterd's own clock found none).
+func TestUndoAtTheStoresInstant(t *testing.T) {
+	s, _ := newTestStore(t, Options{Addrs: []string{redistest.NewNode(t).Addr()}})
+	ctx := context.Background()
+	lim := bucket.Limit{Algorithm: bucket.SlidingLog, Capacity: 2, Window: time.Hour}
+	for _, multi := range []bool{false, true} {
+		key := fmt.Sprintf("log-%v", multi)
+		reqs := []bucket.Request{{Rule: "log", Key: key, Limit: lim, Cost: 1}}
+		if multi {
+			reqs = append(reqs, bucket.Request{Rule: "log2", Key: key, Limit: lim, Cost: 1})
+		}
+		take := func() ([]bucket.Decision, error) {
+			if !multi {
+				// The single script.
+				d, err := s.Take(ctx, reqs[0])
+				return []bucket.Decision{d}, err
+			}
+			return s.TakeAll(ctx, reqs)
+		}
+		var ds []bucket.Decision
+		var err error
+		for range 2 {
+			if ds, err = take(); err != nil || !ds[0].Allowed {
+				t.Fatalf("multi %v: %+v, %v", multi, ds, err)
+			}
+		}
+		if ds[0].At == 0 {
+			t.Fatalf("multi %v: decision without the store's instant", multi)
+		}
+		if err := s.Undo(ctx, reqs, time.UnixMicro(ds[0].At)); err != nil {
+			t.Fatal(err)
+		}
+		if ds, err = take(); err != nil || !ds[0].Allowed {
+			t.Fatalf("multi %v: after an undo of one of 2 = %+v, %v; want allowed", multi, ds, err)
+		}
+	}
+}

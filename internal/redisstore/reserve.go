@@ -74,6 +74,7 @@ func parseReserveReply(res []any, reqs []bucket.Request) ([]bucket.Decision, err
 		if err != nil {
 			return nil, err
 		}
+		d.At = at
 		ds[k] = d
 		all = all && d.Allowed
 	}

@@ -276,13 +276,23 @@ func scriptArgs(l bucket.Limit, cost float64) [3]string {
 }
 
 // parseDecision reads the scripts' reply {allowed, remaining, retry_us,
-// reset_us} for a bucket of lim. The remaining of a token bucket or GCRA
+// reset_us}, and the single script's instant after them, for a bucket of
+// lim. The remaining of a token bucket or GCRA
 // comes as the time (ns, an integer) until the bucket is full again, of
 // which bucket.Limit.Remaining makes the tokens or requests left; a
 // sliding log's as an integer; a window's as a string.
 func parseDecision(res []any, lim bucket.Limit) (bucket.Decision, error) {
+	var at int64
+	if len(res) == 5 {
+		// The single script's instant.
+		var ok bool
+		if at, ok = res[4].(int64); !ok {
+			return bucket.Decision{}, fmt.Errorf("unexpected instant %v", res[4])
+		}
+		res = res[:4]
+	}
 	if len(res) != 4 {
-		return bucket.Decision{}, fmt.Errorf("reply has %d elements, want 4", len(res))
+		return bucket.Decision{}, fmt.Errorf("reply has %d elements, want 4 or 5", len(res))
 	}
 	allowed, ok1 := res[0].(int64)
 	retry, ok3 := res[2].(int64)
@@ -311,6 +321,7 @@ func parseDecision(res []any, lim bucket.Limit) (bucket.Decision, error) {
 		Limit:      lim.Capacity,
 		RetryAfter: time.Duration(retry) * time.Microsecond,
 		ResetAfter: time.Duration(reset) * time.Microsecond,
+		At:         at,
 	}, nil
 }
 

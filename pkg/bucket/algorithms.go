@@ -51,21 +51,26 @@ const floorSlack = 0x1p-50
 // since the Unix epoch), updating st when the request is allowed (and, for
 // a token bucket or GCRA, clamping a debt a lowered capacity left: see
 // clampDebt). cost must already be normalized (NormalizeCost) and l valid
-// (Validate). It does not allocate, except a SlidingLog growing its log.
+// (Validate). The decision's At is now. It does not allocate, except a
+// SlidingLog growing its log.
 func (l *Limit) Take(st *State, now int64, cost float64) Decision {
+	var d Decision
 	switch l.Algorithm {
 	case TokenBucket:
-		return l.takeInstant(st, now, cost, false)
+		d = l.takeInstant(st, now, cost, false)
 	case GCRA:
-		return l.takeInstant(st, now, cost, true)
+		d = l.takeInstant(st, now, cost, true)
 	case SlidingWindow:
-		return l.takeSlidingWindow(st, now, cost)
+		d = l.takeSlidingWindow(st, now, cost)
 	case FixedWindow:
-		return l.takeFixedWindow(st, now, cost)
+		d = l.takeFixedWindow(st, now, cost)
 	case SlidingLog:
-		return l.takeSlidingLog(st, now, cost)
+		d = l.takeSlidingLog(st, now, cost)
+	default:
+		d = Decision{Limit: l.Capacity}
 	}
-	return Decision{Limit: l.Capacity}
+	d.At = now
+	return d
 }
 
 // TakeAt is Take with a time.Time.

@@ -310,7 +310,7 @@ func TestLoweredCapacity(t *testing.T) {
 			for i, s := range tt.afterDrain {
 				d := lowered.Take(&st, t0+s.at, s.cost)
 				want := Decision{Allowed: s.allowed, Remaining: s.remaining, Limit: lowered.Capacity,
-					RetryAfter: micros(s.retry), ResetAfter: micros(s.reset)}
+					RetryAfter: micros(s.retry), ResetAfter: micros(s.reset), At: t0 + s.at}
 				if d != want {
 					t.Fatalf("step %d (t=+%dµs cost %v):\n got %+v\nwant %+v", i, s.at, s.cost, d, want)
 				}

@@ -221,6 +221,11 @@ type Decision struct {
 	// is full again), which names the reservation to give it back (see
 	// Unreserver); 0 otherwise.
 	Reservation int64
+	// At is the instant the store decided at, by its own clock (µs since
+	// the Unix epoch): the instant an Undo of this spend names, so that a
+	// window rule gives back to the window the spend counted in. 0 when
+	// the decision came from no store (a lease, a fallback, a denial).
+	At int64
 }
 
 // Request is one check: spend Cost of Limit from the bucket of Key under Rule.

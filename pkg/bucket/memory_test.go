@@ -357,3 +357,36 @@ func TestMemoryHeapWithinCap(t *testing.T) {
 		})
 	}
 }
+
+// TestSlidingLogUndoOfASpendGone: an undo of a sliding log's spend that
+// has left the window gives nothing back, and never removes the entries
+// other requests logged since (undo.lua does the same).
+func TestSlidingLogUndoOfASpendGone(t *testing.T) {
+	var now atomic.Int64
+	m := NewMemory(WithClock(func() time.Time { return time.UnixMicro(now.Load()) }))
+	ctx := context.Background()
+	lim := Limit{Algorithm: SlidingLog, Capacity: 2, Window: time.Second}
+	req := Request{Rule: "r", Key: "k", Limit: lim, Cost: 1}
+	take := func(atMs int64) Decision {
+		t.Helper()
+		now.Store(1_000_000_000 + atMs*1000)
+		d, err := m.Take(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	first := take(0)
+	if !first.Allowed || first.At == 0 {
+		t.Fatalf("first = %+v, want allowed with its instant", first)
+	}
+	take(1200)
+	take(1400) // the log: 1.2 s and 1.4 s; 0 s has left the window
+	now.Store(1_000_000_000 + 1500*1000)
+	if err := m.Undo(ctx, []Request{req}, time.UnixMicro(first.At)); err != nil {
+		t.Fatal(err)
+	}
+	if d := take(1600); d.Allowed {
+		t.Fatal("a sliding log of 2 in 1 s admitted 3 in [0.6 s, 1.6 s]: the undo of a spend gone removed another request's entry")
+	}
+}

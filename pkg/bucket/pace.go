@@ -90,6 +90,9 @@ func reserveAll(ls []*Limit, sts []*State, now int64, costs []float64, maxWait f
 			Reservation: sts[i].a,
 		}
 	}
+	for i := range out[:len(ls)] {
+		out[i].At = now
+	}
 	return all
 }
 

@@ -22,7 +22,8 @@ type Undoer interface {
 //     amount moved it), never before now;
 //   - SlidingWindow, FixedWindow: the count of the window at fell in goes
 //     down by amount, never below 0, while that window still counts;
-//   - SlidingLog: up to amount of the newest entries at or after at go.
+//   - SlidingLog: up to amount of the entries logged at exactly at go,
+//     while at is still in the window (as undo.lua does).
 func (l *Limit) Undo(st *State, now, at int64, amount float64) {
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
@@ -43,11 +44,19 @@ func (l *Limit) Undo(st *State, now, at int64, amount float64) {
 			st.b = math.Max(micro(micro(st.b)-amount), 0)
 		}
 	case SlidingLog:
-		n := int(math.Floor(amount + 0.5))
-		for n > 0 && len(st.log) > 0 && st.log[len(st.log)-1] >= at {
-			st.log = st.log[:len(st.log)-1]
-			n--
+		if at <= now-l.windowMicros() {
+			return
 		}
+		n := int(math.Floor(amount + 0.5))
+		out := st.log[:0]
+		for _, t := range st.log {
+			if t == at && n > 0 {
+				n--
+				continue
+			}
+			out = append(out, t)
+		}
+		st.log = out
 	}
 }
 

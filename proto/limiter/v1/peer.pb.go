@@ -27,7 +27,10 @@ type PeerItem struct {
 	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
 	Key    string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Tokens to spend, finite, > 0 and not above the rule's capacity.
-	Cost          float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	// In a Refund: the instant (µs since the Unix epoch, the home store's
+	// clock) the item was spent at, as its Decide answered (spent_at_us).
+	SpentAtUs     int64 `protobuf:"varint,4,opt,name=spent_at_us,json=spentAtUs,proto3" json:"spent_at_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -79,6 +82,13 @@ func (x *PeerItem) GetKey() string {
 func (x *PeerItem) GetCost() float64 {
 	if x != nil {
 		return x.Cost
+	}
+	return 0
+}
+
+func (x *PeerItem) GetSpentAtUs() int64 {
+	if x != nil {
+		return x.SpentAtUs
 	}
 	return 0
 }
@@ -165,10 +175,13 @@ type PeerDecideResponse struct {
 	Allowed bool                   `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// One per item, in order (rule_id is the item's).
 	Statuses []*RuleStatus `protobuf:"bytes,2,rep,name=statuses,proto3" json:"statuses,omitempty"`
-	// The store instant (µs since the Unix epoch) the items were decided
-	// at; a Refund names it, so that a window rule gives back the window
+	// One per item, in order: the instant (µs since the Unix epoch, the
+	// home store's clock) its spend was decided at in the home's store, or 0
+	// when the home spent nothing there (it decided from its fallback, or
+	// without learning the outcome). A Refund gives back only items with an
+	// instant, each naming it, so that a window rule gives back the window
 	// the tokens were spent in.
-	DecidedAtUs int64 `protobuf:"varint,3,opt,name=decided_at_us,json=decidedAtUs,proto3" json:"decided_at_us,omitempty"`
+	SpentAtUs []int64 `protobuf:"varint,5,rep,packed,name=spent_at_us,json=spentAtUs,proto3" json:"spent_at_us,omitempty"`
 	// A paced check allowed: the wait (µs) from the home's decision.
 	WaitUs        int64 `protobuf:"varint,4,opt,name=wait_us,json=waitUs,proto3" json:"wait_us,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -219,11 +232,11 @@ func (x *PeerDecideResponse) GetStatuses() []*RuleStatus {
 	return nil
 }
 
-func (x *PeerDecideResponse) GetDecidedAtUs() int64 {
+func (x *PeerDecideResponse) GetSpentAtUs() []int64 {
 	if x != nil {
-		return x.DecidedAtUs
+		return x.SpentAtUs
 	}
-	return 0
+	return nil
 }
 
 func (x *PeerDecideResponse) GetWaitUs() int64 {
@@ -236,10 +249,9 @@ func (x *PeerDecideResponse) GetWaitUs() int64 {
 type PeerRefundRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	OriginRegion string                 `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
-	// The items of an allowed Decide, with the costs it spent.
-	Items []*PeerItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
-	// The decided_at_us of that Decide.
-	DecidedAtUs   int64 `protobuf:"varint,3,opt,name=decided_at_us,json=decidedAtUs,proto3" json:"decided_at_us,omitempty"`
+	// The items of an allowed Decide that the home spent in its store, with
+	// the costs and the spent_at_us it answered.
+	Items         []*PeerItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -286,13 +298,6 @@ func (x *PeerRefundRequest) GetItems() []*PeerItem {
 		return x.Items
 	}
 	return nil
-}
-
-func (x *PeerRefundRequest) GetDecidedAtUs() int64 {
-	if x != nil {
-		return x.DecidedAtUs
-	}
-	return 0
 }
 
 type PeerRefundResponse struct {
@@ -747,25 +752,25 @@ var File_limiter_v1_peer_proto protoreflect.FileDescriptor
 const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x15limiter/v1/peer.proto\x12\n" +
-	"limiter.v1\x1a\x18limiter/v1/limiter.proto\"I\n" +
+	"limiter.v1\x1a\x18limiter/v1/limiter.proto\"i\n" +
 	"\bPeerItem\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x01R\x04cost\"\xb5\x01\n" +
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\x12\x1e\n" +
+	"\vspent_at_us\x18\x04 \x01(\x03R\tspentAtUs\"\xb5\x01\n" +
 	"\x11PeerDecideRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\x12/\n" +
 	"\x13topology_generation\x18\x03 \x01(\x04R\x12topologyGeneration\x12\x1e\n" +
-	"\vmax_wait_us\x18\x04 \x01(\x03R\tmaxWaitUs\"\x9f\x01\n" +
+	"\vmax_wait_us\x18\x04 \x01(\x03R\tmaxWaitUs\"\xa1\x01\n" +
 	"\x12PeerDecideResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x122\n" +
-	"\bstatuses\x18\x02 \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\"\n" +
-	"\rdecided_at_us\x18\x03 \x01(\x03R\vdecidedAtUs\x12\x17\n" +
-	"\await_us\x18\x04 \x01(\x03R\x06waitUs\"\x88\x01\n" +
+	"\bstatuses\x18\x02 \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\x1e\n" +
+	"\vspent_at_us\x18\x05 \x03(\x03R\tspentAtUs\x12\x17\n" +
+	"\await_us\x18\x04 \x01(\x03R\x06waitUsJ\x04\b\x03\x10\x04\"j\n" +
 	"\x11PeerRefundRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
-	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\x12\"\n" +
-	"\rdecided_at_us\x18\x03 \x01(\x03R\vdecidedAtUs\"\x14\n" +
+	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05itemsJ\x04\b\x03\x10\x04\"\x14\n" +
 	"\x12PeerRefundResponse\"\x85\x01\n" +
 	"\x12PeerAcquireRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12\x19\n" +
