@@ -30,8 +30,8 @@ end
 
 local function debit_sliding_window(key, cap, w, amount, now)
   if not (amount and amount > 0) then return 0 end
-  local idx = window_index(now, w)
-  local cur, prev = sliding_window_read(key, idx)
+  local cur, prev, idx
+  cur, prev, idx, now = sliding_window_at(key, w, now)
   local f = (now - idx * w) / w
   local over = overshoot(amount, micro(cap) - (prev * (1 - f) + cur))
   sliding_window_write(key, idx, w, math.min(micro(cur + amount), window_most(cap, w)), prev, now)
@@ -40,8 +40,7 @@ end
 
 local function debit_fixed_window(key, cap, w, amount, now)
   if not (amount and amount > 0) then return 0 end
-  local idx = window_index(now, w)
-  local count, fresh = fixed_window_read(key, idx)
+  local count, fresh, idx = fixed_window_at(key, w, now)
   local over = overshoot(amount, micro(cap) - count)
   fixed_window_write(key, idx, w, math.min(micro(count + amount), window_most(cap, w)), fresh)
   return over

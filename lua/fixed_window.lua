@@ -16,6 +16,23 @@ local function fixed_window_read(key, idx)
   return 0, true
 end
 
+-- The count a window algorithm reads at now: of now's window, or of a later
+-- window the key holds, read at that window's start (window_now). Returns
+-- the count, whether the key holds no such window, its index and the
+-- instant read at.
+local function fixed_window_at(key, w, now)
+  local idx = window_index(now, w)
+  local v = read_string(key)
+  if v then
+    local a, b = string.match(v, '^(%d+) (%S+)$')
+    a = tonumber(a)
+    if a and a >= idx then
+      return micro(tonumber(b) or 0), false, a, window_now(a, now, w)
+    end
+  end
+  return 0, true, idx, now
+end
+
 local function fixed_window_write(key, idx, w, count, fresh)
   local val = string.format('%d %.17g', idx, count)
   if fresh then
@@ -26,8 +43,8 @@ local function fixed_window_write(key, idx, w, count, fresh)
 end
 
 local function fixed_window(key, cap, w, cost, now)
-  local idx = window_index(now, w)
-  local count, fresh = fixed_window_read(key, idx)
+  local count, fresh, idx
+  count, fresh, idx, now = fixed_window_at(key, w, now)
   cap, cost = micro(cap), window_cost(cost)
   local ends = (idx + 1) * w - now
   local nxt = micro(count + cost)

@@ -20,12 +20,11 @@ local function used_of(key, alg, cap, p)
     local d = bucket_debt(key, cap, p, now)
     return d * p / 1e9
   elseif alg == 'sliding_window' then
-    local idx = window_index(now, p)
-    local cur, prev = sliding_window_read(key, idx)
-    local f = (now - idx * p) / p
+    local cur, prev, idx, at = sliding_window_at(key, p, now)
+    local f = (at - idx * p) / p
     return math.ceil((prev * (1 - f) + cur) * 1e6) / 1e6
   elseif alg == 'fixed_window' then
-    return (fixed_window_read(key, window_index(now, p)))
+    return (fixed_window_at(key, p, now))
   elseif alg == 'sliding_log' then
     local n = redis.pcall('ZCOUNT', key, '(' .. fmt_int(now - p), '+inf')
     if type(n) == 'number' then return n end

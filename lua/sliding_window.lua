@@ -19,15 +19,34 @@ local function sliding_window_read(key, idx)
   return 0, 0
 end
 
+-- The counts a window algorithm reads at now: of now's window, or of a
+-- later window the key holds, read at that window's start (window_now).
+-- Returns the current and previous counts, the window's index and the
+-- instant read at.
+local function sliding_window_at(key, w, now)
+  local idx = window_index(now, w)
+  local v = read_string(key)
+  if v then
+    local a, b, c = string.match(v, '^(%d+) (%S+) (%S+)$')
+    a = tonumber(a)
+    if a and a >= idx then
+      return micro(tonumber(b) or 0), micro(tonumber(c) or 0), a, window_now(a, now, w)
+    elseif a == idx - 1 then
+      return 0, micro(tonumber(b) or 0), idx, now
+    end
+  end
+  return 0, 0, idx, now
+end
+
 local function sliding_window_write(key, idx, w, cur, prev, now)
   redis.call('SET', key, string.format('%d %.17g %.17g', idx, cur, prev),
     'PX', fmt_int(math.ceil(((idx + 2) * w - now) / 1000) + EXPIRY_PAD_MS))
 end
 
 local function sliding_window(key, cap, w, cost, now)
-  local idx = window_index(now, w)
+  local cur, prev, idx
+  cur, prev, idx, now = sliding_window_at(key, w, now)
   local f = (now - idx * w) / w
-  local cur, prev = sliding_window_read(key, idx)
   cap, cost = micro(cap), window_cost(cost)
   local est = prev * (1 - f) + cur
   local nxt = micro(est + cost)

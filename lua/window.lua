@@ -24,3 +24,13 @@ local function window_most(cap, w)
   cap = micro(cap)
   return micro(cap + math.max(cap, cap * DEBT_HORIZON_US / w))
 end
+
+-- The instant a window algorithm reads a state of window a at: now, or the
+-- start of window a when that is later. The store's clock can step back (a
+-- failover to a node whose clock is behind, an NTP step); read at the
+-- earlier instant, a later window's state would count as empty and be
+-- rewritten under the earlier index, giving its spends back.
+local function window_now(a, now, w)
+  if a and a * w > now then return a * w end
+  return now
+end

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -59,6 +60,7 @@ type conformance struct {
 	ctx    context.Context
 	client *redis.ClusterClient
 	debit  *redis.Script
+	undo   *redis.Script
 	// handoff reads and seeds buckets as a key's old and new homes do.
 	handoff *redis.Script
 	seq     int
@@ -69,19 +71,24 @@ func newConformance(t *testing.T) *conformance {
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { client.Close() })
 	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock)),
+		undo:    redis.NewScript(lua.Undo(lua.FixedClock)),
 		handoff: redis.NewScript(lua.Handoff(lua.FixedClock))}
 }
 
 // conformanceRun is what run saw.
 type conformanceRun struct {
-	allowed, refused, refusedAfterChange, debits, handoffs int
+	allowed, refused, refusedAfterChange, debits, handoffs, stepsBack, undos int
 }
 
 // run steps through one table of (time, cost) steps, and debits, against
 // the Go algorithms and the Lua scripts, and fails at the first step where
 // the decisions (or a debit's overshoot) differ, or a key is written
 // without an expiry. Halfway through, the limit becomes then (if not nil).
-// Time jumps are at most maxJump µs.
+// Time jumps are at most maxJump µs. Now and then the clock steps back (a
+// failover to a node whose clock is behind, an NTP step), and an allowed
+// spend is undone, at the instant it was spent, some steps later (across
+// window boundaries too): the state each leaves is held to the same by the
+// decisions that follow.
 func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bucket.Limit, rng *rand.Rand, steps int, maxJump int64) conformanceRun {
 	t.Helper()
 	scripts := map[bucket.Algorithm]*redis.Script{}
@@ -108,6 +115,12 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 	var st bucket.State
 	var run conformanceRun
 	var retry int64
+	// spends are allowed spends not undone yet: their instants and costs.
+	type spend struct {
+		at   int64
+		cost float64
+	}
+	var spends []spend
 	scale := lim.Capacity / lim.RefillPerSecond * 1e6 // µs to fill, or
 	if lim.Window > 0 {
 		scale = float64(lim.Window.Microseconds())
@@ -128,6 +141,31 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 			now += min(int64(rng.Float64()*scale/20), maxJump)
 		case 5:
 			now += retry // exactly when the last refusal said
+		}
+		if rng.IntN(12) == 0 {
+			// The clock steps back, by a few µs or up to a window (never
+			// behind the real clock: real expiry must not remove state).
+			back := 1 + rng.Int64N(5)
+			if rng.IntN(2) == 0 {
+				back = min(int64(rng.Float64()*scale), 2_000_000)
+			}
+			now -= back
+			run.stepsBack++
+		}
+		if len(spends) > 0 && rng.IntN(10) == 0 {
+			// An all-or-nothing check refused elsewhere: its spend here
+			// given back, at the instant it was spent.
+			sp := spends[rng.IntN(len(spends))]
+			lim.Undo(&st, now, sp.at, sp.cost)
+			keys, args := groupArgs([]bucket.Request{{Rule: "conf-" + name, Key: "client", Limit: lim, Cost: sp.cost}})
+			keys[0] = key
+			args = append(undoArgs(sp.at, args), strconv.FormatInt(now, 10))
+			if err := cf.undo.Run(ctx, client, keys, args...).Err(); err != nil && err != redis.Nil {
+				t.Fatalf("step %d: undo = %v", step, err)
+			}
+			spends = slices.DeleteFunc(spends, func(x spend) bool { return x == sp })
+			run.undos++
+			continue
 		}
 		cost := []float64{1, 1, 1, 2, 3}[rng.IntN(5)]
 		if lim.Algorithm != bucket.SlidingLog {
@@ -213,6 +251,7 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 		}
 		if got.Allowed {
 			run.allowed++
+			spends = append(spends, spend{now, cost})
 			// -1: no expiry. A key of a bucket full again within a
 			// millisecond may be gone already (-2) or about to go (0).
 			ttl, err := client.PTTL(ctx, key).Result()
@@ -285,11 +324,13 @@ func TestConformanceRandomLimits(t *testing.T) {
 			total.refused += run.refused
 			total.debits += run.debits
 			total.handoffs += run.handoffs
+			total.stepsBack += run.stepsBack
+			total.undos += run.undos
 		})
 	}
-	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits, %d handoffs, every decision, overshoot and count handed off identical",
-		limits, steps, total.allowed, total.refused, total.debits, total.handoffs)
-	if total.allowed == 0 || total.refused == 0 || total.handoffs == 0 {
+	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits, %d handoffs, %d clock steps back, %d undos, every decision, overshoot and count handed off identical",
+		limits, steps, total.allowed, total.refused, total.debits, total.handoffs, total.stepsBack, total.undos)
+	if total.allowed == 0 || total.refused == 0 || total.handoffs == 0 || total.stepsBack == 0 || total.undos == 0 {
 		t.Fatalf("one outcome only: %+v", total)
 	}
 }

@@ -256,6 +256,18 @@ func (l *Limit) logMost() int {
 	return limit + int(math.Min(extra, MaxLogCapacity))
 }
 
+// windowNow is the instant a window algorithm reads st at: now, or the
+// start of st's window when that is later. The store's clock can step back
+// (a failover to a node whose clock is behind, an NTP step); read at the
+// earlier instant, a later window's state would count as empty and be
+// rewritten under the earlier index, giving its spends back.
+func (st *State) windowNow(now, w int64) int64 {
+	if start := st.a * w; start > now {
+		return start
+	}
+	return now
+}
+
 // windowCounts are the current and previous counts of window idx in st,
 // in whole millionths as the scripts read them.
 func (st *State) windowCounts(idx int64) (cur, prev float64) {
@@ -272,6 +284,7 @@ func (st *State) windowCounts(idx int64) (cur, prev float64) {
 // previous*(1-f) + current, f the elapsed fraction of the current window.
 func (l *Limit) takeSlidingWindow(st *State, now int64, cost float64) Decision {
 	w := l.windowMicros()
+	now = st.windowNow(now, w)
 	idx := now / w
 	f := float64(now-idx*w) / float64(w)
 	cur, prev := st.windowCounts(idx)
@@ -311,6 +324,7 @@ func (l *Limit) takeSlidingWindow(st *State, now int64, cost float64) Decision {
 // The fixed window counts per window aligned to the epoch.
 func (l *Limit) takeFixedWindow(st *State, now int64, cost float64) Decision {
 	w := l.windowMicros()
+	now = st.windowNow(now, w)
 	idx := now / w
 	var count float64
 	if st.a == idx {
@@ -405,13 +419,14 @@ func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) 
 		st.a = instantAt(now, math.Min(d+spendNs(amount, rate), maxDebtNs(full)))
 	case SlidingWindow:
 		w := l.windowMicros()
+		now = st.windowNow(now, w)
 		idx := now / w
 		cur, prev := st.windowCounts(idx)
 		f := float64(now-idx*w) / float64(w)
 		overshoot = overshootOf(amount, micro(l.Capacity)-(float64(prev*(1-f))+cur))
 		st.a, st.b, st.c = idx, math.Min(micro(cur+amount), l.windowMost()), prev
 	case FixedWindow:
-		idx := now / l.windowMicros()
+		idx := st.windowNow(now, l.windowMicros()) / l.windowMicros()
 		var count float64
 		if st.a == idx {
 			count = micro(st.b)

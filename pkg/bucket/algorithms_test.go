@@ -336,3 +336,32 @@ func TestDebitAfterLoweredCapacity(t *testing.T) {
 		})
 	}
 }
+
+// TestWindowsWhenTheClockStepsBack: a window rule's state of a later
+// window, read by a clock that stepped back (a failover to a node behind,
+// an NTP step), still counts: it is neither read as empty nor rewritten
+// under the earlier window.
+func TestWindowsWhenTheClockStepsBack(t *testing.T) {
+	const w = int64(time.Second / time.Microsecond)
+	base := (time.Now().UnixMicro()/w + 10) * w
+	for _, alg := range []Algorithm{FixedWindow, SlidingWindow} {
+		t.Run(string(alg), func(t *testing.T) {
+			l := Limit{Algorithm: alg, Capacity: 2, Window: time.Second}
+			var st State
+			admitted := 0
+			// Window 1 filled, the clock 5 µs back into window 0, then on
+			// again in window 1.
+			for _, at := range []int64{w + 1, w + 2, w - 4, w - 3, w + 3, w + 4} {
+				if l.Take(&st, base+at, 1).Allowed {
+					admitted++
+				}
+			}
+			if admitted != 2 {
+				t.Fatalf("a %s of 2 admitted %d within 10 µs", alg, admitted)
+			}
+			if used := l.Used(&st, base+w-4); used != 2 {
+				t.Fatalf("Used by the clock stepped back = %v, want 2", used)
+			}
+		})
+	}
+}

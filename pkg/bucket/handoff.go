@@ -35,12 +35,13 @@ func (l *Limit) Used(st *State, now int64) float64 {
 		return float64(d*l.RefillPerSecond) / 1e9
 	case SlidingWindow:
 		w := l.windowMicros()
+		now = st.windowNow(now, w)
 		idx := now / w
 		cur, prev := st.windowCounts(idx)
 		f := float64(now-idx*w) / float64(w)
 		return math.Ceil(float64(float64(prev*(1-f))+cur)*1e6) / 1e6
 	case FixedWindow:
-		if st.a == now/l.windowMicros() {
+		if st.a >= now/l.windowMicros() {
 			return micro(st.b)
 		}
 	case SlidingLog:
