@@ -27,6 +27,11 @@ const (
 // ErrInvalidLease: a lease id that is malformed, or names what it cannot.
 var ErrInvalidLease = errors.New("invalid lease")
 
+// ErrLeasesFull: a Memory holds leases up to its byte cap (leases are never
+// evicted, since a lease dropped would let another request in), so it
+// takes no new one until some are released or expire: nothing was held.
+var ErrLeasesFull = errors.New("lease memory full: no lease taken")
+
 // LeaseLimit is the budget of one concurrency rule. The zero value is not
 // valid: call Validate.
 type LeaseLimit struct {
@@ -247,18 +252,23 @@ func (m *Memory) changeLeases(shs []*memoryShard, reqs []LeaseRequest, member st
 		} else {
 			delete(sh.leases, id)
 		}
-		sh.bytes += after - before
+		sh.leaseBytes += after - before
 	}
 }
 
-// Acquire takes member's lease of every request, all or nothing. It never
-// returns an error.
+// Acquire takes member's lease of every request, all or nothing. Its one
+// error is ErrLeasesFull, when a shard holds leases up to the byte cap.
 func (m *Memory) Acquire(_ context.Context, reqs []LeaseRequest, member string) ([]LeaseDecision, error) {
 	now := m.nowMicros()
 	shs, unlock := m.lockLeases(now, reqs)
 	defer unlock()
 	out := make([]LeaseDecision, len(reqs))
 	m.changeLeases(shs, reqs, member, func(_ int, s *Leases) { s.trim(now) })
+	for _, sh := range shs {
+		if sh.leaseBytes >= m.perShard {
+			return nil, ErrLeasesFull
+		}
+	}
 	all := true
 	for i, r := range reqs {
 		s := shs[i].leases[bucketID{r.Rule, r.Key}]
@@ -316,7 +326,7 @@ func (sh *memoryShard) sweepLeases(now int64) {
 			member = k
 			break
 		}
-		sh.bytes -= leaseBytes(id, s, member)
+		sh.leaseBytes -= leaseBytes(id, s, member)
 		delete(sh.leases, id)
 	}
 }

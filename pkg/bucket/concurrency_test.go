@@ -2,7 +2,9 @@ package bucket
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -95,5 +97,59 @@ func TestMemoryLeases(t *testing.T) {
 	}
 	if n := len(m.shards[0].leases); n != 0 {
 		t.Fatalf("%d expired lease sets left after a sweep", n)
+	}
+}
+
+// TestLeasesNeverPushOutBuckets: leases, which are never evicted, have a
+// byte budget of their own at a Memory's cap: a shard full of leases does
+// not evict the rate buckets written beside them, and past the budget a
+// new lease is refused (ErrLeasesFull) instead.
+func TestLeasesNeverPushOutBuckets(t *testing.T) {
+	m := NewMemory(WithMaxBytes(MinMaxBytes))
+	ctx := context.Background()
+	ll := LeaseLimit{Limit: MaxConcurrency, TTL: time.Hour}
+	// One lease set of the key's shard, past the shard's part of the cap.
+	var full error
+	for i := range MaxConcurrency {
+		if _, err := m.Acquire(ctx, []LeaseRequest{{Rule: "c", Key: "k", Limit: ll}}, fmt.Sprintf("member-%06d", i)); err != nil {
+			full = err
+			break
+		}
+	}
+	if !errors.Is(full, ErrLeasesFull) {
+		t.Fatalf("leases up to %d in one shard of a %d B Memory: %v, want ErrLeasesFull", MaxConcurrency, MinMaxBytes, full)
+	}
+	one := Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1e-6}
+	reqs := []Request{{Rule: "a", Key: "k", Limit: one, Cost: 1}, {Rule: "b", Key: "k", Limit: one, Cost: 1}}
+	admitted := 0
+	for range 10 {
+		if ds, _ := m.TakeAll(ctx, reqs); ds[0].Allowed && ds[1].Allowed {
+			admitted++
+		}
+	}
+	if admitted != 1 {
+		t.Fatalf("two rules of capacity 1 beside a shard full of leases admitted %d of 10 checks, want 1", admitted)
+	}
+}
+
+// TestOneCallKeepsItsOwnWrites: at the cap, a call that writes several
+// buckets of one shard never evicts one it has just written.
+func TestOneCallKeepsItsOwnWrites(t *testing.T) {
+	m := NewMemory(WithMaxBytes(MinMaxBytes))
+	ctx := context.Background()
+	one := Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1e-6}
+	// Ten buckets of one key whose rule ids are long enough that together
+	// they pass the shard's part of the cap.
+	var reqs []Request
+	for i := range 10 {
+		reqs = append(reqs, Request{Rule: fmt.Sprintf("%04d-%s", i, strings.Repeat("r", int(m.MaxBytes())/memoryShards/8)), Key: "k", Limit: one, Cost: 1})
+	}
+	if ds, _ := m.TakeAll(ctx, reqs); !ds[0].Allowed {
+		t.Fatal("first call refused")
+	}
+	for i, r := range reqs {
+		if d, _ := m.Take(ctx, r); d.Allowed {
+			t.Fatalf("rule %d of capacity 1 admitted again after one call spent it: that call evicted its own write", i)
+		}
 	}
 }

@@ -191,14 +191,17 @@ func (m *Memory) Seed(_ context.Context, seeds []Seed) ([]bool, error) {
 			var st State
 			s.Limit.Debit(&st, now, s.Used)
 			if exp := s.Limit.ExpiresAt(&st); exp > now {
-				m.put(sh, id, &memoryEntry{st: st, expires: exp}, now)
+				sh.store(id, &memoryEntry{st: st, expires: exp})
 			}
 			mark := bucketID{SeedRecord(s), s.Key}
 			if old := sh.buckets[mark]; old != nil {
 				sh.drop(mark, old)
 			}
 			ttl := max(s.TTL.Microseconds(), 1)
-			m.put(sh, mark, &memoryEntry{st: State{a: int64(s.Generation)}, expires: now + ttl}, now)
+			sh.store(mark, &memoryEntry{st: State{a: int64(s.Generation)}, expires: now + ttl})
+			// Room is made keeping both: the seed record must outlive the
+			// seeded bucket's window, or a later check seeds it again.
+			m.makeRoom(sh, now, id, mark)
 			out[i] = true
 		}
 		sh.mu.Unlock()

@@ -3,6 +3,7 @@ package bucket
 import (
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,11 +49,14 @@ type Memory struct {
 }
 
 type memoryShard struct {
-	mu        sync.Mutex
-	buckets   map[bucketID]*memoryEntry
-	leases    map[bucketID]*Leases // of concurrency rules, made on first use
-	bytes     int64
-	nextSweep int64
+	mu      sync.Mutex
+	buckets map[bucketID]*memoryEntry
+	leases  map[bucketID]*Leases // of concurrency rules, made on first use
+	// bytes counts the buckets, leaseBytes the lease sets: each has the
+	// cap to itself, so leases, which are never evicted, never push rate
+	// buckets out.
+	bytes, leaseBytes int64
+	nextSweep         int64
 }
 
 type bucketID struct{ rule, key string }
@@ -71,6 +75,13 @@ func sizeOf(id bucketID, st *State) int64 {
 // put stores e as id's bucket, or records its new size, and makes room
 // for it at the cap.
 func (m *Memory) put(sh *memoryShard, id bucketID, e *memoryEntry, now int64) {
+	sh.store(id, e)
+	m.makeRoom(sh, now, id)
+}
+
+// store is put without making room: for a call writing several buckets,
+// which makes room once, keeping them all.
+func (sh *memoryShard) store(id bucketID, e *memoryEntry) {
 	size := sizeOf(id, &e.st)
 	if sh.buckets[id] != e {
 		sh.buckets[id] = e
@@ -78,7 +89,6 @@ func (m *Memory) put(sh *memoryShard, id bucketID, e *memoryEntry, now int64) {
 	}
 	sh.bytes += size - e.size
 	e.size = size
-	m.makeRoom(sh, id, now)
 }
 
 // drop removes id's bucket.
@@ -231,15 +241,24 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 	if !all {
 		return out, nil
 	}
+	keep := make([]bucketID, len(reqs))
 	for i, r := range reqs {
 		sh := &m.shards[idx[i]]
 		id := bucketID{r.Rule, r.Key}
+		keep[i] = id
 		e := sh.buckets[id]
 		if e == nil {
 			e = &memoryEntry{}
 		}
 		e.st, e.expires = next[i], r.Limit.ExpiresAt(&next[i])
-		m.put(sh, id, e, now)
+		sh.store(id, e)
+	}
+	// Room is made once every bucket is written, so that writing one never
+	// evicts another of the same call.
+	for i := range m.shards {
+		if locked[i] {
+			m.makeRoom(&m.shards[i], now, keep...)
+		}
 	}
 	return out, nil
 }
@@ -255,18 +274,18 @@ func (sh *memoryShard) sweep(now int64) {
 }
 
 // makeRoom brings the locked shard sh back under its cap after keep's
-// bucket grew or arrived: it drops expired buckets when those sampled
+// buckets grew or arrived: it drops expired buckets when those sampled
 // are, else the sampled bucket closest to its expiry (counted in Evicted),
-// never keep's.
-func (m *Memory) makeRoom(sh *memoryShard, keep bucketID, now int64) {
-	for sh.bytes > m.perShard && len(sh.buckets) > 1 {
+// never one of keep.
+func (m *Memory) makeRoom(sh *memoryShard, now int64, keep ...bucketID) {
+	for sh.bytes > m.perShard && len(sh.buckets) > len(keep) {
 		var victim bucketID
 		var ve *memoryEntry
 		n := 0
 		// A map's iteration starts at a random place: the first few
 		// entries are a random sample.
 		for id, e := range sh.buckets {
-			if id == keep {
+			if slices.Contains(keep, id) {
 				continue
 			}
 			if e.expires <= now {
@@ -279,6 +298,9 @@ func (m *Memory) makeRoom(sh *memoryShard, keep bucketID, now int64) {
 			if n++; n == evictionSample {
 				break
 			}
+		}
+		if ve == nil {
+			return // every bucket sampled is one to keep
 		}
 		if ve.expires > now {
 			m.evicted.Add(1)
@@ -303,7 +325,7 @@ func (m *Memory) Bytes() int64 {
 	for i := range m.shards {
 		sh := &m.shards[i]
 		sh.mu.Lock()
-		n += sh.bytes
+		n += sh.bytes + sh.leaseBytes
 		sh.mu.Unlock()
 	}
 	return n
