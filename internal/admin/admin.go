@@ -184,10 +184,20 @@ func (a *Admin) PutRule(ctx context.Context, req *limiterv1.PutRuleRequest) (*li
 }
 
 func (a *Admin) DeleteRule(ctx context.Context, req *limiterv1.DeleteRuleRequest) (*limiterv1.DeleteRuleResponse, error) {
-	if err := a.src.Delete(ctx, req.GetId()); err != nil {
+	if err := a.delete(ctx, req.GetId()); err != nil {
 		return nil, adminStatus(err)
 	}
 	return &limiterv1.DeleteRuleResponse{}, nil
+}
+
+// delete removes the admin rule id, refusing an id no rule can have (such
+// as "api.", not a key of the rules bucket) as invalid before the bucket
+// is asked.
+func (a *Admin) delete(ctx context.Context, id string) error {
+	if err := rules.CheckID(id); err != nil {
+		return err
+	}
+	return a.src.Delete(ctx, id)
 }
 
 func (a *Admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limiterv1.ListRulesResponse, error) {
@@ -251,7 +261,7 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 		fmt.Fprintf(w, "id: %s\nrevision: %d\n", rule.ID, rev)
 	}))
 	mux.HandleFunc("DELETE /admin/rules/{id}", auth(func(w http.ResponseWriter, r *http.Request) {
-		if err := a.src.Delete(r.Context(), r.PathValue("id")); err != nil {
+		if err := a.delete(r.Context(), r.PathValue("id")); err != nil {
 			fail(w, err)
 			return
 		}

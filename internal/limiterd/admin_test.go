@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -168,5 +169,41 @@ func TestRulesFileReload(t *testing.T) {
 	}
 	if body := scrape(t, d); !containsNonZero(body, `limiter_rules_reloads_total{result="failure",source="file"}`) {
 		t.Error("the refused reload is not counted")
+	}
+}
+
+// TestAdminRefusesBadIDs: an id in the path that is not a rule id (and
+// could not be a key of the rules bucket: "api.", ".api", "a..b", "api%20")
+// is refused by DELETE and PUT with 400 naming the id, and by the gRPC
+// DeleteRule with InvalidArgument, before the bucket is asked.
+func TestAdminRefusesBadIDs(t *testing.T) {
+	ns := natstest.NewServer(t)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(adminToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, func(o *Options) { o.NATSURL, o.AdminTokenFile = ns.URL(), tokenFile })
+	for _, tt := range []struct{ name, path, id string }{
+		{"trailing dot", "api.", "api."},
+		{"leading dot", ".api", ".api"},
+		{"two dots", "a..b", "a..b"},
+		{"escaped space", "api%20", "api "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, msg := adminHTTP(t, d, "DELETE", "/admin/rules/"+tt.path, adminToken, "")
+			if code != http.StatusBadRequest || !strings.Contains(msg, `"`+tt.id+`"`) || !strings.Contains(msg, "id") {
+				t.Errorf("DELETE %s: %d %q, want 400 naming the id %q", tt.path, code, msg, tt.id)
+			}
+			body := "id: " + strconv.Quote(tt.id) + "\ncapacity: 1\nrefill_per_second: 1\n"
+			code, msg = adminHTTP(t, d, "PUT", "/admin/rules/"+tt.path, adminToken, body)
+			if code != http.StatusBadRequest || !strings.Contains(msg, `"`+tt.id+`"`) {
+				t.Errorf("PUT %s: %d %q, want 400 naming the id %q", tt.path, code, msg, tt.id)
+			}
+			authed := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+adminToken)
+			_, err := limiterv1.NewAdminClient(dial(t, d.GRPCAddr())).DeleteRule(authed, &limiterv1.DeleteRuleRequest{Id: tt.id})
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"`+tt.id+`"`) {
+				t.Errorf("DeleteRule %q: %v, want InvalidArgument naming the id", tt.id, err)
+			}
+		})
 	}
 }

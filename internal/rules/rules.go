@@ -37,7 +37,10 @@ const (
 var ErrInvalid = errors.New("invalid rules")
 
 var (
-	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	// idPattern puts a dot only between two other characters, so that an
+	// id is also a key of the admin rules bucket (a NATS KV key refuses a
+	// leading or trailing dot and two in a row).
+	idPattern     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9_-]+)*$`)
 	regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 )
 
@@ -371,11 +374,31 @@ func (s *Set) digest() string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
+// MaxIDLen is the longest rule id.
+const MaxIDLen = 64
+
+// CheckID reports whether id may be a rule's id, as a rule's validation
+// does; the admin API checks the id of a path with it before using it as a
+// key. Its error is an *Error naming the id and the field "id".
+func CheckID(id string) error {
+	if err := checkID(id); err != nil {
+		return &Error{Index: -1, ID: id, Field: "id", Err: err}
+	}
+	return nil
+}
+
+func checkID(id string) error {
+	if len(id) > MaxIDLen || !idPattern.MatchString(id) {
+		return fmt.Errorf("must be 1 to %d letters, digits, '_', '-' and '.', starting with a letter or digit, a '.' only between two others (%s)", MaxIDLen, idPattern)
+	}
+	return nil
+}
+
 // validate checks r and fills in its defaults; n is the rule's YAML, nil
 // when unknown.
 func (r *Rule) validate(n *yaml.Node) error {
-	if !idPattern.MatchString(r.ID) {
-		return fieldErrorf("id", "must match %s", idPattern)
+	if err := checkID(r.ID); err != nil {
+		return fieldError("id", err)
 	}
 	if err := choice("algorithm", r.Algorithm, algorithms...); err != nil {
 		return err

@@ -440,3 +440,36 @@ func TestConcurrencyRules(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckID: an id is letters, digits, '_', '-' and '.', with a dot only
+// between two others (so it is also a key of the admin rules bucket), at
+// most MaxIDLen long; a refusal names the id and the field.
+func TestCheckID(t *testing.T) {
+	for _, tt := range []struct {
+		name, id string
+		ok       bool
+	}{
+		{"plain", "api", true},
+		{"dotted", "api.v1.read", true},
+		{"dash and underscore", "a-b_c", true},
+		{"longest", strings.Repeat("a", MaxIDLen), true},
+		{"empty", "", false},
+		{"trailing dot", "api.", false},
+		{"leading dot", ".api", false},
+		{"two dots", "a..b", false},
+		{"space", "api ", false},
+		{"leading dash", "-api", false},
+		{"too long", strings.Repeat("a", MaxIDLen+1), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckID(tt.id)
+			if (err == nil) != tt.ok {
+				t.Fatalf("CheckID(%q) = %v, want ok %v", tt.id, err, tt.ok)
+			}
+			var e *Error
+			if err != nil && (!errors.Is(err, ErrInvalid) || !errors.As(err, &e) || e.ID != tt.id || e.Field != "id") {
+				t.Fatalf("CheckID(%q) = %v, want an *Error naming the id and the field id", tt.id, err)
+			}
+		})
+	}
+}
