@@ -38,6 +38,12 @@ const rulesYAML = `rules:
     key_by: user
     match:
       path: /api/**
+  - id: reports
+    capacity: 3
+    refill_per_second: 0.01
+    key_by: user
+    match:
+      path: /reports/**
   - id: login
     capacity: 5
     refill_per_second: 0.01
@@ -235,13 +241,15 @@ func TestNginx(t *testing.T) {
 	t.Cleanup(stopLimiterd)
 
 	var served atomic.Int64
+	var servedURIs sync.Map // request URI -> true, as the application received it
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
+		servedURIs.Store(r.RequestURI, true)
 		io.WriteString(w, "app")
 	}))
 	t.Cleanup(app.Close)
 	addr := startNginx(t, d.ForwardAuthAddr(), strings.TrimSpace(string(secret)), app.Listener.Addr().String(),
-		map[string]string{"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "dave": "dave-pw"})
+		map[string]string{"alice": "alice-pw", "bob": "bob-pw", "carol": "carol-pw", "dave": "dave-pw", "erin": "erin-pw"})
 
 	hc := &http.Client{Timeout: 10 * time.Second}
 	do := func(method, path, user, password string, extra ...string) (*http.Response, string) {
@@ -319,6 +327,39 @@ func TestNginx(t *testing.T) {
 		t.Fatalf("bob: %d %v, want 200 with 2 left of bob's own 3", resp.StatusCode, resp.Header)
 	}
 
+	// A URI nginx passes on raw that the application could read as another
+	// path is refused 400 with limiterd's reason, never let through as a
+	// path no rule matches; a case or an escape that names the same path
+	// is counted under the rule. erin's 3 reports are spent first.
+	for i := range 3 {
+		if resp, _ := do("GET", "/reports/1", "erin", "erin-pw"); resp.StatusCode != 200 {
+			t.Fatalf("erin's report %d: %d", i, resp.StatusCode)
+		}
+	}
+	before = served.Load()
+	for _, tt := range []struct {
+		uri  string
+		code int
+	}{
+		{"/reports/%2e%2e/x", http.StatusBadRequest},
+		{"/reports/..%2Fx", http.StatusBadRequest},
+		{"/reports;a=b/1", http.StatusBadRequest},
+		{"/reports/../x", http.StatusBadRequest},
+		{"/reports//1", http.StatusBadRequest},
+		{"/REPORTS/1", http.StatusTooManyRequests},
+		{"/%72eports/1", http.StatusTooManyRequests},
+	} {
+		resp, body := do("GET", tt.uri, "erin", "erin-pw")
+		if resp.StatusCode != tt.code || (tt.code == http.StatusBadRequest && !strings.Contains(body, limiterd.DefaultForwardAuthURIHeader)) {
+			_, got := servedURIs.Load(tt.uri)
+			t.Errorf("GET %s with /reports/** spent: %d %q (the application received it raw: %v), want %d",
+				tt.uri, resp.StatusCode, body, got, tt.code)
+		}
+	}
+	if n := served.Load() - before; n != 0 {
+		t.Errorf("the application served %d of the refused reports", n)
+	}
+
 	// The fail-closed login rule keys by the connection's address.
 	if resp, _ := do("POST", "/login", "carol", "carol-pw"); resp.StatusCode != 200 || resp.Header.Get("RateLimit-Limit") != "5" {
 		t.Fatalf("/login: %d %v", resp.StatusCode, resp.Header)
@@ -361,9 +402,10 @@ func TestHeadersCopied(t *testing.T) {
 	if got, want := strings.Count(conf, "add_header "), len(httplimit.HeaderNames); got != want {
 		t.Errorf("%d add_header lines, want %d (one per header limiterd sets)", got, want)
 	}
-	st := strings.ToLower(strings.ReplaceAll(limiterd.ForwardAuthStatusHeader, "-", "_"))
-	if !strings.Contains(conf, "$upstream_http_"+st+";") {
-		t.Errorf("limiterd.conf does not read %s", limiterd.ForwardAuthStatusHeader)
+	for _, h := range []string{limiterd.ForwardAuthStatusHeader, limiterd.ForwardAuthErrorHeader} {
+		if st := strings.ToLower(strings.ReplaceAll(h, "-", "_")); !strings.Contains(conf, "$upstream_http_"+st+";") {
+			t.Errorf("limiterd.conf does not read %s", h)
+		}
 	}
 	for _, h := range []string{limiterd.DefaultForwardAuthUserHeader, limiterd.DefaultForwardAuthURIHeader,
 		limiterd.DefaultForwardAuthMethodHeader, limiterd.DefaultForwardAuthIPHeader} {

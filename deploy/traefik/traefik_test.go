@@ -231,12 +231,15 @@ const rulesYAML = `rules:
       path: /api/**
 `
 
-// TestForwardAuthAsTraefikAsks sends limiterd the request Traefik's
-// forwardAuth makes (a GET to the address with X-Forwarded-* set by
-// Traefik and the authRequestHeaders), and checks the answers carry the
-// authResponseHeaders.
-func TestForwardAuthAsTraefikAsks(t *testing.T) {
-	fa := limiterdMiddleware(t, load(t))
+// askFunc asks limiterd's forward-auth as Traefik would about a client's
+// request to requestURI (as on its request line), with or without the
+// secret.
+type askFunc func(requestURI string, withSecret bool) *http.Response
+
+// startLimiterd runs a limiterd with rulesYAML behind the forward-auth
+// secret, at the address of dynamic.yml's forwardAuth with its port.
+func startLimiterd(t *testing.T, fa *forwardAuth) askFunc {
+	t.Helper()
 	rules := filepath.Join(t.TempDir(), "rules.yml")
 	if err := os.WriteFile(rules, []byte(rulesYAML), 0o600); err != nil {
 		t.Fatal(err)
@@ -263,13 +266,19 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 	_, port, _ := net.SplitHostPort(d.ForwardAuthAddr())
 	u.Host = net.JoinHostPort(u.Hostname(), port)
 
-	ask := func(withSecret bool) *http.Response {
+	return func(requestURI string, withSecret bool) *http.Response {
 		t.Helper()
+		// Traefik sends the request's URL.RequestURI(): the path as the
+		// client escaped it (Go keeps RawPath) and the query.
+		cu, err := url.ParseRequestURI(requestURI)
+		if err != nil {
+			t.Fatalf("%q: %v", requestURI, err)
+		}
 		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
 		req.Header.Set("X-Forwarded-Method", "POST")
 		req.Header.Set("X-Forwarded-Proto", "https")
 		req.Header.Set("X-Forwarded-Host", "api.example.com")
-		req.Header.Set("X-Forwarded-Uri", "/api/orders?page=2")
+		req.Header.Set("X-Forwarded-Uri", cu.RequestURI())
 		req.Header.Set("X-Forwarded-For", "203.0.113.9")
 		req.Header.Set(limiterd.DefaultForwardAuthUserHeader, "alice")
 		if withSecret {
@@ -279,10 +288,21 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
+		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
 		return resp
 	}
+}
+
+// TestForwardAuthAsTraefikAsks sends limiterd the request Traefik's
+// forwardAuth makes (a GET to the address with X-Forwarded-* set by
+// Traefik and the authRequestHeaders), and checks the answers carry the
+// authResponseHeaders.
+func TestForwardAuthAsTraefikAsks(t *testing.T) {
+	fa := limiterdMiddleware(t, load(t))
+	askURI := startLimiterd(t, fa)
+	ask := func(withSecret bool) *http.Response { return askURI("/api/orders?page=2", withSecret) }
 	if resp := ask(false); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("without the secret: %d, want 401", resp.StatusCode)
 	}
@@ -304,6 +324,40 @@ func TestForwardAuthAsTraefikAsks(t *testing.T) {
 	for _, h := range fa.AuthResponseHeaders {
 		if v := resp.Header.Get(h); v == "" || (h == httplimit.HeaderRetryAfter && strings.TrimLeft(v, "0") == "") {
 			t.Errorf("429: %s = %q", h, v)
+		}
+	}
+}
+
+// TestForwardAuthPathsAsTraefikSends: with the /api/** rule spent, a URI
+// Traefik passes on that the application could read as another path (an
+// encoded '/', '.' or '%', a dot-segment, a ';' parameter, an empty
+// segment) is refused 400 naming X-Forwarded-Uri, and one naming the same
+// path in another case or escape is counted (429): never allowed as a path
+// no rule matches.
+func TestForwardAuthPathsAsTraefikSends(t *testing.T) {
+	ask := startLimiterd(t, limiterdMiddleware(t, load(t)))
+	for i := range 2 {
+		if resp := ask("/api/orders", true); resp.StatusCode != http.StatusOK {
+			t.Fatalf("check %d: %d", i, resp.StatusCode)
+		}
+	}
+	for _, tt := range []struct {
+		uri  string
+		code int
+	}{
+		{"/api/%2e%2e/x", http.StatusBadRequest},
+		{"/api/..%2Fx", http.StatusBadRequest},
+		{"/api/%252e%252e/x", http.StatusBadRequest},
+		{"/api;a=b/1", http.StatusBadRequest},
+		{"/api/../x", http.StatusBadRequest},
+		{"/api//1", http.StatusBadRequest},
+		{"/API/orders", http.StatusTooManyRequests},
+		{"/%61pi/orders", http.StatusTooManyRequests},
+	} {
+		resp := ask(tt.uri, true)
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != tt.code || (tt.code == http.StatusBadRequest && !strings.Contains(string(body), limiterd.DefaultForwardAuthURIHeader)) {
+			t.Errorf("%s with /api/** spent: %d %q, want %d", tt.uri, resp.StatusCode, body, tt.code)
 		}
 	}
 }

@@ -124,10 +124,19 @@ func TestForwardAuth(t *testing.T) {
 	if resp := forwardAuth(t, d, "POST", "", proxyHeaders("carol", "/api/x", "DELETE", "203.0.113.9")); resp.StatusCode != 200 {
 		t.Fatalf("POST: %d", resp.StatusCode)
 	}
-	// The path as the upstream routes it: /api/%2e%2e/admin is /admin.
+	// A path the upstream could route as another (/api/%2e%2e/admin as
+	// /admin) is refused, in nginx mode with the reason beside the status,
+	// and spends nothing: /admin then has its whole quota.
+	if resp := forwardAuth(t, d, "GET", "", proxyHeaders("dave", "/api/%2e%2e/admin", "GET", "203.0.113.9")); resp.StatusCode != 400 {
+		t.Fatalf("dotted path: %d, want 400", resp.StatusCode)
+	}
+	resp = forwardAuth(t, d, "GET", "?mode=nginx", proxyHeaders("dave", "/api/%2e%2e/admin", "GET", "203.0.113.9"))
+	if resp.StatusCode != 403 || resp.Header.Get(ForwardAuthStatusHeader) != "400" || !strings.Contains(resp.Header.Get(ForwardAuthErrorHeader), "X-Forwarded-Uri") {
+		t.Fatalf("nginx mode, dotted path: %d %v, want 403 saying 400 with the reason", resp.StatusCode, resp.Header)
+	}
 	for i, want := range []int{200, 429} {
-		if resp := forwardAuth(t, d, "GET", "", proxyHeaders("dave", "/api/%2e%2e/admin", "GET", "203.0.113.9")); resp.StatusCode != want {
-			t.Fatalf("dotted path %d: %d, want %d (the admin rule)", i, resp.StatusCode, want)
+		if resp := forwardAuth(t, d, "GET", "", proxyHeaders("dave", "/admin", "GET", "203.0.113.9")); resp.StatusCode != want {
+			t.Fatalf("/admin %d: %d, want %d (the admin rule)", i, resp.StatusCode, want)
 		}
 	}
 	// X-Forwarded-For: the rightmost entry, appended by the proxy, counts;

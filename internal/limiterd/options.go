@@ -87,6 +87,7 @@ const (
 	ForwardAuthNoHeader            = forwardauth.NoHeader
 	ForwardAuthPath                = forwardauth.Path
 	ForwardAuthStatusHeader        = forwardauth.StatusHeader
+	ForwardAuthErrorHeader         = forwardauth.ErrorHeader
 	ForwardAuthSecretHeader        = forwardauth.SecretHeader
 )
 

@@ -25,7 +25,10 @@ type Attributes struct {
 // anything; a rule without a match block applies only to checks naming it.
 type Match struct {
 	// Path is an exact path, a path.Match pattern ("/users/*/orders"), or a
-	// prefix ending in "/**" ("/api/**" matches /api and all below it).
+	// prefix ending in "/**" ("/api/**" matches /api and all below it),
+	// matched regardless of case: /API/x is counted under /api/** whether
+	// or not the backend routes it there, so no spelling of a path escapes
+	// its rule.
 	Path string `yaml:"path"`
 	// Methods, Plans: any of these (case-insensitive for methods).
 	Methods []string `yaml:"methods"`
@@ -90,6 +93,9 @@ func (m *Match) Matches(a *Attributes) bool {
 }
 
 func matchPath(pattern, p string) bool {
+	// ToLower returns its argument, without allocating, when it is lower
+	// case already, as rule paths and request paths mostly are.
+	pattern, p = strings.ToLower(pattern), strings.ToLower(p)
 	if prefix, ok := strings.CutSuffix(pattern, "/**"); ok {
 		return p == prefix || strings.HasPrefix(p, prefix+"/") || prefix == ""
 	}

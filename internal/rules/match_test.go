@@ -25,6 +25,8 @@ func TestMatching(t *testing.T) {
 	}{
 		{"api path", Attributes{Path: "/api/orders", Method: "GET"}, []string{"api-per-key", "anonymous", "everyone"}},
 		{"api root", Attributes{Path: "/api"}, []string{"api-per-key", "anonymous", "everyone"}},
+		{"api in capitals", Attributes{Path: "/API/Orders", Method: "GET"}, []string{"api-per-key", "anonymous", "everyone"}},
+		{"search in capitals", Attributes{Path: "/Api/SEARCH", Method: "GET"}, []string{"api-per-key", "search", "anonymous", "everyone"}},
 		{"not a prefix", Attributes{Path: "/apiary"}, []string{"anonymous", "everyone"}},
 		{"search by GET", Attributes{Path: "/api/search", Method: "get"}, []string{"api-per-key", "search", "anonymous", "everyone"}},
 		{"search by DELETE", Attributes{Path: "/api/search", Method: "DELETE"}, []string{"api-per-key", "anonymous", "everyone"}},

@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"path"
 	"regexp"
 	"strings"
 	"time"
@@ -38,6 +37,9 @@ const (
 	// StatusHeader carries the real status of a refusal in nginx mode,
 	// where it is always 403.
 	StatusHeader = "X-Limiterd-Status"
+	// ErrorHeader carries the reason of a 400 in nginx mode, where the
+	// answer's body does not reach the client.
+	ErrorHeader = "X-Limiterd-Error"
 	// SecretHeader carries the secret the proxy shares with limiterd
 	// (--forward-auth.secret-file).
 	SecretHeader = "X-Limiter-Forward-Auth-Secret"
@@ -134,11 +136,13 @@ func (h Headers) on() headers {
 //   - 429 with Retry-After and the quota headers when over the limit;
 //   - 503 when a fail-closed rule cannot be decided;
 //   - 400 when a configured header is missing or invalid (no identity, a
-//     URI that is not a path, an address that is not an IP).
+//     URI that is not a path or that the backend could read as another
+//     path, see requestPath; an address that is not an IP).
 //
 // With the query parameter mode=nginx every refusal is a 403, the one
 // refusal auth_request passes on besides 401, with the real status in
-// X-Limiterd-Status for the nginx configuration to answer with.
+// X-Limiterd-Status for the nginx configuration to answer with (and a
+// 400's reason in X-Limiterd-Error).
 //
 // The headers are trusted as they come: only the proxy may reach this
 // endpoint, and the proxy must set each of them itself, overwriting what
@@ -150,6 +154,9 @@ func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
 		refuse := func(code int, msg string) {
 			if nginx {
 				w.Header().Set(StatusHeader, fmt.Sprint(code))
+				if code == http.StatusBadRequest {
+					w.Header().Set(ErrorHeader, msg)
+				}
 				code = http.StatusForbidden
 			}
 			w.Header().Set("Cache-Control", "no-store")
@@ -216,13 +223,11 @@ func (h headers) attributes(r *http.Request) (*limiterv1.Attributes, error) {
 		if raw == "" {
 			return nil, fmt.Errorf("%s missing", h.uri)
 		}
-		// The origin form only, as proxies send it: a path and a query.
-		u, err := url.ParseRequestURI(raw)
-		if err != nil || raw[0] != '/' || u.Path == "" {
-			return nil, fmt.Errorf("%s: %q is not a request path", h.uri, raw)
+		p, err := requestPath(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %q: %w", h.uri, raw, err)
 		}
-		// As the upstream will route it: /api/%2e%2e/admin is /admin.
-		a.Path = path.Clean(u.Path)
+		a.Path = p
 	}
 	if h.method != "" {
 		if a.Method = r.Header.Get(h.method); a.Method == "" {
@@ -242,6 +247,78 @@ func (h headers) attributes(r *http.Request) (*limiterv1.Attributes, error) {
 		}
 	}
 	return a, nil
+}
+
+// requestPath is the path of the request URI raw (the origin form, as
+// proxies send it: a path and a query) that rules are matched on.
+//
+// nginx passes $request_uri to the backend as the client wrote it, and
+// Traefik the client's escaped path: what the backend routes is read from
+// those bytes by the backend's own rules, which differ (one decodes %2F
+// into a separator, one strips ";jsessionid=...", one resolves "..",
+// one treats '\' as '/'). So a path any of them could read as another is
+// refused rather than guessed at: an escaped '/', '.', '%', '\' or ';',
+// a raw '\' or ';', a "." or ".." segment, an empty segment ("//") and
+// an escaped control byte. The other escapes name the same path however
+// they are written and are decoded; one trailing '/' is dropped (a
+// backend mostly routes /a/ as /a). Case is left to the rules' match,
+// which ignores it.
+func requestPath(raw string) (string, error) {
+	p, _, _ := strings.Cut(raw, "?")
+	if !strings.HasPrefix(p, "/") {
+		return "", errors.New("not a request path (it must start with /)")
+	}
+	if i := strings.IndexAny(p, ";\\#"); i >= 0 {
+		return "", fmt.Errorf("%q in the path: the backend may read it as another path (a parameter, a separator), so it is refused", p[i])
+	}
+	for rest := p; ; {
+		i := strings.IndexByte(rest, '%')
+		if i < 0 {
+			break
+		}
+		if i+2 >= len(rest) || !isHex(rest[i+1]) || !isHex(rest[i+2]) {
+			return "", fmt.Errorf("%q is not a percent escape", rest[i:min(i+3, len(rest))])
+		}
+		esc := rest[i : i+3]
+		switch c := unhex(rest[i+1])<<4 | unhex(rest[i+2]); {
+		case c == '/' || c == '.' || c == '%' || c == '\\' || c == ';':
+			return "", fmt.Errorf("%s (an escaped %q) in the path: the backend may decode it into another path, so it is refused", esc, c)
+		case c < 0x20 || c == 0x7f:
+			return "", fmt.Errorf("%s (a control byte) in the path", esc)
+		}
+		rest = rest[i+3:]
+	}
+	for seg := range strings.SplitSeq(p[1:], "/") {
+		switch seg {
+		case ".", "..":
+			return "", fmt.Errorf("a %q segment in the path: the backend may resolve it to another path, so it is refused", seg)
+		}
+	}
+	if strings.Contains(p, "//") {
+		return "", errors.New("an empty segment (//) in the path: the backend may merge it away, so it is refused")
+	}
+	dec, err := url.PathUnescape(p)
+	if err != nil {
+		return "", err
+	}
+	if len(dec) > 1 {
+		dec = strings.TrimSuffix(dec, "/")
+	}
+	return dec, nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c >= 'a':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
 }
 
 func nonEmpty(s ...string) []string {

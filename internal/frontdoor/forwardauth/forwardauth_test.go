@@ -2,6 +2,7 @@ package forwardauth
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"path"
 	"strings"
 	"testing"
@@ -36,4 +37,61 @@ func FuzzForwardAuthAttributes(f *testing.F) {
 			t.Fatalf("path %q from %q is not clean and absolute", p, uri)
 		}
 	})
+}
+
+// TestForwardAuthPath: the URI header is matched as the backend will see
+// it. A URI the proxy passes on raw and a backend could read as another
+// path (an encoded '/', '.', '%', '\' or ';', a dot-segment, a ';'
+// parameter, an empty segment, a control byte) is refused naming the
+// header; other escapes are decoded and one trailing '/' dropped.
+func TestForwardAuthPath(t *testing.T) {
+	h := Headers{}.WithDefaults().on()
+	for _, tt := range []struct {
+		name, uri, want string // want "": refused
+	}{
+		{"plain", "/reports/1", "/reports/1"},
+		{"query kept apart", "/reports/1?a=%2F..;x", "/reports/1"},
+		{"root", "/", "/"},
+		{"trailing slash", "/reports/", "/reports"},
+		{"unreserved escape", "/%72eports/1", "/reports/1"},
+		{"escaped space", "/a%20b", "/a b"},
+		{"encoded dot-segment", "/reports/%2e%2e/x", ""},
+		{"encoded dot-segment upper", "/reports/%2E%2E/x", ""},
+		{"half encoded dot-segment", "/reports/.%2e/x", ""},
+		{"encoded slash", "/reports/..%2Fx", ""},
+		{"encoded slash lower", "/reports%2fx", ""},
+		{"encoded percent", "/reports/%252e%252e/x", ""},
+		{"encoded backslash", "/reports%5C..%5Cx", ""},
+		{"encoded semicolon", "/reports%3Ba=b/1", ""},
+		{"semicolon parameter", "/reports;a=b/1", ""},
+		{"dot-segment", "/reports/../x", ""},
+		{"dot segment", "/reports/./1", ""},
+		{"trailing dot-segment", "/reports/..", ""},
+		{"empty segment", "/reports//1", ""},
+		{"leading empty segment", "//reports/1", ""},
+		{"backslash", "/reports\\..\\x", ""},
+		{"encoded NUL", "/reports/1%00.json", ""},
+		{"bad escape", "/reports/%zz", ""},
+		{"not a path", "reports/1", ""},
+		{"absolute URI", "http://x/reports/1", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest("GET", Path, nil)
+			r.Header.Set(DefaultUserHeader, "alice")
+			r.Header.Set(DefaultURIHeader, tt.uri)
+			r.Header.Set(DefaultMethodHeader, "GET")
+			r.Header.Set(DefaultIPHeader, "203.0.113.9")
+			a, err := h.attributes(r)
+			switch {
+			case tt.want == "" && err == nil:
+				t.Fatalf("%q read as path %q, want it refused", tt.uri, a.GetPath())
+			case tt.want == "" && !strings.Contains(err.Error(), DefaultURIHeader):
+				t.Fatalf("%q refused with %q, which does not name %s", tt.uri, err, DefaultURIHeader)
+			case tt.want != "" && err != nil:
+				t.Fatalf("%q refused: %v, want path %q", tt.uri, err, tt.want)
+			case tt.want != "" && a.GetPath() != tt.want:
+				t.Fatalf("%q read as path %q, want %q", tt.uri, a.GetPath(), tt.want)
+			}
+		})
+	}
 }
