@@ -32,10 +32,14 @@ const ReleaseTimeout = time.Second
 // releases when the handler returns, whether it returns normally, panics
 // (the release runs, then the panic goes on) or returns because the
 // client disconnected. While the handler runs, the leases are renewed at
-// half their length; when a renewal says they are gone (the store lost
-// them, or they expired while limiterd was unreachable), the request's
-// context is cancelled so the handler stops the work it no longer holds a
-// slot for.
+// half their length, a failed renewal tried again every eighth of it. When
+// a renewal says they are gone (the store lost them, or they expired while
+// limiterd was unreachable), or their expiry comes with every renewal
+// failing (the store then lets the slot go and grants it again), the
+// request's context is cancelled, its cause client.ErrLeaseGone or
+// ErrLeaseExpired, so the handler stops the work it no longer holds a
+// slot for; it is logged and reported to Options.OnLeaseLost. A handler
+// that ignores its context keeps running, and its slot may be held twice.
 //
 // A refusal is 429 with Retry-After: for a concurrency rule, the time until
 // the soonest lease held expires (a release may free a slot sooner). The
@@ -47,6 +51,7 @@ func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			a, cost := opts.attributes(r)
+			sent := time.Now()
 			resp, err := c.AcquireAttributes(r.Context(), a, cost)
 			if err != nil {
 				if opts.failed(w, r, err) {
@@ -64,14 +69,14 @@ func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			}
-			ctx, cancel := context.WithCancel(r.Context())
+			ctx, cancel := context.WithCancelCause(r.Context())
 			renewed := make(chan struct{})
 			go func() {
 				defer close(renewed)
-				opts.renew(ctx, cancel, c, id, time.Duration(resp.GetLeaseTtlMs())*time.Millisecond)
+				opts.renew(ctx, r, cancel, c, id, time.Duration(resp.GetLeaseTtlMs())*time.Millisecond, sent)
 			}()
 			defer func() {
-				cancel()
+				cancel(nil)
 				<-renewed
 				rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.Context()), ReleaseTimeout)
 				defer rcancel()
@@ -84,29 +89,66 @@ func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
 	}
 }
 
-// renew renews the lease id every half of ttl until ctx ends; when it is
-// gone it cancels the request.
-func (o *Options) renew(ctx context.Context, cancel context.CancelFunc, c Acquirer, id string, ttl time.Duration) {
+// ErrLeaseExpired is the cause (context.Cause) of a request's context
+// cancelled by Concurrency because its lease reached its expiry while every
+// renewal failed (limiterd unreachable): the store has let the slot go and
+// may grant it to another request, so this one must stop.
+var ErrLeaseExpired = errors.New("httplimit: lease expired: every renewal failed until its expiry")
+
+// renewRetries is how many times a failed renewal is tried again within
+// half a lease, before the lease's expiry ends the request.
+const renewRetries = 4
+
+// renew renews the lease id (of length ttl, taken at granted, a time no
+// later than the store's grant) at half its length until ctx ends. A
+// failed renewal is tried again every ttl/8; when the lease is gone, or
+// its expiry comes with no renewal through, it cancels the request with
+// the cause (client.ErrLeaseGone, ErrLeaseExpired): the expiry is reckoned
+// on this clock from before the Acquire or Renew was sent, so it comes no
+// later than the store's.
+func (o *Options) renew(ctx context.Context, r *http.Request, cancel context.CancelCauseFunc, c Acquirer, id string, ttl time.Duration, granted time.Time) {
 	if ttl <= 0 {
 		return
 	}
-	t := time.NewTicker(ttl / 2)
-	defer t.Stop()
+	expiry, next := granted.Add(ttl), granted.Add(ttl/2)
+	lost := func(cause error) {
+		o.Logger.Warn("lease lost while the request ran: request cancelled", "path", r.URL.Path, "err", cause)
+		cancel(cause)
+		if o.OnLeaseLost != nil {
+			o.OnLeaseLost(r, cause)
+		}
+	}
 	for {
+		t := time.NewTimer(min(time.Until(next), time.Until(expiry)))
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
-		_, err := c.Renew(ctx, id)
-		switch {
-		case errors.Is(err, client.ErrLeaseGone):
-			o.Logger.Warn("lease gone while the request ran: request cancelled", "id_len", len(id))
-			cancel()
+		sent := time.Now()
+		if !sent.Before(expiry) {
+			lost(ErrLeaseExpired)
 			return
-		case err != nil && ctx.Err() == nil:
-			// Another try at the next tick; the lease holds until its expiry.
+		}
+		rctx, rcancel := context.WithDeadline(ctx, expiry)
+		resp, err := c.Renew(rctx, id)
+		rcancel()
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err == nil:
+			if d := time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond; d > 0 {
+				ttl = d
+			}
+			expiry, next = sent.Add(ttl), sent.Add(ttl/2)
+		case errors.Is(err, client.ErrLeaseGone):
+			lost(err)
+			return
+		default:
+			// Tried again soon: the lease holds until its expiry only.
 			o.Logger.Warn("lease renewal failed", "code", status.Code(err).String(), "err", err)
+			next = time.Now().Add(ttl / (2 * renewRetries))
 		}
 	}
 }

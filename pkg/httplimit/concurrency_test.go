@@ -2,10 +2,14 @@ package httplimit
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/limiterd/limiterd/pkg/client"
@@ -20,19 +24,32 @@ type fakeAcquirer struct {
 	next     int
 	released []string
 	ttl      time.Duration
-	gone     bool // Renew answers gone
+	gone     bool  // Renew answers gone
+	renewErr error // Renew fails with it (limiterd unreachable)
 	renewals int
+	// expires holds each lease's expiry when leases expire as a store's
+	// do (nil: never): Acquire drops the expired ones first.
+	expires map[string]time.Time
 }
 
 func (f *fakeAcquirer) AcquireAttributes(_ context.Context, _ *limiterv1.Attributes, _ float64) (*limiterv1.AcquireResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for id, at := range f.expires {
+		if !time.Now().Before(at) {
+			delete(f.held, id)
+			delete(f.expires, id)
+		}
+	}
 	if len(f.held) >= f.limit {
 		return &limiterv1.AcquireResponse{Allowed: false, RetryAfterMs: 1500, RuleId: "reports", Limit: float64(f.limit)}, nil
 	}
 	f.next++
 	id := "lease-" + string(rune('a'+f.next))
 	f.held[id] = true
+	if f.expires != nil {
+		f.expires[id] = time.Now().Add(f.ttl)
+	}
 	return &limiterv1.AcquireResponse{Allowed: true, LeaseId: id, LeaseTtlMs: f.ttl.Milliseconds(), RuleId: "reports",
 		Limit: float64(f.limit), Remaining: float64(f.limit - len(f.held))}, nil
 }
@@ -50,6 +67,9 @@ func (f *fakeAcquirer) Renew(_ context.Context, id string) (*limiterv1.RenewResp
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.renewals++
+	if f.renewErr != nil {
+		return nil, f.renewErr
+	}
 	if f.gone || !f.held[id] {
 		return &limiterv1.RenewResponse{}, client.ErrLeaseGone
 	}
@@ -164,4 +184,61 @@ func TestConcurrencyRenewsAndStopsWhenGone(t *testing.T) {
 	if err == nil {
 		t.Fatal("a request whose lease is gone was not cancelled")
 	}
+}
+
+// TestConcurrencyStopsWhenRenewalsFail: with limiterd unreachable every
+// renewal fails and the store expires the lease, so its slot is granted
+// again; the first request's context is cancelled when its lease expires,
+// so a limit of 1 never has two requests in flight.
+func TestConcurrencyStopsWhenRenewalsFail(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFakeAcquirer(1)
+		f.ttl = time.Second
+		f.expires = map[string]time.Time{}
+		f.renewErr = fmt.Errorf("%w: connection refused", client.ErrUnreachable)
+		var inFlight, most atomic.Int32
+		var stopped atomic.Int32 // handlers that saw their context end, by ErrLeaseExpired
+		var lost atomic.Int32
+		onLost := func(_ *http.Request, cause error) {
+			if errors.Is(cause, ErrLeaseExpired) {
+				lost.Add(1)
+			}
+		}
+		h := Concurrency(f, Options{Logger: quiet, OnLeaseLost: onLost})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			select {
+			case <-r.Context().Done():
+				if errors.Is(context.Cause(r.Context()), ErrLeaseExpired) {
+					stopped.Add(1)
+				}
+			case <-time.After(10 * time.Second):
+			}
+		}))
+		var wg sync.WaitGroup
+		codes := make([]int, 2)
+		for i := range 2 {
+			wg.Go(func() {
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, httptest.NewRequest("GET", "/reports/1", nil))
+				codes[i] = rec.Code
+			})
+			time.Sleep(1500 * time.Millisecond) // the first lease expired in the store
+		}
+		wg.Wait()
+		if most.Load() > 1 {
+			t.Errorf("%d requests in flight under a limit of 1 (the first kept running on an expired lease)", most.Load())
+		}
+		if stopped.Load() != 2 || codes[0] != 200 || codes[1] != 200 {
+			t.Errorf("%d of 2 requests stopped at their lease's expiry; answers %v", stopped.Load(), codes)
+		}
+		if lost.Load() != 2 {
+			t.Errorf("OnLeaseLost told of %d expired leases, want 2", lost.Load())
+		}
+		if f.renewals < 3 {
+			t.Errorf("%d renewals tried before the expiry, want several", f.renewals)
+		}
+	})
 }

@@ -64,6 +64,12 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock of X-RateLimit-Reset. Nil: time.Now.
 	Now func() time.Time
+	// OnLeaseLost, for Concurrency, is called when a request's context is
+	// cancelled because its lease is gone or expired unrenewed, with the
+	// cause (client.ErrLeaseGone, ErrLeaseExpired): count them with it.
+	// It runs on the goroutine that renews, while the handler may still
+	// be running. Nil: they are only logged.
+	OnLeaseLost func(r *http.Request, cause error)
 }
 
 // Middleware checks each request with c before calling the next handler.
