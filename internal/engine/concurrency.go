@@ -385,10 +385,11 @@ type heldPart struct {
 // leaseParts reads a caller's lease id: the parts of its rules in force,
 // those held here and those held in each other region. A rule no longer in
 // force holds nothing (its part is left out). A rule that is not a
-// concurrency rule, a region outside the topology, or a pinned rule's part
-// held in a region that cannot hold it under the id's topology generation
-// (when that is the one in force here: the id was edited) is an
-// *InvalidError of lease_id.
+// concurrency rule, a region outside the topology, a local rule's part held
+// in another region than the Acquire's, or a pinned rule's part held in a
+// region that cannot hold it under the id's topology generation (when that
+// is the one in force here) is an *InvalidError of lease_id: the id was
+// edited, and no region is called for it.
 func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, map[string][]heldPart, error) {
 	id, err := parseLeaseID(s)
 	if err == nil {
@@ -433,6 +434,14 @@ func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
 		}
 		if p.Region != e.region && (ts.topo == nil || !ts.topo.Has(p.Region)) {
 			return invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", quote(p.Region), quote(e.region))
+		}
+		if !en.pinned && p.Region != id.Region {
+			// A local rule's lease is held where it was acquired: an id
+			// saying otherwise was edited, and is refused here rather than
+			// sent, with this region's peer credentials, to the region
+			// it names.
+			return invalid("lease_id", "lease_id: rule %s: a local rule's lease is held in the region of its acquire (%s), and the lease id says %s: an edited lease id",
+				quote(p.Rule), quote(id.Region), quote(p.Region))
 		}
 		if p.Flags&leaseid.Regional != 0 && (!en.pinned || p.Region != id.Region) {
 			return invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", quote(p.Rule))

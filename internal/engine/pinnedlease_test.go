@@ -246,3 +246,58 @@ func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestForgedLocalLeaseNoPeerCall: a local rule's lease is held in the
+// region of its Acquire, so an id saying it is held elsewhere is edited:
+// its Release and Renew are refused as invalid (naming lease_id) without
+// a call to any region. A real lease id holding a local rule's lease and
+// a pinned one is still released through the other region, each part
+// where it is held.
+func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
+	us, eu, toEU, _ := newPinnedPair(t)
+	ctx := context.Background()
+	ok, l, err := acquireRule(t, us, "local", "m")
+	if !ok || err != nil {
+		t.Fatalf("Acquire: %v, %v", ok, err)
+	}
+	real, _ := parseLeaseID(l.ID)
+	forged := *real
+	forged.Parts = []leaseid.Part{{Rule: "local", Key: "m", Region: "eu"}}
+	notInvalid := 0
+	for range 500 {
+		var inv *InvalidError
+		released, err := us.Release(ctx, forged.String())
+		if !errors.As(err, &inv) || inv.Field != "lease_id" || released {
+			notInvalid++
+		}
+		renewed, _, err := us.Renew(ctx, forged.String())
+		if !errors.As(err, &inv) || inv.Field != "lease_id" || renewed {
+			notInvalid++
+		}
+	}
+	if notInvalid > 0 || len(toEU.calls) != 0 {
+		t.Fatalf("500 Releases and 500 Renews of a local lease said to be held in eu: %d not refused as invalid lease_id, calls to eu %v; want all refused, no call",
+			notInvalid, toEU.calls)
+	}
+	if ok, err := us.Release(ctx, l.ID); !ok || err != nil {
+		t.Fatalf("Release of the real lease: %v, %v", ok, err)
+	}
+
+	// A mixed lease taken through us, released through eu: the pinned part
+	// there, the local part forwarded to us.
+	c := us.NewAcquire()
+	c.AddRule("pin", "k", 0)
+	c.AddRule("local", "m", 0)
+	ok, mixed, err := us.Acquire(ctx, c)
+	if !ok || err != nil {
+		t.Fatalf("mixed Acquire: %v, %v", ok, err)
+	}
+	if ok, err := eu.Release(ctx, mixed.ID); !ok || err != nil {
+		t.Fatalf("Release through eu of a mixed lease taken through us: %v, %v", ok, err)
+	}
+	for i := range 5 {
+		if ok, _, err := acquireRule(t, us, "local", "m"); !ok || err != nil {
+			t.Fatalf("local acquire %d after the mixed lease's release: %v, %v (its local part still held)", i, ok, err)
+		}
+	}
+}
