@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -173,4 +177,129 @@ func TestAttributeBounds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTrackedLeasesBoundPerRule: an instance tracks at most
+// MaxTrackedLeasesPerRule leases of one rule for the in-flight gauge. Past
+// it the Acquire is still allowed (the lease is held in the store; a flood
+// of one rule's keys must not lock its other clients out) but left out of
+// the gauge, counted as untracked under its rule and logged once; the
+// other rules are tracked as before, and a release makes room again.
+func TestTrackedLeasesBoundPerRule(t *testing.T) {
+	set, err := rules.Parse("rules.yml", []byte(`rules:
+  - id: flood
+    algorithm: concurrency
+    limit: 1
+    lease_ttl: 1h
+  - id: other
+    algorithm: concurrency
+    limit: 1
+    lease_ttl: 1h
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs strings.Builder
+	reg := prometheus.NewRegistry()
+	e, err := New(Options{Store: bucket.NewMemory(), Region: "local", Logger: slog.New(slog.NewTextHandler(&logs, nil))}, set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func(rule, key string) *Lease {
+		t.Helper()
+		ok, l, err := acquireRule(t, e, rule, key)
+		if !ok || err != nil {
+			t.Fatalf("Acquire %s %s: %v, %v", rule, key, ok, err)
+		}
+		return l
+	}
+	var first *Lease
+	for i := range MaxTrackedLeasesPerRule + 10 {
+		l := acquire("flood", fmt.Sprint("k", i))
+		if i == 0 {
+			first = l
+		}
+	}
+	acquire("other", "k")
+	inFlight := func(rule string) float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "limiter_concurrency_leases_in_flight" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == rule {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+		t.Fatalf("no in-flight gauge of %s", rule)
+		return 0
+	}
+	if got := inFlight("flood"); got != MaxTrackedLeasesPerRule {
+		t.Errorf("flood in flight = %v, want the bound %d", got, MaxTrackedLeasesPerRule)
+	}
+	if got := inFlight("other"); got != 1 {
+		t.Errorf("other in flight = %v, want 1: one rule's flood left another untracked", got)
+	}
+	if got := testutil.ToFloat64(e.m.leases.WithLabelValues("flood", eventUntracked)); got != 10 {
+		t.Errorf("flood untracked = %v, want 10", got)
+	}
+	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(MaxTrackedLeasesPerRule)) {
+		t.Errorf("want one warning naming the rule and the bound, got:\n%s", logs.String())
+	}
+	if ok, err := e.Release(context.Background(), first.ID); !ok || err != nil {
+		t.Fatalf("Release: %v, %v", ok, err)
+	}
+	acquire("flood", "again")
+	if got := inFlight("flood"); got != MaxTrackedLeasesPerRule {
+		t.Errorf("flood in flight after a release and an acquire = %v, want %d", got, MaxTrackedLeasesPerRule)
+	}
+	if got := testutil.ToFloat64(e.m.leases.WithLabelValues("flood", eventUntracked)); got != 10 {
+		t.Errorf("the acquire after a release was not tracked (untracked %v)", got)
+	}
+}
+
+// TestTrackedLeasesSweptIncrementally: the leases this instance tracks are
+// swept a few at a time, the soonest expiry first: an Acquire after 5,000
+// leases expired drops at most sweepBatch of them under the lock, not the
+// whole table; a scrape drops every expired one, each counted as expired.
+func TestTrackedLeasesSweptIncrementally(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		set, err := rules.Parse("rules.yml", []byte("rules:\n  - id: r\n    algorithm: concurrency\n    limit: 1\n    lease_ttl: 1s\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewRegistry()
+		e, err := New(Options{Store: bucket.NewMemory(), Region: "local", Logger: quietLogger()}, set, reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		const n = 5000
+		for i := range n {
+			if ok, _, err := acquireRule(t, e, "r", fmt.Sprint("k", i)); !ok || err != nil {
+				t.Fatalf("Acquire %d: %v, %v", i, ok, err)
+			}
+		}
+		time.Sleep(2 * time.Second)
+		if ok, _, err := acquireRule(t, e, "r", "late"); !ok || err != nil {
+			t.Fatalf("Acquire after the expiry: %v, %v", ok, err)
+		}
+		e.inflight.mu.Lock()
+		left := len(e.inflight.leases)
+		e.inflight.mu.Unlock()
+		if dropped := n + 1 - left; dropped > sweepBatch {
+			t.Errorf("one Acquire swept %d expired leases under the lock, want at most %d", dropped, sweepBatch)
+		}
+		if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 1 {
+			t.Errorf("in flight after a scrape = %v, want 1", got)
+		}
+		if got := testutil.ToFloat64(e.m.leases.WithLabelValues("r", eventExpired)); got != n {
+			t.Errorf("expired = %v, want %d", got, n)
+		}
+	})
 }

@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -33,11 +30,6 @@ var (
 // rate rule (on a context of its own: the caller may be gone).
 const ReleaseTimeout = 100 * time.Millisecond
 
-// MaxTrackedLeases bounds the leases this instance tracks for
-// limiter_concurrency_leases_in_flight; past it, new leases are held but
-// not tracked (limiter_concurrency_untracked_total).
-const MaxTrackedLeases = 1 << 20
-
 // Lease events, the values of the event label.
 const (
 	eventAcquired = "acquired"
@@ -48,9 +40,12 @@ const (
 	eventGone     = "renew_gone"
 	eventFallback = "fallback_acquired"
 	eventError    = "error"
+	// eventUntracked: granted, but past the leases this instance tracks
+	// (MaxTrackedLeasesPerRule, MaxTrackedLeases).
+	eventUntracked = "untracked"
 )
 
-var leaseEvents = []string{eventAcquired, eventRefused, eventReleased, eventExpired, eventRenewed, eventGone, eventFallback, eventError}
+var leaseEvents = []string{eventAcquired, eventRefused, eventReleased, eventExpired, eventRenewed, eventGone, eventFallback, eventError, eventUntracked}
 
 // Lease is what an allowed Acquire holds: one lease id for every
 // concurrency rule it matched.
@@ -684,112 +679,4 @@ func (e *Engine) unrenewable(ts *topoState, p heldPart) bool {
 		return false
 	}
 	return p.Flags&leaseid.Regional != 0 || ts.topo.Home(p.Key, p.en.rule.HomeKeys) != p.Region
-}
-
-// inflight tracks the leases this instance granted and has not seen
-// released or expire, for limiter_concurrency_leases_in_flight: a
-// per-process count, honest without asking the store (a lease released
-// through another instance counts here until its expiry). Safe for
-// concurrent use.
-type inflight struct {
-	mu        sync.Mutex
-	leases    map[string]*tracked
-	count     map[*entry]int
-	nextSweep time.Time
-	untracked prometheus.Counter
-	desc      *prometheus.Desc
-	rules     func() []*entry
-}
-
-type tracked struct {
-	entries []*entry
-	expires time.Time
-}
-
-func newInflight(rules func() []*entry, untracked prometheus.Counter) *inflight {
-	return &inflight{
-		leases: make(map[string]*tracked), count: make(map[*entry]int), untracked: untracked, rules: rules,
-		desc: prometheus.NewDesc("limiter_concurrency_leases_in_flight",
-			"Leases of a concurrency rule this instance granted and has not seen released or expire, by rule.", []string{"rule"}, nil),
-	}
-}
-
-func (f *inflight) add(member string, items []*Item, expires time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.sweep(time.Now())
-	if len(f.leases) >= MaxTrackedLeases {
-		f.untracked.Inc()
-		return
-	}
-	t := &tracked{expires: expires}
-	for _, it := range items {
-		t.entries = append(t.entries, it.e)
-		f.count[it.e]++
-	}
-	f.leases[member] = t
-}
-
-// remove stops tracking a lease; it reports whether it was tracked.
-func (f *inflight) remove(member string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t := f.leases[member]
-	if t == nil {
-		return false
-	}
-	f.drop(member, t)
-	return true
-}
-
-func (f *inflight) renew(member string, expires time.Time) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if t := f.leases[member]; t != nil {
-		t.expires = expires
-	}
-}
-
-func (f *inflight) drop(member string, t *tracked) {
-	delete(f.leases, member)
-	for _, en := range t.entries {
-		if f.count[en]--; f.count[en] <= 0 {
-			delete(f.count, en)
-		}
-	}
-}
-
-// sweep drops the leases past their expiry, counting them as expired; at
-// most once a second unless a scrape asks.
-func (f *inflight) sweep(now time.Time) {
-	if now.Before(f.nextSweep) {
-		return
-	}
-	f.nextSweep = now.Add(time.Second)
-	for m, t := range f.leases {
-		if !t.expires.After(now) {
-			for _, en := range t.entries {
-				en.lease[eventExpired].Inc()
-			}
-			f.drop(m, t)
-		}
-	}
-}
-
-// Describe and Collect make inflight a prometheus.Collector: the gauge of
-// every concurrency rule in force, 0 included.
-func (f *inflight) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
-
-func (f *inflight) Collect(ch chan<- prometheus.Metric) {
-	f.mu.Lock()
-	f.nextSweep = time.Time{}
-	f.sweep(time.Now())
-	counts := make(map[string]int, len(f.count))
-	for en, n := range f.count {
-		counts[en.rule.ID] += n
-	}
-	f.mu.Unlock()
-	for _, en := range f.rules() {
-		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.GaugeValue, float64(counts[en.rule.ID]), en.rule.ID)
-	}
 }

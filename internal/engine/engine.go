@@ -250,7 +250,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 			}
 		}
 		return out
-	}, m.untracked)
+	}, m.untracked, e.log)
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_lease_keys",

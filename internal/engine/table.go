@@ -212,11 +212,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"peer"}),
 		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_concurrency_leases_total",
-			Help: "Leases of concurrency rules, by rule and event: acquired (fallback_acquired: of them, held in this instance's fallback while the store failed), refused (the limit was reached), released, expired (granted here and neither released nor renewed through this instance in time), renewed, renew_gone (a renewal of a lease already gone), error (a fail-closed refusal or a store failure).",
+			Help: "Leases of concurrency rules, by rule and event: acquired (fallback_acquired: of them, held in this instance's fallback while the store failed), refused (the limit was reached), released, expired (granted here and neither released nor renewed through this instance in time), renewed, renew_gone (a renewal of a lease already gone), error (a fail-closed refusal or a store failure), untracked (granted, but past the leases this instance tracks for limiter_concurrency_leases_in_flight: engine.MaxTrackedLeasesPerRule, MaxTrackedLeases).",
 		}, []string{"rule", "event"}),
 		untracked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_concurrency_untracked_total",
-			Help: "Leases granted but left out of limiter_concurrency_leases_in_flight: this instance already tracked the most it tracks.",
+			Help: "Leases granted but left out of limiter_concurrency_leases_in_flight: this instance already tracked the most it tracks, of the rule (10,000) or of all (100,000).",
 		}),
 		paced: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_paced_checks_total",
