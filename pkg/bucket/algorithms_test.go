@@ -169,6 +169,8 @@ func TestTokenBucketBound(t *testing.T) {
 func TestNormalizeCost(t *testing.T) {
 	tb := Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1}
 	log := Limit{Algorithm: SlidingLog, Capacity: 5, Window: time.Second}
+	fast := Limit{Algorithm: TokenBucket, Capacity: 10, RefillPerSecond: 1e6}
+	win := Limit{Algorithm: FixedWindow, Capacity: 10, Window: time.Second}
 	tests := []struct {
 		name  string
 		limit Limit
@@ -186,6 +188,12 @@ func TestNormalizeCost(t *testing.T) {
 		{"-Inf", tb, math.Inf(-1), 0, ErrInvalidCost},
 		{"log whole", log, 2, 2, nil},
 		{"log fraction", log, 1.5, 0, ErrInvalidCost},
+		// 1.9 ns of refill at 1e6/s would be charged 1 ns.
+		{"below the quantum's 1%", fast, 0.0019, 0, ErrInvalidCost},
+		{"100 ns of refill", fast, 0.1, 0.1, nil},
+		// 1.4 millionths of a token would count as 1.
+		{"window below the quantum's 1%", win, 1.4e-6, 0, ErrInvalidCost},
+		{"window at 100 quanta", win, 1e-4, 1e-4, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

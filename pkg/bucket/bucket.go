@@ -50,6 +50,12 @@ const MaxRefillPerSecond = 1_000_000
 // MaxKeyLen is the longest client key, in bytes.
 const MaxKeyLen = 512
 
+// MinCostQuanta is the least cost, in quanta of the arithmetic of its
+// limit: 1 ns of refill for a token bucket or GCRA, a millionth of a token
+// in a window. A spend is rounded to whole quanta, so a cost of at least
+// 100 of them is charged within 1% of itself (see Limit.MinCost).
+const MinCostQuanta = 100
+
 // Errors returned for invalid input. Callers test them with errors.Is.
 var (
 	// ErrInvalidCost: a cost that is not finite, not above 0, above the
@@ -146,9 +152,25 @@ func (l Limit) Validate() error {
 	return nil
 }
 
+// MinCost is the least cost a request may spend under l: MinCostQuanta
+// quanta of its arithmetic (100 ns of refill, 1e-4 of a token in a
+// window, 1 for a sliding log), so that no cost is charged more than 1%
+// under what it asks (at 1e6 tokens/s, a cost of 0.0019 would be charged
+// 0.001). It is at most 1 for every valid limit.
+func (l Limit) MinCost() float64 {
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		return MinCostQuanta * l.RefillPerSecond / 1e9
+	case SlidingLog:
+		return 1
+	}
+	return MinCostQuanta * 1e-6
+}
+
 // NormalizeCost returns the cost a request spends under l: 0 means 1. It
 // rejects, wrapping ErrInvalidCost, a cost that is NaN, infinite, negative,
-// above the capacity (it could never pass) or, for a SlidingLog, not whole.
+// below MinCost (it would be charged less than it asks), above the
+// capacity (it could never pass) or, for a SlidingLog, not whole.
 func (l Limit) NormalizeCost(cost float64) (float64, error) {
 	if cost == 0 {
 		cost = 1
@@ -156,6 +178,9 @@ func (l Limit) NormalizeCost(cost float64) (float64, error) {
 	// Written so that NaN fails: every comparison with NaN is false.
 	if !(cost > 0) || math.IsInf(cost, 0) {
 		return 0, fmt.Errorf("%w: cost must be finite and > 0, got %v", ErrInvalidCost, cost)
+	}
+	if least := l.MinCost(); cost < least && l.Algorithm != SlidingLog {
+		return 0, fmt.Errorf("%w: cost %v is below %v, the least this limit charges within 1%% (a spend counts in whole quanta: 1 ns of refill, or a millionth of a token in a window)", ErrInvalidCost, cost, least)
 	}
 	if cost > l.Capacity {
 		return 0, fmt.Errorf("%w: cost %v is above the capacity %v and could never pass", ErrInvalidCost, cost, l.Capacity)
