@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -535,15 +536,34 @@ func (e *Engine) Wait(ctx context.Context) error {
 	}
 }
 
-// share is one of n equal parts of l, for fail-open decisions.
-func share(l bucket.Limit, n int) bucket.Limit {
+// share is one of n equal parts of l, for fail-open decisions, for
+// requests of cost, at most the rule's capacity (for a share made ahead of
+// any request, 1 or the capacity when smaller): 1/n of the
+// rate, and of the capacity while that holds at least cost. A smaller part
+// is shared by time instead, so that n instances together still admit the
+// limit's rate: a window rule holds cost in a window n·cost/capacity times
+// as long (a sliding log of 3 a minute over 10 instances: 1 each per 200
+// s, not 1 each a minute); a token bucket or GCRA holds a burst of cost,
+// refilling at 1/n of the rate.
+func share(l bucket.Limit, n int, cost float64) bucket.Limit {
 	if n <= 1 {
 		return l
 	}
-	l.Capacity /= float64(n)
-	l.RefillPerSecond /= float64(n)
+	part := l.Capacity / float64(n)
 	if l.Algorithm == bucket.SlidingLog {
-		l.Capacity = max(1, float64(int(l.Capacity)))
+		part, cost = math.Floor(part), math.Max(math.Ceil(cost), 1)
+	}
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.GCRA:
+		l.RefillPerSecond /= float64(n)
+		l.Capacity = math.Max(part, cost)
+	default:
+		if part >= cost {
+			l.Capacity = part
+			break
+		}
+		l.Window = time.Duration(math.Ceil(float64(l.Window) * float64(n) * cost / l.Capacity))
+		l.Capacity = cost
 	}
 	return l
 }

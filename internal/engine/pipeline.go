@@ -525,7 +525,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs 
 	fleet := max(e.fleet(), 1)
 	for i, it := range items {
 		it.route = routeFallback
-		lim := share(it.limit, fleet)
+		lim := share(it.limit, fleet, it.Cost)
 		cost, cerr := lim.NormalizeCost(it.Cost)
 		if cerr != nil {
 			// More than this instance's share: refuse here.

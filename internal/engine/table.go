@@ -99,7 +99,7 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 		}
 		t.byID[id] = &entry{
 			leases: r.Leases(), regionalLeases: r.Leases().Share(regions), lease: lease,
-			rule: r, limit: lim, regional: share(lim, regions),
+			rule: r, limit: lim, regional: share(lim, regions, min(1, lim.Capacity)),
 			reconciled: r.Reconciled(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
 			allowed: d.WithLabelValues(id, resultAllowed), limited: d.WithLabelValues(id, resultLimited),
 			failed:          d.WithLabelValues(id, resultError),
