@@ -1,8 +1,8 @@
 -- Hands a pinned key's buckets to its new home region at a topology
 -- switch: the old home reads what each counts ('used'), the new home
--- replaces its own with a fresh bucket debited by that, once per
--- generation ('seed'), and asks whether it did ('seeded'). Mirrors
--- Limit.Used and Memory's Seed in pkg/bucket. ARGV[1] is the operation:
+-- raises its own to count at least that, once per generation ('seed'),
+-- and asks whether it did ('seeded'). Mirrors Limit.Used, Limit.Raise and
+-- Memory's Seed in pkg/bucket. ARGV[1] is the operation:
 --   used: KEYS are buckets; ARGV[2..], three per bucket: algorithm,
 --     capacity, rate (tokens/s) or window (µs). Replies the tokens each
 --     counts now, as strings.
@@ -11,8 +11,10 @@
 --   seed: KEYS[1] the seed record, KEYS[2] the bucket; ARGV[2] the
 --     generation, ARGV[3] the record's expiry (ms), ARGV[4..7] algorithm,
 --     capacity, rate or window, used. Unless seeded at that generation or
---     a later one, deletes the bucket, debits a fresh one by used and
---     writes the record: replies {1}; else changes nothing: replies {0}.
+--     a later one, debits the bucket by what used counts beyond what it
+--     counts itself (never below: a second seed, whose old home refilled,
+--     keeps what was spent here since) and writes the record: replies {1};
+--     else changes nothing: replies {0}.
 local now = now_us()
 
 local function used_of(key, alg, cap, p)
@@ -51,10 +53,13 @@ elseif op == 'seeded' then
 elseif op == 'seed' then
   local gen = tonumber(ARGV[2])
   if seeded(gen) then return {0} end
-  redis.call('DEL', KEYS[2])
   local debit = debits[ARGV[4]]
   if debit then
-    debit(KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), now, 'moved' .. ARGV[2])
+    local cap, p = tonumber(ARGV[5]), tonumber(ARGV[6])
+    local more = tonumber(ARGV[7]) - used_of(KEYS[2], ARGV[4], cap, p)
+    if more > 0 then
+      debit(KEYS[2], cap, p, more, now, 'moved' .. ARGV[2])
+    end
   end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
   return {1}

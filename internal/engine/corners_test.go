@@ -257,3 +257,57 @@ func TestFallbackSharesByTime(t *testing.T) {
 }
 
 func engineRate(l bucket.Limit) float64 { return SustainedRate(l) }
+
+// TestRehomedKeySeededOnce: two instances load a change of home_keys at
+// different times, so their handoff windows end apart. When the first's
+// seed record has expired, the second, still within its own window, asks
+// the old home (refilled: it reports nothing) and seeds again: that seed
+// must not give back what the key spent here since it moved.
+func TestRehomedKeySeededOnce(t *testing.T) {
+	src := func(home string) *rules.Set {
+		t.Helper()
+		set, err := rules.Parse("rules.yml", []byte(`rules:
+  - id: vip
+    capacity: 10
+    refill_per_second: 0.001
+    home: pinned
+    on_failure: closed
+    home_keys: {acme: `+home+`}
+`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return set
+	}
+	topo := parseTopo(t, topoSrc(1, "", "us", "eu"))
+	eu, err := New(Options{Store: bucket.NewMemory(), Region: "eu", Logger: quietLogger()}, src("eu"), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	euHome := &fakeHome{e: eu}
+	var clock atomic.Int64
+	clock.Store(time.Now().UnixMicro())
+	store := bucket.NewMemory(bucket.WithClock(func() time.Time { return time.UnixMicro(clock.Load()) }))
+	var us []*Engine
+	for range 2 {
+		e, err := New(Options{Store: store, Region: "us", Topology: topo, Homes: map[string]Home{"eu": euHome}, Logger: quietLogger()},
+			src("eu"), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.SetRules(src("us")); err != nil {
+			t.Fatal(err)
+		}
+		us = append(us, e)
+	}
+	// The first loaded the change a window ago less 100 ms, the second now.
+	window := src("us").Get("vip").Bucket().HandoffWindow()
+	us[0].table.Load().byID["vip"].rehome.since = time.Now().Add(-window + 100*time.Millisecond)
+	if n, err := admit(t, us[0], "vip", "acme"); n != 10 || err != nil {
+		t.Fatalf("first instance: admitted %d (%v), want 10 (eu spent nothing)", n, err)
+	}
+	clock.Add(time.Second.Microseconds()) // the seed record expires
+	if n, err := admit(t, us[1], "vip", "acme"); n != 0 || err != nil {
+		t.Fatalf("second instance, within its window after the record expired: admitted %d more (%v), want 0", n, err)
+	}
+}

@@ -209,8 +209,8 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 			continue
 		}
 		if rng.IntN(8) == 0 {
-			// A handoff: what the bucket counts, then the bucket replaced
-			// by a fresh one debited by that, as a key's new home seeds it.
+			// A handoff: what the bucket counts, then the bucket seeded as
+			// a key's new home seeds it.
 			wantUsed := lim.Used(&st, now)
 			a := scriptArgs(lim, 0)
 			at := strconv.FormatInt(now, 10)
@@ -221,12 +221,14 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 			if used, _ := strconv.ParseFloat(res[0], 64); used != wantUsed {
 				t.Fatalf("step %d at %d: used lua %v, go %v", step, now, used, wantUsed)
 			}
-			st = bucket.State{}
-			lim.Debit(&st, now, wantUsed)
+			// Seeded by another count, above or below its own: raised to
+			// at least that, never lowered.
+			seedUsed := math.Round(wantUsed*2*rng.Float64()*1e6) / 1e6
+			lim.Raise(&st, now, seedUsed)
 			cf.seq++
 			gen := strconv.Itoa(cf.seq)
 			seedKey := SeedKey(bucket.Seed{Rule: "conf-" + name, Key: "client"})
-			a = scriptArgs(lim, wantUsed)
+			a = scriptArgs(lim, seedUsed)
 			for i, want := range []int64{1, 0} { // seeded once per generation
 				n, err := cf.handoff.Run(ctx, client, []string{seedKey, key}, "seed", gen, "60000", string(lim.Algorithm), a[0], a[1], a[2], at).Int64Slice()
 				if err != nil || len(n) != 1 || n[0] != want {

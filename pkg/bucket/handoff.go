@@ -7,8 +7,8 @@ import (
 )
 
 // A bucket handed off moves with its key: when a topology switch gives a
-// pinned rule's key a new home region, the new home takes what the old
-// home's bucket counts (Used there) into a fresh bucket of its own (Seed
+// pinned rule's key a new home region, the new home raises its own bucket
+// to count at least what the old home's bucket counts (Used there, Raise
 // here), once, before it decides the key. The amount is tokens, not a
 // state: the two stores' clocks need not agree.
 
@@ -90,6 +90,19 @@ func (l Limit) HandoffWindow() time.Duration {
 		return l.Window
 	}
 	return 0
+}
+
+// Raise makes st count at least used against l at now: it debits st by
+// what used counts beyond st's own Used, and leaves a bucket that counts
+// as much already as it is. A seed raises the new home's bucket, never
+// replaces it: a second seed of the same move (a record of the first gone,
+// a process whose window ends later), whose old home has refilled and
+// reports about nothing, then keeps what the key spent here since.
+func (l *Limit) Raise(st *State, now int64, used float64) {
+	l.clampDebt(st, now) // as the script's read of the bucket does
+	if more := used - l.Used(st, now); more > 0 {
+		l.Debit(st, now, more)
+	}
 }
 
 // Seed is the state a bucket takes from the key's old home region.
@@ -175,8 +188,8 @@ func (sh *memoryShard) seeded(s Seed, now int64) bool {
 	return e != nil && e.expires > now && uint64(e.st.a) >= s.Generation
 }
 
-// Seed replaces the buckets not yet seeded at their generation with fresh
-// ones debited by Used. It never returns an error.
+// Seed raises the buckets not yet seeded at their generation to count at
+// least Used (Limit.Raise). It never returns an error.
 func (m *Memory) Seed(_ context.Context, seeds []Seed) ([]bool, error) {
 	now := m.nowMicros()
 	out := make([]bool, len(seeds))
@@ -185,13 +198,22 @@ func (m *Memory) Seed(_ context.Context, seeds []Seed) ([]bool, error) {
 		sh.mu.Lock()
 		if !sh.seeded(s, now) {
 			id := bucketID{s.Rule, s.Key}
-			if old := sh.buckets[id]; old != nil {
-				sh.drop(id, old)
+			e := sh.buckets[id]
+			if e != nil && e.expires <= now {
+				sh.drop(id, e)
+				e = nil
 			}
 			var st State
-			s.Limit.Debit(&st, now, s.Used)
+			if e != nil {
+				st = e.st
+			}
+			s.Limit.Raise(&st, now, s.Used)
 			if exp := s.Limit.ExpiresAt(&st); exp > now {
-				sh.store(id, &memoryEntry{st: st, expires: exp})
+				if e == nil {
+					e = &memoryEntry{}
+				}
+				e.st, e.expires = st, exp
+				sh.store(id, e)
 			}
 			mark := bucketID{SeedRecord(s), s.Key}
 			if old := sh.buckets[mark]; old != nil {
