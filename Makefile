@@ -41,10 +41,9 @@ SOAK_FLAGS ?=
 soak: up-deps
 	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/soak -args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
-## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus and alertmanager (Debian packages), promtool (Go module)
+## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool) and alertmanager (Debian packages)
 deps:
 	@GO=$(GO) scripts/install-deps.sh redis nginx cc prometheus alertmanager
-	@deploy/install-promtool.sh
 
 ## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli, with MONITORING=1 prometheus and alertmanager too (NATS and the daemons are built by `up`)
 up-deps:

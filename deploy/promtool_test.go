@@ -28,12 +28,15 @@ func prometheusVersion() string {
 	return string(m[1])
 }
 
-// findPromtool looks for promtool in the repository's bin/, where
-// deploy/install-promtool.sh puts the version go.mod requires, then on PATH
-// (where Debian's prometheus package, which make test installs for the
-// alerts' end-to-end test, puts an older one).
+// findPromtool looks for promtool on PATH, where Debian's prometheus
+// package puts it (make test installs the package for the alerts'
+// end-to-end test); a promtool built from the Prometheus module, in the
+// repository's bin/ or on PATH, does as well.
 func findPromtool(t *testing.T) string {
 	t.Helper()
+	if p, err := exec.LookPath("promtool"); err == nil {
+		return p
+	}
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
@@ -42,10 +45,7 @@ func findPromtool(t *testing.T) string {
 	if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
 		return p
 	}
-	if p, err := exec.LookPath("promtool"); err == nil {
-		return p
-	}
-	t.Fatalf("promtool is not in %s nor on PATH; install it with deploy/install-promtool.sh, i.e.\n  GOBIN=%s go install %s/cmd/promtool@%s",
+	t.Fatalf("promtool is not on PATH nor in %s; install it with `scripts/install-deps.sh prometheus` (Debian's prometheus package) or\n  GOBIN=%s go install %s/cmd/promtool@%s",
 		filepath.Dir(p), filepath.Dir(p), prometheusModule, prometheusVersion())
 	return ""
 }
