@@ -14,6 +14,15 @@ import (
 // lowestPort is the lowest port handed out, above the well-known ones.
 const lowestPort = 10000
 
+// The band of fixed ports the local stack (scripts/stack.sh, and the stack
+// tests that run it) binds above lowestPort: its Redis nodes' cluster bus
+// ports (17000-17202) and its delaying links (17222-17224, 18000-18300).
+// It is never handed out, so a test's server beside a stack never takes
+// one of them.
+const stackPortsLo, stackPortsHi = 17000, 18999
+
+func inStackBand(p int) bool { return p >= stackPortsLo && p <= stackPortsHi }
+
 // reserved holds every port handed out in this process, so that two servers
 // started in parallel never pick the same one. Ports are never returned:
 // a stopped server keeps its port for a restart.
@@ -45,10 +54,10 @@ func reservePort(offset int) (int, error) {
 	}
 	for range 1000 {
 		p := lo + rand.IntN(hi-lo+1)
-		if reserved.ports[p] || !CanListen(p) {
+		if reserved.ports[p] || inStackBand(p) || !CanListen(p) {
 			continue
 		}
-		if offset > 0 && (reserved.ports[p+offset] || !CanListen(p+offset)) {
+		if offset > 0 && (reserved.ports[p+offset] || inStackBand(p+offset) || !CanListen(p+offset)) {
 			continue
 		}
 		reserved.ports[p] = true

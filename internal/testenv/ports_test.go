@@ -29,3 +29,21 @@ func TestReservePortNeverRepeats(t *testing.T) {
 		}
 	}
 }
+
+// TestReservePortAvoidsTheStack: no port handed out, nor its pair, falls in
+// the band of fixed ports the local stack binds (its Redis cluster bus
+// ports and delaying links), which tests beside a stack would collide with.
+func TestReservePortAvoidsTheStack(t *testing.T) {
+	const offset = 10000
+	for range 2000 {
+		p, err := testenv.ReservePortPair(offset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, port := range []int{p, p + offset} {
+			if port >= 17000 && port <= 18999 {
+				t.Fatalf("port %d handed out: the local stack binds 17000-18999", port)
+			}
+		}
+	}
+}
