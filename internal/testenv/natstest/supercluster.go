@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/wanproxy"
 )
 
 // superReadyTimeout bounds the wait for a supercluster to be formed: every
@@ -30,15 +31,17 @@ const superReadyTimeout = 60 * time.Second
 // Each server's gateway port sits behind a small TCP proxy of the test
 // process, advertised to the other clusters, so that Cut can sever the
 // gateways between two regions and Heal restore them while the servers
-// run.
+// run, and SetDelay put a one-way delay between them (a wanproxy.Link per
+// ordered pair of regions, Link, for jitter, stalls and one-way cuts).
 //
-// Regions, Servers, URL, URLs, Cut, Heal and Severed are safe for
-// concurrent use; WaitReady fails the test it is given. A Supercluster is
+// Regions, Servers, URL, URLs, Cut, Heal, Severed, SetDelay and Link are
+// safe for concurrent use; WaitReady fails the test it is given. A Supercluster is
 // only made by this package.
 type Supercluster struct {
 	regions []string
 	servers map[string][]*Server
 	proxies []*gatewayProxy
+	links   map[[2]string]*wanproxy.Link // from, to: see Link
 
 	mu  sync.Mutex
 	cut map[[2]string]bool // both orders of every severed pair
@@ -55,7 +58,15 @@ func NewSupercluster(t testing.TB, regions []string, serversPerRegion int, opts 
 		t.Fatalf("natstest: a supercluster needs at least two regions and one server each, got %d and %d", len(regions), serversPerRegion)
 	}
 	bin := natsBinary(t)
-	sc := &Supercluster{regions: slices.Clone(regions), servers: map[string][]*Server{}, cut: map[[2]string]bool{}}
+	sc := &Supercluster{regions: slices.Clone(regions), servers: map[string][]*Server{}, cut: map[[2]string]bool{},
+		links: map[[2]string]*wanproxy.Link{}}
+	for _, a := range regions {
+		for _, b := range regions {
+			if a != b {
+				sc.links[[2]string{a, b}] = wanproxy.NewLink(wanproxy.Shape{}, wanproxy.Shape{})
+			}
+		}
+	}
 	t.Cleanup(sc.closeProxies)
 	var lastErr error
 	for range 3 {
@@ -211,6 +222,29 @@ func (sc *Supercluster) Heal(a, b string) {
 	defer sc.mu.Unlock()
 	delete(sc.cut, [2]string{a, b})
 	delete(sc.cut, [2]string{b, a})
+}
+
+// SetDelay sets the one-way delay between regions a and b, both ways, on
+// the gateway connections open now and those to come: a spend published
+// in a reaches b's servers oneWay later (the gateways' connect handshake
+// excepted: the INFO a server sends first goes at once).
+func (sc *Supercluster) SetDelay(a, b string, oneWay time.Duration) {
+	sc.Link(a, b).SetDelay(wanproxy.Both, oneWay)
+	sc.Link(b, a).SetDelay(wanproxy.Both, oneWay)
+}
+
+// Link returns the link that carries the gateway connections the servers
+// of from dial to those of to: its ClientToTarget direction carries what
+// from sends to, TargetToClient the answers. The connections to dialed
+// from to carry the rest (Link(to, from)); a one-way cut or a delay of
+// one direction alone is set on both. It fails on a region not of the
+// supercluster.
+func (sc *Supercluster) Link(from, to string) *wanproxy.Link {
+	l, ok := sc.links[[2]string{from, to}]
+	if !ok {
+		panic(fmt.Sprintf("natstest: no link from %q to %q", from, to))
+	}
+	return l
 }
 
 // Severed reports whether the gateways between a and b are cut.
@@ -369,35 +403,35 @@ func (gp *gatewayProxy) handle(client net.Conn) {
 		client.Close()
 		up.Close()
 	}()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_, _ = io.Copy(client, up) // the server's INFO first, then the rest
-		client.Close()
-	}()
+	// The server speaks first, an INFO line; the dialing server answers
+	// with CONNECT, naming its cluster, which says whose link carries the
+	// connection from there on.
+	ub := bufio.NewReader(up)
+	_ = up.SetReadDeadline(time.Now().Add(10 * time.Second))
+	info, err := ub.ReadString('\n')
+	_ = up.SetReadDeadline(time.Time{})
+	if err != nil {
+		return
+	}
+	if _, err := io.WriteString(client, info); err != nil {
+		return
+	}
 	br := bufio.NewReader(client)
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
 	line, err := br.ReadString('\n')
 	_ = client.SetReadDeadline(time.Time{})
 	if err != nil {
-		up.Close()
-		<-done
 		return
 	}
 	from := connectingGateway(line)
 	gp.mu.Lock()
 	pc.from = from
 	gp.mu.Unlock()
-	if from == "" || gp.sc.Severed(from, gp.region) {
-		up.Close()
-		<-done
+	link, ok := gp.sc.links[[2]string{from, gp.region}]
+	if !ok || gp.sc.Severed(from, gp.region) {
 		return
 	}
-	if _, err := io.WriteString(up, line); err == nil {
-		_, _ = io.Copy(up, br)
-	}
-	up.Close()
-	<-done
+	link.Forward(wanproxy.WithReader(client, io.MultiReader(strings.NewReader(line), br)), wanproxy.WithReader(up, ub))
 }
 
 // connectingGateway returns the gateway (cluster) name a CONNECT line of

@@ -2,9 +2,11 @@ package natstest_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
@@ -115,4 +117,94 @@ func TestSupercluster(t *testing.T) {
 	}
 	publish("us-east")
 	waitMsgs(t, js["ap-south"], "IN_ap-south", 5)
+}
+
+// TestSuperclusterDelay: with a one-way delay set between two regions, a
+// message published in one reaches a subscriber in the other no sooner
+// than the delay, and not much later; a request's answer takes the round
+// trip. A region pair without a delay stays fast.
+func TestSuperclusterDelay(t *testing.T) {
+	regions := []string{"us-east", "eu-west", "ap-south"}
+	sc := natstest.NewSupercluster(t, regions, 1)
+	const oneWay = 120 * time.Millisecond
+	const margin = 150 * time.Millisecond // a loaded machine, the race detector
+	sc.SetDelay("us-east", "eu-west", oneWay)
+	pub, _ := connect(t, sc.URL("us-east"))
+	// Each pair: the lower bound every sample meets, the upper bound the
+	// quickest one does.
+	for _, tt := range []struct {
+		to           string
+		least, most  time.Duration
+		requestLeast time.Duration
+	}{
+		{to: "eu-west", least: oneWay, most: oneWay + margin, requestLeast: 2 * oneWay},
+		{to: "ap-south", least: 0, most: margin, requestLeast: 0},
+	} {
+		t.Run(tt.to, func(t *testing.T) {
+			sub, _ := connect(t, sc.URL(tt.to))
+			got := make(chan time.Time, 16)
+			subj := "delay." + tt.to
+			s, err := sub.Subscribe(subj, func(*nats.Msg) { got <- time.Now() })
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sub.Subscribe("echo."+tt.to, func(m *nats.Msg) { _ = m.Respond(m.Data) }); err != nil {
+				t.Fatal(err)
+			}
+			if err := sub.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			// The subscription's interest reaches us-east over the
+			// gateway: wait until a message gets through.
+			deadline := time.Now().Add(20 * time.Second)
+			for {
+				if err := pub.Publish(subj, nil); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-got:
+				case <-time.After(500 * time.Millisecond):
+					if time.Now().After(deadline) {
+						t.Fatalf("no message from us-east reached %s", tt.to)
+					}
+					continue
+				}
+				break
+			}
+			time.Sleep(2 * oneWay) // the probes still in flight
+			for len(got) > 0 {
+				<-got
+			}
+			var lat []time.Duration
+			for range 5 {
+				sent := time.Now()
+				if err := pub.Publish(subj, nil); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case at := <-got:
+					lat = append(lat, at.Sub(sent))
+				case <-time.After(10 * time.Second):
+					t.Fatal("a message was not delivered within 10s")
+				}
+			}
+			s.Unsubscribe()
+			if lo := slices.Min(lat); lo < tt.least || lo > tt.most {
+				t.Errorf("us-east to %s: one-way %v, want every one >= %v and the quickest <= %v", tt.to, lat, tt.least, tt.most)
+			}
+			for _, l := range lat {
+				if l < tt.least {
+					t.Errorf("us-east to %s: a message took %v, under the delay %v", tt.to, l, tt.least)
+				}
+			}
+			start := time.Now()
+			if _, err := pub.Request("echo."+tt.to, []byte("x"), 10*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			if rtt := time.Since(start); rtt < tt.requestLeast {
+				t.Errorf("a request from us-east to %s answered in %v, under the round trip %v", tt.to, rtt, tt.requestLeast)
+			}
+			t.Logf("us-east to %s: one-way %v", tt.to, lat)
+		})
+	}
 }
