@@ -24,6 +24,7 @@ import (
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
+	"github.com/limiterd/limiterd/internal/wanproxy"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -44,6 +45,11 @@ type stack struct {
 	addrs    map[string]string // each region's limiterd
 	// recOpts, when set, changes each reconciler's options before New.
 	recOpts func(*Options)
+	// wan, when set (newWANStack), is the one-way delay between each pair
+	// of regions, both orders; peers[viewer][region] is the proxy that
+	// region's limiterd is reached through from viewer's, with that delay.
+	wan   map[[2]string]time.Duration
+	peers map[string]map[string]*wanproxy.Proxy
 }
 
 type regionStack struct {
@@ -91,6 +97,50 @@ func newSuperStack(t testing.TB, regions []string, serversPerRegion int, rulesYA
 		s.replicas = min(serversPerRegion, 3)
 		t.Logf("NATS supercluster of %d regions x %d servers formed in %v", len(regions), serversPerRegion, time.Since(began).Round(10*time.Millisecond))
 	})
+}
+
+// newWANStack starts regions as newSuperStack does, one NATS server each,
+// with the one-way delays of wan (keyed by pairs of regions, either order)
+// on the gateways between the regions and on the Peer links between
+// their limiterd: each limiterd reaches another region's through a
+// wanproxy.Proxy of that pair, named in a topology file of its own.
+func newWANStack(t testing.TB, regions []string, wan map[[2]string]time.Duration, rulesYAML string, interval time.Duration) *stack {
+	t.Helper()
+	return buildStack(t, regions, rulesYAML, interval, 1, func(s *stack, opts ...natstest.Option) {
+		s.wan = map[[2]string]time.Duration{}
+		for p, d := range wan {
+			s.wan[p], s.wan[[2]string{p[1], p[0]}] = d, d
+		}
+		s.super = natstest.NewSupercluster(t, regions, 1, opts...)
+		s.replicas = 1
+		for p, d := range wan {
+			s.super.SetDelay(p[0], p[1], d)
+		}
+	})
+}
+
+// startPeerProxies starts, for each ordered pair of regions, the proxy
+// that carries the first's Peer calls to the second's limiterd with their
+// delay, and writes each region's topology file naming them.
+func (s *stack) startPeerProxies() {
+	s.t.Helper()
+	s.peers = map[string]map[string]*wanproxy.Proxy{}
+	for _, viewer := range s.names {
+		s.peers[viewer] = map[string]*wanproxy.Proxy{}
+		for _, r := range s.names {
+			if r == viewer {
+				continue
+			}
+			d := wanproxy.Shape{Delay: s.wan[[2]string{viewer, r}]}
+			p, err := wanproxy.Listen("127.0.0.1:0", s.addrs[r], wanproxy.NewLink(d, d))
+			if err != nil {
+				s.t.Fatal(err)
+			}
+			s.t.Cleanup(func() { p.Close() })
+			s.peers[viewer][r] = p
+		}
+		writeFile(s.t, s.dir, "topology-"+viewer+".yml", s.topologyFor(viewer, 0, time.Time{}, s.names...))
+	}
 }
 
 // natsURL is where region's daemons connect.
@@ -144,6 +194,9 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		s.addrs[name] = testenv.FreeAddr(t)
 	}
 	writeFile(t, s.dir, "topology.yml", s.topology(0, time.Time{}, names...))
+	if s.wan != nil {
+		s.startPeerProxies()
+	}
 	for name, regions := range topos {
 		writeFile(t, s.dir, "topology-"+name+".yml", s.topology(1, time.Time{}, regions...))
 	}
@@ -203,6 +256,12 @@ func (s *stack) reconcilerOptions(region string) Options {
 // topology is a topology file of generation gen over regions, effective at
 // at (zero: none).
 func (s *stack) topology(gen int, at time.Time, regions ...string) string {
+	return s.topologyFor("", gen, at, regions...)
+}
+
+// topologyFor is topology as viewer's limiterd reads it: each other
+// region at the address of its Peer proxy, when there is one.
+func (s *stack) topologyFor(viewer string, gen int, at time.Time, regions ...string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "generation: %d\n", gen)
 	if !at.IsZero() {
@@ -210,7 +269,11 @@ func (s *stack) topology(gen int, at time.Time, regions ...string) string {
 	}
 	b.WriteString("regions:\n")
 	for _, name := range regions {
-		fmt.Fprintf(&b, "  - name: %s\n    limiter_address: %s\n", name, s.addrs[name])
+		addr := s.addrs[name]
+		if p := s.peers[viewer][name]; p != nil {
+			addr = p.Addr()
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    limiter_address: %s\n", name, addr)
 	}
 	return b.String()
 }
