@@ -80,6 +80,7 @@ type Link struct {
 	shapes  [2]Shape
 	cut     Direction
 	changed chan struct{} // closed and replaced on every change of cut
+	down    bool
 	conns   map[*conn]struct{}
 }
 
@@ -165,6 +166,19 @@ func (l *Link) Reset() {
 	}
 }
 
+// SetDown takes the link down (true) or up again (false). While down,
+// every connection it carried has been reset and each new one is reset as
+// Forward gets it: a path that is gone, not slow. Unlike Cut, no byte is
+// held for later.
+func (l *Link) SetDown(down bool) {
+	l.mu.Lock()
+	l.down = down
+	l.mu.Unlock()
+	if down {
+		l.Reset()
+	}
+}
+
 // Conns returns how many connections the link carries now.
 func (l *Link) Conns() int {
 	l.mu.Lock()
@@ -181,13 +195,18 @@ func (l *Link) state(i int) (cut bool, changed <-chan struct{}) {
 }
 
 // Forward carries client's bytes to target and target's to client,
-// shaped by the link, until both directions have ended (each side closed
+// shaped by the link (reset at once while it is down), until both directions have ended (each side closed
 // its writing half, and what it sent was delivered) or either connection
 // fails; then it closes both. It returns once every goroutine it started
 // has ended.
 func (l *Link) Forward(client, target net.Conn) {
 	c := &conn{client: client, target: target, done: make(chan struct{})}
 	l.mu.Lock()
+	if l.down {
+		l.mu.Unlock()
+		c.reset()
+		return
+	}
 	l.conns[c] = struct{}{}
 	l.mu.Unlock()
 	defer func() {

@@ -316,6 +316,26 @@ func TestReset(t *testing.T) {
 		}
 		roundTrip(t, dial(t, p.Addr()))
 	})
+	t.Run("SetDown", func(t *testing.T) {
+		t.Parallel()
+		p := listen(t, echoServer(t), nil)
+		c := dial(t, p.Addr())
+		roundTrip(t, c)
+		p.SetDown(true)
+		broken := func(c net.Conn) {
+			t.Helper()
+			_, _ = c.Write([]byte("x"))
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			var b [1]byte
+			if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+				t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
+			}
+		}
+		broken(c)
+		broken(dial(t, p.Addr()))
+		p.SetDown(false)
+		roundTrip(t, dial(t, p.Addr()))
+	})
 }
 
 // TestHalfClose: a client that closes its writing half still reads the
@@ -395,7 +415,8 @@ func TestCloseEndsGoroutines(t *testing.T) {
 	// The echo server's goroutines end with the test's cleanup; the
 	// proxy's must be gone now.
 	if err := goleak.Find(ignore, goleak.IgnoreTopFunction("net/http.(*persistConn).readLoop"),
-		goleak.IgnoreAnyFunction("github.com/limiterd/limiterd/internal/wanproxy.echoServer.func2")); err != nil {
+		goleak.IgnoreAnyFunction("github.com/limiterd/limiterd/internal/wanproxy.echoServer.func2"),
+		goleak.IgnoreAnyFunction("github.com/limiterd/limiterd/internal/wanproxy.echoServer.func2.1")); err != nil {
 		t.Error(err)
 	}
 }

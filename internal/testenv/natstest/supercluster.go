@@ -1,7 +1,6 @@
 package natstest
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/wanproxy"
+	"github.com/limiterd/limiterd/internal/wanproxy/natsgateway"
 )
 
 // superReadyTimeout bounds the wait for a supercluster to be formed: every
@@ -40,7 +40,7 @@ const superReadyTimeout = 60 * time.Second
 type Supercluster struct {
 	regions []string
 	servers map[string][]*Server
-	proxies []*gatewayProxy
+	proxies []*natsgateway.Proxy
 	links   map[[2]string]*wanproxy.Link // from, to: see Link
 
 	mu  sync.Mutex
@@ -92,7 +92,7 @@ func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []Op
 	sc.proxies = nil
 	type ports struct{ client, monitor, route, gateway int }
 	all := map[string][]ports{}
-	proxies := map[string][]*gatewayProxy{}
+	proxies := map[string][]*natsgateway.Proxy{}
 	for _, r := range sc.regions {
 		for range perRegion {
 			var p ports
@@ -119,7 +119,7 @@ func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []Op
 			for _, o := range opts {
 				o(s)
 			}
-			advertise := proxies[r][i].port()
+			advertise := proxies[r][i].Port()
 			s.member = func(b *strings.Builder) {
 				fmt.Fprintf(b, "cluster {\n  name: %q\n  listen: \"127.0.0.1:%d\"\n  routes: [\n", r, p.route)
 				// Every server of the region, itself included: a server
@@ -138,7 +138,7 @@ func (sc *Supercluster) start(t testing.TB, bin string, perRegion int, opts []Op
 					}
 					var urls []string
 					for _, gp := range proxies[other] {
-						urls = append(urls, strconv.Quote(fmt.Sprintf("nats://127.0.0.1:%d", gp.port())))
+						urls = append(urls, strconv.Quote(fmt.Sprintf("nats://127.0.0.1:%d", gp.Port())))
 					}
 					fmt.Fprintf(b, "    { name: %q, urls: [%s] }\n", other, strings.Join(urls, ", "))
 				}
@@ -210,9 +210,8 @@ func (sc *Supercluster) Cut(a, b string) {
 	sc.mu.Lock()
 	sc.cut[[2]string{a, b}], sc.cut[[2]string{b, a}] = true, true
 	sc.mu.Unlock()
-	for _, gp := range sc.proxies {
-		gp.drop(func(from string) bool { return sc.Severed(from, gp.region) })
-	}
+	sc.Link(a, b).SetDown(true)
+	sc.Link(b, a).SetDown(true)
 }
 
 // Heal lets the gateways between a and b connect again; the servers dial
@@ -222,6 +221,8 @@ func (sc *Supercluster) Heal(a, b string) {
 	defer sc.mu.Unlock()
 	delete(sc.cut, [2]string{a, b})
 	delete(sc.cut, [2]string{b, a})
+	sc.Link(a, b).SetDown(false)
+	sc.Link(b, a).SetDown(false)
 }
 
 // SetDelay sets the one-way delay between regions a and b, both ways, on
@@ -332,144 +333,15 @@ func (sc *Supercluster) ready() error {
 
 func (sc *Supercluster) closeProxies() {
 	for _, gp := range sc.proxies {
-		gp.close()
+		gp.Close()
 	}
 }
 
-// gatewayProxy forwards connections to one server's gateway port. It reads
-// the first line a dialing server sends, CONNECT {..., "gateway": <its
-// cluster>}, to know which region the connection comes from, and drops it
-// when the gateways between that region and its own are cut.
-type gatewayProxy struct {
-	sc       *Supercluster
-	region   string // of the server behind it
-	upstream string
-	lis      net.Listener
-	wg       sync.WaitGroup
-
-	mu     sync.Mutex
-	conns  map[*proxyConn]bool
-	closed bool
-}
-
-type proxyConn struct {
-	from             string // the dialing region, once known
-	client, upstream net.Conn
-}
-
-func newGatewayProxy(sc *Supercluster, region string, gatewayPort int) (*gatewayProxy, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	gp := &gatewayProxy{sc: sc, region: region, upstream: net.JoinHostPort("127.0.0.1", strconv.Itoa(gatewayPort)),
-		lis: lis, conns: map[*proxyConn]bool{}}
-	gp.wg.Go(gp.serve)
-	return gp, nil
-}
-
-func (gp *gatewayProxy) port() int { return gp.lis.Addr().(*net.TCPAddr).Port }
-
-func (gp *gatewayProxy) serve() {
-	for {
-		c, err := gp.lis.Accept()
-		if err != nil {
-			return
-		}
-		gp.wg.Go(func() { gp.handle(c) })
-	}
-}
-
-func (gp *gatewayProxy) handle(client net.Conn) {
-	up, err := net.DialTimeout("tcp", gp.upstream, 2*time.Second)
-	if err != nil {
-		client.Close()
-		return
-	}
-	pc := &proxyConn{client: client, upstream: up}
-	gp.mu.Lock()
-	if gp.closed {
-		gp.mu.Unlock()
-		client.Close()
-		up.Close()
-		return
-	}
-	gp.conns[pc] = true
-	gp.mu.Unlock()
-	defer func() {
-		gp.mu.Lock()
-		delete(gp.conns, pc)
-		gp.mu.Unlock()
-		client.Close()
-		up.Close()
-	}()
-	// The server speaks first, an INFO line; the dialing server answers
-	// with CONNECT, naming its cluster, which says whose link carries the
-	// connection from there on.
-	ub := bufio.NewReader(up)
-	_ = up.SetReadDeadline(time.Now().Add(10 * time.Second))
-	info, err := ub.ReadString('\n')
-	_ = up.SetReadDeadline(time.Time{})
-	if err != nil {
-		return
-	}
-	if _, err := io.WriteString(client, info); err != nil {
-		return
-	}
-	br := bufio.NewReader(client)
-	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
-	line, err := br.ReadString('\n')
-	_ = client.SetReadDeadline(time.Time{})
-	if err != nil {
-		return
-	}
-	from := connectingGateway(line)
-	gp.mu.Lock()
-	pc.from = from
-	gp.mu.Unlock()
-	link, ok := gp.sc.links[[2]string{from, gp.region}]
-	if !ok || gp.sc.Severed(from, gp.region) {
-		return
-	}
-	link.Forward(wanproxy.WithReader(client, io.MultiReader(strings.NewReader(line), br)), wanproxy.WithReader(up, ub))
-}
-
-// connectingGateway returns the gateway (cluster) name a CONNECT line of
-// the gateway protocol names, or "" if the line is not one.
-func connectingGateway(line string) string {
-	rest, ok := strings.CutPrefix(strings.TrimSpace(line), "CONNECT ")
-	if !ok {
-		return ""
-	}
-	var c struct {
-		Gateway string `json:"gateway"`
-	}
-	if json.Unmarshal([]byte(rest), &c) != nil {
-		return ""
-	}
-	return c.Gateway
-}
-
-// drop closes the connections coming from a region severed says is cut.
-func (gp *gatewayProxy) drop(severed func(from string) bool) {
-	gp.mu.Lock()
-	defer gp.mu.Unlock()
-	for pc := range gp.conns {
-		if pc.from != "" && severed(pc.from) {
-			pc.client.Close()
-			pc.upstream.Close()
-		}
-	}
-}
-
-func (gp *gatewayProxy) close() {
-	gp.mu.Lock()
-	gp.closed = true
-	gp.lis.Close()
-	for pc := range gp.conns {
-		pc.client.Close()
-		pc.upstream.Close()
-	}
-	gp.mu.Unlock()
-	gp.wg.Wait()
+// newGatewayProxy puts the gateway port of a server of region behind a
+// natsgateway.Proxy: each connection a server of another region dials is
+// carried over that pair's link, which is down while the two are cut.
+func newGatewayProxy(sc *Supercluster, region string, gatewayPort int) (*natsgateway.Proxy, error) {
+	return natsgateway.Listen("127.0.0.1:0", net.JoinHostPort("127.0.0.1", strconv.Itoa(gatewayPort)), func(from string) *wanproxy.Link {
+		return sc.links[[2]string{from, region}] // nil, so refused, for an unknown cluster
+	})
 }
