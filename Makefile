@@ -49,10 +49,11 @@ deps:
 up-deps:
 	@GO=$(GO) scripts/install-deps.sh redis$(if $(filter 1 true yes,$(MONITORING)), prometheus alertmanager)
 
-## up: start three regions on loopback (Redis Clusters, limiterd, reconcilers, a NATS server each joined by gateways); state in .stack/. MONITORING=1: Prometheus and Alertmanager too
+## up: start three regions on loopback (Redis Clusters, limiterd, reconcilers, a NATS server each joined by gateways); state in .stack/. MONITORING=1: Prometheus and Alertmanager too. WAN: one-way delays between the regions (default us-east/eu-west=40ms,us-east/ap-south=110ms,eu-west/ap-south=75ms; WAN=0 none)
 MONITORING ?=
+WAN ?=
 up: up-deps
-	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) MONITORING=$(MONITORING) scripts/stack.sh up
+	GO=$(GO) RULES=$(RULES) GOSSIP_INTERVAL=$(GOSSIP_INTERVAL) MONITORING=$(MONITORING) WAN=$(WAN) scripts/stack.sh up
 
 ## down: stop what `make up` started, by its recorded pids, and remove .stack/
 down:

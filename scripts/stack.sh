@@ -29,13 +29,23 @@
 # of us-east also holds the admin writer's, the only identity that may
 # write the rules bucket. A client without an nkey is refused.
 #
+# Regions are apart as real ones are: WAN sets the one-way delay of each
+# pair, "a/b=DELAY" comma-separated (default
+# us-east/eu-west=40ms,us-east/ap-south=110ms,eu-west/ap-south=75ms; a pair
+# not named has none), one DELAY for every pair, or 0 for none (no proxy
+# at all). A wanproxy process (internal/tools/wanproxy) then sits in front of
+# each region's NATS gateway (the address every server advertises; a
+# connection takes the delay of the region that dialed it) and of each
+# Peer address one region's limiterd calls another's at (each region's
+# daemons read a topology file of their own, .stack/topology-<region>.yml).
+#
 # Environment: GO (default go), RULES (default examples/rules.yml),
 # STACK_TIMEOUT (seconds each component may take to become healthy, default 30),
 # GOSSIP_INTERVAL (default 1s), LIMITERD_FLAGS (more flags for every limiterd,
 # such as --redis.allow-unsafe-eviction), MONITORING (1: start Prometheus and
 # Alertmanager too), MONITORING_RULES (the rules Prometheus loads, default
 # deploy/prometheus/alerts.yml), MONITORING_INTERVAL (its scrape and evaluation
-# interval, default 1s).
+# interval, default 1s), WAN (above).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
@@ -48,6 +58,8 @@ read -r -a limiterd_flags <<<"${LIMITERD_FLAGS:-}"
 case ${MONITORING:-} in 1 | true | yes) monitoring=1 ;; *) monitoring="" ;; esac
 mon_rules=${MONITORING_RULES:-deploy/prometheus/alerts.yml}
 mon_interval=${MONITORING_INTERVAL:-1s}
+wan_default=us-east/eu-west=40ms,us-east/ap-south=110ms,eu-west/ap-south=75ms
+wan_spec=${WAN:-$wan_default}
 state=$root/.stack
 pids_file=$state/pids # one line per process: name pid binary log
 token_file=$state/admin-token
@@ -66,6 +78,14 @@ declare -A nats_addr=([us-east]=127.0.0.1:4222 [eu-west]=127.0.0.1:4223 [ap-sout
 declare -A nats_mon=([us-east]=127.0.0.1:8222 [eu-west]=127.0.0.1:8223 [ap-south]=127.0.0.1:8224)
 declare -A nats_route=([us-east]=127.0.0.1:6222 [eu-west]=127.0.0.1:6223 [ap-south]=127.0.0.1:6224)
 declare -A nats_gateway=([us-east]=127.0.0.1:7222 [eu-west]=127.0.0.1:7223 [ap-south]=127.0.0.1:7224)
+# With WAN delays: the proxy in front of each region's gateway (what its
+# server advertises and the others dial), and the one through which a
+# region's limiterd reaches another's, "from/to" (port 18000 + 100 x the
+# index of from + 81 + the index of to), and the proxy's health address.
+declare -A gateway_proxy=([us-east]=127.0.0.1:17222 [eu-west]=127.0.0.1:17223 [ap-south]=127.0.0.1:17224)
+declare -A peer_proxy=()
+declare -A wan_delay=()
+wan_http=127.0.0.1:9290
 # Each spend stream's bound (--stream.max-bytes): a region's four streams
 # share its server's JetStream store.
 stream_max_mib=64
@@ -76,6 +96,92 @@ cmd_dir=$state/cmd # one file per process: the command line `start NAME` runs ag
 
 log() { echo "stack: $*"; }
 err() { echo "stack: $*" >&2; }
+
+# parse_wan: fill wan_delay["a/b"] (both orders) from WAN, and peer_proxy;
+# wan_on says whether there is a proxy at all.
+wan_on=""
+is_delay() { [[ $1 =~ ^(0|[0-9]+(\.[0-9]+)?(us|ms|s))$ ]]; }
+parse_wan() {
+	local item pair d a b i j known
+	case $wan_spec in 0 | off | none) return 0 ;; esac
+	wan_on=1
+	for a in "${regions[@]}"; do
+		for b in "${regions[@]}"; do [ "$a" = "$b" ] || wan_delay[$a/$b]=0; done
+	done
+	if [[ $wan_spec != *=* ]]; then
+		if ! is_delay "$wan_spec"; then
+			err "WAN: $wan_spec: want 0, a delay such as 40ms, or REGION/REGION=DELAY,..."
+			return 1
+		fi
+		for pair in "${!wan_delay[@]}"; do wan_delay[$pair]=$wan_spec; done
+	else
+		IFS=, read -r -a items <<<"$wan_spec"
+		for item in "${items[@]}"; do
+			pair=${item%%=*} d=${item#*=}
+			a=${pair%%/*} b=${pair#*/}
+			known=""
+			[ -n "${wan_delay[$a/$b]+x}" ] && known=1
+			if [[ $item != */*=* ]] || [ -z "$known" ] || ! is_delay "$d"; then
+				err "WAN: $item: want REGION/REGION=DELAY with two of ${regions[*]}"
+				return 1
+			fi
+			wan_delay[$a/$b]=$d wan_delay[$b/$a]=$d
+		done
+	fi
+	for i in "${!regions[@]}"; do
+		for j in "${!regions[@]}"; do
+			[ "$i" = "$j" ] || peer_proxy[${regions[$i]}/${regions[$j]}]=127.0.0.1:$((18000 + 100 * i + 81 + j))
+		done
+	done
+}
+parse_wan || exit 2
+
+# wan_summary: the delays, "a/b DELAY" for each pair once.
+wan_summary() {
+	local i j out=()
+	for i in "${!regions[@]}"; do
+		for ((j = i + 1; j < ${#regions[@]}; j++)); do
+			out+=("${regions[$i]}/${regions[$j]} ${wan_delay[${regions[$i]}/${regions[$j]}]}")
+		done
+	done
+	local IFS=,
+	echo "${out[*]}"
+}
+
+# wan_args: the wanproxy command's routes, a word a line: each region's
+# gateway, by dialing cluster, and each Peer link.
+wan_args() {
+	local r o args
+	for r in "${regions[@]}"; do
+		args="${gateway_proxy[$r]}=${nats_gateway[$r]}"
+		for o in "${regions[@]}"; do [ "$o" = "$r" ] || args+=",$o:${wan_delay[$o/$r]}"; done
+		printf '%s\n' --nats-gateway "$args"
+		for o in "${regions[@]}"; do
+			[ "$o" = "$r" ] || printf '%s\n' --tcp "${peer_proxy[$r/$o]}=${grpc_addr[$o]},${wan_delay[$r/$o]}"
+		done
+	done
+}
+
+# topology REGION: the topology file REGION's daemons read: with WAN
+# delays the other regions' limiterd at their Peer proxies.
+topology() {
+	local r=$1 o
+	echo "# Generated by scripts/stack.sh: the three local regions${wan_on:+, as $r reaches them}."
+	echo "regions:"
+	for o in "${regions[@]}"; do
+		echo "  - name: $o"
+		if [ -n "$wan_on" ] && [ -n "$r" ] && [ "$o" != "$r" ]; then
+			echo "    limiter_address: ${peer_proxy[$r/$o]}"
+		else
+			echo "    limiter_address: ${grpc_addr[$o]}"
+		fi
+	done
+}
+
+# topology_file REGION: where REGION's daemons read their topology.
+topology_file() {
+	if [ -n "$wan_on" ]; then echo "$state/topology-$1.yml"; else echo "$state/topology.yml"; fi
+}
 
 # admin_example: ready-to-paste calls of us-east's admin API, from the repo
 # root: put a rule, then read it back. README.md holds the same lines.
@@ -150,7 +256,12 @@ every_port() {
 		echo "${nats_mon[$r]} nats-$r-monitoring"
 		echo "${nats_route[$r]} nats-$r-cluster"
 		echo "${nats_gateway[$r]} nats-$r-gateway"
+		if [ -n "$wan_on" ]; then
+			echo "${gateway_proxy[$r]} wanproxy-nats-$r-gateway"
+			for o in "${regions[@]}"; do [ "$o" = "$r" ] || echo "${peer_proxy[$r/$o]} wanproxy-peer-$r-to-$o"; done
+		fi
 	done
+	if [ -n "$wan_on" ]; then echo "$wan_http wanproxy-http"; fi
 	if [ -n "$monitoring" ]; then
 		echo "$prom_addr prometheus"
 		echo "$am_addr alertmanager"
@@ -181,10 +292,18 @@ nats_conf() {
 		gateway {
 		  name: "$r"
 		  listen: ${nats_gateway[$r]}
-		  gateways: [
 	EOF
+	# Behind the WAN proxy, the server advertises the proxy's address, so
+	# that the others learn no way around it.
+	if [ -n "$wan_on" ]; then echo "  advertise: ${gateway_proxy[$r]}"; fi
+	echo "  gateways: ["
 	for o in "${regions[@]}"; do
-		[ "$o" = "$r" ] || echo "    { name: \"$o\", urls: [\"nats://${nats_gateway[$o]}\"] }"
+		if [ "$o" = "$r" ]; then continue; fi
+		if [ -n "$wan_on" ]; then
+			echo "    { name: \"$o\", urls: [\"nats://${gateway_proxy[$o]}\"] }"
+		else
+			echo "    { name: \"$o\", urls: [\"nats://${nats_gateway[$o]}\"] }"
+		fi
 	done
 	cat <<-EOF
 		  ]
@@ -295,6 +414,32 @@ wait_gateways() {
 	log "nats-$r: gateways to every other region"
 }
 
+# wait_sources SINCE REGION: wait until REGION's inbound stream hears of
+# every other region's spends stream: limiter_stream_source_active_seconds
+# under 2 s for each, read 3 s or more after SINCE (a source never heard of
+# counts its quiet from the reconciler's first look, so it is under 2 s
+# too at first). Spends flow then, not only are the streams made: a source
+# made before the stream it reads may wait on the server's back-off until
+# the reconciler resets it, some seconds later.
+wait_sources() {
+	local since=$1 r=$2 o deadline body quiet
+	deadline=$((SECONDS + timeout_s))
+	for o in "${regions[@]}"; do
+		[ "$o" != "$r" ] || continue
+		until body=$(http_get "${rec_addr[$r]}" /metrics) &&
+			quiet=$(awk -v src="source_region=\"$o\"" 'index($0, "limiter_stream_source_active_seconds{") == 1 && index($0, src) { print $2 }' <<<"$body") &&
+			[ -n "$quiet" ] && awk -v q="$quiet" 'BEGIN { exit !(q < 2) }' && ((SECONDS - since >= 3)); do
+			if ((SECONDS >= deadline)); then
+				err "reconciler-$r has not heard of $o's spends stream after ${timeout_s}s (log $state/logs/reconciler-$r.log)"
+				tail_log "$state/logs/reconciler-$r.log"
+				return 1
+			fi
+			sleep 0.2
+		done
+	done
+	log "reconciler-$r: spends flowing in from every other region"
+}
+
 # monitoring_bins: the prometheus and alertmanager binaries (Debian names
 # its alertmanager prometheus-alertmanager), resolved as /proc/PID/exe shows
 # them, or a message saying what installs them.
@@ -401,8 +546,8 @@ up() {
 		[ -f "$mon_rules" ] || { err "MONITORING_RULES file $mon_rules not found"; exit 1; }
 	fi
 
-	log "building bin/limiterd, bin/reconciler, bin/natsauth and bin/nats-server"
-	"$GO" build -o "$bin/" ./cmd/limiterd ./cmd/reconciler ./internal/tools/natsauth
+	log "building bin/limiterd, bin/reconciler, bin/natsauth, bin/wanproxy and bin/nats-server"
+	"$GO" build -o "$bin/" ./cmd/limiterd ./cmd/reconciler ./internal/tools/natsauth ./internal/tools/wanproxy
 	"$GO" build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
 
 	rm -rf "$state"
@@ -418,14 +563,10 @@ up() {
 	trap 'rc=$?; if [ $rc -ne 0 ]; then err "start-up failed: stopping what was started; logs kept in $state/logs"; stop_all; fi' EXIT
 	trap 'exit 130' INT TERM
 
-	{
-		echo "# Generated by scripts/stack.sh: the three local regions."
-		echo "regions:"
-		for r in "${regions[@]}"; do
-			echo "  - name: $r"
-			echo "    limiter_address: ${grpc_addr[$r]}"
-		done
-	} >"$state/topology.yml"
+	topology "" >"$state/topology.yml"
+	if [ -n "$wan_on" ]; then
+		for r in "${regions[@]}"; do topology "$r" >"$(topology_file "$r")"; done
+	fi
 
 	for r in "${regions[@]}"; do
 		# shellcheck disable=SC2086 # the ports are meant to split.
@@ -445,6 +586,12 @@ up() {
 	# auth/auth.conf: the identities and their permissions (natsauth),
 	# the same on every server.
 	nats_auth "$auth_dir" "$bin/natsauth"
+	if [ -n "$wan_on" ]; then
+		local wargs
+		mapfile -t wargs < <(wan_args)
+		start wanproxy "$state/logs/wanproxy.log" "$bin/wanproxy" --http.listen-address "$wan_http" "${wargs[@]}"
+		wait_healthy wanproxy "$wan_http" /healthz
+	fi
 	for r in "${regions[@]}"; do
 		nats_conf "$r" >"$state/nats/$r/nats.conf"
 		start "nats-$r" "$state/logs/nats-$r.log" "$bin/nats-server" -c "$state/nats/$r/nats.conf"
@@ -460,12 +607,14 @@ up() {
 		redis_addrs=$(printf '127.0.0.1:%s,' ${redis_ports[$r]})
 		redis_addrs=${redis_addrs%,}
 		start "reconciler-$r" "$state/logs/reconciler-$r.log" "$bin/reconciler" \
-			--region "$r" --region.topology-file "$state/topology.yml" --rules.file "$rules" \
+			--region "$r" --region.topology-file "$(topology_file "$r")" --rules.file "$rules" \
 			--nats.url "nats://${nats_addr[$r]}" --nats.nkey-seed-file "$auth_dir/reconciler-$r.nk" --redis.addrs "$redis_addrs" \
 			--http.listen-address "${rec_addr[$r]}" --gossip.interval "$interval" \
 			--stream.max-bytes $((stream_max_mib << 20))
 	done
 	for r in "${regions[@]}"; do wait_healthy "reconciler-$r" "${rec_addr[$r]}" /readyz; done
+	local since=$SECONDS
+	for r in "${regions[@]}"; do wait_sources "$since" "$r"; done
 
 	local admin_seed=()
 	for r in "${regions[@]}"; do
@@ -475,7 +624,7 @@ up() {
 		admin_seed=()
 		if [ "$r" = us-east ]; then admin_seed=(--admin.nats-nkey-seed-file "$auth_dir/admin.nk"); fi
 		start "limiterd-$r" "$state/logs/limiterd-$r.log" "$bin/limiterd" \
-			--region "$r" --region.topology-file "$state/topology.yml" --region.peer-secret-file "$peer_secret_file" \
+			--region "$r" --region.topology-file "$(topology_file "$r")" --region.peer-secret-file "$peer_secret_file" \
 			--rules.file "$rules" --redis.addrs "$redis_addrs" \
 			--grpc.listen-address "${grpc_addr[$r]}" --http.listen-address "${http_addr[$r]}" \
 			--nats.url "nats://${nats_addr[$r]}" --nats.nkey-seed-file "$auth_dir/limiterd-$r.nk" "${admin_seed[@]}" \
@@ -495,8 +644,14 @@ up() {
 	done
 	echo "  NATS     a supercluster: each region's server is its NATS cluster, joined by gateways (127.0.0.1:7222-7224);"
 	echo "           JetStream; nkey users only, seeds in $auth_dir; monitoring http://${nats_mon[us-east]} (and 8223, 8224)"
+	if [ -n "$wan_on" ]; then
+		echo "  WAN      one-way delays $(wan_summary) (WAN=0: none), by wanproxy in front of every gateway"
+		echo "           (127.0.0.1:17222-17224) and Peer address (127.0.0.1:18082-18282); health http://$wan_http/healthz"
+	else
+		echo "  WAN      none (WAN=0): the regions are on loopback"
+	fi
 	echo "  logs     $state/logs/ (Redis nodes: $state/redis/<region>/<port>/redis.log)"
-	echo "  topology $state/topology.yml"
+	echo "  topology $state/topology.yml${wan_on:+ (each region reads its own, topology-<region>.yml, naming the Peer proxies)}"
 	echo "  admin    bearer token in $token_file (mode 0600); from the repo root, put a rule and read it back:"
 	echo
 	admin_example
@@ -519,6 +674,7 @@ health_of() {
 	limiterd-*) echo "${http_addr[${1#limiterd-}]} /readyz" ;;
 	prometheus) echo "$prom_addr /-/ready" ;;
 	alertmanager) echo "$am_addr /-/ready" ;;
+	wanproxy) echo "$wan_http /healthz" ;;
 	esac
 }
 

@@ -3,6 +3,7 @@ package scripts
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"net"
 	"net/http"
 	"os"
@@ -63,7 +64,7 @@ func TestStackUpDemoDown(t *testing.T) {
 		defer cancel()
 		cmd := exec.CommandContext(ctx, name, args...)
 		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "STACK_TIMEOUT=60")
+		cmd.Env = append(os.Environ(), "STACK_TIMEOUT=60", "WAN=") // the default delays
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
@@ -72,6 +73,19 @@ func TestStackUpDemoDown(t *testing.T) {
 	}
 	t.Cleanup(func() { run(2*time.Minute, "bash", "scripts/stack.sh", "down") })
 	run(4*time.Minute, "bash", "scripts/stack.sh", "up")
+
+	// The default WAN delays are between the regions: each gateway's round
+	// trip, as us-east's server measured it, is at least twice its
+	// one-way delay, and not much more.
+	for _, tt := range []struct {
+		to     string
+		oneWay time.Duration
+	}{{"eu-west", 40 * time.Millisecond}, {"ap-south", 110 * time.Millisecond}} {
+		rtt := gatewayRTT(t, "127.0.0.1:8222", tt.to)
+		if rtt < 2*tt.oneWay || rtt > 2*tt.oneWay+150*time.Millisecond {
+			t.Errorf("us-east's gateway to %s: round trip %v, want [%v, %v]", tt.to, rtt, 2*tt.oneWay, 2*tt.oneWay+150*time.Millisecond)
+		}
+	}
 
 	token, err := os.ReadFile(filepath.Join(root, ".stack", "admin-token"))
 	if err != nil {
@@ -112,5 +126,36 @@ func TestStackUpDemoDown(t *testing.T) {
 	}
 	if over[1] <= 1 {
 		t.Errorf("unreconciled rule over its limit by only %.2f intervals: the demo shows no contrast", over[1])
+	}
+}
+
+// gatewayRTT is the round trip of the outbound gateway to region of the
+// nats-server whose monitoring port is at mon, as it measured it; it
+// waits up to 10 s for the first measure.
+func gatewayRTT(t *testing.T, mon, region string) time.Duration {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var gw struct {
+			Outbound map[string]struct {
+				Connection struct {
+					RTT string `json:"rtt"`
+				} `json:"connection"`
+			} `json:"outbound_gateways"`
+		}
+		resp, err := http.Get("http://" + mon + "/gatewayz")
+		if err == nil {
+			err = json.NewDecoder(resp.Body).Decode(&gw)
+			resp.Body.Close()
+		}
+		if err == nil {
+			if d, perr := time.ParseDuration(gw.Outbound[region].Connection.RTT); perr == nil && d > 0 {
+				return d
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s/gatewayz: no round trip to %s after 10s (%v, %+v)", mon, region, err, gw)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
