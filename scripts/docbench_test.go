@@ -266,7 +266,7 @@ func TestDocBenchmarks(t *testing.T) {
 // multi-region stack per sub-benchmark (a minute and more at 1x) to one of
 // them: the smoke run is to show the command still runs, not to take the
 // figures.
-var smokeNarrow = map[string]string{"Overshoot": "Overshoot/shape=fast/interval=1s"}
+var smokeNarrow = map[string]string{"Overshoot": "Overshoot/shape=fast/interval=1s/wan=ref"}
 
 // smokeArgs is c's command run once: -benchtime 1x, the race detector, no
 // test but the benchmarks, -count=1.

@@ -29,7 +29,9 @@ var figureShapes = []struct {
 // BenchmarkOvershoot hammers one key through the three regions of a NATS
 // supercluster (one server each, joined by gateways) at 100 checks/s each
 // for 10 s, for each shape, and reports the overshoot over capacity +
-// refill*T, with and without reconciliation.
+// refill*T, with and without reconciliation: the regions on loopback
+// (wan=0), and as far apart as real ones (wan=ref: wanDelays on the
+// gateways and the Peer links).
 func BenchmarkOvershoot(b *testing.B) {
 	regions := []string{"us-east", "eu-west", "ap-south"}
 	for _, shape := range figureShapes {
@@ -43,24 +45,31 @@ func BenchmarkOvershoot(b *testing.B) {
     reconcile: false
 `, shape.capacity, shape.rate)
 		for _, interval := range []time.Duration{time.Second, 250 * time.Millisecond, 100 * time.Millisecond} {
-			b.Run(fmt.Sprintf("shape=%s/interval=%v", shape.name, interval), func(b *testing.B) {
-				for b.Loop() {
-					s := newSuperStack(b, regions, 1, rulesYAML, interval)
-					b.Logf("spends flowing between every pair of regions %v after the streams were made", s.waitSpendsFlow("global").Round(time.Millisecond))
-					h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
-					base := shape.capacity + shape.rate*h.elapsed
-					over := float64(h.total("global")) - base
-					remote := h.remoteWindow("global", interval)
-					b.ReportMetric(over, "overshoot")
-					b.ReportMetric(over/float64(remote), "x_remote_interval")
-					b.ReportMetric(float64(remote), "remote_interval_admits")
-					peak, at := h.peak("global", shape.capacity, shape.rate)
-					b.Logf("peak at t=%v", at.Round(time.Millisecond))
-					b.ReportMetric(peak, "peak")
-					b.ReportMetric(peak/float64(remote), "peak_x_remote_interval")
-					b.ReportMetric(float64(h.total("solo"))-base, "overshoot_unreconciled")
-				}
-			})
+			for _, wan := range []string{"0", "ref"} {
+				b.Run(fmt.Sprintf("shape=%s/interval=%v/wan=%s", shape.name, interval, wan), func(b *testing.B) {
+					for b.Loop() {
+						var s *stack
+						if wan == "0" {
+							s = newSuperStack(b, regions, 1, rulesYAML, interval)
+						} else {
+							s = newWANStack(b, regions, wanDelays, rulesYAML, interval)
+						}
+						b.Logf("spends flowing between every pair of regions %v after the streams were made", s.waitSpendsFlow("global").Round(time.Millisecond))
+						h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
+						base := shape.capacity + shape.rate*h.elapsed
+						over := float64(h.total("global")) - base
+						remote := h.remoteWindow("global", interval)
+						b.ReportMetric(over, "overshoot")
+						b.ReportMetric(over/float64(remote), "x_remote_interval")
+						b.ReportMetric(float64(remote), "remote_interval_admits")
+						peak, at := h.peak("global", shape.capacity, shape.rate)
+						b.Logf("peak at t=%v", at.Round(time.Millisecond))
+						b.ReportMetric(peak, "peak")
+						b.ReportMetric(peak/float64(remote), "peak_x_remote_interval")
+						b.ReportMetric(float64(h.total("solo"))-base, "overshoot_unreconciled")
+					}
+				})
+			}
 		}
 	}
 }
