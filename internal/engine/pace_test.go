@@ -280,3 +280,60 @@ func TestPacedFallback(t *testing.T) {
 		})
 	}
 }
+
+// TestPacedForwardOutcomeUnknown: a paced check forwarded to a home that
+// reserves a slot and then answers after the forward's deadline is not
+// allowed at once (the home's slot may be up to max_wait out): it is paced
+// here with this region's share, as if the home were unreachable, so a
+// run of such checks leaves at most at that share's rate.
+func TestPacedForwardOutcomeUnknown(t *testing.T) {
+	set, err := rules.Parse("pace.yml", []byte(`rules:
+  - id: pinned
+    algorithm: gcra
+    capacity: 2
+    refill_per_second: 2
+    home: pinned
+    home_keys: {far: eu-west}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	topo, err := region.New([]region.Region{{Name: "us-east", LimiterAddress: "a:1"}, {Name: "eu-west", LimiterAddress: "b:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	west, err := New(Options{Store: newFaultStore(), Region: "eu-west", Topology: topo, Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	home := &fakeHome{e: west}
+	east, err := New(Options{Store: newFaultStore(), Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": home},
+		ForwardTimeout: 20 * time.Millisecond, Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The home's burst is spent: its next slot is 500 ms out.
+	for range 2 {
+		if ok, _ := pacedCheck(t, west, "pinned", "far", 0); !ok {
+			t.Fatal("home refused its burst")
+		}
+	}
+	home.slow.Store(true)
+	// This region's share is capacity 1 at 1/s: its first slot is now,
+	// the next ones 1 s apart.
+	start := time.Now()
+	for i := range 3 {
+		ok, it := pacedCheck(t, east, "pinned", "far", 5*time.Second)
+		if !ok {
+			t.Fatalf("check %d refused: %+v", i, it.Decision)
+		}
+		if it.route == routeUnknown {
+			t.Fatalf("check %d allowed with route unknown and wait %v: the home may have reserved a later slot", i, it.Decision.Wait)
+		}
+		// Each slot counts from the first check; the forwards' timeouts
+		// since then came off the wait.
+		if min := time.Duration(i)*time.Second - time.Since(start) - 10*time.Millisecond; it.Decision.Wait < min {
+			t.Fatalf("check %d waits %v, want at least %v (paced with this region's share)", i, it.Decision.Wait, min)
+		}
+	}
+}

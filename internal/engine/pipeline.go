@@ -185,9 +185,13 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 				return e.giveBack(ctx, &sp, ErrUnavailable)
 			}
 		}
-		if errors.Is(err, bucket.ErrOutcomeUnknown) {
+		if errors.Is(err, bucket.ErrOutcomeUnknown) && c.maxWait == 0 {
 			// The home may have decided and spent: never decided a second
-			// time here. Fail open: allowed, counted as uncertain.
+			// time here. Fail open: allowed, counted as uncertain. (A paced
+			// check is not: the home may have reserved a slot up to its
+			// wait out, and sending now could go above the rate. It is
+			// paced here with this region's share, as below; it may count
+			// twice, which only slows it.)
 			for _, it := range its {
 				it.route = routeUnknown
 				it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
