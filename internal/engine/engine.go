@@ -163,6 +163,11 @@ type Options struct {
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends SpendRecorder
+	// ReservationSecret, when set, keys the MAC of reservations
+	// (Reservation): the processes of a fleet that share it give back each
+	// other's. Nil: a random key, so that only this engine gives back its
+	// own.
+	ReservationSecret []byte
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -195,6 +200,9 @@ type Engine struct {
 	m          *metrics
 	// refunds are the home-region refunds still under way.
 	refunds sync.WaitGroup
+	// resKey keys reservations' MACs; spentRes are those given back.
+	resKey   []byte
+	spentRes spentReservations
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -223,6 +231,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
+		resKey: reservationKey(opts.ReservationSecret),
 	}
 	e.handoffs, _ = opts.Store.(bucket.HandoffStore)
 	ts := newTopoState(opts.Topology, opts.Homes)

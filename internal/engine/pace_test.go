@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,7 +190,7 @@ func TestCancelReservation(t *testing.T) {
 	pacedCheck(t, e, "pace", "k", 0)
 	_, first := pacedCheck(t, e, "pace", "k", 5*time.Second)  // slot +1 s
 	_, second := pacedCheck(t, e, "pace", "k", 5*time.Second) // slot +2 s
-	r1, r2 := Reservation(first), Reservation(second)
+	r1, r2 := e.Reservation(first), e.Reservation(second)
 	if r1 == "" || r2 == "" {
 		t.Fatal("no reservation named")
 	}
@@ -237,7 +238,7 @@ func TestPacedPinnedRule(t *testing.T) {
 	if !ok || it.route != routeHome || it.Decision.Wait <= 900*time.Millisecond || it.Decision.Wait > time.Second {
 		t.Fatalf("paced pinned check: %v route %v %+v, want the home's slot about 1s out", ok, it.route, it.Decision)
 	}
-	if Reservation(it) != "" {
+	if east.Reservation(it) != "" {
 		t.Fatal("a reservation of another region's store is named")
 	}
 	// The home holds the reservation: its own next slot is 2 s out.
@@ -274,7 +275,7 @@ func TestPacedFallback(t *testing.T) {
 			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait <= 900*time.Millisecond {
 				t.Fatalf("second paced check: %v route %v %+v, want the fallback's next slot", ok, it.route, it.Decision)
 			}
-			if Reservation(it) != "" {
+			if e.Reservation(it) != "" {
 				t.Fatal("a fallback reservation is named for CancelReservation")
 			}
 		})
@@ -336,4 +337,101 @@ func TestPacedForwardOutcomeUnknown(t *testing.T) {
 			t.Fatalf("check %d waits %v, want at least %v (paced with this region's share)", i, it.Decision.Wait, min)
 		}
 	}
+}
+
+// TestReservationIsBoundAndSingleUse: a reservation names what it spent
+// and nothing else: a cost written into it is refused as invalid (it
+// would give back more than was spent); a cancel gives back at most once,
+// and a stale one after another caller's reservation of the same cost
+// (which leaves the bucket in the same state) gives nothing back.
+func TestReservationIsBoundAndSingleUse(t *testing.T) {
+	ctx := context.Background()
+	t.Run("forged cost", func(t *testing.T) {
+		set, err := rules.Parse("pace.yml", []byte("rules:\n  - {id: pace, algorithm: gcra, capacity: 5, refill_per_second: 1}\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := New(Options{Store: newFaultStore(), Logger: quietLogger()}, set, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			pacedCheck(t, e, "pace", "k", 0)
+		}
+		pacedCheck(t, e, "pace", "k", 5*time.Second)          // slot +1 s
+		pacedCheck(t, e, "pace", "k", 5*time.Second)          // slot +2 s
+		_, it := pacedCheck(t, e, "pace", "k", 5*time.Second) // slot +3 s
+		r := e.Reservation(it)
+		parts := strings.Split(r, ".")
+		parts[3] = "5" // the capacity, not the 1 spent
+		back, err := e.CancelReservation(ctx, strings.Join(parts, "."))
+		var inv *InvalidError
+		if !errors.As(err, &inv) || inv.Field != "reservation" {
+			t.Fatalf("forged cost: given back %v, %v; want an InvalidError naming reservation", back, err)
+		}
+		if _, next := pacedCheck(t, e, "pace", "k", 5*time.Second); next.Decision.Wait < 3*time.Second {
+			t.Fatalf("after a forged cancel the next slot is %v out, want 4s: nothing given back", next.Decision.Wait)
+		}
+	})
+	t.Run("stale cancel", func(t *testing.T) {
+		e, _, _ := paceEngine(t)
+		pacedCheck(t, e, "pace", "k", 0)
+		_, a := pacedCheck(t, e, "pace", "k", 5*time.Second) // slot +1 s
+		ra := e.Reservation(a)
+		if back, err := e.CancelReservation(ctx, ra); err != nil || !back {
+			t.Fatalf("first cancel: %v, %v; want given back", back, err)
+		}
+		_, b := pacedCheck(t, e, "pace", "k", 5*time.Second) // the same slot
+		rb := e.Reservation(b)
+		if rb == ra {
+			t.Errorf("two reservations share the token %q", ra)
+		}
+		if back, err := e.CancelReservation(ctx, ra); back {
+			t.Fatalf("a stale cancel gave back another caller's slot (err %v)", err)
+		}
+		if _, next := pacedCheck(t, e, "pace", "k", 5*time.Second); next.Decision.Wait < 1500*time.Millisecond {
+			t.Fatalf("after a stale cancel the next slot is %v out, want 2s", next.Decision.Wait)
+		}
+	})
+	t.Run("another key", func(t *testing.T) {
+		set, err := rules.Parse("pace.yml", []byte(paceRules))
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := newFaultStore()
+		engine := func(secret string) *Engine {
+			e, err := New(Options{Store: store, ReservationSecret: []byte(secret), Logger: quietLogger()}, set, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return e
+		}
+		a, own, fleet := engine("fleet secret, 16+"), engine(""), engine("fleet secret, 16+")
+		pacedCheck(t, a, "pace", "k", 0)
+		_, it := pacedCheck(t, a, "pace", "k", 5*time.Second)
+		r := a.Reservation(it)
+		var inv *InvalidError
+		if back, err := own.CancelReservation(ctx, r); !errors.As(err, &inv) || inv.Field != "reservation" {
+			t.Fatalf("another key's reservation: %v, %v; want an InvalidError naming reservation", back, err)
+		}
+		if back, err := fleet.CancelReservation(ctx, r); err != nil || !back {
+			t.Fatalf("the fleet's reservation, given back by another process: %v, %v; want true", back, err)
+		}
+	})
+	t.Run("at most once", func(t *testing.T) {
+		e, _, _ := paceEngine(t)
+		pacedCheck(t, e, "pace", "k", 0)
+		_, a := pacedCheck(t, e, "pace", "k", 5*time.Second)
+		ra := e.Reservation(a)
+		given := 0
+		for range 5 {
+			if back, _ := e.CancelReservation(ctx, ra); back {
+				given++
+			}
+			pacedCheck(t, e, "pace", "k", 5*time.Second) // another caller takes the slot
+		}
+		if given != 1 {
+			t.Fatalf("one reservation was given back %d times, want once", given)
+		}
+	})
 }

@@ -335,6 +335,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		if d.peerSecret, err = peer.ReadSecret(d.opts.PeerSecretFile, d.log); err != nil {
 			return err
 		}
+		// The fleet's processes give back each other's reservations.
+		eopts.ReservationSecret = d.peerSecret
 	}
 	if d.topo != nil {
 		eopts.Topology = d.topo.Active()

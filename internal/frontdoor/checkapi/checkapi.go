@@ -78,7 +78,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 	}
 	resp := Response([]*engine.Item{it}, nil, allowed, false)
 	if allowed && c.MaxWait() > 0 {
-		resp.Reservation = engine.Reservation(it)
+		resp.Reservation = s.e.Reservation(it)
 	}
 	return resp, nil
 }
