@@ -127,6 +127,13 @@ func (c *Check) pace(maxWait time.Duration) error {
 				quote(it.Rule.ID), bucket.ErrInvalidWait)
 		}
 	}
+	for _, it := range c.enforce {
+		// A rule's max_wait caps the wait: its key's queue holds at most
+		// that much.
+		if mw := time.Duration(it.Rule.MaxWait); mw > 0 && mw < maxWait {
+			maxWait = mw
+		}
+	}
 	c.maxWait = maxWait
 	return nil
 }

@@ -435,3 +435,58 @@ func TestReservationIsBoundAndSingleUse(t *testing.T) {
 		}
 	})
 }
+
+// TestPaceQueueCap: a rule's max_wait caps the wait of every paced check
+// of it, so one key's queue holds at most max_wait of slots: a caller that
+// reserves with a 10 s wait until refused leaves a caller asking the
+// rule's max_wait refused for at most one spend, not for the 9 s a queue
+// of 10 s would take.
+func TestPaceQueueCap(t *testing.T) {
+	set, err := rules.Parse("pace.yml", []byte(`rules:
+  - id: capped
+    algorithm: gcra
+    capacity: 1
+    refill_per_second: 10
+    max_wait: 1s
+  - id: open
+    algorithm: gcra
+    capacity: 1
+    refill_per_second: 10
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Store: newFaultStore(), Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		rule      string
+		slots     int           // the deep caller's slots before its refusal
+		lockedOut time.Duration // the 1 s caller's retry, at most
+	}{
+		{"capped", 11, 100 * time.Millisecond}, // now, then 100 ms apart up to 1 s
+		{"open", 101, 9100 * time.Millisecond}, // uncapped: the bound is max_wait_ms's own, 10 s
+	} {
+		t.Run(tc.rule, func(t *testing.T) {
+			n := 0
+			for {
+				ok, it := pacedCheck(t, e, tc.rule, "k", bucket.MaxWait)
+				if !ok {
+					break
+				}
+				if it.Decision.Wait > time.Second && tc.rule == "capped" {
+					t.Fatalf("slot %d waits %v, above the rule's max_wait of 1s", n, it.Decision.Wait)
+				}
+				n++
+			}
+			if n > tc.slots || n < tc.slots-1 {
+				t.Errorf("the deep caller reserved %d slots, want %d", n, tc.slots)
+			}
+			ok, it := pacedCheck(t, e, tc.rule, "k", time.Second)
+			if ok || it.Decision.RetryAfter > tc.lockedOut {
+				t.Errorf("the 1 s caller: allowed %v, retry %v; want refused for at most %v", ok, it.Decision.RetryAfter, tc.lockedOut)
+			}
+		})
+	}
+}

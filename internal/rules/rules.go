@@ -92,6 +92,11 @@ type Rule struct {
 	// HomeKeys pins keys to regions explicitly; other keys of a pinned
 	// rule go to a stable hash of the key over the regions.
 	HomeKeys map[string]string `yaml:"home_keys"`
+	// MaxWait, when set, caps the wait of a paced check of this rule (its
+	// max_wait_ms; token_bucket and gcra only, at most bucket.MaxWait), so
+	// that one key's queue of reserved slots holds at most MaxWait of them
+	// and a caller asking MaxWait is never locked out by a deeper one.
+	MaxWait Duration `yaml:"max_wait"`
 
 	limit  bucket.Limit
 	leases bucket.LeaseLimit
@@ -440,6 +445,14 @@ func (r *Rule) validate(n *yaml.Node) error {
 		}
 		if !regionPattern.MatchString(reg) {
 			return fieldErrorf("home_keys", "%q is not a region name", reg)
+		}
+	}
+	if r.MaxWait != 0 {
+		if r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA {
+			return fieldErrorf("max_wait", "only token_bucket and gcra rules pace, not %s", r.Algorithm)
+		}
+		if r.MaxWait < 0 || time.Duration(r.MaxWait) > bucket.MaxWait {
+			return fieldErrorf("max_wait", "must be above 0 and at most %v, got %v", bucket.MaxWait, time.Duration(r.MaxWait))
 		}
 	}
 	if r.Concurrent() {

@@ -55,6 +55,8 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		line  int
 	}{
 		{name: "zero refill", file: "zero-refill.bad.yml", index: 0, id: "a", field: "refill_per_second", line: 2},
+		{name: "max_wait on a window", file: "max-wait-window.bad.yml", index: 0, id: "a", field: "max_wait", line: 6},
+		{name: "max_wait too long", file: "max-wait-too-long.bad.yml", index: 0, id: "a", field: "max_wait", line: 6},
 		{name: "negative capacity", file: "negative-capacity.bad.yml", index: 0, id: "a", field: "capacity", line: 3},
 		{name: "missing window", file: "missing-window.bad.yml", index: 0, id: "a", field: "window", line: 2},
 		{name: "sliding log too large", file: "log-too-large.bad.yml", index: 0, id: "a", field: "limit", line: 4},
@@ -260,7 +262,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string
