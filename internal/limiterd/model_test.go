@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
@@ -23,8 +26,10 @@ import (
 
 // The model test's rules: zero refill, so a bucket's state is what was
 // spent from it, and the reference model is exact. Every /m/ check spends
-// from m-user; the path adds a second rule: per API key, pinned to the
-// key's home region, leased, or a sliding log.
+// from m-user; the path adds rules: per API key, pinned to the key's home
+// region, leased (two rules, one per user and one per API key, so that one
+// check takes the batch of one and waits for the other's), or a sliding
+// log.
 const modelRules = `
 rules:
   - id: m-user
@@ -49,6 +54,12 @@ rules:
     lease: 2
     match: {path: /m/lease}
     key_by: user
+  - id: m-lease2
+    capacity: 6
+    refill_per_second: 0.000001
+    lease: 2
+    match: {path: /m/lease}
+    key_by: api_key
   - id: m-log
     algorithm: sliding_log
     limit: 5
@@ -57,26 +68,35 @@ rules:
     key_by: user
 `
 
-var modelCapacity = map[string]int{"m-user": 20, "m-key": 4, "m-pin": 5, "m-lease": 8, "m-log": 5}
+var modelCapacity = map[string]int{"m-user": 20, "m-key": 4, "m-pin": 5, "m-lease": 8, "m-lease2": 6, "m-log": 5}
 
-var modelPaths = map[string]string{"/m/a": "", "/m/multi": "m-key", "/m/pin": "m-pin", "/m/lease": "m-lease", "/m/log": "m-log"}
+// modelPaths are the rules each path adds to m-user.
+var modelPaths = map[string][]string{"/m/a": nil, "/m/multi": {"m-key"}, "/m/pin": {"m-pin"}, "/m/lease": {"m-lease", "m-lease2"}, "/m/log": {"m-log"}}
+
+// modelLeased are the leased rules.
+var modelLeased = map[string]bool{"m-lease": true, "m-lease2": true}
+
+// modelKeyedByAPIKey are the rules keyed by API key; the others by user.
+var modelKeyedByAPIKey = map[string]bool{"m-key": true, "m-lease2": true}
 
 type modelBucket struct{ rule, key string }
 
-// modelCheck is one check of the run and what it touched.
+// modelCheck is one check of the run and what it touched. A check whose
+// caller gave up (its deadline ended first) has an unknown outcome: it
+// may have been admitted.
 type modelCheck struct {
-	user, apiKey, path string
-	allowed, failed    bool
+	user, apiKey, path      string
+	allowed, failed, gaveUp bool
 }
 
 func (c modelCheck) buckets() []modelBucket {
 	b := []modelBucket{{"m-user", "user:" + c.user}}
-	switch second := modelPaths[c.path]; second {
-	case "":
-	case "m-key":
-		b = append(b, modelBucket{second, "api_key:" + c.apiKey})
-	default:
-		b = append(b, modelBucket{second, "user:" + c.user})
+	for _, rule := range modelPaths[c.path] {
+		if modelKeyedByAPIKey[rule] {
+			b = append(b, modelBucket{rule, "api_key:" + c.apiKey})
+		} else {
+			b = append(b, modelBucket{rule, "user:" + c.user})
+		}
 	}
 	return b
 }
@@ -144,6 +164,32 @@ func (g grpcCaller) check(req *limiterv1.CheckRequest) (bool, error) {
 	return resp.GetAllowed(), err
 }
 
+// impatientCaller gives up on a check of the leased rules after a random
+// deadline of up to max: its checks end in the engine's waits (a lease
+// batch another check is taking, the store call) as well as before and
+// after them. Its other checks wait for their answer: a check given up on
+// the way to a home region may be decided by the home's fallback.
+type impatientCaller struct {
+	c   limiterv1.LimiterClient
+	max time.Duration
+}
+
+// errGaveUp: the caller's deadline ended before the answer.
+var errGaveUp = errors.New("the caller gave up")
+
+func (g impatientCaller) check(req *limiterv1.CheckRequest) (bool, error) {
+	if req.GetAttributes().GetPath() != "/m/lease" {
+		return grpcCaller{g.c}.check(req)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.Int64N(int64(g.max)))+100*time.Microsecond)
+	defer cancel()
+	resp, err := g.c.Check(ctx, req)
+	if st := status.Code(err); st == codes.DeadlineExceeded || st == codes.Canceled {
+		return false, fmt.Errorf("%w: %w", errGaveUp, err)
+	}
+	return resp.GetAllowed(), err
+}
+
 type processCaller struct {
 	in  io.Writer
 	out *bufio.Reader
@@ -194,7 +240,7 @@ func runModel(t *testing.T, callers []caller, rng *rand.Rand, prefix string, n i
 				}
 				ck := &checks[i]
 				allowed, err := c.check(&limiterv1.CheckRequest{Attributes: &limiterv1.Attributes{User: ck.user, ApiKey: ck.apiKey, Path: ck.path}})
-				ck.allowed, ck.failed = allowed, err != nil
+				ck.allowed, ck.failed, ck.gaveUp = allowed, err != nil && !errors.Is(err, errGaveUp), errors.Is(err, errGaveUp)
 			}
 		})
 	}
@@ -221,14 +267,56 @@ func modelAdmitted(checks []modelCheck) map[modelBucket]int {
 	return admitted
 }
 
+// modelUnknown counts, per bucket, the checks whose caller gave up: each
+// may have been admitted.
+func modelUnknown(checks []modelCheck) map[modelBucket]int {
+	unknown := map[modelBucket]int{}
+	for _, c := range checks {
+		if c.gaveUp {
+			for _, b := range c.buckets() {
+				unknown[b]++
+			}
+		}
+	}
+	return unknown
+}
+
+// checkLeasedAnswer checks each leased bucket of admitted by rule id
+// through each client, within a deadline far below a jammed key's: a
+// lease batch a check took and never ended leaves every later check of
+// its key waiting until its deadline.
+func checkLeasedAnswer(t *testing.T, clients []limiterv1.LimiterClient, admitted map[modelBucket]int) int {
+	t.Helper()
+	n := 0
+	for b := range admitted {
+		if !modelLeased[b.rule] {
+			continue
+		}
+		for i, c := range clients {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err := c.Check(ctx, &limiterv1.CheckRequest{RuleId: b.rule, Key: b.key})
+			cancel()
+			if err != nil {
+				t.Errorf("leased %v through instance %d: %v, want an answer (a jammed key)", b, i, err)
+			}
+			n++
+		}
+	}
+	return n
+}
+
 // TestModelExactWithAHealthyStore: randomized all-or-nothing checks of
 // several rules (a per-key rule, a rule pinned to the key's home region, a
 // leased rule, a sliding log) from concurrent callers, two of them separate
-// processes, through two limiterd instances, with a rules reload in the
-// middle. With a healthy store the admissions equal the reference model:
-// no bucket admits more than its capacity, every refused check had a rule
-// whose bucket was exhausted, and afterwards each bucket has exactly
-// capacity - admitted left (an undo never gave back more than was spent).
+// processes, two of them giving up on their checks after a few ms, through
+// two limiterd instances, with a rules reload in the middle. With a
+// healthy store the admissions equal the reference model: no bucket admits
+// more than its capacity, every refused check had a rule whose bucket was
+// exhausted (counting the checks given up as possibly admitted), and
+// afterwards each bucket has exactly capacity - admitted left (an undo
+// never gave back more than was spent), within the checks given up. And
+// every leased bucket still answers a check through each instance: no
+// check given up left its key jammed.
 //
 // Healthy means answering: the store timeout is 250 ms here, since this
 // test alone (nine Redis servers, three limiterd under the race detector,
@@ -244,6 +332,14 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 	for i := range 2 {
 		in, out := helper(t, "attrs", "LIMITERD_ADDR="+s.eastDs[i].GRPCAddr())
 		callers = append(callers, processCaller{in, out})
+	}
+	// The callers that give up go through an instance of their own: a store
+	// call cut short by its caller's deadline may be decided by that
+	// instance's fallback, which the model would not count exact; the
+	// store's state still is, with their checks as possibly admitted.
+	impatient := limiterv1.NewLimiterClient(dial(t, startDaemon(t, s.east.Addrs(), s.region("us-east", "")).GRPCAddr()))
+	for range 3 {
+		callers = append(callers, impatientCaller{impatient, 5 * time.Millisecond})
 	}
 	const runs = 3
 	for run := range runs {
@@ -273,9 +369,13 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 		if uncertain+fallback > 0 {
 			t.Fatalf("run %d: %v checks answered uncertain, %v by the fallback: the store did not answer within --redis.timeout, and the model is exact only for a store that answers", run, uncertain, fallback)
 		}
-		admitted := modelAdmitted(checks)
-		allowed := 0
+		admitted, unknown := modelAdmitted(checks), modelUnknown(checks)
+		allowed, gaveUp := 0, 0
 		for _, c := range checks {
+			if c.gaveUp {
+				gaveUp++
+				continue
+			}
 			if c.failed {
 				t.Fatalf("run %d (seed %d): a check failed with a healthy store: %+v", run, seed, c)
 			}
@@ -287,7 +387,7 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 			for _, b := range c.buckets() {
 				// A leased rule may refuse while another instance's lease
 				// holds the rest of the bucket.
-				if admitted[b] == modelCapacity[b.rule] || b.rule == "m-lease" {
+				if admitted[b]+unknown[b] >= modelCapacity[b.rule] || modelLeased[b.rule] {
 					exhausted = true
 				}
 			}
@@ -308,7 +408,7 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 		prober := limiterv1.NewLimiterClient(dial(t, startDaemon(t, s.east.Addrs(), s.region("us-east", ""), func(o *Options) { o.DenyCacheSize = -1 }).GRPCAddr()))
 		probes := 0
 		for b, n := range admitted {
-			if b.rule == "m-lease" {
+			if modelLeased[b.rule] {
 				continue
 			}
 			resp, err := prober.Check(context.Background(), &limiterv1.CheckRequest{RuleId: b.rule, Key: b.key})
@@ -316,11 +416,15 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 				t.Fatal(err)
 			}
 			probes++
+			if n < modelCapacity[b.rule] && n+unknown[b] >= modelCapacity[b.rule] {
+				continue // the checks given up decide it
+			}
 			if want := n < modelCapacity[b.rule]; resp.GetAllowed() != want {
 				t.Errorf("run %d (seed %d): %v after %d admitted of %d: probe allowed %v, want %v", run, seed, b, n, modelCapacity[b.rule], resp.GetAllowed(), want)
 			}
 		}
-		t.Logf("run %d (seed %d): %d checks, %d allowed, %d buckets, %d probes", run, seed, len(checks), allowed, len(admitted), probes)
+		leased := checkLeasedAnswer(t, append(s.clients, impatient), admitted)
+		t.Logf("run %d (seed %d): %d checks, %d allowed, %d given up, %d buckets, %d probes, %d leased checks after", run, seed, len(checks), allowed, gaveUp, len(admitted), probes, leased)
 	}
 }
 
@@ -353,7 +457,9 @@ func primaries(t *testing.T, c *redistest.Cluster) []*redis.Client {
 // admit (the fleet's shares of a fail-open limit add up to one capacity),
 // plus the checks answered uncertain_allowed (sent, no reply in time),
 // plus one per killed primary (a write acknowledged and not yet
-// replicated).
+// replicated), plus the checks whose caller gave up (one caller gives up
+// after a few ms: unknown outcomes). Afterwards every leased bucket still
+// answers a check through each instance.
 func TestModelBoundedUnderStoreFaults(t *testing.T) {
 	s := newModelStack(t, 0) // the default, 5 ms: the slow replies outlast it
 	var callers []caller
@@ -361,7 +467,7 @@ func TestModelBoundedUnderStoreFaults(t *testing.T) {
 		callers = append(callers, grpcCaller{s.clients[i%2]})
 	}
 	in, out := helper(t, "attrs", "LIMITERD_ADDR="+s.eastDs[0].GRPCAddr())
-	callers = append(callers, processCaller{in, out})
+	callers = append(callers, processCaller{in, out}, impatientCaller{s.clients[1], 5 * time.Millisecond})
 	const runs = 2
 	faults := map[string]int{}
 	for run := range runs {
@@ -414,8 +520,8 @@ func TestModelBoundedUnderStoreFaults(t *testing.T) {
 		for _, d := range s.eastDs {
 			uncertain += sumSeries(t, d, "limiter_decisions_total", "result", "uncertain_allowed")
 		}
-		admitted := modelAdmitted(checks)
-		worst, allowed, failed := 0, 0, 0
+		admitted, unknown := modelAdmitted(checks), modelUnknown(checks)
+		worst, allowed, failed, gaveUp := 0, 0, 0, 0
 		for _, c := range checks {
 			if c.allowed {
 				allowed++
@@ -423,17 +529,21 @@ func TestModelBoundedUnderStoreFaults(t *testing.T) {
 			if c.failed {
 				failed++
 			}
+			if c.gaveUp {
+				gaveUp++
+			}
 		}
 		for b, n := range admitted {
-			bound := 2*modelCapacity[b.rule] + int(uncertain) + kills
+			bound := 2*modelCapacity[b.rule] + int(uncertain) + kills + unknown[b]
 			if n > bound {
 				t.Errorf("run %d (seed %d): %v admitted %d, bound %d", run, seed, b, n, bound)
 			}
 			worst = max(worst, n-modelCapacity[b.rule])
 		}
-		t.Logf("run %d (seed %d): %d checks, %d allowed, %d failed, worst excess over capacity %d, uncertain %v, faults so far %v",
-			run, seed, len(checks), allowed, failed, worst, uncertain, faults)
 		s.east.WaitHealthy(t)
+		leased := checkLeasedAnswer(t, s.clients, admitted)
+		t.Logf("run %d (seed %d): %d checks, %d allowed, %d failed, %d given up, worst excess over capacity %d, uncertain %v, faults so far %v, %d leased checks after",
+			run, seed, len(checks), allowed, failed, gaveUp, worst, uncertain, faults, leased)
 	}
 }
 
