@@ -44,8 +44,20 @@ func TestPacedCheckAPI(t *testing.T) {
 	if err != nil || !back.GetGivenBack() {
 		t.Fatalf("CancelReservation: %v, %v", back, err)
 	}
-	if again, err := lc.Check(ctx, &limiterv1.CheckRequest{RuleId: "flood", Key: "p", MaxWaitMs: 2000}); err != nil || again.GetWaitMs() > 500 {
+	again, err := lc.Check(ctx, &limiterv1.CheckRequest{RuleId: "flood", Key: "p", MaxWaitMs: 2000})
+	if err != nil || again.GetWaitMs() > 500 {
 		t.Fatalf("after the give-back: %v, %v; want the same slot (<= 500 ms)", again, err)
+	}
+	// The first reservation again, now that another holds its slot: spent.
+	if stale, err := lc.CancelReservation(ctx, &limiterv1.CancelReservationRequest{Reservation: resp.GetReservation()}); err != nil || stale.GetGivenBack() {
+		t.Fatalf("a stale CancelReservation: %v, %v; want nothing given back", stale, err)
+	}
+	// A cost written into a reservation: refused, naming the field.
+	parts := strings.Split(again.GetReservation(), ".")
+	parts[3] = "10"
+	if _, err := lc.CancelReservation(ctx, &limiterv1.CancelReservationRequest{Reservation: strings.Join(parts, ".")}); status.Code(err) != codes.InvalidArgument ||
+		!strings.HasPrefix(status.Convert(err).Message(), "reservation") {
+		t.Fatalf("a forged cost: %v, want INVALID_ARGUMENT starting with reservation", err)
 	}
 	for _, tc := range []struct {
 		name string
