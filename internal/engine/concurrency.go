@@ -207,7 +207,8 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 		e.releaseAt(ctx, ts, granted, id)
 		return false, nil, err
 	}
-	allowed, err = e.Decide(ctx, c)
+	// The rate rules under the same topology as the leases.
+	allowed, err = e.decideUnder(ctx, c, ts, rerouted)
 	if err != nil || !allowed {
 		e.giveLeasesBack(ctx, held, id)
 		e.releaseAt(ctx, ts, granted, id)

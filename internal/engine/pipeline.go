@@ -33,17 +33,26 @@ const shadowLogRate = 0.01
 // refuses it as routed with a stale topology and reading the topology again
 // puts a newer one in force, it is routed again with that one, once.
 func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
+	ts := e.useTopology()
+	allowed, err := e.decideUnder(ctx, c, ts, false)
+	ts.release()
+	if errors.Is(err, errReroute) {
+		ts = e.useTopology()
+		allowed, err = e.decideUnder(ctx, c, ts, true)
+		ts.release()
+	}
+	return allowed, err
+}
+
+// decideUnder is Decide with the check routed under the topology of ts
+// (rerouted: a second time). Its errReroute says a home refused it as
+// stale and a newer topology is in force: the caller routes it again.
+func (e *Engine) decideUnder(ctx context.Context, c *Check, ts *topoState, rerouted bool) (bool, error) {
 	for _, it := range c.enforce {
 		it.probe, it.remembered = false, false
 	}
-	c.ts, c.rerouted = e.useTopology(), false
-	defer func() { c.ts.release() }()
+	c.ts, c.rerouted = ts, rerouted
 	allowed, err := e.decide(ctx, c)
-	if errors.Is(err, errReroute) {
-		c.ts.release()
-		c.ts, c.rerouted = e.useTopology(), true
-		allowed, err = e.decide(ctx, c)
-	}
 	if e.deny != nil {
 		for _, it := range c.enforce {
 			if it.probe && !it.remembered {
