@@ -218,23 +218,12 @@ type result struct {
 // Eval runs sc on the primary that serves key (coalesced into that node's
 // next pipeline, unless Options.NoCoalesce) and returns the script's reply.
 // dur observes the time of its round trip (for a coalesced call, of its
-// pipeline). A reply that the slot moved (a failover, a resharding) is
-// followed once. The error wraps bucket.ErrOverloaded when sc was never
+// pipeline). Replies that say nothing ran and where to go are followed
+// (see follow). The error wraps bucket.ErrOverloaded when sc was never
 // sent because it waited too long, bucket.ErrOutcomeUnknown when it was
 // sent and no reply came in time; any other error means it did not run.
 func (ns *Nodes) Eval(ctx context.Context, key string, sc Call, dur prometheus.Observer) ([]any, error) {
-	n, err := ns.nodeFor(ctx, key)
-	if err != nil {
-		return nil, err
-	}
-	r := n.eval(ctx, sc, dur)
-	if r.err != nil && isRedirect(r.err) {
-		r = ns.follow(ctx, n, r, sc)
-	}
-	if r.err != nil {
-		return nil, r.err
-	}
-	return r.res, nil
+	return ns.evalOn(ctx, key, sc, func(n *node) result { return n.eval(ctx, sc, dur) })
 }
 
 // EvalOnce runs sc on the primary that serves key, on its own (never
@@ -245,11 +234,16 @@ func (ns *Nodes) Eval(ctx context.Context, key string, sc Call, dur prometheus.O
 // nothing ran are followed as Eval follows them. It takes its deadline
 // from ctx. The errors are Eval's.
 func (ns *Nodes) EvalOnce(ctx context.Context, key string, sc Call) ([]any, error) {
+	return ns.evalOn(ctx, key, sc, func(n *node) result { return n.direct(ctx, sc, nil) })
+}
+
+// evalOn sends sc with send on the node of key and follows its redirects.
+func (ns *Nodes) evalOn(ctx context.Context, key string, sc Call, send func(*node) result) ([]any, error) {
 	n, err := ns.nodeFor(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	r := n.direct(ctx, sc, nil)
+	r := send(n)
 	if r.err != nil && isRedirect(r.err) {
 		r = ns.follow(ctx, n, r, sc)
 	}
