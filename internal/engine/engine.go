@@ -130,7 +130,7 @@ type SpendRecorder interface {
 // Options configure an Engine. Store is required.
 type Options struct {
 	// Store is this region's shared store.
-	Store bucket.MultiStore
+	Store bucket.Backend
 	// Region is this region; Topology, when set, the regions that pinned
 	// rules' keys have as homes, reached through Homes (one per other region).
 	Region   string
@@ -158,8 +158,7 @@ type Options struct {
 	// region (at least 1); a fail-open rule whose store is down decides
 	// with limit / FleetSize(). Nil: 1.
 	FleetSize func() int
-	// Leases holds the leases of concurrency rules; nil: Store, when it is
-	// a bucket.LeaseStore (redisstore.Store and bucket.Memory are).
+	// Leases holds the leases of concurrency rules; nil: Store.
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends SpendRecorder
@@ -174,10 +173,7 @@ type Options struct {
 
 // Engine decides checks. Make it with New; it is safe for concurrent use.
 type Engine struct {
-	store bucket.MultiStore
-	// handoffs is store, when it can hand pinned keys' buckets between
-	// regions; nil: keys moved by a topology switch start full.
-	handoffs bucket.HandoffStore
+	store    bucket.Backend
 	fallback *bucket.Memory
 	table    atomic.Pointer[table]
 	gen      atomic.Uint64
@@ -233,7 +229,6 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 		resKey: reservationKey(opts.ReservationSecret),
 	}
-	e.handoffs, _ = opts.Store.(bucket.HandoffStore)
 	ts := newTopoState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
 		if prev := opts.Topology.Previous(); prev != nil {
@@ -247,10 +242,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	for name := range opts.Homes {
 		m.stale.WithLabelValues(name)
 	}
-	e.leaseStore = opts.Leases
-	if e.leaseStore == nil {
-		e.leaseStore, _ = opts.Store.(bucket.LeaseStore)
-	}
+	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
 	e.inflight = newInflight(func() []*entry {
 		var out []*entry
 		t := e.table.Load()
@@ -585,19 +577,11 @@ func SustainedRate(l bucket.Limit) float64 {
 	return l.Capacity / l.Window.Seconds()
 }
 
-// ErrNoUndo: the store cannot give back a spend (it implements no
-// bucket.Undoer).
-var ErrNoUndo = errors.New("the store cannot give spends back")
-
 // Refund gives back what an allowed Decide of a peer region's check spent
 // in this region's store, the keys' home (the Peer service's Refund): each
 // item at the instant its decision's At named. Items of rules no longer in
 // force are skipped; costs are normalized against the rule as Decide did.
 func (e *Engine) Refund(ctx context.Context, items []HomeItem) error {
-	u, ok := e.store.(bucket.Undoer)
-	if !ok {
-		return ErrNoUndo
-	}
 	t := e.table.Load()
 	reqs := make([]bucket.Request, 0, len(items))
 	ats := make([]int64, 0, len(items))
@@ -625,7 +609,7 @@ func (e *Engine) Refund(ctx context.Context, items []HomeItem) error {
 			e.deny.Forget(r.Rule, r.Key)
 		}
 	}
-	return undoAt(ctx, u, reqs, ats)
+	return undoAt(ctx, e.store, reqs, ats)
 }
 
 // undoAt gives reqs back, each spent at the instant of ats (µs, the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -172,9 +171,6 @@ func (f storeFailure) Unwrap() error { return f.err }
 // (ErrUnavailable), and with a storeFailure when this region's store did
 // not answer.
 func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
-	if e.handoffs == nil {
-		return nil
-	}
 	ts := c.ts
 	var moves []move
 	now := time.Now()
@@ -186,7 +182,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	if len(moves) == 0 {
 		return nil
 	}
-	done, err := e.handoffs.Seeded(ctx, seedsOf(moves))
+	done, err := e.store.Seeded(ctx, seedsOf(moves))
 	if err != nil {
 		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(moves)))
 		return storeFailure{err}
@@ -229,7 +225,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	if len(todo) == 0 {
 		return nil
 	}
-	ok, err := e.handoffs.Seed(ctx, seedsOf(todo))
+	ok, err := e.store.Seed(ctx, seedsOf(todo))
 	if err != nil {
 		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(todo)))
 		return storeFailure{err}
@@ -331,9 +327,6 @@ func removesRegion(cur, next *region.Topology) bool {
 // items, pinned rules' keys that were homed here, count now. Items name a
 // rule and a key; their costs are ignored.
 func (e *Engine) Used(ctx context.Context, items []HomeItem) ([]float64, error) {
-	if e.handoffs == nil {
-		return nil, errors.New("this region's store cannot hand buckets off")
-	}
 	t := e.table.Load()
 	reqs := make([]bucket.Request, len(items))
 	for i, it := range items {
@@ -349,7 +342,7 @@ func (e *Engine) Used(ctx context.Context, items []HomeItem) ([]float64, error) 
 		}
 		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit}
 	}
-	return e.handoffs.Used(ctx, reqs)
+	return e.store.Used(ctx, reqs)
 }
 
 // handoffResults are the results limiter_topology_handoffs_total counts.

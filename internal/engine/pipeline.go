@@ -449,7 +449,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, req
 	if err == nil && allowed {
 		return true, nil
 	}
-	if u, ok := e.store.(bucket.Undoer); ok && len(spentReqs) > 0 {
+	if len(spentReqs) > 0 {
 		// Each at the store's instant of its spend: a window rule gives
 		// back to the window it counted in.
 		ats := make([]int64, len(decided))
@@ -457,7 +457,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, req
 			ats[i] = it.Decision.At
 		}
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
-		if uerr := undoAt(uctx, u, spentReqs, ats); uerr != nil {
+		if uerr := undoAt(uctx, e.store, spentReqs, ats); uerr != nil {
 			e.log.Warn("a refused check's store spends not given back", "err", uerr)
 		}
 		cancel()

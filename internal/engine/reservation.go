@@ -47,10 +47,6 @@ const MaxSpentReservations = 100_000
 // this process's.
 const reservationSlack = time.Minute
 
-// ErrNoUnreserve: the store cannot give a reservation back (it implements
-// no bucket.Unreserver).
-var ErrNoUnreserve = errors.New("the store cannot give reservations back")
-
 var (
 	errBadReservation    = errors.New("malformed reservation")
 	errForgedReservation = errors.New("reservation not made by this fleet, or altered")
@@ -112,7 +108,7 @@ func (e *Engine) Reservation(it *Item) string {
 // it reports false. A reservation is given back at most once by this
 // engine. Errors: an *InvalidError naming reservation (for a malformed or
 // altered one, or one made with another key, and wrapping ErrUnknownRule
-// for a rule no longer in force), ErrNoUnreserve, or the store's.
+// for a rule no longer in force) or the store's.
 func (e *Engine) CancelReservation(ctx context.Context, s string) (bool, error) {
 	r, err := parseReservation(s)
 	if err == nil && !hmac.Equal(r.mac(e.resKey), r.sum) {
@@ -134,14 +130,10 @@ func (e *Engine) CancelReservation(ctx context.Context, s string) (bool, error) 
 	if err != nil {
 		return false, nil // the rule changed under the reservation
 	}
-	u, ok := e.store.(bucket.Unreserver)
-	if !ok {
-		return false, ErrNoUnreserve
-	}
 	if !e.spentRes.take(r.nonce, r.state, time.Now()) {
 		return false, nil // given back before, or too many remembered
 	}
-	back, err := u.Unreserve(ctx, bucket.Request{Rule: r.rule, Key: r.key, Limit: en.limit, Cost: cost}, r.state)
+	back, err := e.store.Unreserve(ctx, bucket.Request{Rule: r.rule, Key: r.key, Limit: en.limit, Cost: cost}, r.state)
 	if !back {
 		// Nothing came back: it may later, once the reservations stacked
 		// behind it are given back.

@@ -385,7 +385,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 
 // startStore connects the Redis store (or makes the embedded one) and its
 // eviction guard.
-func (d *Daemon) startStore(ctx context.Context) (bucket.MultiStore, error) {
+func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
 	if len(d.opts.RedisAddrs) == 0 {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
 			"store", "memory", "max_bytes", d.opts.MemoryMaxBytes)

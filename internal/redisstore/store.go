@@ -93,10 +93,12 @@ var (
 	ErrNodeStalled = pipeline.ErrNodeStalled
 )
 
-// Store is a bucket.Store and bucket.MultiStore on Redis. It is safe for
-// concurrent use. It serves from New on, whether or not Redis answers: it
-// connects in the background (see Health), and a check it cannot send
-// fails at once with an error that says it was not applied.
+var _ bucket.Backend = (*Store)(nil)
+
+// Store is a bucket.Backend on Redis. It is safe for concurrent use. It
+// serves from New on, whether or not Redis answers: it connects in the
+// background (see Health), and a check it cannot send fails at once with
+// an error that says it was not applied.
 type Store struct {
 	nodes      *pipeline.Nodes
 	m          *metrics

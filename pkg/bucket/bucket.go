@@ -333,6 +333,19 @@ type MultiStore interface {
 	TakeAll(ctx context.Context, reqs []Request) ([]Decision, error)
 }
 
+// Backend is a shared store as a limiter uses it: it decides checks, one
+// or several at once (MultiStore), gives back spends (Undoer) and paced
+// reservations (Unreserver), hands buckets off to a key's new home region
+// (HandoffStore) and holds concurrency leases (LeaseStore). Memory is one;
+// so is the Redis store.
+type Backend interface {
+	MultiStore
+	Undoer
+	Unreserver
+	HandoffStore
+	LeaseStore
+}
+
 // Unreserver is a Store that can give back the spend of a paced request
 // (Request.MaxWait) that will not be sent, named by its
 // Decision.Reservation. It gives it back only while the bucket's state is

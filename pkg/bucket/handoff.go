@@ -135,11 +135,12 @@ type HandoffStore interface {
 	// Seeded reports, per seed, whether its bucket was seeded at its
 	// Generation or a later one within that seed's TTL.
 	Seeded(ctx context.Context, seeds []Seed) ([]bool, error)
-	// Seed replaces each bucket that Seeded would not report with a fresh
-	// one debited by Used (Limit.Debit), and records it seeded for TTL; it
-	// reports which it replaced. A bucket already seeded is left as it is,
-	// with the checks it decided since, so two callers racing to seed one
-	// bucket seed it once.
+	// Seed raises each bucket that Seeded would not report to count at
+	// least Used (Limit.Raise), and records it seeded for TTL; it reports
+	// which it seeded. A bucket already seeded is left as it is, with the
+	// checks it decided since, so two callers racing to seed one bucket
+	// seed it once; and since a seed never lowers a bucket, seeding again
+	// (a record gone) gives back nothing spent since.
 	Seed(ctx context.Context, seeds []Seed) ([]bool, error)
 }
 

@@ -131,6 +131,8 @@ func NewMemory(opts ...MemoryOption) *Memory {
 	return m
 }
 
+var _ Backend = (*Memory)(nil)
+
 // Take decides req against the bucket of (req.Rule, req.Key). It never
 // returns an error.
 func (m *Memory) Take(_ context.Context, req Request) (Decision, error) {
