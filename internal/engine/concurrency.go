@@ -26,8 +26,9 @@ var (
 	ErrLeaseStore = errors.New("lease store unavailable")
 )
 
-// ReleaseTimeout bounds giving back the leases of an Acquire refused by a
-// rate rule (on a context of its own: the caller may be gone).
+// ReleaseTimeout is the least time given to what is given back on a
+// context of its own (see Engine.detached): the leases of an Acquire
+// refused by a rate rule, for one, whose caller may be gone.
 const ReleaseTimeout = 100 * time.Millisecond
 
 // Lease events, the values of the event label.
@@ -350,7 +351,7 @@ func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseid.
 	if len(items) == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReleaseTimeout)
+	rctx, cancel := e.detached(ctx)
 	defer cancel()
 	fleet := max(e.fleet(), 1)
 	reqs := make([]bucket.LeaseRequest, len(items))
@@ -657,7 +658,7 @@ func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, l
 			p.en.lease[eventExpired].Inc()
 		}
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
+	rctx, cancel := e.detached(ctx)
 	defer cancel()
 	if _, err := e.releaseHere(rctx, id, here, false); err != nil {
 		e.log.Warn("the rest of a lease gone not released: it expires on its own", "err", err)

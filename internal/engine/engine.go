@@ -537,6 +537,15 @@ func (e *Engine) Wait(ctx context.Context) error {
 	}
 }
 
+// detached is a context for what must be done whether or not the caller
+// still waits: giving back what a refused check or Acquire took (undos,
+// refunds, leases, here or at a home region) and asking a moved key's old
+// home. It keeps ctx's values, not its cancellation or deadline, and has
+// one deadline of its own: the forward timeout, at least ReleaseTimeout.
+func (e *Engine) detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
+}
+
 // share is one of n equal parts of l, for fail-open decisions, for
 // requests of cost, at most the rule's capacity (for a share made ahead of
 // any request, 1 or the capacity when smaller): 1/n of the

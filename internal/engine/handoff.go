@@ -267,7 +267,7 @@ func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, mov
 	}
 	// Not cut short by the caller giving up: a fail-open key would start
 	// from a full bucket for the whole fleet.
-	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+	hctx, cancel := e.detached(ctx)
 	defer cancel()
 	used, err := h.Handoff(hctx, req)
 	if err != nil {

@@ -129,7 +129,7 @@ func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, i
 	if len(homes) == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+	rctx, cancel := e.detached(ctx)
 	defer cancel()
 	s := id.String()
 	for _, home := range homes {

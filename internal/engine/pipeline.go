@@ -456,7 +456,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, req
 		for i, it := range decided {
 			ats[i] = it.Decision.At
 		}
-		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+		uctx, cancel := e.detached(ctx)
 		if uerr := undoAt(uctx, e.store, spentReqs, ats); uerr != nil {
 			e.log.Warn("a refused check's store spends not given back", "err", uerr)
 		}
@@ -635,7 +635,7 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 			continue
 		}
 		h := hs.h
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.fwdTO)
+		rctx, cancel := e.detached(ctx)
 		hs.ts.users.Add(1) // held by the check: the connection stays open for the refund
 		e.refunds.Go(func() {
 			defer hs.ts.release()
