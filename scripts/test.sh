@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Runs every package's tests with the race detector, in two phases, then a
+# Runs every package's tests with the race detector, in two phases, and a
 # smoke run of the docs' benchmarks:
 #
 #  1. internal/reconciler, whose tests mostly wait (on NATS gateways cut
-#     for tens of seconds, on stream sources), beside every other package
-#     but those of phase 2, one package at a time in each of the two;
+#     for tens of seconds, on stream sources), then every `go test -bench`
+#     command the docs quote, once (-benchtime 1x; scripts/docbench_test.go,
+#     so that a figure's command that no longer runs fails here), beside
+#     every other package but those of phase 2, one package at a time in
+#     each of the two streams (the first ends minutes before the second
+#     otherwise);
 #  2. the packages whose guarantees are measured under their own load
 #     (exactly 10 of 50 client processes on busy cores, the pacers' lateness,
-#     the chaos soak, the model tests), one at a time and alone;
-#  3. every `go test -bench` command the docs quote, once (-benchtime 1x;
-#     scripts/docbench_test.go), so that a figure's command that no longer
-#     runs fails here.
+#     the chaos soak, the model tests), one at a time and alone.
 #
 # Each stream's output is printed when it ends; the script fails when any
 # package failed.
@@ -42,7 +43,12 @@ trap cleanup EXIT
 
 failed=0
 start=$SECONDS
-"$GO" test "${flags[@]}" "${waiting[@]}" >"$logs/waiting.log" 2>&1 &
+{
+	rc=0
+	"$GO" test "${flags[@]}" "${waiting[@]}" || rc=1
+	"$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
+	exit "$rc"
+} >"$logs/waiting.log" 2>&1 &
 pids+=($!)
 "$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
 pids+=($!)
@@ -53,11 +59,8 @@ for i in 0 1; do
 done
 pids=()
 cat "$logs/others.log" "$logs/waiting.log"
-echo "test: phase 1 (${waiting[*]} beside $((${#others[@]})) other packages) in $((SECONDS - start)) s"
+echo "test: phase 1 (${waiting[*]} and the docs' benchmarks beside $((${#others[@]})) other packages) in $((SECONDS - start)) s"
 t1=$SECONDS
 "$GO" test "${flags[@]}" "${alone[@]}" || failed=1
 echo "test: phase 2 (${alone[*]}, alone) in $((SECONDS - t1)) s"
-t2=$SECONDS
-"$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || failed=1
-echo "test: phase 3 (the docs' benchmarks at -benchtime 1x) in $((SECONDS - t2)) s"
 exit "$failed"
