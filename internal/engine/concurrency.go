@@ -172,26 +172,28 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 			granted = append(granted, home)
 			continue
 		}
-		if ctx.Err() != nil {
-			e.releaseAt(ctx, ts, append(granted, home), id)
-			return false, nil, ctx.Err()
-		}
-		if err := e.homeFailed(ts, rerouted, home, err); err != nil {
-			e.releaseAt(ctx, ts, granted, id)
-			return false, nil, err
-		}
-		if errors.Is(err, bucket.ErrOutcomeUnknown) {
-			// The home may hold them: ask it to give them back (else they
-			// expire there on their own).
-			e.releaseAt(ctx, ts, []string{home}, id)
-		}
-		for _, i := range byHome[home] {
-			if it := c.held[i]; it.e.closed {
-				it.e.lease[eventError].Inc()
-				e.log.Warn("home region unreachable, fail-closed concurrency rule refused", "rule", it.Rule.ID, "home", home, "err", err)
+		if ctx.Err() == nil {
+			if err := e.homeFailed(ts, rerouted, home, err); err != nil {
 				e.releaseAt(ctx, ts, granted, id)
-				return false, nil, ErrUnavailable
+				return false, nil, err
 			}
+		}
+		its := make([]*Item, len(byHome[home]))
+		for j, i := range byHome[home] {
+			its[j] = c.held[i]
+		}
+		// The home may hold them (its outcome unknown, or the caller
+		// gone): it is asked to give them back, else they expire there.
+		mayHold := ctx.Err() != nil || errors.Is(err, bucket.ErrOutcomeUnknown)
+		if v, ferr := e.onFailure(ctx, failure{items: its, where: "home region " + home, lease: true}, err); v == refused {
+			if mayHold {
+				granted = append(granted, home)
+			}
+			e.releaseAt(ctx, ts, granted, id)
+			return false, nil, ferr
+		}
+		if mayHold {
+			e.releaseAt(ctx, ts, []string{home}, id)
 		}
 		// Fail open: held here, with this region's share of each limit.
 		for _, i := range byHome[home] {
@@ -293,19 +295,8 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 		}
 	}
 	if err != nil {
-		if ctx.Err() != nil {
-			return false, ctx.Err()
-		}
-		if errors.Is(err, bucket.ErrOverloaded) {
-			e.m.overloaded.Inc()
-			return false, ErrOverloaded
-		}
-		for _, it := range items {
-			if it.e.closed {
-				it.e.lease[eventError].Inc()
-				e.log.Warn("lease store failed, fail-closed concurrency rule refused", "rule", it.Rule.ID, "err", err)
-				return false, ErrUnavailable
-			}
+		if v, err := e.onFailure(ctx, failure{items: items, where: "lease store", lease: true}, err); v == refused {
+			return false, err
 		}
 		// Fail open: this instance's share of each limit, held here. The
 		// store gave back whatever it may have taken.

@@ -206,13 +206,12 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 		mvs := byHome[home]
 		if err := e.askHandoff(ctx, ts, home, mvs); err != nil {
 			e.m.handoffs.WithLabelValues(handoffUnreachable).Add(float64(len(mvs)))
-			for _, mv := range mvs {
-				if mv.it.e.closed {
-					mv.it.e.failed.Inc()
-					e.log.Warn("old home region did not hand off a moved key, fail-closed rule refused",
-						"rule", mv.seed.Rule, "home", home, "generation", ts.gen, "err", err)
-					return ErrUnavailable
-				}
+			its := make([]*Item, len(mvs))
+			for i, mv := range mvs {
+				its[i] = mv.it
+			}
+			if v, err := e.onFailure(ctx, failure{items: its, where: "old home region " + home + " (handoff)"}, err); v == refused {
+				return err
 			}
 			e.log.Warn("old home region did not hand off moved keys: they start from a full bucket",
 				"home", home, "keys", len(mvs), "generation", ts.gen, "err", err)

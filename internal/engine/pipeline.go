@@ -181,26 +181,20 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 			sp.homes = append(sp.homes, homeSpend{home: home, h: c.ts.homes[home], ts: c.ts, items: its})
 			continue
 		}
-		if ctx.Err() != nil {
-			return e.giveBack(ctx, &sp, ctx.Err())
-		}
-		if err := e.homeFailed(c.ts, c.rerouted, home, err); err != nil {
-			return e.giveBack(ctx, &sp, err)
-		}
-		for _, it := range its {
-			if it.e.closed {
-				it.e.failed.Inc()
-				e.log.Warn("home region unreachable, fail-closed rule refused", "rule", it.Rule.ID, "home", home, "err", err)
-				return e.giveBack(ctx, &sp, ErrUnavailable)
+		if ctx.Err() == nil {
+			if err := e.homeFailed(c.ts, c.rerouted, home, err); err != nil {
+				return e.giveBack(ctx, &sp, err)
 			}
 		}
-		if errors.Is(err, bucket.ErrOutcomeUnknown) && c.maxWait == 0 {
-			// The home may have decided and spent: never decided a second
-			// time here. Fail open: allowed, counted as uncertain. (A paced
-			// check is not: the home may have reserved a slot up to its
-			// wait out, and sending now could go above the rate. It is
-			// paced here with this region's share, as below; it may count
-			// twice, which only slows it.)
+		// (A paced check's unknown outcome is not uncertain: the home may
+		// have reserved a slot up to its wait out, and sending now could go
+		// above the rate. It is paced here with this region's share, as
+		// below; it may count twice, which only slows it.)
+		v, err := e.onFailure(ctx, failure{items: its, where: "home region " + home, paced: c.maxWait > 0}, err)
+		switch v {
+		case refused:
+			return e.giveBack(ctx, &sp, err)
+		case uncertain:
 			for _, it := range its {
 				it.route = routeUnknown
 				it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
@@ -511,24 +505,10 @@ func storeRequests(c *Check, items []*Item) []bucket.Request {
 }
 
 func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs []bucket.Request, err error) (bool, error) {
-	if ctx.Err() != nil {
-		for _, it := range items {
-			it.e.failed.Inc()
-		}
-		return false, ctx.Err()
-	}
-	if errors.Is(err, bucket.ErrOverloaded) {
-		e.m.overloaded.Inc()
-		return false, ErrOverloaded
-	}
-	for _, it := range items {
-		if it.e.closed {
-			it.e.failed.Inc()
-			e.log.Warn("store failed, fail-closed rule refused", "rule", it.Rule.ID, "err", err)
-			return false, ErrUnavailable
-		}
-	}
-	if errors.Is(err, bucket.ErrOutcomeUnknown) && c.maxWait == 0 {
+	switch v, err := e.onFailure(ctx, failure{items: items, where: "store", paced: c.maxWait > 0}, err); v {
+	case refused:
+		return false, err
+	case uncertain:
 		for _, it := range items {
 			it.route = routeUnknown
 			it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
