@@ -74,8 +74,8 @@ func (c *Check) addLease(en *entry, key string) (*Item, error) {
 			return it, nil
 		}
 	}
-	if len(c.held) >= MaxLeasesPerCheck {
-		return nil, invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", MaxLeasesPerCheck)
+	if len(c.held) >= leaseid.MaxParts {
+		return nil, invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
 	it := &Item{Rule: en.rule, Key: key, Cost: 1, e: en, limit: en.limit}
 	c.held = append(c.held, it)

@@ -198,7 +198,7 @@ func TestLeaseIDValidation(t *testing.T) {
 		{"not base64", "!!!", true},
 		{"truncated", l.ID[:len(l.ID)-3], true},
 		{"trailing bytes", (&leaseid.ID{Parts: real.Parts}).String() + "AAAA", true},
-		{"too long", strings.Repeat("A", MaxLeaseIDLen+1), true},
+		{"too long", strings.Repeat("A", leaseid.MaxLen+1), true},
 		{"a rate rule's", otherRule.String(), true},
 		{"held in a region not in the topology", otherRegion.String(), true},
 		{"unknown flags", v1.String(), true},
