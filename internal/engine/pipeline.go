@@ -212,23 +212,14 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 	// A batch this check takes is ended on every return from here on, a
 	// later lease's wait ending early too: the key's other checks wait for
 	// it.
-	defer func() {
-		for _, it := range local {
-			if it.batch > 0 {
-				left := 0.0
-				if admitted && it.route == routeStore {
-					left = it.batch - it.Cost
-				}
-				e.leases.Fetched(it.Rule.ID, it.Key, left)
-			}
-		}
-	}()
 	for _, it := range leased {
 		ok, err := e.fromLease(ctx, c, it)
 		switch {
 		case err != nil:
+			e.endBatches(local, false)
 			return e.giveBack(ctx, &sp, err)
 		case !ok:
+			e.endBatches(local, false)
 			return e.giveBack(ctx, &sp, nil)
 		case it.route == routeLease:
 			sp.leases = append(sp.leases, it)
@@ -237,6 +228,7 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 			local = append(local, it)
 		}
 	}
+	defer func() { e.endBatches(local, admitted) }()
 	if len(local) == 0 {
 		return true, nil
 	}
@@ -257,6 +249,23 @@ func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) 
 		return e.giveBack(ctx, &sp, nil)
 	}
 	return true, nil
+}
+
+// endBatches ends the lease batches that the items of local took: each
+// adds what it left over when the check was admitted from the store, and
+// wakes the key's checks waiting for it. (decide calls it on each return
+// once a batch may be taken, deferred only after the last append to
+// local, which would otherwise move local to the heap.)
+func (e *Engine) endBatches(local []*Item, admitted bool) {
+	for _, it := range local {
+		if it.batch > 0 {
+			left := 0.0
+			if admitted && it.route == routeStore {
+				left = it.batch - it.Cost
+			}
+			e.leases.Fetched(it.Rule.ID, it.Key, left)
+		}
+	}
 }
 
 // homeOf is the home region that decides it (a check) or holds it (a

@@ -243,11 +243,9 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 	if !all {
 		return out, nil
 	}
-	keep := make([]bucketID, len(reqs))
 	for i, r := range reqs {
 		sh := &m.shards[idx[i]]
 		id := bucketID{r.Rule, r.Key}
-		keep[i] = id
 		e := sh.buckets[id]
 		if e == nil {
 			e = &memoryEntry{}
@@ -257,10 +255,18 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 	}
 	// Room is made once every bucket is written, so that writing one never
 	// evicts another of the same call.
+	var keep []bucketID // made only for a shard past its cap
 	for i := range m.shards {
-		if locked[i] {
-			m.makeRoom(&m.shards[i], now, keep...)
+		if !locked[i] || m.shards[i].bytes <= m.perShard {
+			continue
 		}
+		if keep == nil {
+			keep = make([]bucketID, len(reqs))
+			for j, r := range reqs {
+				keep[j] = bucketID{r.Rule, r.Key}
+			}
+		}
+		m.makeRoom(&m.shards[i], now, keep...)
 	}
 	return out, nil
 }
