@@ -97,6 +97,11 @@ type Rule struct {
 	// that one key's queue of reserved slots holds at most MaxWait of them
 	// and a caller asking MaxWait is never locked out by a deeper one.
 	MaxWait Duration `yaml:"max_wait"`
+	// MaxOvershoot is the accuracy budget of a reconciled rule, a fraction
+	// of its capacity (default DefaultMaxOvershoot): a key whose spend not
+	// yet published reaches it is published within a short tick instead
+	// of at the next interval.
+	MaxOvershoot *float64 `yaml:"max_overshoot,omitempty"`
 
 	limit  bucket.Limit
 	leases bucket.LeaseLimit
@@ -142,6 +147,22 @@ func (r *Rule) Concurrent() bool { return r.Algorithm == bucket.Concurrency }
 
 // Leases is a concurrency rule's validated limit and lease length.
 func (r *Rule) Leases() bucket.LeaseLimit { return r.leases }
+
+// DefaultMaxOvershoot is the accuracy budget of a rule without
+// max_overshoot: a tenth of its capacity.
+const DefaultMaxOvershoot = 0.1
+
+// Overshoot is the rule's accuracy budget, a fraction of its capacity.
+func (r *Rule) Overshoot() float64 {
+	if r.MaxOvershoot == nil {
+		return DefaultMaxOvershoot
+	}
+	return *r.MaxOvershoot
+}
+
+// SpendBudget is the spend of one key, in tokens, past which a region
+// publishes it at once: Overshoot × capacity.
+func (r *Rule) SpendBudget() float64 { return r.Overshoot() * r.limit.Capacity }
 
 // DefaultLeaseTTL is the lease length of a concurrency rule without lease_ttl.
 const DefaultLeaseTTL = 30 * time.Second
@@ -423,6 +444,9 @@ func (r *Rule) validate(n *yaml.Node) error {
 	capacity, field := r.Capacity, "capacity"
 	if capacity == nil {
 		capacity, field = r.Limit, "limit"
+	}
+	if v := r.MaxOvershoot; v != nil && !(*v > 0 && *v <= 1) {
+		return fieldErrorf("max_overshoot", "must be a fraction of the capacity in (0, 1], got %v", *v)
 	}
 	if err := choice("on_failure", r.OnFailure, FailOpen, FailClosed); err != nil {
 		return err

@@ -3,6 +3,7 @@ package rules
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,6 +81,10 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "concurrency with a token lease", file: "concurrency-token-lease.bad.yml", index: 0, id: "a", field: "lease", line: 5},
 		{name: "concurrency window", file: "concurrency-window.bad.yml", index: 0, id: "a", field: "window", line: 5},
 		{name: "lease_ttl on a token bucket", file: "lease-ttl-on-bucket.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
+		{name: "max_overshoot 0", file: "max-overshoot-zero.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
+		{name: "max_overshoot above 1", file: "max-overshoot-above-one.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
+		{name: "max_overshoot NaN", file: "max-overshoot-nan.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
+		{name: "max_overshoot infinite", file: "max-overshoot-inf.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -114,6 +119,7 @@ func TestParseRuleErrors(t *testing.T) {
 		{name: "bad capacity", rule: "id: r\ncapacity: -1\nrefill_per_second: 1\n", id: "r", field: "capacity", line: 2, cause: bucket.ErrInvalidLimit},
 		{name: "bad cost", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\ncost: 2\n", id: "r", field: "cost", line: 4, cause: bucket.ErrInvalidCost},
 		{name: "bad id", rule: "id: a b\ncapacity: 1\nrefill_per_second: 1\n", id: "a b", field: "id", line: 1},
+		{name: "bad max_overshoot", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nmax_overshoot: -0.1\n", id: "r", field: "max_overshoot", line: 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -262,7 +268,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "max_overshoot"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string
@@ -473,5 +479,33 @@ func TestCheckID(t *testing.T) {
 				t.Fatalf("CheckID(%q) = %v, want an *Error naming the id and the field id", tt.id, err)
 			}
 		})
+	}
+}
+
+// max_overshoot defaults to a tenth of the capacity and is a budget in
+// tokens of the rule's capacity; a rule that does not state it marshals as
+// before (its set's version unchanged).
+func TestMaxOvershoot(t *testing.T) {
+	s, err := Load("testdata/max-overshoot.good.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		id               string
+		overshoot, spend float64
+	}{{"tight", 0.05, 5}, {"whole", 1, 10}, {"default", DefaultMaxOvershoot, 1}} {
+		r := s.Get(tt.id)
+		if got := r.Overshoot(); got != tt.overshoot {
+			t.Errorf("%s: Overshoot() = %v, want %v", tt.id, got, tt.overshoot)
+		}
+		if got := r.SpendBudget(); math.Abs(got-tt.spend) > 1e-9 {
+			t.Errorf("%s: SpendBudget() = %v, want %v", tt.id, got, tt.spend)
+		}
+	}
+	if y := string(s.Get("default").YAML()); strings.Contains(y, "max_overshoot") {
+		t.Errorf("a rule without max_overshoot marshals it:\n%s", y)
+	}
+	if y := string(s.Get("tight").YAML()); !strings.Contains(y, "max_overshoot: 0.05") {
+		t.Errorf("a rule with max_overshoot 0.05 marshals as:\n%s", y)
 	}
 }
