@@ -228,3 +228,31 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkAccumulatorAdd is what recording an admitted spend costs a
+// check: one key spent again and again, and 10,000 keys in turn (the long
+// tail, drained every 100,000 adds as an interval would).
+func BenchmarkAccumulatorAdd(b *testing.B) {
+	b.Run("one-key", func(b *testing.B) {
+		b.ReportAllocs()
+		var a Accumulator
+		for b.Loop() {
+			a.Add("r", "k", 1, 100)
+		}
+	})
+	b.Run("many-keys", func(b *testing.B) {
+		b.ReportAllocs()
+		keys := make([]string, 10_000)
+		for i := range keys {
+			keys[i] = fmt.Sprint("key-", i)
+		}
+		var a Accumulator
+		i := 0
+		for b.Loop() {
+			a.Add("r", keys[i%len(keys)], 1, 100)
+			if i++; i%100_000 == 0 {
+				a.Drain()
+			}
+		}
+	})
+}
