@@ -18,20 +18,22 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 1x ./internal/reconciler
 
-// figureShapes are the two shapes of the overshoot table: a slow rule (a
-// big burst, a low rate) and a fast one (a small burst, a high rate, where
-// one interval of remote spending is many bursts).
+// figureShapes are the shapes of the overshoot table: a slow rule (a big
+// burst, a low rate), a fast one (a small burst, a high rate, where one
+// interval of remote spending is many bursts) and a seed-like one (100 a
+// minute).
 var figureShapes = []struct {
 	name           string
 	capacity, rate float64
-}{{"slow", 50, 20}, {"fast", 10, 100}}
+}{{"slow", 50, 20}, {"fast", 10, 100}, {"seed", 100, 100.0 / 60}}
 
 // BenchmarkOvershoot hammers one key through the three regions of a NATS
 // supercluster (one server each, joined by gateways) at 100 checks/s each
 // for 10 s, for each shape, and reports the overshoot over capacity +
 // refill*T, with and without reconciliation: the regions on loopback
 // (wan=0), and as far apart as real ones (wan=ref: wanDelays on the
-// gateways and the Peer links).
+// gateways and the Peer links). msgs/s/link and bytes/s/link are what one
+// region's spends stream carried to each other region during the run.
 func BenchmarkOvershoot(b *testing.B) {
 	regions := []string{"us-east", "eu-west", "ap-south"}
 	for _, shape := range figureShapes {
@@ -55,7 +57,11 @@ func BenchmarkOvershoot(b *testing.B) {
 							s = newWANStack(b, regions, wanDelays, rulesYAML, interval)
 						}
 						b.Logf("spends flowing between every pair of regions %v after the streams were made", s.waitSpendsFlow("global").Round(time.Millisecond))
+						before := s.spendMessages(b)
 						h := s.hammer(10*time.Second, 10*time.Millisecond, "global", "solo")
+						msgs, bytes := s.spendMessages(b).since(before)
+						b.ReportMetric(msgs/h.elapsed, "msgs/s/link")
+						b.ReportMetric(bytes/h.elapsed, "bytes/s/link")
 						base := shape.capacity + shape.rate*h.elapsed
 						over := float64(h.total("global")) - base
 						remote := h.remoteWindow("global", interval)
@@ -72,6 +78,33 @@ func BenchmarkOvershoot(b *testing.B) {
 			}
 		}
 	}
+}
+
+// spendCounts are the messages and bytes each region's spends stream has
+// held: what every other region's inbound stream reads of it.
+type spendCounts map[string][2]uint64
+
+func (s *stack) spendMessages(t testing.TB) spendCounts {
+	t.Helper()
+	out := spendCounts{}
+	for _, r := range s.names {
+		st, err := s.opsJetStream(t, r).Stream(context.Background(), gossip.RegionStream(r))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[r] = [2]uint64{st.CachedInfo().State.LastSeq, st.CachedInfo().State.Bytes}
+	}
+	return out
+}
+
+// since is the messages and bytes per region published since before, on
+// average over the regions.
+func (c spendCounts) since(before spendCounts) (msgs, bytes float64) {
+	for r, n := range c {
+		msgs += float64(n[0] - before[r][0])
+		bytes += float64(n[1] - before[r][1])
+	}
+	return msgs / float64(len(c)), bytes / float64(len(c))
 }
 
 // BenchmarkReconcileLag measures, 60 times, from a check admitted in

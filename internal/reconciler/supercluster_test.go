@@ -403,7 +403,7 @@ func (s *stack) convergeIn(regions []string, want map[string]float64) time.Durat
 }
 
 // opsJetStream is JetStream as the test's operator, connected to region.
-func (s *stack) opsJetStream(t *testing.T, region string) jetstream.JetStream {
+func (s *stack) opsJetStream(t testing.TB, region string) jetstream.JetStream {
 	t.Helper()
 	nc := s.connectAsIn("ops", region)
 	js, err := jetstream.New(nc)
