@@ -122,9 +122,10 @@ type HomeItem struct {
 }
 
 // SpendRecorder collects the tokens admitted for reconciled rules, for the
-// other regions (gossip.Accumulator).
+// other regions (gossip.Accumulator). budget is the rule's spend per key
+// past which the key is published at once (rules.Rule.SpendBudget).
 type SpendRecorder interface {
-	Add(rule, key string, cost float64, admittedMicros int64)
+	Add(rule, key string, cost, budget float64, admittedMicros int64)
 }
 
 // Options configure an Engine. Store is required.

@@ -696,7 +696,7 @@ func (e *Engine) count(c *Check, allowed bool) {
 			if now == 0 {
 				now = time.Now().UnixMicro()
 			}
-			e.spends.Add(it.Rule.ID, it.Key, spend, now)
+			e.spends.Add(it.Rule.ID, it.Key, spend, en.spendBudget, now)
 		}
 	}
 }

@@ -26,8 +26,10 @@ type entry struct {
 	// rule, for when the key's home region cannot answer.
 	limit, regional bucket.Limit
 	reconciled      bool
-	pinned          bool
-	closed          bool
+	// spendBudget is the rule's SpendBudget, for the SpendRecorder.
+	spendBudget float64
+	pinned      bool
+	closed      bool
 	// The rule's counters, by result.
 	allowed, limited, failed, fallbackAllowed, fallbackLimited, uncertain prometheus.Counter
 	shadowAllowed, shadowLimited                                          prometheus.Counter
@@ -100,7 +102,7 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 		t.byID[id] = &entry{
 			leases: r.Leases(), regionalLeases: r.Leases().Share(regions), lease: lease,
 			rule: r, limit: lim, regional: share(lim, regions, min(1, lim.Capacity)),
-			reconciled: r.Reconciled(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
+			reconciled: r.Reconciled(), spendBudget: r.SpendBudget(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
 			allowed: d.WithLabelValues(id, resultAllowed), limited: d.WithLabelValues(id, resultLimited),
 			failed:          d.WithLabelValues(id, resultError),
 			fallbackAllowed: d.WithLabelValues(id, resultFallbackAllowed), fallbackLimited: d.WithLabelValues(id, resultFallbackLimited),

@@ -1,6 +1,7 @@
 // Package spendpub publishes what a limiterd admitted for reconciled rules
-// to its region's local spends stream, every gossip interval, for the
-// reconcilers to relay to the other regions.
+// to its region's local spends stream, for the reconcilers to relay to the
+// other regions: every gossip interval, and within BudgetTick for a key
+// whose spend reached its rule's accuracy budget.
 package spendpub
 
 import (
@@ -27,8 +28,14 @@ import (
 // never memory.
 const maxSpendBacklog = 600
 
+// BudgetTick is the longest a key whose unpublished spend reached its
+// rule's budget (max_overshoot × capacity) waits to be published: every
+// key that reaches it within the tick goes out in the same message.
+const BudgetTick = 20 * time.Millisecond
+
 // Publisher flushes the accumulated spends of this instance to the
-// region's local stream every interval, for the reconcilers to relay. A crash
+// region's local stream every interval, for the reconcilers to relay, and
+// the keys that reached their budget within BudgetTick of it. A crash
 // loses what was admitted since the last flush: at most one interval of
 // this instance's spends.
 //
@@ -41,7 +48,9 @@ type Publisher struct {
 	subject  string
 	nc       *nats.Conn
 	js       jetstream.JetStream
-	log      *slog.Logger
+	// send publishes one message to the local stream with its id.
+	send func(ctx context.Context, data []byte, id string) error
+	log  *slog.Logger
 
 	seq     uint64
 	backlog []pendingFlush
@@ -49,6 +58,8 @@ type Publisher struct {
 
 	published, dropped, failures prometheus.Counter
 	backlogGauge                 prometheus.Gauge
+	// messages counts the messages flushed, by what flushed them.
+	intervalMsgs, budgetMsgs prometheus.Counter
 }
 
 type pendingFlush struct {
@@ -70,9 +81,23 @@ func New(nc *nats.Conn, region, instance string, interval time.Duration, spoolDi
 	if err != nil {
 		return nil, fmt.Errorf("--nats.url: %w", err)
 	}
+	p, err := newPublisher(region, instance, interval, spoolDir, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	p.nc, p.js = nc, js
+	p.send = func(ctx context.Context, data []byte, id string) error {
+		_, err := js.Publish(ctx, p.subject, data, jetstream.WithMsgID(id))
+		return err
+	}
+	return p, nil
+}
+
+// newPublisher is New without its NATS connection: send is left to set.
+func newPublisher(region, instance string, interval time.Duration, spoolDir string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
 	p := &Publisher{
 		region: region, instance: instance, interval: interval,
-		subject: gossip.LocalSubject(region), nc: nc, js: js, log: log,
+		subject: gossip.LocalSubject(region), log: log,
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_spends_flushed_total",
 			Help: "Spend entries (rule, key) this instance published for reconciliation.",
@@ -90,7 +115,12 @@ func New(nc *nats.Conn, region, instance string, interval time.Duration, spoolDi
 			Help: "Spend messages waiting to be published.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{p.published, p.dropped, p.failures, p.backlogGauge} {
+	msgs := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "limiter_spend_messages_total",
+		Help: "Spend messages this instance queued for publication, by trigger: interval (every gossip interval) or budget (keys that reached their rule's max_overshoot).",
+	}, []string{"trigger"})
+	p.intervalMsgs, p.budgetMsgs = msgs.WithLabelValues("interval"), msgs.WithLabelValues("budget")
+	for _, c := range []prometheus.Collector{p.published, p.dropped, p.failures, p.backlogGauge, msgs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -184,10 +214,14 @@ func (p *Publisher) unspool(f pendingFlush) {
 	}
 }
 
-// Run flushes every interval until ctx ends, then flushes once more.
+// Run flushes every interval until ctx ends, then flushes once more; a
+// key reaching its budget is flushed, with every other such key, within
+// BudgetTick.
 func (p *Publisher) Run(ctx context.Context) {
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
+	hot := p.acc.Hot()
+	var tick <-chan time.Time // armed by the first hot key
 	for {
 		select {
 		case <-ctx.Done():
@@ -200,6 +234,13 @@ func (p *Publisher) Run(ctx context.Context) {
 			return
 		case <-t.C:
 			p.flush(ctx)
+		case <-hot:
+			if tick == nil {
+				tick = time.After(BudgetTick)
+			}
+		case <-tick:
+			tick = nil
+			p.flushHot(ctx)
 		}
 	}
 }
@@ -208,20 +249,48 @@ func (p *Publisher) Run(ctx context.Context) {
 // backlog in order, stopping at the first failure.
 func (p *Publisher) flush(ctx context.Context) {
 	spends, first := p.acc.Drain()
-	if len(spends) > 0 {
-		p.seq++
-		parts, err := gossip.Split(gossip.Header{
-			Region: p.region, Instance: p.instance, Sequence: p.seq,
-			FirstAdmitted: first, Flushed: time.Now().UnixMicro(),
-		}, spends, gossip.DefaultMaxMessageBytes)
-		if err != nil {
-			p.log.Error("spends not encoded", "err", err)
-		}
-		for i, data := range parts {
-			p.backlog = append(p.backlog, pendingFlush{id: fmt.Sprintf("%s-%d-%d", p.instance, p.seq, i), data: data})
-		}
-		p.published.Add(float64(len(spends)))
+	p.queue(spends, first, p.intervalMsgs)
+	p.publish(ctx)
+}
+
+// flushHot queues the keys that reached their budget and publishes them.
+// While an earlier message waits (NATS unreachable) they wait too, for the
+// interval, so that an outage does not fill the backlog with ticks.
+func (p *Publisher) flushHot(ctx context.Context) {
+	if len(p.backlog) > 0 {
+		return
 	}
+	spends, first := p.acc.DrainHot()
+	if len(spends) == 0 {
+		return
+	}
+	p.queue(spends, first, p.budgetMsgs)
+	p.publish(ctx)
+}
+
+// queue encodes spends as the next flush, in as few messages as fit, at
+// the end of the backlog.
+func (p *Publisher) queue(spends []gossip.Spend, first int64, msgs prometheus.Counter) {
+	if len(spends) == 0 {
+		return
+	}
+	p.seq++
+	parts, err := gossip.Split(gossip.Header{
+		Region: p.region, Instance: p.instance, Sequence: p.seq,
+		FirstAdmitted: first, Flushed: time.Now().UnixMicro(),
+	}, spends, gossip.DefaultMaxMessageBytes)
+	if err != nil {
+		p.log.Error("spends not encoded", "err", err)
+	}
+	for i, data := range parts {
+		p.backlog = append(p.backlog, pendingFlush{id: fmt.Sprintf("%s-%d-%d", p.instance, p.seq, i), data: data})
+	}
+	p.published.Add(float64(len(spends)))
+	msgs.Add(float64(len(parts)))
+}
+
+// publish publishes the backlog in order, stopping at the first failure.
+func (p *Publisher) publish(ctx context.Context) {
 	if over := len(p.backlog) - maxSpendBacklog; over > 0 {
 		for _, f := range p.backlog[:over] {
 			p.unspool(f)
@@ -232,7 +301,7 @@ func (p *Publisher) flush(ctx context.Context) {
 	sent := 0
 	for _, f := range p.backlog {
 		pctx, cancel := context.WithTimeout(ctx, max(p.interval, time.Second))
-		_, err := p.js.Publish(pctx, p.subject, f.data, jetstream.WithMsgID(f.id))
+		err := p.send(pctx, f.data, f.id)
 		cancel()
 		if err != nil {
 			p.failures.Inc()

@@ -44,7 +44,7 @@ func TestSpoolSurvivesACrashDuringAnOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p1.Accumulator().Add("r", "k", 3, time.Now().UnixMicro())
+	p1.Accumulator().Add("r", "k", 3, 0, time.Now().UnixMicro())
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	p1.flush(fctx)
 	cancel()

@@ -122,40 +122,114 @@ type Spend struct {
 }
 
 // Accumulator sums the cost admitted per (rule, key) between two drains.
+// A key whose sum reaches the budget given with its spends (its rule's
+// max_overshoot × capacity) is hot: Hot signals it, and DrainHot takes the
+// hot keys alone, for the publisher to send them before the interval.
 // It is safe for concurrent use; the zero value is ready.
 type Accumulator struct {
-	mu    sync.Mutex
-	sums  map[spendID]float64
-	first int64
+	mu sync.Mutex
+	// idx is each waiting key's entry in ents; an entry taken by DrainHot
+	// stays in ents, emptied (cost 0), until the next Drain.
+	idx  map[spendID]int32
+	ents []pending
+	// hot are the entries, in ents, that reached their budget since they
+	// were last taken.
+	hot  []int32
+	hotc chan struct{}
 }
 
 type spendID struct{ rule, key string }
 
+type pending struct {
+	id    spendID
+	cost  float64
+	first int64
+	hot   bool
+}
+
 // Add records cost admitted under rule for key at now (µs since the epoch).
-func (a *Accumulator) Add(rule, key string, cost float64, now int64) {
+// Once the key's sum since it was last taken reaches budget (> 0; 0 never
+// does), the key is hot until it is taken.
+func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
 	id := spendID{rule, key}
 	a.mu.Lock()
-	if a.sums == nil {
-		a.sums = make(map[spendID]float64)
+	i, ok := a.idx[id]
+	if !ok {
+		if a.idx == nil {
+			a.idx = make(map[spendID]int32)
+		}
+		i = int32(len(a.ents))
+		a.idx[id] = i
+		a.ents = append(a.ents, pending{id: id, first: now})
 	}
-	if len(a.sums) == 0 || now < a.first {
-		a.first = now
+	e := &a.ents[i]
+	if now < e.first {
+		e.first = now
 	}
-	a.sums[id] += cost
+	e.cost += cost
+	if !e.hot && budget > 0 && e.cost >= budget {
+		e.hot = true
+		a.hot = append(a.hot, i)
+		if len(a.hot) == 1 && a.hotc != nil {
+			select {
+			case a.hotc <- struct{}{}:
+			default:
+			}
+		}
+	}
 	a.mu.Unlock()
+}
+
+// Hot returns a channel that receives a value when a key becomes hot and
+// no other was waiting to be taken by DrainHot.
+func (a *Accumulator) Hot() <-chan struct{} {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.hotc == nil {
+		a.hotc = make(chan struct{}, 1)
+	}
+	return a.hotc
 }
 
 // Drain returns the sums since the last drain and the earliest admission
 // among them, and starts afresh.
 func (a *Accumulator) Drain() (spends []Spend, first int64) {
 	a.mu.Lock()
-	sums, first := a.sums, a.first
-	a.sums = nil
+	ents := a.ents
+	a.idx, a.ents, a.hot = nil, nil, a.hot[:0]
 	a.mu.Unlock()
-	spends = make([]Spend, 0, len(sums))
-	for id, c := range sums {
-		spends = append(spends, Spend{Rule: id.rule, Key: id.key, Cost: c})
+	spends = make([]Spend, 0, len(ents))
+	for _, e := range ents {
+		if e.cost == 0 {
+			continue // taken by DrainHot
+		}
+		spends = append(spends, Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost})
+		if first == 0 || e.first < first {
+			first = e.first
+		}
 	}
+	return spends, first
+}
+
+// DrainHot takes the hot keys' sums alone, as Drain does, and leaves the
+// others waiting.
+func (a *Accumulator) DrainHot() (spends []Spend, first int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.hot) == 0 {
+		return nil, 0
+	}
+	spends = make([]Spend, 0, len(a.hot))
+	for _, i := range a.hot {
+		e := &a.ents[i]
+		spends = append(spends, Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost})
+		if first == 0 || e.first < first {
+			first = e.first
+		}
+		delete(a.idx, e.id)
+		*e = pending{}
+	}
+	a.hot = a.hot[:0]
 	return spends, first
 }
 
@@ -163,7 +237,7 @@ func (a *Accumulator) Drain() (spends []Spend, first int64) {
 func (a *Accumulator) Len() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return len(a.sums)
+	return len(a.idx)
 }
 
 // Header is what every part of one flush shares.

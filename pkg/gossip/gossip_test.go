@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,7 +20,7 @@ func TestAccumulator(t *testing.T) {
 	for i := range 8 {
 		wg.Go(func() {
 			for j := range 1000 {
-				a.Add("r", fmt.Sprint("k", j%10), 0.5, int64(100+i))
+				a.Add("r", fmt.Sprint("k", j%10), 0.5, 0, int64(100+i))
 			}
 		})
 	}
@@ -237,7 +238,7 @@ func BenchmarkAccumulatorAdd(b *testing.B) {
 		b.ReportAllocs()
 		var a Accumulator
 		for b.Loop() {
-			a.Add("r", "k", 1, 100)
+			a.Add("r", "k", 1, 10, 100)
 		}
 	})
 	b.Run("many-keys", func(b *testing.B) {
@@ -249,10 +250,51 @@ func BenchmarkAccumulatorAdd(b *testing.B) {
 		var a Accumulator
 		i := 0
 		for b.Loop() {
-			a.Add("r", keys[i%len(keys)], 1, 100)
+			a.Add("r", keys[i%len(keys)], 1, 10, 100)
 			if i++; i%100_000 == 0 {
 				a.Drain()
 			}
 		}
 	})
+}
+
+// A key is hot once its sum reaches its budget: Hot signals the first,
+// DrainHot takes the hot keys alone, and the key starts afresh.
+func TestAccumulatorHot(t *testing.T) {
+	var a Accumulator
+	hot := a.Hot()
+	a.Add("r", "quiet", 4, 5, 10)
+	a.Add("r", "loud", 4, 5, 20)
+	select {
+	case <-hot:
+		t.Fatal("Hot signalled with no key at its budget")
+	default:
+	}
+	a.Add("r", "loud", 1, 5, 15)
+	a.Add("r", "other", 7, 5, 30)
+	select {
+	case <-hot:
+	default:
+		t.Fatal("Hot did not signal a key reaching its budget")
+	}
+	if got, first := a.DrainHot(); len(got) != 2 || got[0] != (Spend{"r", "loud", 5}) || got[1] != (Spend{"r", "other", 7}) || first != 15 {
+		t.Fatalf("DrainHot = %v, first %d; want loud 5 and other 7, first 15", got, first)
+	}
+	if got, _ := a.DrainHot(); len(got) != 0 {
+		t.Fatalf("DrainHot again = %v, want nothing", got)
+	}
+	a.Add("r", "loud", 1, 5, 40)
+	if a.Len() != 2 {
+		t.Fatalf("Len = %d, want 2: quiet, and loud again", a.Len())
+	}
+	got, first := a.Drain()
+	slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
+	if len(got) != 2 || got[0] != (Spend{"r", "loud", 1}) || got[1] != (Spend{"r", "quiet", 4}) || first != 10 {
+		t.Fatalf("Drain = %v, first %d; want loud 1 and quiet 4, first 10", got, first)
+	}
+	// A budget of 0 never makes a key hot.
+	a.Add("r", "k", 1e9, 0, 1)
+	if got, _ := a.DrainHot(); len(got) != 0 {
+		t.Fatalf("DrainHot with no budget = %v", got)
+	}
 }
