@@ -248,15 +248,13 @@ func TestFallbackSharesByTime(t *testing.T) {
 				}
 			}
 			fleet := float64(admitted) * tt.cost * float64(tt.n)
-			want := engineRate(tt.lim) * span.Seconds()
+			want := SustainedRate(tt.lim) * span.Seconds()
 			if fleet > want*1.05+float64(tt.n)*tt.lim.Capacity || fleet < want*tt.least {
 				t.Fatalf("%d instances of share %+v admit %v in %v, want about %v (the limit's rate)", tt.n, sh, fleet, span, want)
 			}
 		})
 	}
 }
-
-func engineRate(l bucket.Limit) float64 { return SustainedRate(l) }
 
 // TestRehomedKeySeededOnce: two instances load a change of home_keys at
 // different times, so their handoff windows end apart. When the first's

@@ -12,7 +12,6 @@ import (
 
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
-	"github.com/limiterd/limiterd/pkg/region"
 )
 
 const paceRules = `
@@ -216,23 +215,8 @@ func TestCancelReservation(t *testing.T) {
 // TestPacedPinnedRule: a paced check of a rule pinned to another region is
 // forwarded with its wait; the home reserves, and its wait is answered.
 func TestPacedPinnedRule(t *testing.T) {
-	set, err := rules.Parse("pace.yml", []byte(paceRules))
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, err := region.New([]region.Region{{Name: "us-east", LimiterAddress: "a:1"}, {Name: "eu-west", LimiterAddress: "b:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := New(Options{Store: newFaultStore(), Region: "eu-west", Topology: topo, Logger: quietLogger()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	east, err := New(Options{Store: newFaultStore(), Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": &fakeHome{e: west}},
-		Logger: quietLogger()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := twoRegionsWith(t, paceRules, newFaultStore())
+	west, east := r.west, r.east
 	pacedCheck(t, east, "pinned", "far", 0)
 	ok, it := pacedCheck(t, east, "pinned", "far", 2*time.Second)
 	if !ok || it.route != routeHome || it.Decision.Wait <= 900*time.Millisecond || it.Decision.Wait > time.Second {
@@ -288,31 +272,15 @@ func TestPacedFallback(t *testing.T) {
 // here with this region's share, as if the home were unreachable, so a
 // run of such checks leaves at most at that share's rate.
 func TestPacedForwardOutcomeUnknown(t *testing.T) {
-	set, err := rules.Parse("pace.yml", []byte(`rules:
+	r := twoRegionsWith(t, `rules:
   - id: pinned
     algorithm: gcra
     capacity: 2
     refill_per_second: 2
     home: pinned
     home_keys: {far: eu-west}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	topo, err := region.New([]region.Region{{Name: "us-east", LimiterAddress: "a:1"}, {Name: "eu-west", LimiterAddress: "b:1"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	west, err := New(Options{Store: newFaultStore(), Region: "eu-west", Topology: topo, Logger: quietLogger()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	home := &fakeHome{e: west}
-	east, err := New(Options{Store: newFaultStore(), Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": home},
-		ForwardTimeout: 20 * time.Millisecond, Logger: quietLogger()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+`, newFaultStore(), func(o *Options) { o.ForwardTimeout = 20 * time.Millisecond })
+	west, east, home := r.west, r.east, r.home
 	// The home's burst is spent: its next slot is 500 ms out.
 	for range 2 {
 		if ok, _ := pacedCheck(t, west, "pinned", "far", 0); !ok {

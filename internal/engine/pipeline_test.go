@@ -198,9 +198,9 @@ func twoRegions(t *testing.T) *regions {
 	return twoRegionsWith(t, pipelineRules, newFaultStore())
 }
 
-// twoRegionsWith is twoRegions with the rules of src and west as eu-west's
-// store.
-func twoRegionsWith(t *testing.T, src string, west *faultStore) *regions {
+// twoRegionsWith is twoRegions with the rules of src, west as eu-west's
+// store, and us-east's options changed by east.
+func twoRegionsWith(t *testing.T, src string, west *faultStore, east ...func(*Options)) *regions {
 	t.Helper()
 	set, err := rules.Parse("pipeline.yml", []byte(src))
 	if err != nil {
@@ -217,8 +217,12 @@ func twoRegionsWith(t *testing.T, src string, west *faultStore) *regions {
 		t.Fatal(err)
 	}
 	r.home = &fakeHome{e: r.west}
-	r.east, err = New(Options{Store: r.eastStore, Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": r.home},
-		FleetSize: func() int { return int(r.fleet.Load()) }, Logger: quietLogger()}, set, prometheus.NewRegistry())
+	opts := Options{Store: r.eastStore, Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": r.home},
+		FleetSize: func() int { return int(r.fleet.Load()) }, Logger: quietLogger()}
+	for _, f := range east {
+		f(&opts)
+	}
+	r.east, err = New(opts, set, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
