@@ -22,6 +22,7 @@ import (
 // interval; a key spending under its budget (the quota's), checked at the
 // same moment just after an interval flush, waits for the next one.
 func TestBudgetAcrossTheWAN(t *testing.T) {
+	t.Parallel()
 	const interval = time.Second
 	s := newWANStack(t, superRegions, wanDelays, quotaRules+`  - id: tight
     algorithm: fixed_window

@@ -17,6 +17,7 @@ import (
 // what the steps before it started (goroutines, connections, listeners),
 // and a Start that succeeds leaves nothing once stopped.
 func TestStartFailuresLeakNothing(t *testing.T) {
+	// Not parallel: goleak would see the other tests' goroutines.
 	cluster := redistest.NewCluster(t, 3, 0)
 	nats := natstest.NewServer(t)
 	busy, err := net.Listen("tcp", "127.0.0.1:0")

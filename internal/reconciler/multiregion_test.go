@@ -130,6 +130,7 @@ func (s *stack) hammer(run, period time.Duration, rules ...string) *hammered {
 // capacity + refill*T + one interval of remote spending (+ a small epsilon);
 // the same traffic on a rule that is not reconciled admits about twice that.
 func TestOvershootBounded(t *testing.T) {
+	t.Parallel()
 	const capacity, rate = 50.0, 20.0
 	interval := 500 * time.Millisecond
 	s := newStack(t, fmt.Sprintf(`rules:
@@ -348,6 +349,7 @@ func (s *stack) converge(key string, want float64) {
 // TestNATSOutage: with NATS gone for 5 s both regions keep answering; when
 // it returns every spend is applied once in the other region.
 func TestNATSOutage(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	s.send("us-east", "k", 20)
 	s.send("eu-west", "k", 30)
@@ -376,6 +378,7 @@ func TestNATSOutage(t *testing.T) {
 // message again and skips it; a reconciler stopped and replaced mid-stream
 // loses nothing. The counts end exact.
 func TestReconcilerDies(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	var died atomic.Bool
 	s.startReconciler("us-east")
@@ -438,6 +441,7 @@ func TestReconcilerDies(t *testing.T) {
 // traffic through both regions admits exactly the limit; with the home
 // region down, on_failure decides.
 func TestPinned(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, `rules:
   - id: hard
     capacity: 10
@@ -503,6 +507,7 @@ func TestPinned(t *testing.T) {
 // are counted and terminated, a batch's invalid entry is counted and
 // skipped; the streams move on and valid spends still apply exactly once.
 func TestMalformedMessages(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	// Each subject's own publisher sends the bad messages: nobody else may.
 	publishers := map[string]jetstream.JetStream{}
@@ -552,6 +557,7 @@ func TestMalformedMessages(t *testing.T) {
 }
 
 func TestReconcilerMetricsLint(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	s.send("us-east", "k", 1)
 	s.converge("k", 1)
@@ -574,6 +580,7 @@ func TestReconcilerMetricsLint(t *testing.T) {
 }
 
 func TestBadOptions(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	writeFile(t, dir, "rules.yml", quotaRules)
 	writeFile(t, dir, "topology.yml", "regions:\n  - name: us-east\n    limiter_address: 127.0.0.1:1\n")

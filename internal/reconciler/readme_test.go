@@ -11,6 +11,7 @@ import (
 
 // TestREADMEListsEveryFlag keeps the README's flag tables true.
 func TestREADMEListsEveryFlag(t *testing.T) {
+	t.Parallel()
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
 		t.Fatal(err)

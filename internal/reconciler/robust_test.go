@@ -26,6 +26,7 @@ func applyStream(region string) string { return gossip.InStream(region) }
 // good ones in the same message, is skipped and counted; the good ones are
 // applied.
 func TestOversizedSpendSkipped(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	now := time.Now().UnixMicro()
 	data, err := proto.Marshal(&gossipv1.SpendBatch{Region: "us-east", Instance: "big", Sequence: 1, Parts: 1,
@@ -61,6 +62,7 @@ func TestOversizedSpendSkipped(t *testing.T) {
 // --gossip.marker-ttl allowed with a 1 s ack wait) is redelivered many
 // times and applied once.
 func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	const hold = 12 * time.Second
 	// The first delivery's time, read by the test while the hook runs in
@@ -107,6 +109,7 @@ func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
 // down; the new stream's sequences start at 1 again, and its messages are
 // applied, not taken for the old stream's.
 func TestRecreatedStream(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	// Enough messages that the old markers are well ahead of the new
 	// stream's first sequences.
@@ -164,6 +167,7 @@ func (s *stack) keysOnNodes(region, prefix string) map[string]string {
 // message after message; those of its keys are applied once it is back;
 // none twice.
 func TestRedisPrimaryDown(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	ctx := context.Background()
 	eu := s.regions["eu-west"]
@@ -237,6 +241,7 @@ func TestRedisPrimaryDown(t *testing.T) {
 // spends there; the new reconcilers apply them, once, beside the new
 // streams' own.
 func TestLegacyStreamDrained(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	js, err := jetstream.New(s.connectAs("ops"))
 	if err != nil {
@@ -312,6 +317,7 @@ func deletedWhileRunning(t *testing.T, key string, before func(*stack), del func
 // the deletion are not applied again from the new stream, those after it
 // are applied.
 func TestStreamDeletedWhileRunning(t *testing.T) {
+	t.Parallel()
 	deletedWhileRunning(t, "d", nil, func(ctx context.Context, js jetstream.JetStream) error {
 		return js.DeleteStream(ctx, applyStream("eu-west"))
 	})
@@ -323,6 +329,7 @@ func TestStreamDeletedWhileRunning(t *testing.T) {
 // every flush it had applied already is known by the clients' markers and
 // skipped: the counts stay exact and the duplicates are counted.
 func TestConsumerDeletedWhileRunning(t *testing.T) {
+	t.Parallel()
 	var rec *Reconciler
 	var dupsBefore float64
 	_, js := deletedWhileRunning(t, "c", func(s *stack) {

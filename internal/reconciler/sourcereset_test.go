@@ -27,6 +27,7 @@ const longCut = 35 * time.Second
 // applied exactly once, and each inbound stream holds each message of the
 // other regions' spends streams once.
 func TestSourceResetAfterLongCut(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	s := newSuperStack(t, superRegions, superServers, quotaRules, 200*time.Millisecond)
 	t.Logf("stack up in %v", time.Since(began).Round(10*time.Millisecond))
@@ -104,6 +105,7 @@ func TestSourceResetAfterLongCut(t *testing.T) {
 // succeeds, skipping what ap-south had published by then; the reset
 // sources such a source from its stream's first message.
 func TestSourceOfLateSpendsStream(t *testing.T) {
+	t.Parallel()
 	t.Run("made_now", func(t *testing.T) { lateSpendsStream(t, false) })
 	t.Run("made_by_earlier_release", func(t *testing.T) { lateSpendsStream(t, true) })
 }
@@ -237,6 +239,7 @@ func (s *stack) inboundExact(t *testing.T, skip ...string) {
 // one of it the stream holds: what the source region published meanwhile
 // is applied, once.
 func TestSourceMissingAddedBack(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	s.send("eu-west", "before", 5)
 	s.converge("before", 5)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ const superServers = 3
 // a cut gateway delays only the spends that cross it; a NATS server of a
 // region may die without a spend being lost.
 func TestSupercluster(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	s := newSuperStack(t, superRegions, superServers, quotaRules, 200*time.Millisecond)
 	t.Logf("stack up in %v", time.Since(began).Round(10*time.Millisecond))
@@ -284,12 +286,11 @@ type traffic struct {
 	sent   map[string]float64 // by region
 }
 
-var trafficRuns int
+var trafficRuns atomic.Int64
 
 func (s *stack) startTraffic(period time.Duration) *traffic {
-	trafficRuns++
 	ctx, cancel := context.WithCancel(context.Background())
-	tr := &traffic{s: s, id: fmt.Sprint(trafficRuns), cancel: cancel, sent: map[string]float64{}}
+	tr := &traffic{s: s, id: fmt.Sprint(trafficRuns.Add(1)), cancel: cancel, sent: map[string]float64{}}
 	for _, r := range s.names {
 		tr.wg.Go(func() {
 			tick := time.NewTicker(period)

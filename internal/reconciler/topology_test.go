@@ -55,6 +55,7 @@ func (s *stack) waitGeneration(region string, gen uint64) {
 // removed again (generation 3), its loops stop: its spends are no longer
 // applied, and its source stays in the streams.
 func TestRegionAddedAtRunTime(t *testing.T) {
+	t.Parallel()
 	names := []string{"us-east", "eu-west", "ap-south"}
 	old := []string{"us-east", "eu-west"}
 	s := buildStackTopo(t, names, map[string][]string{"us-east": old, "eu-west": old, "ap-south": names},
@@ -177,6 +178,7 @@ func waitCount(t *testing.T, s *stack, region, key string, want float64) {
 // sourced). setup copies the existing sources as the server has them all
 // the same, so as not to depend on it.
 func TestSourceStartMovedOnUpdate(t *testing.T) {
+	t.Parallel()
 	srv := natstest.NewServer(t)
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {

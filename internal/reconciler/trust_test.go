@@ -66,6 +66,7 @@ func (s *stack) publish(who, subject string, data []byte, msgID string) {
 // requests only; a limiterd's cannot subscribe to the reconciler's inbox
 // (the spends it fetches) nor to every inbox.
 func TestRepliesStayPrivate(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	for _, subject := range []string{"_INBOX.>", natsconn.InboxPrefix("reconciler-us-east") + ".>", natsconn.InboxPrefix("admin") + ".*"} {
 		nc := s.connectAs("limiterd-us-east")
@@ -93,6 +94,7 @@ func TestRepliesStayPrivate(t *testing.T) {
 // capacity 1 cannot be slipped past the admin API; a client without an
 // identity is not let in at all.
 func TestRulesBucketOnlyAdminWrites(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	if nc, err := nats.Connect(s.nats.URL()); err == nil {
 		nc.Close()
@@ -183,6 +185,7 @@ func TestRulesBucketOnlyAdminWrites(t *testing.T) {
 // batch naming another region than its subject's is terminated by the
 // reconciler: the key is debited only with what was admitted.
 func TestForgedSpendsRefused(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	forged := batch(t, "eu-west", "forger", 1, "k", 1000)
 	for _, subject := range []string{gossip.RelaySubject("eu-west"), gossip.LocalSubject("eu-west"), gossip.RelaySubject("us-east")} {
@@ -241,6 +244,7 @@ func (s *stack) waitCount(region, key string, want float64) {
 // the stream's two-minute duplicate window) debits nothing; its record
 // outlives the stream's maximum age.
 func TestReplayNotDebitedTwice(t *testing.T) {
+	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	first := batch(t, "us-east", "replayer", 1, "r", 7)
 	subject := gossip.RelaySubject("us-east")

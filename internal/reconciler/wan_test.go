@@ -30,6 +30,7 @@ const wanMargin = 250 * time.Millisecond
 // them, and within delay + interval + margin; a pinned key's check
 // forwarded to its home takes the round trip.
 func TestWANDelays(t *testing.T) {
+	t.Parallel()
 	const interval = 200 * time.Millisecond
 	s := newWANStack(t, superRegions, wanDelays, quotaRules+`  - id: hard
     capacity: 10
