@@ -20,11 +20,12 @@ NATS_SERVER = $$($(GO) tool -n nats-server)
 
 ## test: install what the tests need, then vet and run every test with the race detector
 test: deps lint
-	@# Compile every test binary first, in parallel, then run the packages in
-	@# scripts/test.sh's two phases: the reconciler's waiting tests beside the
-	@# other packages, then alone the ones whose guarantees are measured under
-	@# load (exactly 10 of 50 client processes on busy cores, the pacers, the
-	@# soak, the model tests), which meet only their own test's load.
+	@# Compile every test binary first, in parallel, then run the tests in
+	@# scripts/test.sh's two phases: the reconciler's waiting tests and most
+	@# of limiterd's beside the other packages, then alone those whose
+	@# guarantees are measured under load (exactly 10 of 50 client processes
+	@# on busy cores, the pacers, the soak, the model tests), which meet only
+	@# their own test's load.
 	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test.sh
 

@@ -2,16 +2,19 @@
 # Runs every package's tests with the race detector, in two phases, and a
 # smoke run of the docs' benchmarks:
 #
-#  1. internal/reconciler, whose tests mostly wait (on NATS gateways cut
-#     for tens of seconds, on stream sources), then every `go test -bench`
-#     command the docs quote, once (-benchtime 1x; scripts/docbench_test.go,
-#     so that a figure's command that no longer runs fails here), beside
-#     every other package but those of phase 2, one package at a time in
-#     each of the two streams (the first ends minutes before the second
-#     otherwise);
-#  2. the packages whose guarantees are measured under their own load
-#     (exactly 10 of 50 client processes on busy cores, the pacers' lateness,
-#     the chaos soak, the model tests), one at a time and alone.
+#  1. two streams side by side, one package at a time in each:
+#     internal/reconciler (whose tests mostly wait, on NATS gateways cut
+#     for tens of seconds, on stream sources; they run four at a time),
+#     then internal/limiterd but its tests of phase 2, then every
+#     `go test -bench` command the docs quote, once (-benchtime 1x;
+#     scripts/docbench_test.go, so that a figure's command that no longer
+#     runs fails here); beside them every other package but those of
+#     phase 2;
+#  2. what is measured under its own load, one package at a time and
+#     alone: the tests of internal/limiterd named in limiterd_alone
+#     (exactly 10 of 50 client processes on busy cores, the model tests,
+#     checks under store faults), the chaos soak, the pacers, the stores'
+#     memory bounds.
 #
 # Each stream's output is printed when it ends; the script fails when any
 # package failed.
@@ -22,14 +25,26 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
 flags=(-race -count=1 -p 1 -timeout 20m)
 
-alone=(./internal/limiterd ./internal/soak ./internal/engine ./pkg/bucket ./pkg/client)
+alone=(./internal/soak ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
+# The tests of internal/limiterd whose guarantees are measured under their
+# own load; its others run in phase 1. scripts/testsh_test.go checks that
+# each is a test of the package.
+limiterd_alone=(
+	TestConcurrencyRace TestConcurrencyRaceProcesses TestRaceTwoInstances
+	TestRaceSeparateProcessesBusyCores TestDenyCacheSparesTheStore
+	TestRedisOutageUnderLoad TestFailoverUnderLoad TestPausedNodeUnderLoad
+	TestFleetSharesTheFallback TestModelExactWithAHealthyStore
+	TestModelBoundedUnderStoreFaults TestPacerProof
+	TestPinnedConcurrencyAcrossRegions TestPinnedConcurrencyHomeDown
+)
+limiterd_re="^($(IFS='|'; echo "${limiterd_alone[*]}"))\$"
 mod=$("$GO" list -m)
 others=()
 for p in $("$GO" list ./...); do
 	p=./${p#"$mod"/}
 	[ "$p" = "./$mod" ] && p=.
-	case " ${alone[*]} ${waiting[*]} " in *" $p "*) continue ;; esac
+	case " ${alone[*]} ${waiting[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
 	others+=("$p")
 done
 
@@ -45,7 +60,8 @@ failed=0
 start=$SECONDS
 {
 	rc=0
-	"$GO" test "${flags[@]}" "${waiting[@]}" || rc=1
+	"$GO" test "${flags[@]}" -parallel 4 "${waiting[@]}" || rc=1
+	"$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
 	"$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
 	exit "$rc"
 } >"$logs/waiting.log" 2>&1 &
@@ -59,8 +75,9 @@ for i in 0 1; do
 done
 pids=()
 cat "$logs/others.log" "$logs/waiting.log"
-echo "test: phase 1 (${waiting[*]} and the docs' benchmarks beside $((${#others[@]})) other packages) in $((SECONDS - start)) s"
+echo "test: phase 1 (${waiting[*]}, ./internal/limiterd but ${#limiterd_alone[@]} tests and the docs' benchmarks beside $((${#others[@]})) other packages) in $((SECONDS - start)) s"
 t1=$SECONDS
+"$GO" test "${flags[@]}" -run "$limiterd_re" ./internal/limiterd || failed=1
 "$GO" test "${flags[@]}" "${alone[@]}" || failed=1
-echo "test: phase 2 (${alone[*]}, alone) in $((SECONDS - t1)) s"
+echo "test: phase 2 (${#limiterd_alone[@]} tests of ./internal/limiterd, ${alone[*]}, alone) in $((SECONDS - t1)) s"
 exit "$failed"
