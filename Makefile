@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat soak bench compare proto lint deps up-deps build image clean up down demo
+.PHONY: run test test-repeat soak bench compare proto docs lint deps up-deps build image clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -98,6 +98,10 @@ proto:
 	PATH=$(BIN):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
 		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
 		$$(find proto -name '*.proto')
+
+## docs: regenerate docs/api.md from the comments of the .proto files (its test fails when it is stale)
+docs:
+	$(GO) run ./internal/tools/apidoc --proto proto --out docs/api.md
 
 ## lint: gofmt and go vet
 lint:

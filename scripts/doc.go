@@ -2,5 +2,5 @@
 // checkout's plumbing, so that `go test ./...` (make test) catches a build
 // output committed by mistake, a .gitignore that misses one, a shell script
 // of this directory or a make target that no longer does what the Makefile
-// and the README say it does, and a command of cmd/ whose --help fails.
+// and the docs say it does, and a command of cmd/ whose --help fails.
 package scripts

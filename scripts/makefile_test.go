@@ -65,7 +65,7 @@ func TestMakeInstalls(t *testing.T) {
 	}
 }
 
-// TestMakeCompare holds `make compare` to what the README says it runs:
+// TestMakeCompare holds `make compare` to what docs/performance.md says it runs:
 // the comparison tool, 3 rounds of 5 s runs unless told otherwise, with
 // COMPARE_FLAGS passed on.
 func TestMakeCompare(t *testing.T) {
@@ -92,7 +92,7 @@ func TestMakeCompare(t *testing.T) {
 	}
 }
 
-// TestMakeSoak holds `make soak` to what the README says it runs: TestSoak
+// TestMakeSoak holds `make soak` to what docs/multi-region.md says it runs: TestSoak
 // alone, once, for SOAK_DURATION (3 minutes unless given), with the
 // nats-server of the module, not under the race detector.
 func TestMakeSoak(t *testing.T) {

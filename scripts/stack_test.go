@@ -7,10 +7,10 @@ import (
 	"testing"
 )
 
-// TestREADMEAdminExample: the admin calls `make up` prints (stack.sh
-// admin-example) are the README's admin example, line for line, so that
-// pasting the README's runs against the stack.
-func TestREADMEAdminExample(t *testing.T) {
+// TestDocsAdminExample: the admin calls `make up` prints (stack.sh
+// admin-example) are the admin example of docs/rules.md, line for line, so that
+// pasting the page's runs against the stack.
+func TestDocsAdminExample(t *testing.T) {
 	bash, err := exec.LookPath("bash")
 	if err != nil {
 		t.Skip("no bash")
@@ -23,12 +23,12 @@ func TestREADMEAdminExample(t *testing.T) {
 	if !strings.Contains(example, "/admin/rules/") || !strings.Contains(example, ".stack/admin-token") {
 		t.Fatalf("stack.sh admin-example prints no admin call with the stack's token:\n%s", example)
 	}
-	readme, err := os.ReadFile("../README.md")
+	readme, err := os.ReadFile("../docs/rules.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(readme), "```sh\n"+example+"```\n") {
-		t.Errorf("README.md has no sh block that is exactly what make up prints:\n%s", example)
+		t.Errorf("docs/rules.md has no sh block that is exactly what make up prints:\n%s", example)
 	}
 }
 

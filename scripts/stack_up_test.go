@@ -23,7 +23,7 @@ func inCI() bool {
 	return v
 }
 
-// TestStackUpDemoDown runs the README's local stack as a user would:
+// TestStackUpDemoDown runs the local stack of docs/local-stack.md as a user would:
 // `make up` (three regions, each its own nats-server, joined by gateways;
 // locked NATS), the admin example, a short
 // `make demo`, `make down`. The reconciled rule stays within one gossip
@@ -99,7 +99,7 @@ func TestStackUpDemoDown(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("the README's admin PUT: %s", resp.Status)
+		t.Fatalf("the docs' admin PUT: %s", resp.Status)
 	}
 
 	chart := filepath.Join(t.TempDir(), "demo.svg")

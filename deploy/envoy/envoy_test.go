@@ -1,7 +1,7 @@
 // Package envoy holds no code: its tests validate the Envoy example,
 // envoy.yaml, against Envoy's own API (decoded strictly into the bootstrap
 // proto of go-control-plane, every typed_config resolved and validated) and
-// against the README's "Envoy" section: the domain, the cluster and the
+// against the "Envoy" section of docs/front-doors.md: the domain, the cluster and the
 // example rules, which must select the descriptors the routes produce.
 package envoy
 
@@ -35,7 +35,7 @@ import (
 const (
 	configFile = "envoy.yaml"
 	configPath = "deploy/envoy/envoy.yaml"
-	readmeFile = "../../README.md"
+	readmeFile = "../../docs/front-doors.md"
 )
 
 // The typed_config types the example may use; importing their packages
@@ -177,7 +177,7 @@ func shapeOf(t *testing.T, route string, rl *routev3.RateLimit) descriptor {
 	return d
 }
 
-// readme is what the README's "Envoy" section documents.
+// readme is what the "Envoy" section of docs/front-doors.md documents.
 type readme struct {
 	domain, cluster string
 	rules           *rules.Set
@@ -217,7 +217,7 @@ func loadReadme(t *testing.T) *readme {
 }
 
 // TestEnvoyExample: the ratelimit filters call the domain and cluster the
-// README documents, fail open at stage 0 and make the x-ratelimit headers
+// docs document, fail open at stage 0 and make the x-ratelimit headers
 // there, and the cluster speaks HTTP/2 to limiterd's gRPC port.
 func TestEnvoyExample(t *testing.T) {
 	ex, doc := load(t), loadReadme(t)
@@ -225,11 +225,11 @@ func TestEnvoyExample(t *testing.T) {
 	for _, rl := range ex.ratelimits {
 		where := fmt.Sprintf("ratelimit filter of stage %d", rl.GetStage())
 		if rl.GetDomain() != doc.domain {
-			t.Errorf("%s: domain %q, the README documents %q", where, rl.GetDomain(), doc.domain)
+			t.Errorf("%s: domain %q, the docs document %q", where, rl.GetDomain(), doc.domain)
 		}
 		svc := rl.GetRateLimitService()
 		if got := svc.GetGrpcService().GetEnvoyGrpc().GetClusterName(); got != doc.cluster {
-			t.Errorf("%s: cluster %q, the README documents %q", where, got, doc.cluster)
+			t.Errorf("%s: cluster %q, the docs document %q", where, got, doc.cluster)
 		}
 		if svc.GetTransportApiVersion() != corev3.ApiVersion_V3 {
 			t.Errorf("%s: transport_api_version %v, want V3", where, svc.GetTransportApiVersion())
@@ -283,7 +283,7 @@ func TestEnvoyExample(t *testing.T) {
 	}
 }
 
-// TestEnvoyExampleRules: every rule of the README's example selects a
+// TestEnvoyExampleRules: every rule of the docs' example selects a
 // descriptor the routes produce, in the stage whose filter fails the way
 // the rule does, and every descriptor has a rule.
 func TestEnvoyExampleRules(t *testing.T) {
@@ -322,7 +322,7 @@ func TestEnvoyExampleRules(t *testing.T) {
 	}
 	for i, d := range ex.descriptors {
 		if !used[i] {
-			t.Errorf("descriptor %v: no rule of the README's example selects it", d)
+			t.Errorf("descriptor %v: no rule of the docs' example selects it", d)
 		}
 	}
 }

@@ -59,7 +59,7 @@ type middleware struct {
 }
 
 // exampleForwardAuthAddress is the --forward-auth.listen-address the
-// examples (this file, deploy/nginx, the README) give limiterd.
+// examples (this file, deploy/nginx, docs/front-doors.md) give limiterd.
 const exampleForwardAuthAddress = "127.0.0.1:9092"
 
 // secretSet reports whether middleware m sets the forward-auth secret

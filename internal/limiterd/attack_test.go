@@ -270,7 +270,7 @@ func envInt(t *testing.T, name string, def int64) int64 {
 // the hour). The store stays within --memory.max-bytes, and the process
 // within it plus its own working set. LIMITER_ATTACK_KEYS and
 // LIMITER_ATTACK_MAX_BYTES (0: the default cap) change the flood, for the
-// README's figure.
+// figure of docs/security.md.
 func TestAttackEmbeddedStoreFlood(t *testing.T) {
 	keys, maxBytes := envInt(t, "LIMITER_ATTACK_KEYS", 150_000), envInt(t, "LIMITER_ATTACK_MAX_BYTES", 16<<20)
 	args := []string{"--rules.file", "testdata/rules.yml"}

@@ -14,7 +14,7 @@ import (
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
-// The figures in the README's multi-region section:
+// The figures in docs/multi-region.md and docs/performance.md:
 //
 //	go test -run '^$' -bench . -benchtime 1x ./internal/reconciler
 

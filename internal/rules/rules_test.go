@@ -206,7 +206,7 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// An error reads file, rule, line, field, cause: the README shows one.
+// An error reads file, rule, line, field, cause: docs/rules.md shows one.
 func TestErrorMessage(t *testing.T) {
 	cause := errors.New("cause")
 	tests := []struct {

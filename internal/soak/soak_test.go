@@ -42,7 +42,7 @@ const drainTimeout = 2 * time.Minute
 
 // TestSoak is the chaos soak: three regions under Zipf traffic while
 // faults are injected at random, then an audit of the regions' own
-// records (see the README's "Chaos soak"). It fails on a broken invariant,
+// records (see "Chaos soak" in docs/multi-region.md). It fails on a broken invariant,
 // naming the seed and the key.
 func TestSoak(t *testing.T) {
 	rules := soakRules

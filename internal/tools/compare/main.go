@@ -150,7 +150,7 @@ type row struct {
 	store  systems.Store
 }
 
-// rows are the table's rows, numbered as the README numbers them.
+// rows are the table's rows, numbered as docs/performance.md numbers them.
 var rows = []row{
 	{1, "limiterd, 3-primary Redis Cluster", load.RLS, systems.Limiterd, systems.Cluster3},
 	{2, "limiterd, 1-primary Redis Cluster", load.RLS, systems.Limiterd, systems.Cluster1},

@@ -24,7 +24,7 @@ type Tool struct {
 	version string
 }
 
-// The pinned tools, in one place; the README's `make compare` lists them.
+// The pinned tools, in one place; docs/performance.md's `make compare` lists them.
 var (
 	// Ghz drives every system: one load tool, never a system's own client.
 	Ghz = Tool{bin: "ghz", pkg: "github.com/bojand/ghz/cmd/ghz", version: "v0.93.0"}

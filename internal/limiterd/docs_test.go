@@ -9,10 +9,10 @@ import (
 	"github.com/limiterd/limiterd/internal/logging"
 )
 
-// TestREADMEListsEveryFlag keeps the README's flag tables true: every flag
+// TestDocsListEveryFlag keeps the flag tables of docs/operations.md true: every flag
 // limiterd defines is documented there.
-func TestREADMEListsEveryFlag(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+func TestDocsListEveryFlag(t *testing.T) {
+	readme, err := os.ReadFile("../../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -23,7 +23,7 @@ func TestREADMEListsEveryFlag(t *testing.T) {
 	l.RegisterFlags(fs)
 	fs.VisitAll(func(f *flag.Flag) {
 		if !strings.Contains(string(readme), "--"+f.Name) {
-			t.Errorf("README.md does not document --%s", f.Name)
+			t.Errorf("docs/operations.md does not document --%s", f.Name)
 		}
 	})
 }
