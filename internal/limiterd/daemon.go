@@ -709,11 +709,16 @@ func (d *Daemon) watchDependencies(ctx context.Context) {
 // dependencies lists the state of the store and NATS for /readyz.
 func (d *Daemon) dependencies() string {
 	var lines []string
+	// Health is read once: the store may heal between two reads.
+	var health error
+	if d.redis != nil {
+		health = d.redis.Health()
+	}
 	switch {
 	case d.redis == nil:
 		lines = append(lines, "store: embedded memory")
-	case d.redis.Health() != nil:
-		lines = append(lines, "store: redis not healthy, checks it cannot decide follow each rule's on_failure: "+d.redis.Health().Error())
+	case health != nil:
+		lines = append(lines, "store: redis not healthy, checks it cannot decide follow each rule's on_failure: "+health.Error())
 	default:
 		lines = append(lines, "store: redis ok")
 	}
