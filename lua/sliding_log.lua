@@ -1,7 +1,9 @@
 -- Sliding window log. State: a sorted set of admitted instants (µs); only
 -- admitted requests are logged, so a flood cannot grow it past the limit.
 -- An entry exactly one window old no longer counts. Members are unique:
--- the instant and the set's size after the add.
+-- the instant and a number above every other member's at that instant
+-- (the set's size is not: an undo or a trim leaves it below a number in
+-- use, and ZADD of a member in the set adds nothing).
 
 -- Drops the entries one window old or older; returns how many are left.
 local function sliding_log_trim(key, w, now)
@@ -10,6 +12,20 @@ local function sliding_log_trim(key, w, now)
     redis.call('DEL', key)
   end
   return redis.call('ZCARD', key)
+end
+
+-- The highest number of the members "now.k" logged at now, or 0. Only a
+-- log whose newest entry is not before now can hold one.
+local function sliding_log_last_at(key, now, newest)
+  local k = 0
+  if newest >= now then
+    local score = fmt_int(now)
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', key, score, score)) do
+      local x = tonumber(string.match(m, '^%d+%.(%d+)$'))
+      if x and x > k then k = x end
+    end
+  end
+  return k
 end
 
 local function sliding_log(key, cap, w, cost, now)
@@ -23,9 +39,10 @@ local function sliding_log(key, cap, w, cost, now)
     return 1, cap - (n + cost), 0, math.max(newest, now) + w - now, function()
       local args = {}
       local score = fmt_int(now)
+      local k = sliding_log_last_at(key, now, newest)
       for i = 1, cost do
         args[#args + 1] = score
-        args[#args + 1] = string.format('%d.%d', now, n + i)
+        args[#args + 1] = string.format('%d.%d', now, k + i)
       end
       redis.call('ZADD', key, unpack(args))
       redis.call('PEXPIRE', key, fmt_int(math.ceil((math.max(newest, now) + w - now) / 1000) + EXPIRY_PAD_MS))
