@@ -19,7 +19,7 @@ type Undoer interface {
 // epoch), to st at now:
 //   - TokenBucket, GCRA: the state, read as a check reads it (clampDebt),
 //     moves back by the spend of amount (the same whole ns a Take of
-//     amount moved it), never before now;
+//     amount moved it); back to now or before, it is full (no state);
 //   - SlidingWindow, FixedWindow: the count of the window at fell in goes
 //     down by amount, never below 0, while that window still counts;
 //   - SlidingLog: up to amount of the entries logged at exactly at go,
@@ -31,7 +31,13 @@ func (l *Limit) Undo(st *State, now, at int64, amount float64) {
 		if d <= 0 {
 			return
 		}
-		st.a = instantAt(now, math.Max(d-spendNs(amount, l.RefillPerSecond), 0))
+		if d -= spendNs(amount, l.RefillPerSecond); d <= 0 {
+			// Full: no state, as undo.lua deletes the key. Full "at now"
+			// would read as a debt at a clock stepped back after it.
+			st.a = 0
+			return
+		}
+		st.a = instantAt(now, d)
 	case SlidingWindow:
 		switch at / l.windowMicros() {
 		case st.a:
