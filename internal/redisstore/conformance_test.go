@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strconv"
 	"testing"
@@ -89,7 +90,7 @@ type conformanceRun struct {
 // spend is undone, at the instant it was spent, some steps later (across
 // window boundaries too): the state each leaves is held to the same by the
 // decisions that follow.
-func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bucket.Limit, rng *rand.Rand, steps int, maxJump int64) conformanceRun {
+func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Limit, then *bucket.Limit, rng *rand.Rand, steps int, maxJump int64) conformanceRun {
 	t.Helper()
 	scripts := map[bucket.Algorithm]*redis.Script{}
 	script := func(a bucket.Algorithm) *redis.Script {
@@ -103,13 +104,14 @@ func (cf *conformance) run(t *testing.T, name string, lim bucket.Limit, then *bu
 		return scripts[a]
 	}
 	ctx, client := cf.ctx, cf.client
-	// The fake clock starts an hour ahead of the real one and only runs
+	// The fake clock starts at start (conformanceStart: an hour ahead of
+	// the real one) and only runs
 	// further ahead, so real expiry never removes state the algorithm
 	// needs: a fixed window expires at its end (PXAT, absolute, with no
 	// pad), which a clock starting at the real one can let pass in real
 	// time while the steps are still in that window (a window of a few ms,
 	// steps that call Redis without moving the clock).
-	now := time.Now().Add(time.Hour).UnixMicro()
+	now := start
 	key := Key("conf-"+name, "client")
 	marker := StreamMarkerKey("client", "r-"+name)
 	var st bucket.State
@@ -280,7 +282,7 @@ func TestConformance(t *testing.T) {
 	for li, tc := range conformanceCases {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(li), 42))
-			run := cf.run(t, fmt.Sprint(li), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
+			run := cf.run(t, fmt.Sprint(li), conformanceStart(t), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
 			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 {
 				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused, %d handoffs", run.allowed, run.refused, run.handoffs)
 			}
@@ -298,6 +300,51 @@ func TestConformance(t *testing.T) {
 // debt bound), at random steps.
 func TestConformanceRandomLimits(t *testing.T) {
 	cf := newConformance(t)
+	start := conformanceStart(t)
+	rounds := 1
+	if v := os.Getenv("LIMITER_CONFORMANCE_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("LIMITER_CONFORMANCE_ROUNDS=%q: want a whole number of rounds, at least 1", v)
+		}
+		rounds = n
+	}
+	for round := range rounds {
+		// Each round starts 1 h 1.000001 s later: windows and buckets meet
+		// the fake clock at other phases.
+		at := start + int64(round)*3_601_000_001
+		if rounds == 1 {
+			conformanceRandomLimits(t, cf, at, "")
+			continue
+		}
+		t.Run(fmt.Sprint("round ", round), func(t *testing.T) { conformanceRandomLimits(t, cf, at, fmt.Sprint(round, "-")) })
+	}
+}
+
+// conformanceStart is where the conformance runs' fake clock starts, in
+// µs: LIMITER_CONFORMANCE_START when set (a failure names the one to
+// replay it), else an hour ahead of the real clock.
+func conformanceStart(t *testing.T) int64 {
+	t.Helper()
+	start := time.Now().Add(time.Hour).UnixMicro()
+	if v := os.Getenv("LIMITER_CONFORMANCE_START"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		// Redis expires keys by the real clock: a fake one behind it
+		// would lose state (a failure replays within the hour).
+		if now := time.Now().UnixMicro(); err != nil || n < now {
+			t.Fatalf("LIMITER_CONFORMANCE_START=%q: want µs since the epoch, not before now (%d)", v, now)
+		}
+		start = n
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replay: LIMITER_CONFORMANCE_START=%d go test -run '%s' ./internal/redisstore", start, t.Name())
+		}
+	})
+	return start
+}
+
+func conformanceRandomLimits(t *testing.T, cf *conformance, start int64, prefix string) {
 	rng := rand.New(rand.NewPCG(2026, 11))
 	const limits, steps = 48, 250
 	var total conformanceRun
@@ -321,7 +368,7 @@ func TestConformanceRandomLimits(t *testing.T) {
 		i++
 		name := fmt.Sprintf("%s %g %g %v", alg, lim.Capacity, lim.RefillPerSecond, lim.Window)
 		t.Run(name, func(t *testing.T) {
-			run := cf.run(t, fmt.Sprint("r", i), lim, nil, rng, steps, 10*24*3600*1e6)
+			run := cf.run(t, fmt.Sprint("r", prefix, i), start, lim, nil, rng, steps, 10*24*3600*1e6)
 			total.allowed += run.allowed
 			total.refused += run.refused
 			total.debits += run.debits
@@ -372,4 +419,87 @@ func TestStoreExpiry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConformanceCorners replays, step by step, the cases the random runs
+// found where the scripts and the Go algorithms parted, on a real cluster:
+//   - a sliding log's spend at an instant after an undo there: its member
+//     took the set's size as its number, one still in use, and the ZADD
+//     added nothing (a spend admitted and never counted);
+//   - a GCRA bucket an undo makes full, then a clock stepped back: the
+//     script deleted the key (full), Go kept it full "at now" (a debt at
+//     any earlier instant).
+func TestConformanceCorners(t *testing.T) {
+	cf := newConformance(t)
+	type step struct {
+		undo bool
+		at   int64 // µs after the start; for an undo, the spend's instant
+		now  int64 // an undo's instant, µs after the start
+		cost float64
+	}
+	tests := []struct {
+		name  string
+		lim   bucket.Limit
+		steps []step
+	}{
+		{name: "sliding log undo then spend at one instant",
+			lim: bucket.Limit{Algorithm: bucket.SlidingLog, Capacity: 108, Window: 3 * time.Hour},
+			steps: []step{
+				{at: 0, cost: 1}, {at: 500, cost: 3},
+				{undo: true, at: 0, now: 500, cost: 1},
+				{at: 500, cost: 1}, // numbered 4 while 4 is in use
+				{undo: true, at: 500, now: 500, cost: 3},
+				{at: 700, cost: 3},
+			}},
+		{name: "gcra undone to full then the clock back",
+			lim: bucket.Limit{Algorithm: bucket.GCRA, Capacity: 1000, RefillPerSecond: 100},
+			steps: []step{
+				{at: 0, cost: 500},
+				{undo: true, at: 0, now: 4_000_000, cost: 500},
+				{at: 2_500_000, cost: 1}, // 1.5 s before the undo
+				{at: 2_500_000, cost: 999},
+			}},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			start := conformanceStart(t)
+			lim := tc.lim
+			key := Key(fmt.Sprint("conf-corner-", i), "client")
+			script := redis.NewScript(must(lua.Single(string(lim.Algorithm), lua.FixedClock)))
+			var st bucket.State
+			for n, s := range tc.steps {
+				if s.undo {
+					lim.Undo(&st, start+s.now, start+s.at, s.cost)
+					keys, args := groupArgs([]bucket.Request{{Rule: "c", Key: "client", Limit: lim, Cost: s.cost}})
+					keys[0] = key
+					args = append(undoArgs(start+s.at, args), strconv.FormatInt(start+s.now, 10))
+					if err := cf.undo.Run(cf.ctx, cf.client, keys, args...).Err(); err != nil && err != redis.Nil {
+						t.Fatalf("step %d: undo = %v", n, err)
+					}
+					continue
+				}
+				now := start + s.at
+				want := lim.Take(&st, now, s.cost)
+				a := scriptArgs(lim, s.cost)
+				res, err := script.Run(cf.ctx, cf.client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+				if err != nil {
+					t.Fatalf("step %d: %v", n, err)
+				}
+				got, err := parseDecision(res, lim)
+				if err != nil {
+					t.Fatalf("step %d: %v", n, err)
+				}
+				if got != want {
+					t.Fatalf("step %d (at +%d µs, cost %v):\n  lua %+v\n   go %+v", n, s.at, s.cost, got, want)
+				}
+			}
+		})
+	}
+}
+
+func must(s string, err error) string {
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
