@@ -63,6 +63,40 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 	_, js := connectJS(t, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What the server says of each inbound stream's sources and
+		// apply consumers, for the failure at hand.
+		for _, r := range names {
+			st, err := js.Stream(context.Background(), gossip.InStream(r))
+			if err != nil {
+				t.Logf("%s: %v", gossip.InStream(r), err)
+				continue
+			}
+			info := st.CachedInfo()
+			t.Logf("%s: %d msgs, subjects %v", gossip.InStream(r), info.State.Msgs, info.State.NumSubjects)
+			for _, c := range info.Config.Sources {
+				t.Logf("  config source %s filter %s start %v seq %d", c.Name, c.FilterSubject, c.OptStartTime, c.OptStartSeq)
+			}
+			for _, si := range info.Sources {
+				t.Logf("  source %s lag %d active %v error %+v", si.Name, si.Lag, si.Active, si.Error)
+			}
+			for _, src := range names {
+				if src == r {
+					continue
+				}
+				c, err := st.Consumer(context.Background(), applyConsumer(r, src))
+				if err != nil {
+					t.Logf("  consumer %s: %v", applyConsumer(r, src), err)
+					continue
+				}
+				ci := c.CachedInfo()
+				t.Logf("  consumer %s: delivered %+v ack floor %+v pending %d ack pending %d", ci.Name, ci.Delivered, ci.AckFloor, ci.NumPending, ci.NumAckPending)
+			}
+		}
+	})
 	sourceBefore := inSources(ctx, t, js, "us-east")
 
 	s.send("ap-south", "before", 5)
