@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -60,15 +61,61 @@ type Lease struct {
 	TTL time.Duration
 }
 
-// NewAcquire starts an Acquire under the rules in force now: like a
-// Check, but its concurrency rules take leases.
-func (e *Engine) NewAcquire() *Check { return &Check{t: e.table.Load(), m: e.m, acquire: true} }
+// Acquire is one request's rules for Engine.Acquire: its concurrency
+// rules, held as leases until Release, and its rate rules, decided as a
+// Check's are. Build it with Engine.NewAcquire and its Add methods; it uses
+// the rules in force when it was made, throughout. An Acquire has no Pace:
+// it never paces. Not safe for concurrent use.
+type Acquire struct {
+	request
+	// held are the concurrency rules' items.
+	held []*Item
+}
+
+// NewAcquire starts an Acquire under the rules in force now.
+func (e *Engine) NewAcquire() *Acquire { return &Acquire{request: request{t: e.table.Load(), m: e.m}} }
 
 // Leases returns the concurrency rules of an Acquire, in the order added.
-func (c *Check) Leases() []*Item { return c.held }
+func (c *Acquire) Leases() []*Item { return c.held }
+
+// AddRule adds the rule ruleID for key at cost (0 means 1; a concurrency
+// rule's cost must be 0 or 1: a lease is one request in flight). Errors
+// are as for Check.AddRule.
+func (c *Acquire) AddRule(ruleID, key string, cost float64) (*Item, error) {
+	it, err := c.addRule(ruleID, key, cost)
+	c.counted(err)
+	return it, err
+}
+
+func (c *Acquire) addRule(ruleID, key string, cost float64) (*Item, error) {
+	en, err := c.lookup(ruleID, key)
+	if err != nil {
+		return nil, err
+	}
+	if !en.rule.Concurrent() {
+		return nil, invalid("rule_id", "rule_id: rule %s: %w: call Check", quote(ruleID), ErrNotConcurrency)
+	}
+	if cost != 0 && cost != 1 {
+		return nil, invalid("cost", "cost: rule %s counts each request once: cost must be 0 or 1, got %v", quote(ruleID), cost)
+	}
+	return c.addLease(en, key)
+}
+
+// AddAttributes adds every rule whose match a satisfies, as
+// Check.AddAttributes does, and every concurrency rule it matches as a
+// lease (whatever the cost). enforce and shadow are the rate rules.
+func (c *Acquire) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*Item, err error) {
+	enforce, shadow, err = c.matching(a, reqCost, func(_ *rules.Rule, en *entry, key string) error {
+		// A lease is one request in flight, whatever the cost.
+		_, err := c.addLease(en, key)
+		return err
+	})
+	c.counted(err)
+	return enforce, shadow, err
+}
 
 // addLease adds a concurrency rule of an Acquire.
-func (c *Check) addLease(en *entry, key string) (*Item, error) {
+func (c *Acquire) addLease(en *entry, key string) (*Item, error) {
 	for _, it := range c.held {
 		if it.e == en && it.Key == key {
 			return it, nil
@@ -120,12 +167,9 @@ func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
 //
 // An Acquire is routed with the topology in force when it starts; a home
 // that refuses it as stale makes it routed again once, as Decide does.
-func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
-	if !c.acquire {
-		return false, nil, errors.New("engine: Acquire of a check not made by NewAcquire")
-	}
+func (e *Engine) Acquire(ctx context.Context, c *Acquire) (bool, *Lease, error) {
 	if len(c.held) == 0 {
-		allowed, err := e.Decide(ctx, c)
+		allowed, err := e.decideRequest(ctx, &c.request)
 		return allowed, nil, err
 	}
 	ts := e.useTopology()
@@ -139,7 +183,7 @@ func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
 	return allowed, l, err
 }
 
-func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted bool) (bool, *Lease, error) {
+func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, rerouted bool) (bool, *Lease, error) {
 	id := leaseid.New(e.region, ts.gen, make([]leaseid.Part, len(c.held)))
 	var homes []string
 	byHome := map[string][]int{}
@@ -147,7 +191,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 	for i, it := range c.held {
 		it.route, it.part = routeNone, i
 		id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
-		if home := e.homeOf(ts, c, it); home != "" {
+		if home := e.homeOf(ts, &c.request, it); home != "" {
 			id.Parts[i].Region = home
 			if byHome[home] == nil {
 				homes = append(homes, home)
@@ -211,7 +255,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 		return false, nil, err
 	}
 	// The rate rules under the same topology as the leases.
-	allowed, err = e.decideUnder(ctx, c, ts, rerouted)
+	allowed, err = e.decideUnder(ctx, &c.request, ts, rerouted)
 	if err != nil || !allowed {
 		e.giveLeasesBack(ctx, held, id)
 		e.releaseAt(ctx, ts, granted, id)
@@ -248,7 +292,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 
 // notAsked gives the items a refusal left undecided the answer of a
 // bucket that nothing was spent from.
-func (c *Check) notAsked() {
+func (c *Acquire) notAsked() {
 	for _, it := range c.held {
 		if it.route == routeNone {
 			l := float64(it.e.leases.Limit)
@@ -264,7 +308,7 @@ func (c *Check) notAsked() {
 // takeLeases takes the leases of items (c's concurrency rules held here)
 // under id, from the store or, when it fails, as the rules' on_failure
 // says.
-func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *leaseid.ID) (bool, error) {
+func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*Item, id *leaseid.ID) (bool, error) {
 	if len(items) == 0 {
 		return true, nil
 	}

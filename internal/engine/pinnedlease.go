@@ -85,7 +85,7 @@ func heldRules(parts []heldPart) []string {
 }
 
 // acquireAt asks home to hold the leases of id's parts idx (of c.held).
-func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home string, idx []int, id *leaseid.ID) (bool, error) {
+func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home string, idx []int, id *leaseid.ID) (bool, error) {
 	rules := partRules(id, home)
 	h, _ := ts.homes[home].(LeaseHome)
 	if h == nil {
@@ -237,7 +237,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	}
 	ts := e.useTopology()
 	defer ts.release()
-	c := &Check{t: e.table.Load(), m: e.m, acquire: true, peer: origin}
+	c := &Acquire{request: request{t: e.table.Load(), m: e.m, peer: origin}}
 	for i, p := range id.Parts {
 		if p.Region != e.region {
 			continue
