@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -43,7 +44,7 @@ const (
 	eventFallback = "fallback_acquired"
 	eventError    = "error"
 	// eventUntracked: granted, but past the leases this instance tracks
-	// (MaxTrackedLeasesPerRule, MaxTrackedLeases).
+	// (inflight.MaxTrackedLeasesPerRule, MaxTrackedLeases).
 	eventUntracked = "untracked"
 )
 
@@ -285,9 +286,19 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 		}
 	}
 	if len(held) > 0 {
-		e.inflight.add(id.Member(), held, expires)
+		e.inflight.Add(id.Member(), trackedRules(held), expires)
 	}
 	return true, l, nil
+}
+
+// trackedRules are the in-flight gauge's rules of items, concurrency
+// rules' items.
+func trackedRules(items []*Item) []*inflight.Rule {
+	out := make([]*inflight.Rule, len(items))
+	for i, it := range items {
+		out[i] = it.e.tracked
+	}
+	return out
 }
 
 // notAsked gives the items a refusal left undecided the answer of a
@@ -517,7 +528,7 @@ func (e *Engine) release(ctx context.Context, leaseID string, peer bool) (bool, 
 	if err != nil {
 		return false, err
 	}
-	tracked := e.inflight.remove(id.Member())
+	tracked := e.inflight.Remove(id.Member())
 	released, err := e.releaseHere(ctx, id, here, tracked)
 	if peer {
 		return released, err
@@ -615,7 +626,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		remote = nil
 	}
 	if len(here) == 0 && len(remote) == 0 {
-		e.inflight.remove(id.Member())
+		e.inflight.Remove(id.Member())
 		return false, nil, nil
 	}
 	l := &Lease{ID: leaseID}
@@ -678,7 +689,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 	for _, p := range here {
 		p.en.lease[eventRenewed].Inc()
 	}
-	e.inflight.renew(id.Member(), l.Expires)
+	e.inflight.Renew(id.Member(), l.Expires)
 	return true, l, nil
 }
 
@@ -688,7 +699,7 @@ func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, l
 	for _, p := range here {
 		p.en.lease[eventGone].Inc()
 	}
-	if e.inflight.remove(id.Member()) {
+	if e.inflight.Remove(id.Member()) {
 		for _, p := range here {
 			p.en.lease[eventExpired].Inc()
 		}

@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/engine/denycache"
+	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -192,7 +193,7 @@ type Engine struct {
 	// leaseStore holds the leases of concurrency rules; inflight counts
 	// those this instance granted.
 	leaseStore bucket.LeaseStore
-	inflight   *inflight
+	inflight   *inflight.Tracker
 	log        *slog.Logger
 	m          *metrics
 	// refunds are the home-region refunds still under way.
@@ -244,12 +245,11 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		m.stale.WithLabelValues(name)
 	}
 	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
-	e.inflight = newInflight(func() []*entry {
-		var out []*entry
-		t := e.table.Load()
-		for _, r := range t.set.Rules() {
+	e.inflight = inflight.New(func() []string {
+		var out []string
+		for _, r := range e.table.Load().set.Rules() {
 			if r.Concurrent() {
-				out = append(out, t.byID[r.ID])
+				out = append(out, r.ID)
 			}
 		}
 		return out

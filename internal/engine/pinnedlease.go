@@ -289,6 +289,6 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 			it.e.lease[eventFallback].Inc()
 		}
 	}
-	e.inflight.add(id.Member(), c.held, pl.Expires)
+	e.inflight.Add(id.Member(), trackedRules(c.held), pl.Expires)
 	return pl, nil
 }

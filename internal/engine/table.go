@@ -3,6 +3,7 @@ package engine
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -43,6 +44,8 @@ type entry struct {
 	// lease counters, by event.
 	leases, regionalLeases bucket.LeaseLimit
 	lease                  map[string]prometheus.Counter
+	// tracked is a concurrency rule's counters for the in-flight gauge.
+	tracked *inflight.Rule
 	// forwarded count checks answered by a key's home region.
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 	// rehome is the last change of a pinned rule's home_keys, whose moved
@@ -99,8 +102,12 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics, old *table) *
 				}
 			}
 		}
+		var tracked *inflight.Rule
+		if lease != nil {
+			tracked = &inflight.Rule{ID: id, Expired: lease[eventExpired], Untracked: lease[eventUntracked]}
+		}
 		t.byID[id] = &entry{
-			leases: r.Leases(), regionalLeases: r.Leases().Share(regions), lease: lease,
+			leases: r.Leases(), regionalLeases: r.Leases().Share(regions), lease: lease, tracked: tracked,
 			rule: r, limit: lim, regional: share(lim, regions, min(1, lim.Capacity)),
 			reconciled: r.Reconciled(), spendBudget: r.SpendBudget(), pinned: r.Pinned(), closed: r.OnFailure == rules.FailClosed,
 			allowed: d.WithLabelValues(id, resultAllowed), limited: d.WithLabelValues(id, resultLimited),
@@ -214,7 +221,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"peer"}),
 		leases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_concurrency_leases_total",
-			Help: "Leases of concurrency rules, by rule and event: acquired (fallback_acquired: of them, held in this instance's fallback while the store failed), refused (the limit was reached), released, expired (granted here and neither released nor renewed through this instance in time), renewed, renew_gone (a renewal of a lease already gone), error (a fail-closed refusal or a store failure), untracked (granted, but past the leases this instance tracks for limiter_concurrency_leases_in_flight: engine.MaxTrackedLeasesPerRule, MaxTrackedLeases).",
+			Help: "Leases of concurrency rules, by rule and event: acquired (fallback_acquired: of them, held in this instance's fallback while the store failed), refused (the limit was reached), released, expired (granted here and neither released nor renewed through this instance in time), renewed, renew_gone (a renewal of a lease already gone), error (a fail-closed refusal or a store failure), untracked (granted, but past the leases this instance tracks for limiter_concurrency_leases_in_flight: inflight.MaxTrackedLeasesPerRule, MaxTrackedLeases).",
 		}, []string{"rule", "event"}),
 		untracked: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_concurrency_untracked_total",
