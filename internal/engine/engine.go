@@ -28,6 +28,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/denycache"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
+	"github.com/limiterd/limiterd/internal/engine/reservation"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -200,7 +201,7 @@ type Engine struct {
 	refunds sync.WaitGroup
 	// resKey keys reservations' MACs; spentRes are those given back.
 	resKey   []byte
-	spentRes spentReservations
+	spentRes reservation.Spent
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -229,7 +230,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
-		resKey: reservationKey(opts.ReservationSecret),
+		resKey: reservation.Key(opts.ReservationSecret),
 	}
 	ts := newTopoState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
