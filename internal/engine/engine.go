@@ -1,14 +1,46 @@
 // Package engine decides checks: it is the one pipeline behind every front
 // door (a check by rule id, by attributes, Envoy's rate limit service,
 // forward-auth, and the checks other regions forward). A front door builds
-// a Check from its request, calls Decide, and translates the items'
-// decisions into its answer; the deny cache, leases, home-region
-// forwarding, the store-failure policy and the decision metrics live here
-// and nowhere else.
+// a Check (or, for concurrency rules, an Acquire) from its request, calls
+// Decide (or Acquire), and translates the items' decisions into its answer;
+// the deny cache, leases, home-region forwarding, the store-failure policy
+// and the decision metrics live here and nowhere else.
 //
-// A check is all or nothing: when any enforced rule refuses, nothing is
-// spent for any of them, wherever they were decided (this region's store,
-// a lease, a key's home region).
+// The stages of a check, in order, all under one topology snapshot
+// (decideUnder); each later stage runs only when the earlier ones allowed:
+//
+//	NewCheck / NewAcquire + Add...        check.go, concurrency.go
+//	        |
+//	        v
+//	[Acquire only] leases                 concurrency.go, pinnedlease.go
+//	        |   at the keys' home regions, then here in one store call
+//	        v
+//	deny cache ---- a denial known ---->  refused, nothing spent
+//	        |                             (internal/engine/denycache)
+//	        v
+//	route: home region | token lease | this region's store
+//	        |                             pipeline.go
+//	        v
+//	home regions (forward)                pipeline.go
+//	        v
+//	token leases                          pipeline.go (internal/engine/lease)
+//	        v
+//	handoff of moved keys                 handoff.go
+//	        v
+//	this region's store, one call         pipeline.go
+//	        v
+//	shadow rules (refuse nothing)         pipeline.go
+//
+// A part that fails goes to the one failure policy (onFailure, policy.go):
+// refused, uncertain or decided from a share of the limit. A check is all
+// or nothing: when any enforced rule refuses, nothing is spent for any of
+// them, wherever they were decided (this region's store, a lease, a key's
+// home region): what the earlier stages spent is given back.
+//
+// Sub-packages: denycache (refusals remembered), lease (token batches held
+// by this instance), leaseid (the text of a concurrency lease id),
+// inflight (the leases granted here, for the in-flight gauge) and
+// reservation (the name of a paced check's reserved slot).
 package engine
 
 import (
