@@ -47,10 +47,6 @@ type Item struct {
 	// probe: this check is the deny cache's one probe of the bucket;
 	// remembered: the check put a denial of it in the deny cache.
 	probe, remembered bool
-	// expires is, for a concurrency rule's item of an allowed Acquire,
-	// when its lease expires; part is its part of the lease id.
-	expires time.Time
-	part    int
 }
 
 // Limit is the rule's limit.

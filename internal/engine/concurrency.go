@@ -69,15 +69,32 @@ type Lease struct {
 // it never paces. Not safe for concurrent use.
 type Acquire struct {
 	request
-	// held are the concurrency rules' items.
-	held []*Item
+	// held are the concurrency rules' leases.
+	held []*heldLease
+}
+
+// heldLease is a concurrency rule's item of an Acquire, with what only a
+// lease has: its part of the lease id, and when it expires once held.
+type heldLease struct {
+	*Item
+	part    int
+	expires time.Time
+}
+
+// itemsOf are the items of leases.
+func itemsOf(leases []*heldLease) []*Item {
+	out := make([]*Item, len(leases))
+	for i, l := range leases {
+		out[i] = l.Item
+	}
+	return out
 }
 
 // NewAcquire starts an Acquire under the rules in force now.
 func (e *Engine) NewAcquire() *Acquire { return &Acquire{request: request{t: e.table.Load(), m: e.m}} }
 
 // Leases returns the concurrency rules of an Acquire, in the order added.
-func (c *Acquire) Leases() []*Item { return c.held }
+func (c *Acquire) Leases() []*Item { return itemsOf(c.held) }
 
 // AddRule adds the rule ruleID for key at cost (0 means 1; a concurrency
 // rule's cost must be 0 or 1: a lease is one request in flight). Errors
@@ -117,17 +134,17 @@ func (c *Acquire) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, 
 
 // addLease adds a concurrency rule of an Acquire.
 func (c *Acquire) addLease(en *entry, key string) (*Item, error) {
-	for _, it := range c.held {
-		if it.e == en && it.Key == key {
-			return it, nil
+	for _, l := range c.held {
+		if l.e == en && l.Key == key {
+			return l.Item, nil
 		}
 	}
 	if len(c.held) >= leaseid.MaxParts {
 		return nil, invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
-	it := &Item{Rule: en.rule, Key: key, Cost: 1, e: en, limit: en.limit}
-	c.held = append(c.held, it)
-	return it, nil
+	l := &heldLease{Item: &Item{Rule: en.rule, Key: key, Cost: 1, e: en, limit: en.limit}}
+	c.held = append(c.held, l)
+	return l.Item, nil
 }
 
 func concurrencyCheckError(field, prefix, rule string) *InvalidError {
@@ -192,7 +209,7 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 	for i, it := range c.held {
 		it.route, it.part = routeNone, i
 		id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
-		if home := e.homeOf(ts, &c.request, it); home != "" {
+		if home := e.homeOf(ts, &c.request, it.Item); home != "" {
 			id.Parts[i].Region = home
 			if byHome[home] == nil {
 				homes = append(homes, home)
@@ -225,7 +242,7 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 		}
 		its := make([]*Item, len(byHome[home]))
 		for j, i := range byHome[home] {
-			its[j] = c.held[i]
+			its[j] = c.held[i].Item
 		}
 		// The home may hold them (its outcome unknown, or the caller
 		// gone): it is asked to give them back, else they expire there.
@@ -246,7 +263,7 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 			here = append(here, i)
 		}
 	}
-	held := make([]*Item, len(here))
+	held := make([]*heldLease, len(here))
 	for j, i := range here {
 		held[j] = c.held[i]
 	}
@@ -293,7 +310,7 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 
 // trackedRules are the in-flight gauge's rules of items, concurrency
 // rules' items.
-func trackedRules(items []*Item) []*inflight.Rule {
+func trackedRules(items []*heldLease) []*inflight.Rule {
 	out := make([]*inflight.Rule, len(items))
 	for i, it := range items {
 		out[i] = it.e.tracked
@@ -319,7 +336,7 @@ func (c *Acquire) notAsked() {
 // takeLeases takes the leases of items (c's concurrency rules held here)
 // under id, from the store or, when it fails, as the rules' on_failure
 // says.
-func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*Item, id *leaseid.ID) (bool, error) {
+func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease, id *leaseid.ID) (bool, error) {
 	if len(items) == 0 {
 		return true, nil
 	}
@@ -350,7 +367,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*Item, id *
 		}
 	}
 	if err != nil {
-		if v, err := e.onFailure(ctx, failure{items: items, where: "lease store", lease: true}, err); v == refused {
+		if v, err := e.onFailure(ctx, failure{items: itemsOf(items), where: "lease store", lease: true}, err); v == refused {
 			return false, err
 		}
 		// Fail open: this instance's share of each limit, held here. The
@@ -387,13 +404,13 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*Item, id *
 	return all, nil
 }
 
-func (e *Engine) partRequest(it *Item, id *leaseid.ID, fleet int) bucket.LeaseRequest {
+func (e *Engine) partRequest(it *heldLease, id *leaseid.ID, fleet int) bucket.LeaseRequest {
 	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.leaseLimit(id.Parts[it.part].Flags, fleet)}
 }
 
 // giveLeasesBack releases the leases an Acquire took here when a later
 // part refused or failed.
-func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseid.ID) {
+func (e *Engine) giveLeasesBack(ctx context.Context, items []*heldLease, id *leaseid.ID) {
 	if len(items) == 0 {
 		return
 	}

@@ -252,7 +252,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 			return nil, invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", quote(p.Rule))
 		case p.Flags != 0:
 			return nil, invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", quote(p.Rule))
-		case slices.ContainsFunc(c.held, func(it *Item) bool { return it.e == en && it.Key == p.Key }):
+		case slices.ContainsFunc(c.held, func(l *heldLease) bool { return l.e == en && l.Key == p.Key }):
 			return nil, invalid("lease_id", "lease_id: rule %s and key given twice", quote(p.Rule))
 		}
 		if ts.topo != nil {
@@ -263,7 +263,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 				return nil, invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", quote(p.Rule), home, e.region)
 			}
 		}
-		c.held = append(c.held, &Item{Rule: en.rule, Key: p.Key, Cost: 1, e: en, limit: en.limit, part: i})
+		c.held = append(c.held, &heldLease{Item: &Item{Rule: en.rule, Key: p.Key, Cost: 1, e: en, limit: en.limit}, part: i})
 	}
 	if len(c.held) == 0 {
 		return nil, invalid("lease_id", "lease_id: no lease of it is held in region %s", quote(e.region))
@@ -272,7 +272,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	if err != nil {
 		return nil, err
 	}
-	pl := &PeerLease{Allowed: allowed, Items: c.held}
+	pl := &PeerLease{Allowed: allowed, Items: itemsOf(c.held)}
 	if !allowed {
 		return pl, nil
 	}
