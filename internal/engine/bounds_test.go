@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/engine/inflight"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -247,7 +248,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if got := inFlight("other"); got != 1 {
 		t.Errorf("other in flight = %v, want 1: one rule's flood left another untracked", got)
 	}
-	if got := testutil.ToFloat64(e.m.leases.WithLabelValues("flood", eventUntracked)); got != 10 {
+	if got := testutil.ToFloat64(e.m.Leases.WithLabelValues("flood", metrics.EventUntracked)); got != 10 {
 		t.Errorf("flood untracked = %v, want 10", got)
 	}
 	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(inflight.MaxTrackedLeasesPerRule)) {
@@ -260,7 +261,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if got := inFlight("flood"); got != inflight.MaxTrackedLeasesPerRule {
 		t.Errorf("flood in flight after a release and an acquire = %v, want %d", got, inflight.MaxTrackedLeasesPerRule)
 	}
-	if got := testutil.ToFloat64(e.m.leases.WithLabelValues("flood", eventUntracked)); got != 10 {
+	if got := testutil.ToFloat64(e.m.Leases.WithLabelValues("flood", metrics.EventUntracked)); got != 10 {
 		t.Errorf("the acquire after a release was not tracked (untracked %v)", got)
 	}
 }
@@ -297,7 +298,7 @@ func TestTrackedLeasesSweptIncrementally(t *testing.T) {
 		if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 1 {
 			t.Errorf("in flight after a scrape = %v, want 1", got)
 		}
-		if got := testutil.ToFloat64(e.m.leases.WithLabelValues("r", eventExpired)); got != n {
+		if got := testutil.ToFloat64(e.m.Leases.WithLabelValues("r", metrics.EventExpired)); got != n {
 			t.Errorf("expired = %v, want %d", got, n)
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -70,7 +71,7 @@ func WindowMillis(l bucket.Limit) int64 {
 // they are routed. It is not used alone.
 type request struct {
 	t       *table
-	m       *metrics
+	m       *metrics.Metrics
 	enforce []*Item
 	shadow  []*Item
 	// peer is the region that forwarded this request to its keys' home:
@@ -168,7 +169,7 @@ func (c *request) counted(err error) {
 	}
 	var inv *InvalidError
 	if errors.As(err, &inv) {
-		c.m.invalid.WithLabelValues(inv.Field).Inc()
+		c.m.Invalid.WithLabelValues(inv.Field).Inc()
 	}
 }
 

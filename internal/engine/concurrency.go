@@ -10,6 +10,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -32,23 +33,6 @@ var (
 // context of its own (see Engine.detached): the leases of an Acquire
 // refused by a rate rule, for one, whose caller may be gone.
 const ReleaseTimeout = 100 * time.Millisecond
-
-// Lease events, the values of the event label.
-const (
-	eventAcquired = "acquired"
-	eventRefused  = "refused"
-	eventReleased = "released"
-	eventExpired  = "expired"
-	eventRenewed  = "renewed"
-	eventGone     = "renew_gone"
-	eventFallback = "fallback_acquired"
-	eventError    = "error"
-	// eventUntracked: granted, but past the leases this instance tracks
-	// (inflight.MaxTrackedLeasesPerRule, MaxTrackedLeases).
-	eventUntracked = "untracked"
-)
-
-var leaseEvents = []string{eventAcquired, eventRefused, eventReleased, eventExpired, eventRenewed, eventGone, eventFallback, eventError, eventUntracked}
 
 // Lease is what an allowed Acquire holds: one lease id for every
 // concurrency rule it matched.
@@ -297,9 +281,9 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 			expires = it.expires
 		}
 		// Counted where held: a home counts the leases it holds.
-		it.e.lease[eventAcquired].Inc()
+		it.e.lease[metrics.EventAcquired].Inc()
 		if it.route == routeFallback {
-			it.e.lease[eventFallback].Inc()
+			it.e.lease[metrics.EventFallback].Inc()
 		}
 	}
 	if len(held) > 0 {
@@ -360,7 +344,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 			if me.Errs[i] == nil && !ds[i].Allowed {
 				it.route = routeStore
 				it.Decision = bucket.Decision{Limit: float64(it.e.leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
-				it.e.lease[eventRefused].Inc()
+				it.e.lease[metrics.EventRefused].Inc()
 				c.notAsked()
 				return false, nil
 			}
@@ -394,7 +378,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 			Limit: float64(it.e.leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
 		if !d.Allowed {
 			all = false
-			it.e.lease[eventRefused].Inc()
+			it.e.lease[metrics.EventRefused].Inc()
 		}
 	}
 	if !all {
@@ -456,7 +440,7 @@ func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, m
 		err = e.checkParts(ts, id)
 	}
 	if err != nil {
-		e.m.invalid.WithLabelValues("lease_id").Inc()
+		e.m.Invalid.WithLabelValues("lease_id").Inc()
 		return nil, nil, nil, err
 	}
 	t := e.table.Load()
@@ -576,17 +560,17 @@ func (e *Engine) releaseHere(ctx context.Context, id *leaseid.ID, parts []heldPa
 				return false, ctx.Err()
 			}
 			for _, p := range group {
-				p.en.lease[eventError].Inc()
+				p.en.lease[metrics.EventError].Inc()
 			}
 			return false, fmt.Errorf("%w: %w", ErrLeaseStore, err)
 		}
 		for i, p := range group {
 			if held[i] {
 				released = true
-				p.en.lease[eventReleased].Inc()
+				p.en.lease[metrics.EventReleased].Inc()
 			} else if tracked {
 				// It expired before its release: counted as expired.
-				p.en.lease[eventExpired].Inc()
+				p.en.lease[metrics.EventExpired].Inc()
 			}
 		}
 	}
@@ -676,7 +660,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 				return false, nil, ctx.Err()
 			}
 			for _, p := range group {
-				p.en.lease[eventError].Inc()
+				p.en.lease[metrics.EventError].Inc()
 			}
 			return false, nil, fmt.Errorf("%w: %w", ErrLeaseStore, err)
 		}
@@ -704,7 +688,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		return false, nil, nil
 	}
 	for _, p := range here {
-		p.en.lease[eventRenewed].Inc()
+		p.en.lease[metrics.EventRenewed].Inc()
 	}
 	e.inflight.Renew(id.Member(), l.Expires)
 	return true, l, nil
@@ -714,11 +698,11 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 // of it is released, here and in the regions holding its other parts.
 func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, leaseID string, here []heldPart, remote map[string][]heldPart) {
 	for _, p := range here {
-		p.en.lease[eventGone].Inc()
+		p.en.lease[metrics.EventGone].Inc()
 	}
 	if e.inflight.Remove(id.Member()) {
 		for _, p := range here {
-			p.en.lease[eventExpired].Inc()
+			p.en.lease[metrics.EventExpired].Inc()
 		}
 	}
 	rctx, cancel := e.detached(ctx)

@@ -39,8 +39,9 @@
 //
 // Sub-packages: denycache (refusals remembered), lease (token batches held
 // by this instance), leaseid (the text of a concurrency lease id),
-// inflight (the leases granted here, for the in-flight gauge) and
-// reservation (the name of a paced check's reserved slot).
+// inflight (the leases granted here, for the in-flight gauge),
+// reservation (the name of a paced check's reserved slot) and metrics (the
+// engine's Prometheus series).
 package engine
 
 import (
@@ -60,6 +61,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/denycache"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/reservation"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -228,7 +230,7 @@ type Engine struct {
 	leaseStore bucket.LeaseStore
 	inflight   *inflight.Tracker
 	log        *slog.Logger
-	m          *metrics
+	m          *metrics.Metrics
 	// refunds are the home-region refunds still under way.
 	refunds sync.WaitGroup
 	// resKey keys reservations' MACs; spentRes are those given back.
@@ -253,7 +255,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	m, err := newMetrics(reg)
+	m, err := metrics.New(reg)
 	if err != nil {
 		return nil, err
 	}
@@ -275,7 +277,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	}
 	e.topo.Store(ts)
 	for name := range opts.Homes {
-		m.stale.WithLabelValues(name)
+		m.Stale.WithLabelValues(name)
 	}
 	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
 	e.inflight = inflight.New(func() []string {
@@ -286,7 +288,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 			}
 		}
 		return out
-	}, m.untracked, e.log)
+	}, m.Untracked, e.log)
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_lease_keys",
@@ -390,7 +392,7 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 		return err
 	}
 	for name := range homes {
-		e.m.stale.WithLabelValues(name)
+		e.m.Stale.WithLabelValues(name)
 	}
 	ts := newTopoState(topo, homes)
 	cur := e.topo.Load()
@@ -445,7 +447,7 @@ func (e *Engine) install(set *rules.Set, regions int) {
 	if old != nil {
 		for id := range old.byID {
 			if t.byID[id] == nil {
-				e.m.forget(id)
+				e.m.Forget(id)
 			}
 		}
 	}

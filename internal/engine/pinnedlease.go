@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -39,30 +40,9 @@ type HomeLease struct {
 	Fallback  bool
 }
 
-// Forwarded lease calls, the values of the call label.
-const (
-	callAcquire = "acquire"
-	callRelease = "release"
-	callRenew   = "renew"
-)
-
-// Results of forwarded lease calls besides allowed, limited and error.
-const (
-	resultReleased = "released"
-	resultRenewed  = "renewed"
-	resultGone     = "gone"
-)
-
-// forwardedLeaseResults are the results of each forwarded call.
-var forwardedLeaseResults = map[string][]string{
-	callAcquire: {resultAllowed, resultLimited, resultError},
-	callRelease: {resultReleased, resultGone, resultError},
-	callRenew:   {resultRenewed, resultGone, resultError},
-}
-
 func (e *Engine) countForward(rules []string, call, result string) {
 	for _, r := range rules {
-		e.m.forwardedLeases.WithLabelValues(r, call, result).Inc()
+		e.m.ForwardedLeases.WithLabelValues(r, call, result).Inc()
 	}
 }
 
@@ -89,7 +69,7 @@ func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home 
 	rules := partRules(id, home)
 	h, _ := ts.homes[home].(LeaseHome)
 	if h == nil {
-		e.countForward(rules, callAcquire, resultError)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultError)
 		return false, errors.New("no lease client for home region " + home)
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
@@ -103,7 +83,7 @@ func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home 
 		err = errors.New("home region answered for another number of leases")
 	}
 	if err != nil {
-		e.countForward(rules, callAcquire, resultError)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultError)
 		return false, err
 	}
 	for j, i := range idx {
@@ -116,9 +96,9 @@ func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home 
 		}
 	}
 	if hl.Allowed {
-		e.countForward(rules, callAcquire, resultAllowed)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultAllowed)
 	} else {
-		e.countForward(rules, callAcquire, resultLimited)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultLimited)
 	}
 	return hl.Allowed, nil
 }
@@ -141,12 +121,12 @@ func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, i
 		ok, err := h.ReleaseLease(rctx, s)
 		switch {
 		case err != nil:
-			e.countForward(rules, callRelease, resultError)
+			e.countForward(rules, metrics.CallRelease, metrics.ResultError)
 			e.log.Warn("the leases of a refused acquire not given back at their home: they expire there on their own", "home", home, "err", err)
 		case ok:
-			e.countForward(rules, callRelease, resultReleased)
+			e.countForward(rules, metrics.CallRelease, metrics.ResultReleased)
 		default:
-			e.countForward(rules, callRelease, resultGone)
+			e.countForward(rules, metrics.CallRelease, metrics.ResultGone)
 		}
 	}
 }
@@ -156,19 +136,19 @@ func (e *Engine) releaseRemote(ctx context.Context, ts *topoState, region, lease
 	rules := heldRules(parts)
 	h, _ := ts.homes[region].(LeaseHome)
 	if h == nil {
-		e.countForward(rules, callRelease, resultError)
+		e.countForward(rules, metrics.CallRelease, metrics.ResultError)
 		return false, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
 	ok, err := h.ReleaseLease(fctx, leaseID)
 	if err != nil {
-		return false, e.remoteLeaseError(ctx, rules, callRelease, region, err)
+		return false, e.remoteLeaseError(ctx, rules, metrics.CallRelease, region, err)
 	}
 	if ok {
-		e.countForward(rules, callRelease, resultReleased)
+		e.countForward(rules, metrics.CallRelease, metrics.ResultReleased)
 	} else {
-		e.countForward(rules, callRelease, resultGone)
+		e.countForward(rules, metrics.CallRelease, metrics.ResultGone)
 	}
 	return ok, nil
 }
@@ -178,19 +158,19 @@ func (e *Engine) renewRemote(ctx context.Context, ts *topoState, region, leaseID
 	rules := heldRules(parts)
 	h, _ := ts.homes[region].(LeaseHome)
 	if h == nil {
-		e.countForward(rules, callRenew, resultError)
+		e.countForward(rules, metrics.CallRenew, metrics.ResultError)
 		return false, time.Time{}, 0, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
 	ok, expires, ttl, err := h.RenewLease(fctx, leaseID)
 	if err != nil {
-		return false, time.Time{}, 0, e.remoteLeaseError(ctx, rules, callRenew, region, err)
+		return false, time.Time{}, 0, e.remoteLeaseError(ctx, rules, metrics.CallRenew, region, err)
 	}
 	if ok {
-		e.countForward(rules, callRenew, resultRenewed)
+		e.countForward(rules, metrics.CallRenew, metrics.ResultRenewed)
 	} else {
-		e.countForward(rules, callRenew, resultGone)
+		e.countForward(rules, metrics.CallRenew, metrics.ResultGone)
 	}
 	return ok, expires, ttl, nil
 }
@@ -198,7 +178,7 @@ func (e *Engine) renewRemote(ctx context.Context, ts *topoState, region, leaseID
 // remoteLeaseError is the error of a Release or Renew the region holding
 // the lease did not answer (or refused as invalid: its answer stands).
 func (e *Engine) remoteLeaseError(ctx context.Context, rules []string, call, region string, err error) error {
-	e.countForward(rules, call, resultError)
+	e.countForward(rules, call, metrics.ResultError)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -232,7 +212,7 @@ type PeerLease struct {
 func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, leaseID string) (*PeerLease, error) {
 	id, err := parseLeaseID(leaseID)
 	if err != nil {
-		e.m.invalid.WithLabelValues("lease_id").Inc()
+		e.m.Invalid.WithLabelValues("lease_id").Inc()
 		return nil, err
 	}
 	ts := e.useTopology()
@@ -283,10 +263,10 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 		if ttl := it.e.leases.TTL; pl.TTL == 0 || ttl < pl.TTL {
 			pl.TTL = ttl
 		}
-		it.e.lease[eventAcquired].Inc()
+		it.e.lease[metrics.EventAcquired].Inc()
 		if it.route == routeFallback {
 			pl.Fallback = true
-			it.e.lease[eventFallback].Inc()
+			it.e.lease[metrics.EventFallback].Inc()
 		}
 	}
 	e.inflight.Add(id.Member(), trackedRules(c.held), pl.Expires)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -296,7 +297,7 @@ func (e *Engine) homeOf(ts *topoState, c *request, it *Item) string {
 // the home's answer stands.
 func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error) error {
 	if errors.Is(err, ErrStaleTopology) {
-		e.m.stale.WithLabelValues(home).Inc()
+		e.m.Stale.WithLabelValues(home).Inc()
 		if !rerouted && e.reload != nil {
 			if e.reload(); e.topo.Load().gen > ts.gen {
 				return errReroute
@@ -635,11 +636,11 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 			defer hs.ts.release()
 			defer cancel()
 			if err := h.Refund(rctx, items); err != nil {
-				e.m.refunds.WithLabelValues("error").Inc()
+				e.m.Refunds.WithLabelValues("error").Inc()
 				e.log.Warn("home region refund failed: its tokens stay spent", "home", hs.home, "err", err)
 				return
 			}
-			e.m.refunds.WithLabelValues("ok").Inc()
+			e.m.Refunds.WithLabelValues("ok").Inc()
 		})
 	}
 	return false, err
@@ -656,10 +657,10 @@ func (e *Engine) count(c *request, allowed bool) {
 			// most rules never pace.
 			switch {
 			case allowed:
-				e.m.paced.WithLabelValues(it.Rule.ID, resultAllowed).Inc()
-				e.m.pacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
+				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultAllowed).Inc()
+				e.m.PacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
 			case !it.Decision.Allowed && it.route != routeNone:
-				e.m.paced.WithLabelValues(it.Rule.ID, resultLimited).Inc()
+				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultLimited).Inc()
 			}
 		}
 		if !allowed {

@@ -33,12 +33,12 @@ func (e *Engine) Reservation(it *Item) string {
 func (e *Engine) CancelReservation(ctx context.Context, s string) (bool, error) {
 	r, err := reservation.Parse(e.resKey, s)
 	if err != nil {
-		e.m.invalid.WithLabelValues("reservation").Inc()
+		e.m.Invalid.WithLabelValues("reservation").Inc()
 		return false, invalid("reservation", "reservation: %w", err)
 	}
 	en := e.table.Load().byID[r.Rule]
 	if en == nil {
-		e.m.invalid.WithLabelValues("reservation").Inc()
+		e.m.Invalid.WithLabelValues("reservation").Inc()
 		return false, invalid("reservation", "reservation: %w", errUnknownRule(r.Rule))
 	}
 	if en.limit.ValidateWait(bucket.MaxWait) != nil {
