@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/inflight"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -180,7 +182,7 @@ func TestAttributeBounds(t *testing.T) {
 }
 
 // TestTrackedLeasesBoundPerRule: an instance tracks at most
-// MaxTrackedLeasesPerRule leases of one rule for the in-flight gauge. Past
+// inflight.MaxTrackedLeasesPerRule leases of one rule for the in-flight gauge. Past
 // it the Acquire is still allowed (the lease is held in the store; a flood
 // of one rule's keys must not lock its other clients out) but left out of
 // the gauge, counted as untracked under its rule and logged once; the
@@ -214,7 +216,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 		return l
 	}
 	var first *Lease
-	for i := range MaxTrackedLeasesPerRule + 10 {
+	for i := range inflight.MaxTrackedLeasesPerRule + 10 {
 		l := acquire("flood", fmt.Sprint("k", i))
 		if i == 0 {
 			first = l
@@ -240,33 +242,33 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 		t.Fatalf("no in-flight gauge of %s", rule)
 		return 0
 	}
-	if got := inFlight("flood"); got != MaxTrackedLeasesPerRule {
-		t.Errorf("flood in flight = %v, want the bound %d", got, MaxTrackedLeasesPerRule)
+	if got := inFlight("flood"); got != inflight.MaxTrackedLeasesPerRule {
+		t.Errorf("flood in flight = %v, want the bound %d", got, inflight.MaxTrackedLeasesPerRule)
 	}
 	if got := inFlight("other"); got != 1 {
 		t.Errorf("other in flight = %v, want 1: one rule's flood left another untracked", got)
 	}
-	if got := testutil.ToFloat64(e.m.leases.WithLabelValues("flood", eventUntracked)); got != 10 {
+	if got := testutil.ToFloat64(e.m.Leases.WithLabelValues("flood", metrics.EventUntracked)); got != 10 {
 		t.Errorf("flood untracked = %v, want 10", got)
 	}
-	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(MaxTrackedLeasesPerRule)) {
+	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(inflight.MaxTrackedLeasesPerRule)) {
 		t.Errorf("want one warning naming the rule and the bound, got:\n%s", logs.String())
 	}
 	if ok, err := e.Release(context.Background(), first.ID); !ok || err != nil {
 		t.Fatalf("Release: %v, %v", ok, err)
 	}
 	acquire("flood", "again")
-	if got := inFlight("flood"); got != MaxTrackedLeasesPerRule {
-		t.Errorf("flood in flight after a release and an acquire = %v, want %d", got, MaxTrackedLeasesPerRule)
+	if got := inFlight("flood"); got != inflight.MaxTrackedLeasesPerRule {
+		t.Errorf("flood in flight after a release and an acquire = %v, want %d", got, inflight.MaxTrackedLeasesPerRule)
 	}
-	if got := testutil.ToFloat64(e.m.leases.WithLabelValues("flood", eventUntracked)); got != 10 {
+	if got := testutil.ToFloat64(e.m.Leases.WithLabelValues("flood", metrics.EventUntracked)); got != 10 {
 		t.Errorf("the acquire after a release was not tracked (untracked %v)", got)
 	}
 }
 
 // TestTrackedLeasesSweptIncrementally: the leases this instance tracks are
 // swept a few at a time, the soonest expiry first: an Acquire after 5,000
-// leases expired drops at most sweepBatch of them under the lock, not the
+// leases expired drops at most inflight.SweepBatch of them under the lock, not the
 // whole table; a scrape drops every expired one, each counted as expired.
 func TestTrackedLeasesSweptIncrementally(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -289,16 +291,14 @@ func TestTrackedLeasesSweptIncrementally(t *testing.T) {
 		if ok, _, err := acquireRule(t, e, "r", "late"); !ok || err != nil {
 			t.Fatalf("Acquire after the expiry: %v, %v", ok, err)
 		}
-		e.inflight.mu.Lock()
-		left := len(e.inflight.leases)
-		e.inflight.mu.Unlock()
-		if dropped := n + 1 - left; dropped > sweepBatch {
-			t.Errorf("one Acquire swept %d expired leases under the lock, want at most %d", dropped, sweepBatch)
+		left := e.inflight.Len()
+		if dropped := n + 1 - left; dropped > inflight.SweepBatch {
+			t.Errorf("one Acquire swept %d expired leases under the lock, want at most %d", dropped, inflight.SweepBatch)
 		}
 		if got := sumOf(t, reg, "limiter_concurrency_leases_in_flight"); got != 1 {
 			t.Errorf("in flight after a scrape = %v, want 1", got)
 		}
-		if got := testutil.ToFloat64(e.m.leases.WithLabelValues("r", eventExpired)); got != n {
+		if got := testutil.ToFloat64(e.m.Leases.WithLabelValues("r", metrics.EventExpired)); got != n {
 			t.Errorf("expired = %v, want %d", got, n)
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -47,10 +48,6 @@ type Item struct {
 	// probe: this check is the deny cache's one probe of the bucket;
 	// remembered: the check put a denial of it in the deny cache.
 	probe, remembered bool
-	// expires is, for a concurrency rule's item of an allowed Acquire,
-	// when its lease expires; part is its part of the lease id.
-	expires time.Time
-	part    int
 }
 
 // Limit is the rule's limit.
@@ -69,29 +66,34 @@ func WindowMillis(l bucket.Limit) int64 {
 	return int64(math.Ceil(l.Capacity / l.RefillPerSecond * 1000))
 }
 
-// Check is one request's rules, decided together by Engine.Decide. Build it
-// with Engine.NewCheck and its Add methods; it uses the rules in force when
-// it was made, throughout. Not safe for concurrent use.
-type Check struct {
+// request is what a Check and an Acquire have in common: the rate rules
+// of one request, decided together by the pipeline (see Decide), and how
+// they are routed. It is not used alone.
+type request struct {
 	t       *table
-	m       *metrics
+	m       *metrics.Metrics
 	enforce []*Item
 	shadow  []*Item
-	// peer is the region that forwarded this check to its keys' home:
+	// peer is the region that forwarded this request to its keys' home:
 	// pinned rules are decided here, never forwarded again.
 	peer string
-	// ts is the topology the check is routed with, during Decide; rerouted
-	// says it is routed a second time, after a home refused it as stale;
-	// sent is the deny cache's instant of the first routing.
+	// ts is the topology the request is routed with, during Decide;
+	// rerouted says it is routed a second time, after a home refused it as
+	// stale; sent is the deny cache's instant of the first routing.
 	ts       *topoState
 	rerouted bool
 	sent     int64
-	// acquire: an Acquire (NewAcquire), whose concurrency rules are held
-	// as leases; held are those rules' items.
-	acquire bool
-	held    []*Item
-	// maxWait, when above 0, paces the check (Pace).
+	// maxWait, when above 0, paces the request (Check.Pace); always 0 for
+	// an Acquire, which has no Pace.
 	maxWait time.Duration
+}
+
+// Check is one request's rate rules, decided together by Engine.Decide.
+// Build it with Engine.NewCheck and its Add methods; it uses the rules in
+// force when it was made, throughout. A concurrency rule is refused (see
+// Acquire). Not safe for concurrent use.
+type Check struct {
+	request
 }
 
 // Pace makes the check paced: instead of refusing, it reserves the next
@@ -114,9 +116,6 @@ func (c *Check) pace(maxWait time.Duration) error {
 	}
 	if maxWait == 0 {
 		return nil
-	}
-	if c.acquire {
-		return invalid("max_wait_ms", "max_wait_ms: %w: an Acquire does not pace", bucket.ErrInvalidWait)
 	}
 	for _, it := range c.enforce {
 		if err := it.e.limit.ValidateWait(maxWait); err != nil {
@@ -142,17 +141,17 @@ func (c *Check) pace(maxWait time.Duration) error {
 func (c *Check) MaxWait() time.Duration { return c.maxWait }
 
 // NewCheck starts a check under the rules in force now.
-func (e *Engine) NewCheck() *Check { return &Check{t: e.table.Load(), m: e.m} }
+func (e *Engine) NewCheck() *Check { return &Check{request{t: e.table.Load(), m: e.m}} }
 
-// FromPeer marks the check as forwarded by an authenticated peer region:
+// FromPeer marks the request as forwarded by an authenticated peer region:
 // this region is its keys' home, so pinned rules are decided here.
-func (c *Check) FromPeer(region string) { c.peer = region }
+func (c *request) FromPeer(region string) { c.peer = region }
 
-// Enforced returns the check's enforced rules, in the order added.
-func (c *Check) Enforced() []*Item { return c.enforce }
+// Enforced returns the request's enforced rate rules, in the order added.
+func (c *request) Enforced() []*Item { return c.enforce }
 
-// Shadows returns the check's shadow rules, in the order added.
-func (c *Check) Shadows() []*Item { return c.shadow }
+// Shadows returns the request's shadow rules, in the order added.
+func (c *request) Shadows() []*Item { return c.shadow }
 
 // AddRule adds the rule ruleID for key at cost (0 means 1). Errors are an
 // *InvalidError naming rule_id (wrapping ErrUnknownRule), key or cost; each
@@ -164,17 +163,29 @@ func (c *Check) AddRule(ruleID, key string, cost float64) (*Item, error) {
 }
 
 // counted counts an invalid request by its field.
-func (c *Check) counted(err error) {
+func (c *request) counted(err error) {
 	if err == nil {
 		return // and inv does not escape to the heap on every check
 	}
 	var inv *InvalidError
 	if errors.As(err, &inv) {
-		c.m.invalid.WithLabelValues(inv.Field).Inc()
+		c.m.Invalid.WithLabelValues(inv.Field).Inc()
 	}
 }
 
 func (c *Check) addRule(ruleID, key string, cost float64) (*Item, error) {
+	en, err := c.lookup(ruleID, key)
+	if err != nil {
+		return nil, err
+	}
+	if en.rule.Concurrent() {
+		return nil, concurrencyCheckError("rule_id", "rule_id: ", ruleID)
+	}
+	return c.addRate(en, key, cost)
+}
+
+// lookup finds the rule ruleID in force and validates key.
+func (c *request) lookup(ruleID, key string) (*entry, error) {
 	en := c.t.byID[ruleID]
 	if en == nil {
 		return nil, invalid("rule_id", "rule_id: %w", errUnknownRule(ruleID))
@@ -182,17 +193,11 @@ func (c *Check) addRule(ruleID, key string, cost float64) (*Item, error) {
 	if err := bucket.ValidateKey(key); err != nil {
 		return nil, invalid("key", "key: %w", err)
 	}
-	switch {
-	case en.rule.Concurrent() && !c.acquire:
-		return nil, concurrencyCheckError("rule_id", "rule_id: ", ruleID)
-	case en.rule.Concurrent():
-		if cost != 0 && cost != 1 {
-			return nil, invalid("cost", "cost: rule %s counts each request once: cost must be 0 or 1, got %v", quote(ruleID), cost)
-		}
-		return c.addLease(en, key)
-	case c.acquire:
-		return nil, invalid("rule_id", "rule_id: rule %s: %w: call Check", quote(ruleID), ErrNotConcurrency)
-	}
+	return en, nil
+}
+
+// addRate adds the rate rule of en for key at cost (0 means 1).
+func (c *request) addRate(en *entry, key string, cost float64) (*Item, error) {
 	cost, err := en.limit.NormalizeCost(cost)
 	if err != nil {
 		return nil, invalid("cost", "cost: %w", err)
@@ -227,6 +232,15 @@ func (c *Check) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, sh
 }
 
 func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*Item, err error) {
+	return c.matching(a, reqCost, func(r *rules.Rule, _ *entry, _ string) error {
+		return concurrencyCheckError("attributes", "attributes: ", r.ID)
+	})
+}
+
+// matching adds the rate rules whose match a satisfies (see
+// Check.AddAttributes); a concurrency rule that matches is given to
+// concurrent, which adds it or refuses it.
+func (c *request) matching(a *rules.Attributes, reqCost float64, concurrent func(r *rules.Rule, en *entry, key string) error) (enforce, shadow []*Item, err error) {
 	if reqCost == 0 {
 		reqCost = 1
 	}
@@ -249,11 +263,7 @@ func (c *Check) addAttributes(a *rules.Attributes, reqCost float64) (enforce, sh
 		}
 		en := c.t.byID[r.ID]
 		if r.Concurrent() {
-			if !c.acquire {
-				return nil, nil, concurrencyCheckError("attributes", "attributes: ", r.ID)
-			}
-			// A lease is one request in flight, whatever the cost.
-			if _, err := c.addLease(en, key); err != nil {
+			if err := concurrent(r, en, key); err != nil {
 				return nil, nil, err
 			}
 			continue
@@ -306,7 +316,7 @@ func checkAttributes(a *rules.Attributes) *InvalidError {
 
 var errTooManyRules = errors.New("the check has more rules than the most one check may have")
 
-func (c *Check) add(en *entry, key string, cost float64) (*Item, error) {
+func (c *request) add(en *entry, key string, cost float64) (*Item, error) {
 	list := &c.enforce
 	if en.rule.Shadow {
 		list = &c.shadow

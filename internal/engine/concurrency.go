@@ -8,7 +8,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -31,23 +34,6 @@ var (
 // refused by a rate rule, for one, whose caller may be gone.
 const ReleaseTimeout = 100 * time.Millisecond
 
-// Lease events, the values of the event label.
-const (
-	eventAcquired = "acquired"
-	eventRefused  = "refused"
-	eventReleased = "released"
-	eventExpired  = "expired"
-	eventRenewed  = "renewed"
-	eventGone     = "renew_gone"
-	eventFallback = "fallback_acquired"
-	eventError    = "error"
-	// eventUntracked: granted, but past the leases this instance tracks
-	// (MaxTrackedLeasesPerRule, MaxTrackedLeases).
-	eventUntracked = "untracked"
-)
-
-var leaseEvents = []string{eventAcquired, eventRefused, eventReleased, eventExpired, eventRenewed, eventGone, eventFallback, eventError, eventUntracked}
-
 // Lease is what an allowed Acquire holds: one lease id for every
 // concurrency rule it matched.
 type Lease struct {
@@ -60,26 +46,89 @@ type Lease struct {
 	TTL time.Duration
 }
 
-// NewAcquire starts an Acquire under the rules in force now: like a
-// Check, but its concurrency rules take leases.
-func (e *Engine) NewAcquire() *Check { return &Check{t: e.table.Load(), m: e.m, acquire: true} }
+// Acquire is one request's rules for Engine.Acquire: its concurrency
+// rules, held as leases until Release, and its rate rules, decided as a
+// Check's are. Build it with Engine.NewAcquire and its Add methods; it uses
+// the rules in force when it was made, throughout. An Acquire has no Pace:
+// it never paces. Not safe for concurrent use.
+type Acquire struct {
+	request
+	// held are the concurrency rules' leases.
+	held []*heldLease
+}
+
+// heldLease is a concurrency rule's item of an Acquire, with what only a
+// lease has: its part of the lease id, and when it expires once held.
+type heldLease struct {
+	*Item
+	part    int
+	expires time.Time
+}
+
+// itemsOf are the items of leases.
+func itemsOf(leases []*heldLease) []*Item {
+	out := make([]*Item, len(leases))
+	for i, l := range leases {
+		out[i] = l.Item
+	}
+	return out
+}
+
+// NewAcquire starts an Acquire under the rules in force now.
+func (e *Engine) NewAcquire() *Acquire { return &Acquire{request: request{t: e.table.Load(), m: e.m}} }
 
 // Leases returns the concurrency rules of an Acquire, in the order added.
-func (c *Check) Leases() []*Item { return c.held }
+func (c *Acquire) Leases() []*Item { return itemsOf(c.held) }
+
+// AddRule adds the rule ruleID for key at cost (0 means 1; a concurrency
+// rule's cost must be 0 or 1: a lease is one request in flight). Errors
+// are as for Check.AddRule.
+func (c *Acquire) AddRule(ruleID, key string, cost float64) (*Item, error) {
+	it, err := c.addRule(ruleID, key, cost)
+	c.counted(err)
+	return it, err
+}
+
+func (c *Acquire) addRule(ruleID, key string, cost float64) (*Item, error) {
+	en, err := c.lookup(ruleID, key)
+	if err != nil {
+		return nil, err
+	}
+	if !en.rule.Concurrent() {
+		return nil, invalid("rule_id", "rule_id: rule %s: %w: call Check", quote(ruleID), ErrNotConcurrency)
+	}
+	if cost != 0 && cost != 1 {
+		return nil, invalid("cost", "cost: rule %s counts each request once: cost must be 0 or 1, got %v", quote(ruleID), cost)
+	}
+	return c.addLease(en, key)
+}
+
+// AddAttributes adds every rule whose match a satisfies, as
+// Check.AddAttributes does, and every concurrency rule it matches as a
+// lease (whatever the cost). enforce and shadow are the rate rules.
+func (c *Acquire) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*Item, err error) {
+	enforce, shadow, err = c.matching(a, reqCost, func(_ *rules.Rule, en *entry, key string) error {
+		// A lease is one request in flight, whatever the cost.
+		_, err := c.addLease(en, key)
+		return err
+	})
+	c.counted(err)
+	return enforce, shadow, err
+}
 
 // addLease adds a concurrency rule of an Acquire.
-func (c *Check) addLease(en *entry, key string) (*Item, error) {
-	for _, it := range c.held {
-		if it.e == en && it.Key == key {
-			return it, nil
+func (c *Acquire) addLease(en *entry, key string) (*Item, error) {
+	for _, l := range c.held {
+		if l.e == en && l.Key == key {
+			return l.Item, nil
 		}
 	}
 	if len(c.held) >= leaseid.MaxParts {
 		return nil, invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
-	it := &Item{Rule: en.rule, Key: key, Cost: 1, e: en, limit: en.limit}
-	c.held = append(c.held, it)
-	return it, nil
+	l := &heldLease{Item: &Item{Rule: en.rule, Key: key, Cost: 1, e: en, limit: en.limit}}
+	c.held = append(c.held, l)
+	return l.Item, nil
 }
 
 func concurrencyCheckError(field, prefix, rule string) *InvalidError {
@@ -120,12 +169,9 @@ func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
 //
 // An Acquire is routed with the topology in force when it starts; a home
 // that refuses it as stale makes it routed again once, as Decide does.
-func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
-	if !c.acquire {
-		return false, nil, errors.New("engine: Acquire of a check not made by NewAcquire")
-	}
+func (e *Engine) Acquire(ctx context.Context, c *Acquire) (bool, *Lease, error) {
 	if len(c.held) == 0 {
-		allowed, err := e.Decide(ctx, c)
+		allowed, err := e.decideRequest(ctx, &c.request)
 		return allowed, nil, err
 	}
 	ts := e.useTopology()
@@ -139,7 +185,7 @@ func (e *Engine) Acquire(ctx context.Context, c *Check) (bool, *Lease, error) {
 	return allowed, l, err
 }
 
-func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted bool) (bool, *Lease, error) {
+func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, rerouted bool) (bool, *Lease, error) {
 	id := leaseid.New(e.region, ts.gen, make([]leaseid.Part, len(c.held)))
 	var homes []string
 	byHome := map[string][]int{}
@@ -147,7 +193,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 	for i, it := range c.held {
 		it.route, it.part = routeNone, i
 		id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
-		if home := e.homeOf(ts, c, it); home != "" {
+		if home := e.homeOf(ts, &c.request, it.Item); home != "" {
 			id.Parts[i].Region = home
 			if byHome[home] == nil {
 				homes = append(homes, home)
@@ -180,7 +226,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 		}
 		its := make([]*Item, len(byHome[home]))
 		for j, i := range byHome[home] {
-			its[j] = c.held[i]
+			its[j] = c.held[i].Item
 		}
 		// The home may hold them (its outcome unknown, or the caller
 		// gone): it is asked to give them back, else they expire there.
@@ -201,7 +247,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 			here = append(here, i)
 		}
 	}
-	held := make([]*Item, len(here))
+	held := make([]*heldLease, len(here))
 	for j, i := range here {
 		held[j] = c.held[i]
 	}
@@ -211,7 +257,7 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 		return false, nil, err
 	}
 	// The rate rules under the same topology as the leases.
-	allowed, err = e.decideUnder(ctx, c, ts, rerouted)
+	allowed, err = e.decideUnder(ctx, &c.request, ts, rerouted)
 	if err != nil || !allowed {
 		e.giveLeasesBack(ctx, held, id)
 		e.releaseAt(ctx, ts, granted, id)
@@ -235,20 +281,30 @@ func (e *Engine) acquire(ctx context.Context, c *Check, ts *topoState, rerouted 
 			expires = it.expires
 		}
 		// Counted where held: a home counts the leases it holds.
-		it.e.lease[eventAcquired].Inc()
+		it.e.lease[metrics.EventAcquired].Inc()
 		if it.route == routeFallback {
-			it.e.lease[eventFallback].Inc()
+			it.e.lease[metrics.EventFallback].Inc()
 		}
 	}
 	if len(held) > 0 {
-		e.inflight.add(id.Member(), held, expires)
+		e.inflight.Add(id.Member(), trackedRules(held), expires)
 	}
 	return true, l, nil
 }
 
+// trackedRules are the in-flight gauge's rules of items, concurrency
+// rules' items.
+func trackedRules(items []*heldLease) []*inflight.Rule {
+	out := make([]*inflight.Rule, len(items))
+	for i, it := range items {
+		out[i] = it.e.tracked
+	}
+	return out
+}
+
 // notAsked gives the items a refusal left undecided the answer of a
 // bucket that nothing was spent from.
-func (c *Check) notAsked() {
+func (c *Acquire) notAsked() {
 	for _, it := range c.held {
 		if it.route == routeNone {
 			l := float64(it.e.leases.Limit)
@@ -264,7 +320,7 @@ func (c *Check) notAsked() {
 // takeLeases takes the leases of items (c's concurrency rules held here)
 // under id, from the store or, when it fails, as the rules' on_failure
 // says.
-func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *leaseid.ID) (bool, error) {
+func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease, id *leaseid.ID) (bool, error) {
 	if len(items) == 0 {
 		return true, nil
 	}
@@ -288,14 +344,14 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 			if me.Errs[i] == nil && !ds[i].Allowed {
 				it.route = routeStore
 				it.Decision = bucket.Decision{Limit: float64(it.e.leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
-				it.e.lease[eventRefused].Inc()
+				it.e.lease[metrics.EventRefused].Inc()
 				c.notAsked()
 				return false, nil
 			}
 		}
 	}
 	if err != nil {
-		if v, err := e.onFailure(ctx, failure{items: items, where: "lease store", lease: true}, err); v == refused {
+		if v, err := e.onFailure(ctx, failure{items: itemsOf(items), where: "lease store", lease: true}, err); v == refused {
 			return false, err
 		}
 		// Fail open: this instance's share of each limit, held here. The
@@ -322,7 +378,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 			Limit: float64(it.e.leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
 		if !d.Allowed {
 			all = false
-			it.e.lease[eventRefused].Inc()
+			it.e.lease[metrics.EventRefused].Inc()
 		}
 	}
 	if !all {
@@ -332,13 +388,13 @@ func (e *Engine) takeLeases(ctx context.Context, c *Check, items []*Item, id *le
 	return all, nil
 }
 
-func (e *Engine) partRequest(it *Item, id *leaseid.ID, fleet int) bucket.LeaseRequest {
+func (e *Engine) partRequest(it *heldLease, id *leaseid.ID, fleet int) bucket.LeaseRequest {
 	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.leaseLimit(id.Parts[it.part].Flags, fleet)}
 }
 
 // giveLeasesBack releases the leases an Acquire took here when a later
 // part refused or failed.
-func (e *Engine) giveLeasesBack(ctx context.Context, items []*Item, id *leaseid.ID) {
+func (e *Engine) giveLeasesBack(ctx context.Context, items []*heldLease, id *leaseid.ID) {
 	if len(items) == 0 {
 		return
 	}
@@ -384,7 +440,7 @@ func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, m
 		err = e.checkParts(ts, id)
 	}
 	if err != nil {
-		e.m.invalid.WithLabelValues("lease_id").Inc()
+		e.m.Invalid.WithLabelValues("lease_id").Inc()
 		return nil, nil, nil, err
 	}
 	t := e.table.Load()
@@ -473,7 +529,7 @@ func (e *Engine) release(ctx context.Context, leaseID string, peer bool) (bool, 
 	if err != nil {
 		return false, err
 	}
-	tracked := e.inflight.remove(id.Member())
+	tracked := e.inflight.Remove(id.Member())
 	released, err := e.releaseHere(ctx, id, here, tracked)
 	if peer {
 		return released, err
@@ -504,17 +560,17 @@ func (e *Engine) releaseHere(ctx context.Context, id *leaseid.ID, parts []heldPa
 				return false, ctx.Err()
 			}
 			for _, p := range group {
-				p.en.lease[eventError].Inc()
+				p.en.lease[metrics.EventError].Inc()
 			}
 			return false, fmt.Errorf("%w: %w", ErrLeaseStore, err)
 		}
 		for i, p := range group {
 			if held[i] {
 				released = true
-				p.en.lease[eventReleased].Inc()
+				p.en.lease[metrics.EventReleased].Inc()
 			} else if tracked {
 				// It expired before its release: counted as expired.
-				p.en.lease[eventExpired].Inc()
+				p.en.lease[metrics.EventExpired].Inc()
 			}
 		}
 	}
@@ -571,7 +627,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		remote = nil
 	}
 	if len(here) == 0 && len(remote) == 0 {
-		e.inflight.remove(id.Member())
+		e.inflight.Remove(id.Member())
 		return false, nil, nil
 	}
 	l := &Lease{ID: leaseID}
@@ -604,7 +660,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 				return false, nil, ctx.Err()
 			}
 			for _, p := range group {
-				p.en.lease[eventError].Inc()
+				p.en.lease[metrics.EventError].Inc()
 			}
 			return false, nil, fmt.Errorf("%w: %w", ErrLeaseStore, err)
 		}
@@ -632,9 +688,9 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		return false, nil, nil
 	}
 	for _, p := range here {
-		p.en.lease[eventRenewed].Inc()
+		p.en.lease[metrics.EventRenewed].Inc()
 	}
-	e.inflight.renew(id.Member(), l.Expires)
+	e.inflight.Renew(id.Member(), l.Expires)
 	return true, l, nil
 }
 
@@ -642,11 +698,11 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 // of it is released, here and in the regions holding its other parts.
 func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, leaseID string, here []heldPart, remote map[string][]heldPart) {
 	for _, p := range here {
-		p.en.lease[eventGone].Inc()
+		p.en.lease[metrics.EventGone].Inc()
 	}
-	if e.inflight.remove(id.Member()) {
+	if e.inflight.Remove(id.Member()) {
 		for _, p := range here {
-			p.en.lease[eventExpired].Inc()
+			p.en.lease[metrics.EventExpired].Inc()
 		}
 	}
 	rctx, cancel := e.detached(ctx)

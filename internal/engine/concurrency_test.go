@@ -51,7 +51,7 @@ func newLeaseEngine(t *testing.T) (*Engine, *faultStore, *prometheus.Registry) {
 	return e, store, reg
 }
 
-func acquireAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *Lease, *Check, error) {
+func acquireAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *Lease, *Acquire, error) {
 	t.Helper()
 	c := e.NewAcquire()
 	if _, _, err := c.AddAttributes(a, 1); err != nil {

@@ -1,14 +1,47 @@
 // Package engine decides checks: it is the one pipeline behind every front
 // door (a check by rule id, by attributes, Envoy's rate limit service,
 // forward-auth, and the checks other regions forward). A front door builds
-// a Check from its request, calls Decide, and translates the items'
-// decisions into its answer; the deny cache, leases, home-region
-// forwarding, the store-failure policy and the decision metrics live here
-// and nowhere else.
+// a Check (or, for concurrency rules, an Acquire) from its request, calls
+// Decide (or Acquire), and translates the items' decisions into its answer;
+// the deny cache, leases, home-region forwarding, the store-failure policy
+// and the decision metrics live here and nowhere else.
 //
-// A check is all or nothing: when any enforced rule refuses, nothing is
-// spent for any of them, wherever they were decided (this region's store,
-// a lease, a key's home region).
+// The stages of a check, in order, all under one topology snapshot
+// (decideUnder); each later stage runs only when the earlier ones allowed:
+//
+//	NewCheck / NewAcquire + Add...        check.go, concurrency.go
+//	        |
+//	        v
+//	[Acquire only] leases                 concurrency.go, pinnedlease.go
+//	        |   at the keys' home regions, then here in one store call
+//	        v
+//	deny cache ---- a denial known ---->  refused, nothing spent
+//	        |                             (internal/engine/denycache)
+//	        v
+//	route: home region | token lease | this region's store
+//	        |                             pipeline.go
+//	        v
+//	home regions (forward)                pipeline.go
+//	        v
+//	token leases                          pipeline.go (internal/engine/lease)
+//	        v
+//	handoff of moved keys                 handoff.go
+//	        v
+//	this region's store, one call         pipeline.go
+//	        v
+//	shadow rules (refuse nothing)         pipeline.go
+//
+// A part that fails goes to the one failure policy (onFailure, policy.go):
+// refused, uncertain or decided from a share of the limit. A check is all
+// or nothing: when any enforced rule refuses, nothing is spent for any of
+// them, wherever they were decided (this region's store, a lease, a key's
+// home region): what the earlier stages spent is given back.
+//
+// Sub-packages: denycache (refusals remembered), lease (token batches held
+// by this instance), leaseid (the text of a concurrency lease id),
+// inflight (the leases granted here, for the in-flight gauge),
+// reservation (the name of a paced check's reserved slot) and metrics (the
+// engine's Prometheus series).
 package engine
 
 import (
@@ -26,7 +59,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/engine/denycache"
+	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/reservation"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -192,14 +228,14 @@ type Engine struct {
 	// leaseStore holds the leases of concurrency rules; inflight counts
 	// those this instance granted.
 	leaseStore bucket.LeaseStore
-	inflight   *inflight
+	inflight   *inflight.Tracker
 	log        *slog.Logger
-	m          *metrics
+	m          *metrics.Metrics
 	// refunds are the home-region refunds still under way.
 	refunds sync.WaitGroup
 	// resKey keys reservations' MACs; spentRes are those given back.
 	resKey   []byte
-	spentRes spentReservations
+	spentRes reservation.Spent
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -219,7 +255,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	m, err := newMetrics(reg)
+	m, err := metrics.New(reg)
 	if err != nil {
 		return nil, err
 	}
@@ -228,7 +264,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
-		resKey: reservationKey(opts.ReservationSecret),
+		resKey: reservation.Key(opts.ReservationSecret),
 	}
 	ts := newTopoState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
@@ -241,19 +277,18 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	}
 	e.topo.Store(ts)
 	for name := range opts.Homes {
-		m.stale.WithLabelValues(name)
+		m.Stale.WithLabelValues(name)
 	}
 	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
-	e.inflight = newInflight(func() []*entry {
-		var out []*entry
-		t := e.table.Load()
-		for _, r := range t.set.Rules() {
+	e.inflight = inflight.New(func() []string {
+		var out []string
+		for _, r := range e.table.Load().set.Rules() {
 			if r.Concurrent() {
-				out = append(out, t.byID[r.ID])
+				out = append(out, r.ID)
 			}
 		}
 		return out
-	}, m.untracked, e.log)
+	}, m.Untracked, e.log)
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_lease_keys",
@@ -357,7 +392,7 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 		return err
 	}
 	for name := range homes {
-		e.m.stale.WithLabelValues(name)
+		e.m.Stale.WithLabelValues(name)
 	}
 	ts := newTopoState(topo, homes)
 	cur := e.topo.Load()
@@ -412,7 +447,7 @@ func (e *Engine) install(set *rules.Set, regions int) {
 	if old != nil {
 		for id := range old.byID {
 			if t.byID[id] == nil {
-				e.m.forget(id)
+				e.m.Forget(id)
 			}
 		}
 	}

@@ -10,8 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -38,14 +37,6 @@ import (
 // after a switch, so that their checks skip the store's Seeded; beyond it a
 // moved key's checks ask the store each time, within its window.
 const MaxHandoffKeys = 100_000
-
-// Handoff results (limiter_topology_handoffs_total).
-const (
-	handoffSeeded      = "seeded"
-	handoffAlready     = "already"
-	handoffUnreachable = "unreachable"
-	handoffStoreError  = "store_error"
-)
 
 // seededKeys are the moved keys this process knows are seeded, at most
 // MaxHandoffKeys.
@@ -170,7 +161,7 @@ func (f storeFailure) Unwrap() error { return f.err }
 // them. It fails for a fail-closed rule whose old home did not answer
 // (ErrUnavailable), and with a storeFailure when this region's store did
 // not answer.
-func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
+func (e *Engine) handoff(ctx context.Context, c *request, items []*Item) error {
 	ts := c.ts
 	var moves []move
 	now := time.Now()
@@ -184,7 +175,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	}
 	done, err := e.store.Seeded(ctx, seedsOf(moves))
 	if err != nil {
-		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(moves)))
+		e.m.Handoffs.WithLabelValues(metrics.HandoffStoreError).Add(float64(len(moves)))
 		return storeFailure{err}
 	}
 	// The old homes' counts of the buckets not seeded yet, one call per home.
@@ -193,7 +184,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	for i, mv := range moves {
 		if done[i] {
 			mv.seen.add(mv.seed.Rule, mv.seed.Key)
-			e.m.handoffs.WithLabelValues(handoffAlready).Inc()
+			e.m.Handoffs.WithLabelValues(metrics.HandoffAlready).Inc()
 			continue
 		}
 		if byHome[mv.from] == nil {
@@ -205,7 +196,7 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	for _, home := range homes {
 		mvs := byHome[home]
 		if err := e.askHandoff(ctx, ts, home, mvs); err != nil {
-			e.m.handoffs.WithLabelValues(handoffUnreachable).Add(float64(len(mvs)))
+			e.m.Handoffs.WithLabelValues(metrics.HandoffUnreachable).Add(float64(len(mvs)))
 			its := make([]*Item, len(mvs))
 			for i, mv := range mvs {
 				its[i] = mv.it
@@ -226,15 +217,15 @@ func (e *Engine) handoff(ctx context.Context, c *Check, items []*Item) error {
 	}
 	ok, err := e.store.Seed(ctx, seedsOf(todo))
 	if err != nil {
-		e.m.handoffs.WithLabelValues(handoffStoreError).Add(float64(len(todo)))
+		e.m.Handoffs.WithLabelValues(metrics.HandoffStoreError).Add(float64(len(todo)))
 		return storeFailure{err}
 	}
 	for i, mv := range todo {
 		mv.seen.add(mv.seed.Rule, mv.seed.Key)
 		if ok[i] {
-			e.m.handoffs.WithLabelValues(handoffSeeded).Inc()
+			e.m.Handoffs.WithLabelValues(metrics.HandoffSeeded).Inc()
 		} else {
-			e.m.handoffs.WithLabelValues(handoffAlready).Inc()
+			e.m.Handoffs.WithLabelValues(metrics.HandoffAlready).Inc()
 		}
 	}
 	return nil
@@ -342,14 +333,4 @@ func (e *Engine) Used(ctx context.Context, items []HomeItem) ([]float64, error) 
 		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit}
 	}
 	return e.store.Used(ctx, reqs)
-}
-
-// handoffResults are the results limiter_topology_handoffs_total counts.
-var handoffResults = []string{handoffSeeded, handoffAlready, handoffUnreachable, handoffStoreError}
-
-func newHandoffMetric() *prometheus.CounterVec {
-	return prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "limiter_topology_handoffs_total",
-		Help: "Pinned rules' keys moved here by a topology switch or a change of the rule's home_keys, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed: the check is decided as on a store failure, and the next one tries again).",
-	}, []string{"result"})
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -156,7 +157,7 @@ func admit(t *testing.T, e *Engine, rule, key string) (int, error) {
 
 // handoffCount is e's count of handoffs of result.
 func handoffCount(e *Engine, result string) float64 {
-	return testutil.ToFloat64(e.m.handoffs.WithLabelValues(result))
+	return testutil.ToFloat64(e.m.Handoffs.WithLabelValues(result))
 }
 
 // TestHandoffAtSwitch: a key that a topology switch moves from eu (a
@@ -178,7 +179,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 			if n, err := admit(t, w.us, rule, key); n != 4 || err != nil {
 				t.Fatalf("us admitted %d after the switch (%v); want the 4 eu had left", n, err)
 			}
-			if got := handoffCount(w.us, handoffSeeded); got != 1 {
+			if got := handoffCount(w.us, metrics.HandoffSeeded); got != 1 {
 				t.Errorf("handoffs seeded: %v, want 1", got)
 			}
 			// A second instance of us, on the same store, finds it seeded.
@@ -188,7 +189,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 			if n, err := admit(t, us2, rule, key); n != 0 || err != nil {
 				t.Fatalf("a second instance admitted %d (%v); want 0", n, err)
 			}
-			if got := handoffCount(us2, handoffAlready); got != 1 {
+			if got := handoffCount(us2, metrics.HandoffAlready); got != 1 {
 				t.Errorf("the second instance's handoffs already: %v, want 1", got)
 			}
 			if got := w.retired.Load(); got != 0 {
@@ -221,7 +222,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 				t.Fatalf("fail-closed with eu down: admitted %d (%v), want ErrUnavailable", n, err)
 			}
 		}
-		if got := handoffCount(w.us, handoffUnreachable); got != 3 {
+		if got := handoffCount(w.us, metrics.HandoffUnreachable); got != 3 {
 			t.Errorf("handoffs unreachable: %v, want 3", got)
 		}
 		w.euHome.fail.Store(false)
@@ -235,7 +236,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 		if n, err := admit(t, w.us, "closed", k2); n != 10 || err != nil {
 			t.Fatalf("past the window: admitted %d (%v), want 10", n, err)
 		}
-		if got := handoffCount(w.us, handoffUnreachable); got != 3 {
+		if got := handoffCount(w.us, metrics.HandoffUnreachable); got != 3 {
 			t.Errorf("handoffs unreachable: %v, want still 3 (eu not asked past the window)", got)
 		}
 	})
@@ -254,8 +255,8 @@ func TestHandoffAtSwitch(t *testing.T) {
 		if n, err := admit(t, w.us, "closed", key); n != 10 || err != nil {
 			t.Fatalf("a key homed here before and after: admitted %d (%v), want 10", n, err)
 		}
-		for _, r := range handoffResults {
-			if got := testutil.ToFloat64(w.us.m.handoffs.WithLabelValues(r)); got != 0 {
+		for _, r := range metrics.HandoffResults {
+			if got := testutil.ToFloat64(w.us.m.Handoffs.WithLabelValues(r)); got != 0 {
 				t.Errorf("handoffs %s: %v, want 0", r, got)
 			}
 		}
@@ -318,12 +319,12 @@ func TestHandoffKeysBound(t *testing.T) {
 	if ts.seeded.has("open", key) {
 		t.Fatal("a key past the bound remembered")
 	}
-	if got := handoffCount(w.us, handoffSeeded); got != 1 {
+	if got := handoffCount(w.us, metrics.HandoffSeeded); got != 1 {
 		t.Errorf("seeded %v, want 1", got)
 	}
 	// admit made 5 checks: the first seeded, the next 3 asked the store,
 	// the last (refused) the deny cache answered.
-	if got := handoffCount(w.us, handoffAlready); got != 3 {
+	if got := handoffCount(w.us, metrics.HandoffAlready); got != 3 {
 		t.Errorf("found seeded in the store %v times, want 3", got)
 	}
 }
@@ -443,7 +444,7 @@ func TestHandoffStoreFails(t *testing.T) {
 	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.route != routeFallback {
 		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.route)
 	}
-	if got := handoffCount(us, handoffStoreError); got != 2 {
+	if got := handoffCount(us, metrics.HandoffStoreError); got != 2 {
 		t.Errorf("handoffs store_error %v, want 2", got)
 	}
 	store.fail.Store(false)
@@ -484,7 +485,7 @@ func BenchmarkHandoffWindow(b *testing.B) {
 	b.Run("no switch", func(b *testing.B) { run(b, w.us, steady) })
 	w.switchTo(w.us)
 	b.Run("moved key in its window", func(b *testing.B) { run(b, w.us, key) })
-	if got := handoffCount(w.us, handoffSeeded); got != 1 {
+	if got := handoffCount(w.us, metrics.HandoffSeeded); got != 1 {
 		b.Fatalf("seeded %v, want 1", got)
 	}
 }
@@ -546,8 +547,8 @@ func TestHandoffAtRehome(t *testing.T) {
 	if n, err := admit(t, us2, "vip", "acme"); n != 0 || err != nil {
 		t.Fatalf("a second instance: admitted %d (%v), want 0", n, err)
 	}
-	if handoffCount(us, handoffSeeded) != 1 || handoffCount(us2, handoffAlready) != 1 {
-		t.Errorf("seeded %v, already %v; want 1 and 1", handoffCount(us, handoffSeeded), handoffCount(us2, handoffAlready))
+	if handoffCount(us, metrics.HandoffSeeded) != 1 || handoffCount(us2, metrics.HandoffAlready) != 1 {
+		t.Errorf("seeded %v, already %v; want 1 and 1", handoffCount(us, metrics.HandoffSeeded), handoffCount(us2, metrics.HandoffAlready))
 	}
 	euHome.fail.Store(true) // a key not moved, and the window past, never ask
 	if n, err := admit(t, us, "vip", plain); n != 10 || err != nil {
@@ -583,7 +584,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if n, err := admit(t, us, "vip", bolt); n != 12 || err != nil {
 		t.Fatalf("past the window: admitted %d (%v), want 12", n, err)
 	}
-	if got := handoffCount(us, handoffUnreachable); got != 0 {
+	if got := handoffCount(us, metrics.HandoffUnreachable); got != 0 {
 		t.Errorf("eu asked %v times while down, want 0", got)
 	}
 }
@@ -613,7 +614,7 @@ func TestHandoffMaxWindow(t *testing.T) {
 	if n, err := admit(t, us, "open", key); n != 10 || err != nil {
 		t.Fatalf("past the cap: admitted %d (%v), want 10 (a full bucket)", n, err)
 	}
-	if got := handoffCount(us, handoffSeeded) + handoffCount(us, handoffUnreachable); got != 0 {
+	if got := handoffCount(us, metrics.HandoffSeeded) + handoffCount(us, metrics.HandoffUnreachable); got != 0 {
 		t.Errorf("handoffs past the cap: %v, want none", got)
 	}
 	if w, _ := us.longestHandoff(w.set); w != time.Minute {

@@ -159,7 +159,7 @@ func TestHomeFailures(t *testing.T) {
 				if got := e.topo.Load().gen; got != tc.wantGen {
 					t.Errorf("generation in force %d, want %d", got, tc.wantGen)
 				}
-				if got := testutil.ToFloat64(e.m.stale.WithLabelValues("eu")); got != tc.staleInc {
+				if got := testutil.ToFloat64(e.m.Stale.WithLabelValues("eu")); got != tc.staleInc {
 					t.Errorf("stale refusals counted %v, want %v", got, tc.staleInc)
 				}
 			})

@@ -105,11 +105,11 @@ func TestPacedCheck(t *testing.T) {
 	if ok, it = pacedCheck(t, e, "pace", "k", 2500*time.Millisecond); !ok || it.Decision.Wait <= 1900*time.Millisecond || it.Decision.Wait > 2*time.Second {
 		t.Fatalf("after a refusal beyond the wait: %v %+v, want the slot 2s after the first", ok, it.Decision)
 	}
-	m := e.m.paced
+	m := e.m.Paced
 	if a, l := testutil.ToFloat64(m.WithLabelValues("pace", "allowed")), testutil.ToFloat64(m.WithLabelValues("pace", "limited")); a != 2 || l != 1 {
 		t.Fatalf("limiter_paced_checks_total: allowed %v limited %v, want 2 and 1", a, l)
 	}
-	if n := testutil.CollectAndCount(e.m.pacedWait, "limiter_paced_wait_seconds"); n != 1 {
+	if n := testutil.CollectAndCount(e.m.PacedWait, "limiter_paced_wait_seconds"); n != 1 {
 		t.Fatalf("limiter_paced_wait_seconds has %d series, want the rule's", n)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -39,30 +40,9 @@ type HomeLease struct {
 	Fallback  bool
 }
 
-// Forwarded lease calls, the values of the call label.
-const (
-	callAcquire = "acquire"
-	callRelease = "release"
-	callRenew   = "renew"
-)
-
-// Results of forwarded lease calls besides allowed, limited and error.
-const (
-	resultReleased = "released"
-	resultRenewed  = "renewed"
-	resultGone     = "gone"
-)
-
-// forwardedLeaseResults are the results of each forwarded call.
-var forwardedLeaseResults = map[string][]string{
-	callAcquire: {resultAllowed, resultLimited, resultError},
-	callRelease: {resultReleased, resultGone, resultError},
-	callRenew:   {resultRenewed, resultGone, resultError},
-}
-
 func (e *Engine) countForward(rules []string, call, result string) {
 	for _, r := range rules {
-		e.m.forwardedLeases.WithLabelValues(r, call, result).Inc()
+		e.m.ForwardedLeases.WithLabelValues(r, call, result).Inc()
 	}
 }
 
@@ -85,11 +65,11 @@ func heldRules(parts []heldPart) []string {
 }
 
 // acquireAt asks home to hold the leases of id's parts idx (of c.held).
-func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home string, idx []int, id *leaseid.ID) (bool, error) {
+func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home string, idx []int, id *leaseid.ID) (bool, error) {
 	rules := partRules(id, home)
 	h, _ := ts.homes[home].(LeaseHome)
 	if h == nil {
-		e.countForward(rules, callAcquire, resultError)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultError)
 		return false, errors.New("no lease client for home region " + home)
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
@@ -103,7 +83,7 @@ func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home st
 		err = errors.New("home region answered for another number of leases")
 	}
 	if err != nil {
-		e.countForward(rules, callAcquire, resultError)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultError)
 		return false, err
 	}
 	for j, i := range idx {
@@ -116,9 +96,9 @@ func (e *Engine) acquireAt(ctx context.Context, c *Check, ts *topoState, home st
 		}
 	}
 	if hl.Allowed {
-		e.countForward(rules, callAcquire, resultAllowed)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultAllowed)
 	} else {
-		e.countForward(rules, callAcquire, resultLimited)
+		e.countForward(rules, metrics.CallAcquire, metrics.ResultLimited)
 	}
 	return hl.Allowed, nil
 }
@@ -141,12 +121,12 @@ func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, i
 		ok, err := h.ReleaseLease(rctx, s)
 		switch {
 		case err != nil:
-			e.countForward(rules, callRelease, resultError)
+			e.countForward(rules, metrics.CallRelease, metrics.ResultError)
 			e.log.Warn("the leases of a refused acquire not given back at their home: they expire there on their own", "home", home, "err", err)
 		case ok:
-			e.countForward(rules, callRelease, resultReleased)
+			e.countForward(rules, metrics.CallRelease, metrics.ResultReleased)
 		default:
-			e.countForward(rules, callRelease, resultGone)
+			e.countForward(rules, metrics.CallRelease, metrics.ResultGone)
 		}
 	}
 }
@@ -156,19 +136,19 @@ func (e *Engine) releaseRemote(ctx context.Context, ts *topoState, region, lease
 	rules := heldRules(parts)
 	h, _ := ts.homes[region].(LeaseHome)
 	if h == nil {
-		e.countForward(rules, callRelease, resultError)
+		e.countForward(rules, metrics.CallRelease, metrics.ResultError)
 		return false, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
 	ok, err := h.ReleaseLease(fctx, leaseID)
 	if err != nil {
-		return false, e.remoteLeaseError(ctx, rules, callRelease, region, err)
+		return false, e.remoteLeaseError(ctx, rules, metrics.CallRelease, region, err)
 	}
 	if ok {
-		e.countForward(rules, callRelease, resultReleased)
+		e.countForward(rules, metrics.CallRelease, metrics.ResultReleased)
 	} else {
-		e.countForward(rules, callRelease, resultGone)
+		e.countForward(rules, metrics.CallRelease, metrics.ResultGone)
 	}
 	return ok, nil
 }
@@ -178,19 +158,19 @@ func (e *Engine) renewRemote(ctx context.Context, ts *topoState, region, leaseID
 	rules := heldRules(parts)
 	h, _ := ts.homes[region].(LeaseHome)
 	if h == nil {
-		e.countForward(rules, callRenew, resultError)
+		e.countForward(rules, metrics.CallRenew, metrics.ResultError)
 		return false, time.Time{}, 0, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()
 	ok, expires, ttl, err := h.RenewLease(fctx, leaseID)
 	if err != nil {
-		return false, time.Time{}, 0, e.remoteLeaseError(ctx, rules, callRenew, region, err)
+		return false, time.Time{}, 0, e.remoteLeaseError(ctx, rules, metrics.CallRenew, region, err)
 	}
 	if ok {
-		e.countForward(rules, callRenew, resultRenewed)
+		e.countForward(rules, metrics.CallRenew, metrics.ResultRenewed)
 	} else {
-		e.countForward(rules, callRenew, resultGone)
+		e.countForward(rules, metrics.CallRenew, metrics.ResultGone)
 	}
 	return ok, expires, ttl, nil
 }
@@ -198,7 +178,7 @@ func (e *Engine) renewRemote(ctx context.Context, ts *topoState, region, leaseID
 // remoteLeaseError is the error of a Release or Renew the region holding
 // the lease did not answer (or refused as invalid: its answer stands).
 func (e *Engine) remoteLeaseError(ctx context.Context, rules []string, call, region string, err error) error {
-	e.countForward(rules, call, resultError)
+	e.countForward(rules, call, metrics.ResultError)
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
@@ -232,12 +212,12 @@ type PeerLease struct {
 func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, leaseID string) (*PeerLease, error) {
 	id, err := parseLeaseID(leaseID)
 	if err != nil {
-		e.m.invalid.WithLabelValues("lease_id").Inc()
+		e.m.Invalid.WithLabelValues("lease_id").Inc()
 		return nil, err
 	}
 	ts := e.useTopology()
 	defer ts.release()
-	c := &Check{t: e.table.Load(), m: e.m, acquire: true, peer: origin}
+	c := &Acquire{request: request{t: e.table.Load(), m: e.m, peer: origin}}
 	for i, p := range id.Parts {
 		if p.Region != e.region {
 			continue
@@ -252,7 +232,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 			return nil, invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", quote(p.Rule))
 		case p.Flags != 0:
 			return nil, invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", quote(p.Rule))
-		case slices.ContainsFunc(c.held, func(it *Item) bool { return it.e == en && it.Key == p.Key }):
+		case slices.ContainsFunc(c.held, func(l *heldLease) bool { return l.e == en && l.Key == p.Key }):
 			return nil, invalid("lease_id", "lease_id: rule %s and key given twice", quote(p.Rule))
 		}
 		if ts.topo != nil {
@@ -263,7 +243,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 				return nil, invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", quote(p.Rule), home, e.region)
 			}
 		}
-		c.held = append(c.held, &Item{Rule: en.rule, Key: p.Key, Cost: 1, e: en, limit: en.limit, part: i})
+		c.held = append(c.held, &heldLease{Item: &Item{Rule: en.rule, Key: p.Key, Cost: 1, e: en, limit: en.limit}, part: i})
 	}
 	if len(c.held) == 0 {
 		return nil, invalid("lease_id", "lease_id: no lease of it is held in region %s", quote(e.region))
@@ -272,7 +252,7 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	if err != nil {
 		return nil, err
 	}
-	pl := &PeerLease{Allowed: allowed, Items: c.held}
+	pl := &PeerLease{Allowed: allowed, Items: itemsOf(c.held)}
 	if !allowed {
 		return pl, nil
 	}
@@ -283,12 +263,12 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 		if ttl := it.e.leases.TTL; pl.TTL == 0 || ttl < pl.TTL {
 			pl.TTL = ttl
 		}
-		it.e.lease[eventAcquired].Inc()
+		it.e.lease[metrics.EventAcquired].Inc()
 		if it.route == routeFallback {
 			pl.Fallback = true
-			it.e.lease[eventFallback].Inc()
+			it.e.lease[metrics.EventFallback].Inc()
 		}
 	}
-	e.inflight.add(id.Member(), c.held, pl.Expires)
+	e.inflight.Add(id.Member(), trackedRules(c.held), pl.Expires)
 	return pl, nil
 }

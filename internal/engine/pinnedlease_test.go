@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -61,7 +62,7 @@ func (h *engineHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
 }
 
 func (h *engineHome) AcquireLease(ctx context.Context, id string) (HomeLease, error) {
-	if err := h.call(callAcquire); err != nil {
+	if err := h.call(metrics.CallAcquire); err != nil {
 		return HomeLease{}, err
 	}
 	pl, err := h.e.PeerAcquire(ctx, h.origin, h.gen, id)
@@ -76,14 +77,14 @@ func (h *engineHome) AcquireLease(ctx context.Context, id string) (HomeLease, er
 }
 
 func (h *engineHome) ReleaseLease(ctx context.Context, id string) (bool, error) {
-	if err := h.call(callRelease); err != nil {
+	if err := h.call(metrics.CallRelease); err != nil {
 		return false, err
 	}
 	return h.e.PeerRelease(ctx, id)
 }
 
 func (h *engineHome) RenewLease(ctx context.Context, id string) (bool, time.Time, time.Duration, error) {
-	if err := h.call(callRenew); err != nil {
+	if err := h.call(metrics.CallRenew); err != nil {
 		return false, time.Time{}, 0, err
 	}
 	ok, l, err := h.e.PeerRenew(ctx, id)
@@ -210,17 +211,17 @@ func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
 	if ok, _, _ := acquireRule(t, us, "pin", "k"); !ok {
 		t.Fatal("the share's slot did not come back after the refused renewal")
 	}
-	if got := testutil.ToFloat64(us.m.forwardedLeases.WithLabelValues("pin", callAcquire, resultError)); got != 3 {
+	if got := testutil.ToFloat64(us.m.ForwardedLeases.WithLabelValues("pin", metrics.CallAcquire, metrics.ResultError)); got != 3 {
 		t.Errorf("forwarded acquires without an answer = %v, want 3", got)
 	}
 
 	toEU.err = fmt.Errorf("slow: %w", bucket.ErrOutcomeUnknown)
-	before := toEU.calls[callRelease]
+	before := toEU.calls[metrics.CallRelease]
 	if ok, _, err := acquireRule(t, us, "pin", "k2"); !ok || err != nil {
 		t.Fatalf("Acquire whose home's answer did not come: %v, %v; want a fallback lease", ok, err)
 	}
-	if toEU.calls[callRelease] != before+1 {
-		t.Errorf("an acquire whose answer did not come asked for %d releases, want 1", toEU.calls[callRelease]-before)
+	if toEU.calls[metrics.CallRelease] != before+1 {
+		t.Errorf("an acquire whose answer did not come asked for %d releases, want 1", toEU.calls[metrics.CallRelease]-before)
 	}
 
 	// The home granted, the local part refuses: the home's lease goes back.
@@ -236,7 +237,7 @@ func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
 	if ok, _, err := us.Acquire(ctx, c); ok || err != nil {
 		t.Fatalf("mixed acquire with the local rule full: %v, %v; want refused", ok, err)
 	}
-	if got := testutil.ToFloat64(us.m.forwardedLeases.WithLabelValues("pin", callRelease, resultReleased)); got < 1 {
+	if got := testutil.ToFloat64(us.m.ForwardedLeases.WithLabelValues("pin", metrics.CallRelease, metrics.ResultReleased)); got < 1 {
 		t.Errorf("the home's lease of a refused acquire not given back (released %v)", got)
 	}
 	// Both of eu's slots are free: the refused acquire holds nothing there.

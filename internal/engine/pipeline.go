@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -33,6 +34,11 @@ const shadowLogRate = 0.01
 // refuses it as routed with a stale topology and reading the topology again
 // puts a newer one in force, it is routed again with that one, once.
 func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
+	return e.decideRequest(ctx, &c.request)
+}
+
+// decideRequest is Decide of a check's or an Acquire's rate rules.
+func (e *Engine) decideRequest(ctx context.Context, c *request) (bool, error) {
 	ts := e.useTopology()
 	allowed, err := e.decideUnder(ctx, c, ts, false)
 	ts.release()
@@ -47,7 +53,7 @@ func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
 // decideUnder is Decide with the check routed under the topology of ts
 // (rerouted: a second time). Its errReroute says a home refused it as
 // stale and a newer topology is in force: the caller routes it again.
-func (e *Engine) decideUnder(ctx context.Context, c *Check, ts *topoState, rerouted bool) (bool, error) {
+func (e *Engine) decideUnder(ctx context.Context, c *request, ts *topoState, rerouted bool) (bool, error) {
 	for _, it := range c.enforce {
 		it.probe, it.remembered = false, false
 	}
@@ -100,7 +106,7 @@ type homeSpend struct {
 	items []*Item
 }
 
-func (e *Engine) decide(ctx context.Context, c *Check) (admitted bool, _ error) {
+func (e *Engine) decide(ctx context.Context, c *request) (admitted bool, _ error) {
 	items := c.enforce
 	for _, it := range items {
 		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
@@ -272,7 +278,7 @@ func (e *Engine) endBatches(local []*Item, admitted bool) {
 // concurrency lease) under the topology of ts, or "" for this region: a
 // pinned rule's key homed elsewhere, unless c was forwarded by a peer (a
 // forwarded call is never forwarded again).
-func (e *Engine) homeOf(ts *topoState, c *Check, it *Item) string {
+func (e *Engine) homeOf(ts *topoState, c *request, it *Item) string {
 	if !it.e.pinned || ts.topo == nil || c.peer != "" {
 		return ""
 	}
@@ -291,7 +297,7 @@ func (e *Engine) homeOf(ts *topoState, c *Check, it *Item) string {
 // the home's answer stands.
 func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error) error {
 	if errors.Is(err, ErrStaleTopology) {
-		e.m.stale.WithLabelValues(home).Inc()
+		e.m.Stale.WithLabelValues(home).Inc()
 		if !rerouted && e.reload != nil {
 			if e.reload(); e.topo.Load().gen > ts.gen {
 				return errReroute
@@ -308,7 +314,7 @@ func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error
 }
 
 // forward asks home to decide its items.
-func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item) (bool, error) {
+func (e *Engine) forward(ctx context.Context, c *request, home string, its []*Item) (bool, error) {
 	h := c.ts.homes[home]
 	if h == nil {
 		return false, errors.New("no client for home region " + home)
@@ -345,7 +351,7 @@ func (e *Engine) forward(ctx context.Context, c *Check, home string, its []*Item
 // runs short and no other check is taking the next batch, it makes this
 // check the one to take it, with the store call of the check (route stays
 // routeNone, batch set); checks that arrive meanwhile wait for that batch.
-func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error) {
+func (e *Engine) fromLease(ctx context.Context, c *request, it *Item) (bool, error) {
 	for {
 		left, ok, wait, fetch := e.leases.Take(it.Rule.ID, it.Key, it.Cost)
 		switch {
@@ -378,7 +384,7 @@ func (e *Engine) fromLease(ctx context.Context, c *Check, it *Item) (bool, error
 
 // fromStore decides items in one store call; when the store fails, the
 // rules' on_failure decides.
-func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent int64) (bool, error) {
+func (e *Engine) fromStore(ctx context.Context, c *request, items []*Item, sent int64) (bool, error) {
 	reqs := storeRequests(c, items)
 	ds, err := e.takeAll(ctx, reqs)
 	if err == nil && !allAllowed(ds) {
@@ -428,7 +434,7 @@ func (e *Engine) fromStore(ctx context.Context, c *Check, items []*Item, sent in
 // back what the others spent). Otherwise the decided ones stay spent, the
 // rest are decided by storeFailed, and when that refuses (or errs) the
 // decided ones are given back.
-func (e *Engine) partlyDecided(ctx context.Context, c *Check, items []*Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError, sent int64) (bool, error) {
+func (e *Engine) partlyDecided(ctx context.Context, c *request, items []*Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError, sent int64) (bool, error) {
 	var decided, failed []*Item
 	var failedReqs, spentReqs []bucket.Request
 	refused := false
@@ -501,7 +507,7 @@ func allAllowed(ds []bucket.Decision) bool {
 // only slows it. The fallback paces with its share, within the same wait.
 // storeRequests are the store's requests of c's items: each its cost, or
 // the lease batch it takes.
-func storeRequests(c *Check, items []*Item) []bucket.Request {
+func storeRequests(c *request, items []*Item) []bucket.Request {
 	reqs := make([]bucket.Request, len(items))
 	for i, it := range items {
 		cost := it.Cost
@@ -513,7 +519,7 @@ func storeRequests(c *Check, items []*Item) []bucket.Request {
 	return reqs
 }
 
-func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs []bucket.Request, err error) (bool, error) {
+func (e *Engine) storeFailed(ctx context.Context, c *request, items []*Item, reqs []bucket.Request, err error) (bool, error) {
 	switch v, err := e.onFailure(ctx, failure{items: items, where: "store", paced: c.maxWait > 0}, err); v {
 	case refused:
 		return false, err
@@ -552,7 +558,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *Check, items []*Item, reqs 
 // in the deny cache; and, when their spends stand (admitted), for allowed
 // ones whose answer shows the next check of the same cost must fail, that
 // denial too. (In a refused check the allowed ones were given back.)
-func (e *Engine) remember(c *Check, items []*Item, sent int64, admitted bool) {
+func (e *Engine) remember(c *request, items []*Item, sent int64, admitted bool) {
 	if e.deny == nil {
 		return
 	}
@@ -630,11 +636,11 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 			defer hs.ts.release()
 			defer cancel()
 			if err := h.Refund(rctx, items); err != nil {
-				e.m.refunds.WithLabelValues("error").Inc()
+				e.m.Refunds.WithLabelValues("error").Inc()
 				e.log.Warn("home region refund failed: its tokens stay spent", "home", hs.home, "err", err)
 				return
 			}
-			e.m.refunds.WithLabelValues("ok").Inc()
+			e.m.Refunds.WithLabelValues("ok").Inc()
 		})
 	}
 	return false, err
@@ -642,7 +648,7 @@ func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, erro
 
 // count updates the metrics of a decided check and records what it
 // admitted for the other regions.
-func (e *Engine) count(c *Check, allowed bool) {
+func (e *Engine) count(c *request, allowed bool) {
 	var now int64 // read once, when a spend is recorded
 	for _, it := range c.enforce {
 		en := it.e
@@ -651,10 +657,10 @@ func (e *Engine) count(c *Check, allowed bool) {
 			// most rules never pace.
 			switch {
 			case allowed:
-				e.m.paced.WithLabelValues(it.Rule.ID, resultAllowed).Inc()
-				e.m.pacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
+				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultAllowed).Inc()
+				e.m.PacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
 			case !it.Decision.Allowed && it.route != routeNone:
-				e.m.paced.WithLabelValues(it.Rule.ID, resultLimited).Inc()
+				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultLimited).Inc()
 			}
 		}
 		if !allowed {

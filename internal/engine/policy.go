@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -61,7 +62,7 @@ func (e *Engine) onFailure(ctx context.Context, f failure, err error) (verdict, 
 		return refused, ctx.Err()
 	}
 	if errors.Is(err, bucket.ErrOverloaded) {
-		e.m.overloaded.Inc()
+		e.m.Overloaded.Inc()
 		return refused, ErrOverloaded
 	}
 	for _, it := range f.items {
@@ -69,7 +70,7 @@ func (e *Engine) onFailure(ctx context.Context, f failure, err error) (verdict, 
 			continue
 		}
 		if f.lease {
-			it.e.lease[eventError].Inc()
+			it.e.lease[metrics.EventError].Inc()
 		} else {
 			it.e.failed.Inc()
 		}

@@ -1,4 +1,9 @@
-package engine
+// Package inflight tracks the leases of concurrency rules one instance
+// granted and has not seen released or expire, for the gauge
+// limiter_concurrency_leases_in_flight: a per-process count, honest
+// without asking the store. The engine adds a lease when an Acquire holds
+// it, and removes or renews it as Release and Renew see it.
+package inflight
 
 import (
 	"container/heap"
@@ -24,22 +29,30 @@ const (
 	MaxTrackedLeases = 100_000
 )
 
-// sweepBatch bounds the expired leases one Acquire drops: the sweep is
-// spread over the Acquires (and a scrape drops every expired one), so no
-// call walks the whole table under the lock.
-const sweepBatch = 64
+// SweepBatch bounds the expired leases one Add drops: the sweep is spread
+// over the Acquires (and a scrape drops every expired one), so no call
+// walks the whole table under the lock.
+const SweepBatch = 64
 
 // untrackedWarnEvery spaces the warnings that a rule's leases are past
 // the bound.
 const untrackedWarnEvery = time.Minute
 
-// inflight tracks the leases this instance granted and has not seen
-// released or expire, for limiter_concurrency_leases_in_flight: a
-// per-process count, honest without asking the store (a lease released
-// through another instance counts here until its expiry). Leases are kept
-// in a heap by expiry, so a sweep touches only expired ones, soonest
-// first. Safe for concurrent use.
-type inflight struct {
+// Rule is what a Tracker needs of a concurrency rule: its id, and its
+// lease counters of the events it counts.
+type Rule struct {
+	ID string
+	// Expired counts a lease tracked here that expired unreleased;
+	// Untracked one granted but left out past the bounds.
+	Expired, Untracked prometheus.Counter
+}
+
+// Tracker tracks the leases this instance granted and has not seen
+// released or expire (a lease released through another instance counts
+// here until its expiry). Leases are kept in a heap by expiry, so a sweep
+// touches only expired ones, soonest first. A Tracker is a
+// prometheus.Collector of the gauge. Safe for concurrent use.
+type Tracker struct {
 	mu       sync.Mutex
 	leases   map[string]*tracked
 	byExpiry expiryHeap
@@ -50,18 +63,21 @@ type inflight struct {
 	untracked prometheus.Counter
 	log       *slog.Logger
 	desc      *prometheus.Desc
-	rules     func() []*entry
+	rules     func() []string
 }
 
 type tracked struct {
 	member  string
-	entries []*entry
+	rules   []*Rule
 	expires time.Time
 	index   int // in byExpiry
 }
 
-func newInflight(rules func() []*entry, untracked prometheus.Counter, log *slog.Logger) *inflight {
-	return &inflight{
+// New makes a Tracker. rules returns the ids of the concurrency rules in
+// force (each has a gauge, 0 included); untracked counts every lease left
+// out past the bounds, which log warns of.
+func New(rules func() []string, untracked prometheus.Counter, log *slog.Logger) *Tracker {
+	return &Tracker{
 		leases: make(map[string]*tracked), count: make(map[string]int), warned: make(map[string]time.Time),
 		untracked: untracked, log: log, rules: rules,
 		desc: prometheus.NewDesc("limiter_concurrency_leases_in_flight",
@@ -69,36 +85,38 @@ func newInflight(rules func() []*entry, untracked prometheus.Counter, log *slog.
 	}
 }
 
-func (f *inflight) add(member string, items []*Item, expires time.Time) {
+// Add tracks the lease of member (a lease id's member), held under rules
+// until expires. Past the bounds it is left out, counted as untracked.
+// Add keeps rules.
+func (f *Tracker) Add(member string, rules []*Rule, expires time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	now := time.Now()
-	f.sweep(now, sweepBatch)
+	f.sweep(now, SweepBatch)
 	if len(f.leases) >= MaxTrackedLeases {
-		f.refuse(now, items, "", MaxTrackedLeases)
+		f.refuse(now, rules, "", MaxTrackedLeases)
 		return
 	}
-	for _, it := range items {
-		if f.count[it.e.rule.ID] >= MaxTrackedLeasesPerRule {
-			f.refuse(now, items, it.e.rule.ID, MaxTrackedLeasesPerRule)
+	for _, r := range rules {
+		if f.count[r.ID] >= MaxTrackedLeasesPerRule {
+			f.refuse(now, rules, r.ID, MaxTrackedLeasesPerRule)
 			return
 		}
 	}
-	t := &tracked{member: member, expires: expires}
-	for _, it := range items {
-		t.entries = append(t.entries, it.e)
-		f.count[it.e.rule.ID]++
+	t := &tracked{member: member, rules: rules, expires: expires}
+	for _, r := range rules {
+		f.count[r.ID]++
 	}
 	f.leases[member] = t
 	heap.Push(&f.byExpiry, t)
 }
 
-// refuse counts a lease of items left untracked past bound (of rule; ""
+// refuse counts a lease of rules left untracked past bound (of rule; ""
 // for every rule's), warning at most once a minute per rule.
-func (f *inflight) refuse(now time.Time, items []*Item, rule string, bound int) {
+func (f *Tracker) refuse(now time.Time, rules []*Rule, rule string, bound int) {
 	f.untracked.Inc()
-	for _, it := range items {
-		it.e.lease[eventUntracked].Inc()
+	for _, r := range rules {
+		r.Untracked.Inc()
 	}
 	if now.Sub(f.warned[rule]) < untrackedWarnEvery {
 		return
@@ -113,8 +131,8 @@ func (f *inflight) refuse(now time.Time, items []*Item, rule string, bound int) 
 		"rule", rule, "tracked", f.count[rule], "bound", bound)
 }
 
-// remove stops tracking a lease; it reports whether it was tracked.
-func (f *inflight) remove(member string) bool {
+// Remove stops tracking a lease; it reports whether it was tracked.
+func (f *Tracker) Remove(member string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := f.leases[member]
@@ -126,7 +144,8 @@ func (f *inflight) remove(member string) bool {
 	return true
 }
 
-func (f *inflight) renew(member string, expires time.Time) {
+// Renew moves a tracked lease's expiry to expires.
+func (f *Tracker) Renew(member string, expires time.Time) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if t := f.leases[member]; t != nil {
@@ -136,32 +155,41 @@ func (f *inflight) renew(member string, expires time.Time) {
 }
 
 // drop forgets t, already out of the heap.
-func (f *inflight) drop(t *tracked) {
+func (f *Tracker) drop(t *tracked) {
 	delete(f.leases, t.member)
-	for _, en := range t.entries {
-		if f.count[en.rule.ID]--; f.count[en.rule.ID] <= 0 {
-			delete(f.count, en.rule.ID)
+	for _, r := range t.rules {
+		if f.count[r.ID]--; f.count[r.ID] <= 0 {
+			delete(f.count, r.ID)
 		}
 	}
 }
 
 // sweep drops up to n leases past their expiry (n < 0: all), soonest
 // first, counting them as expired.
-func (f *inflight) sweep(now time.Time, n int) {
+func (f *Tracker) sweep(now time.Time, n int) {
 	for ; n != 0 && len(f.byExpiry) > 0 && !f.byExpiry[0].expires.After(now); n-- {
 		t := heap.Pop(&f.byExpiry).(*tracked)
-		for _, en := range t.entries {
-			en.lease[eventExpired].Inc()
+		for _, r := range t.rules {
+			r.Expired.Inc()
 		}
 		f.drop(t)
 	}
 }
 
-// Describe and Collect make inflight a prometheus.Collector: the gauge of
-// every concurrency rule in force, 0 included.
-func (f *inflight) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
+// Len is the number of leases tracked, expired ones not yet swept
+// included.
+func (f *Tracker) Len() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.leases)
+}
 
-func (f *inflight) Collect(ch chan<- prometheus.Metric) {
+// Describe and Collect make a Tracker a prometheus.Collector: the gauge of
+// every concurrency rule in force, 0 included.
+func (f *Tracker) Describe(ch chan<- *prometheus.Desc) { ch <- f.desc }
+
+// Collect sweeps every expired lease and reports the gauges.
+func (f *Tracker) Collect(ch chan<- prometheus.Metric) {
 	f.mu.Lock()
 	f.sweep(time.Now(), -1)
 	counts := make(map[string]int, len(f.count))
@@ -169,8 +197,8 @@ func (f *inflight) Collect(ch chan<- prometheus.Metric) {
 		counts[id] = n
 	}
 	f.mu.Unlock()
-	for _, en := range f.rules() {
-		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.GaugeValue, float64(counts[en.rule.ID]), en.rule.ID)
+	for _, id := range f.rules() {
+		ch <- prometheus.MustNewConstMetric(f.desc, prometheus.GaugeValue, float64(counts[id]), id)
 	}
 }
 
