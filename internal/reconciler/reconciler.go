@@ -3,17 +3,20 @@
 // JetStream cluster, and applies every other region's spends, sourced into
 // the region's inbound stream, to this region's buckets, at most once each.
 //
-// Concurrency: one relay loop, and per other region one apply loop and one
-// retry loop. Each apply loop reads a durable consumer that delivers one
-// message at a time, in stream order, so a region's spends are applied in
-// sequence; that order is what lets the debit script tell a redelivery from
-// a new message. A client whose Redis node fails is not waited for: its
+// Concurrency: one relay loop, and per other region one apply loop per
+// partition (gossip.PartitionSubject: the relay splits each flush by key
+// into Options.Partitions), one for its unpartitioned spends of earlier
+// releases, and one retry loop. Each apply loop reads a durable consumer
+// that delivers one message at a time, in stream order, so each partition
+// of a region's spends is applied in sequence, and the partitions side by
+// side; that order, and a client's marker per partition, are what let the
+// debit script tell a redelivery from a new message. A client whose Redis node fails is not waited for: its
 // debits go to the retry stream, in order, under a subject of its slot's
 // bucket, and until that bucket's retries are applied every later debit of
 // a client of the bucket follows them there; the retry loop applies them in
 // the same order with the same markers. Several reconcilers of one region
-// share the durable consumers: the work is spread over them, and when one
-// dies its unacknowledged message goes to another after the ack wait.
+// share the durable consumers: the partitions are spread over them, and
+// when one dies its unacknowledged messages go to others after the ack wait.
 // Package apply applies each message and each retry entry; this package
 // sets up the streams and consumers, runs the loops and follows the
 // topology.
