@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,5 +168,24 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 	}
 	if dups <= float64(len(replayedKeys)) {
 		t.Errorf("duplicates %v: the dead reconciler's unacknowledged messages were not seen applied", dups)
+	}
+}
+
+// TestPartitionsFlag: --apply.partitions out of 1 to gossip.MaxPartitions
+// is refused with an error naming the flag.
+func TestPartitionsFlag(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		n     int
+		valid bool
+	}{{"default", 0, true}, {"one", 1, true}, {"most", gossip.MaxPartitions, true}, {"negative", -1, false}, {"too many", gossip.MaxPartitions + 1, false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			o := Options{Partitions: tt.n}
+			o.setDefaults()
+			err := o.validate()
+			if got := err != nil && strings.Contains(err.Error(), "--apply.partitions: "); got == tt.valid {
+				t.Errorf("partitions %d: %v", tt.n, err)
+			}
+		})
 	}
 }
