@@ -717,12 +717,19 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			if filter != gossip.RelaySubject(src) && have[name+" "+gossip.RelaySubject(src)] {
 				ss.OptStartTime, ss.OptStartSeq = nil, 1
 			}
-			if ss.OptStartTime != nil && r.notMade(ctx, name) {
-				// Everything the stream will hold comes after now. Sourced
-				// from a time, the server would source it from the inbound
-				// stream's last message instead when it first succeeds
-				// (trySetupSourceConsumer), skipping what it holds by then.
-				ss.OptStartTime, ss.OptStartSeq = nil, 1
+			// Sourced from a time, the server sources from the inbound
+			// stream's last message instead when that is later, as it
+			// first succeeds (trySetupSourceConsumer), skipping what the
+			// source holds by then: with two sources of one stream, the
+			// first set up makes the second skip. So "from now" is the
+			// source stream's next sequence when it answers, and its first
+			// when it is not made yet (everything it will hold comes after
+			// now).
+			if ss.OptStartTime != nil {
+				now := !exists && !legacy && r.inSince.IsZero()
+				if next, ok := r.nextSeq(ctx, name); ok && (now || next == 1) {
+					ss.OptStartTime, ss.OptStartSeq = nil, next
+				}
 			}
 			in.Sources = append(in.Sources, ss)
 		}
@@ -801,13 +808,20 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	return st, nil
 }
 
-// notMade reports whether the server answers that the stream name does
-// not exist (not when it does not answer in time).
-func (r *Reconciler) notMade(ctx context.Context, name string) bool {
+// nextSeq is the sequence the stream name gives its next message: 1 when
+// the server answers that it does not exist; ok is false when it does not
+// answer in time.
+func (r *Reconciler) nextSeq(ctx context.Context, name string) (next uint64, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
 	defer cancel()
-	_, err := r.js.Stream(ctx, name)
-	return errors.Is(err, jetstream.ErrStreamNotFound)
+	st, err := r.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 1, true
+	}
+	if err != nil {
+		return 0, false
+	}
+	return st.CachedInfo().State.LastSeq + 1, true
 }
 
 // sourceStart is where a source missing from an existing inbound stream is
