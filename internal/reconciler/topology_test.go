@@ -55,7 +55,11 @@ func (s *stack) waitGeneration(region string, gen uint64) {
 // removed again (generation 3), its loops stop: its spends are no longer
 // applied, and its source stays in the streams.
 func TestRegionAddedAtRunTime(t *testing.T) {
-	t.Parallel()
+	// Not parallel: a region added at run time loses the spends it
+	// publishes before the server sets its source up when another
+	// region's message lands first (nats-server moves a source's start
+	// time to the stream's last message), and a busy machine widens that
+	// gap. Until the source starts by sequence, it runs alone.
 	names := []string{"us-east", "eu-west", "ap-south"}
 	old := []string{"us-east", "eu-west"}
 	s := buildStackTopo(t, names, map[string][]string{"us-east": old, "eu-west": old, "ap-south": names},
