@@ -12,9 +12,11 @@ package testenv
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -40,4 +42,19 @@ func SecretFile(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// DocumentsFlags fails t for each flag of fs that the page (a path from the
+// test's package directory) does not name as --flag.
+func DocumentsFlags(t testing.TB, page string, fs *flag.FlagSet) {
+	t.Helper()
+	text, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !strings.Contains(string(text), "--"+f.Name) {
+			t.Errorf("%s does not document --%s", page, f.Name)
+		}
+	})
 }
