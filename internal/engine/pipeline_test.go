@@ -505,6 +505,78 @@ func TestLeaseGivenBackWhenAnotherRuleRefuses(t *testing.T) {
 	}
 }
 
+// TestLeaseTokensGivenBackWithoutTheDenyCache: with no deny cache, every
+// refused check reaches the token lease before the store refuses it; what
+// it took from the lease goes back each time.
+func TestLeaseTokensGivenBackWithoutTheDenyCache(t *testing.T) {
+	r := twoRegionsWith(t, pipelineRules, newFaultStore(), func(o *Options) { o.DenyCacheSize = -1 })
+	a := &rules.Attributes{User: "lu", APIKey: "lk", Path: "/l"}
+	if ok, _, err := checkAttrs(t, r.east, a); !ok || err != nil {
+		t.Fatalf("first check = %v, %v", ok, err)
+	}
+	// The lease holds 4; tight (capacity 1) refuses every later check, each
+	// after leased took 1 from the lease.
+	for range 10 {
+		if ok, _, _ := checkAttrs(t, r.east, a); ok {
+			t.Fatal("a check passed with tight spent")
+		}
+	}
+	// The 4 are still there: 4 checks of leased alone pass from the lease
+	// without a store call.
+	before := r.eastStore.calls.Load()
+	for i := range 4 {
+		c := r.east.NewCheck()
+		if _, err := c.AddRule("leased", "user:lu", 1); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.east.Decide(context.Background(), c); !ok || err != nil {
+			t.Fatalf("leased check %d = %v, %v; want allowed from the lease", i, ok, err)
+		}
+	}
+	if calls := r.eastStore.calls.Load() - before; calls != 0 {
+		t.Errorf("%d store calls for 4 checks the lease should hold: refused checks kept its tokens", calls)
+	}
+}
+
+// TestPartlyDecidedSpendsUndoneWhenTheRestFailsClosed: a store call that
+// decided one client slot and failed another, whose rule is fail-closed,
+// refuses the check, and the decided slot's spend is undone at its
+// instant.
+func TestPartlyDecidedSpendsUndoneWhenTheRestFailsClosed(t *testing.T) {
+	r := twoRegions(t)
+	r.eastStore.multi = func(reqs []bucket.Request, ds []bucket.Decision) error {
+		errs := make([]error, len(reqs))
+		for i, q := range reqs {
+			if q.Rule == "closed" {
+				errs[i] = errors.New("connection refused")
+			}
+		}
+		return &bucket.MultiError{Errs: errs}
+	}
+	for i := range 3 {
+		c := r.east.NewCheck()
+		if _, err := c.AddRule("open", "k", 1); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.AddRule("closed", "k", 1); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.east.Decide(context.Background(), c); ok || !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("check %d with closed's slot failing = %v, %v; want ErrUnavailable", i, ok, err)
+		}
+	}
+	r.eastStore.multi = nil
+	if got := remaining(t, r.east, "open", "k"); got < 8-1e-3 {
+		t.Fatalf("open has %v of 8 left after 3 refused checks: their spends stayed", got)
+	}
+	r.eastStore.mu.Lock()
+	undos := len(r.eastStore.undos)
+	r.eastStore.mu.Unlock()
+	if undos != 3 {
+		t.Errorf("%d undos sent, want 3 (one per refused check)", undos)
+	}
+}
+
 // TestProbeOnEveryPath: once a denial expires, many concurrent checks of
 // several rules send one probe to the store, not one call each.
 func TestProbeOnEveryPath(t *testing.T) {
