@@ -111,7 +111,12 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 			return startDaemon(t, cluster.Addrs(), func(o *Options) {
 				o.Region, o.TopologyFile, o.TopologyPoll, o.PeerSecretFile, o.RulesFile = n, r.file, poll, secret, rulesFile
 				o.GRPCAddress = r.addr
-				o.ForwardTimeout = 2 * time.Second // the race detector on two cores
+				// The race detector on two cores, beside other tests: a
+				// check is not refused as overloaded, nor a late reply
+				// taken for an unknown outcome, only because the machine
+				// is busy (either sends a fail-open rule to its fallback).
+				o.ForwardTimeout = 2 * time.Second
+				o.RedisMaxQueueWait, o.RedisReplyDeadline = time.Second, 5*time.Second
 			})
 		}
 		r.d = r.start()
