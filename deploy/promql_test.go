@@ -521,12 +521,12 @@ func TestPromQLMetricsExported(t *testing.T) {
 		waitFor(t, 20*time.Second, "reconciler "+name+" ready", func() bool { return httpStatus("http://"+r.HTTPAddr()+"/readyz") == http.StatusOK })
 	}
 
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: grpcAddr, HTTPAddress: "127.0.0.1:0", RulesFile: rulesFile, TopologyFile: topology,
-		PeerSecretFile: testenv.SecretFile(t),
-		RedisAddrs:     cluster.Addrs(), RedisTimeout: time.Second, Region: "us-east", NATSURL: nats.URL(),
-		GossipInterval: 100 * time.Millisecond, Instance: "limiterd-deploy-test", Logger: quiet,
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.TopologyFile = grpcAddr, "127.0.0.1:0", rulesFile, topology
+	o.PeerSecretFile = testenv.SecretFile(t)
+	o.Redis.Addrs, o.RedisTuning.Timeout, o.Region, o.NATSURL = cluster.Addrs(), time.Second, "us-east", nats.URL()
+	o.GossipInterval, o.Instance, o.Logger = 100*time.Millisecond, "limiterd-deploy-test", quiet
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -225,12 +225,12 @@ func TestNginx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: 100 * time.Millisecond,
-		ForwardAuthAddress: "127.0.0.1:0", ForwardAuthSecretFile: secretFile,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Redis.Addrs, o.RedisTuning.Timeout = cluster.Addrs(), 100*time.Millisecond
+	o.ForwardAuthAddress, o.ForwardAuthSecretFile = "127.0.0.1:0", secretFile
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

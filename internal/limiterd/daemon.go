@@ -386,7 +386,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 // startStore connects the Redis store (or makes the embedded one) and its
 // eviction guard.
 func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
-	if len(d.opts.RedisAddrs) == 0 {
+	if len(d.opts.Redis.Addrs) == 0 {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
 			"store", "memory", "max_bytes", d.opts.MemoryMaxBytes)
 		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.MemoryMaxBytes))
@@ -397,14 +397,12 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
 		}
 		return m, nil
 	}
-	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
-	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,
-		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, ReplyDeadline: d.opts.RedisReplyDeadline, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
-		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, Linger: max(d.opts.RedisLinger, 0), BreakerOpen: d.opts.RedisBreakerOpen}
-	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS,
-		TLSCAFile: d.opts.RedisTLSCAFile, TLSCertFile: d.opts.RedisTLSCertFile, TLSKeyFile: d.opts.RedisTLSKeyFile, Logger: d.log}).Apply(&ro); err != nil {
+	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.Redis.Addrs, ","))
+	ro, err := d.opts.Redis.Options(d.log)
+	if err != nil {
 		return nil, err
 	}
+	d.opts.RedisTuning.Apply(&ro)
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	s, err := redisstore.New(connectCtx, ro, d.registry)
 	cancel()

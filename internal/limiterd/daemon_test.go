@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -33,11 +34,9 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // startDaemon runs a limiterd in-process on loopback ports.
 func startDaemon(t testing.TB, redisAddrs []string, mutate ...func(*Options)) *Daemon {
 	t.Helper()
-	opts := Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0",
-		RulesFile: "testdata/rules.yml", RedisAddrs: redisAddrs,
-		RedisTimeout: time.Second, Logger: quietLogger(),
-	}
+	opts := DefaultOptions()
+	opts.GRPCAddress, opts.HTTPAddress, opts.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+	opts.Redis.Addrs, opts.RedisTuning.Timeout, opts.Logger = redisAddrs, time.Second, quietLogger()
 	for _, m := range mutate {
 		m(&opts)
 	}
@@ -160,7 +159,7 @@ func TestRaceTwoInstances(t *testing.T) {
 // decisions come from the store again.
 func TestStoreDown(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 200 * time.Millisecond })
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTuning.Timeout = 200 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
 	if _, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"}); err != nil {
@@ -374,7 +373,7 @@ func TestBadOptions(t *testing.T) {
 		{"bad region", Options{RulesFile: "testdata/rules.yml", Region: "US East"}, "--region"},
 		{"bad fleet", Options{RulesFile: "testdata/rules.yml", FleetSize: -2}, "--fleet.size"},
 		{"half TLS", Options{RulesFile: "testdata/rules.yml", TLSCertFile: "x.pem"}, "--grpc.tls-key-file"},
-		{"redis auth without redis", Options{RulesFile: "testdata/rules.yml", RedisUsername: "u"}, "--redis.addrs"},
+		{"redis auth without redis", Options{RulesFile: "testdata/rules.yml", Redis: redisstore.Conn{Username: "u"}}, "--redis.addrs"},
 		{"nats creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
 			NATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--nats.creds-file and --nats.nkey-seed-file"},
 		{"admin creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",

@@ -86,7 +86,7 @@ func startForwardAuth(t *testing.T, redis []string, mutate ...func(*Options)) *D
 	return startDaemon(t, redis, append([]func(*Options){func(o *Options) {
 		o.RulesFile = rules
 		o.ForwardAuth = true
-		o.RedisTimeout = 100 * time.Millisecond
+		o.RedisTuning.Timeout = 100 * time.Millisecond
 	}}, mutate...)...)
 }
 

@@ -134,7 +134,7 @@ func newModelStack(t *testing.T, storeTimeout time.Duration) *modelStack {
 	s.region = func(name, addr string) func(*Options) {
 		return func(o *Options) {
 			o.Region, o.TopologyFile, o.PeerSecretFile, o.RulesFile = name, topo, secret, s.rules
-			o.RedisTimeout = storeTimeout
+			o.RedisTuning.Timeout = storeTimeout
 			o.ForwardTimeout = 10 * time.Second
 			if addr != "" {
 				o.GRPCAddress = addr

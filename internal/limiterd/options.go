@@ -1,7 +1,6 @@
 package limiterd
 
 import (
-	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -110,44 +109,12 @@ type Options struct {
 	// certificates signed by it.
 	HTTPTLSCertFile, HTTPTLSKeyFile, HTTPTLSClientCAFile string
 
-	// RedisAddrs are the Redis Cluster seed nodes (or one standalone
-	// server). Empty: the embedded in-memory store.
-	RedisAddrs []string
-	// RedisUsername and RedisPasswordFile authenticate to Redis.
-	RedisUsername, RedisPasswordFile string
-	// RedisTLS connects to Redis over TLS; RedisTLSCAFile is the CA the
-	// servers' certificates must chain to (empty: the system's roots), and
-	// RedisTLSCertFile and RedisTLSKeyFile a client certificate. Any of
-	// the three implies RedisTLS.
-	RedisTLS                                          bool
-	RedisTLSCAFile, RedisTLSCertFile, RedisTLSKeyFile string
-	// RedisTimeout bounds the wait for a check's reply from Redis, from
-	// the moment it is written; time in limiterd's own queue does not count.
-	RedisTimeout time.Duration
-	// RedisMaxQueueWait bounds the time a check waits in limiterd before
-	// it is sent to Redis; past it the check is answered RESOURCE_EXHAUSTED
-	// (limiterd is overloaded, not the store), never by the fallback.
-	RedisMaxQueueWait time.Duration
-	// RedisReplyDeadline bounds the wait for a reply later than
-	// RedisTimeout: it is still used (Redis decided) and counts against
-	// the node; a reply not there by then has an unknown outcome.
-	RedisReplyDeadline time.Duration
-	// RedisDialTimeout bounds opening a connection to a Redis node.
-	RedisDialTimeout time.Duration
-	// RedisPoolSize is the connection pool size per node (0: go-redis's default).
-	RedisPoolSize int
-	// RedisNoCoalesce sends each check on its own instead of pipelining
-	// the checks bound for one node together.
-	RedisNoCoalesce bool
-	// RedisMaxBatch bounds one pipeline; RedisPipelines is how many may be
-	// in flight to one node.
-	RedisMaxBatch, RedisPipelines int
-	// RedisLinger is how long a pipeline that is not full waits for more
-	// checks while another pipeline to its node is in flight: 0 means
-	// redisstore.DefaultLinger, a negative value none.
-	RedisLinger time.Duration
-	// RedisBreakerOpen is how long a failing node is not called before a probe.
-	RedisBreakerOpen time.Duration
+	// Redis is where this region's Redis is and how to reach it; no
+	// address: the embedded in-memory store.
+	Redis redisstore.Conn
+	// RedisTuning is how checks are sent to Redis. DefaultOptions holds
+	// its defaults; each field is what it says, a zero included.
+	RedisTuning redisstore.Tuning
 	// RedisAllowUnsafeEviction starts even when a node's maxmemory-policy
 	// is not noeviction (with a warning): every other policy evicts live
 	// counters, since every bucket has an expiry.
@@ -269,6 +236,12 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// DefaultOptions are the flags' defaults. (Fields a component's defaults
+// do not cover yet take theirs from zero when the daemon starts.)
+func DefaultOptions() Options {
+	return Options{RedisTuning: redisstore.DefaultTuning()}
+}
+
 // RegisterFlags defines the daemon's flags on fs, writing into o.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", DefaultGRPCAddress, "address of the gRPC check API")
@@ -282,36 +255,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.HTTPTLSCertFile, "http.tls-cert-file", "", "TLS certificate of the HTTP listener, and of the forward-auth one (PEM)")
 	fs.StringVar(&o.HTTPTLSKeyFile, "http.tls-key-file", "", "TLS private key of the HTTP listener (PEM)")
 	fs.StringVar(&o.HTTPTLSClientCAFile, "http.tls-client-ca-file", "", "CA bundle that HTTP clients' certificates must chain to (enables mTLS on the HTTP and forward-auth listeners)")
-	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
-	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
-	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
-	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
-	fs.StringVar(&o.RedisTLSCAFile, "redis.tls-ca-file", "", "CA bundle the Redis servers' certificates must chain to (implies --redis.tls; default: the system's roots)")
-	fs.StringVar(&o.RedisTLSCertFile, "redis.tls-cert-file", "", "client certificate for Redis (PEM; implies --redis.tls)")
-	fs.StringVar(&o.RedisTLSKeyFile, "redis.tls-key-file", "", "private key of --redis.tls-cert-file (PEM)")
-	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "a check's reply from Redis is late past this, counted from the moment it is written (see --redis.reply-deadline)")
-	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED, or the rule's on_failure when its node answered nothing meanwhile")
-	fs.DurationVar(&o.RedisReplyDeadline, "redis.reply-deadline", redisstore.DefaultReplyDeadline, "longest wait for a reply later than --redis.timeout: still used (Redis decided), counted against the node; after it the outcome is unknown")
-	fs.DurationVar(&o.RedisDialTimeout, "redis.dial-timeout", redisstore.DefaultDialTimeout, "longest wait to open a connection to a Redis node")
-	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")
-	fs.BoolFunc("redis.no-coalesce", "send each check on its own instead of pipelining the checks bound for one node", func(string) error {
-		o.RedisNoCoalesce = true
-		return nil
-	})
+	o.Redis.RegisterFlags(fs, "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
+	o.RedisTuning.RegisterFlags(fs)
 	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is not noeviction (live counters may be evicted)")
-	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
-	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
-	fs.Func("redis.linger", fmt.Sprintf("while a pipeline to a node is in flight, how long the next one waits for more checks before it is sent (it goes as soon as that one is answered or it is full); 0: never waits (default %v)", redisstore.DefaultLinger), func(v string) error {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return err
-		}
-		if o.RedisLinger = d; d == 0 {
-			o.RedisLinger = -1
-		}
-		return nil
-	})
-	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")
 	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", DefaultDenyCacheSize), func(v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
@@ -376,12 +322,6 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxConnections == 0 {
 		o.MaxConnections = DefaultMaxConnections
-	}
-	if o.RedisTimeout == 0 {
-		o.RedisTimeout = redisstore.DefaultTimeout
-	}
-	if o.RedisLinger == 0 {
-		o.RedisLinger = redisstore.DefaultLinger
 	}
 	if o.DenyCacheSize == 0 {
 		o.DenyCacheSize = DefaultDenyCacheSize
@@ -468,29 +408,10 @@ func (o *Options) validate() error {
 	if o.ForwardAuthSecretFile != "" && !o.ForwardAuth {
 		errs = append(errs, errors.New("--forward-auth.secret-file: needs --forward-auth.enabled or --forward-auth.listen-address"))
 	}
-	if o.RedisMaxQueueWait < 0 || o.RedisMaxQueueWait > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.max-queue-wait: must be in (0, 1m], got %v", o.RedisMaxQueueWait))
-	}
-	if o.RedisReplyDeadline < 0 || o.RedisReplyDeadline > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.reply-deadline: must be in (0, 1m], got %v", o.RedisReplyDeadline))
-	}
-	if o.RedisDialTimeout < 0 || o.RedisDialTimeout > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.dial-timeout: must be in (0, 1m], got %v", o.RedisDialTimeout))
-	}
-	if o.RedisTimeout < 0 || o.RedisTimeout > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.timeout: must be in (0, 1m], got %v", o.RedisTimeout))
-	}
-	if o.RedisMaxBatch < 0 || o.RedisMaxBatch > 10000 {
-		errs = append(errs, fmt.Errorf("--redis.max-batch: must be 0 to 10000, got %d", o.RedisMaxBatch))
-	}
-	if o.RedisPipelines < 0 || o.RedisPipelines > 64 {
-		errs = append(errs, fmt.Errorf("--redis.pipelines-per-node: must be 0 to 64, got %d", o.RedisPipelines))
-	}
-	if queueWait := cmp.Or(o.RedisMaxQueueWait, redisstore.DefaultMaxQueueWait); o.RedisLinger < -1 || o.RedisLinger >= queueWait {
-		errs = append(errs, fmt.Errorf("--redis.linger: must be 0 or more and less than --redis.max-queue-wait (%v), got %v", queueWait, o.RedisLinger))
-	}
-	if o.RedisBreakerOpen < 0 || o.RedisBreakerOpen > 5*time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.breaker-open: must be 0 to 5m, got %v", o.RedisBreakerOpen))
+	if len(o.Redis.Addrs) > 0 {
+		if err := o.RedisTuning.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if o.DenyCacheSize < -1 || o.DenyCacheSize > 100_000_000 {
 		errs = append(errs, fmt.Errorf("--deny-cache.size: must be 0 to 1e8, got %d", o.DenyCacheSize))
@@ -505,9 +426,6 @@ func (o *Options) validate() error {
 	}
 	if o.MaxLeaseKeys < 1 || o.MaxLeaseKeys > maxSizeFlag {
 		errs = append(errs, fmt.Errorf("--lease.max-keys: must be 1 to %d, got %d", maxSizeFlag, o.MaxLeaseKeys))
-	}
-	if o.RedisPoolSize < 0 {
-		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))
 	}
 	if o.GRPCMaxStreams < 1 || o.GRPCMaxStreams > 1<<20 {
 		errs = append(errs, fmt.Errorf("--grpc.max-concurrent-streams: must be 1 to %d, got %d", 1<<20, o.GRPCMaxStreams))
@@ -542,9 +460,8 @@ func (o *Options) validate() error {
 	if o.TLSClientCAFile != "" && o.TLSCertFile == "" {
 		errs = append(errs, errors.New("--grpc.tls-client-ca-file: needs --grpc.tls-cert-file and --grpc.tls-key-file"))
 	}
-	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS ||
-		o.RedisTLSCAFile != "" || o.RedisTLSCertFile != "" || o.RedisTLSKeyFile != "") {
-		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls, --redis.tls-*-file: need --redis.addrs"))
+	if err := o.Redis.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.NATSAuth.Prefix == "" {
 		o.NATSAuth.Prefix = natsconn.FlagPrefix

@@ -116,7 +116,7 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 				// taken for an unknown outcome, only because the machine
 				// is busy (either sends a fail-open rule to its fallback).
 				o.ForwardTimeout = 2 * time.Second
-				o.RedisMaxQueueWait, o.RedisReplyDeadline = time.Second, 5*time.Second
+				o.RedisTuning.MaxQueueWait, o.RedisTuning.ReplyDeadline = time.Second, 5*time.Second
 			})
 		}
 		r.d = r.start()

@@ -327,11 +327,12 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // consumers, and starts the loops. NATS may be unreachable at start: the
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
-	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Timeout: DefaultApplyTimeout}
-	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS,
-		TLSCAFile: r.opts.RedisTLSCAFile, TLSCertFile: r.opts.RedisTLSCertFile, TLSKeyFile: r.opts.RedisTLSKeyFile, Logger: r.log}).Apply(&ro); err != nil {
+	ro, err := (redisstore.Conn{Addrs: r.opts.RedisAddrs, Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS,
+		TLSCAFile: r.opts.RedisTLSCAFile, TLSCertFile: r.opts.RedisTLSCertFile, TLSKeyFile: r.opts.RedisTLSKeyFile}).Options(r.log)
+	if err != nil {
 		return err
 	}
+	ro.Timeout = DefaultApplyTimeout
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	store, err := redisstore.New(cctx, ro, r.registry)
 	cancel()

@@ -21,6 +21,7 @@ import (
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/natsauth"
 	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
@@ -208,15 +209,16 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		if name == "us-east" {
 			admin = s.auth("admin")
 		}
+		// A check shed after the default 50 ms in the queue is the test
+		// machine's load (the tests run in parallel), not what these
+		// tests are about.
+		tuning := redisstore.DefaultTuning()
+		tuning.Timeout, tuning.MaxQueueWait = time.Second, time.Second
 		d, err := limiterd.New(limiterd.Options{
 			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
 			TopologyFile: s.topologyFile(name), TopologyPoll: 100 * time.Millisecond, ForwardTimeout: time.Second, PeerSecretFile: secret,
-			RulesFile: filepath.Join(s.dir, "rules.yml"), RedisAddrs: r.cluster.Addrs(), RedisTimeout: time.Second,
-			// A check shed after the default 50 ms in the queue is the
-			// test machine's load (the tests run in parallel), not what
-			// these tests are about.
-			RedisMaxQueueWait: time.Second,
-			Region:            name, NATSURL: s.natsURL(name), GossipInterval: interval, Instance: "limiterd-" + name,
+			RulesFile: filepath.Join(s.dir, "rules.yml"), Redis: redisstore.Conn{Addrs: r.cluster.Addrs()}, RedisTuning: tuning,
+			Region: name, NATSURL: s.natsURL(name), GossipInterval: interval, Instance: "limiterd-" + name,
 			NATSAuth: s.auth("limiterd-" + name), AdminNATSAuth: admin,
 			Logger: quiet().With("component", "limiterd"),
 		})

@@ -46,10 +46,10 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: 100 * time.Millisecond, Logger: quiet,
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Redis.Addrs, o.RedisTuning.Timeout, o.Logger = cluster.Addrs(), 100*time.Millisecond, quiet
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
