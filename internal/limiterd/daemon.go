@@ -561,7 +561,7 @@ func (d *Daemon) startServers() error {
 			"http", d.opts.HTTPAddress)
 	}
 	var fa http.Handler
-	if d.opts.ForwardAuth {
+	if d.opts.ForwardAuth.Serving() {
 		if fa, err = d.forwardAuthHandler(); err != nil {
 			return err
 		}
@@ -578,16 +578,16 @@ func (d *Daemon) startServers() error {
 			d.log.Warn("profiles are served to anyone who reaches the HTTP listener (--http.pprof on a non-loopback address)", "http", d.opts.HTTPAddress)
 		}
 	}
-	if fa != nil && d.opts.ForwardAuthAddress == "" {
+	if fa != nil && d.opts.ForwardAuth.Address == "" {
 		mux.Handle(forwardauth.Path, fa)
 	}
 	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.HTTPAddress, mux, httpTLS); err != nil {
 		return err
 	}
-	if fa != nil && d.opts.ForwardAuthAddress != "" {
+	if fa != nil && d.opts.ForwardAuth.Address != "" {
 		faMux := http.NewServeMux()
 		faMux.Handle(forwardauth.Path, fa)
-		if d.faLis, d.faServer, err = d.serveHTTP("--forward-auth.listen-address", d.opts.ForwardAuthAddress, faMux, httpTLS); err != nil {
+		if d.faLis, d.faServer, err = d.serveHTTP("--forward-auth.listen-address", d.opts.ForwardAuth.Address, faMux, httpTLS); err != nil {
 			return err
 		}
 	}
@@ -644,11 +644,11 @@ func (d *Daemon) serveHTTP(flag, addr string, h http.Handler, tc *tls.Config) (n
 // forwardAuthHandler is /forward-auth, behind the shared secret when
 // --forward-auth.secret-file is set; refusals are counted.
 func (d *Daemon) forwardAuthHandler() (http.Handler, error) {
-	h := forwardauth.Handler(d.opts.forwardAuthHeaders(), d.check, d.log)
-	if d.opts.ForwardAuthSecretFile == "" {
+	h := forwardauth.Handler(d.opts.ForwardAuth.Headers, d.check, d.log)
+	if d.opts.ForwardAuth.SecretFile == "" {
 		return h, nil
 	}
-	secret, err := secretfile.Read("--forward-auth.secret-file", d.opts.ForwardAuthSecretFile, forwardauth.MinSecretLen, d.log)
+	secret, err := secretfile.Read("--forward-auth.secret-file", d.opts.ForwardAuth.SecretFile, forwardauth.MinSecretLen, d.log)
 	if err != nil {
 		return nil, err
 	}

@@ -77,19 +77,6 @@ const (
 // between requests. A variable only so that a test can shorten them.
 var httpTimeouts = struct{ read, write, idle time.Duration }{10 * time.Second, 15 * time.Second, 60 * time.Second}
 
-// The forward-auth names, as package forwardauth defines them.
-const (
-	DefaultForwardAuthUserHeader   = forwardauth.DefaultUserHeader
-	DefaultForwardAuthURIHeader    = forwardauth.DefaultURIHeader
-	DefaultForwardAuthMethodHeader = forwardauth.DefaultMethodHeader
-	DefaultForwardAuthIPHeader     = forwardauth.DefaultIPHeader
-	ForwardAuthNoHeader            = forwardauth.NoHeader
-	ForwardAuthPath                = forwardauth.Path
-	ForwardAuthStatusHeader        = forwardauth.StatusHeader
-	ForwardAuthErrorHeader         = forwardauth.ErrorHeader
-	ForwardAuthSecretHeader        = forwardauth.SecretHeader
-)
-
 var instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // Options configure a Daemon. Fields left zero take the defaults above.
@@ -213,24 +200,8 @@ type Options struct {
 	EnvoyQuotaHeaders bool
 
 	// ForwardAuth serves GET /forward-auth for nginx auth_request and
-	// Traefik forwardAuth (package forwardauth): on ForwardAuthAddress when
-	// set, else on the HTTP listener.
-	ForwardAuth bool
-	// ForwardAuthAddress, when set, is forward-auth's own listener (same
-	// connection limit, timeouts and TLS as the HTTP one), and
-	// /forward-auth is no longer served on the HTTP listener. Implies
-	// ForwardAuth.
-	ForwardAuthAddress string
-	// ForwardAuthSecretFile holds a secret the proxy must send in
-	// forwardauth.SecretHeader; requests without it are answered 401.
-	ForwardAuthSecretFile string
-	// ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader,
-	// ForwardAuthURIHeader, ForwardAuthMethodHeader and ForwardAuthIPHeader
-	// name the request headers forward-auth reads the attributes from. The
-	// proxy must set each itself. "" takes the default (none for api key and
-	// plan); "none" turns one off.
-	ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader string
-	ForwardAuthURIHeader, ForwardAuthMethodHeader, ForwardAuthIPHeader    string
+	// Traefik forwardAuth (package forwardauth).
+	ForwardAuth forwardauth.Config
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -239,7 +210,7 @@ type Options struct {
 // DefaultOptions are the flags' defaults. (Fields a component's defaults
 // do not cover yet take theirs from zero when the daemon starts.)
 func DefaultOptions() Options {
-	return Options{RedisTuning: redisstore.DefaultTuning()}
+	return Options{RedisTuning: redisstore.DefaultTuning(), ForwardAuth: forwardauth.DefaultConfig()}
 }
 
 // RegisterFlags defines the daemon's flags on fs, writing into o.
@@ -293,15 +264,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
 	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
 	fs.BoolVar(&o.EnvoyQuotaHeaders, "envoy.quota-headers", false, "add the quota headers (RateLimit-*, X-RateLimit-*, Retry-After) to Envoy rate limit answers; off: Envoy's filter can make its own from the statuses (enable_x_ratelimit_headers)")
-	fs.BoolVar(&o.ForwardAuth, "forward-auth.enabled", false, "serve "+ForwardAuthPath+" on the HTTP listener for nginx auth_request and Traefik forwardAuth")
-	fs.StringVar(&o.ForwardAuthAddress, "forward-auth.listen-address", "", "serve "+ForwardAuthPath+" on its own listener, and no longer on the HTTP one (implies --forward-auth.enabled)")
-	fs.StringVar(&o.ForwardAuthSecretFile, "forward-auth.secret-file", "", "file holding a secret (at least 16 characters) the proxy must send in "+ForwardAuthSecretHeader+"; requests without it get 401")
-	fs.StringVar(&o.ForwardAuthUserHeader, "forward-auth.user-header", DefaultForwardAuthUserHeader, "forward-auth: header with the authenticated user, set by the proxy (none: off)")
-	fs.StringVar(&o.ForwardAuthAPIKeyHeader, "forward-auth.api-key-header", ForwardAuthNoHeader, "forward-auth: header with the authenticated API key, set by the proxy (none: off)")
-	fs.StringVar(&o.ForwardAuthPlanHeader, "forward-auth.plan-header", ForwardAuthNoHeader, "forward-auth: header with the client's plan, set by the proxy (none: off)")
-	fs.StringVar(&o.ForwardAuthURIHeader, "forward-auth.uri-header", DefaultForwardAuthURIHeader, "forward-auth: header with the original request URI (none: off)")
-	fs.StringVar(&o.ForwardAuthMethodHeader, "forward-auth.method-header", DefaultForwardAuthMethodHeader, "forward-auth: header with the original request method (none: off)")
-	fs.StringVar(&o.ForwardAuthIPHeader, "forward-auth.ip-header", DefaultForwardAuthIPHeader, "forward-auth: header with the client address, its rightmost entry (none: off)")
+	o.ForwardAuth.RegisterFlags(fs)
 }
 
 func (o *Options) setDefaults() {
@@ -354,25 +317,6 @@ func (o *Options) setDefaults() {
 	if o.MaxRules == 0 {
 		o.MaxRules = rulesource.DefaultMaxRules
 	}
-	if o.ForwardAuthAddress != "" {
-		o.ForwardAuth = true
-	}
-	o.ForwardAuthUserHeader, o.ForwardAuthAPIKeyHeader, o.ForwardAuthPlanHeader = or(o.ForwardAuthUserHeader, DefaultForwardAuthUserHeader), or(o.ForwardAuthAPIKeyHeader, ForwardAuthNoHeader), or(o.ForwardAuthPlanHeader, ForwardAuthNoHeader)
-	o.ForwardAuthURIHeader, o.ForwardAuthMethodHeader, o.ForwardAuthIPHeader = or(o.ForwardAuthURIHeader, DefaultForwardAuthURIHeader), or(o.ForwardAuthMethodHeader, DefaultForwardAuthMethodHeader), or(o.ForwardAuthIPHeader, DefaultForwardAuthIPHeader)
-}
-
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
-func (o *Options) forwardAuthHeaders() forwardauth.Headers {
-	return forwardauth.Headers{
-		User: o.ForwardAuthUserHeader, APIKey: o.ForwardAuthAPIKeyHeader, Plan: o.ForwardAuthPlanHeader,
-		URI: o.ForwardAuthURIHeader, Method: o.ForwardAuthMethodHeader, IP: o.ForwardAuthIPHeader,
-	}
 }
 
 // validate reports every bad option, each naming its flag.
@@ -404,9 +348,6 @@ func (o *Options) validate() error {
 	}
 	if o.MaxRules < 0 || o.MaxRules > rulesource.MaxMaxRules {
 		errs = append(errs, fmt.Errorf("--rules.max-rules: must be 1 to %d, got %d", rulesource.MaxMaxRules, o.MaxRules))
-	}
-	if o.ForwardAuthSecretFile != "" && !o.ForwardAuth {
-		errs = append(errs, errors.New("--forward-auth.secret-file: needs --forward-auth.enabled or --forward-auth.listen-address"))
 	}
 	if len(o.Redis.Addrs) > 0 {
 		if err := o.RedisTuning.Validate(); err != nil {
@@ -476,6 +417,8 @@ func (o *Options) validate() error {
 	if o.NATSURL == "" && (o.NATSAuth != natsconn.Auth{Prefix: natsconn.FlagPrefix} || o.AdminNATSAuth.Set()) {
 		errs = append(errs, errors.New("--nats.creds-file, --nats.nkey-seed-file, --nats.tls-*, --admin.nats-*: need --nats.url"))
 	}
-	errs = append(errs, o.forwardAuthHeaders().Validate()...)
+	if err := o.ForwardAuth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
