@@ -47,7 +47,7 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 				d.Stop(context.Background())
 				t.Fatal("Start succeeded")
 			}
-			goleak.VerifyNone(t, ignore)
+			goleak.VerifyNone(t, append(redistest.IgnoreWarm(), ignore)...)
 		})
 	}
 }

@@ -57,7 +57,7 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			goleak.VerifyNone(t, ignore)
+			goleak.VerifyNone(t, append(redistest.IgnoreWarm(), ignore)...)
 		})
 	}
 }

@@ -49,6 +49,13 @@ func NewCluster(t testing.TB, primaries, replicasPerPrimary int) *Cluster {
 		t.Fatalf("redistest: negative replicas per primary %d", replicasPerPrimary)
 	}
 	began := time.Now()
+	// A cluster formed ahead of this one, when ready (see warm).
+	if c := takeWarm(t, server, shape{primaries, replicasPerPrimary}); c != nil {
+		c.WaitHealthy(t)
+		t.Logf("redistest: redis cluster of %d primaries and %d replicas, formed ahead, healthy in %v",
+			primaries, primaries*replicasPerPrimary, time.Since(began).Round(time.Millisecond))
+		return c
+	}
 	root := t.TempDir()
 	c := &Cluster{t: t, nodes: make([]*Node, primaries*(1+replicasPerPrimary))}
 	errs := make([]error, len(c.nodes))

@@ -85,6 +85,16 @@ func newNode(t testing.TB, server, dir string, cluster bool) (*Node, error) {
 }
 
 func newNodeWith(t testing.TB, server, dir string, cluster bool, tf *TLSFiles, tc *tls.Config) (*Node, error) {
+	n, err := startNode(t.Context(), server, dir, cluster, tf, tc)
+	if n != nil {
+		n.t = t
+	}
+	return n, err
+}
+
+// startNode starts a redis-server in dir on a free port, with ctx bounding
+// the wait for it to answer; the node has no test until it is given one.
+func startNode(ctx context.Context, server, dir string, cluster bool, tf *TLSFiles, tc *tls.Config) (*Node, error) {
 	var lastErr error
 	for range 5 {
 		port, err := reservePort(cluster)
@@ -98,11 +108,11 @@ func newNodeWith(t testing.TB, server, dir string, cluster bool, tf *TLSFiles, t
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
-		n := &Node{t: t, server: server, dir: dir, port: port, tlsFiles: tf, tlsClient: tc}
+		n := &Node{server: server, dir: dir, port: port, tlsFiles: tf, tlsClient: tc}
 		if err := n.writeConfig(cluster); err != nil {
 			return nil, err
 		}
-		p, err := n.spawn(t.Context())
+		p, err := n.spawn(ctx)
 		if err == nil {
 			n.proc = p
 			return n, nil
