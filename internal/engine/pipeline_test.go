@@ -477,64 +477,42 @@ rules:
 }
 
 // TestLeaseGivenBackWhenAnotherRuleRefuses: leased tokens a refused check
-// took go back to the lease.
+// took go back to the lease. With the deny cache, tight's denial refuses
+// the later checks before the lease; without it, each reaches the lease
+// and the store refuses it after the lease handed out its token.
 func TestLeaseGivenBackWhenAnotherRuleRefuses(t *testing.T) {
-	r := twoRegions(t)
-	a := &rules.Attributes{User: "lu", APIKey: "lk", Path: "/l"}
-	if ok, _, err := checkAttrs(t, r.east, a); !ok || err != nil {
-		t.Fatalf("first check = %v, %v", ok, err)
-	}
-	// The lease holds 4; tight (capacity 1) refuses from now on.
-	for range 10 {
-		if ok, _, _ := checkAttrs(t, r.east, a); ok {
-			t.Fatal("a check passed with tight spent")
-		}
-	}
-	// 4 checks of leased alone still pass from the lease.
-	for i := range 4 {
-		c := r.east.NewCheck()
-		if _, err := c.AddRule("leased", "user:lu", 1); err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := r.east.Decide(context.Background(), c); !ok || err != nil {
-			t.Fatalf("leased check %d = %v, %v; want allowed from the lease", i, ok, err)
-		}
-	}
-	if calls := r.eastStore.calls.Load(); calls > 3 {
-		t.Errorf("%d store calls: the lease did not serve the last checks", calls)
-	}
-}
-
-// TestLeaseTokensGivenBackWithoutTheDenyCache: with no deny cache, every
-// refused check reaches the token lease before the store refuses it; what
-// it took from the lease goes back each time.
-func TestLeaseTokensGivenBackWithoutTheDenyCache(t *testing.T) {
-	r := twoRegionsWith(t, pipelineRules, newFaultStore(), func(o *Options) { o.DenyCacheSize = -1 })
-	a := &rules.Attributes{User: "lu", APIKey: "lk", Path: "/l"}
-	if ok, _, err := checkAttrs(t, r.east, a); !ok || err != nil {
-		t.Fatalf("first check = %v, %v", ok, err)
-	}
-	// The lease holds 4; tight (capacity 1) refuses every later check, each
-	// after leased took 1 from the lease.
-	for range 10 {
-		if ok, _, _ := checkAttrs(t, r.east, a); ok {
-			t.Fatal("a check passed with tight spent")
-		}
-	}
-	// The 4 are still there: 4 checks of leased alone pass from the lease
-	// without a store call.
-	before := r.eastStore.calls.Load()
-	for i := range 4 {
-		c := r.east.NewCheck()
-		if _, err := c.AddRule("leased", "user:lu", 1); err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := r.east.Decide(context.Background(), c); !ok || err != nil {
-			t.Fatalf("leased check %d = %v, %v; want allowed from the lease", i, ok, err)
-		}
-	}
-	if calls := r.eastStore.calls.Load() - before; calls != 0 {
-		t.Errorf("%d store calls for 4 checks the lease should hold: refused checks kept its tokens", calls)
+	for _, tc := range []struct {
+		name string
+		opts func(*Options)
+	}{{"deny cache", func(*Options) {}}, {"no deny cache", func(o *Options) { o.DenyCacheSize = -1 }}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := twoRegionsWith(t, pipelineRules, newFaultStore(), tc.opts)
+			a := &rules.Attributes{User: "lu", APIKey: "lk", Path: "/l"}
+			if ok, _, err := checkAttrs(t, r.east, a); !ok || err != nil {
+				t.Fatalf("first check = %v, %v", ok, err)
+			}
+			// The lease holds 4; tight (capacity 1) refuses from now on.
+			for range 10 {
+				if ok, _, _ := checkAttrs(t, r.east, a); ok {
+					t.Fatal("a check passed with tight spent")
+				}
+			}
+			// The 4 are still there: 4 checks of leased alone pass from
+			// the lease without a store call.
+			before := r.eastStore.calls.Load()
+			for i := range 4 {
+				c := r.east.NewCheck()
+				if _, err := c.AddRule("leased", "user:lu", 1); err != nil {
+					t.Fatal(err)
+				}
+				if ok, err := r.east.Decide(context.Background(), c); !ok || err != nil {
+					t.Fatalf("leased check %d = %v, %v; want allowed from the lease", i, ok, err)
+				}
+			}
+			if calls := r.eastStore.calls.Load() - before; calls != 0 {
+				t.Errorf("%d store calls for 4 checks the lease should hold: refused checks kept its tokens", calls)
+			}
+		})
 	}
 }
 
