@@ -35,8 +35,9 @@ var warm struct {
 }
 
 // warmDepth is how many clusters of a shape are kept formed or forming:
-// two, since a test often takes less time than forming one.
-const warmDepth = 2
+// three, since a test often takes less time than forming one, and the
+// multi-region tests take three at once.
+const warmDepth = 3
 
 type shape struct{ primaries, replicas int }
 
