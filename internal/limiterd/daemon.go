@@ -524,9 +524,6 @@ func (d *Daemon) startServers() error {
 		if err := d.admin.Authorize(ctx, info.FullMethod); err != nil {
 			return nil, err
 		}
-		if err := peers.RefuseLegacyMarker(ctx, info.FullMethod); err != nil {
-			return nil, err
-		}
 		return h(ctx, req)
 	}
 	gopts = append(gopts, grpc.UnaryInterceptor(intercept),
