@@ -31,17 +31,6 @@ const (
 	DefaultShutdownDelay = 0
 	// DefaultFleetSize 0: the live count of the region's instances.
 	DefaultFleetSize = 0
-	// DefaultForwardTimeout allows a cross-region round trip (50-150 ms)
-	// with room for one slow one.
-	DefaultForwardTimeout = engine.DefaultForwardTimeout
-	// DefaultDenyCacheSize is the default number of denials remembered.
-	DefaultDenyCacheSize = engine.DefaultDenyCacheSize
-	// DefaultMemoryMaxBytes bounds the embedded store's buckets,
-	// DefaultFallbackMaxBytes the fallback's.
-	DefaultMemoryMaxBytes   = bucket.DefaultMaxBytes
-	DefaultFallbackMaxBytes = engine.DefaultFallbackMaxBytes
-	// DefaultMaxLeaseKeys bounds the keys holding a lease.
-	DefaultMaxLeaseKeys = lease.DefaultMaxKeys
 	// maxSizeFlag bounds every count flag, maxBytesFlag every memory flag.
 	maxSizeFlag  = 100_000_000
 	maxBytesFlag = 1 << 40
@@ -107,7 +96,7 @@ type Options struct {
 	// counters, since every bucket has an expiry.
 	RedisAllowUnsafeEviction bool
 
-	// DenyCacheSize bounds the deny cache: 0 means DefaultDenyCacheSize,
+	// DenyCacheSize bounds the deny cache: 0 means engine.DefaultDenyCacheSize,
 	// a negative size disables it.
 	DenyCacheSize int
 	// MemoryMaxBytes bounds the memory of the embedded store's buckets
@@ -229,7 +218,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	o.Redis.RegisterFlags(fs, "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
 	o.RedisTuning.RegisterFlags(fs)
 	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is not noeviction (live counters may be evicted)")
-	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", DefaultDenyCacheSize), func(v string) error {
+	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", engine.DefaultDenyCacheSize), func(v string) error {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return err
@@ -239,9 +228,9 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
-	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", DefaultMemoryMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
-	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", DefaultFallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
-	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", DefaultMaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
+	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", bucket.DefaultMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
+	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", engine.DefaultFallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
+	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", lease.DefaultMaxKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, those of the file and the admin API together; more are refused")
 	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
@@ -253,7 +242,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
 	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", topowatch.DefaultPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
-	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
+	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", engine.DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
 	fs.DurationVar(&o.HandoffMaxWindow, "region.handoff-max-window", 0, "the longest a pinned key moved here by a topology switch or a home_keys change takes its old home's bucket (0: each rule's own handoff window); past it the key starts from a full bucket")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
 	fs.StringVar(&o.PeerSecretFile, "region.peer-secret-file", "", "file holding the secret peer regions share (mode 0600, at least 16 characters): sent with forwarded checks, required of Peer calls")
@@ -287,16 +276,16 @@ func (o *Options) setDefaults() {
 		o.MaxConnections = DefaultMaxConnections
 	}
 	if o.DenyCacheSize == 0 {
-		o.DenyCacheSize = DefaultDenyCacheSize
+		o.DenyCacheSize = engine.DefaultDenyCacheSize
 	}
 	if o.MemoryMaxBytes == 0 {
-		o.MemoryMaxBytes = DefaultMemoryMaxBytes
+		o.MemoryMaxBytes = bucket.DefaultMaxBytes
 	}
 	if o.FallbackMaxBytes == 0 {
-		o.FallbackMaxBytes = DefaultFallbackMaxBytes
+		o.FallbackMaxBytes = engine.DefaultFallbackMaxBytes
 	}
 	if o.MaxLeaseKeys == 0 {
-		o.MaxLeaseKeys = DefaultMaxLeaseKeys
+		o.MaxLeaseKeys = lease.DefaultMaxKeys
 	}
 	if o.GossipInterval == 0 {
 		o.GossipInterval = gossip.DefaultInterval
@@ -305,7 +294,7 @@ func (o *Options) setDefaults() {
 		o.TopologyPoll = topowatch.DefaultPoll
 	}
 	if o.ForwardTimeout == 0 {
-		o.ForwardTimeout = DefaultForwardTimeout
+		o.ForwardTimeout = engine.DefaultForwardTimeout
 	}
 	if o.Instance == "" {
 		host, _ := os.Hostname()
