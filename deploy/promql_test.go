@@ -28,6 +28,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/reconciler"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
@@ -505,7 +506,7 @@ func TestPromQLMetricsExported(t *testing.T) {
 	for _, name := range []string{"us-east", "eu-west"} {
 		r, err := reconciler.New(reconciler.Options{
 			Region: name, TopologyFile: topology, RulesFile: rulesFile, NATSURL: nats.URL(),
-			RedisAddrs: cluster.Addrs(), Interval: 100 * time.Millisecond, AckWait: time.Second,
+			Redis: redisstore.Conn{Addrs: cluster.Addrs()}, Interval: 100 * time.Millisecond, AckWait: time.Second,
 			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: quiet.With("reconciler", name),
 		})
 		if err != nil {

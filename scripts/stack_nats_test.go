@@ -21,6 +21,7 @@ import (
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/reconciler"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -90,7 +91,7 @@ func TestStackNATSIdentities(t *testing.T) {
 	for _, r := range regions {
 		node := redistest.NewNode(t)
 		rec, err := reconciler.New(reconciler.Options{
-			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), RedisAddrs: []string{node.Addr()},
+			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), Redis: redisstore.Conn{Addrs: []string{node.Addr()}},
 			NATSAuth: natsconn.Auth{NkeySeedFile: seed("reconciler-" + r)}, Interval: 200 * time.Millisecond,
 			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: log.With("daemon", "reconciler-"+r),
 		})

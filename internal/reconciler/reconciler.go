@@ -74,13 +74,8 @@ type Options struct {
 	// NATSAuth authenticates to NATS and verifies it (--nats.creds-file,
 	// --nats.nkey-seed-file, --nats.tls-*), as limiterd's.
 	NATSAuth natsconn.Auth
-	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
-	RedisAddrs                       []string
-	RedisUsername, RedisPasswordFile string
-	// RedisTLS connects to Redis over TLS; RedisTLSCAFile, RedisTLSCertFile
-	// and RedisTLSKeyFile as limiterd's (each implies RedisTLS).
-	RedisTLS                                          bool
-	RedisTLSCAFile, RedisTLSCertFile, RedisTLSKeyFile string
+	// Redis is this region's store, reached as limiterd reaches it.
+	Redis redisstore.Conn
 	// MaxRules caps the rules in force (0: rulesource.DefaultMaxRules).
 	MaxRules int
 	// Interval is the longest a loop waits for a message before it looks
@@ -179,7 +174,7 @@ func (o *Options) validate() error {
 			errs = append(errs, fmt.Errorf("%s: required", flag))
 		}
 	}
-	if len(o.RedisAddrs) == 0 {
+	if len(o.Redis.Addrs) == 0 {
 		errs = append(errs, errors.New("--redis.addrs: required"))
 	}
 	if err := o.NATSAuth.Validate(); err != nil {
@@ -327,8 +322,7 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // consumers, and starts the loops. NATS may be unreachable at start: the
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
-	ro, err := (redisstore.Conn{Addrs: r.opts.RedisAddrs, Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS,
-		TLSCAFile: r.opts.RedisTLSCAFile, TLSCertFile: r.opts.RedisTLSCertFile, TLSKeyFile: r.opts.RedisTLSKeyFile}).Options(r.log)
+	ro, err := r.opts.Redis.Options(r.log)
 	if err != nil {
 		return err
 	}

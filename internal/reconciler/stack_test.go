@@ -252,7 +252,7 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 func (s *stack) reconcilerOptions(region string) Options {
 	return Options{
 		Region: region, TopologyFile: s.topologyFile(region), TopologyPoll: 100 * time.Millisecond, RulesFile: filepath.Join(s.dir, "rules.yml"),
-		NATSURL: s.natsURL(region), RedisAddrs: s.regions[region].cluster.Addrs(), Interval: s.interval, StreamReplicas: s.replicas,
+		NATSURL: s.natsURL(region), Redis: redisstore.Conn{Addrs: s.regions[region].cluster.Addrs()}, Interval: s.interval, StreamReplicas: s.replicas,
 		AckWait: time.Second, StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0",
 		NATSAuth: s.auth("reconciler-" + region),
 		Logger:   quiet().With("component", "reconciler", "region", region),
