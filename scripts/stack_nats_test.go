@@ -108,11 +108,11 @@ func TestStackNATSIdentities(t *testing.T) {
 		if r == "us-east" {
 			admin = natsconn.Auth{NkeySeedFile: seed("admin")}
 		}
-		d, err := limiterd.New(limiterd.Options{
-			GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rulesFile, Region: r, Instance: "limiterd-" + r,
-			NATSURL: ns.URL(), NATSAuth: natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, AdminNATSAuth: admin,
-			AdminTokenFile: tokenFile, GossipInterval: 200 * time.Millisecond, Logger: log.With("daemon", "limiterd-"+r),
-		})
+		o := limiterd.DefaultOptions()
+		o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.Region, o.Instance = "127.0.0.1:0", "127.0.0.1:0", rulesFile, r, "limiterd-"+r
+		o.NATSURL, o.NATSAuth, o.AdminNATSAuth = ns.URL(), natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, admin
+		o.AdminTokenFile, o.GossipInterval, o.Logger = tokenFile, 200*time.Millisecond, log.With("daemon", "limiterd-"+r)
+		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}

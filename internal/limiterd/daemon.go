@@ -6,6 +6,7 @@
 package limiterd
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -97,7 +98,7 @@ type Daemon struct {
 
 // New validates opts and loads the rules; it starts nothing.
 func New(opts Options) (*Daemon, error) {
-	opts.setDefaults()
+	opts = opts.derived()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -275,7 +276,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 
 	eopts := engine.Options{
 		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout, HandoffMaxWindow: d.opts.HandoffMaxWindow,
-		DenyCacheSize: d.opts.DenyCacheSize, FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
+		DenyCacheSize: cmp.Or(d.opts.DenyCacheSize, -1), FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
 		FleetSize: d.fleet.Size, Logger: d.log,
 	}
 	var spends interface {

@@ -345,8 +345,10 @@ func TestStartNATSCredentials(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := New(Options{RulesFile: "testdata/rules.yml", GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0",
-				NATSURL: "nats://127.0.0.1:1", NATSAuth: tt.main, AdminNATSAuth: tt.adm, Logger: quietLogger()})
+			o := DefaultOptions()
+			o.RulesFile, o.GRPCAddress, o.HTTPAddress = "testdata/rules.yml", "127.0.0.1:0", "127.0.0.1:0"
+			o.NATSURL, o.NATSAuth, o.AdminNATSAuth, o.Logger = "nats://127.0.0.1:1", tt.main, tt.adm, quietLogger()
+			d, err := New(o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -362,33 +364,48 @@ func TestStartNATSCredentials(t *testing.T) {
 	}
 }
 
+// TestBadOptions: each bad option, set on the defaults, is refused naming
+// its flag.
 func TestBadOptions(t *testing.T) {
 	tests := []struct {
-		name string
-		opts Options
-		want string
+		name   string
+		mutate func(*Options)
+		want   string
 	}{
-		{"no rules", Options{}, "--rules.file"},
-		{"missing rules file", Options{RulesFile: "testdata/nope.yml"}, "--rules.file"},
-		{"bad region", Options{RulesFile: "testdata/rules.yml", Region: "US East"}, "--region"},
-		{"bad fleet", Options{RulesFile: "testdata/rules.yml", FleetSize: -2}, "--fleet.size"},
-		{"half TLS", Options{RulesFile: "testdata/rules.yml", TLSCertFile: "x.pem"}, "--grpc.tls-key-file"},
-		{"redis auth without redis", Options{RulesFile: "testdata/rules.yml", Redis: redisstore.Conn{Username: "u"}}, "--redis.addrs"},
-		{"nats creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
-			NATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--nats.creds-file and --nats.nkey-seed-file"},
-		{"admin creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
-			AdminNATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--admin.nats-creds-file and --admin.nats-nkey-seed-file"},
-		{"nats half client cert", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
-			NATSAuth: natsconn.Auth{TLSCertFile: "c.pem"}}, "--nats.tls-cert-file and --nats.tls-key-file"},
-		{"nats seed without nats", Options{RulesFile: "testdata/rules.yml", NATSAuth: natsconn.Auth{NkeySeedFile: "b"}}, "--nats.url"},
-		{"admin seed without nats", Options{RulesFile: "testdata/rules.yml", AdminNATSAuth: natsconn.Auth{NkeySeedFile: "b"}}, "--nats.url"},
+		{"no rules", func(o *Options) { o.RulesFile = "" }, "--rules.file"},
+		{"missing rules file", func(o *Options) { o.RulesFile = "testdata/nope.yml" }, "--rules.file"},
+		{"bad region", func(o *Options) { o.Region = "US East" }, "--region"},
+		{"no region", func(o *Options) { o.Region = "" }, "--region"},
+		{"bad fleet", func(o *Options) { o.FleetSize = -2 }, "--fleet.size"},
+		{"no connections", func(o *Options) { o.MaxConnections = 0 }, "--server.max-connections"},
+		{"negative deny cache", func(o *Options) { o.DenyCacheSize = -1 }, "--deny-cache.size"},
+		{"half TLS", func(o *Options) { o.TLSCertFile = "x.pem" }, "--grpc.tls-key-file"},
+		{"redis auth without redis", func(o *Options) { o.Redis.Username = "u" }, "--redis.addrs"},
+		{"redis tuning zero", func(o *Options) { o.Redis.Addrs, o.RedisTuning = []string{"127.0.0.1:1"}, redisstore.Tuning{} }, "--redis.timeout"},
+		{"nats creds and seed", func(o *Options) {
+			o.NATSURL, o.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
+		}, "--nats.creds-file and --nats.nkey-seed-file"},
+		{"admin creds and seed", func(o *Options) {
+			o.NATSURL, o.AdminNATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
+		}, "--admin.nats-creds-file and --admin.nats-nkey-seed-file"},
+		{"nats half client cert", func(o *Options) {
+			o.NATSURL, o.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{TLSCertFile: "c.pem"}
+		}, "--nats.tls-cert-file and --nats.tls-key-file"},
+		{"nats seed without nats", func(o *Options) { o.NATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
+		{"admin seed without nats", func(o *Options) { o.AdminNATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.opts.Logger = quietLogger()
-			_, err := New(tt.opts)
+			o := DefaultOptions()
+			o.RulesFile, o.Logger = "testdata/rules.yml", quietLogger()
+			tt.mutate(&o)
+			before := fmt.Sprintf("%+v", o)
+			_, err := New(o)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("New = %v, want an error naming %s", err, tt.want)
+			}
+			if after := fmt.Sprintf("%+v", o); after != before {
+				t.Fatalf("New changed its options")
 			}
 		})
 	}

@@ -34,7 +34,7 @@ func TestRedisLingerFlag(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}
-		o.setDefaults()
+		o = o.derived()
 		if err := o.validate(); err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}
@@ -69,7 +69,7 @@ func TestHandoffMaxWindowFlag(t *testing.T) {
 			t.Fatal(err)
 		}
 		o.Logger = quietLogger()
-		o.setDefaults()
+		o = o.derived()
 		return o
 	}
 	for _, c := range []struct {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine"
@@ -96,8 +95,7 @@ type Options struct {
 	// counters, since every bucket has an expiry.
 	RedisAllowUnsafeEviction bool
 
-	// DenyCacheSize bounds the deny cache: 0 means engine.DefaultDenyCacheSize,
-	// a negative size disables it.
+	// DenyCacheSize bounds the deny cache; 0 turns it off.
 	DenyCacheSize int
 	// MemoryMaxBytes bounds the memory of the embedded store's buckets
 	// (no --redis.addrs), FallbackMaxBytes the local fallback's; MaxLeaseKeys
@@ -196,21 +194,36 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// DefaultOptions are the flags' defaults. (Fields a component's defaults
-// do not cover yet take theirs from zero when the daemon starts.)
+// DefaultOptions are the daemon's defaults, and its flags' defaults: the
+// one place they are written. Start from them; every field is what it
+// says, a zero included (--deny-cache.size 0 turns the deny cache off).
+// Instance, when empty, is the host name and pid; Logger, when nil,
+// slog.Default().
 func DefaultOptions() Options {
-	return Options{RedisTuning: redisstore.DefaultTuning(), ForwardAuth: forwardauth.DefaultConfig()}
+	return Options{
+		GRPCAddress: DefaultGRPCAddress, HTTPAddress: DefaultHTTPAddress,
+		GRPCMaxStreams: DefaultGRPCMaxStreams, MaxConnections: DefaultMaxConnections,
+		RedisTuning:   redisstore.DefaultTuning(),
+		DenyCacheSize: engine.DefaultDenyCacheSize, MemoryMaxBytes: bucket.DefaultMaxBytes,
+		FallbackMaxBytes: engine.DefaultFallbackMaxBytes, MaxLeaseKeys: lease.DefaultMaxKeys,
+		MaxRules: rulesource.DefaultMaxRules, Region: DefaultRegion, FleetSize: DefaultFleetSize,
+		NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix}, AdminNATSAuth: natsconn.Auth{Prefix: natsconn.AdminFlagPrefix},
+		GossipInterval: gossip.DefaultInterval, TopologyPoll: topowatch.DefaultPoll, ForwardTimeout: engine.DefaultForwardTimeout,
+		ShutdownDelay: DefaultShutdownDelay, GracePeriod: DefaultGracePeriod,
+		ForwardAuth: forwardauth.DefaultConfig(),
+	}
 }
 
 // RegisterFlags defines the daemon's flags on fs, writing into o.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", DefaultGRPCAddress, "address of the gRPC check API")
-	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
+	d := DefaultOptions()
+	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", d.GRPCAddress, "address of the gRPC check API")
+	fs.StringVar(&o.HTTPAddress, "http.listen-address", d.HTTPAddress, "address serving /metrics, /healthz and /readyz")
 	fs.BoolVar(&o.Profiling, "http.pprof", false, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ on the HTTP listener")
 	fs.StringVar(&o.TLSCertFile, "grpc.tls-cert-file", "", "TLS certificate of the gRPC listener (PEM)")
 	fs.StringVar(&o.TLSKeyFile, "grpc.tls-key-file", "", "TLS private key of the gRPC listener (PEM)")
-	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", DefaultGRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")
-	fs.IntVar(&o.MaxConnections, "server.max-connections", DefaultMaxConnections, "most open connections of each listener, gRPC and HTTP (more wait to be accepted)")
+	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", d.GRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")
+	fs.IntVar(&o.MaxConnections, "server.max-connections", d.MaxConnections, "most open connections of each listener, gRPC and HTTP (more wait to be accepted)")
 	fs.StringVar(&o.TLSClientCAFile, "grpc.tls-client-ca-file", "", "CA bundle that client certificates must chain to (enables mTLS)")
 	fs.StringVar(&o.HTTPTLSCertFile, "http.tls-cert-file", "", "TLS certificate of the HTTP listener, and of the forward-auth one (PEM)")
 	fs.StringVar(&o.HTTPTLSKeyFile, "http.tls-key-file", "", "TLS private key of the HTTP listener (PEM)")
@@ -218,31 +231,22 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	o.Redis.RegisterFlags(fs, "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
 	o.RedisTuning.RegisterFlags(fs)
 	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is not noeviction (live counters may be evicted)")
-	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", engine.DefaultDenyCacheSize), func(v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return err
-		}
-		if o.DenyCacheSize = n; n == 0 {
-			o.DenyCacheSize = -1
-		}
-		return nil
-	})
-	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", bucket.DefaultMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
-	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", engine.DefaultFallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
-	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", lease.DefaultMaxKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
+	fs.IntVar(&o.DenyCacheSize, "deny-cache.size", d.DenyCacheSize, "rejections remembered until their retry time, sparing the store; 0: off")
+	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", d.MemoryMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
+	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", d.FallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
+	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", d.MaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
-	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, those of the file and the admin API together; more are refused")
-	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
-	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
+	fs.IntVar(&o.MaxRules, "rules.max-rules", d.MaxRules, "most rules in force, those of the file and the admin API together; more are refused")
+	fs.StringVar(&o.Region, "region", d.Region, "name of this region")
+	fs.IntVar(&o.FleetSize, "fleet.size", d.FleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server of this region; spends of reconciled rules are published there (empty: no reconciliation)")
 	o.NATSAuth.RegisterFlags(fs, natsconn.FlagPrefix, true)
 	o.AdminNATSAuth.RegisterFlags(fs, natsconn.AdminFlagPrefix, false)
-	fs.DurationVar(&o.GossipInterval, "gossip.interval", gossip.DefaultInterval, "how often admitted spends are flushed to the reconcilers")
+	fs.DurationVar(&o.GossipInterval, "gossip.interval", d.GossipInterval, "how often admitted spends are flushed to the reconcilers")
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
-	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", topowatch.DefaultPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
-	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", engine.DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
+	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", d.TopologyPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
+	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", d.ForwardTimeout, "deadline of a check forwarded to a key's home region")
 	fs.DurationVar(&o.HandoffMaxWindow, "region.handoff-max-window", 0, "the longest a pinned key moved here by a topology switch or a home_keys change takes its old home's bucket (0: each rule's own handoff window); past it the key starts from a full bucket")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
 	fs.StringVar(&o.PeerSecretFile, "region.peer-secret-file", "", "file holding the secret peer regions share (mode 0600, at least 16 characters): sent with forwarded checks, required of Peer calls")
@@ -250,52 +254,15 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GossipSpoolDir, "gossip.spool-dir", "", "directory keeping unpublished spends on disk while NATS is unreachable (a crash then loses at most one interval)")
 	fs.StringVar(&o.AdminTokenFile, "admin.token-file", "", "file holding the admin API's bearer token (at least 16 characters)")
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.AdminClientIdentities}, "admin.client-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) admitted to the admin API without the token (needs --grpc.tls-client-ca-file or --http.tls-client-ca-file)")
-	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
-	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", d.ShutdownDelay, "time not ready before the listeners close, on SIGTERM")
+	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", d.GracePeriod, "longest wait for in-flight checks on shutdown")
 	fs.BoolVar(&o.EnvoyQuotaHeaders, "envoy.quota-headers", false, "add the quota headers (RateLimit-*, X-RateLimit-*, Retry-After) to Envoy rate limit answers; off: Envoy's filter can make its own from the statuses (enable_x_ratelimit_headers)")
 	o.ForwardAuth.RegisterFlags(fs)
 }
 
-func (o *Options) setDefaults() {
-	if o.GRPCAddress == "" {
-		o.GRPCAddress = DefaultGRPCAddress
-	}
-	if o.HTTPAddress == "" {
-		o.HTTPAddress = DefaultHTTPAddress
-	}
-	if o.Region == "" {
-		o.Region = DefaultRegion
-	}
-	if o.GracePeriod == 0 {
-		o.GracePeriod = DefaultGracePeriod
-	}
-	if o.GRPCMaxStreams == 0 {
-		o.GRPCMaxStreams = DefaultGRPCMaxStreams
-	}
-	if o.MaxConnections == 0 {
-		o.MaxConnections = DefaultMaxConnections
-	}
-	if o.DenyCacheSize == 0 {
-		o.DenyCacheSize = engine.DefaultDenyCacheSize
-	}
-	if o.MemoryMaxBytes == 0 {
-		o.MemoryMaxBytes = bucket.DefaultMaxBytes
-	}
-	if o.FallbackMaxBytes == 0 {
-		o.FallbackMaxBytes = engine.DefaultFallbackMaxBytes
-	}
-	if o.MaxLeaseKeys == 0 {
-		o.MaxLeaseKeys = lease.DefaultMaxKeys
-	}
-	if o.GossipInterval == 0 {
-		o.GossipInterval = gossip.DefaultInterval
-	}
-	if o.TopologyPoll == 0 {
-		o.TopologyPoll = topowatch.DefaultPoll
-	}
-	if o.ForwardTimeout == 0 {
-		o.ForwardTimeout = engine.DefaultForwardTimeout
-	}
+// derived is o with the defaults that depend on the process (Instance,
+// Logger) and the credentials' flag prefixes.
+func (o Options) derived() Options {
 	if o.Instance == "" {
 		host, _ := os.Hostname()
 		o.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -303,12 +270,13 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.MaxRules == 0 {
-		o.MaxRules = rulesource.DefaultMaxRules
-	}
+	// The errors of the credentials name these flags.
+	o.NATSAuth.Prefix, o.AdminNATSAuth.Prefix = natsconn.FlagPrefix, natsconn.AdminFlagPrefix
+	return o
 }
 
-// validate reports every bad option, each naming its flag.
+// validate reports every bad option, each naming its flag. It changes
+// nothing.
 func (o *Options) validate() error {
 	var errs []error
 	if o.RulesFile == "" {
@@ -343,7 +311,7 @@ func (o *Options) validate() error {
 			errs = append(errs, err)
 		}
 	}
-	if o.DenyCacheSize < -1 || o.DenyCacheSize > 100_000_000 {
+	if o.DenyCacheSize < 0 || o.DenyCacheSize > 100_000_000 {
 		errs = append(errs, fmt.Errorf("--deny-cache.size: must be 0 to 1e8, got %d", o.DenyCacheSize))
 	}
 	for _, f := range []struct {
@@ -393,17 +361,16 @@ func (o *Options) validate() error {
 	if err := o.Redis.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.NATSAuth.Prefix == "" {
-		o.NATSAuth.Prefix = natsconn.FlagPrefix
-	}
-	o.AdminNATSAuth.Prefix = natsconn.AdminFlagPrefix
-	if err := o.NATSAuth.Validate(); err != nil {
+	// The flags' prefixes, whatever the fields say: the errors name them.
+	nats, admin := o.NATSAuth, o.AdminNATSAuth
+	nats.Prefix, admin.Prefix = natsconn.FlagPrefix, natsconn.AdminFlagPrefix
+	if err := nats.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := o.AdminNATSAuth.Validate(); err != nil {
+	if err := admin.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.NATSURL == "" && (o.NATSAuth != natsconn.Auth{Prefix: natsconn.FlagPrefix} || o.AdminNATSAuth.Set()) {
+	if o.NATSURL == "" && (nats != natsconn.Auth{Prefix: natsconn.FlagPrefix} || admin.Set()) {
 		errs = append(errs, errors.New("--nats.creds-file, --nats.nkey-seed-file, --nats.tls-*, --admin.nats-*: need --nats.url"))
 	}
 	if err := o.ForwardAuth.Validate(); err != nil {

@@ -147,8 +147,10 @@ func TestTopologyNeedsPeerCredentials(t *testing.T) {
 	if err := os.Chmod(f, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
-		Region: "us-east", TopologyFile: twoRegionTopology(t), PeerSecretFile: f, Logger: quietLogger()})
+	o := DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+	o.Region, o.TopologyFile, o.PeerSecretFile, o.Logger = "us-east", twoRegionTopology(t), f, quietLogger()
+	d, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -151,7 +151,9 @@ func TestAdminCertificateIsNotEnough(t *testing.T) {
 // TestAdminIdentitiesNeedAClientCA: --admin.client-identities without a
 // listener that verifies client certificates is refused at start.
 func TestAdminIdentitiesNeedAClientCA(t *testing.T) {
-	_, err := New(Options{RulesFile: "testdata/rules.yml", AdminClientIdentities: []string{"ops"}, Logger: quietLogger()})
+	o := DefaultOptions()
+	o.RulesFile, o.AdminClientIdentities, o.Logger = "testdata/rules.yml", []string{"ops"}, quietLogger()
+	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "--admin.client-identities") {
 		t.Fatalf("New: %v, want an error naming --admin.client-identities", err)
 	}
@@ -287,7 +289,9 @@ func TestAdminRuleCap(t *testing.T) {
 		t.Fatalf("the refused rule is listed: %d", code)
 	}
 
-	_, err := New(Options{RulesFile: "testdata/rules.yml", MaxRules: fileRules - 1, Logger: quietLogger()})
+	o := DefaultOptions()
+	o.RulesFile, o.MaxRules, o.Logger = "testdata/rules.yml", fileRules-1, quietLogger()
+	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "--rules.max-rules") {
 		t.Fatalf("New with a rules file over the cap: %v", err)
 	}

@@ -212,16 +212,15 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		// A check shed after the default 50 ms in the queue is the test
 		// machine's load (the tests run in parallel), not what these
 		// tests are about.
-		tuning := redisstore.DefaultTuning()
-		tuning.Timeout, tuning.MaxQueueWait = time.Second, time.Second
-		d, err := limiterd.New(limiterd.Options{
-			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
-			TopologyFile: s.topologyFile(name), TopologyPoll: 100 * time.Millisecond, ForwardTimeout: time.Second, PeerSecretFile: secret,
-			RulesFile: filepath.Join(s.dir, "rules.yml"), Redis: redisstore.Conn{Addrs: r.cluster.Addrs()}, RedisTuning: tuning,
-			Region: name, NATSURL: s.natsURL(name), GossipInterval: interval, Instance: "limiterd-" + name,
-			NATSAuth: s.auth("limiterd-" + name), AdminNATSAuth: admin,
-			Logger: quiet().With("component", "limiterd"),
-		})
+		o := limiterd.DefaultOptions()
+		o.RedisTuning.Timeout, o.RedisTuning.MaxQueueWait = time.Second, time.Second
+		o.GRPCAddress, o.HTTPAddress = addrs[name], "127.0.0.1:0"
+		o.TopologyFile, o.TopologyPoll, o.ForwardTimeout, o.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, time.Second, secret
+		o.RulesFile, o.Redis.Addrs = filepath.Join(s.dir, "rules.yml"), r.cluster.Addrs()
+		o.Region, o.NATSURL, o.GossipInterval, o.Instance = name, s.natsURL(name), interval, "limiterd-"+name
+		o.NATSAuth, o.AdminNATSAuth = s.auth("limiterd-"+name), admin
+		o.Logger = quiet().With("component", "limiterd")
+		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -44,10 +44,10 @@ func embedded(rules string) (string, func(), error) {
 	if err := os.WriteFile(file, []byte(rules), 0o600); err != nil {
 		return "", nil, err
 	}
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: file,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", file
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := limiterd.New(o)
 	if err != nil {
 		return "", nil, err
 	}
