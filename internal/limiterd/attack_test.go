@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -348,7 +349,7 @@ func TestAttackHugeHeaders(t *testing.T) {
 	if err == nil {
 		err = bw.Flush()
 	}
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("1 MiB of headers not taken in 20 s: %v", err)
 	}
 	if err != nil {
@@ -358,7 +359,7 @@ func TestAttackHugeHeaders(t *testing.T) {
 	}
 	for {
 		f, err := fr.ReadFrame()
-		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("no answer to 1 MiB of headers in 20 s: %v", err)
 		}
 		if err != nil {
