@@ -257,7 +257,7 @@ func (f *failure) run(ctx context.Context, t *testing.T, exprs map[string]string
 	healedMu.Unlock()
 	// Every watch that fired clears; one due after the heal may still fire.
 	waitFor(60*time.Second, func(w *watch) bool {
-		return (w.fired >= 0 || !(w.afterHeal || fired)) && (w.fired < 0 || w.cleared >= 0)
+		return (w.fired >= 0 || !w.afterHeal && !fired) && (w.fired < 0 || w.cleared >= 0)
 	})
 	stop()
 	wg.Wait()
