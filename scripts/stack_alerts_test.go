@@ -131,11 +131,10 @@ type watch struct {
 	afterHeal bool // fires only once healed (the lag of a backlog applied late)
 	optional  bool // recorded when it fires, not required to
 
-	mu        sync.Mutex
-	fired     time.Duration // from the failure; -1: not yet
-	cleared   time.Duration // from the heal; -1: not yet
-	last      string
-	firedOnce bool
+	mu      sync.Mutex
+	fired   time.Duration // from the failure; -1: not yet
+	cleared time.Duration // from the heal; -1: not yet
+	last    string
 }
 
 func (w *watch) name() string {
