@@ -415,7 +415,7 @@ func TestStackAlerts(t *testing.T) {
 					k = fmt.Sprintf("mon-%d", rand.Int64())
 				}
 				cctx, ccancel := context.WithTimeout(ctx, time.Second)
-				clients[region].Check(cctx, &limiterv1.CheckRequest{RuleId: rule, Key: k})
+				_, _ = clients[region].Check(cctx, &limiterv1.CheckRequest{RuleId: rule, Key: k})
 				ccancel()
 				select {
 				case <-ctx.Done():
@@ -448,7 +448,7 @@ func TestStackAlerts(t *testing.T) {
 				var got []struct {
 					Labels map[string]string `json:"labels"`
 				}
-				json.NewDecoder(resp.Body).Decode(&got)
+				_ = json.NewDecoder(resp.Body).Decode(&got)
 				resp.Body.Close()
 				amMu.Lock()
 				for _, a := range got {

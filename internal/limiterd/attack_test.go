@@ -90,7 +90,7 @@ func rawH2(t *testing.T, addr string, timeout time.Duration) (fr *http2.Framer, 
 func checkHeaders(enc *hpack.Encoder, addr string) {
 	for _, h := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/limiter.v1.Limiter/Check"},
 		{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]})
+		_ = enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]})
 	}
 }
 
@@ -331,7 +331,7 @@ func TestAttackHugeHeaders(t *testing.T) {
 	enc := hpack.NewEncoder(&block)
 	checkHeaders(enc, grpcAddr)
 	for i := range 64 {
-		enc.WriteField(hpack.HeaderField{Name: fmt.Sprint("x-pad-", i), Value: strings.Repeat("p", 16<<10), Sensitive: true})
+		_ = enc.WriteField(hpack.HeaderField{Name: fmt.Sprint("x-pad-", i), Value: strings.Repeat("p", 16<<10), Sensitive: true})
 	}
 	defer func() {
 		cc := dial(t, grpcAddr)
