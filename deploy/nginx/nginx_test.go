@@ -246,7 +246,7 @@ func TestNginx(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
 		servedURIs.Store(r.RequestURI, true)
-		io.WriteString(w, "app")
+		_, _ = io.WriteString(w, "app")
 	}))
 	t.Cleanup(app.Close)
 	addr := startNginx(t, d.ForwardAuthAddr(), strings.TrimSpace(string(secret)), app.Listener.Addr().String(),

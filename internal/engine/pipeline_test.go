@@ -560,8 +560,8 @@ func TestPartlyDecidedSpendsUndoneWhenTheRestFailsClosed(t *testing.T) {
 func TestProbeOnEveryPath(t *testing.T) {
 	r := twoRegions(t)
 	a := &rules.Attributes{User: "pu", APIKey: "pk", Path: "/p"}
-	checkAttrs(t, r.east, a)
-	checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
+	_, _, _ = checkAttrs(t, r.east, a)
+	_, _, _ = checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
 	// Make the denial expire now.
 	r.east.deny.Reset(r.east.table.Load().gen)
 	r.east.deny.Put(r.east.table.Load().gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
@@ -569,7 +569,7 @@ func TestProbeOnEveryPath(t *testing.T) {
 	before := r.eastStore.calls.Load()
 	var wg sync.WaitGroup
 	for range 50 {
-		wg.Go(func() { checkAttrs(t, r.east, a) })
+		wg.Go(func() { _, _, _ = checkAttrs(t, r.east, a) })
 	}
 	wg.Wait()
 	if calls := r.eastStore.calls.Load() - before; calls > 2 {

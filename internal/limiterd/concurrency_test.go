@@ -365,13 +365,13 @@ func TestAcquireMixedAttributes(t *testing.T) {
 	if r := acquire(); r.GetAllowed() || r.GetRuleId() != "reports" {
 		t.Fatalf("acquire at the concurrency limit: %v", r)
 	}
-	client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r1.GetLeaseId()})
+	_, _ = client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r1.GetLeaseId()})
 	for i := range 2 {
 		r := acquire()
 		if !r.GetAllowed() {
 			t.Fatalf("acquire %d with the new ip: %v: the refusal spent its tokens", i, r)
 		}
-		client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r.GetLeaseId()})
+		_, _ = client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r.GetLeaseId()})
 	}
 }
 

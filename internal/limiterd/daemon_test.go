@@ -234,7 +234,7 @@ func scrape(t *testing.T, d *Daemon) string {
 func TestMetricsLint(t *testing.T) {
 	d := startDaemon(t, nil)
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
-	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	_, _ = client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
 	testenv.Lint(t, mustGather(t, d))
 	body := scrape(t, d)
 	for _, want := range []string{
@@ -255,7 +255,7 @@ func TestMetricsLintRedis(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs())
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
-	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	_, _ = client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
 	testenv.Lint(t, mustGather(t, d))
 	if body := scrape(t, d); !strings.Contains(body, `limiter_store_script_duration_seconds_count{script="token_bucket"} 1`) {
 		t.Errorf("no store script duration recorded")

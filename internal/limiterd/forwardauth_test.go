@@ -66,7 +66,7 @@ func forwardAuth(t *testing.T, d *Daemon, method, query string, headers map[stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp
 }

@@ -350,7 +350,9 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 			// A rules change under traffic: a rule added, none changed.
 			go func() {
 				time.Sleep(50 * time.Millisecond)
-				os.WriteFile(s.rules, []byte(modelRules+"  - id: added\n    capacity: 1\n    refill_per_second: 1\n"), 0o644)
+				if err := os.WriteFile(s.rules, []byte(modelRules+"  - id: added\n    capacity: 1\n    refill_per_second: 1\n"), 0o644); err != nil {
+					t.Errorf("the rules change under traffic: %v", err)
+				}
 			}()
 		}
 		checks := runModel(t, callers, rng, prefix, 250, 0)

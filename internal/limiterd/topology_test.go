@@ -2,6 +2,7 @@ package limiterd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -133,7 +134,7 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 func (s *topoStack) count(region, key string) int {
 	s.t.Helper()
 	v, err := s.regions[region].redis.Get(context.Background(), redisstore.Key("pin", key)).Result()
-	if err == redis.Nil {
+	if errors.Is(err, redis.Nil) {
 		return 0
 	}
 	if err != nil {

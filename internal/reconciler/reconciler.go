@@ -360,7 +360,11 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	}
 	mux := opshttp.NewMux(r.registry, &r.ready, "streams not set up yet")
 	r.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go r.httpSrv.Serve(r.httpLis)
+	go func() {
+		if err := r.httpSrv.Serve(r.httpLis); !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("metrics and health server stopped", "err", err)
+		}
+	}()
 
 	lctx, stop := context.WithCancel(context.Background())
 	r.cancel = stop
@@ -797,7 +801,9 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				continue
 			}
 			r.m.relayed.Add(float64(len(b.GetSpends())))
-			msg.Ack()
+			if err := msg.Ack(); err != nil {
+				r.log.Warn("relay ack failed: the flush comes again, published under the same id", "err", err)
+			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
 			r.pause(ctx, "relay fetch", err)

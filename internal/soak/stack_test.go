@@ -175,7 +175,7 @@ func binaries(t *testing.T) (limiterd, reconciler string) {
 		}
 		out, err := exec.Command("go", "build", "-o", dir+"/", "../../cmd/limiterd", "../../cmd/reconciler").CombinedOutput()
 		if err != nil {
-			bins.err = fmt.Errorf("go build: %v\n%s", err, out)
+			bins.err = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 		bins.limiterd, bins.reconciler = filepath.Join(dir, "limiterd"), filepath.Join(dir, "reconciler")
 	})

@@ -299,7 +299,7 @@ func TestReset(t *testing.T) {
 		}
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var b [1]byte
-		if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+		if n, err := c.Read(b[:]); n != 0 || err == nil || errors.Is(deadlineErr(err), err) {
 			t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
 		}
 	})
@@ -311,7 +311,7 @@ func TestReset(t *testing.T) {
 		p.Reset()
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var b [1]byte
-		if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+		if n, err := c.Read(b[:]); n != 0 || err == nil || errors.Is(deadlineErr(err), err) {
 			t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
 		}
 		roundTrip(t, dial(t, p.Addr()))
@@ -327,7 +327,7 @@ func TestReset(t *testing.T) {
 			_, _ = c.Write([]byte("x"))
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			var b [1]byte
-			if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+			if n, err := c.Read(b[:]); n != 0 || err == nil || errors.Is(deadlineErr(err), err) {
 				t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
 			}
 		}
@@ -404,7 +404,7 @@ func TestCloseEndsGoroutines(t *testing.T) {
 	}
 	for _, c := range conns {
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.ReadAll(c); err != nil && deadlineErr(err) == err {
+		if _, err := io.ReadAll(c); err != nil && errors.Is(deadlineErr(err), err) {
 			t.Errorf("a client's connection still open after Close: %v", err)
 		}
 		c.Close()

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -112,7 +113,7 @@ func TestPacerCancelGivesBack(t *testing.T) {
 	}
 	// The next slot is 1 s out; cancelled after 100 ms, it comes back.
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if err := p.Wait(cctx); err != context.DeadlineExceeded {
+	if err := p.Wait(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cancelled Wait: %v", err)
 	}
 	cancel()

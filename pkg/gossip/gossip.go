@@ -317,7 +317,7 @@ func DecodeEntries(data []byte, maxBytes int) (b *gossipv1.SpendBatch, bad []err
 	}
 	b = new(gossipv1.SpendBatch)
 	if err := proto.Unmarshal(data, b); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidBatch, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidBatch, err)
 	}
 	if err := ValidateHeader(b); err != nil {
 		return nil, nil, err

@@ -64,7 +64,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 
-	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	limited := httplimit.Middleware(c, httplimit.Options{
 		Identity: func(r *http.Request) httplimit.Identity {
 			u, _ := r.Context().Value(userKey{}).(string)
@@ -93,7 +93,7 @@ func TestEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
 	}

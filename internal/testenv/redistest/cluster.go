@@ -166,7 +166,7 @@ func (c *Cluster) Nodes() []*Node {
 // for a settled answer.
 func (c *Cluster) PrimaryAddrs() []string {
 	c.t.Helper()
-	var lastErr error = errors.New("no node is running")
+	lastErr := errors.New("no node is running")
 	for _, n := range c.nodes {
 		if !n.running() {
 			continue

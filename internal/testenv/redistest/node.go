@@ -234,7 +234,7 @@ func (n *Node) spawn(ctx context.Context) (*testenv.Process, error) {
 			if strings.Contains(tail, "already in use") {
 				return nil, fmt.Errorf("%s: %w\n%s", n.Addr(), errPortInUse, tail)
 			}
-			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%v)\n%s", n.Addr(), p.Err(), tail)
+			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%w)\n%s", n.Addr(), p.Err(), tail)
 		default:
 		}
 		info, err := commandVia(ctx, n.Addr(), n.tlsClient, "INFO", "server")
@@ -243,7 +243,7 @@ func (n *Node) spawn(ctx context.Context) (*testenv.Process, error) {
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			p.Kill()
-			return nil, fmt.Errorf("%s: redis-server not answering after %v (last: %v)\n%s", n.Addr(), startTimeout, err, n.logTail())
+			return nil, fmt.Errorf("%s: redis-server not answering after %v (last: %w)\n%s", n.Addr(), startTimeout, err, n.logTail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
