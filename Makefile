@@ -20,21 +20,12 @@ NATS_SERVER = $$($(GO) tool -n nats-server)
 
 ## test: install what the tests need, then lint and run every test with the race detector
 test: deps
-	@# Lint (make lint: gofmt, golangci-lint built into bin/ when missing)
-	@# beside the compile of every test binary, in parallel: neither keeps
-	@# both cores busy alone, and the linter's first build is minutes. The
-	@# lint's output is printed when both end. Then the tests run in
-	@# scripts/test.sh's two phases: the reconciler's waiting tests and most
-	@# of limiterd's beside the other packages, then alone those whose
-	@# guarantees are measured under load (exactly 10 of 50 client processes
-	@# on busy cores, the pacers, the soak, the model tests), which meet only
-	@# their own test's load.
-	@log=$$(mktemp); trap 'rm -f "$$log"' EXIT; \
-	GO=$(GO) scripts/lint.sh $(LINT_FLAGS) >"$$log" 2>&1 & lint=$$!; \
-	echo "make test: compiling every test binary, scripts/lint.sh beside it"; \
-	rc=0; $(GO) test -race -count=1 -run '^$$' ./... >/dev/null || rc=1; \
-	wait $$lint || { rc=1; echo "make test: lint failed:"; }; \
-	cat "$$log"; exit $$rc
+	@# scripts/test.sh: the lint (make lint) in the background, the compile
+	@# of every test binary, then two phases: the reconciler's waiting tests
+	@# and most of limiterd's beside the other packages, then, once the lint
+	@# has ended, alone those whose guarantees are measured under load
+	@# (exactly 10 of 50 client processes on busy cores, the pacers, the
+	@# soak, the model tests), which meet only their own test's load.
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test.sh
 
 ## test-repeat: run PKG's tests N times in a row with the race detector and count the failures (N=20, PKG=./internal/reconciler; PKG=./... for the suite)
