@@ -149,8 +149,9 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 			if src != self {
 				// The other regions' spends streams are looked up (never
 				// written): an answer says a stalled source of the inbound
-				// stream may be set up again now.
-				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src))
+				// stream may be set up again now; and a message get by
+				// start time finds the sequence a source added starts at.
+				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src), api+"STREAM.MSG.GET."+gossip.RegionStream(src))
 				apply := "apply-" + self + "-from-" + src
 				pub = append(pub, consumer(in, apply, gossip.RelaySubject(src))...)
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)

@@ -107,17 +107,19 @@ func TestWriteStartsAServer(t *testing.T) {
 
 // TestReconcilerLooksUpOtherSpendsStreams: a reconciler may read the info
 // of the other regions' spends streams (a stalled source is reset when its
-// stream answers), and never create or update them.
+// stream answers) and get a message of them (a source added starts at the
+// sequence of a time), and never create or update them.
 func TestReconcilerLooksUpOtherSpendsStreams(t *testing.T) {
 	p := natsauth.PermissionsFor(natsauth.RoleReconciler, "us-east", []string{"us-east", "eu-west", "ap-south"})
-	for _, s := range []string{"$JS.API.STREAM.INFO.LIMITER_SPENDS_EU_WEST", "$JS.API.STREAM.INFO.LIMITER_SPENDS_AP_SOUTH"} {
+	for _, s := range []string{"$JS.API.STREAM.INFO.LIMITER_SPENDS_EU_WEST", "$JS.API.STREAM.INFO.LIMITER_SPENDS_AP_SOUTH",
+		"$JS.API.STREAM.MSG.GET.LIMITER_SPENDS_EU_WEST", "$JS.API.STREAM.MSG.GET.LIMITER_SPENDS_AP_SOUTH"} {
 		if !slices.Contains(p.PublishAllow, s) {
 			t.Errorf("reconciler of us-east may not publish %s", s)
 		}
 	}
 	for _, s := range p.PublishAllow {
 		for _, other := range []string{"EU_WEST", "AP_SOUTH"} {
-			if strings.HasSuffix(s, "LIMITER_SPENDS_"+other) && !strings.HasPrefix(s, "$JS.API.STREAM.INFO.") {
+			if strings.HasSuffix(s, "LIMITER_SPENDS_"+other) && !strings.HasPrefix(s, "$JS.API.STREAM.INFO.") && !strings.HasPrefix(s, "$JS.API.STREAM.MSG.GET.") {
 				t.Errorf("reconciler of us-east may publish %s", s)
 			}
 			for _, verb := range []string{"STREAM.CREATE.", "STREAM.UPDATE."} {

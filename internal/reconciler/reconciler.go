@@ -21,6 +21,7 @@ package reconciler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,6 +136,9 @@ type Reconciler struct {
 	// applied and before its ack; returning false skips the ack, as a
 	// reconciler that dies at that moment would.
 	beforeAck func(src string, seq uint64) bool
+	// beforeSourceAdded, when set by a test, runs in setup before the
+	// inbound stream that exists is updated with the sources added, named.
+	beforeSourceAdded func(ctx context.Context, added []string)
 }
 
 func (o *Options) setDefaults() {
@@ -659,6 +663,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
 	}
+	var newSources []string
 	for _, src := range sources {
 		name, filter := gossip.RegionStream(src), gossip.RelaySubject(src)
 		if have[name+" "+filter] {
@@ -669,14 +674,25 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			from = r.sourceStart(added[src])
 		}
 		ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
-		if from != nil && r.notMade(ctx, name) {
-			// Everything the stream will hold comes after now. Sourced
-			// from a time, the server would source it from the inbound
-			// stream's last message instead when it first succeeds
-			// (trySetupSourceConsumer), skipping what it holds by then.
-			ss.OptStartTime, ss.OptStartSeq = nil, 1
+		if from != nil {
+			// Sourced from a time, the server sources from the inbound
+			// stream's last message instead when that is later, as it
+			// first succeeds (trySetupSourceConsumer): another source's
+			// message landing before this one is set up would make it
+			// skip what its stream got since from. So the source starts
+			// at the sequence of its stream's first message since from.
+			if seq, ok := r.firstSeqSince(ctx, name, filter, *from); ok {
+				ss.OptStartTime, ss.OptStartSeq = nil, seq
+			} else {
+				r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
+					"source", src, "since", *from)
+			}
 		}
 		in.Sources = append(in.Sources, ss)
+		newSources = append(newSources, src)
+	}
+	if exists && len(newSources) > 0 && r.beforeSourceAdded != nil {
+		r.beforeSourceAdded(ctx, newSources)
 	}
 	if _, err := natsconn.EnsureStream(ctx, r.js, in); err != nil {
 		return nil, err
@@ -743,13 +759,54 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	return st, nil
 }
 
-// notMade reports whether the server answers that the stream name does
-// not exist (not when it does not answer in time).
-func (r *Reconciler) notMade(ctx context.Context, name string) bool {
+// firstSeqSince is the sequence of the first message on filter that the
+// stream name stored at or after t (a JetStream message get by start
+// time, which nats.go's jetstream package does not offer): 1 when the
+// server answers that the stream does not exist (everything it will hold
+// comes after t), the sequence after its last when it holds none since t.
+// ok is false when the server does not answer in time, or refuses.
+func (r *Reconciler) firstSeqSince(ctx context.Context, name, filter string, t time.Time) (seq uint64, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
 	defer cancel()
-	_, err := r.js.Stream(ctx, name)
-	return errors.Is(err, jetstream.ErrStreamNotFound)
+	// The state is read first: a message stored after it and found
+	// nothing since t came after the get, so after t (but for the clocks'
+	// skew between regions, which makes a source start early, never late).
+	st, err := r.js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 1, true
+	}
+	if err != nil {
+		return 0, false
+	}
+	last := st.CachedInfo().State.LastSeq
+	req, err := json.Marshal(struct {
+		StartTime time.Time `json:"start_time"`
+		NextFor   string    `json:"next_by_subj,omitempty"`
+		NoHeaders bool      `json:"no_hdr"`
+	}{t.UTC(), filter, true})
+	if err != nil {
+		return 0, false
+	}
+	msg, err := r.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+name, req)
+	if err != nil {
+		return 0, false
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, false
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return last + 1, true
+	case resp.Error != nil, resp.Message == nil || resp.Message.Seq == 0:
+		return 0, false
+	}
+	return resp.Message.Seq, true
 }
 
 // sourceStart is where a source missing from an existing inbound stream is

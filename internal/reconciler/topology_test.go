@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,15 +53,17 @@ func (s *stack) waitGeneration(region string, gen uint64) {
 // spends from then on are applied in both, none of what it admitted before
 // (its past is not debited); the spends between the old regions go on
 // being applied exactly once (counts exact, no replay); the inbound
-// streams keep the old source's configuration as it was. When ap-south is
+// streams keep the old source's configuration as it was, and source
+// ap-south from the sequence of its first message since the switch. When ap-south is
 // removed again (generation 3), its loops stop: its spends are no longer
 // applied, and its source stays in the streams.
 func TestRegionAddedAtRunTime(t *testing.T) {
-	// Not parallel: a region added at run time loses the spends it
-	// publishes before the server sets its source up when another
-	// region's message lands first (nats-server moves a source's start
-	// time to the stream's last message), and a busy machine widens that
-	// gap. Until the source starts by sequence, it runs alone.
+	// Not parallel: a region added at run time lost the spends it
+	// published before the server set its source up when another
+	// region's message landed first (nats-server moves a source's start
+	// time to the stream's last message). Sources now start by sequence
+	// (TestRegionAddedSourcedBySequence); it runs alone until it is shown
+	// stable among the package's parallel tests.
 	names := []string{"us-east", "eu-west", "ap-south"}
 	old := []string{"us-east", "eu-west"}
 	s := buildStackTopo(t, names, map[string][]string{"us-east": old, "eu-west": old, "ap-south": names},
@@ -117,7 +121,6 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 	for _, r := range old {
 		s.waitGeneration(r, 2)
 	}
-	switchedAt := time.Now()
 	s.send("ap-south", "after", 7)
 	s.send("us-east", "old", 3)
 	s.send("eu-west", "old", 4)
@@ -145,8 +148,8 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 	if fmt.Sprint(after["eu-west"]) != fmt.Sprint(sourceBefore["eu-west"]) {
 		t.Errorf("eu-west's source of LIMITER_IN_us-east changed: %+v, was %+v", after["eu-west"], sourceBefore["eu-west"])
 	}
-	if ap := after["ap-south"]; ap == nil || ap.OptStartTime == nil || ap.OptStartTime.After(switchedAt) {
-		t.Errorf("ap-south's source of LIMITER_IN_us-east: %+v, want one starting at the switch (before %v)", ap, switchedAt)
+	if ap := after["ap-south"]; ap == nil || ap.OptStartTime != nil || ap.OptStartSeq == 0 {
+		t.Errorf("ap-south's source of LIMITER_IN_us-east: %+v, want one from the sequence of the switch", ap)
 	}
 
 	// Removed: ap-south's spends are no longer applied in us-east.
@@ -169,6 +172,85 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 	// The old regions' spends still apply once.
 	s.send("eu-west", "old", 2)
 	waitCount(t, s, "us-east", "old", 14)
+}
+
+// TestRegionAddedSourcedBySequence: ap-south's spends published after the
+// switch and before us-east's inbound stream gets ap-south's source are
+// applied in us-east, although another region's message landed in the
+// inbound stream after them. Sourced from the switch's time, nats-server
+// would have started the source at the inbound stream's last message, and
+// skipped them. The test holds us-east's set-up between the switch and
+// the stream update until that is so.
+func TestRegionAddedSourcedBySequence(t *testing.T) {
+	t.Parallel()
+	names := []string{"us-east", "eu-west", "ap-south"}
+	old := []string{"us-east", "eu-west"}
+	s := buildStackTopo(t, names, map[string][]string{"us-east": old, "eu-west": old, "ap-south": names},
+		quotaRules, 200*time.Millisecond, 0, func(s *stack, opts ...natstest.Option) { s.nats = natstest.NewServer(t, opts...) })
+	reached, proceed := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	s.startReconciler("us-east", func(r *Reconciler) {
+		r.beforeSourceAdded = func(ctx context.Context, added []string) {
+			if !slices.Contains(added, "ap-south") || held.Swap(true) {
+				return
+			}
+			close(reached)
+			select {
+			case <-proceed:
+			case <-ctx.Done():
+			}
+		}
+	})
+	s.startReconciler("eu-west")
+	s.startReconciler("ap-south")
+	s.waitReady()
+	_, js := connectJS(t, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	defer cancel()
+	s.send("eu-west", "old", 1)
+	waitCount(t, s, "us-east", "old", 1)
+
+	s.replaceTopology("us-east", s.topology(2, time.Time{}, names...))
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("us-east's set-up never added ap-south's source")
+	}
+	// ap-south's spends, in its spends stream; then eu-west's, in
+	// us-east's inbound stream after them.
+	lastSeq := func(stream string) uint64 {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.CachedInfo().State.LastSeq
+	}
+	waitGrown := func(stream string, from uint64) {
+		t.Helper()
+		for lastSeq(stream) == from {
+			if ctx.Err() != nil {
+				t.Fatalf("%s did not grow past %d", stream, from)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	apSpends, usIn := lastSeq(gossip.RegionStream("ap-south")), lastSeq(gossip.InStream("us-east"))
+	s.send("ap-south", "gap", 4)
+	waitGrown(gossip.RegionStream("ap-south"), apSpends)
+	s.send("eu-west", "old", 1)
+	waitGrown(gossip.InStream("us-east"), usIn)
+	close(proceed)
+
+	// A later spend of ap-south applied shows its source runs; the gap's
+	// were applied before it, in order.
+	s.send("ap-south", "later", 1)
+	waitCount(t, s, "us-east", "later", 1)
+	if got := s.count("us-east", "gap"); got != 4 {
+		t.Errorf("us-east applied %v of the 4 spends ap-south published before its source was set up", got)
+	}
+	if ap := inSources(ctx, t, js, "us-east")["ap-south"]; ap == nil || ap.OptStartTime != nil || ap.OptStartSeq == 0 {
+		t.Errorf("ap-south's source of LIMITER_IN_us-east: %+v, want one from a sequence", ap)
+	}
 }
 
 func connectJS(t *testing.T, s *stack) (*nats.Conn, jetstream.JetStream) {
