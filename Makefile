@@ -42,9 +42,9 @@ SOAK_FLAGS ?=
 soak: up-deps
 	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/soak -args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
-## scale: the scale model (internal/scale): synthetic publishers of REGIONS (3) regions x KEYS (100000) Zipf clients at RATE (2000) checks/s each, real reconcilers, NATS and Redis; DURATION (20s) measured after WARMUP (12s); WAN: one-way delay between regions (empty: spread, 50-150 ms; 0: none; or a duration); MAX_DEFER: the publishers' --gossip.max-defer (10s; 0 off); the report per region in the test log
+## scale: the scale model (internal/scale): synthetic publishers of REGIONS (3) regions x KEYS (60000 = 10 s x REGIONS x RATE, as the design's 10M clients a minute at 1M checks/s) Zipf clients at RATE (2000) checks/s each, PUBLISHERS (4) per region, real reconcilers, NATS and Redis; DURATION (20s) measured after WARMUP (12s); WAN: one-way delay between regions (empty: spread, 50-150 ms; 0: none; or a duration); MAX_DEFER: the publishers' --gossip.max-defer (10s; 0 off); the report per region in the test log
 REGIONS ?= 3
-KEYS ?= 100000
+KEYS ?= 60000
 RATE ?= 2000
 DURATION ?= 20s
 WARMUP ?= 12s

@@ -117,6 +117,8 @@ func scrape(ctx context.Context, addr string) (recMetrics, error) {
 		return recMetrics{}, err
 	}
 	m := recMetrics{lag: map[float64]float64{}, from: map[string]float64{}}
+	// A client debited from the retry stream (its node slow or down when
+	// its message came) is counted here too.
 	if mf := mfs["limiter_spends_applied_total"]; mf != nil {
 		for _, s := range mf.GetMetric() {
 			m.applied += s.GetCounter().GetValue()

@@ -131,10 +131,13 @@ func TestScale(t *testing.T) {
 	stopTraffic()
 	wg.Wait()
 	m.stopPublishers()
-	m.waitApplied()
+	applied := m.waitApplied()
 
 	perCheck := m.checkCost()
 	m.report(before, after, idle, perCheck)
+	if applied != nil {
+		t.Fatal(applied)
+	}
 }
 
 func newModel(t *testing.T, cfg config) *model {
@@ -253,7 +256,9 @@ func (m *model) startReconciler(bin string, r *region) {
 
 func (m *model) waitReady(r *region) {
 	t := m.t
-	deadline := time.Now().Add(60 * time.Second)
+	// Minutes on a busy machine: ten regions' reconcilers make their
+	// consumers at once, each a JetStream API call.
+	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		resp, err := http.Get("http://" + r.recHTTP + "/readyz")
 		if err == nil {
@@ -268,7 +273,7 @@ func (m *model) waitReady(r *region) {
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("reconciler of %s not ready after 60 s\n%s", r.name, testenv.TailFiles(filepath.Join(m.dir, "reconciler-"+r.name+".log")))
+			t.Fatalf("reconciler of %s not ready after 3 minutes\n%s", r.name, testenv.TailFiles(filepath.Join(m.dir, "reconciler-"+r.name+".log")))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -567,10 +572,9 @@ func (m *model) stopPublishers() {
 }
 
 // waitApplied waits until each region has debited, exactly, every entry
-// the other regions published (one rule: an entry is a client debited),
-// and fails the test when that does not come within 2 minutes or a
-// region applied more.
-func (m *model) waitApplied() {
+// the other regions published (one rule: an entry is a client debited). It returns an error when a region
+// applied more, or when a minute passes without a region's count moving.
+func (m *model) waitApplied() error {
 	t := m.t
 	ctx := context.Background()
 	published := map[string]float64{}
@@ -581,26 +585,32 @@ func (m *model) waitApplied() {
 		}
 		total += published[name]
 	}
-	deadline := time.Now().Add(2 * time.Minute)
 	for _, name := range m.names {
 		want := total - published[name]
+		last, moved := -1.0, time.Now()
 		for {
 			got, err := scrape(ctx, m.reg[name].recHTTP)
 			if err != nil {
-				t.Fatal(err)
+				return err
 			}
-			if got.applied == want {
-				break
+			switch {
+			case got.applied == want:
+			case got.applied > want:
+				return fmt.Errorf("%s debited %v clients, more than the %v entries the other regions published", name, got.applied, want)
+			case got.applied != last:
+				last, moved = got.applied, time.Now()
+				time.Sleep(100 * time.Millisecond)
+				continue
+			case time.Since(moved) > time.Minute:
+				return fmt.Errorf("%s debited %v clients of the %v entries the other regions published, and no more for a minute: by source %v of %v\n%s", name, got.applied, want, got.from, published, m.streams(name))
+			default:
+				time.Sleep(100 * time.Millisecond)
+				continue
 			}
-			if got.applied > want {
-				t.Fatalf("%s debited %v clients, more than the %v entries the other regions published", name, got.applied, want)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s debited %v clients of the %v entries the other regions published, after 2 minutes: by source %v of %v\n%s", name, got.applied, want, got.from, published, m.streams(name))
-			}
-			time.Sleep(50 * time.Millisecond)
+			break
 		}
 	}
+	return nil
 }
 
 // checkCost is the Redis CPU one check costs the first region's Redis:
@@ -658,9 +668,13 @@ func (m *model) report(before, after map[string]snapshot, idle map[string]float6
 	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region, interval %v, max-defer %v, wan %s, %d Redis primaries per region; %v measured after %v\n",
 		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.interval, c.maxDefer, c.wan, c.primaries, c.duration, c.warmup)
 	fmt.Fprintf(&b, "a check costs Redis %.1f µs (the token bucket script, %d calls, 64 callers)\n", checkUS, c.checkCalls)
-	b.WriteString("| region | checks/s | entries/s | checks per entry | debits/s applied | scripts/s | Redis ms/s (idle) | checks' Redis ms/s | reconciliation / checks | Redis µs per debit | reconciler ms/s | reconciler µs per debit | NATS ms/s | msgs/s per link | bytes/s per link | lag p50 | lag p99 | held max (budgets) | checks over budget |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
-	var worst float64
+	b.WriteString("| region | checks/s | entries/s | checks per entry | debits/s applied | scripts/s | Redis ms/s (idle) | checks' Redis ms/s | reconciliation / checks | at the published rate | Redis µs per debit | reconciler ms/s | reconciler µs per debit | NATS ms/s | msgs/s per link | bytes/s per link | lag p50 | lag p99 | held max (budgets) | checks over budget |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	var worst, totalEntries float64
+	for _, name := range m.names {
+		a, z := before[name], after[name]
+		totalEntries += (z.entries - a.entries) / z.at.Sub(a.at).Seconds()
+	}
 	for _, name := range m.names {
 		a, z := before[name], after[name]
 		secs := z.at.Sub(a.at).Seconds()
@@ -673,15 +687,19 @@ func (m *model) report(before, after map[string]snapshot, idle map[string]float6
 		reconMS := max(redisMS-idle[name], 0)
 		checksMS := checks * checkUS / 1000
 		ratio := reconMS / checksMS
-		worst = max(worst, ratio)
+		// What the region would spend applying every entry the others
+		// published in the window, at its cost per debit: the same as
+		// ratio unless its reconciler fell behind.
+		steady := (totalEntries - entries) * (reconMS / debits) / checksMS
+		worst = max(worst, steady)
 		recMS := rate(a.recCPU, z.recCPU) * 1000
 		lag := lagDelta(a.rec.lag, z.rec.lag)
 		r := m.reg[name]
 		r.mu.Lock()
 		held, over, seen := r.heldMax, r.overBudget, r.seenChecks
 		r.mu.Unlock()
-		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.1f (%.1f) | %.1f | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f | %.2f s | %.2f s | %.1f | %.3f%% |\n",
-			name, checks, entries, checks/entries, debits, rd.scripts/secs, redisMS, idle[name], checksMS, ratio*100,
+		fmt.Fprintf(&b, "| %s | %.0f | %.0f | %.2f | %.0f | %.0f | %.1f (%.1f) | %.1f | %.0f%% | %.0f%% | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f | %.2f s | %.2f s | %.1f | %.3f%% |\n",
+			name, checks, entries, checks/entries, debits, rd.scripts/secs, redisMS, idle[name], checksMS, ratio*100, steady*100,
 			reconMS*1000/debits, recMS, recMS*1000/debits, rate(a.natsCPU, z.natsCPU)*1000,
 			rate(a.streamMsgs, z.streamMsgs), rate(a.streamB, z.streamB),
 			quantile(0.5, lag), quantile(0.99, lag), held/budget, 100*float64(over)/float64(max(seen, 1)))
@@ -694,7 +712,7 @@ func (m *model) report(before, after map[string]snapshot, idle map[string]float6
 		}
 		fmt.Fprintf(&b, " %s %.0f", trig, sum)
 	}
-	fmt.Fprintf(&b, "\nworst region: reconciliation costs %.0f%% of its checks' Redis CPU (goal: 20%%)\n", worst*100)
+	fmt.Fprintf(&b, "\nworst region: applying what the others published costs %.0f%% of its checks' Redis CPU (goal: 20%%)\n", worst*100)
 	fmt.Fprintf(&b, "machine: shared; CPU figures are per unit of work (per debit, per check), from INFO cpu and /proc/PID/stat\n")
 	t.Log("\n" + b.String())
 }
