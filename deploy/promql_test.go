@@ -527,6 +527,7 @@ func TestPromQLMetricsExported(t *testing.T) {
 	o.PeerSecretFile = testenv.SecretFile(t)
 	o.Redis.Addrs, o.RedisTuning.Timeout, o.Region, o.NATSURL = cluster.Addrs(), time.Second, "us-east", nats.URL()
 	o.GossipInterval, o.Instance, o.Logger = 100*time.Millisecond, "limiterd-deploy-test", quiet
+	o.GossipMaxDefer = 0
 	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)

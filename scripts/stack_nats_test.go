@@ -112,6 +112,7 @@ func TestStackNATSIdentities(t *testing.T) {
 		o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.Region, o.Instance = "127.0.0.1:0", "127.0.0.1:0", rulesFile, r, "limiterd-"+r
 		o.NATSURL, o.NATSAuth, o.AdminNATSAuth = ns.URL(), natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, admin
 		o.AdminTokenFile, o.GossipInterval, o.Logger = tokenFile, 200*time.Millisecond, log.With("daemon", "limiterd-"+r)
+		o.GossipMaxDefer = 0
 		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)

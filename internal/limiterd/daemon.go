@@ -444,7 +444,7 @@ func (d *Daemon) redisClient() redis.UniversalClient {
 
 // newPublisher makes the spend publisher of this instance.
 func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, reg prometheus.Registerer) (*spendpub.Publisher, error) {
-	return spendpub.New(nc, o.Region, instance, o.GossipInterval, o.GossipSpoolDir, log.With("component", "spends"), reg)
+	return spendpub.New(nc, o.Region, instance, o.GossipInterval, o.GossipMaxDefer, o.GossipSpoolDir, log.With("component", "spends"), reg)
 }
 
 // dialHomes prepares a Peer client to every other region's limiterd of

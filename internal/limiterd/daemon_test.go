@@ -37,6 +37,8 @@ func startDaemon(t testing.TB, redisAddrs []string, mutate ...func(*Options)) *D
 	opts := DefaultOptions()
 	opts.GRPCAddress, opts.HTTPAddress, opts.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
 	opts.Redis.Addrs, opts.RedisTuning.Timeout, opts.Logger = redisAddrs, time.Second, quietLogger()
+	// The tests see each spend published at its interval.
+	opts.GossipMaxDefer = 0
 	for _, m := range mutate {
 		m(&opts)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -129,6 +130,10 @@ type Options struct {
 	AdminNATSAuth natsconn.Auth
 	// GossipInterval is how often spends are flushed.
 	GossipInterval time.Duration
+	// GossipMaxDefer is the longest a key whose spend stays under its
+	// rule's budget waits past its interval before it is published. 0: it
+	// waits for none.
+	GossipMaxDefer time.Duration
 	// Instance names this limiterd in spend messages; default host-pid.
 	Instance string
 	// TopologyFile lists the regions and their limiterd addresses, for
@@ -208,7 +213,7 @@ func DefaultOptions() Options {
 		FallbackMaxBytes: engine.DefaultFallbackMaxBytes, MaxLeaseKeys: lease.DefaultMaxKeys,
 		MaxRules: rulesource.DefaultMaxRules, Region: DefaultRegion, FleetSize: DefaultFleetSize,
 		NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix}, AdminNATSAuth: natsconn.Auth{Prefix: natsconn.AdminFlagPrefix},
-		GossipInterval: gossip.DefaultInterval, TopologyPoll: topowatch.DefaultPoll, ForwardTimeout: engine.DefaultForwardTimeout,
+		GossipInterval: gossip.DefaultInterval, GossipMaxDefer: spendpub.DefaultMaxDefer, TopologyPoll: topowatch.DefaultPoll, ForwardTimeout: engine.DefaultForwardTimeout,
 		ShutdownDelay: DefaultShutdownDelay, GracePeriod: DefaultGracePeriod,
 		ForwardAuth: forwardauth.DefaultConfig(),
 	}
@@ -243,6 +248,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	o.NATSAuth.RegisterFlags(fs, natsconn.FlagPrefix, true)
 	o.AdminNATSAuth.RegisterFlags(fs, natsconn.AdminFlagPrefix, false)
 	fs.DurationVar(&o.GossipInterval, "gossip.interval", d.GossipInterval, "how often admitted spends are flushed to the reconcilers")
+	fs.DurationVar(&o.GossipMaxDefer, "gossip.max-defer", d.GossipMaxDefer, "longest a key whose unpublished spend stays under its rule's budget (max_overshoot × capacity) waits past its interval before it is published, in whole intervals; 0: off, every key at its interval")
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
 	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", d.TopologyPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
@@ -339,6 +345,9 @@ func (o *Options) validate() error {
 	}
 	if o.GossipInterval < gossip.MinInterval || o.GossipInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.GossipInterval))
+	}
+	if o.GossipMaxDefer != 0 && (o.GossipMaxDefer < o.GossipInterval || o.GossipMaxDefer > time.Minute) {
+		errs = append(errs, fmt.Errorf("--gossip.max-defer: must be 0 (off) or in [--gossip.interval (%v), 1m], got %v", o.GossipInterval, o.GossipMaxDefer))
 	}
 	if o.TopologyPoll < topowatch.MinPoll || o.TopologyPoll > topowatch.MaxPoll {
 		errs = append(errs, fmt.Errorf("--region.topology-poll: must be in [%v, %v], got %v", topowatch.MinPoll, topowatch.MaxPoll, o.TopologyPoll))

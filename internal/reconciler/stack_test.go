@@ -218,6 +218,7 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		o.TopologyFile, o.TopologyPoll, o.ForwardTimeout, o.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, time.Second, secret
 		o.RulesFile, o.Redis.Addrs = filepath.Join(s.dir, "rules.yml"), r.cluster.Addrs()
 		o.Region, o.NATSURL, o.GossipInterval, o.Instance = name, s.natsURL(name), interval, "limiterd-"+name
+		o.GossipMaxDefer = 0 // each spend published at its interval, as the tests expect
 		o.NATSAuth, o.AdminNATSAuth = s.auth("limiterd-"+name), admin
 		o.Logger = quiet().With("component", "limiterd")
 		d, err := limiterd.New(o)

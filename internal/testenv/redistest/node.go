@@ -148,6 +148,9 @@ func (n *Node) writeConfig(cluster bool) error {
 		b.WriteString("cluster-enabled yes\n")
 		b.WriteString("cluster-config-file nodes.conf\n")
 		b.WriteString("cluster-node-timeout 2000\n")
+		// A node learns its own address from the nodes it meets: a
+		// cluster of one would know itself at ":port".
+		b.WriteString("cluster-announce-ip 127.0.0.1\n")
 	}
 	return os.WriteFile(n.confPath(), []byte(b.String()), 0o644)
 }
