@@ -70,14 +70,14 @@ func readRedis(ctx context.Context, c *redis.Client) (redisStats, error) {
 		if !ok {
 			continue
 		}
-		switch {
-		case name == "used_cpu_sys" || name == "used_cpu_user":
+		switch name {
+		case "used_cpu_sys", "used_cpu_user":
 			v, err := strconv.ParseFloat(val, 64)
 			if err != nil {
 				return redisStats{}, fmt.Errorf("INFO cpu: %s: %w", name, err)
 			}
 			st.cpu += v
-		case name == "cmdstat_evalsha" || name == "cmdstat_eval" || name == "cmdstat_fcall":
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall":
 			for f := range strings.SplitSeq(val, ",") {
 				if n, ok := strings.CutPrefix(f, "calls="); ok {
 					v, err := strconv.ParseFloat(n, 64)

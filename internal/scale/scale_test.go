@@ -204,7 +204,7 @@ func reconcilerBinary(t *testing.T) string {
 			goBin = "go"
 		}
 		if out, err := exec.Command(goBin, "build", "-o", bins.dir+"/", "../../cmd/reconciler").CombinedOutput(); err != nil {
-			bins.err = fmt.Errorf("go build ./cmd/reconciler: %v\n%s", err, out)
+			bins.err = fmt.Errorf("go build ./cmd/reconciler: %w\n%s", err, out)
 		}
 	})
 	if bins.err != nil {
