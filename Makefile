@@ -20,12 +20,12 @@ NATS_SERVER = $$($(GO) tool -n nats-server)
 
 ## test: install what the tests need, then lint and run every test with the race detector
 test: deps
-	@# scripts/test.sh: the lint (make lint) in the background, the compile
-	@# of every test binary, then two phases: the reconciler's waiting tests
-	@# and most of limiterd's beside the other packages, then, once the lint
-	@# has ended, alone those whose guarantees are measured under load
-	@# (exactly 10 of 50 client processes on busy cores, the pacers, the
-	@# soak, the model tests), which meet only their own test's load.
+	@# scripts/test.sh: the lint (make lint) beside the compile of every
+	@# test binary, then two phases: the reconciler's waiting tests and most
+	@# of limiterd's beside the other packages, then alone those whose
+	@# guarantees are measured under load (exactly 10 of 50 client processes
+	@# on busy cores, the pacers, the soak, the model tests), which meet
+	@# only their own test's load.
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test.sh
 
 ## test-repeat: run PKG's tests N times in a row with the race detector and count the failures (N=20, PKG=./internal/reconciler; PKG=./... for the suite)
