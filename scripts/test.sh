@@ -14,8 +14,10 @@
 #  2. what is measured under its own load, one package at a time and
 #     alone: the tests of internal/limiterd named in limiterd_alone
 #     (exactly 10 of 50 client processes on busy cores, the model tests,
-#     checks under store faults), the chaos soak, the pacers, the stores'
-#     memory bounds.
+#     checks under store faults), the chaos soak, the scale model's smoke
+#     run (real reconcilers, NATS and Redis under load, which beside phase
+#     1 slowed its latency tests tenfold), the pacers, the stores' memory
+#     bounds.
 #
 # Each stream's output is printed when it ends; the script fails when any
 # package failed.
@@ -26,7 +28,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
 flags=(-race -count=1 -p 1 -timeout 20m)
 
-alone=(./internal/soak ./internal/engine ./pkg/bucket ./pkg/client)
+alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
 # The tests of internal/limiterd whose guarantees are measured under their
 # own load; its others run in phase 1. scripts/testsh_test.go checks that
