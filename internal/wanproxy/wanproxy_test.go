@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -332,7 +333,14 @@ func TestReset(t *testing.T) {
 			}
 		}
 		broken(c)
-		broken(dial(t, p.Addr()))
+		// A new connection is reset at once: as its connect, or as its
+		// first read.
+		if c2, err := net.Dial("tcp", p.Addr()); err == nil {
+			t.Cleanup(func() { _ = c2.Close() })
+			broken(c2)
+		} else if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("dial while down: %v, want the connection broken (reset)", err)
+		}
 		p.SetDown(false)
 		roundTrip(t, dial(t, p.Addr()))
 	})
