@@ -303,3 +303,45 @@ func TestTrackedLeasesSweptIncrementally(t *testing.T) {
 		}
 	})
 }
+
+// budgetRecorder records the budget each spend was given with.
+type budgetRecorder struct{ budgets []float64 }
+
+func (b *budgetRecorder) Add(_, _ string, _, budget float64, _ int64) {
+	b.budgets = append(b.budgets, budget)
+}
+
+// TestSpendBudgetSharedByTheFleet: each instance of a region holds its own
+// unpublished spends, so a key's budget (max_overshoot × capacity) is
+// divided by the region's live instance count; otherwise N instances
+// could hold N budgets of one key unpublished.
+func TestSpendBudgetSharedByTheFleet(t *testing.T) {
+	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: r\n    capacity: 100\n    refill_per_second: 10\n    max_overshoot: 0.2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		fleet int
+		want  float64
+	}{{0, 20}, {1, 20}, {4, 5}} {
+		rec := &budgetRecorder{}
+		opts := Options{Store: bucket.NewMemory(), Spends: rec}
+		if tc.fleet > 0 {
+			opts.FleetSize = func() int { return tc.fleet }
+		}
+		e, err := New(opts, set, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := e.NewCheck()
+		if _, err := c.AddRule("r", "k", 1); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := e.Decide(context.Background(), c); !ok || err != nil {
+			t.Fatalf("fleet %d: Decide = %v, %v", tc.fleet, ok, err)
+		}
+		if len(rec.budgets) != 1 || rec.budgets[0] != tc.want {
+			t.Fatalf("fleet %d: spends recorded with budgets %v, want [%v]", tc.fleet, rec.budgets, tc.want)
+		}
+	}
+}

@@ -596,6 +596,13 @@ func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration,
 // admitted for the other regions.
 func (e *Engine) count(c *request, allowed bool) {
 	var now int64 // read once, when a spend is recorded
+	// Each of the region's instances holds its own unpublished spends: a
+	// key's budget is shared between them, so that the region's together
+	// stay within the rule's.
+	share := 1.0
+	if n := e.fleet(); n > 1 {
+		share = 1 / float64(n)
+	}
 	for _, it := range c.enforce {
 		en := it.e
 		if c.maxWait > 0 {
@@ -648,7 +655,7 @@ func (e *Engine) count(c *request, allowed bool) {
 			if now == 0 {
 				now = time.Now().UnixMicro()
 			}
-			e.spends.Add(it.Rule.ID, it.Key, spend, en.spendBudget, now)
+			e.spends.Add(it.Rule.ID, it.Key, spend, en.spendBudget*share, now)
 		}
 	}
 }

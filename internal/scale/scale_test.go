@@ -364,7 +364,8 @@ func (r *region) check(key string, i, publishers int) {
 		r.seenChecks++
 	}
 	r.mu.Unlock()
-	r.pubs[i].Accumulator().Add(ruleID, key, 1, budget, time.Now().UnixMicro())
+	// As limiterd does, each publisher holds its share of the budget.
+	r.pubs[i].Accumulator().Add(ruleID, key, 1, budget/float64(publishers), time.Now().UnixMicro())
 	r.checks.Add(1)
 }
 
