@@ -29,9 +29,11 @@ type auditInput struct {
 	// maxDefer is the limiterds' --gossip.max-defer: how long a key under
 	// its budget may wait unpublished.
 	maxDefer time.Duration
-	answers  []answer
-	faults   []*fault
-	probes   *probes // may be nil: no blind windows then
+	// delay is the longest one-way delay between two regions.
+	delay   time.Duration
+	answers []answer
+	faults  []*fault
+	probes  *probes // may be nil: no blind windows then
 	// home is the home region of a pinned key.
 	home func(key string) string
 
@@ -267,7 +269,7 @@ func audit(in auditInput) auditResult {
 
 	// (2) The slow and fast shapes: each key's total across the regions
 	// within capacity + rate*T + what the regions could not see in time.
-	lagWin := int64(in.interval + steadyLag)
+	lagWin := int64(in.interval + in.delay + steadyLag)
 	blind := in.blindSpans(lagWin)
 	for k, evs := range byKey {
 		if k.rule != ruleSlow && k.rule != ruleFast {
@@ -467,7 +469,7 @@ func (in auditInput) blindSpans(lagWin int64) [][][3][]span {
 
 // report is the one-screen summary.
 func report(b *strings.Builder, dur time.Duration, seed uint64, in auditInput, res auditResult, lag50, lag99 string, lagN uint64) {
-	fmt.Fprintf(b, "soak: %v, seed %d, gossip interval %v, %d regions\n", dur.Round(time.Second), seed, in.interval, len(regions))
+	fmt.Fprintf(b, "soak: %v, seed %d, gossip interval %v, %d regions, longest one-way delay %v\n", dur.Round(time.Second), seed, in.interval, len(regions), in.delay)
 	sent := make([]int, len(regions))
 	allowed := make([]int, len(regions))
 	errs := make([]int, len(regions))

@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
+	"github.com/limiterd/limiterd/internal/wanproxy"
 )
 
 // The kinds of fault.
@@ -23,9 +24,16 @@ const (
 	faultLimiterd   = "limiterd-kill"
 	faultCut        = "gateway-cut"
 	faultPause      = "redis-pause"
+	faultSpike      = "wan-spike"
+	faultLoss       = "gateway-loss"
+	faultOneWay     = "one-way-cut"
 )
 
-var faultKinds = []string{faultReconciler, faultNATS, faultPrimary, faultLimiterd, faultCut, faultPause}
+var faultKinds = []string{faultReconciler, faultNATS, faultPrimary, faultLimiterd, faultCut, faultPause, faultSpike, faultLoss, faultOneWay}
+
+// betweenRegions are the kinds of fault on the links between two regions:
+// one of them at a time.
+var betweenRegions = []string{faultCut, faultSpike, faultLoss, faultOneWay}
 
 // fault is one injected fault, from start to end (ns since the soak
 // began): end is when what it broke is back (a restarted daemon ready, a
@@ -64,7 +72,8 @@ func (f *fault) String() string {
 }
 
 // driver injects faults at random, at most two at a time, one per
-// region's Redis, one NATS server down and one cut at a time.
+// region's Redis, one NATS server down and one fault between regions (a
+// cut, a one-way cut, a latency spike or loss) at a time.
 type driver struct {
 	s     *stack
 	began time.Time
@@ -141,8 +150,13 @@ func (d *driver) pick(kind string, left time.Duration) *fault {
 	r := regions[d.rng.IntN(len(regions))]
 	f := &fault{kind: kind, region: r}
 	switch kind {
-	case faultCut:
-		if busy(faultCut, "") || left < d.cutLength(0)+5*time.Second {
+	case faultCut, faultSpike, faultLoss, faultOneWay:
+		for _, k := range betweenRegions {
+			if busy(k, "") {
+				return nil
+			}
+		}
+		if left < d.cutLength(0)+5*time.Second {
 			return nil
 		}
 		others := slices.DeleteFunc(slices.Clone(regions), func(x string) bool { return x == r })
@@ -217,6 +231,31 @@ func (d *driver) inject(f *fault) {
 		s.super.Heal(f.region, f.other)
 		// Healed: the gateways connect again within a few seconds.
 		s.super.WaitReady(s.t)
+	case faultOneWay:
+		// What region sends to other is held; the other way flows. The
+		// gateways' pings go unanswered, so they drop and dial again.
+		f.target = "gateways " + f.region + "->" + f.other
+		s.cutOneWay(f.region, f.other, false)
+		time.Sleep(d.cutLength(u))
+		s.cutOneWay(f.region, f.other, true)
+		s.super.WaitReady(s.t)
+	case faultSpike:
+		// The pair's one-way delay rises to 300 ms-1 s, both ways, on the
+		// connections open now.
+		base := s.wan.delay(f.region, f.other)
+		spike := max(base, time.Duration((0.3+0.7*float64(f.n%1000)/1000)*float64(time.Second)))
+		f.target = fmt.Sprintf("gateways %v -> %v", base, spike.Round(time.Millisecond))
+		s.shapeGateways(f.region, f.other, func(sh *wanproxy.Shape) { sh.Delay = spike })
+		hold(2, 6)
+		s.shapeGateways(f.region, f.other, func(sh *wanproxy.Shape) { sh.Delay = base })
+	case faultLoss:
+		// 5-25% of the chunks stall as a lost packet does while TCP sends
+		// it again (200 ms), and every chunk behind them waits.
+		loss := 0.05 + 0.2*float64(f.n%1000)/1000
+		f.target = fmt.Sprintf("gateways %.0f%% loss", 100*loss)
+		s.shapeGateways(f.region, f.other, func(sh *wanproxy.Shape) { sh.Loss = loss })
+		hold(3, 8)
+		s.shapeGateways(f.region, f.other, func(sh *wanproxy.Shape) { sh.Loss = 0 })
 	case faultPrimary:
 		addr, thirds, err := pickPrimary(r, f.n)
 		if err != nil {

@@ -33,6 +33,7 @@ var (
 	flagRate     = flag.Int("soak.rate", 450, "checks per second, over the three regions")
 	flagInterval = flag.Duration("soak.gossip-interval", 250*time.Millisecond, "--gossip.interval of the daemons")
 	flagMaxDefer = flag.Duration("soak.max-defer", spendpub.DefaultMaxDefer, "--gossip.max-defer of the limiterds")
+	flagWAN      = flag.String("soak.wan", defaultWAN, `one-way delays between the regions, on their NATS gateways and forwarded checks: a/b=duration pairs, one duration for all, or "0" for none`)
 	flagFaults   = flag.Bool("soak.faults", true, "inject faults (false: traffic only, to compare)")
 	flagDir      = flag.String("soak.dir", "", "directory for the daemons' files and logs, kept after the run (default: a temporary one, removed)")
 	flagBreak    = flag.String("soak.break", "", `break an invariant on purpose, to see the audit catch it: "replay" publishes a flush again under a new message id, its flush records deleted; "unreconciled" runs the slow and fast shapes with reconcile: false`)
@@ -63,9 +64,13 @@ func TestSoak(t *testing.T) {
 		seed = uint64(time.Now().UnixNano())
 	}
 	dur := *flagDuration
-	t.Logf("soak: duration %v, seed %d (replay with -soak.seed=%d)", dur, seed, seed)
+	delays, err := parseWAN(*flagWAN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("soak: duration %v, seed %d (replay with -soak.seed=%d), WAN %v", dur, seed, seed, delays)
 	began := time.Now()
-	s := newStack(t, rules, *flagInterval, *flagMaxDefer)
+	s := newStack(t, rules, *flagInterval, *flagMaxDefer, delays)
 	t.Logf("stack up in %v", time.Since(began).Round(100*time.Millisecond))
 
 	start := time.Now()
@@ -100,7 +105,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
-	in := auditInput{interval: *flagInterval, maxDefer: *flagMaxDefer, answers: rec.all(), faults: d.faults, probes: pr}
+	in := auditInput{interval: *flagInterval, maxDefer: *flagMaxDefer, delay: delays.longest(), answers: rec.all(), faults: d.faults, probes: pr}
 	topo, err := region.Load(filepath.Join(s.dir, "topology.yml"))
 	if err != nil {
 		t.Fatal(err)

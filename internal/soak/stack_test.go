@@ -27,6 +27,7 @@ import (
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
+	"github.com/limiterd/limiterd/internal/wanproxy"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -47,8 +48,11 @@ type stack struct {
 	interval time.Duration
 	// maxDefer is the limiterds' --gossip.max-defer.
 	maxDefer time.Duration
-	super    *natstest.Supercluster
-	regions  map[string]*regionStack
+	// wan is the one-way delay between each two regions, on their NATS
+	// gateways and on the links their limiterds forward checks over.
+	wan     wan
+	super   *natstest.Supercluster
+	regions map[string]*regionStack
 }
 
 type regionStack struct {
@@ -187,9 +191,9 @@ func binaries(t *testing.T) (limiterd, reconciler string) {
 	return bins.limiterd, bins.reconciler
 }
 
-// newStack starts the three regions with rulesYAML and waits until every
-// daemon is ready.
-func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration) *stack {
+// newStack starts the three regions with rulesYAML, the regions delays
+// apart, and waits until every daemon is ready.
+func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration, delays wan) *stack {
 	limBin, recBin := binaries(t)
 	dir := *flagDir
 	if dir == "" {
@@ -197,7 +201,7 @@ func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration) 
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	s := &stack{t: t, dir: dir, interval: interval, maxDefer: maxDefer, regions: map[string]*regionStack{}}
+	s := &stack{t: t, dir: dir, interval: interval, maxDefer: maxDefer, wan: delays, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
 	ids, err := natsauth.Write(s.authDir, regions)
 	if err != nil {
@@ -221,15 +225,36 @@ func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration) 
 	if t.Failed() || s.super == nil {
 		t.FailNow()
 	}
+	for i, a := range regions {
+		for _, b := range regions[i+1:] {
+			s.super.SetDelay(a, b, delays.delay(a, b))
+		}
+	}
 	write(t, s.dir, "rules.yml", rulesYAML)
 	addrs := map[string]string{}
-	var topo strings.Builder
-	topo.WriteString("regions:\n")
 	for _, name := range regions {
 		addrs[name] = testenv.FreeAddr(t)
-		fmt.Fprintf(&topo, "  - name: %s\n    limiter_address: %s\n", name, addrs[name])
 	}
-	write(t, s.dir, "topology.yml", topo.String())
+	write(t, s.dir, "topology.yml", topology(addrs))
+	// Each limiterd reaches the others through a link of the pair's delay:
+	// its own topology file names the links' ends.
+	for _, src := range regions {
+		via := map[string]string{}
+		for _, dst := range regions {
+			via[dst] = addrs[dst]
+			if dst == src {
+				continue
+			}
+			d := delays.delay(src, dst)
+			p, err := wanproxy.Listen("127.0.0.1:0", addrs[dst], wanproxy.NewLink(wanproxy.Shape{Delay: d}, wanproxy.Shape{Delay: d}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			via[dst] = p.Addr()
+		}
+		write(t, s.dir, "topology-"+src+".yml", topology(via))
+	}
 	secret := testenv.SecretFile(t)
 	for i, name := range regions {
 		c := clusters[i]
@@ -240,7 +265,7 @@ func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration) 
 		args := []string{
 			"--grpc.listen-address", addrs[name], "--http.listen-address", r.limHTTP,
 			"--rules.file", filepath.Join(s.dir, "rules.yml"), "--redis.addrs", redisAddrs,
-			"--region", name, "--region.topology-file", filepath.Join(s.dir, "topology.yml"),
+			"--region", name, "--region.topology-file", filepath.Join(s.dir, "topology-"+name+".yml"),
 			"--region.peer-secret-file", secret,
 			"--nats.url", s.super.URL(name), "--nats.nkey-seed-file", natsauth.SeedFile(s.authDir, "limiterd-"+name),
 			"--gossip.interval", interval.String(), "--gossip.max-defer", maxDefer.String(), "--gossip.spool-dir", filepath.Join(s.dir, "spool-"+name),
@@ -375,6 +400,16 @@ func (s *stack) check(ctx context.Context, region, rule, key string, cost float6
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return s.regions[region].client.Check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: cost})
+}
+
+// topology is a topology file of the soak's regions at addrs.
+func topology(addrs map[string]string) string {
+	var b strings.Builder
+	b.WriteString("regions:\n")
+	for _, name := range regions {
+		fmt.Fprintf(&b, "  - name: %s\n    limiter_address: %s\n", name, addrs[name])
+	}
+	return b.String()
 }
 
 func write(t *testing.T, dir, name, content string) {
