@@ -34,7 +34,7 @@ PKG ?= ./internal/reconciler
 test-repeat: deps
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test-repeat.sh $(N) $(PKG)
 
-## soak: the chaos soak (internal/soak): three regions under Zipf traffic while faults are injected at random for SOAK_DURATION (3m), then the audit; SOAK_FLAGS='-soak.seed=N' replays a run
+## soak: the chaos soak (internal/soak): three regions 40-110 ms apart under Zipf traffic while faults are injected at random for SOAK_DURATION (3m), then the audit; SOAK_FLAGS='-soak.seed=N' replays a run, '-soak.wan=0' puts the regions side by side
 SOAK_DURATION ?= 3m
 SOAK_TIMEOUT ?= 20m
 SOAK_FLAGS ?=
