@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/limiterd/limiterd/internal/wanproxy"
@@ -114,4 +115,27 @@ func (s *stack) cutOneWay(from, to string, heal bool) {
 	}
 	out.Cut(wanproxy.ClientToTarget)
 	in.Cut(wanproxy.TargetToClient)
+}
+
+// TestParseWAN: -soak.wan takes pairs, one delay for all, or none, and
+// refuses what it cannot read, naming the flag.
+func TestParseWAN(t *testing.T) {
+	w, err := parseWAN(defaultWAN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.delay("eu-west", "us-east") != 40*time.Millisecond || w.delay("ap-south", "us-east") != 110*time.Millisecond || w.longest() != 110*time.Millisecond {
+		t.Fatalf("default: %v", w)
+	}
+	if w, err := parseWAN("25ms"); err != nil || len(w) != 3 || w.delay("eu-west", "ap-south") != 25*time.Millisecond {
+		t.Fatalf("one delay: %v, %v", w, err)
+	}
+	if w, err := parseWAN("0"); err != nil || len(w) != 0 || w.longest() != 0 {
+		t.Fatalf("none: %v, %v", w, err)
+	}
+	for _, bad := range []string{"us-east=40ms", "us-east/mars=1ms", "us-east/us-east=1ms", "us-east/eu-west=soon", "us-east/eu-west=-1ms", "3s"} {
+		if _, err := parseWAN(bad); err == nil || !strings.Contains(err.Error(), "-soak.wan") {
+			t.Errorf("parseWAN(%q) = %v, want an error naming -soak.wan", bad, err)
+		}
+	}
 }
