@@ -69,6 +69,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/reservation"
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -205,6 +206,9 @@ type Options struct {
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends SpendRecorder
+	// TopLimitedSize is the counters per rule of the keys refused most
+	// (topkeys; 0: topkeys.DefaultSize; < 0: off).
+	TopLimitedSize int
 	// ReservationSecret, when set, keys the MAC of reservations
 	// (Reservation): the processes of a fleet that share it give back each
 	// other's. Nil: a random key, so that only this engine gives back its
@@ -223,10 +227,12 @@ type Engine struct {
 	rulesMu  sync.Mutex
 	deny     *denycache.Cache
 	leases   *lease.Leases
-	region   string
-	topo     atomic.Pointer[topoState]
-	reload   func()
-	fwdTO    time.Duration
+	// top counts the keys each rule refused (shadow rules: would have).
+	top    *topkeys.Tracker
+	region string
+	topo   atomic.Pointer[topoState]
+	reload func()
+	fwdTO  time.Duration
 	// handoffMax caps the rules' handoff windows (0: none).
 	handoffMax time.Duration
 	fleet      func() int
@@ -267,7 +273,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	}
 	e := &Engine{
 		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
-		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys),
+		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys), top: topkeys.New(opts.TopLimitedSize),
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
 		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 		resKey: reservation.Key(opts.ReservationSecret),
@@ -362,8 +368,22 @@ func (e *Engine) SetRules(set *rules.Set) error {
 		return err
 	}
 	e.install(set, ts.regions)
+	// The refused keys of rules that are gone go with them.
+	e.top.Forget(func(id string) bool { return set.Get(id) != nil })
 	return nil
 }
+
+// TopLimited returns the k keys the rule refused most in the last one to
+// two topkeys.Window (a shadow rule: would have refused), most first.
+func (e *Engine) TopLimited(ruleID string, k int) []topkeys.Entry {
+	return e.top.Top(ruleID, k, time.Now().UnixNano())
+}
+
+// TopLimitedRules returns the rules that refused a key in that time.
+func (e *Engine) TopLimitedRules() []string { return e.top.Rules(time.Now().UnixNano()) }
+
+// TopLimitedSize is the counters per rule of TopLimited (0: off).
+func (e *Engine) TopLimitedSize() int { return e.top.Size() }
 
 // validateHomes checks that set's pinned rules name only regions of topo.
 func validateHomes(topo *region.Topology, set *rules.Set) error {

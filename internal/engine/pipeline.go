@@ -617,6 +617,12 @@ func (e *Engine) count(c *request, allowed bool) {
 			}
 		}
 		if !allowed {
+			if !it.Decision.Allowed && it.route != routeNone {
+				if now == 0 {
+					now = time.Now().UnixMicro()
+				}
+				e.top.Add(it.Rule.ID, it.Key, 1, now*1000)
+			}
 			switch {
 			case it.Decision.Allowed || it.route == routeNone:
 			case it.route == routeDeny:
@@ -676,6 +682,7 @@ func (e *Engine) shadows(ctx context.Context, items []*Item) {
 			continue
 		}
 		it.e.shadowLimited.Inc()
+		e.top.Add(it.Rule.ID, it.Key, 1, time.Now().UnixNano())
 		if rand.Float64() < shadowLogRate {
 			e.log.Info("shadow rule would have refused (1% of them logged)", "rule", it.Rule.ID, "retry_after", d.RetryAfter)
 		}
