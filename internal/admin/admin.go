@@ -5,14 +5,17 @@
 package admin
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +24,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/secretfile"
@@ -39,6 +43,7 @@ const maxRuleBytes = 64 << 10
 type Admin struct {
 	limiterv1.UnimplementedAdminServer
 	src        *rulesource.Source
+	top        TopSource
 	token      []byte
 	identities []string
 	refused    *prometheus.CounterVec
@@ -68,13 +73,37 @@ type Options struct {
 	// certificate identities (DNS or URI SAN, or CN) admitted without the
 	// token; empty: a certificate never admits.
 	ClientIdentities []string
+	// Top, when set, answers TopLimited: the keys each rule refused
+	// most, over the region.
+	Top TopSource
 	// Logger gets the warning about a group-readable token file.
 	Logger *slog.Logger
 }
 
+// TopSource gives the k keys a rule refused most over the region, how
+// many instances that covers, and an error when it is this instance's
+// alone (topshare.Share).
+type TopSource interface {
+	Top(ctx context.Context, ruleID string, k int) ([]topkeys.Entry, int, error)
+}
+
+// TopFunc is a TopSource of a function.
+type TopFunc func(ctx context.Context, ruleID string, k int) ([]topkeys.Entry, int, error)
+
+// Top calls f.
+func (f TopFunc) Top(ctx context.Context, ruleID string, k int) ([]topkeys.Entry, int, error) {
+	return f(ctx, ruleID, k)
+}
+
+// Bounds of TopLimited's limit.
+const (
+	DefaultTopLimit = 10
+	MaxTopLimit     = 1000
+)
+
 // New makes the admin API of src, registering its metrics on reg.
 func New(src *rulesource.Source, opts Options, reg prometheus.Registerer) (*Admin, error) {
-	a := &Admin{src: src, identities: opts.ClientIdentities}
+	a := &Admin{src: src, identities: opts.ClientIdentities, top: opts.Top}
 	if opts.TokenFile != "" {
 		var err error
 		if a.token, err = secretfile.Read("--admin.token-file", opts.TokenFile, MinTokenLen, opts.Logger); err != nil {
@@ -209,8 +238,43 @@ func (a *Admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limite
 	return resp, nil
 }
 
+func (a *Admin) TopLimited(ctx context.Context, req *limiterv1.TopLimitedRequest) (*limiterv1.TopLimitedResponse, error) {
+	resp, err := a.topLimited(ctx, req.GetRuleId(), int(req.GetLimit()))
+	if err != nil {
+		return nil, adminStatus(err)
+	}
+	return resp, nil
+}
+
+// topLimited answers TopLimited for ruleID, limit keys (0: the default).
+func (a *Admin) topLimited(ctx context.Context, ruleID string, limit int) (*limiterv1.TopLimitedResponse, error) {
+	if err := rules.CheckID(ruleID); err != nil {
+		return nil, err
+	}
+	if limit < 0 || limit > MaxTopLimit {
+		return nil, fmt.Errorf("%w: limit: must be 0 (%d) to %d, got %d", rules.ErrInvalid, DefaultTopLimit, MaxTopLimit, limit)
+	}
+	if a.src.Current().Get(ruleID) == nil {
+		return nil, fmt.Errorf("%w: no rule %q", rulesource.ErrNotFound, ruleID)
+	}
+	resp := &limiterv1.TopLimitedResponse{}
+	if a.top == nil {
+		return resp, nil
+	}
+	keys, n, err := a.top.Top(ctx, ruleID, cmp.Or(limit, DefaultTopLimit))
+	if err != nil {
+		resp.Partial = err.Error()
+	}
+	resp.Instances = uint32(n)
+	for _, k := range keys {
+		resp.Keys = append(resp.Keys, &limiterv1.LimitedKey{Key: k.Key, Count: k.Count, Error: k.Error})
+	}
+	return resp, nil
+}
+
 // routes serves the same calls over HTTP: PUT, DELETE and GET on
-// /admin/rules/{id}, GET /admin/rules. Bodies and answers are YAML.
+// /admin/rules/{id}, GET /admin/rules (bodies and answers in YAML), and
+// GET /admin/rules/{id}/top?limit=N (JSON).
 func (a *Admin) Routes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -296,6 +360,38 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 		w.Header().Set("X-Rules-Version", resp.Version)
 		_ = yaml.NewEncoder(w).Encode(out) // nothing to do when the client went away
 	}
+	mux.HandleFunc("GET /admin/rules/{id}/top", auth(func(w http.ResponseWriter, r *http.Request) {
+		limit := 0
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				http.Error(w, fmt.Sprintf("limit: %q is not a number", v), http.StatusBadRequest)
+				return
+			}
+			limit = n
+		}
+		resp, err := a.topLimited(r.Context(), r.PathValue("id"), limit)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		type key struct {
+			Key   string `json:"key"`
+			Count uint64 `json:"count"`
+			Error uint64 `json:"error"`
+		}
+		out := struct {
+			Rule      string `json:"rule"`
+			Keys      []key  `json:"keys"`
+			Instances uint32 `json:"instances"`
+			Partial   string `json:"partial,omitempty"`
+		}{Rule: r.PathValue("id"), Keys: []key{}, Instances: resp.Instances, Partial: resp.Partial}
+		for _, k := range resp.Keys {
+			out.Keys = append(out.Keys, key{k.Key, k.Count, k.Error})
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out) // nothing to do when the client went away
+	}))
 	mux.HandleFunc("GET /admin/rules", auth(list))
 	mux.HandleFunc("GET /admin/rules/{id}", auth(list))
 }

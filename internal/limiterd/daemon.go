@@ -36,6 +36,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/admin"
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/fleet"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/frontdoor/envoyrls"
@@ -51,6 +52,7 @@ import (
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/internal/tlsconf"
 	"github.com/limiterd/limiterd/internal/topowatch"
+	"github.com/limiterd/limiterd/internal/topshare"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -65,6 +67,8 @@ type Daemon struct {
 	// topo watches --region.topology-file; nil without one.
 	topo  *topowatch.Watcher
 	admin *admin.Admin
+	// top merges the keys refused most over the region; nil until Start.
+	top atomic.Pointer[topshare.Share]
 	// peersMu guards peers, the connections to the other regions' limiterd.
 	peersMu sync.Mutex
 	peers   map[string]*peerConn
@@ -129,10 +133,19 @@ func New(opts Options) (*Daemon, error) {
 	d.rules = src
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.admin, err = admin.New(src, admin.Options{TokenFile: opts.AdminTokenFile,
-		ClientIdentities: opts.AdminClientIdentities, Logger: opts.Logger}, reg); err != nil {
+		ClientIdentities: opts.AdminClientIdentities, Top: admin.TopFunc(d.topLimited), Logger: opts.Logger}, reg); err != nil {
 		return nil, err
 	}
 	return d, nil
+}
+
+// topLimited answers the admin API's TopLimited once the engine runs.
+func (d *Daemon) topLimited(ctx context.Context, ruleID string, k int) ([]topkeys.Entry, int, error) {
+	top := d.top.Load()
+	if top == nil {
+		return nil, 0, errors.New("not started")
+	}
+	return top.Top(ctx, ruleID, k)
 }
 
 // homesValid checks a rule's home_keys against the topology in force and
@@ -277,7 +290,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	eopts := engine.Options{
 		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout, HandoffMaxWindow: d.opts.HandoffMaxWindow,
 		DenyCacheSize: cmp.Or(d.opts.DenyCacheSize, -1), FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
-		FleetSize: d.fleet.Size, Logger: d.log,
+		FleetSize: d.fleet.Size, TopLimitedSize: cmp.Or(d.opts.TopLimitedSize, -1), Logger: d.log,
 	}
 	var spends interface {
 		Run(context.Context)
@@ -362,6 +375,12 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	d.mu.Lock()
 	d.engine = e
 	d.mu.Unlock()
+	top, err := topshare.New(e, d.redisClient(), d.opts.Instance, d.log.With("component", "top-limited"), d.registry)
+	if err != nil {
+		return err
+	}
+	d.top.Store(top)
+	d.goBackground(top.Run)
 	if d.topo != nil {
 		d.goBackground(d.topo.Run)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/engine/lease"
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
@@ -103,6 +104,9 @@ type Options struct {
 	// the keys holding a lease. 0: the defaults below.
 	MemoryMaxBytes, FallbackMaxBytes int64
 	MaxLeaseKeys                     int
+	// TopLimitedSize is the counters per rule of the keys it refuses most
+	// (Admin/TopLimited); 0 turns them off.
+	TopLimitedSize int
 
 	// RulesFile is the YAML rules file.
 	RulesFile string
@@ -210,7 +214,7 @@ func DefaultOptions() Options {
 		GRPCMaxStreams: DefaultGRPCMaxStreams, MaxConnections: DefaultMaxConnections,
 		RedisTuning:   redisstore.DefaultTuning(),
 		DenyCacheSize: engine.DefaultDenyCacheSize, MemoryMaxBytes: bucket.DefaultMaxBytes,
-		FallbackMaxBytes: engine.DefaultFallbackMaxBytes, MaxLeaseKeys: lease.DefaultMaxKeys,
+		FallbackMaxBytes: engine.DefaultFallbackMaxBytes, MaxLeaseKeys: lease.DefaultMaxKeys, TopLimitedSize: topkeys.DefaultSize,
 		MaxRules: rulesource.DefaultMaxRules, Region: DefaultRegion, FleetSize: DefaultFleetSize,
 		NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix}, AdminNATSAuth: natsconn.Auth{Prefix: natsconn.AdminFlagPrefix},
 		GossipInterval: gossip.DefaultInterval, GossipMaxDefer: spendpub.DefaultMaxDefer, TopologyPoll: topowatch.DefaultPoll, ForwardTimeout: engine.DefaultForwardTimeout,
@@ -240,6 +244,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", d.MemoryMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
 	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", d.FallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
 	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", d.MaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
+	fs.IntVar(&o.TopLimitedSize, "top-limited.size", d.TopLimitedSize, "counters per rule of the keys it refuses most (Admin/TopLimited, GET /admin/rules/{id}/top): a key refused more than 1/size of a rule's refusals is always listed; 0: off")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
 	fs.IntVar(&o.MaxRules, "rules.max-rules", d.MaxRules, "most rules in force, those of the file and the admin API together; more are refused")
 	fs.StringVar(&o.Region, "region", d.Region, "name of this region")
@@ -327,6 +332,9 @@ func (o *Options) validate() error {
 		if f.n < f.least || f.n > maxBytesFlag {
 			errs = append(errs, fmt.Errorf("--%s: must be %d to %d bytes, got %d", f.flag, f.least, int64(maxBytesFlag), f.n))
 		}
+	}
+	if o.TopLimitedSize < 0 || o.TopLimitedSize > topkeys.MaxSize {
+		errs = append(errs, fmt.Errorf("--top-limited.size: must be 0 (off) to %d, got %d", topkeys.MaxSize, o.TopLimitedSize))
 	}
 	if o.MaxLeaseKeys < 1 || o.MaxLeaseKeys > maxSizeFlag {
 		errs = append(errs, fmt.Errorf("--lease.max-keys: must be 1 to %d, got %d", maxSizeFlag, o.MaxLeaseKeys))

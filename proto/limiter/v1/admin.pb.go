@@ -344,6 +344,186 @@ func (x *RuleEntry) GetYaml() string {
 	return ""
 }
 
+type TopLimitedRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// How many keys, at most 1000 (0: 10).
+	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopLimitedRequest) Reset() {
+	*x = TopLimitedRequest{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopLimitedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopLimitedRequest) ProtoMessage() {}
+
+func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopLimitedRequest.ProtoReflect.Descriptor instead.
+func (*TopLimitedRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TopLimitedRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *TopLimitedRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type TopLimitedResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most refused first.
+	Keys []*LimitedKey `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// The limiterd instances of the region whose counts were merged.
+	Instances uint32 `protobuf:"varint,2,opt,name=instances,proto3" json:"instances,omitempty"`
+	// Set when the region's counts could not be read: the keys are then
+	// this instance's alone, and this says why.
+	Partial       string `protobuf:"bytes,3,opt,name=partial,proto3" json:"partial,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopLimitedResponse) Reset() {
+	*x = TopLimitedResponse{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopLimitedResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopLimitedResponse) ProtoMessage() {}
+
+func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopLimitedResponse.ProtoReflect.Descriptor instead.
+func (*TopLimitedResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *TopLimitedResponse) GetKeys() []*LimitedKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *TopLimitedResponse) GetInstances() uint32 {
+	if x != nil {
+		return x.Instances
+	}
+	return 0
+}
+
+func (x *TopLimitedResponse) GetPartial() string {
+	if x != nil {
+		return x.Partial
+	}
+	return ""
+}
+
+type LimitedKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Refusals counted, at most this many.
+	Count uint64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	// The count's possible excess: the key was refused at least
+	// count - error times.
+	Error         uint64 `protobuf:"varint,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LimitedKey) Reset() {
+	*x = LimitedKey{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LimitedKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LimitedKey) ProtoMessage() {}
+
+func (x *LimitedKey) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LimitedKey.ProtoReflect.Descriptor instead.
+func (*LimitedKey) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *LimitedKey) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *LimitedKey) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *LimitedKey) GetError() uint64 {
+	if x != nil {
+		return x.Error
+	}
+	return 0
+}
+
 var File_limiter_v1_admin_proto protoreflect.FileDescriptor
 
 const file_limiter_v1_admin_proto_rawDesc = "" +
@@ -364,12 +544,26 @@ const file_limiter_v1_admin_proto_rawDesc = "" +
 	"\tRuleEntry\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x12\n" +
-	"\x04yaml\x18\x03 \x01(\tR\x04yaml2\xe2\x01\n" +
+	"\x04yaml\x18\x03 \x01(\tR\x04yaml\"B\n" +
+	"\x11TopLimitedRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\"x\n" +
+	"\x12TopLimitedResponse\x12*\n" +
+	"\x04keys\x18\x01 \x03(\v2\x16.limiter.v1.LimitedKeyR\x04keys\x12\x1c\n" +
+	"\tinstances\x18\x02 \x01(\rR\tinstances\x12\x18\n" +
+	"\apartial\x18\x03 \x01(\tR\apartial\"J\n" +
+	"\n" +
+	"LimitedKey\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\x04R\x05error2\xaf\x02\n" +
 	"\x05Admin\x12B\n" +
 	"\aPutRule\x12\x1a.limiter.v1.PutRuleRequest\x1a\x1b.limiter.v1.PutRuleResponse\x12K\n" +
 	"\n" +
 	"DeleteRule\x12\x1d.limiter.v1.DeleteRuleRequest\x1a\x1e.limiter.v1.DeleteRuleResponse\x12H\n" +
-	"\tListRules\x12\x1c.limiter.v1.ListRulesRequest\x1a\x1d.limiter.v1.ListRulesResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\tListRules\x12\x1c.limiter.v1.ListRulesRequest\x1a\x1d.limiter.v1.ListRulesResponse\x12K\n" +
+	"\n" +
+	"TopLimited\x12\x1d.limiter.v1.TopLimitedRequest\x1a\x1e.limiter.v1.TopLimitedResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_admin_proto_rawDescOnce sync.Once
@@ -383,7 +577,7 @@ func file_limiter_v1_admin_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_admin_proto_rawDescData
 }
 
-var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_limiter_v1_admin_proto_goTypes = []any{
 	(*PutRuleRequest)(nil),     // 0: limiter.v1.PutRuleRequest
 	(*PutRuleResponse)(nil),    // 1: limiter.v1.PutRuleResponse
@@ -392,20 +586,26 @@ var file_limiter_v1_admin_proto_goTypes = []any{
 	(*ListRulesRequest)(nil),   // 4: limiter.v1.ListRulesRequest
 	(*ListRulesResponse)(nil),  // 5: limiter.v1.ListRulesResponse
 	(*RuleEntry)(nil),          // 6: limiter.v1.RuleEntry
+	(*TopLimitedRequest)(nil),  // 7: limiter.v1.TopLimitedRequest
+	(*TopLimitedResponse)(nil), // 8: limiter.v1.TopLimitedResponse
+	(*LimitedKey)(nil),         // 9: limiter.v1.LimitedKey
 }
 var file_limiter_v1_admin_proto_depIdxs = []int32{
 	6, // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
-	0, // 1: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
-	2, // 2: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
-	4, // 3: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
-	1, // 4: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
-	3, // 5: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
-	5, // 6: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	9, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
+	0, // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
+	2, // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
+	4, // 4: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
+	7, // 5: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
+	1, // 6: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
+	3, // 7: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
+	5, // 8: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
+	8, // 9: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
+	6, // [6:10] is the sub-list for method output_type
+	2, // [2:6] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_admin_proto_init() }
@@ -419,7 +619,7 @@ func file_limiter_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_admin_proto_rawDesc), len(file_limiter_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

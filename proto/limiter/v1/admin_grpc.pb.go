@@ -22,6 +22,7 @@ const (
 	Admin_PutRule_FullMethodName    = "/limiter.v1.Admin/PutRule"
 	Admin_DeleteRule_FullMethodName = "/limiter.v1.Admin/DeleteRule"
 	Admin_ListRules_FullMethodName  = "/limiter.v1.Admin/ListRules"
+	Admin_TopLimited_FullMethodName = "/limiter.v1.Admin/TopLimited"
 )
 
 // AdminClient is the client API for Admin service.
@@ -41,6 +42,13 @@ type AdminClient interface {
 	DeleteRule(ctx context.Context, in *DeleteRuleRequest, opts ...grpc.CallOption) (*DeleteRuleResponse, error)
 	// ListRules returns the rules in force and their version.
 	ListRules(ctx context.Context, in *ListRulesRequest, opts ...grpc.CallOption) (*ListRulesResponse, error)
+	// TopLimited returns the keys a rule refused most in the last one to two
+	// minutes, over the region's limiterd instances (for a shadow rule, the
+	// keys it would have refused). The counts come from a bounded summary:
+	// each key was refused between count - error and count times, and a key
+	// refused more than about 1/64 of the rule's refusals is always listed.
+	// An unknown rule is NOT_FOUND; a bad limit INVALID_ARGUMENT.
+	TopLimited(ctx context.Context, in *TopLimitedRequest, opts ...grpc.CallOption) (*TopLimitedResponse, error)
 }
 
 type adminClient struct {
@@ -81,6 +89,16 @@ func (c *adminClient) ListRules(ctx context.Context, in *ListRulesRequest, opts 
 	return out, nil
 }
 
+func (c *adminClient) TopLimited(ctx context.Context, in *TopLimitedRequest, opts ...grpc.CallOption) (*TopLimitedResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TopLimitedResponse)
+	err := c.cc.Invoke(ctx, Admin_TopLimited_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -98,6 +116,13 @@ type AdminServer interface {
 	DeleteRule(context.Context, *DeleteRuleRequest) (*DeleteRuleResponse, error)
 	// ListRules returns the rules in force and their version.
 	ListRules(context.Context, *ListRulesRequest) (*ListRulesResponse, error)
+	// TopLimited returns the keys a rule refused most in the last one to two
+	// minutes, over the region's limiterd instances (for a shadow rule, the
+	// keys it would have refused). The counts come from a bounded summary:
+	// each key was refused between count - error and count times, and a key
+	// refused more than about 1/64 of the rule's refusals is always listed.
+	// An unknown rule is NOT_FOUND; a bad limit INVALID_ARGUMENT.
+	TopLimited(context.Context, *TopLimitedRequest) (*TopLimitedResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -116,6 +141,9 @@ func (UnimplementedAdminServer) DeleteRule(context.Context, *DeleteRuleRequest) 
 }
 func (UnimplementedAdminServer) ListRules(context.Context, *ListRulesRequest) (*ListRulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRules not implemented")
+}
+func (UnimplementedAdminServer) TopLimited(context.Context, *TopLimitedRequest) (*TopLimitedResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TopLimited not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -192,6 +220,24 @@ func _Admin_ListRules_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_TopLimited_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TopLimitedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).TopLimited(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_TopLimited_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).TopLimited(ctx, req.(*TopLimitedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -210,6 +256,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRules",
 			Handler:    _Admin_ListRules_Handler,
+		},
+		{
+			MethodName: "TopLimited",
+			Handler:    _Admin_TopLimited_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
