@@ -27,9 +27,10 @@ const (
 	faultSpike      = "wan-spike"
 	faultLoss       = "gateway-loss"
 	faultOneWay     = "one-way-cut"
+	faultSwitch     = "topology-switch"
 )
 
-var faultKinds = []string{faultReconciler, faultNATS, faultPrimary, faultLimiterd, faultCut, faultPause, faultSpike, faultLoss, faultOneWay}
+var faultKinds = []string{faultReconciler, faultNATS, faultPrimary, faultLimiterd, faultCut, faultPause, faultSpike, faultLoss, faultOneWay, faultSwitch}
 
 // betweenRegions are the kinds of fault on the links between two regions:
 // one of them at a time.
@@ -83,6 +84,8 @@ type driver struct {
 	mu     sync.Mutex
 	faults []*fault
 	active []*fault
+	// generation is the last topology generation switched to.
+	generation int
 	// scrapes keeps each daemon's metrics taken before every kill and at
 	// the end, by daemon name.
 	scrapes map[string][]string
@@ -174,6 +177,11 @@ func (d *driver) pick(kind string, left time.Duration) *fault {
 		if busy(kind, r) || left < 8*time.Second {
 			return nil
 		}
+	case faultSwitch:
+		if busy(faultSwitch, "") || left < 10*time.Second {
+			return nil
+		}
+		f.region, f.target = "", "limiterds"
 	}
 	f.u, f.n = d.rng.Float64(), d.rng.IntN(1<<20)
 	f.start = d.since()
@@ -196,7 +204,7 @@ func (d *driver) inject(f *fault) {
 		d.mu.Unlock()
 	}()
 	s := d.s
-	r := s.regions[f.region]
+	r := s.regions[f.region] // nil for a fault of every region
 	u := f.u
 	hold := func(lo, hi float64) { time.Sleep(time.Duration((lo + (hi-lo)*u) * float64(time.Second))) }
 	switch f.kind {
@@ -256,6 +264,8 @@ func (d *driver) inject(f *fault) {
 		s.shapeGateways(f.region, f.other, func(sh *wanproxy.Shape) { sh.Loss = loss })
 		hold(3, 8)
 		s.shapeGateways(f.region, f.other, func(sh *wanproxy.Shape) { sh.Loss = 0 })
+	case faultSwitch:
+		d.switchTopology(f)
 	case faultPrimary:
 		addr, thirds, err := pickPrimary(r, f.n)
 		if err != nil {
@@ -273,10 +283,16 @@ func (d *driver) inject(f *fault) {
 			f.err = "no node at " + addr
 			return
 		}
+		stopped := time.Now()
 		node.Stop()
 		// Its replica takes over in 2-3 s; the killed node comes back
-		// empty and rejoins as the new primary's replica.
-		hold(4, 8)
+		// empty and rejoins as the new primary's replica. It must not
+		// come back before: an empty node that still owns its slots
+		// keeps them, and its replica then copies the empty data set.
+		if err := waitPromoted(r, addr, 30*time.Second); err != nil {
+			f.err = err.Error()
+		}
+		time.Sleep(time.Until(stopped.Add(time.Duration((4 + 4*u) * float64(time.Second)))))
 		node.Start()
 		r.redis.WaitHealthy(s.t)
 	case faultPause:
@@ -298,6 +314,57 @@ func (d *driver) inject(f *fault) {
 	}
 }
 
+// switchTopology puts a new topology generation in force on every
+// limiterd, each region switching at the same effective_at by a clock up
+// to 200 ms off the others' (drawn from the fault's seed): for up to
+// 400 ms some regions route under the new generation and some under the
+// old. Every other region's address changes. Each limiterd must report
+// the new generation in force a second after its switch.
+func (d *driver) switchTopology(f *fault) {
+	s := d.s
+	d.mu.Lock()
+	d.generation++
+	gen := d.generation
+	d.mu.Unlock()
+	at := time.Now().Add(3 * time.Second) // the watchers read the files every second
+	var skews []string
+	for i, r := range regions {
+		skew := time.Duration(int(f.n>>(6*i))%401-200) * time.Millisecond
+		// A clock behind by skew switches that much later in real time.
+		if err := s.writeTopology(r, gen, at.Add(skew)); err != nil {
+			f.err = err.Error()
+			return
+		}
+		skews = append(skews, fmt.Sprintf("%s %+dms", r, skew.Milliseconds()))
+	}
+	f.target = fmt.Sprintf("generation %d, clocks %s", gen, strings.Join(skews, " "))
+	time.Sleep(time.Until(at) + 1200*time.Millisecond)
+	for _, r := range regions {
+		rs := s.regions[r]
+		if !rs.lim.running() {
+			continue // killed now: it reads the file when it starts
+		}
+		if g := gaugeByLabel(scrape(rs.limHTTP), "limiter_topology_generation", "state", "active"); g != float64(gen) {
+			f.err = fmt.Sprintf("%s: generation %v in force, want %d", rs.lim.name, g, gen)
+			return
+		}
+	}
+}
+
+// gaugeByLabel is the value of the series of name whose label is value,
+// -1 if absent.
+func gaugeByLabel(text, name, label, value string) float64 {
+	mf := parse(text)[name]
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == value {
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}
+
 // scrape keeps a daemon's metrics, before it is killed or at the end.
 func (d *driver) scrape(name, httpAddr string) {
 	text := scrape(httpAddr)
@@ -308,6 +375,26 @@ func (d *driver) scrape(name, httpAddr string) {
 
 // pickPrimary picks one of region's primaries at random and says which
 // thirds of the slots it serves.
+// waitPromoted waits until no slot of r's cluster has addr as its
+// primary: a replica took its slots over.
+func waitPromoted(r *regionStack, addr string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		slots, err := r.rc.ClusterSlots(ctx).Result() //nolint:staticcheck // SA1019: as pickPrimary
+		cancel()
+		if err == nil && !slices.ContainsFunc(slots, func(sl redis.ClusterSlot) bool {
+			return len(sl.Nodes) > 0 && strings.TrimSpace(sl.Nodes[0].Addr) == addr
+		}) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no replica took %s's slots over in %v", addr, limit)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 func pickPrimary(r *regionStack, n int) (string, []int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

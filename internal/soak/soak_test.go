@@ -150,6 +150,9 @@ func TestSoak(t *testing.T) {
 	for _, f := range d.faults {
 		t.Logf("fault: %s", f)
 		injected[f.kind] = true
+		if f.kind == faultSwitch && f.err != "" {
+			t.Errorf("topology switch: %s", f.err)
+		}
 	}
 	for _, k := range faultKinds {
 		if *flagFaults && !injected[k] {

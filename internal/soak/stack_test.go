@@ -50,9 +50,11 @@ type stack struct {
 	maxDefer time.Duration
 	// wan is the one-way delay between each two regions, on their NATS
 	// gateways and on the links their limiterds forward checks over.
-	wan     wan
-	super   *natstest.Supercluster
-	regions map[string]*regionStack
+	wan   wan
+	super *natstest.Supercluster
+	// limAddrs are the limiterds' gRPC addresses, by region.
+	limAddrs map[string]string
+	regions  map[string]*regionStack
 }
 
 type regionStack struct {
@@ -120,6 +122,14 @@ func (p *proc) start() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// running reports whether the process was started and not ended by kill
+// or stop.
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cmd != nil
 }
 
 // kill ends the process with SIGKILL and waits for it; a stopped process
@@ -236,24 +246,11 @@ func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration, 
 		addrs[name] = testenv.FreeAddr(t)
 	}
 	write(t, s.dir, "topology.yml", topology(addrs))
-	// Each limiterd reaches the others through a link of the pair's delay:
-	// its own topology file names the links' ends.
+	s.limAddrs = addrs
 	for _, src := range regions {
-		via := map[string]string{}
-		for _, dst := range regions {
-			via[dst] = addrs[dst]
-			if dst == src {
-				continue
-			}
-			d := delays.delay(src, dst)
-			p, err := wanproxy.Listen("127.0.0.1:0", addrs[dst], wanproxy.NewLink(wanproxy.Shape{Delay: d}, wanproxy.Shape{Delay: d}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { p.Close() })
-			via[dst] = p.Addr()
+		if err := s.writeTopology(src, 0, time.Time{}); err != nil {
+			t.Fatal(err)
 		}
-		write(t, s.dir, "topology-"+src+".yml", topology(via))
 	}
 	secret := testenv.SecretFile(t)
 	for i, name := range regions {
@@ -400,6 +397,37 @@ func (s *stack) check(ctx context.Context, region, rule, key string, cost float6
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	return s.regions[region].client.Check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: cost})
+}
+
+// writeTopology writes src's limiterd its topology file of generation
+// gen, in force at at (the zero time: at once). It reaches each other
+// region through a new link of the pair's delay, whose end the file
+// names: a new generation changes every other region's address.
+func (s *stack) writeTopology(src string, gen int, at time.Time) error {
+	via := map[string]string{}
+	for _, dst := range regions {
+		via[dst] = s.limAddrs[dst]
+		if dst == src {
+			continue
+		}
+		d := s.wan.delay(src, dst)
+		p, err := wanproxy.Listen("127.0.0.1:0", s.limAddrs[dst], wanproxy.NewLink(wanproxy.Shape{Delay: d}, wanproxy.Shape{Delay: d}))
+		if err != nil {
+			return err
+		}
+		s.t.Cleanup(func() { p.Close() })
+		via[dst] = p.Addr()
+	}
+	head := ""
+	if gen > 0 {
+		head = fmt.Sprintf("generation: %d\neffective_at: %s\n", gen, at.UTC().Format(time.RFC3339Nano))
+	}
+	// Written whole, then renamed: the watcher never reads half a file.
+	tmp := filepath.Join(s.dir, ".topology-"+src+".yml")
+	if err := os.WriteFile(tmp, []byte(head+topology(via)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(s.dir, "topology-"+src+".yml"))
 }
 
 // topology is a topology file of the soak's regions at addrs.
