@@ -239,6 +239,9 @@ func TestDocBenchmarks(t *testing.T) {
 		t.Fatalf("go not on PATH: %v", err)
 	}
 	ran := map[string]bool{}
+	// Two at a time: most of a smoke run is its servers starting and
+	// settling, not its one iteration.
+	slots := make(chan struct{}, docbenchParallel)
 	for _, c := range cmds {
 		args := smokeArgs(c)
 		if key := strings.Join(args, " "); ran[key] {
@@ -247,6 +250,9 @@ func TestDocBenchmarks(t *testing.T) {
 			ran[key] = true
 		}
 		t.Run(c.pattern+" "+strings.Join(c.pkgs, " "), func(t *testing.T) {
+			t.Parallel()
+			slots <- struct{}{}
+			defer func() { <-slots }()
 			cmd := exec.Command(goBin, args...)
 			cmd.Dir = ".."
 			began := time.Now()
@@ -262,6 +268,9 @@ func TestDocBenchmarks(t *testing.T) {
 	}
 }
 
+// docbenchParallel is how many smoke runs go at once.
+const docbenchParallel = 2
+
 // smokeNarrow narrows a quoted pattern whose benchmark starts a new
 // multi-region stack per sub-benchmark (a minute and more at 1x) to one of
 // them: the smoke run is to show the command still runs, not to take the
@@ -269,9 +278,10 @@ func TestDocBenchmarks(t *testing.T) {
 var smokeNarrow = map[string]string{"Overshoot": "Overshoot/shape=fast/interval=1s/wan=ref"}
 
 // smokeArgs is c's command run once: -benchtime 1x, the race detector, no
-// test but the benchmarks, -count=1.
+// test but the benchmarks, -count=1, and -short, which a benchmark whose
+// one iteration is long may take to do less.
 func smokeArgs(c benchCommand) []string {
-	args := []string{"test", "-race", "-count=1"}
+	args := []string{"test", "-race", "-count=1", "-short"}
 	for i := 0; i < len(c.args); i++ {
 		a := c.args[i]
 		switch {

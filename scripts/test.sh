@@ -7,9 +7,9 @@
 #     internal/reconciler (whose tests mostly wait, on NATS gateways cut
 #     for tens of seconds, on stream sources; they run four at a time),
 #     then internal/limiterd but its tests of phase 2, then every
-#     `go test -bench` command the docs quote, once (-benchtime 1x;
-#     scripts/docbench_test.go, so that a figure's command that no longer
-#     runs fails here); beside them every other package but those of
+#     `go test -bench` command the docs quote, once (-benchtime 1x -short,
+#     two at a time; scripts/docbench_test.go, so that a figure's command
+#     that no longer runs fails here); beside them every other package but those of
 #     phase 2;
 #  2. what is measured under its own load, one package at a time and
 #     alone: the tests of internal/limiterd named in limiterd_alone
