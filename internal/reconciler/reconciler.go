@@ -3,17 +3,20 @@
 // JetStream cluster, and applies every other region's spends, sourced into
 // the region's inbound stream, to this region's buckets, at most once each.
 //
-// Concurrency: one relay loop, and per other region one apply loop and one
-// retry loop. Each apply loop reads a durable consumer that delivers one
-// message at a time, in stream order, so a region's spends are applied in
-// sequence; that order is what lets the debit script tell a redelivery from
-// a new message. A client whose Redis node fails is not waited for: its
+// Concurrency: one relay loop, and per other region one apply loop per
+// partition (gossip.PartitionSubject: the relay splits each flush by key
+// into Options.Partitions), one for its unpartitioned spends of earlier
+// releases, and one retry loop. Each apply loop reads a durable consumer
+// that delivers one message at a time, in stream order, so each partition
+// of a region's spends is applied in sequence, and the partitions side by
+// side; that order, and a client's marker per partition, are what let the
+// debit script tell a redelivery from a new message. A client whose Redis node fails is not waited for: its
 // debits go to the retry stream, in order, under a subject of its slot's
 // bucket, and until that bucket's retries are applied every later debit of
 // a client of the bucket follows them there; the retry loop applies them in
 // the same order with the same markers. Several reconcilers of one region
-// share the durable consumers: the work is spread over them, and when one
-// dies its unacknowledged message goes to another after the ack wait.
+// share the durable consumers: the partitions are spread over them, and
+// when one dies its unacknowledged messages go to others after the ack wait.
 // Package apply applies each message and each retry entry; this package
 // sets up the streams and consumers, runs the loops and follows the
 // topology.
@@ -29,6 +32,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +52,7 @@ import (
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
 
 // Defaults of the flags.
@@ -57,6 +62,7 @@ const (
 	DefaultStreamMaxAge   = time.Hour
 	DefaultStreamMaxBytes = 256 << 20
 	DefaultApplyTimeout   = apply.DefaultTimeout
+	DefaultPartitions     = 8
 )
 
 // Options configure a Reconciler.
@@ -101,6 +107,17 @@ type Options struct {
 	StreamReplicas int
 	// MaxMessageBytes bounds a spend message.
 	MaxMessageBytes int
+	// Partitions is the number of partitions of each region's spends
+	// (--apply.partitions, 1 to gossip.MaxPartitions): this region's relay
+	// splits its flushes into that many, and this region applies each
+	// other region's that many, each with its own in-order consumer. It
+	// must be the same in every region: a partition of another region's
+	// beyond this region's count is not applied here (its spends wait in
+	// the inbound stream, and an error is logged), and below it a
+	// consumer reads nothing. Changing it is safe for the spends already
+	// relayed once every region's reconcilers have the new count: each
+	// partition's subject keeps its own order and markers.
+	Partitions int
 	// HTTPAddress serves /metrics, /healthz and /readyz.
 	HTTPAddress string
 	// Logger defaults to slog.Default().
@@ -165,6 +182,9 @@ func (o *Options) setDefaults() {
 	if o.MaxMessageBytes == 0 {
 		o.MaxMessageBytes = gossip.DefaultMaxMessageBytes
 	}
+	if o.Partitions == 0 {
+		o.Partitions = DefaultPartitions
+	}
 	if o.HTTPAddress == "" {
 		o.HTTPAddress = DefaultHTTPAddress
 	}
@@ -212,6 +232,9 @@ func (o *Options) validate() error {
 	}
 	if o.MaxMessageBytes < 4<<10 || o.MaxMessageBytes > 8<<20 {
 		errs = append(errs, fmt.Errorf("--gossip.max-message-bytes: must be 4KiB to 8MiB, got %d", o.MaxMessageBytes))
+	}
+	if o.Partitions < 1 || o.Partitions > gossip.MaxPartitions {
+		errs = append(errs, fmt.Errorf("--apply.partitions: must be 1 to %d, got %d", gossip.MaxPartitions, o.Partitions))
 	}
 	return errors.Join(errs...)
 }
@@ -462,10 +485,13 @@ func (r *Reconciler) run(ctx context.Context) {
 		startSource := func(src *source) {
 			sctx, stop := context.WithCancel(lctx)
 			loops[src.name] = stop
-			wg.Go(func() { r.applyLoop(sctx, src, src.apply, false) })
+			for p, c := range src.parts {
+				wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
+			}
+			wg.Go(func() { r.applyLoop(sctx, src.applied(false), src.apply) })
 			wg.Go(func() { r.retryLoop(sctx, src) })
 			if src.legacy != nil {
-				wg.Go(func() { r.applyLoop(sctx, src, src.legacy, true) })
+				wg.Go(func() { r.applyLoop(sctx, src.applied(true), src.legacy) })
 			}
 		}
 		for _, src := range st.current() {
@@ -560,8 +586,10 @@ func (st *streams) find(name string) *source {
 // source is what this region reads of one other region.
 type source struct {
 	name string
-	// apply reads the source's spends in this region's inbound stream,
-	// whose creation (µs) is epoch.
+	// parts read each partition of the source's spends in this region's
+	// inbound stream, whose creation (µs) is epoch; apply reads what the
+	// source relayed unpartitioned (earlier releases).
+	parts []jetstream.Consumer
 	apply jetstream.Consumer
 	epoch int64
 	// retry reads this region's debits of the source to apply again, from
@@ -577,6 +605,13 @@ type source struct {
 // (legacy) the one spends stream of earlier releases.
 func (src *source) applied(legacy bool) apply.Source {
 	return apply.Source{Name: src.name, Epoch: src.epoch, Legacy: legacy, Retry: src.retryStream}
+}
+
+// partition is src's partition p as the applier reads it.
+func (src *source) partition(p int) apply.Source {
+	as := src.applied(false)
+	as.Partitioned, as.Partition = true, p
+	return as
 }
 
 // streamConfig is what every stream of this region shares: its limits, its
@@ -618,7 +653,9 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		return nil, err
 	}
 	spends := r.streamConfig(gossip.RegionStream(self), jetstream.LimitsPolicy)
-	spends.Subjects = []string{gossip.RelaySubject(self)}
+	// The unpartitioned subject of earlier releases stays, so that a relay
+	// of one of them during an upgrade still publishes.
+	spends.Subjects = []string{gossip.RelaySubject(self), gossip.PartitionSubjects(self)}
 	if _, err := natsconn.EnsureStream(ctx, r.js, spends); err != nil {
 		return nil, err
 	}
@@ -664,33 +701,48 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
 	}
+	// Each other region's spends stream is sourced twice: its partitions'
+	// subjects, and the unpartitioned subject of earlier releases, which
+	// it holds while it or its relays are not upgraded yet. The partitions
+	// added to an inbound stream that has the unpartitioned source (an
+	// upgrade) are sourced from the first message the stream holds: none
+	// was sourced here, and the source region may have been upgraded first.
 	var newSources []string
 	for _, src := range sources {
-		name, filter := gossip.RegionStream(src), gossip.RelaySubject(src)
-		if have[name+" "+filter] {
-			continue
-		}
-		from := start
-		if exists && !legacy {
-			from = r.sourceStart(added[src])
-		}
-		ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
-		if from != nil {
-			// Sourced from a time, the server sources from the inbound
-			// stream's last message instead when that is later, as it
-			// first succeeds (trySetupSourceConsumer): another source's
-			// message landing before this one is set up would make it
-			// skip what its stream got since from. So the source starts
-			// at the sequence of its stream's first message since from.
-			if seq, ok := r.firstSeqSince(ctx, name, filter, *from); ok {
-				ss.OptStartTime, ss.OptStartSeq = nil, seq
-			} else {
-				r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
-					"source", src, "since", *from)
+		fresh := false
+		for _, filter := range []string{gossip.RelaySubject(src), gossip.PartitionSubjects(src)} {
+			name := gossip.RegionStream(src)
+			if have[name+" "+filter] {
+				continue
 			}
+			from := start
+			if exists && !legacy {
+				from = r.sourceStart(added[src])
+			}
+			ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
+			if filter != gossip.RelaySubject(src) && have[name+" "+gossip.RelaySubject(src)] {
+				ss.OptStartTime, ss.OptStartSeq = nil, 1
+			}
+			if ss.OptStartTime != nil {
+				// Sourced from a time, the server sources from the inbound
+				// stream's last message instead when that is later, as it
+				// first succeeds (trySetupSourceConsumer): another source's
+				// message landing before this one is set up would make it
+				// skip what its stream got since from. So the source starts
+				// at the sequence of its stream's first message since from.
+				if seq, ok := r.firstSeqSince(ctx, name, filter, *from); ok {
+					ss.OptStartTime, ss.OptStartSeq = nil, seq
+				} else {
+					r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
+						"source", src, "filter", filter, "since", *from)
+				}
+			}
+			in.Sources = append(in.Sources, ss)
+			fresh = true
 		}
-		in.Sources = append(in.Sources, ss)
-		newSources = append(newSources, src)
+		if fresh {
+			newSources = append(newSources, src)
+		}
 	}
 	if exists && len(newSources) > 0 && r.beforeSourceAdded != nil {
 		r.beforeSourceAdded(ctx, newSources)
@@ -727,6 +779,15 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		c.Durable, c.FilterSubject = applyConsumer(self, name), gossip.RelaySubject(name)
 		if src.apply, err = r.js.CreateOrUpdateConsumer(ctx, in.Name, c); err != nil {
 			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
+		}
+		for p := range r.opts.Partitions {
+			c = inOrder
+			c.Durable, c.FilterSubject = partitionConsumer(self, name, p), gossip.PartitionSubject(name, p)
+			pc, err := r.js.CreateOrUpdateConsumer(ctx, in.Name, c)
+			if err != nil {
+				return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
+			}
+			src.parts = append(src.parts, pc)
 		}
 		c = inOrder
 		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
@@ -827,13 +888,22 @@ func (r *Reconciler) sourceStart(added time.Time) *time.Time {
 func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
 func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
 
-// relayLoop forwards this region's limiterd flushes, one to one, to the
-// region's spends stream. The message id is the flush's own (instance,
-// sequence, part), so a relay that dies between publishing and
-// acknowledging makes a duplicate that the stream drops. Invalid entries
-// are relayed as they are: each region that applies the batch skips them.
+// partitionConsumer is the apply consumer of partition p of src's spends.
+func partitionConsumer(self, src string, p int) string {
+	return applyConsumer(self, src) + "-p" + strconv.Itoa(p)
+}
+
+// relayLoop forwards this region's limiterd flushes to the region's spends
+// stream, each split by key into the partitions (gossip.SplitPartitions),
+// one message per partition that has entries. The split is done here, not
+// by limiterd, so that limiterd needs no partition count and the flushes
+// of every limiterd release are split alike. A message id is the flush's
+// own (instance, sequence, part) and the partition, so a relay that dies
+// between publishing and acknowledging makes duplicates that the stream
+// drops (and, past its duplicate window, that the applying regions' flush
+// records skip). Invalid entries are relayed as they are: each region that
+// applies the batch skips them.
 func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
-	subject := gossip.RelaySubject(r.opts.Region)
 	for ctx.Err() == nil {
 		batch, err := c.Fetch(256, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -841,7 +911,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 			continue
 		}
 		for msg := range batch.Messages() {
-			b, _, err := gossip.DecodeEntries(msg.Data(), r.opts.MaxMessageBytes)
+			b, parts, err := gossip.SplitPartitions(msg.Data(), r.opts.Partitions, r.opts.MaxMessageBytes)
 			if err == nil && b.GetRegion() != r.opts.Region {
 				err = fmt.Errorf("%w: region: %q on %s's local stream", gossip.ErrInvalidBatch, b.GetRegion(), r.opts.Region)
 			}
@@ -849,11 +919,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				r.applier.Reject(msg, "relay", err)
 				continue
 			}
-			id := fmt.Sprintf("%s-%d-%d", b.GetInstance(), b.GetSequence(), b.GetPart())
-			pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
-			_, err = r.js.Publish(pctx, subject, msg.Data(), jetstream.WithMsgID(id))
-			cancel()
-			if err != nil {
+			if err := r.relay(ctx, b, parts); err != nil {
 				r.log.Warn("relay publish failed, will retry", "err", err)
 				msg.NakWithDelay(r.opts.Interval)
 				continue
@@ -867,10 +933,39 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 	}
 }
 
-// applyLoop applies src's spends, one message at a time, in order, from
-// the inbound stream or (legacy) the one spends stream of earlier releases.
-func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Consumer, legacy bool) {
-	as := src.applied(legacy)
+// relay publishes the partitions of flush part b, all at once, and waits
+// for every ack.
+func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte) error {
+	pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
+	defer cancel()
+	var acks []jetstream.PubAckFuture
+	for p, data := range parts {
+		if data == nil {
+			continue
+		}
+		id := fmt.Sprintf("%s-%d-%d-p%d", b.GetInstance(), b.GetSequence(), b.GetPart(), p)
+		f, err := r.js.PublishAsync(gossip.PartitionSubject(r.opts.Region, p), data, jetstream.WithMsgID(id))
+		if err != nil {
+			return err
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-pctx.Done():
+			return pctx.Err()
+		}
+	}
+	return nil
+}
+
+// applyLoop applies the spends c reads, one message at a time, in order:
+// one partition of a source's, its unpartitioned ones, or (legacy) those
+// of the one spends stream of earlier releases.
+func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream.Consumer) {
 	for ctx.Err() == nil {
 		batch, err := c.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -940,7 +1035,7 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 		missing := gone(err)
 		for _, src := range st.current() {
 			var n float64
-			for _, c := range []jetstream.Consumer{src.apply, src.legacy} {
+			for _, c := range append([]jetstream.Consumer{src.apply, src.legacy}, src.parts...) {
 				if c == nil {
 					continue
 				}
@@ -948,7 +1043,7 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 				if err == nil {
 					n += float64(info.NumPending + uint64(info.NumAckPending))
 				}
-				missing = missing || (c == src.apply && gone(err))
+				missing = missing || (c != src.legacy && gone(err))
 			}
 			r.m.backlog.WithLabelValues(src.name).Set(n)
 			if info, err := src.retry.Info(ictx); err == nil {

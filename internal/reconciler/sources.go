@@ -103,28 +103,35 @@ func (r *Reconciler) checkSources(ctx context.Context, st *streams, states map[s
 	now := time.Now()
 	for _, src := range st.current() {
 		name := src.name
-		s := states[name]
-		if s == nil {
-			s = &sourceState{}
-			states[name] = s
+		// Two sources per region (its partitions, and its unpartitioned
+		// spends of earlier releases), watched alike; the gauge is the
+		// longer quiet.
+		var quiet time.Duration
+		for _, filter := range []string{gossip.RelaySubject(name), gossip.PartitionSubjects(name)} {
+			s := states[filter]
+			if s == nil {
+				s = &sourceState{}
+				states[filter] = s
+			}
+			si, cfg := sourceOf(info, name, filter)
+			if cfg == nil {
+				r.sourceMissing(ctx, name, s, now)
+				continue
+			}
+			s.cfg, s.missing = cfg, time.Time{}
+			if si == nil {
+				continue // not led by a server that reports it yet
+			}
+			quiet = max(quiet, r.checkSource(ctx, name, si, s, now))
 		}
-		si, cfg := sourceOf(info, name)
-		if cfg == nil {
-			r.sourceMissing(ctx, name, s, now)
-			continue
-		}
-		s.cfg, s.missing = cfg, time.Time{}
-		if si == nil {
-			continue // not led by a server that reports it yet
-		}
-		r.checkSource(ctx, name, si, s, now)
+		r.m.sourceActive.WithLabelValues(name).Set(quiet.Seconds())
 	}
 }
 
 // sourceOf is the info and the configuration of the source of region's
-// spends stream in info.
-func sourceOf(info *jetstream.StreamInfo, region string) (*jetstream.StreamSourceInfo, *jetstream.StreamSource) {
-	stream, filter := gossip.RegionStream(region), gossip.RelaySubject(region)
+// spends stream filtered to filter in info.
+func sourceOf(info *jetstream.StreamInfo, region, filter string) (*jetstream.StreamSourceInfo, *jetstream.StreamSource) {
+	stream := gossip.RegionStream(region)
 	var si *jetstream.StreamSourceInfo
 	for _, x := range info.Sources {
 		if x.Name == stream && x.FilterSubject == filter {
@@ -138,9 +145,10 @@ func sourceOf(info *jetstream.StreamInfo, region string) (*jetstream.StreamSourc
 	return si, info.Config.Sources[i]
 }
 
-// checkSource updates one source's gauge and state, and resets it when it
-// is stalled, due and its spends stream answers.
-func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream.StreamSourceInfo, s *sourceState, now time.Time) {
+// checkSource updates one source's state, and resets it when it is
+// stalled, due and its spends stream answers. It returns how long since
+// the source was heard of.
+func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream.StreamSourceInfo, s *sourceState, now time.Time) time.Duration {
 	// How long since the source was heard of: when it has not been since
 	// its set-up, since this reconciler saw it so (or saw it stalled).
 	quiet := si.Active
@@ -156,7 +164,6 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 	} else {
 		s.unheard = time.Time{}
 	}
-	r.m.sourceActive.WithLabelValues(name).Set(quiet.Seconds())
 	var serverErr string
 	if si.Error != nil {
 		serverErr = si.Error.Error()
@@ -169,11 +176,11 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 		if heard && serverErr == "" {
 			r.log.Info("stream source heard of again", "source", name, "stalled_for", now.Add(-si.Active).Sub(s.stalled).Round(time.Millisecond))
 			*s = sourceState{cfg: s.cfg}
-			return
+			return quiet
 		}
 	} else {
 		if serverErr == "" && quiet <= SourceStallThreshold {
-			return
+			return quiet
 		}
 		s.stalled = now.Add(-quiet)
 		s.lastErr = serverErr
@@ -184,24 +191,25 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 		r.log.Warn("stream source stalled", "source", name, "quiet", quiet.Round(time.Millisecond), "server_error", serverErr)
 	}
 	if now.Before(s.nextProbe) || now.Before(s.nextReset) {
-		return
+		return quiet
 	}
 	s.nextProbe = now.Add(sourceProbeEvery)
 	pctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
 	spends, err := r.js.Stream(pctx, gossip.RegionStream(name))
 	cancel()
 	if err != nil {
-		return // not reachable yet, or not made yet
+		return quiet // not reachable yet, or not made yet
 	}
 	s.nextReset = now.Add(sourceResetEvery + rand.N(sourceResetJitter))
 	stalledFor := now.Sub(s.stalled).Round(time.Millisecond)
 	if err := r.resetSource(ctx, s.cfg, spends.CachedInfo().State); err != nil {
 		r.log.Warn("stream source not reset, will retry", "source", name, "stalled_for", stalledFor, "err", err)
-		return
+		return quiet
 	}
 	r.m.sourceResets.WithLabelValues(name).Inc()
 	r.log.Warn("stream source reset: its spends stream answers, the server was backing off", "source", name,
 		"stalled_for", stalledFor, "server_error", s.lastErr)
+	return quiet
 }
 
 // sourceMissing adds back a source found missing from the inbound

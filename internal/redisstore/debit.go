@@ -45,6 +45,16 @@ func StreamMarkerKey(key, src string) string {
 	return Key("~in:"+src, key)
 }
 
+// PartitionMarkerKey is the key that records the position ("<epoch> <seq>")
+// of the last message of partition p of region src applied to the buckets
+// of key from this region's inbound stream. A key changes partition only
+// when the partition count does; a marker per partition keeps each
+// partition's order its own, so a message of the old partition applied
+// after one of the new is still applied. No region name holds '.'.
+func PartitionMarkerKey(key, src string, p int) string {
+	return Key("~in:"+src+"."+strconv.Itoa(p), key)
+}
+
 // Position is a message's place in the stream it is applied from.
 type Position struct {
 	// Epoch is the stream's creation (µs since the epoch), which tells a
@@ -53,6 +63,12 @@ type Position struct {
 	Epoch int64
 	// Seq is the message's stream sequence.
 	Seq uint64
+	// Partitioned says the message came on partition Partition's subject
+	// of the inbound stream (not on the unpartitioned subject of earlier
+	// releases): each partition has its own markers, since the partitions
+	// are applied side by side, not in one stream order.
+	Partitioned bool
+	Partition   int
 }
 
 // String is the position as a flush's record holds it.
@@ -65,8 +81,11 @@ func (p Position) String() string {
 
 // marker is the marker key of key for src at p.
 func (p Position) marker(key, src string) string {
-	if p.Epoch == 0 {
+	switch {
+	case p.Epoch == 0:
 		return MarkerKey(key, src)
+	case p.Partitioned:
+		return PartitionMarkerKey(key, src, p.Partition)
 	}
 	return StreamMarkerKey(key, src)
 }

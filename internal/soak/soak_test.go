@@ -242,7 +242,13 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if err != nil {
 				return err.Error()
 			}
-			if got := info.State.Subjects[gossip.RelaySubject(src)]; got < spends.State.Msgs {
+			var got uint64 // its unpartitioned subject's and its partitions'
+			for subject, n := range info.State.Subjects {
+				if subject == gossip.RelaySubject(src) || strings.HasPrefix(subject, gossip.RelaySubject(src)+".") {
+					got += n
+				}
+			}
+			if got < spends.State.Msgs {
 				return fmt.Sprintf("%s holds %d of the %d messages of %s", gossip.InStream(name), got, spends.State.Msgs, gossip.RegionStream(src))
 			}
 		}
@@ -250,13 +256,23 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if src == name {
 				continue
 			}
-			c, err := js.Consumer(ctx, gossip.InStream(name), "apply-"+name+"-from-"+src)
-			if err != nil {
-				return fmt.Sprintf("consumer apply-%s-from-%s: %v", name, src, err)
+			// The unpartitioned consumer and one per partition.
+			prefix, seen := "apply-"+name+"-from-"+src, 0
+			cs := in.ListConsumers(ctx)
+			for ci := range cs.Info() {
+				if ci.Name != prefix && !strings.HasPrefix(ci.Name, prefix+"-p") {
+					continue
+				}
+				seen++
+				if ci.NumPending != 0 || ci.NumAckPending != 0 {
+					return fmt.Sprintf("%s: %d pending, %d unacknowledged", ci.Name, ci.NumPending, ci.NumAckPending)
+				}
 			}
-			ci := c.CachedInfo()
-			if ci.NumPending != 0 || ci.NumAckPending != 0 {
-				return fmt.Sprintf("apply-%s-from-%s: %d pending, %d unacknowledged", name, src, ci.NumPending, ci.NumAckPending)
+			if err := cs.Err(); err != nil {
+				return fmt.Sprintf("consumers of %s: %v", gossip.InStream(name), err)
+			}
+			if seen < 2 {
+				return fmt.Sprintf("%s: %d apply consumers of %s, want its unpartitioned one and its partitions'", gossip.InStream(name), seen, src)
 			}
 		}
 	}

@@ -50,6 +50,9 @@ type retryEntry struct {
 	Epoch         int64  `json:"epoch"`
 	Seq           uint64 `json:"seq"`
 	FirstAdmitted int64  `json:"first_admitted_unix_micros"`
+	// Partition, when set, is the partition the message came on: its
+	// markers and record are the partition's.
+	Partition *int `json:"partition,omitempty"`
 	// Flush, when set, is the name of the message's flush, whose record
 	// could not be written: the retry writes it before applying.
 	Flush   *flushName    `json:"flush,omitempty"`
@@ -93,6 +96,8 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 		return nil, fmt.Errorf("%w: first_admitted_unix_micros: must be set", errInvalidRetry)
 	case len(e.Clients) == 0 || len(e.Clients) > gossip.MaxSpendsPerBatch:
 		return nil, fmt.Errorf("%w: clients: %d, want 1 to %d", errInvalidRetry, len(e.Clients), gossip.MaxSpendsPerBatch)
+	case e.Partition != nil && (*e.Partition < 0 || *e.Partition >= gossip.MaxPartitions):
+		return nil, fmt.Errorf("%w: partition: must be 0 to %d, got %d", errInvalidRetry, gossip.MaxPartitions-1, *e.Partition)
 	case e.Flush != nil && (e.Flush.Instance == "" || len(e.Flush.Instance) > 128):
 		return nil, fmt.Errorf("%w: flush.instance: must be 1 to 128 bytes", errInvalidRetry)
 	}
@@ -180,10 +185,13 @@ func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
 		return
 	}
 	pos := redisstore.Position{Epoch: e.Epoch, Seq: e.Seq}
+	if e.Partition != nil {
+		pos.Partitioned, pos.Partition = true, *e.Partition
+	}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	if f := e.Flush; f != nil {
-		first, err := a.store.FirstSeen(actx, src.Name, f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
+		first, err := a.store.FirstSeen(actx, recordSource(src.Name, pos.Partitioned, pos.Partition), f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
 		if err != nil {
 			a.log.Warn("retry: message not recorded, will retry", "source", src.Name, "seq", e.Seq, "err", err)
 			msg.NakWithDelay(time.Second)
