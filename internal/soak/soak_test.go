@@ -295,12 +295,15 @@ type flushName struct {
 	instance string
 	seq      uint64
 	part     uint32
+	// subject is the partition's: the relay splits one part of a flush
+	// into a message per partition, each with the part's name.
+	subject string
 }
 
 // readSpends reads src's whole spends stream: the ledger rule's tokens by
 // key over the distinct flushes, their count, and how many messages named
 // a flush already seen.
-func readSpends(ctx context.Context, js jetstream.JetStream, src string, each func(seq uint64, data []byte)) (map[string]float64, int, int, error) {
+func readSpends(ctx context.Context, js jetstream.JetStream, src string, each func(seq uint64, subject string, data []byte)) (map[string]float64, int, int, error) {
 	info, err := streamInfo(ctx, js, gossip.RegionStream(src))
 	if err != nil {
 		return nil, 0, 0, err
@@ -340,9 +343,9 @@ func readSpends(ctx context.Context, js jetstream.JetStream, src string, each fu
 				return nil, 0, 0, fmt.Errorf("%s message %d: %w", gossip.RegionStream(src), meta.Sequence.Stream, err)
 			}
 			if each != nil {
-				each(meta.Sequence.Stream, msg.Data())
+				each(meta.Sequence.Stream, msg.Subject(), msg.Data())
 			}
-			name := flushName{b.GetInstance(), b.GetSequence(), b.GetPart()}
+			name := flushName{b.GetInstance(), b.GetSequence(), b.GetPart(), msg.Subject()}
 			if r := ranges[b.GetInstance()]; r == nil {
 				ranges[b.GetInstance()] = &[3]uint64{b.GetSequence(), b.GetSequence(), 1}
 			} else {
@@ -501,7 +504,8 @@ func (s *stack) replay(t *testing.T) {
 		t.Fatal(err)
 	}
 	var data []byte
-	if _, _, _, err := readSpends(ctx, js, src, func(_ uint64, d []byte) {
+	var subject string
+	if _, _, _, err := readSpends(ctx, js, src, func(_ uint64, subj string, d []byte) {
 		if data != nil {
 			return
 		}
@@ -511,7 +515,7 @@ func (s *stack) replay(t *testing.T) {
 		}
 		for _, sp := range b.GetSpends() {
 			if sp.GetRuleId() == ruleIDs[ruleLedger] {
-				data = d
+				data, subject = d, subj
 				return
 			}
 		}
@@ -523,16 +527,27 @@ func (s *stack) replay(t *testing.T) {
 	}
 	b, _ := gossip.Decode(data, 1<<20)
 	rc := s.regions[dst].rc
-	keys := []string{redisstore.MessageKey(src, b.GetInstance(), b.GetSequence(), b.GetPart())}
-	for i := 1; i <= 32; i++ {
-		keys = append(keys, redisstore.MessageKey(src, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
+	// The records of the flush part: unpartitioned, and the partition's
+	// (its source is "region.p", the subject's last token).
+	recSrc := []string{src}
+	if p, ok := strings.CutPrefix(subject, gossip.RelaySubject(src)+"."); ok {
+		recSrc = append(recSrc, src+"."+p)
+	}
+	var keys []string
+	for _, rs := range recSrc {
+		keys = append(keys, redisstore.MessageKey(rs, b.GetInstance(), b.GetSequence(), b.GetPart()))
+		for i := 1; i <= 32; i++ {
+			keys = append(keys, redisstore.MessageKey(rs, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
+		}
 	}
 	for _, k := range keys {
 		if err := rc.Del(ctx, k).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := js.Publish(ctx, gossip.RelaySubject(src), data, jetstream.WithMsgID("soak-replay")); err != nil {
+	// On the subject it was read from: its partition's consumer, markers
+	// and records.
+	if _, err := js.Publish(ctx, subject, data, jetstream.WithMsgID("soak-replay")); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("replay: flush %s-%d-%d of %s published again, its records in %s deleted", b.GetInstance(), b.GetSequence(), b.GetPart(), src, dst)
