@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/reconciler/apply"
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -187,5 +189,60 @@ func TestPartitionsFlag(t *testing.T) {
 				t.Errorf("partitions %d: %v", tt.n, err)
 			}
 		})
+	}
+}
+
+// TestRemovedWhilePartitionsBusy: a source region removed at a topology
+// switch while its partition loops hold messages has none of them applied
+// once the switch is in force. The switch stops every loop of the removed
+// region and waits for each; a message fetched and not begun is left to
+// be delivered again, not applied.
+func TestRemovedWhilePartitionsBusy(t *testing.T) {
+	t.Parallel()
+	s := buildStackTopo(t, stackRegions, map[string][]string{"us-east": stackRegions}, quotaRules, 200*time.Millisecond, 0,
+		func(s *stack, opts ...natstest.Option) { s.nats = natstest.NewServer(t, opts...) })
+	// held counts the messages of eu-west the apply loops hold before
+	// applying them; late those whose debits were applied with the
+	// generation without eu-west in force.
+	var armed atomic.Bool
+	var held, late atomic.Int64
+	s.startReconciler("us-east", func(r *Reconciler) {
+		r.beforeApply = func(ctx context.Context, src apply.Source) {
+			if src.Name != "eu-west" || !armed.Load() {
+				return
+			}
+			held.Add(1)
+			// Until the switch is in force, or the loop is stopped.
+			for r.topo.Active().Generation() < 2 && ctx.Err() == nil {
+				time.Sleep(time.Millisecond)
+			}
+		}
+		r.beforeAck = func(src string, _ uint64) bool {
+			if src == "eu-west" && r.topo.Active().Generation() >= 2 {
+				late.Add(1)
+			}
+			return true
+		}
+	})
+	s.startReconciler("eu-west")
+	s.waitReady()
+	s.send("eu-west", "warm", 1)
+	waitCount(t, s, "us-east", "warm", 1)
+
+	armed.Store(true)
+	for i := range 16 {
+		s.send("eu-west", fmt.Sprintf("busy-%d", i), 1)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for held.Load() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of eu-west's partition messages held in us-east after 20s, want 2", held.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	s.replaceTopology("us-east", s.topology(2, time.Time{}, "us-east"))
+	s.waitGeneration("us-east", 2)
+	if n := late.Load(); n != 0 {
+		t.Errorf("us-east applied %d of eu-west's messages after the switch that removed eu-west was in force, want 0", n)
 	}
 }

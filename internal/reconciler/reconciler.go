@@ -10,13 +10,16 @@
 // that delivers one message at a time, in stream order, so each partition
 // of a region's spends is applied in sequence, and the partitions side by
 // side; that order, and a client's marker per partition, are what let the
-// debit script tell a redelivery from a new message. A client whose Redis node fails is not waited for: its
-// debits go to the retry stream, in order, under a subject of its slot's
-// bucket, and until that bucket's retries are applied every later debit of
-// a client of the bucket follows them there; the retry loop applies them in
-// the same order with the same markers. Several reconcilers of one region
-// share the durable consumers: the partitions are spread over them, and
-// when one dies its unacknowledged messages go to others after the ack wait.
+// debit script tell a redelivery from a new message. A client whose Redis
+// node fails is not waited for: its debits go to the retry stream, in
+// order, under a subject of its slot's bucket, and until that bucket's
+// retries are applied every later debit of a client of the bucket follows
+// them there; the retry loop applies them in the same order with the same
+// markers. Several reconcilers of one region share the durable consumers:
+// the partitions are spread over them, and when one dies its
+// unacknowledged messages go to others after the ack wait. A topology
+// switch that removes a region stops all of its loops, and waits for them,
+// before the new topology is in force.
 // Package apply applies each message and each retry entry; this package
 // sets up the streams and consumers, runs the loops and follows the
 // topology.
@@ -138,6 +141,10 @@ type Reconciler struct {
 	srcMu   sync.Mutex
 	sources []string
 	added   map[string]time.Time
+	// loops are the running loops of each source, guarded by srcMu: a
+	// switch that removes a source stops them and waits for them before
+	// the new topology is in force.
+	loops map[string]*sourceLoops
 	// topoChanged tells the loops that the sources changed.
 	topoChanged chan struct{}
 	// inSince is when the first inbound stream this reconciler used was
@@ -158,6 +165,9 @@ type Reconciler struct {
 	// applied and before its ack; returning false skips the ack, as a
 	// reconciler that dies at that moment would.
 	beforeAck func(src string, seq uint64) bool
+	// beforeApply, when set by a test, runs in an apply loop before each
+	// message fetched is applied.
+	beforeApply func(ctx context.Context, src apply.Source)
 	// beforeSourceAdded, when set by a test, runs in setup before the
 	// inbound stream that exists is updated with the sources added, named.
 	beforeSourceAdded func(ctx context.Context, added []string)
@@ -246,7 +256,7 @@ func New(opts Options) (*Reconciler, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), added: map[string]time.Time{}, topoChanged: make(chan struct{}, 1)}
+	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), added: map[string]time.Time{}, loops: map[string]*sourceLoops{}, topoChanged: make(chan struct{}, 1)}
 	topo, err := topowatch.New(topowatch.Options{File: opts.TopologyFile, Region: opts.Region, Poll: opts.TopologyPoll,
 		Validate: r.validateTopology, OnSwitch: r.switchTopology, Logger: r.log}, reg)
 	if errors.Is(err, topowatch.ErrOwnRegionMissing) {
@@ -306,11 +316,14 @@ func (r *Reconciler) validateTopology(next *region.Topology) error {
 
 // switchTopology makes the other regions of next the sources: a region
 // added is sourced into the inbound stream from now on (its past is not
-// debited here), with its consumers and loops; a removed one's loops stop.
-// The loops pick the change up (run).
+// debited here), with its consumers and loops (run picks the change up);
+// the loops of a removed one are stopped, and waited for, before the
+// switch returns, so that none of its spends is applied once next is in
+// force.
 func (r *Reconciler) switchTopology(_, next *region.Topology) error {
 	sources := otherRegions(next, r.opts.Region)
 	now := time.Now()
+	var removed []*sourceLoops
 	r.srcMu.Lock()
 	for _, name := range sources {
 		if !slices.Contains(r.sources, name) {
@@ -321,15 +334,68 @@ func (r *Reconciler) switchTopology(_, next *region.Topology) error {
 	for _, name := range r.sources {
 		if !slices.Contains(sources, name) {
 			r.m.removeSource(name)
+			if l := r.loops[name]; l != nil {
+				removed = append(removed, l)
+				delete(r.loops, name)
+			}
 		}
 	}
 	r.sources = sources
 	r.srcMu.Unlock()
+	for _, l := range removed {
+		l.stopAndWait()
+		r.log.Info("source region removed: its spends are no longer applied here (its consumers stay)", "source", l.name)
+	}
 	select {
 	case r.topoChanged <- struct{}{}:
 	default:
 	}
 	return nil
+}
+
+// sourceLoops are the loops of one source region, stopped together.
+type sourceLoops struct {
+	name string
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+func (l *sourceLoops) stopAndWait() {
+	l.stop()
+	l.wg.Wait()
+}
+
+// startLoops starts src's apply and retry loops under ctx, unless src is
+// no longer a source (a switch removed it since the set-up) or its loops
+// run already.
+func (r *Reconciler) startLoops(ctx context.Context, src *source) {
+	r.srcMu.Lock()
+	defer r.srcMu.Unlock()
+	if !slices.Contains(r.sources, src.name) || r.loops[src.name] != nil {
+		return
+	}
+	sctx, stop := context.WithCancel(ctx)
+	l := &sourceLoops{name: src.name, stop: stop}
+	r.loops[src.name] = l
+	for p, c := range src.parts {
+		l.wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
+	}
+	l.wg.Go(func() { r.applyLoop(sctx, src.applied(false), src.apply) })
+	l.wg.Go(func() { r.retryLoop(sctx, src) })
+	if src.legacy != nil {
+		l.wg.Go(func() { r.applyLoop(sctx, src.applied(true), src.legacy) })
+	}
+}
+
+// stopLoops stops every source's loops and waits for them.
+func (r *Reconciler) stopLoops() {
+	r.srcMu.Lock()
+	loops := slices.Collect(maps.Values(r.loops))
+	clear(r.loops)
+	r.srcMu.Unlock()
+	for _, l := range loops {
+		l.stopAndWait()
+	}
 }
 
 // currentSources returns the sources and when each added at a switch was.
@@ -481,26 +547,14 @@ func (r *Reconciler) run(ctx context.Context) {
 		lctx, lost := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		wg.Go(func() { r.relayLoop(lctx, st.relay) })
-		loops := map[string]context.CancelFunc{}
-		startSource := func(src *source) {
-			sctx, stop := context.WithCancel(lctx)
-			loops[src.name] = stop
-			for p, c := range src.parts {
-				wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
-			}
-			wg.Go(func() { r.applyLoop(sctx, src.applied(false), src.apply) })
-			wg.Go(func() { r.retryLoop(sctx, src) })
-			if src.legacy != nil {
-				wg.Go(func() { r.applyLoop(sctx, src.applied(true), src.legacy) })
-			}
-		}
 		for _, src := range st.current() {
-			startSource(src)
+			r.startLoops(lctx, src)
 		}
 		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
 		wg.Go(func() { r.sourceLoop(lctx, st) })
-		r.follow(lctx, st, loops, startSource)
+		r.follow(lctx, st)
 		wg.Wait()
+		r.stopLoops()
 		lost()
 		if ctx.Err() == nil {
 			r.log.Warn("a stream or consumer is gone, setting up again")
@@ -509,10 +563,10 @@ func (r *Reconciler) run(ctx context.Context) {
 }
 
 // follow waits for ctx, setting the streams up again at each change of the
-// sources: the loops of a source added start, those of one removed stop
-// (its consumers stay: the reconciler may not delete them), and the others
-// go on undisturbed.
-func (r *Reconciler) follow(ctx context.Context, st *streams, loops map[string]context.CancelFunc, start func(*source)) {
+// sources: the loops of a source added start, and the others go on
+// undisturbed. (A removed source's loops are stopped by the switch itself;
+// its consumers stay: the reconciler may not delete them.)
+func (r *Reconciler) follow(ctx context.Context, st *streams) {
 	var retry <-chan time.Time
 	for {
 		select {
@@ -532,20 +586,15 @@ func (r *Reconciler) follow(ctx context.Context, st *streams, loops map[string]c
 		}
 		var srcs []*source
 		for _, src := range next.sources {
-			if old := st.find(src.name); old != nil {
-				srcs = append(srcs, old)
-				continue
+			old := st.find(src.name)
+			if old == nil {
+				old = src
+				r.log.Info("source region added: its spends from now on are applied here", "source", src.name)
 			}
-			start(src)
-			srcs = append(srcs, src)
-			r.log.Info("source region added: its spends from now on are applied here", "source", src.name)
-		}
-		for name, stop := range loops {
-			if !slices.ContainsFunc(srcs, func(s *source) bool { return s.name == name }) {
-				stop()
-				delete(loops, name)
-				r.log.Info("source region removed: its spends are no longer applied here (its consumers stay)", "source", name)
-			}
+			// Started again when a switch removed it and the next
+			// brought it back before this round.
+			r.startLoops(ctx, old)
+			srcs = append(srcs, old)
 		}
 		st.set(srcs)
 	}
@@ -973,6 +1022,15 @@ func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream
 			continue
 		}
 		for msg := range batch.Messages() {
+			if r.beforeApply != nil {
+				r.beforeApply(ctx, as)
+			}
+			if ctx.Err() != nil {
+				// Stopped (a switch removed the source, or the
+				// reconciler stops): not begun, so delivered again.
+				msg.Nak()
+				continue
+			}
 			r.applier.Apply(ctx, as, msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
@@ -991,6 +1049,10 @@ func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
 			continue
 		}
 		for msg := range batch.Messages() {
+			if ctx.Err() != nil {
+				msg.Nak() // stopped, as in applyLoop
+				continue
+			}
 			r.applier.Retry(ctx, as, msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
