@@ -142,6 +142,8 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		for _, stream := range []string{local, spends, in, retry} {
 			pub = append(pub, api+"STREAM.INFO."+stream, api+"STREAM.CREATE."+stream, api+"STREAM.UPDATE."+stream)
 		}
+		// The inbound stream's consumers are listed (their backlogs).
+		pub = append(pub, api+"CONSUMER.LIST."+in)
 		// The one spends stream of earlier releases: looked up, and read
 		// where it still exists (the migration); never made.
 		pub = append(pub, api+"STREAM.INFO."+gossip.SpendStream)

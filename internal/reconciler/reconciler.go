@@ -603,6 +603,7 @@ func (r *Reconciler) follow(ctx context.Context, st *streams) {
 // streams are the consumers a reconciler reads, made by setup.
 type streams struct {
 	relay jetstream.Consumer
+	in    jetstream.Stream
 	retry jetstream.Stream
 	mu    sync.Mutex // guards sources, changed by follow
 	// sources are the regions applied here.
@@ -860,6 +861,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
 	}
+	st.in = info
 	epoch := max(info.CachedInfo().Created.UnixMicro(), 1)
 	for _, src := range st.sources {
 		src.epoch = epoch
@@ -1095,17 +1097,32 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 		}
 		missing := gone(err)
+		// The inbound stream's consumers, every partition's of every
+		// source, in one listing rather than a call each.
+		in := map[string]*jetstream.ConsumerInfo{}
+		list := st.in.ListConsumers(ictx)
+		for ci := range list.Info() {
+			in[ci.Name] = ci
+		}
+		listErr := list.Err()
+		missing = missing || gone(listErr)
 		for _, src := range st.current() {
 			var n float64
-			for _, c := range append([]jetstream.Consumer{src.apply, src.legacy}, src.parts...) {
-				if c == nil {
+			for _, c := range append([]jetstream.Consumer{src.apply}, src.parts...) {
+				if listErr != nil {
+					break
+				}
+				ci := in[c.CachedInfo().Name]
+				if ci == nil {
+					missing = true
 					continue
 				}
-				info, err := c.Info(ictx)
-				if err == nil {
+				n += float64(ci.NumPending + uint64(ci.NumAckPending))
+			}
+			if src.legacy != nil {
+				if info, err := src.legacy.Info(ictx); err == nil {
 					n += float64(info.NumPending + uint64(info.NumAckPending))
 				}
-				missing = missing || (c != src.legacy && gone(err))
 			}
 			r.m.backlog.WithLabelValues(src.name).Set(n)
 			if info, err := src.retry.Info(ictx); err == nil {
