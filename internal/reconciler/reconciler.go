@@ -1018,7 +1018,11 @@ func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts []
 // of the one spends stream of earlier releases.
 func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream.Consumer) {
 	for ctx.Err() == nil {
-		batch, err := c.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
+		// The consumer delivers one message at a time whatever the batch
+		// (MaxAckPending 1): one pull request serves up to applyBatch
+		// messages, each delivered once the one before is acknowledged,
+		// rather than a request per message.
+		batch, err := c.Fetch(applyBatch, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
 			r.pause(ctx, "apply fetch", err)
 			continue
@@ -1031,7 +1035,7 @@ func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream
 				// Stopped (a switch removed the source, or the
 				// reconciler stops): not begun, so delivered again.
 				msg.Nak()
-				continue
+				break
 			}
 			r.applier.Apply(ctx, as, msg)
 		}
@@ -1040,6 +1044,10 @@ func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream
 		}
 	}
 }
+
+// applyBatch is how many messages one pull request of an apply loop asks
+// for: they come one at a time, in order, as each is acknowledged.
+const applyBatch = 64
 
 // retryLoop applies src's retry entries, one at a time, in order.
 func (r *Reconciler) retryLoop(ctx context.Context, src *source) {

@@ -280,13 +280,13 @@ func (a *Applier) deferAndAck(ctx context.Context, src Source, msg jetstream.Msg
 	a.ack(ctx, src.Name, entry.Seq, msg)
 }
 
-// ack acknowledges an applied (or skipped) message and waits for the
-// server's confirmation.
-func (a *Applier) ack(ctx context.Context, src string, seq uint64, msg jetstream.Msg) {
-	ackCtx, cancelAck := context.WithTimeout(ctx, a.opts.AckWait/2)
-	defer cancelAck()
-	if err := msg.DoubleAck(ackCtx); err != nil {
-		// Redelivered later: a duplicate the markers catch.
+// ack acknowledges an applied (or skipped) message. It does not wait for
+// the server's confirmation, a round trip per message: the consumer
+// delivers the next message once the ack is in, and an ack lost is a
+// redelivery after the ack wait, a duplicate the markers and records
+// catch.
+func (a *Applier) ack(_ context.Context, src string, seq uint64, msg jetstream.Msg) {
+	if err := msg.Ack(); err != nil {
 		a.log.Warn("ack failed", "source", src, "seq", seq, "err", err)
 	}
 }

@@ -48,7 +48,7 @@ func (m *fakeMsg) Subject() string { return "subject" }
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}, NumDelivered: m.delivered}, nil
 }
-func (m *fakeMsg) DoubleAck(context.Context) error  { m.settled = "ack"; return nil }
+func (m *fakeMsg) Ack() error                       { m.settled = "ack"; return nil }
 func (m *fakeMsg) NakWithDelay(time.Duration) error { m.settled = "nak"; return nil }
 func (m *fakeMsg) Term() error                      { m.settled = "term"; return nil }
 
