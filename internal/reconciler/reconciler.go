@@ -760,6 +760,12 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	var newSources []string
 	for _, src := range sources {
 		fresh := false
+		// Where the source region's stream stood at from, asked once for
+		// both of its sources (a round trip to that region each call).
+		var since struct {
+			seq      uint64
+			ok, read bool
+		}
 		for _, filter := range []string{gossip.RelaySubject(src), gossip.PartitionSubjects(src)} {
 			name := gossip.RegionStream(src)
 			if have[name+" "+filter] {
@@ -780,8 +786,12 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 				// message landing before this one is set up would make it
 				// skip what its stream got since from. So the source starts
 				// at the sequence of its stream's first message since from.
-				if seq, ok := r.firstSeqSince(ctx, name, filter, *from); ok {
-					ss.OptStartTime, ss.OptStartSeq = nil, seq
+				if !since.read {
+					since.seq, since.ok = r.firstSeqSince(ctx, name, *from)
+					since.read = true
+				}
+				if since.ok {
+					ss.OptStartTime, ss.OptStartSeq = nil, since.seq
 				} else {
 					r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
 						"source", src, "filter", filter, "since", *from)
@@ -872,13 +882,14 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	return st, nil
 }
 
-// firstSeqSince is the sequence of the first message on filter that the
-// stream name stored at or after t (a JetStream message get by start
-// time, which nats.go's jetstream package does not offer): 1 when the
+// firstSeqSince is the sequence of the first message, on any subject, that
+// the stream name stored at or after t (a JetStream message get by start
+// time, which nats.go's jetstream package does not offer; a source
+// filtered to some of the subjects starts there all the same): 1 when the
 // server answers that the stream does not exist (everything it will hold
 // comes after t), the sequence after its last when it holds none since t.
 // ok is false when the server does not answer in time, or refuses.
-func (r *Reconciler) firstSeqSince(ctx context.Context, name, filter string, t time.Time) (seq uint64, ok bool) {
+func (r *Reconciler) firstSeqSince(ctx context.Context, name string, t time.Time) (seq uint64, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
 	defer cancel()
 	// The state is read first: a message stored after it and found
@@ -896,7 +907,7 @@ func (r *Reconciler) firstSeqSince(ctx context.Context, name, filter string, t t
 		StartTime time.Time `json:"start_time"`
 		NextFor   string    `json:"next_by_subj,omitempty"`
 		NoHeaders bool      `json:"no_hdr"`
-	}{t.UTC(), filter, true})
+	}{t.UTC(), ">", true})
 	if err != nil {
 		return 0, false
 	}
