@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat soak bench compare proto docs lint deps up-deps build image clean up down demo
+.PHONY: run test test-repeat soak scale bench compare proto docs lint deps up-deps build image clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules
 run:
@@ -18,15 +18,14 @@ run:
 # the race detector: a race inside NATS is not ours to fail on.
 NATS_SERVER = $$($(GO) tool -n nats-server)
 
-## test: install what the tests need, then vet and run every test with the race detector
-test: deps lint
-	@# Compile every test binary first, in parallel, then run the tests in
-	@# scripts/test.sh's two phases: the reconciler's waiting tests and most
+## test: install what the tests need, then lint and run every test with the race detector
+test: deps
+	@# scripts/test.sh: the lint (make lint) beside the compile of every
+	@# test binary, then two phases: the reconciler's waiting tests and most
 	@# of limiterd's beside the other packages, then alone those whose
 	@# guarantees are measured under load (exactly 10 of 50 client processes
-	@# on busy cores, the pacers, the soak, the model tests), which meet only
-	@# their own test's load.
-	$(GO) test -race -count=1 -run '^$$' ./... >/dev/null
+	@# on busy cores, the pacers, the soak, the model tests), which meet
+	@# only their own test's load.
 	GO=$(GO) LIMITER_NATS_SERVER="$(NATS_SERVER)" scripts/test.sh
 
 ## test-repeat: run PKG's tests N times in a row with the race detector and count the failures (N=20, PKG=./internal/reconciler; PKG=./... for the suite)
@@ -41,6 +40,21 @@ SOAK_TIMEOUT ?= 20m
 SOAK_FLAGS ?=
 soak: up-deps
 	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/soak -args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
+
+## scale: the scale model (internal/scale): synthetic publishers of REGIONS (3) regions x KEYS (60000 = 10 s x REGIONS x RATE, as the design's 10M clients a minute at 1M checks/s) Zipf clients at RATE (2000) checks/s each, PUBLISHERS (4) per region, real reconcilers, NATS and Redis; DURATION (20s) measured after WARMUP (12s); WAN: one-way delay between regions (empty: spread, 50-150 ms; 0: none; or a duration); MAX_DEFER: the publishers' --gossip.max-defer (10s; 0 off); the report per region in the test log
+REGIONS ?= 3
+KEYS ?= 60000
+RATE ?= 2000
+DURATION ?= 20s
+WARMUP ?= 12s
+MAX_DEFER ?= 10s
+PUBLISHERS ?= 4
+PRIMARIES ?= 1
+SCALE_TIMEOUT ?= 20m
+scale: up-deps
+	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestScale$$' -timeout $(SCALE_TIMEOUT) ./internal/scale -args \
+		-scale.regions=$(REGIONS) -scale.keys=$(KEYS) -scale.rate=$(RATE) -scale.duration=$(DURATION) -scale.warmup=$(WARMUP) \
+		-scale.wan=$(or $(WAN),spread) -scale.max-defer=$(MAX_DEFER) -scale.publishers=$(PUBLISHERS) -scale.primaries=$(PRIMARIES)
 
 ## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool) and alertmanager (Debian packages)
 deps:
@@ -103,11 +117,11 @@ proto:
 docs:
 	$(GO) run ./internal/tools/apidoc --proto proto --out docs/api.md
 
-## lint: gofmt and go vet
+## lint: gofmt, then golangci-lint (.golangci.yml: go vet's analyzers, staticcheck, errcheck, errorlint, misspell, godot, the package map's import rules), built at its pinned version into bin/ when missing; LINT_FLAGS='--concurrency 1' for more
+# The pinned version is in scripts/lint.sh.
+LINT_FLAGS ?=
 lint:
-	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
-	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
-	$(GO) vet ./...
+	GO=$(GO) scripts/lint.sh $(LINT_FLAGS)
 
 clean:
 	rm -rf $(BIN)

@@ -116,13 +116,13 @@ func TestCheckersCatchMistakes(t *testing.T) {
 		{"a module call with an unknown argument and a missing one", func(t *testing.T) (bool, string) {
 			mods := writeModule(t, map[string]string{
 				"mod/main.tf":  goodVar,
-				"root/main.tf": "module \"m\" {\n  source = \"../mod\"\n  nmae   = \"x\"\n}\n",
+				"root/main.tf": "module \"m\" {\n  source = \"../mod\"\n  nmae   = \"x\"\n}\n", //nolint:misspell // the misspelt argument is the input
 			})
 			var errs []error
 			for _, m := range mods {
 				errs = append(errs, m.checkCalls(mods)...)
 			}
-			return len(errs) == 2, fmt.Sprintf("checkCalls found %v, want the unknown nmae and the missing name", errs)
+			return len(errs) == 2, fmt.Sprintf("checkCalls found %v, want the unknown nmae and the missing name", errs) //nolint:misspell // names the input
 		}},
 	}
 	for _, tc := range tests {

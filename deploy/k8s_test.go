@@ -268,9 +268,9 @@ func (d *daemon) region() string {
 
 func (d *daemon) redisAddrs() []string {
 	if d.kind == limiterdContainer {
-		return d.lim.RedisAddrs
+		return d.lim.Redis.Addrs
 	}
-	return d.rec.RedisAddrs
+	return d.rec.Redis.Addrs
 }
 
 func (d *daemon) natsURL() string {
@@ -527,10 +527,10 @@ func TestManifestFlags(t *testing.T) {
 			if lim.natsURL() != rec.natsURL() || lim.natsURL() == "" {
 				t.Errorf("--nats.url: limiterd %q, reconciler %q: want the same, non-empty", lim.natsURL(), rec.natsURL())
 			}
-			if lim.lim.RedisPasswordFile == "" || lim.lim.RedisPasswordFile != rec.rec.RedisPasswordFile {
-				t.Errorf("--redis.password-file: limiterd %q, reconciler %q: ElastiCache has an auth token, both need it", lim.lim.RedisPasswordFile, rec.rec.RedisPasswordFile)
+			if lim.lim.Redis.PasswordFile == "" || lim.lim.Redis.PasswordFile != rec.rec.Redis.PasswordFile {
+				t.Errorf("--redis.password-file: limiterd %q, reconciler %q: ElastiCache has an auth token, both need it", lim.lim.Redis.PasswordFile, rec.rec.Redis.PasswordFile)
 			}
-			if !lim.lim.RedisTLS {
+			if !lim.lim.Redis.TLS {
 				t.Error("limiterd: --redis.tls not set, but ElastiCache requires TLS (transit encryption)")
 			}
 			if lim.lim.RulesFile == "" || !bytes.Equal(lim.files[lim.lim.RulesFile], rec.files[rec.rec.RulesFile]) {

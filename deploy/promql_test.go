@@ -28,6 +28,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/reconciler"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
@@ -505,7 +506,7 @@ func TestPromQLMetricsExported(t *testing.T) {
 	for _, name := range []string{"us-east", "eu-west"} {
 		r, err := reconciler.New(reconciler.Options{
 			Region: name, TopologyFile: topology, RulesFile: rulesFile, NATSURL: nats.URL(),
-			RedisAddrs: cluster.Addrs(), Interval: 100 * time.Millisecond, AckWait: time.Second,
+			Redis: redisstore.Conn{Addrs: cluster.Addrs()}, Interval: 100 * time.Millisecond, AckWait: time.Second,
 			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: quiet.With("reconciler", name),
 		})
 		if err != nil {
@@ -521,12 +522,13 @@ func TestPromQLMetricsExported(t *testing.T) {
 		waitFor(t, 20*time.Second, "reconciler "+name+" ready", func() bool { return httpStatus("http://"+r.HTTPAddr()+"/readyz") == http.StatusOK })
 	}
 
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: grpcAddr, HTTPAddress: "127.0.0.1:0", RulesFile: rulesFile, TopologyFile: topology,
-		PeerSecretFile: testenv.SecretFile(t),
-		RedisAddrs:     cluster.Addrs(), RedisTimeout: time.Second, Region: "us-east", NATSURL: nats.URL(),
-		GossipInterval: 100 * time.Millisecond, Instance: "limiterd-deploy-test", Logger: quiet,
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.TopologyFile = grpcAddr, "127.0.0.1:0", rulesFile, topology
+	o.PeerSecretFile = testenv.SecretFile(t)
+	o.Redis.Addrs, o.RedisTuning.Timeout, o.Region, o.NATSURL = cluster.Addrs(), time.Second, "us-east", nats.URL()
+	o.GossipInterval, o.Instance, o.Logger = 100*time.Millisecond, "limiterd-deploy-test", quiet
+	o.GossipMaxDefer = 0
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func parseTerraform(root string) ([]*tfModule, error) {
 func (m *tfModule) checkReferences() []error {
 	var errs []error
 	for _, file := range slices.Sorted(maps.Keys(m.files)) {
-		hclsyntax.VisitAll(m.files[file], func(n hclsyntax.Node) hcl.Diagnostics {
+		_ = hclsyntax.VisitAll(m.files[file], func(n hclsyntax.Node) hcl.Diagnostics {
 			e, ok := n.(hclsyntax.Expression)
 			if !ok {
 				return nil
@@ -224,7 +224,7 @@ func (m *tfModule) checkCalls(all []*tfModule) []error {
 		}
 	}
 	for _, file := range slices.Sorted(maps.Keys(m.files)) {
-		hclsyntax.VisitAll(m.files[file], func(n hclsyntax.Node) hcl.Diagnostics {
+		_ = hclsyntax.VisitAll(m.files[file], func(n hclsyntax.Node) hcl.Diagnostics {
 			call, ok := n.(*hclsyntax.FunctionCallExpr)
 			if !ok || call.Name != "templatefile" {
 				return nil

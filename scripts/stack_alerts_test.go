@@ -131,11 +131,10 @@ type watch struct {
 	afterHeal bool // fires only once healed (the lag of a backlog applied late)
 	optional  bool // recorded when it fires, not required to
 
-	mu        sync.Mutex
-	fired     time.Duration // from the failure; -1: not yet
-	cleared   time.Duration // from the heal; -1: not yet
-	last      string
-	firedOnce bool
+	mu      sync.Mutex
+	fired   time.Duration // from the failure; -1: not yet
+	cleared time.Duration // from the heal; -1: not yet
+	last    string
 }
 
 func (w *watch) name() string {
@@ -257,7 +256,7 @@ func (f *failure) run(ctx context.Context, t *testing.T, exprs map[string]string
 	healedMu.Unlock()
 	// Every watch that fired clears; one due after the heal may still fire.
 	waitFor(60*time.Second, func(w *watch) bool {
-		return (w.fired >= 0 || !(w.afterHeal || fired)) && (w.fired < 0 || w.cleared >= 0)
+		return (w.fired >= 0 || !w.afterHeal && !fired) && (w.fired < 0 || w.cleared >= 0)
 	})
 	stop()
 	wg.Wait()
@@ -416,7 +415,7 @@ func TestStackAlerts(t *testing.T) {
 					k = fmt.Sprintf("mon-%d", rand.Int64())
 				}
 				cctx, ccancel := context.WithTimeout(ctx, time.Second)
-				clients[region].Check(cctx, &limiterv1.CheckRequest{RuleId: rule, Key: k})
+				_, _ = clients[region].Check(cctx, &limiterv1.CheckRequest{RuleId: rule, Key: k})
 				ccancel()
 				select {
 				case <-ctx.Done():
@@ -449,7 +448,7 @@ func TestStackAlerts(t *testing.T) {
 				var got []struct {
 					Labels map[string]string `json:"labels"`
 				}
-				json.NewDecoder(resp.Body).Decode(&got)
+				_ = json.NewDecoder(resp.Body).Decode(&got)
 				resp.Body.Close()
 				amMu.Lock()
 				for _, a := range got {

@@ -21,6 +21,7 @@ import (
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/reconciler"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -90,7 +91,7 @@ func TestStackNATSIdentities(t *testing.T) {
 	for _, r := range regions {
 		node := redistest.NewNode(t)
 		rec, err := reconciler.New(reconciler.Options{
-			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), RedisAddrs: []string{node.Addr()},
+			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), Redis: redisstore.Conn{Addrs: []string{node.Addr()}},
 			NATSAuth: natsconn.Auth{NkeySeedFile: seed("reconciler-" + r)}, Interval: 200 * time.Millisecond,
 			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: log.With("daemon", "reconciler-"+r),
 		})
@@ -107,11 +108,12 @@ func TestStackNATSIdentities(t *testing.T) {
 		if r == "us-east" {
 			admin = natsconn.Auth{NkeySeedFile: seed("admin")}
 		}
-		d, err := limiterd.New(limiterd.Options{
-			GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rulesFile, Region: r, Instance: "limiterd-" + r,
-			NATSURL: ns.URL(), NATSAuth: natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, AdminNATSAuth: admin,
-			AdminTokenFile: tokenFile, GossipInterval: 200 * time.Millisecond, Logger: log.With("daemon", "limiterd-"+r),
-		})
+		o := limiterd.DefaultOptions()
+		o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.Region, o.Instance = "127.0.0.1:0", "127.0.0.1:0", rulesFile, r, "limiterd-"+r
+		o.NATSURL, o.NATSAuth, o.AdminNATSAuth = ns.URL(), natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, admin
+		o.AdminTokenFile, o.GossipInterval, o.Logger = tokenFile, 200*time.Millisecond, log.With("daemon", "limiterd-"+r)
+		o.GossipMaxDefer = 0
+		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,6 +2,7 @@
 # Runs every package's tests with the race detector, in two phases, and a
 # smoke run of the docs' benchmarks:
 #
+#  0. the lint (scripts/lint.sh) beside the compile of every test binary;
 #  1. two streams side by side, one package at a time in each:
 #     internal/reconciler (whose tests mostly wait, on NATS gateways cut
 #     for tens of seconds, on stream sources; they run four at a time),
@@ -13,19 +14,21 @@
 #  2. what is measured under its own load, one package at a time and
 #     alone: the tests of internal/limiterd named in limiterd_alone
 #     (exactly 10 of 50 client processes on busy cores, the model tests,
-#     checks under store faults), the chaos soak, the pacers, the stores'
-#     memory bounds.
+#     checks under store faults), the chaos soak, the scale model's smoke
+#     run (real reconcilers, NATS and Redis under load, which beside phase
+#     1 slowed its latency tests tenfold), the pacers, the stores' memory
+#     bounds.
 #
 # Each stream's output is printed when it ends; the script fails when any
 # package failed.
 #
-#   LIMITER_NATS_SERVER=... scripts/test.sh
+#   LIMITER_NATS_SERVER=... scripts/test.sh   (LIMITER_TEST_LINT=0: no lint)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
 flags=(-race -count=1 -p 1 -timeout 20m)
 
-alone=(./internal/soak ./internal/engine ./pkg/bucket ./pkg/client)
+alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
 # The tests of internal/limiterd whose guarantees are measured under their
 # own load; its others run in phase 1. scripts/testsh_test.go checks that
@@ -50,13 +53,36 @@ done
 
 logs=$(mktemp -d "${TMPDIR:-/tmp}/limiterd-test.XXXXXX")
 pids=()
+lint=
 cleanup() {
-	for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]}" $lint; do kill "$pid" 2>/dev/null || true; done
 	rm -rf "$logs"
 }
 trap cleanup EXIT
 
 failed=0
+start=$SECONDS
+# The lint (scripts/lint.sh: gofmt, golangci-lint, built into bin/ when
+# missing, minutes on a fresh machine) runs beside the compile, and ends
+# before the tests start: beside phase 1 it slowed that phase by 300 s and
+# made its latency tests fail.
+if [ "${LIMITER_TEST_LINT:-1}" != 0 ]; then
+	GO=$GO scripts/lint.sh >"$logs/lint.log" 2>&1 &
+	lint=$!
+fi
+"$GO" test -race -count=1 -run '^$' ./... >/dev/null
+echo "test: test binaries compiled in $((SECONDS - start)) s"
+if [ -n "$lint" ]; then
+	rc=0
+	wait "$lint" || rc=$?
+	lint=
+	cat "$logs/lint.log"
+	if [ "$rc" -ne 0 ]; then
+		echo "test: lint failed"
+		failed=1
+	fi
+	echo "test: lint done at $((SECONDS - start)) s"
+fi
 start=$SECONDS
 {
 	rc=0

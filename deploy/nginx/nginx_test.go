@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
@@ -225,12 +226,12 @@ func TestNginx(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: 100 * time.Millisecond,
-		ForwardAuthAddress: "127.0.0.1:0", ForwardAuthSecretFile: secretFile,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Redis.Addrs, o.RedisTuning.Timeout = cluster.Addrs(), 100*time.Millisecond
+	o.ForwardAuth.Address, o.ForwardAuth.SecretFile = "127.0.0.1:0", secretFile
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -245,7 +246,7 @@ func TestNginx(t *testing.T) {
 	app := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		served.Add(1)
 		servedURIs.Store(r.RequestURI, true)
-		io.WriteString(w, "app")
+		_, _ = io.WriteString(w, "app")
 	}))
 	t.Cleanup(app.Close)
 	addr := startNginx(t, d.ForwardAuthAddr(), strings.TrimSpace(string(secret)), app.Listener.Addr().String(),
@@ -307,8 +308,8 @@ func TestNginx(t *testing.T) {
 		}
 	}
 	t.Logf("through nginx, the 4th request: %s, %v", resp.Status, resp.Header)
-	if resp.Header.Get(limiterd.ForwardAuthStatusHeader) != "" {
-		t.Fatalf("the internal %s header reached the client", limiterd.ForwardAuthStatusHeader)
+	if resp.Header.Get(forwardauth.StatusHeader) != "" {
+		t.Fatalf("the internal %s header reached the client", forwardauth.StatusHeader)
 	}
 	if served.Load() != before {
 		t.Fatal("the application served a refused request")
@@ -350,7 +351,7 @@ func TestNginx(t *testing.T) {
 		{"/%72eports/1", http.StatusTooManyRequests},
 	} {
 		resp, body := do("GET", tt.uri, "erin", "erin-pw")
-		if resp.StatusCode != tt.code || (tt.code == http.StatusBadRequest && !strings.Contains(body, limiterd.DefaultForwardAuthURIHeader)) {
+		if resp.StatusCode != tt.code || (tt.code == http.StatusBadRequest && !strings.Contains(body, forwardauth.DefaultURIHeader)) {
 			_, got := servedURIs.Load(tt.uri)
 			t.Errorf("GET %s with /reports/** spent: %d %q (the application received it raw: %v), want %d",
 				tt.uri, resp.StatusCode, body, got, tt.code)
@@ -402,18 +403,18 @@ func TestHeadersCopied(t *testing.T) {
 	if got, want := strings.Count(conf, "add_header "), len(httplimit.HeaderNames); got != want {
 		t.Errorf("%d add_header lines, want %d (one per header limiterd sets)", got, want)
 	}
-	for _, h := range []string{limiterd.ForwardAuthStatusHeader, limiterd.ForwardAuthErrorHeader} {
+	for _, h := range []string{forwardauth.StatusHeader, forwardauth.ErrorHeader} {
 		if st := strings.ToLower(strings.ReplaceAll(h, "-", "_")); !strings.Contains(conf, "$upstream_http_"+st+";") {
 			t.Errorf("limiterd.conf does not read %s", h)
 		}
 	}
-	for _, h := range []string{limiterd.DefaultForwardAuthUserHeader, limiterd.DefaultForwardAuthURIHeader,
-		limiterd.DefaultForwardAuthMethodHeader, limiterd.DefaultForwardAuthIPHeader} {
+	for _, h := range []string{forwardauth.DefaultUserHeader, forwardauth.DefaultURIHeader,
+		forwardauth.DefaultMethodHeader, forwardauth.DefaultIPHeader} {
 		if !strings.Contains(conf, "proxy_set_header "+h+" $") {
 			t.Errorf("limiterd.conf does not set %s, a header limiterd reads by default", h)
 		}
 	}
-	if !strings.Contains(conf, limiterd.ForwardAuthPath+"?mode=nginx;") {
-		t.Errorf("limiterd.conf does not ask %s?mode=nginx", limiterd.ForwardAuthPath)
+	if !strings.Contains(conf, forwardauth.Path+"?mode=nginx;") {
+		t.Errorf("limiterd.conf does not ask %s?mode=nginx", forwardauth.Path)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/pkg/httplimit"
@@ -69,7 +70,7 @@ func secretSet(d *dynamic, m string) (value string, ok bool) {
 	if h == nil {
 		return "", false
 	}
-	v, ok := h.CustomRequestHeaders[limiterd.ForwardAuthSecretHeader]
+	v, ok := h.CustomRequestHeaders[forwardauth.SecretHeader]
 	return v, ok
 }
 
@@ -151,8 +152,8 @@ func TestDynamicConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u.Scheme != "http" || u.Path != limiterd.ForwardAuthPath || u.RawQuery != "" {
-		t.Errorf("address %s: want http://HOST:PORT%s (no mode=nginx: Traefik passes a 429 through as it is)", fa.Address, limiterd.ForwardAuthPath)
+	if u.Scheme != "http" || u.Path != forwardauth.Path || u.RawQuery != "" {
+		t.Errorf("address %s: want http://HOST:PORT%s (no mode=nginx: Traefik passes a 429 through as it is)", fa.Address, forwardauth.Path)
 	}
 	if u.Host != exampleForwardAuthAddress {
 		t.Errorf("address %s: host %s is not the examples' --forward-auth.listen-address %s", fa.Address, u.Host, exampleForwardAuthAddress)
@@ -163,7 +164,7 @@ func TestDynamicConfig(t *testing.T) {
 	if !slices.Equal(sorted(fa.AuthResponseHeaders), sorted(httplimit.HeaderNames)) {
 		t.Errorf("authResponseHeaders %v, want the headers limiterd sets: %v", fa.AuthResponseHeaders, httplimit.HeaderNames)
 	}
-	if want := []string{limiterd.DefaultForwardAuthUserHeader, limiterd.ForwardAuthSecretHeader}; !slices.Equal(fa.AuthRequestHeaders, want) {
+	if want := []string{forwardauth.DefaultUserHeader, forwardauth.SecretHeader}; !slices.Equal(fa.AuthRequestHeaders, want) {
 		t.Errorf("authRequestHeaders %v, want only %v: no other header of the client's reaches limiterd",
 			fa.AuthRequestHeaders, want)
 	}
@@ -185,15 +186,15 @@ func TestDynamicConfig(t *testing.T) {
 			t.Errorf("router %s: no authentication before limiterd (%v)", name, flat)
 			continue
 		}
-		if ba := d.HTTP.Middlewares[flat[auth]].BasicAuth; ba.HeaderField != limiterd.DefaultForwardAuthUserHeader {
-			t.Errorf("basicAuth %s: headerField %q, want %s", flat[auth], ba.HeaderField, limiterd.DefaultForwardAuthUserHeader)
+		if ba := d.HTTP.Middlewares[flat[auth]].BasicAuth; ba.HeaderField != forwardauth.DefaultUserHeader {
+			t.Errorf("basicAuth %s: headerField %q, want %s", flat[auth], ba.HeaderField, forwardauth.DefaultUserHeader)
 		}
 		// The secret is set before limiterd is asked, and cleared before
 		// the application sees the request.
 		set := slices.IndexFunc(flat[:at], func(m string) bool { v, ok := secretSet(d, m); return ok && v != "" })
 		cleared := slices.IndexFunc(flat[at:], func(m string) bool { v, ok := secretSet(d, m); return ok && v == "" })
 		if set < 0 || cleared < 0 {
-			t.Errorf("router %s: %s not set before limiterd and cleared after (%v)", name, limiterd.ForwardAuthSecretHeader, flat)
+			t.Errorf("router %s: %s not set before limiterd and cleared after (%v)", name, forwardauth.SecretHeader, flat)
 		}
 	}
 }
@@ -250,11 +251,11 @@ func startLimiterd(t *testing.T, fa *forwardAuth) askFunc {
 		t.Fatal(err)
 	}
 	secret := strings.TrimSpace(string(b))
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		ForwardAuthAddress: "127.0.0.1:0", ForwardAuthSecretFile: secretFile,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.ForwardAuth.Address, o.ForwardAuth.SecretFile = "127.0.0.1:0", secretFile
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,9 +281,9 @@ func startLimiterd(t *testing.T, fa *forwardAuth) askFunc {
 		req.Header.Set("X-Forwarded-Host", "api.example.com")
 		req.Header.Set("X-Forwarded-Uri", cu.RequestURI())
 		req.Header.Set("X-Forwarded-For", "203.0.113.9")
-		req.Header.Set(limiterd.DefaultForwardAuthUserHeader, "alice")
+		req.Header.Set(forwardauth.DefaultUserHeader, "alice")
 		if withSecret {
-			req.Header.Set(limiterd.ForwardAuthSecretHeader, secret)
+			req.Header.Set(forwardauth.SecretHeader, secret)
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
@@ -356,7 +357,7 @@ func TestForwardAuthPathsAsTraefikSends(t *testing.T) {
 	} {
 		resp := ask(tt.uri, true)
 		body, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != tt.code || (tt.code == http.StatusBadRequest && !strings.Contains(string(body), limiterd.DefaultForwardAuthURIHeader)) {
+		if resp.StatusCode != tt.code || (tt.code == http.StatusBadRequest && !strings.Contains(string(body), forwardauth.DefaultURIHeader)) {
 			t.Errorf("%s with /api/** spent: %d %q, want %d", tt.uri, resp.StatusCode, body, tt.code)
 		}
 	}

@@ -294,7 +294,7 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 		}
 		w.Header().Set("Content-Type", "application/yaml")
 		w.Header().Set("X-Rules-Version", resp.Version)
-		yaml.NewEncoder(w).Encode(out)
+		_ = yaml.NewEncoder(w).Encode(out) // nothing to do when the client went away
 	}
 	mux.HandleFunc("GET /admin/rules", auth(list))
 	mux.HandleFunc("GET /admin/rules/{id}", auth(list))

@@ -77,12 +77,8 @@ type request struct {
 	// peer is the region that forwarded this request to its keys' home:
 	// pinned rules are decided here, never forwarded again.
 	peer string
-	// ts is the topology the request is routed with, during Decide;
-	// rerouted says it is routed a second time, after a home refused it as
-	// stale; sent is the deny cache's instant of the first routing.
-	ts       *topoState
-	rerouted bool
-	sent     int64
+	// sent is the deny cache's instant of the request's first routing.
+	sent int64
 	// maxWait, when above 0, paces the request (Check.Pace); always 0 for
 	// an Acquire, which has no Pace.
 	maxWait time.Duration

@@ -170,62 +170,57 @@ func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
 // An Acquire is routed with the topology in force when it starts; a home
 // that refuses it as stale makes it routed again once, as Decide does.
 func (e *Engine) Acquire(ctx context.Context, c *Acquire) (bool, *Lease, error) {
-	if len(c.held) == 0 {
-		allowed, err := e.decideRequest(ctx, &c.request)
-		return allowed, nil, err
-	}
-	ts := e.useTopology()
-	allowed, l, err := e.acquire(ctx, c, ts, false)
-	ts.release()
-	if errors.Is(err, errReroute) {
-		ts = e.useTopology()
-		allowed, l, err = e.acquire(ctx, c, ts, true)
-		ts.release()
-	}
-	return allowed, l, err
+	return e.run(ctx, &c.request, c)
 }
 
-func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, rerouted bool) (bool, *Lease, error) {
-	id := leaseid.New(e.region, ts.gen, make([]leaseid.Part, len(c.held)))
-	var homes []string
-	byHome := map[string][]int{}
-	var here []int
+// routeLeases names in the plan's lease id where each concurrency rule
+// is held: at its key's home region for a pinned rule homed elsewhere,
+// here otherwise.
+func (e *Engine) routeLeases(p *plan) (bool, error) {
+	c := p.a
+	p.id = leaseid.New(e.region, p.ts.gen, make([]leaseid.Part, len(c.held)))
 	for i, it := range c.held {
 		it.route, it.part = routeNone, i
-		id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
-		if home := e.homeOf(ts, &c.request, it.Item); home != "" {
-			id.Parts[i].Region = home
-			if byHome[home] == nil {
-				homes = append(homes, home)
+		p.id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
+		if home := e.homeOf(p.ts, &c.request, it.Item); home != "" {
+			p.id.Parts[i].Region = home
+			if p.byHome == nil {
+				p.byHome = map[string][]int{}
 			}
-			byHome[home] = append(byHome[home], i)
+			if p.byHome[home] == nil {
+				p.leaseHomes = append(p.leaseHomes, home)
+			}
+			p.byHome[home] = append(p.byHome[home], i)
 			continue
 		}
-		here = append(here, i)
+		p.here = append(p.here, i)
 	}
-	slices.Sort(homes)
-	// The homes that hold leases of this Acquire, given them back by every
-	// return that refuses or fails.
-	var granted []string
-	for _, home := range homes {
-		allowed, err := e.acquireAt(ctx, c, ts, home, byHome[home], id)
+	slices.Sort(p.leaseHomes)
+	return true, nil
+}
+
+// leasesAtHomes asks each home region to hold its keys' leases. A home's
+// failure goes to the failure policy: refused, or held here with this
+// region's share of each limit.
+func (e *Engine) leasesAtHomes(ctx context.Context, p *plan) (bool, error) {
+	c := p.a
+	for _, home := range p.leaseHomes {
+		allowed, err := e.acquireAt(ctx, c, p.ts, home, p.byHome[home], p.id)
 		if err == nil {
 			if !allowed {
-				e.releaseAt(ctx, ts, granted, id)
 				c.notAsked()
-				return false, nil, nil
+				return false, nil
 			}
-			granted = append(granted, home)
+			p.push(undoStep{kind: undoLeaseHome, home: home})
 			continue
 		}
 		if ctx.Err() == nil {
-			if err := e.homeFailed(ts, rerouted, home, err); err != nil {
-				e.releaseAt(ctx, ts, granted, id)
-				return false, nil, err
+			if err := e.homeFailed(p.ts, p.rerouted, home, err); err != nil {
+				return false, err
 			}
 		}
-		its := make([]*Item, len(byHome[home]))
-		for j, i := range byHome[home] {
+		its := make([]*Item, len(p.byHome[home]))
+		for j, i := range p.byHome[home] {
 			its[j] = c.held[i].Item
 		}
 		// The home may hold them (its outcome unknown, or the caller
@@ -233,42 +228,46 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 		mayHold := ctx.Err() != nil || errors.Is(err, bucket.ErrOutcomeUnknown)
 		if v, ferr := e.onFailure(ctx, failure{items: its, where: "home region " + home, lease: true}, err); v == refused {
 			if mayHold {
-				granted = append(granted, home)
+				p.push(undoStep{kind: undoLeaseHome, home: home})
 			}
-			e.releaseAt(ctx, ts, granted, id)
-			return false, nil, ferr
+			return false, ferr
 		}
 		if mayHold {
-			e.releaseAt(ctx, ts, []string{home}, id)
+			e.releaseAt(ctx, p.ts, home, p.id)
 		}
 		// Fail open: held here, with this region's share of each limit.
-		for _, i := range byHome[home] {
-			id.Parts[i].Region, id.Parts[i].Flags = e.region, leaseid.Regional
-			here = append(here, i)
+		for _, i := range p.byHome[home] {
+			p.id.Parts[i].Region, p.id.Parts[i].Flags = e.region, leaseid.Regional
+			p.here = append(p.here, i)
 		}
 	}
-	held := make([]*heldLease, len(here))
-	for j, i := range here {
-		held[j] = c.held[i]
+	return true, nil
+}
+
+// leasesHere takes the leases held here in one store call.
+func (e *Engine) leasesHere(ctx context.Context, p *plan) (bool, error) {
+	c := p.a
+	p.heldHere = make([]*heldLease, len(p.here))
+	for j, i := range p.here {
+		p.heldHere[j] = c.held[i]
 	}
-	allowed, err := e.takeLeases(ctx, c, held, id)
+	allowed, err := e.takeLeases(ctx, c, p.heldHere, p.id)
 	if err != nil || !allowed {
-		e.releaseAt(ctx, ts, granted, id)
-		return false, nil, err
+		return false, err
 	}
-	// The rate rules under the same topology as the leases.
-	allowed, err = e.decideUnder(ctx, &c.request, ts, rerouted)
-	if err != nil || !allowed {
-		e.giveLeasesBack(ctx, held, id)
-		e.releaseAt(ctx, ts, granted, id)
-		for _, it := range c.held {
-			it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+1)
-		}
-		return false, nil, err
+	if len(p.heldHere) > 0 {
+		p.push(undoStep{kind: undoLeases, held: p.heldHere})
 	}
-	l := &Lease{ID: id.String()}
+	p.leasesHeld = true
+	return true, nil
+}
+
+// granted is the Lease of an allowed Acquire's plan; its leases held here
+// are counted and tracked.
+func (e *Engine) granted(p *plan) *Lease {
+	l := &Lease{ID: p.id.String()}
 	var expires time.Time // of the leases held here
-	for _, it := range c.held {
+	for _, it := range p.a.held {
 		if l.Expires.IsZero() || it.expires.Before(l.Expires) {
 			l.Expires = it.expires
 		}
@@ -276,7 +275,7 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 			l.TTL = ttl
 		}
 	}
-	for _, it := range held {
+	for _, it := range p.heldHere {
 		if expires.IsZero() || it.expires.Before(expires) {
 			expires = it.expires
 		}
@@ -286,10 +285,10 @@ func (e *Engine) acquire(ctx context.Context, c *Acquire, ts *topoState, reroute
 			it.e.lease[metrics.EventFallback].Inc()
 		}
 	}
-	if len(held) > 0 {
-		e.inflight.Add(id.Member(), trackedRules(held), expires)
+	if len(p.heldHere) > 0 {
+		e.inflight.Add(p.id.Member(), trackedRules(p.heldHere), expires)
 	}
-	return true, l, nil
+	return l
 }
 
 // trackedRules are the in-flight gauge's rules of items, concurrency

@@ -123,15 +123,15 @@ func TestAcquireMixedAllOrNothing(t *testing.T) {
 	if ok || err != nil || c.Leases()[0].Decision.Allowed {
 		t.Fatalf("third acquire = %v, %v; want refused by the concurrency rule", ok, err)
 	}
-	e.Release(ctx, leases[0].ID)
+	_, _ = e.Release(ctx, leases[0].ID)
 	// The last token is still there (the refusal spent none): spend it;
 	// then the rate rule refuses, and no lease is held.
 	if ok, l, _, err := acquireAttrs(t, e, a); !ok || err != nil {
 		t.Fatalf("acquire = %v, %v", ok, err)
 	} else {
-		e.Release(ctx, l.ID)
+		_, _ = e.Release(ctx, l.ID)
 	}
-	e.Release(ctx, leases[1].ID)
+	_, _ = e.Release(ctx, leases[1].ID)
 	ok, l, c, err := acquireAttrs(t, e, a)
 	if ok || err != nil || l != nil {
 		t.Fatalf("acquire with the rate rule empty = %v, %v, %v; want refused", ok, l, err)
@@ -142,7 +142,9 @@ func TestAcquireMixedAllOrNothing(t *testing.T) {
 	// No lease held: two acquires of the concurrency rule alone pass.
 	for i := range 2 {
 		c := e.NewAcquire()
-		c.AddRule("reports", "user:bob", 0)
+		if _, err := c.AddRule("reports", "user:bob", 0); err != nil {
+			t.Fatal(err)
+		}
 		if ok, _, err := e.Acquire(ctx, c); !ok || err != nil {
 			t.Fatalf("acquire %d by rule id after the refusal = %v, %v: a lease was left held", i, ok, err)
 		}
@@ -175,7 +177,9 @@ func TestLeaseIDValidation(t *testing.T) {
 	e, _, _ := newLeaseEngine(t)
 	ctx := context.Background()
 	c := e.NewAcquire()
-	c.AddRule("reports", "user:cy", 0)
+	if _, err := c.AddRule("reports", "user:cy", 0); err != nil {
+		t.Fatal(err)
+	}
 	_, l, err := e.Acquire(ctx, c)
 	if err != nil || l == nil {
 		t.Fatal(err)
@@ -232,13 +236,17 @@ func TestAcquireStoreFailure(t *testing.T) {
 	ctx := context.Background()
 	store.setFail(errors.New("connection refused"))
 	c := e.NewAcquire()
-	c.AddRule("reports", "user:dee", 0)
+	if _, err := c.AddRule("reports", "user:dee", 0); err != nil {
+		t.Fatal(err)
+	}
 	ok, l, err := e.Acquire(ctx, c)
 	if !ok || err != nil || c.Leases()[0].route != routeFallback {
 		t.Fatalf("fail-open acquire with the store down = %v, %v", ok, err)
 	}
 	c = e.NewAcquire()
-	c.AddRule("strict", "k", 0)
+	if _, err := c.AddRule("strict", "k", 0); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, err := e.Acquire(ctx, c); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("fail-closed acquire with the store down: %v, want ErrUnavailable", err)
 	}
@@ -256,7 +264,9 @@ func TestAbandonedLeaseExpires(t *testing.T) {
 		ctx := context.Background()
 		for range 2 {
 			c := e.NewAcquire()
-			c.AddRule("reports", "user:eve", 0)
+			if _, err := c.AddRule("reports", "user:eve", 0); err != nil {
+				t.Fatal(err)
+			}
 			if ok, _, _ := e.Acquire(ctx, c); !ok {
 				t.Fatal("refused")
 			}
@@ -265,13 +275,17 @@ func TestAbandonedLeaseExpires(t *testing.T) {
 			t.Fatalf("in flight = %v, want 2", got)
 		}
 		c := e.NewAcquire()
-		c.AddRule("reports", "user:eve", 0)
+		if _, err := c.AddRule("reports", "user:eve", 0); err != nil {
+			t.Fatal(err)
+		}
 		if ok, _, _ := e.Acquire(ctx, c); ok {
 			t.Fatal("a third lease at limit 2")
 		}
 		time.Sleep(time.Second + 20*time.Millisecond)
 		c = e.NewAcquire()
-		c.AddRule("reports", "user:eve", 0)
+		if _, err := c.AddRule("reports", "user:eve", 0); err != nil {
+			t.Fatal(err)
+		}
 		if ok, _, _ := e.Acquire(ctx, c); !ok {
 			t.Fatal("refused after the abandoned leases expired")
 		}

@@ -6,14 +6,18 @@
 // the deny cache, leases, home-region forwarding, the store-failure policy
 // and the decision metrics live here and nowhere else.
 //
-// The stages of a check, in order, all under one topology snapshot
-// (decideUnder); each later stage runs only when the earlier ones allowed:
+// A call is one plan (plan.go): routed once, under one topology snapshot,
+// its stages run in order, each deciding some items and pushing onto the
+// plan's undo stack what it spent. An Acquire is a check with lease stages
+// in front (acquireStages); a check has the rest (checkStages):
 //
 //	NewCheck / NewAcquire + Add...        check.go, concurrency.go
 //	        |
 //	        v
-//	[Acquire only] leases                 concurrency.go, pinnedlease.go
-//	        |   at the keys' home regions, then here in one store call
+//	[Acquire] route leases: home | here   concurrency.go
+//	[Acquire] leases at the keys' homes   pinnedlease.go      undo: release there
+//	[Acquire] leases here, one store call concurrency.go      undo: release here
+//	        |
 //	        v
 //	deny cache ---- a denial known ---->  refused, nothing spent
 //	        |                             (internal/engine/denycache)
@@ -21,21 +25,23 @@
 //	route: home region | token lease | this region's store
 //	        |                             pipeline.go
 //	        v
-//	home regions (forward)                pipeline.go
+//	home regions (forward)                pipeline.go         undo: refund there
 //	        v
-//	token leases                          pipeline.go (internal/engine/lease)
-//	        v
+//	token leases                          pipeline.go         undo: tokens back
+//	        v                             (internal/engine/lease)
 //	handoff of moved keys                 handoff.go
 //	        v
-//	this region's store, one call         pipeline.go
+//	this region's store, one call         pipeline.go         undo: store undo
 //	        v
 //	shadow rules (refuse nothing)         pipeline.go
 //
 // A part that fails goes to the one failure policy (onFailure, policy.go):
-// refused, uncertain or decided from a share of the limit. A check is all
-// or nothing: when any enforced rule refuses, nothing is spent for any of
-// them, wherever they were decided (this region's store, a lease, a key's
-// home region): what the earlier stages spent is given back.
+// refused, uncertain or decided from a share of the limit. A call is all
+// or nothing: the first stage that refuses or fails ends it, and unwind
+// gives back, newest first, what the earlier stages spent, on contexts of
+// their own (detached): a home region's refund runs on after the answer.
+// A home that refuses a call as routed with a stale topology, when a newer
+// one is in force, makes it unwound and routed again, once.
 //
 // Sub-packages: denycache (refusals remembered), lease (token batches held
 // by this instance), leaseid (the text of a concurrency lease id),

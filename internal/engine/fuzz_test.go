@@ -44,7 +44,7 @@ func FuzzCheck(f *testing.F) {
 	f.Add("log", "k", 1.5)
 	f.Add("tb", "", math.NaN())
 	f.Add("nope", "k", math.Inf(1))
-	f.Add("tb", "k", -0.0)
+	f.Add("tb", "k", math.Copysign(0, -1))
 	f.Add("tb", "k", 1e-300)
 	f.Fuzz(func(t *testing.T, rule, key string, cost float64) {
 		c := e.NewCheck()

@@ -161,8 +161,8 @@ func (f storeFailure) Unwrap() error { return f.err }
 // them. It fails for a fail-closed rule whose old home did not answer
 // (ErrUnavailable), and with a storeFailure when this region's store did
 // not answer.
-func (e *Engine) handoff(ctx context.Context, c *request, items []*Item) error {
-	ts := c.ts
+func (e *Engine) handoff(ctx context.Context, p *plan, items []*Item) error {
+	ts := p.ts
 	var moves []move
 	now := time.Now()
 	for _, it := range items {

@@ -397,7 +397,7 @@ func TestHandoffOutlivesItsCaller(t *testing.T) {
 	if _, err := c.AddRule("open", key, 1); err != nil {
 		t.Fatal(err)
 	}
-	us.Decide(ctx, c) // its answer does not matter: the caller is gone
+	_, _ = us.Decide(ctx, c) // its answer does not matter: the caller is gone
 	if n, err := admit(t, us, "open", key); n > 4 || err != nil {
 		t.Fatalf("after a cancelled check: admitted %d (%v), want at most the 4 eu had left", n, err)
 	}

@@ -247,7 +247,7 @@ func TestPacedFallback(t *testing.T) {
 			e, store, _ := paceEngine(t)
 			store.setFail(tc.err)
 			ok, it := pacedCheck(t, e, "pace", "k", 0)
-			if tc.err == bucket.ErrOutcomeUnknown {
+			if errors.Is(tc.err, bucket.ErrOutcomeUnknown) {
 				if !ok || it.route != routeUnknown {
 					t.Fatalf("unpaced, outcome unknown: %v route %v, want allowed uncertain", ok, it.route)
 				}

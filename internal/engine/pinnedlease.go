@@ -103,31 +103,25 @@ func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home 
 	return hl.Allowed, nil
 }
 
-// releaseAt gives back the leases homes hold for a refused Acquire, on a
+// releaseAt gives back the leases home holds for a refused Acquire, on a
 // deadline of its own (the caller may be gone).
-func (e *Engine) releaseAt(ctx context.Context, ts *topoState, homes []string, id *leaseid.ID) {
-	if len(homes) == 0 {
+func (e *Engine) releaseAt(ctx context.Context, ts *topoState, home string, id *leaseid.ID) {
+	h, _ := ts.homes[home].(LeaseHome)
+	if h == nil {
 		return
 	}
 	rctx, cancel := e.detached(ctx)
 	defer cancel()
-	s := id.String()
-	for _, home := range homes {
-		rules := partRules(id, home)
-		h, _ := ts.homes[home].(LeaseHome)
-		if h == nil {
-			continue
-		}
-		ok, err := h.ReleaseLease(rctx, s)
-		switch {
-		case err != nil:
-			e.countForward(rules, metrics.CallRelease, metrics.ResultError)
-			e.log.Warn("the leases of a refused acquire not given back at their home: they expire there on their own", "home", home, "err", err)
-		case ok:
-			e.countForward(rules, metrics.CallRelease, metrics.ResultReleased)
-		default:
-			e.countForward(rules, metrics.CallRelease, metrics.ResultGone)
-		}
+	rules := partRules(id, home)
+	ok, err := h.ReleaseLease(rctx, id.String())
+	switch {
+	case err != nil:
+		e.countForward(rules, metrics.CallRelease, metrics.ResultError)
+		e.log.Warn("the leases of a refused acquire not given back at their home: they expire there on their own", "home", home, "err", err)
+	case ok:
+		e.countForward(rules, metrics.CallRelease, metrics.ResultReleased)
+	default:
+		e.countForward(rules, metrics.CallRelease, metrics.ResultGone)
 	}
 }
 
@@ -248,7 +242,12 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	if len(c.held) == 0 {
 		return nil, invalid("lease_id", "lease_id: no lease of it is held in region %s", quote(e.region))
 	}
-	allowed, err := e.takeLeases(ctx, c, c.held, id)
+	// The lease stage of an Acquire, with every part held here.
+	p := plan{a: c, ts: ts, id: id, here: make([]int, len(c.held))}
+	for i := range p.here {
+		p.here[i] = i
+	}
+	allowed, err := e.leasesHere(ctx, &p)
 	if err != nil {
 		return nil, err
 	}
@@ -256,19 +255,8 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	if !allowed {
 		return pl, nil
 	}
-	for _, it := range c.held {
-		if pl.Expires.IsZero() || it.expires.Before(pl.Expires) {
-			pl.Expires = it.expires
-		}
-		if ttl := it.e.leases.TTL; pl.TTL == 0 || ttl < pl.TTL {
-			pl.TTL = ttl
-		}
-		it.e.lease[metrics.EventAcquired].Inc()
-		if it.route == routeFallback {
-			pl.Fallback = true
-			it.e.lease[metrics.EventFallback].Inc()
-		}
-	}
-	e.inflight.Add(id.Member(), trackedRules(c.held), pl.Expires)
+	l := e.granted(&p)
+	pl.Expires, pl.TTL = l.Expires, l.TTL
+	pl.Fallback = slices.ContainsFunc(c.held, func(it *heldLease) bool { return it.route == routeFallback })
 	return pl, nil
 }

@@ -232,8 +232,12 @@ func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
 		}
 	}
 	c := us.NewAcquire()
-	c.AddRule("pin", "k", 0)
-	c.AddRule("local", "m", 0)
+	if _, err := c.AddRule("pin", "k", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddRule("local", "m", 0); err != nil {
+		t.Fatal(err)
+	}
 	if ok, _, err := us.Acquire(ctx, c); ok || err != nil {
 		t.Fatalf("mixed acquire with the local rule full: %v, %v; want refused", ok, err)
 	}
@@ -287,8 +291,12 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	// A mixed lease taken through us, released through eu: the pinned part
 	// there, the local part forwarded to us.
 	c := us.NewAcquire()
-	c.AddRule("pin", "k", 0)
-	c.AddRule("local", "m", 0)
+	if _, err := c.AddRule("pin", "k", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddRule("local", "m", 0); err != nil {
+		t.Fatal(err)
+	}
 	ok, mixed, err := us.Acquire(ctx, c)
 	if !ok || err != nil {
 		t.Fatalf("mixed Acquire: %v, %v", ok, err)

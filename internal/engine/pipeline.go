@@ -32,33 +32,24 @@ const shadowLogRate = 0.01
 //
 // A check is routed with the topology in force when it starts. When a home
 // refuses it as routed with a stale topology and reading the topology again
-// puts a newer one in force, it is routed again with that one, once.
+// puts a newer one in force, it is routed again with that one, once (see
+// plan and run).
 func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
-	return e.decideRequest(ctx, &c.request)
-}
-
-// decideRequest is Decide of a check's or an Acquire's rate rules.
-func (e *Engine) decideRequest(ctx context.Context, c *request) (bool, error) {
-	ts := e.useTopology()
-	allowed, err := e.decideUnder(ctx, c, ts, false)
-	ts.release()
-	if errors.Is(err, errReroute) {
-		ts = e.useTopology()
-		allowed, err = e.decideUnder(ctx, c, ts, true)
-		ts.release()
-	}
+	allowed, _, err := e.run(ctx, &c.request, nil)
 	return allowed, err
 }
 
-// decideUnder is Decide with the check routed under the topology of ts
-// (rerouted: a second time). Its errReroute says a home refused it as
-// stale and a newer topology is in force: the caller routes it again.
-func (e *Engine) decideUnder(ctx context.Context, c *request, ts *topoState, rerouted bool) (bool, error) {
+// decideUnder runs the plan's stages and then what follows a decided
+// check: the deny cache forgets what its probes left open, the decision is
+// counted, a refusal's items report what was given back, and an admitted
+// check's shadow rules are checked. Its errReroute says a home refused the
+// call as stale and a newer topology is in force: the caller routes it
+// again.
+func (e *Engine) decideUnder(ctx context.Context, c *request, p *plan, stages []stage) (bool, error) {
 	for _, it := range c.enforce {
 		it.probe, it.remembered = false, false
 	}
-	c.ts, c.rerouted = ts, rerouted
-	allowed, err := e.decide(ctx, c)
+	allowed, err := e.runStages(ctx, c, p, stages)
 	if e.deny != nil {
 		for _, it := range c.enforce {
 			if it.probe && !it.remembered {
@@ -92,104 +83,109 @@ func (e *Engine) decideUnder(ctx context.Context, c *request, ts *topoState, rer
 	return true, nil
 }
 
-// spent is what the earlier parts of a check spent, to give back when a
-// later part refuses.
-type spent struct {
-	leases []*Item
-	homes  []homeSpend
-}
-
-type homeSpend struct {
-	home  string
-	h     Home
-	ts    *topoState
-	items []*Item
-}
-
-func (e *Engine) decide(ctx context.Context, c *request) (admitted bool, _ error) {
-	items := c.enforce
-	for _, it := range items {
+// denied starts the check's rate rules afresh and refuses the check when
+// a denial of one of them is already known (a check routed again asked the
+// deny cache the first time).
+func (e *Engine) denied(c *request, p *plan) (bool, error) {
+	for _, it := range c.enforce {
 		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
 		it.route, it.limit, it.batch = routeNone, it.e.limit, 0
 	}
-	if len(items) == 0 {
+	if e.deny == nil || p.rerouted || len(c.enforce) == 0 {
 		return true, nil
 	}
-	// A denial already known refuses the whole check (a check routed again
-	// asked the deny cache the first time).
-	sent := c.sent
-	if e.deny != nil && !c.rerouted {
-		refused := false
-		for _, it := range items {
-			var retry, reset time.Duration
-			var hit, probe bool
-			if c.maxWait > 0 {
-				// Refused here only when its slot cannot come within
-				// its wait (see denycache.GetBeyond).
-				retry, reset, hit = e.deny.GetBeyond(it.Rule.ID, it.Key, it.Cost, c.maxWait)
-			} else {
-				retry, reset, hit, probe = e.deny.Get(it.Rule.ID, it.Key, it.Cost)
-			}
-			it.probe = probe
-			if hit {
-				it.route = routeDeny
-				it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
-				refused = true
-			}
+	refused := false
+	for _, it := range c.enforce {
+		var retry, reset time.Duration
+		var hit, probe bool
+		if c.maxWait > 0 {
+			// Refused here only when its slot cannot come within its
+			// wait (see denycache.GetBeyond).
+			retry, reset, hit = e.deny.GetBeyond(it.Rule.ID, it.Key, it.Cost, c.maxWait)
+		} else {
+			retry, reset, hit, probe = e.deny.Get(it.Rule.ID, it.Key, it.Cost)
 		}
-		if refused {
-			return false, nil
+		it.probe = probe
+		if hit {
+			it.route = routeDeny
+			it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
+			refused = true
 		}
-		sent = e.deny.Now()
-		c.sent = sent
 	}
-	var homes []string
-	var remote map[string][]*Item
-	var leased, local []*Item
-	for _, it := range items {
-		if home := e.homeOf(c.ts, c, it); home != "" {
-			if remote == nil {
-				remote = make(map[string][]*Item)
-			}
-			if remote[home] == nil {
-				homes = append(homes, home)
-			}
-			remote[home] = append(remote[home], it)
-			continue
-		}
-		if it.Rule.Lease > 0 && c.maxWait == 0 {
-			// A paced check never reserves from a lease: it goes to
-			// the store, whose state holds every reservation.
-			leased = append(leased, it)
-			continue
-		}
-		local = append(local, it)
+	if refused {
+		return false, nil
 	}
-	slices.Sort(homes)
-	if c.maxWait > 0 && len(homes) > 0 && (len(homes) > 1 || len(local) > 0) {
-		// One instant for every rule needs one place that decides them.
-		return false, invalid("max_wait_ms", "max_wait_ms: %w: the check's rules are decided in different regions (rule %s is pinned to %s), which cannot reserve one instant",
-			bucket.ErrInvalidWait, quote(remote[homes[0]][0].Rule.ID), homes[0])
-	}
-	// What the earlier parts spent; given back by every return below that
-	// refuses or fails.
-	var sp spent
+	c.sent = e.deny.Now()
+	return true, nil
+}
 
-	// The home regions of pinned rules.
-	for _, home := range homes {
-		its := remote[home]
-		allowed, err := e.forward(ctx, c, home, its)
+// route puts each rate rule where it is decided: a pinned rule homed
+// elsewhere at its home region, a rule with token leases at this
+// instance's lease, the rest in this region's store.
+func (e *Engine) route(c *request, p *plan) (bool, error) {
+	// While every rule so far is decided here, local is the prefix of
+	// c.enforce: most checks allocate nothing for it.
+	prefix := 0
+	for i, it := range c.enforce {
+		home := e.homeOf(p.ts, c, it)
+		leased := home == "" && it.Rule.Lease > 0 && c.maxWait == 0
+		if home == "" && !leased {
+			if p.local == nil && prefix == i {
+				prefix++
+			} else {
+				p.local = append(p.local, it)
+			}
+			continue
+		}
+		if p.local == nil {
+			p.local = append(make([]*Item, 0, len(c.enforce)), c.enforce[:prefix]...)
+		}
+		if home != "" {
+			if p.remote == nil {
+				p.remote = make(map[string][]*Item)
+			}
+			if p.remote[home] == nil {
+				p.homes = append(p.homes, home)
+			}
+			p.remote[home] = append(p.remote[home], it)
+			continue
+		}
+		// (A paced check never reserves from a lease: it goes to the
+		// store, whose state holds every reservation.)
+		p.leased = append(p.leased, it)
+	}
+	if p.local == nil {
+		// Full: a later append copies.
+		p.local = c.enforce[:prefix:prefix]
+	}
+	slices.Sort(p.homes)
+	if c.maxWait > 0 && len(p.homes) > 0 && (len(p.homes) > 1 || len(p.local) > 0) {
+		// One instant for every rule needs one place that decides them.
+		home := p.homes[0]
+		return false, invalid("max_wait_ms", "max_wait_ms: %w: the check's rules are decided in different regions (rule %s is pinned to %s), which cannot reserve one instant",
+			bucket.ErrInvalidWait, quote(p.remote[home][0].Rule.ID), home)
+	}
+	return true, nil
+}
+
+// atHomes forwards the pinned rules to their home regions, one call
+// each. A home's failure goes to the failure policy: refused, uncertain,
+// or decided here (with the rest, from this region's share).
+func (e *Engine) atHomes(ctx context.Context, c *request, p *plan) (bool, error) {
+	for _, home := range p.homes {
+		its := p.remote[home]
+		allowed, err := e.forward(ctx, c, p, home, its)
 		if err == nil {
 			if !allowed {
-				e.remember(c, its, sent, false)
-				return e.giveBack(ctx, &sp, nil)
+				e.remember(c, its, c.sent, false)
+				return false, nil
 			}
-			sp.homes = append(sp.homes, homeSpend{home: home, h: c.ts.homes[home], ts: c.ts, items: its})
+			p.push(undoStep{kind: undoRefund, home: home, items: its})
 			continue
 		}
 		if ctx.Err() == nil {
-			if err := e.homeFailed(c.ts, c.rerouted, home, err); err != nil {
-				return e.giveBack(ctx, &sp, err)
+			if err := e.homeFailed(p.ts, p.rerouted, home, err); err != nil {
+				return false, err
 			}
 		}
 		// (A paced check's unknown outcome is not uncertain: the home may
@@ -199,7 +195,7 @@ func (e *Engine) decide(ctx context.Context, c *request) (admitted bool, _ error
 		v, err := e.onFailure(ctx, failure{items: its, where: "home region " + home, paced: c.maxWait > 0}, err)
 		switch v {
 		case refused:
-			return e.giveBack(ctx, &sp, err)
+			return false, err
 		case uncertain:
 			for _, it := range its {
 				it.route = routeUnknown
@@ -210,51 +206,53 @@ func (e *Engine) decide(ctx context.Context, c *request) (admitted bool, _ error
 		// Fail open: decide here with this region's share of the limit.
 		for _, it := range its {
 			it.limit = it.e.regional
-			local = append(local, it)
+			p.local = append(p.local, it)
 		}
-	}
-
-	// Leases: what this instance holds, or a batch taken with the rest.
-	// A batch this check takes is ended on every return from here on, a
-	// later lease's wait ending early too: the key's other checks wait for
-	// it.
-	for _, it := range leased {
-		ok, err := e.fromLease(ctx, c, it)
-		switch {
-		case err != nil:
-			e.endBatches(local, false)
-			return e.giveBack(ctx, &sp, err)
-		case !ok:
-			e.endBatches(local, false)
-			return e.giveBack(ctx, &sp, nil)
-		case it.route == routeLease:
-			sp.leases = append(sp.leases, it)
-		default:
-			// This check takes the next batch, with the rest.
-			local = append(local, it)
-		}
-	}
-	defer func() { e.endBatches(local, admitted) }()
-	if len(local) == 0 {
-		return true, nil
-	}
-	// Keys a topology switch moved here take their old homes' buckets
-	// first.
-	var allowed bool
-	var err error
-	if err = e.handoff(ctx, c, local); err == nil {
-		allowed, err = e.fromStore(ctx, c, local, sent)
-	} else if sf, ok := errors.AsType[storeFailure](err); ok {
-		// The store failed seeding a moved key: as if it failed the check.
-		allowed, err = e.storeFailed(ctx, c, local, storeRequests(c, local), sf.err)
-	}
-	if err != nil {
-		return e.giveBack(ctx, &sp, err)
-	}
-	if !allowed {
-		return e.giveBack(ctx, &sp, nil)
 	}
 	return true, nil
+}
+
+// fromLeases hands out the leased rules' tokens from what this
+// instance holds, or makes this check take the next batch with the rest
+// in the store call.
+func (e *Engine) fromLeases(ctx context.Context, p *plan) (bool, error) {
+	var tokens []*Item
+	for _, it := range p.leased {
+		ok, err := e.fromLease(ctx, it)
+		switch {
+		case err != nil || !ok:
+			if len(tokens) > 0 {
+				p.push(undoStep{kind: undoTokens, items: tokens})
+			}
+			return false, err
+		case it.route == routeLease:
+			tokens = append(tokens, it)
+		default:
+			// This check takes the next batch, with the rest.
+			p.local = append(p.local, it)
+		}
+	}
+	if len(tokens) > 0 {
+		p.push(undoStep{kind: undoTokens, items: tokens})
+	}
+	return true, nil
+}
+
+// inStore decides the rest in this region's store, in one call, after
+// the keys a topology switch moved here took their old homes' buckets.
+func (e *Engine) inStore(ctx context.Context, c *request, p *plan) (bool, error) {
+	if len(p.local) == 0 {
+		return true, nil
+	}
+	err := e.handoff(ctx, p, p.local)
+	if err == nil {
+		return e.fromStore(ctx, c, p, p.local)
+	}
+	if sf, ok := errors.AsType[storeFailure](err); ok {
+		// The store failed seeding a moved key: as if it failed the check.
+		return e.storeFailed(ctx, c, p.local, storeRequests(c, p.local), sf.err)
+	}
+	return false, err
 }
 
 // endBatches ends the lease batches that the items of local took: each
@@ -314,8 +312,8 @@ func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error
 }
 
 // forward asks home to decide its items.
-func (e *Engine) forward(ctx context.Context, c *request, home string, its []*Item) (bool, error) {
-	h := c.ts.homes[home]
+func (e *Engine) forward(ctx context.Context, c *request, p *plan, home string, its []*Item) (bool, error) {
+	h := p.ts.homes[home]
 	if h == nil {
 		return false, errors.New("no client for home region " + home)
 	}
@@ -351,7 +349,7 @@ func (e *Engine) forward(ctx context.Context, c *request, home string, its []*It
 // runs short and no other check is taking the next batch, it makes this
 // check the one to take it, with the store call of the check (route stays
 // routeNone, batch set); checks that arrive meanwhile wait for that batch.
-func (e *Engine) fromLease(ctx context.Context, c *request, it *Item) (bool, error) {
+func (e *Engine) fromLease(ctx context.Context, it *Item) (bool, error) {
 	for {
 		left, ok, wait, fetch := e.leases.Take(it.Rule.ID, it.Key, it.Cost)
 		switch {
@@ -384,7 +382,8 @@ func (e *Engine) fromLease(ctx context.Context, c *request, it *Item) (bool, err
 
 // fromStore decides items in one store call; when the store fails, the
 // rules' on_failure decides.
-func (e *Engine) fromStore(ctx context.Context, c *request, items []*Item, sent int64) (bool, error) {
+func (e *Engine) fromStore(ctx context.Context, c *request, p *plan, items []*Item) (bool, error) {
+	sent := c.sent
 	reqs := storeRequests(c, items)
 	ds, err := e.takeAll(ctx, reqs)
 	if err == nil && !allAllowed(ds) {
@@ -405,7 +404,7 @@ func (e *Engine) fromStore(ctx context.Context, c *request, items []*Item, sent 
 		// makes it escape to the heap.
 		var me *bucket.MultiError
 		if errors.As(err, &me) && len(me.Errs) == len(items) && len(ds) == len(items) {
-			return e.partlyDecided(ctx, c, items, reqs, ds, me, sent)
+			return e.partlyDecided(ctx, c, p, items, reqs, ds, me)
 		}
 	}
 	if err == nil {
@@ -431,10 +430,9 @@ func (e *Engine) fromStore(ctx context.Context, c *request, items []*Item, sent 
 
 // partlyDecided finishes a store call that decided some items and not
 // others. A refusal among the decided ones refuses the check (the store gave
-// back what the others spent). Otherwise the decided ones stay spent, the
-// rest are decided by storeFailed, and when that refuses (or errs) the
-// decided ones are given back.
-func (e *Engine) partlyDecided(ctx context.Context, c *request, items []*Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError, sent int64) (bool, error) {
+// back what the others spent). Otherwise the decided ones stay spent, with
+// their undo pushed, and storeFailed decides the rest.
+func (e *Engine) partlyDecided(ctx context.Context, c *request, p *plan, items []*Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError) (bool, error) {
 	var decided, failed []*Item
 	var failedReqs, spentReqs []bucket.Request
 	refused := false
@@ -450,28 +448,14 @@ func (e *Engine) partlyDecided(ctx context.Context, c *request, items []*Item, r
 		spentReqs = append(spentReqs, reqs[i])
 		refused = refused || !ds[i].Allowed
 	}
-	e.remember(c, decided, sent, false)
+	e.remember(c, decided, c.sent, false)
 	if refused {
 		return false, nil
 	}
-	allowed, err := e.storeFailed(ctx, c, failed, failedReqs, errors.Join(me.Unwrap()...))
-	if err == nil && allowed {
-		return true, nil
-	}
 	if len(spentReqs) > 0 {
-		// Each at the store's instant of its spend: a window rule gives
-		// back to the window it counted in.
-		ats := make([]int64, len(decided))
-		for i, it := range decided {
-			ats[i] = it.Decision.At
-		}
-		uctx, cancel := e.detached(ctx)
-		if uerr := undoAt(uctx, e.store, spentReqs, ats); uerr != nil {
-			e.log.Warn("a refused check's store spends not given back", "err", uerr)
-		}
-		cancel()
+		p.push(undoStep{kind: undoStore, items: decided, reqs: spentReqs})
 	}
-	return allowed, err
+	return e.storeFailed(ctx, c, failed, failedReqs, errors.Join(me.Unwrap()...))
 }
 
 func (e *Engine) takeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
@@ -606,44 +590,6 @@ func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration,
 		return d.ResetAfter, true
 	}
 	return 0, false
-}
-
-// giveBack returns what the earlier parts of a refused check spent: the
-// leased tokens at once, the home regions' spends by a refund that runs on
-// after the answer (its own deadline, not the caller's).
-//
-// It returns false and err, so a refusing or failing part ends with it.
-func (e *Engine) giveBack(ctx context.Context, sp *spent, err error) (bool, error) {
-	for _, it := range sp.leases {
-		e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
-	}
-	for _, hs := range sp.homes {
-		// Only what the home spent in its store: what it decided from its
-		// fallback, or without learning the outcome, has no instant.
-		var items []HomeItem
-		for _, it := range hs.items {
-			if it.Decision.At > 0 {
-				items = append(items, HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
-			}
-		}
-		if len(items) == 0 {
-			continue
-		}
-		h := hs.h
-		rctx, cancel := e.detached(ctx)
-		hs.ts.users.Add(1) // held by the check: the connection stays open for the refund
-		e.refunds.Go(func() {
-			defer hs.ts.release()
-			defer cancel()
-			if err := h.Refund(rctx, items); err != nil {
-				e.m.Refunds.WithLabelValues("error").Inc()
-				e.log.Warn("home region refund failed: its tokens stay spent", "home", hs.home, "err", err)
-				return
-			}
-			e.m.Refunds.WithLabelValues("ok").Inc()
-		})
-	}
-	return false, err
 }
 
 // count updates the metrics of a decided check and records what it

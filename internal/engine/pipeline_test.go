@@ -477,31 +477,81 @@ rules:
 }
 
 // TestLeaseGivenBackWhenAnotherRuleRefuses: leased tokens a refused check
-// took go back to the lease.
+// took go back to the lease. With the deny cache, tight's denial refuses
+// the later checks before the lease; without it, each reaches the lease
+// and the store refuses it after the lease handed out its token.
 func TestLeaseGivenBackWhenAnotherRuleRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts func(*Options)
+	}{{"deny cache", func(*Options) {}}, {"no deny cache", func(o *Options) { o.DenyCacheSize = -1 }}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := twoRegionsWith(t, pipelineRules, newFaultStore(), tc.opts)
+			a := &rules.Attributes{User: "lu", APIKey: "lk", Path: "/l"}
+			if ok, _, err := checkAttrs(t, r.east, a); !ok || err != nil {
+				t.Fatalf("first check = %v, %v", ok, err)
+			}
+			// The lease holds 4; tight (capacity 1) refuses from now on.
+			for range 10 {
+				if ok, _, _ := checkAttrs(t, r.east, a); ok {
+					t.Fatal("a check passed with tight spent")
+				}
+			}
+			// The 4 are still there: 4 checks of leased alone pass from
+			// the lease without a store call.
+			before := r.eastStore.calls.Load()
+			for i := range 4 {
+				c := r.east.NewCheck()
+				if _, err := c.AddRule("leased", "user:lu", 1); err != nil {
+					t.Fatal(err)
+				}
+				if ok, err := r.east.Decide(context.Background(), c); !ok || err != nil {
+					t.Fatalf("leased check %d = %v, %v; want allowed from the lease", i, ok, err)
+				}
+			}
+			if calls := r.eastStore.calls.Load() - before; calls != 0 {
+				t.Errorf("%d store calls for 4 checks the lease should hold: refused checks kept its tokens", calls)
+			}
+		})
+	}
+}
+
+// TestPartlyDecidedSpendsUndoneWhenTheRestFailsClosed: a store call that
+// decided one client slot and failed another, whose rule is fail-closed,
+// refuses the check, and the decided slot's spend is undone at its
+// instant.
+func TestPartlyDecidedSpendsUndoneWhenTheRestFailsClosed(t *testing.T) {
 	r := twoRegions(t)
-	a := &rules.Attributes{User: "lu", APIKey: "lk", Path: "/l"}
-	if ok, _, err := checkAttrs(t, r.east, a); !ok || err != nil {
-		t.Fatalf("first check = %v, %v", ok, err)
-	}
-	// The lease holds 4; tight (capacity 1) refuses from now on.
-	for range 10 {
-		if ok, _, _ := checkAttrs(t, r.east, a); ok {
-			t.Fatal("a check passed with tight spent")
+	r.eastStore.multi = func(reqs []bucket.Request, ds []bucket.Decision) error {
+		errs := make([]error, len(reqs))
+		for i, q := range reqs {
+			if q.Rule == "closed" {
+				errs[i] = errors.New("connection refused")
+			}
 		}
+		return &bucket.MultiError{Errs: errs}
 	}
-	// 4 checks of leased alone still pass from the lease.
-	for i := range 4 {
+	for i := range 3 {
 		c := r.east.NewCheck()
-		if _, err := c.AddRule("leased", "user:lu", 1); err != nil {
+		if _, err := c.AddRule("open", "k", 1); err != nil {
 			t.Fatal(err)
 		}
-		if ok, err := r.east.Decide(context.Background(), c); !ok || err != nil {
-			t.Fatalf("leased check %d = %v, %v; want allowed from the lease", i, ok, err)
+		if _, err := c.AddRule("closed", "k", 1); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := r.east.Decide(context.Background(), c); ok || !errors.Is(err, ErrUnavailable) {
+			t.Fatalf("check %d with closed's slot failing = %v, %v; want ErrUnavailable", i, ok, err)
 		}
 	}
-	if calls := r.eastStore.calls.Load(); calls > 3 {
-		t.Errorf("%d store calls: the lease did not serve the last checks", calls)
+	r.eastStore.multi = nil
+	if got := remaining(t, r.east, "open", "k"); got < 8-1e-3 {
+		t.Fatalf("open has %v of 8 left after 3 refused checks: their spends stayed", got)
+	}
+	r.eastStore.mu.Lock()
+	undos := len(r.eastStore.undos)
+	r.eastStore.mu.Unlock()
+	if undos != 3 {
+		t.Errorf("%d undos sent, want 3 (one per refused check)", undos)
 	}
 }
 
@@ -510,8 +560,8 @@ func TestLeaseGivenBackWhenAnotherRuleRefuses(t *testing.T) {
 func TestProbeOnEveryPath(t *testing.T) {
 	r := twoRegions(t)
 	a := &rules.Attributes{User: "pu", APIKey: "pk", Path: "/p"}
-	checkAttrs(t, r.east, a)
-	checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
+	_, _, _ = checkAttrs(t, r.east, a)
+	_, _, _ = checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
 	// Make the denial expire now.
 	r.east.deny.Reset(r.east.table.Load().gen)
 	r.east.deny.Put(r.east.table.Load().gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
@@ -519,7 +569,7 @@ func TestProbeOnEveryPath(t *testing.T) {
 	before := r.eastStore.calls.Load()
 	var wg sync.WaitGroup
 	for range 50 {
-		wg.Go(func() { checkAttrs(t, r.east, a) })
+		wg.Go(func() { _, _, _ = checkAttrs(t, r.east, a) })
 	}
 	wg.Wait()
 	if calls := r.eastStore.calls.Load() - before; calls > 2 {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -89,7 +90,7 @@ func rawH2(t *testing.T, addr string, timeout time.Duration) (fr *http2.Framer, 
 func checkHeaders(enc *hpack.Encoder, addr string) {
 	for _, h := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/limiter.v1.Limiter/Check"},
 		{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
-		enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]})
+		_ = enc.WriteField(hpack.HeaderField{Name: h[0], Value: h[1]})
 	}
 }
 
@@ -330,7 +331,7 @@ func TestAttackHugeHeaders(t *testing.T) {
 	enc := hpack.NewEncoder(&block)
 	checkHeaders(enc, grpcAddr)
 	for i := range 64 {
-		enc.WriteField(hpack.HeaderField{Name: fmt.Sprint("x-pad-", i), Value: strings.Repeat("p", 16<<10), Sensitive: true})
+		_ = enc.WriteField(hpack.HeaderField{Name: fmt.Sprint("x-pad-", i), Value: strings.Repeat("p", 16<<10), Sensitive: true})
 	}
 	defer func() {
 		cc := dial(t, grpcAddr)
@@ -348,7 +349,7 @@ func TestAttackHugeHeaders(t *testing.T) {
 	if err == nil {
 		err = bw.Flush()
 	}
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("1 MiB of headers not taken in 20 s: %v", err)
 	}
 	if err != nil {
@@ -358,7 +359,7 @@ func TestAttackHugeHeaders(t *testing.T) {
 	}
 	for {
 		f, err := fr.ReadFrame()
-		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("no answer to 1 MiB of headers in 20 s: %v", err)
 		}
 		if err != nil {

@@ -34,7 +34,7 @@ func builtBinary(t *testing.T, name, pkg string) string {
 	err, done := binaries.built[pkg]
 	if !done {
 		if out, berr := exec.Command("go", "build", "-o", path, pkg).CombinedOutput(); berr != nil {
-			err = fmt.Errorf("go build %s: %v\n%s", pkg, berr, out)
+			err = fmt.Errorf("go build %s: %w\n%s", pkg, berr, out)
 		}
 		binaries.built[pkg] = err
 	}

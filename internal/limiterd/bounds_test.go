@@ -3,6 +3,7 @@ package limiterd
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -135,8 +136,8 @@ func TestHTTPConnectionsBounded(t *testing.T) {
 }
 
 func isTimeout(err error) bool {
-	ne, ok := err.(net.Error)
-	return ok && ne.Timeout()
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // TestGRPCHeaderBound: a call whose metadata is over 64 KiB is refused

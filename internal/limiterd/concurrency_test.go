@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -364,13 +365,13 @@ func TestAcquireMixedAttributes(t *testing.T) {
 	if r := acquire(); r.GetAllowed() || r.GetRuleId() != "reports" {
 		t.Fatalf("acquire at the concurrency limit: %v", r)
 	}
-	client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r1.GetLeaseId()})
+	_, _ = client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r1.GetLeaseId()})
 	for i := range 2 {
 		r := acquire()
 		if !r.GetAllowed() {
 			t.Fatalf("acquire %d with the new ip: %v: the refusal spent its tokens", i, r)
 		}
-		client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r.GetLeaseId()})
+		_, _ = client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: r.GetLeaseId()})
 	}
 }
 
@@ -427,8 +428,8 @@ func TestLeaseValidation(t *testing.T) {
 // cannot be served there.
 func TestForwardAuthRefusesConcurrencyRules(t *testing.T) {
 	rules := writeRules(t, concurrencyRules)
-	d := startDaemon(t, nil, func(o *Options) { o.RulesFile = rules; o.ForwardAuth = true })
-	req, _ := http.NewRequest("GET", "http://"+d.HTTPAddr()+ForwardAuthPath, nil)
+	d := startDaemon(t, nil, func(o *Options) { o.RulesFile = rules; o.ForwardAuth.Enabled = true })
+	req, _ := http.NewRequest("GET", "http://"+d.HTTPAddr()+forwardauth.Path, nil)
 	for k, v := range proxyHeaders("ann", "/reports/x", "GET", "203.0.113.1") {
 		req.Header.Set(k, v)
 	}

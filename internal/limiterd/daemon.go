@@ -6,6 +6,7 @@
 package limiterd
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -97,7 +98,7 @@ type Daemon struct {
 
 // New validates opts and loads the rules; it starts nothing.
 func New(opts Options) (*Daemon, error) {
-	opts.setDefaults()
+	opts = opts.derived()
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
@@ -275,7 +276,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 
 	eopts := engine.Options{
 		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout, HandoffMaxWindow: d.opts.HandoffMaxWindow,
-		DenyCacheSize: d.opts.DenyCacheSize, FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
+		DenyCacheSize: cmp.Or(d.opts.DenyCacheSize, -1), FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
 		FleetSize: d.fleet.Size, Logger: d.log,
 	}
 	var spends interface {
@@ -386,7 +387,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 // startStore connects the Redis store (or makes the embedded one) and its
 // eviction guard.
 func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
-	if len(d.opts.RedisAddrs) == 0 {
+	if len(d.opts.Redis.Addrs) == 0 {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
 			"store", "memory", "max_bytes", d.opts.MemoryMaxBytes)
 		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.MemoryMaxBytes))
@@ -397,14 +398,12 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
 		}
 		return m, nil
 	}
-	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.RedisAddrs, ","))
-	ro := redisstore.Options{Addrs: d.opts.RedisAddrs,
-		Timeout: d.opts.RedisTimeout, MaxQueueWait: d.opts.RedisMaxQueueWait, ReplyDeadline: d.opts.RedisReplyDeadline, DialTimeout: d.opts.RedisDialTimeout, PoolSize: d.opts.RedisPoolSize, NoCoalesce: d.opts.RedisNoCoalesce,
-		MaxBatch: d.opts.RedisMaxBatch, PipelinesPerNode: d.opts.RedisPipelines, Linger: max(d.opts.RedisLinger, 0), BreakerOpen: d.opts.RedisBreakerOpen}
-	if err := (redisstore.Credentials{Username: d.opts.RedisUsername, PasswordFile: d.opts.RedisPasswordFile, TLS: d.opts.RedisTLS,
-		TLSCAFile: d.opts.RedisTLSCAFile, TLSCertFile: d.opts.RedisTLSCertFile, TLSKeyFile: d.opts.RedisTLSKeyFile, Logger: d.log}).Apply(&ro); err != nil {
+	d.log.Info("starting limiterd", "store", "redis", "redis_addrs", strings.Join(d.opts.Redis.Addrs, ","))
+	ro, err := d.opts.Redis.Options(d.log)
+	if err != nil {
 		return nil, err
 	}
+	d.opts.RedisTuning.Apply(&ro)
 	connectCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	s, err := redisstore.New(connectCtx, ro, d.registry)
 	cancel()
@@ -445,7 +444,7 @@ func (d *Daemon) redisClient() redis.UniversalClient {
 
 // newPublisher makes the spend publisher of this instance.
 func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, reg prometheus.Registerer) (*spendpub.Publisher, error) {
-	return spendpub.New(nc, o.Region, instance, o.GossipInterval, o.GossipSpoolDir, log.With("component", "spends"), reg)
+	return spendpub.New(nc, o.Region, instance, o.GossipInterval, o.GossipMaxDefer, o.GossipSpoolDir, log.With("component", "spends"), reg)
 }
 
 // dialHomes prepares a Peer client to every other region's limiterd of
@@ -526,9 +525,6 @@ func (d *Daemon) startServers() error {
 		if err := d.admin.Authorize(ctx, info.FullMethod); err != nil {
 			return nil, err
 		}
-		if err := peers.RefuseLegacyMarker(ctx, info.FullMethod); err != nil {
-			return nil, err
-		}
 		return h(ctx, req)
 	}
 	gopts = append(gopts, grpc.UnaryInterceptor(intercept),
@@ -563,7 +559,7 @@ func (d *Daemon) startServers() error {
 			"http", d.opts.HTTPAddress)
 	}
 	var fa http.Handler
-	if d.opts.ForwardAuth {
+	if d.opts.ForwardAuth.Serving() {
 		if fa, err = d.forwardAuthHandler(); err != nil {
 			return err
 		}
@@ -580,16 +576,16 @@ func (d *Daemon) startServers() error {
 			d.log.Warn("profiles are served to anyone who reaches the HTTP listener (--http.pprof on a non-loopback address)", "http", d.opts.HTTPAddress)
 		}
 	}
-	if fa != nil && d.opts.ForwardAuthAddress == "" {
+	if fa != nil && d.opts.ForwardAuth.Address == "" {
 		mux.Handle(forwardauth.Path, fa)
 	}
 	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.HTTPAddress, mux, httpTLS); err != nil {
 		return err
 	}
-	if fa != nil && d.opts.ForwardAuthAddress != "" {
+	if fa != nil && d.opts.ForwardAuth.Address != "" {
 		faMux := http.NewServeMux()
 		faMux.Handle(forwardauth.Path, fa)
-		if d.faLis, d.faServer, err = d.serveHTTP("--forward-auth.listen-address", d.opts.ForwardAuthAddress, faMux, httpTLS); err != nil {
+		if d.faLis, d.faServer, err = d.serveHTTP("--forward-auth.listen-address", d.opts.ForwardAuth.Address, faMux, httpTLS); err != nil {
 			return err
 		}
 	}
@@ -646,11 +642,11 @@ func (d *Daemon) serveHTTP(flag, addr string, h http.Handler, tc *tls.Config) (n
 // forwardAuthHandler is /forward-auth, behind the shared secret when
 // --forward-auth.secret-file is set; refusals are counted.
 func (d *Daemon) forwardAuthHandler() (http.Handler, error) {
-	h := forwardauth.Handler(d.opts.forwardAuthHeaders(), d.check, d.log)
-	if d.opts.ForwardAuthSecretFile == "" {
+	h := forwardauth.Handler(d.opts.ForwardAuth.Headers, d.check, d.log)
+	if d.opts.ForwardAuth.SecretFile == "" {
 		return h, nil
 	}
-	secret, err := secretfile.Read("--forward-auth.secret-file", d.opts.ForwardAuthSecretFile, forwardauth.MinSecretLen, d.log)
+	secret, err := secretfile.Read("--forward-auth.secret-file", d.opts.ForwardAuth.SecretFile, forwardauth.MinSecretLen, d.log)
 	if err != nil {
 		return nil, err
 	}

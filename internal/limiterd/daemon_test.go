@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -33,11 +34,11 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 // startDaemon runs a limiterd in-process on loopback ports.
 func startDaemon(t testing.TB, redisAddrs []string, mutate ...func(*Options)) *Daemon {
 	t.Helper()
-	opts := Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0",
-		RulesFile: "testdata/rules.yml", RedisAddrs: redisAddrs,
-		RedisTimeout: time.Second, Logger: quietLogger(),
-	}
+	opts := DefaultOptions()
+	opts.GRPCAddress, opts.HTTPAddress, opts.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+	opts.Redis.Addrs, opts.RedisTuning.Timeout, opts.Logger = redisAddrs, time.Second, quietLogger()
+	// The tests see each spend published at its interval.
+	opts.GossipMaxDefer = 0
 	for _, m := range mutate {
 		m(&opts)
 	}
@@ -160,7 +161,7 @@ func TestRaceTwoInstances(t *testing.T) {
 // decisions come from the store again.
 func TestStoreDown(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 200 * time.Millisecond })
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTuning.Timeout = 200 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
 	if _, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"}); err != nil {
@@ -235,7 +236,7 @@ func scrape(t *testing.T, d *Daemon) string {
 func TestMetricsLint(t *testing.T) {
 	d := startDaemon(t, nil)
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
-	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	_, _ = client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
 	testenv.Lint(t, mustGather(t, d))
 	body := scrape(t, d)
 	for _, want := range []string{
@@ -256,7 +257,7 @@ func TestMetricsLintRedis(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs())
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
-	client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
+	_, _ = client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
 	testenv.Lint(t, mustGather(t, d))
 	if body := scrape(t, d); !strings.Contains(body, `limiter_store_script_duration_seconds_count{script="token_bucket"} 1`) {
 		t.Errorf("no store script duration recorded")
@@ -346,8 +347,10 @@ func TestStartNATSCredentials(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := New(Options{RulesFile: "testdata/rules.yml", GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0",
-				NATSURL: "nats://127.0.0.1:1", NATSAuth: tt.main, AdminNATSAuth: tt.adm, Logger: quietLogger()})
+			o := DefaultOptions()
+			o.RulesFile, o.GRPCAddress, o.HTTPAddress = "testdata/rules.yml", "127.0.0.1:0", "127.0.0.1:0"
+			o.NATSURL, o.NATSAuth, o.AdminNATSAuth, o.Logger = "nats://127.0.0.1:1", tt.main, tt.adm, quietLogger()
+			d, err := New(o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -363,33 +366,48 @@ func TestStartNATSCredentials(t *testing.T) {
 	}
 }
 
+// TestBadOptions: each bad option, set on the defaults, is refused naming
+// its flag.
 func TestBadOptions(t *testing.T) {
 	tests := []struct {
-		name string
-		opts Options
-		want string
+		name   string
+		mutate func(*Options)
+		want   string
 	}{
-		{"no rules", Options{}, "--rules.file"},
-		{"missing rules file", Options{RulesFile: "testdata/nope.yml"}, "--rules.file"},
-		{"bad region", Options{RulesFile: "testdata/rules.yml", Region: "US East"}, "--region"},
-		{"bad fleet", Options{RulesFile: "testdata/rules.yml", FleetSize: -2}, "--fleet.size"},
-		{"half TLS", Options{RulesFile: "testdata/rules.yml", TLSCertFile: "x.pem"}, "--grpc.tls-key-file"},
-		{"redis auth without redis", Options{RulesFile: "testdata/rules.yml", RedisUsername: "u"}, "--redis.addrs"},
-		{"nats creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
-			NATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--nats.creds-file and --nats.nkey-seed-file"},
-		{"admin creds and seed", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
-			AdminNATSAuth: natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}}, "--admin.nats-creds-file and --admin.nats-nkey-seed-file"},
-		{"nats half client cert", Options{RulesFile: "testdata/rules.yml", NATSURL: "nats://127.0.0.1:1",
-			NATSAuth: natsconn.Auth{TLSCertFile: "c.pem"}}, "--nats.tls-cert-file and --nats.tls-key-file"},
-		{"nats seed without nats", Options{RulesFile: "testdata/rules.yml", NATSAuth: natsconn.Auth{NkeySeedFile: "b"}}, "--nats.url"},
-		{"admin seed without nats", Options{RulesFile: "testdata/rules.yml", AdminNATSAuth: natsconn.Auth{NkeySeedFile: "b"}}, "--nats.url"},
+		{"no rules", func(o *Options) { o.RulesFile = "" }, "--rules.file"},
+		{"missing rules file", func(o *Options) { o.RulesFile = "testdata/nope.yml" }, "--rules.file"},
+		{"bad region", func(o *Options) { o.Region = "US East" }, "--region"},
+		{"no region", func(o *Options) { o.Region = "" }, "--region"},
+		{"bad fleet", func(o *Options) { o.FleetSize = -2 }, "--fleet.size"},
+		{"no connections", func(o *Options) { o.MaxConnections = 0 }, "--server.max-connections"},
+		{"negative deny cache", func(o *Options) { o.DenyCacheSize = -1 }, "--deny-cache.size"},
+		{"half TLS", func(o *Options) { o.TLSCertFile = "x.pem" }, "--grpc.tls-key-file"},
+		{"redis auth without redis", func(o *Options) { o.Redis.Username = "u" }, "--redis.addrs"},
+		{"redis tuning zero", func(o *Options) { o.Redis.Addrs, o.RedisTuning = []string{"127.0.0.1:1"}, redisstore.Tuning{} }, "--redis.timeout"},
+		{"nats creds and seed", func(o *Options) {
+			o.NATSURL, o.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
+		}, "--nats.creds-file and --nats.nkey-seed-file"},
+		{"admin creds and seed", func(o *Options) {
+			o.NATSURL, o.AdminNATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
+		}, "--admin.nats-creds-file and --admin.nats-nkey-seed-file"},
+		{"nats half client cert", func(o *Options) {
+			o.NATSURL, o.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{TLSCertFile: "c.pem"}
+		}, "--nats.tls-cert-file and --nats.tls-key-file"},
+		{"nats seed without nats", func(o *Options) { o.NATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
+		{"admin seed without nats", func(o *Options) { o.AdminNATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.opts.Logger = quietLogger()
-			_, err := New(tt.opts)
+			o := DefaultOptions()
+			o.RulesFile, o.Logger = "testdata/rules.yml", quietLogger()
+			tt.mutate(&o)
+			before := fmt.Sprintf("%+v", o)
+			_, err := New(o)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("New = %v, want an error naming %s", err, tt.want)
+			}
+			if after := fmt.Sprintf("%+v", o); after != before {
+				t.Fatalf("New changed its options")
 			}
 		})
 	}

@@ -74,7 +74,7 @@ func TestDenyCacheSparesTheStore(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	const workers, capacity, rate = 16, 10, 2.0
 	run := 3 * time.Second
-	checks, calls := flood(t, c, 0, workers, run)
+	checks, calls := flood(t, c, DefaultOptions().DenyCacheSize, workers, run)
 	// The burst (the last token's answer already denies), then a probe
 	// each time a denial expires (every 1/rate s), and at most one more
 	// when that probe reached Redis before the token did: a denial counts
@@ -87,7 +87,7 @@ func TestDenyCacheSparesTheStore(t *testing.T) {
 	if float64(calls) > bound {
 		t.Fatalf("%d store calls for %d checks of one flooding key, bound %.0f", calls, checks, bound)
 	}
-	off, offCalls := flood(t, c, -1, workers, time.Second)
+	off, offCalls := flood(t, c, 0, workers, time.Second)
 	if offCalls < off {
 		t.Fatalf("without the cache %d checks made %d store calls, want one each", off, offCalls)
 	}

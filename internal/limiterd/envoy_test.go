@@ -273,7 +273,7 @@ func TestEnvoyStoreDown(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) {
 		o.RulesFile = envoyRulesFile
-		o.RedisTimeout = 200 * time.Millisecond
+		o.RedisTuning.Timeout = 200 * time.Millisecond
 	})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()

@@ -88,7 +88,7 @@ func quantile(l []time.Duration, q float64) time.Duration {
 func TestRedisOutageUnderLoad(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	const timeout = 5 * time.Millisecond
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = timeout })
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTuning.Timeout = timeout })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	stop := make(chan struct{})
 	r := load(t, client, 8, stop)
@@ -146,7 +146,7 @@ func TestRedisOutageUnderLoad(t *testing.T) {
 // replica takes over; fail-open rules keep answering throughout.
 func TestFailoverUnderLoad(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 1)
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 50 * time.Millisecond })
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTuning.Timeout = 50 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	stop := make(chan struct{})
 	r := load(t, client, 8, stop)
@@ -199,7 +199,7 @@ func TestFailoverUnderLoad(t *testing.T) {
 // blame limiterd's own queue for the node's silence.
 func TestPausedNodeUnderLoad(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTimeout = 50 * time.Millisecond })
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTuning.Timeout = 50 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	stop := make(chan struct{})
 	r := load(t, client, 8, stop)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
@@ -54,7 +55,7 @@ func writeRules(t testing.TB, yaml string) string {
 // forwardAuth sends one forward-auth request as a proxy would.
 func forwardAuth(t *testing.T, d *Daemon, method, query string, headers map[string]string) *http.Response {
 	t.Helper()
-	req, err := http.NewRequest(method, "http://"+d.HTTPAddr()+ForwardAuthPath+query, nil)
+	req, err := http.NewRequest(method, "http://"+d.HTTPAddr()+forwardauth.Path+query, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func forwardAuth(t *testing.T, d *Daemon, method, query string, headers map[stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
+	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	return resp
 }
@@ -85,8 +86,8 @@ func startForwardAuth(t *testing.T, redis []string, mutate ...func(*Options)) *D
 	rules := writeRules(t, forwardAuthRules)
 	return startDaemon(t, redis, append([]func(*Options){func(o *Options) {
 		o.RulesFile = rules
-		o.ForwardAuth = true
-		o.RedisTimeout = 100 * time.Millisecond
+		o.ForwardAuth.Enabled = true
+		o.RedisTuning.Timeout = 100 * time.Millisecond
 	}}, mutate...)...)
 }
 
@@ -112,12 +113,12 @@ func TestForwardAuth(t *testing.T) {
 	}
 	// nginx mode: the same refusal as a 403 with the real status beside it.
 	resp = forwardAuth(t, d, "GET", "?mode=nginx", proxyHeaders("alice", "/api/orders", "GET", "203.0.113.9"))
-	if resp.StatusCode != 403 || resp.Header.Get(ForwardAuthStatusHeader) != "429" || resp.Header.Get("Retry-After") == "" {
+	if resp.StatusCode != 403 || resp.Header.Get(forwardauth.StatusHeader) != "429" || resp.Header.Get("Retry-After") == "" {
 		t.Fatalf("nginx mode refusal: %d %v", resp.StatusCode, resp.Header)
 	}
 	// Allowed in nginx mode: a plain 200.
 	resp = forwardAuth(t, d, "GET", "?mode=nginx", proxyHeaders("bob", "/api/orders", "GET", "203.0.113.9"))
-	if resp.StatusCode != 200 || resp.Header.Get(ForwardAuthStatusHeader) != "" || resp.Header.Get("RateLimit-Remaining") != "2" {
+	if resp.StatusCode != 200 || resp.Header.Get(forwardauth.StatusHeader) != "" || resp.Header.Get("RateLimit-Remaining") != "2" {
 		t.Fatalf("nginx mode, allowed: %d %v", resp.StatusCode, resp.Header)
 	}
 	// Any method: the proxy's own method does not matter.
@@ -131,7 +132,7 @@ func TestForwardAuth(t *testing.T) {
 		t.Fatalf("dotted path: %d, want 400", resp.StatusCode)
 	}
 	resp = forwardAuth(t, d, "GET", "?mode=nginx", proxyHeaders("dave", "/api/%2e%2e/admin", "GET", "203.0.113.9"))
-	if resp.StatusCode != 403 || resp.Header.Get(ForwardAuthStatusHeader) != "400" || !strings.Contains(resp.Header.Get(ForwardAuthErrorHeader), "X-Forwarded-Uri") {
+	if resp.StatusCode != 403 || resp.Header.Get(forwardauth.StatusHeader) != "400" || !strings.Contains(resp.Header.Get(forwardauth.ErrorHeader), "X-Forwarded-Uri") {
 		t.Fatalf("nginx mode, dotted path: %d %v, want 403 saying 400 with the reason", resp.StatusCode, resp.Header)
 	}
 	for i, want := range []int{200, 429} {
@@ -158,7 +159,7 @@ func TestForwardAuth(t *testing.T) {
 		t.Fatalf("fail-closed with the store down: %d, want 503", resp.StatusCode)
 	}
 	resp = forwardAuth(t, d, "GET", "?mode=nginx", proxyHeaders("-", "/login", "POST", "198.51.100.2"))
-	if resp.StatusCode != 403 || resp.Header.Get(ForwardAuthStatusHeader) != "503" {
+	if resp.StatusCode != 403 || resp.Header.Get(forwardauth.StatusHeader) != "503" {
 		t.Fatalf("fail-closed, nginx mode: %d %v", resp.StatusCode, resp.Header)
 	}
 	if resp := forwardAuth(t, d, "GET", "", proxyHeaders("erin", "/api/orders", "GET", "198.51.100.2")); resp.StatusCode != 200 {
@@ -190,7 +191,7 @@ func TestForwardAuthBadRequests(t *testing.T) {
 				t.Fatalf("status %d, want 400", resp.StatusCode)
 			}
 			resp := forwardAuth(t, d, "GET", "?mode=nginx", tt.headers)
-			if resp.StatusCode != 403 || resp.Header.Get(ForwardAuthStatusHeader) != "400" {
+			if resp.StatusCode != 403 || resp.Header.Get(forwardauth.StatusHeader) != "400" {
 				t.Fatalf("nginx mode: %d %v, want 403 saying 400", resp.StatusCode, resp.Header)
 			}
 		})
@@ -206,11 +207,11 @@ func TestForwardAuthOptions(t *testing.T) {
 	})
 	t.Run("configured headers; none turns one off", func(t *testing.T) {
 		d := startForwardAuth(t, nil, func(o *Options) {
-			o.ForwardAuthUserHeader = ForwardAuthNoHeader
-			o.ForwardAuthAPIKeyHeader = "X-Api-Client"
-			o.ForwardAuthURIHeader = "X-Original-URI"
-			o.ForwardAuthMethodHeader = "X-Original-Method"
-			o.ForwardAuthIPHeader = "X-Real-IP"
+			o.ForwardAuth.Headers.User = ""
+			o.ForwardAuth.Headers.APIKey = "X-Api-Client"
+			o.ForwardAuth.Headers.URI = "X-Original-URI"
+			o.ForwardAuth.Headers.Method = "X-Original-Method"
+			o.ForwardAuth.Headers.IP = "X-Real-IP"
 		})
 		h := map[string]string{"X-Api-Client": "k1", "X-Original-URI": "/login", "X-Original-Method": "POST", "X-Real-IP": "192.0.2.1"}
 		resp := forwardAuth(t, d, "GET", "", h)
@@ -223,8 +224,9 @@ func TestForwardAuthOptions(t *testing.T) {
 		}
 	})
 	t.Run("bad header name refused at start", func(t *testing.T) {
-		_, err := New(Options{RulesFile: writeRules(t, forwardAuthRules), ForwardAuth: true, ForwardAuthUserHeader: "X Auth: User",
-			Logger: quietLogger()})
+		o := DefaultOptions()
+		o.RulesFile, o.ForwardAuth.Enabled, o.ForwardAuth.Headers.User, o.Logger = writeRules(t, forwardAuthRules), true, "X Auth: User", quietLogger()
+		_, err := New(o)
 		if err == nil || !strings.Contains(err.Error(), "--forward-auth.user-header") {
 			t.Fatalf("New = %v, want an error naming --forward-auth.user-header", err)
 		}

@@ -29,8 +29,9 @@ func TestEvictionGuard(t *testing.T) {
 	if err := first.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
-		RedisAddrs: c.Addrs(), Logger: quietLogger()})
+	o := DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.Redis.Addrs, o.Logger = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml", c.Addrs(), quietLogger()
+	d, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,13 +30,14 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 		{"peer secret readable by others", func(o *Options) {
 			o.Region, o.TopologyFile, o.PeerSecretFile = "us-east", twoRegionTopology(t), "testdata/rules.yml"
 		}},
-		{"missing password file", func(o *Options) { o.RedisPasswordFile = "testdata/none" }},
+		{"missing password file", func(o *Options) { o.Redis.PasswordFile = "testdata/none" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ignore := goleak.IgnoreCurrent()
-			opts := Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
-				RedisAddrs: cluster.Addrs(), NATSURL: nats.URL(), Logger: quietLogger()}
+			opts := DefaultOptions()
+			opts.GRPCAddress, opts.HTTPAddress, opts.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+			opts.Redis.Addrs, opts.NATSURL, opts.Logger = cluster.Addrs(), nats.URL(), quietLogger()
 			tt.mutate(&opts)
 			d, err := New(opts)
 			if err != nil {
@@ -46,7 +47,7 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 				d.Stop(context.Background())
 				t.Fatal("Start succeeded")
 			}
-			goleak.VerifyNone(t, ignore)
+			goleak.VerifyNone(t, append(redistest.IgnoreWarm(), ignore)...)
 		})
 	}
 }

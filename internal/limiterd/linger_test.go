@@ -7,26 +7,26 @@ import (
 	"testing"
 	"time"
 
-	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 )
 
-// TestRedisLingerFlag: --redis.linger defaults to redisstore.DefaultLinger,
-// 0 turns it off, and a value that is negative, not a duration, or not
-// less than --redis.max-queue-wait is refused naming the flag.
+// TestRedisLingerFlag: --redis.linger defaults to the store's default
+// linger, 0 turns it off, and a value that is negative, not a duration, or
+// not less than --redis.max-queue-wait is refused naming the flag.
 func TestRedisLingerFlag(t *testing.T) {
 	parse := func(args ...string) (Options, error) {
 		var o Options
 		fs := flag.NewFlagSet("limiterd", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		o.RegisterFlags(fs)
-		err := fs.Parse(append([]string{"--rules.file", "testdata/rules.yml"}, args...))
+		err := fs.Parse(append([]string{"--rules.file", "testdata/rules.yml", "--redis.addrs", "127.0.0.1:1"}, args...))
 		return o, err
 	}
 	for _, c := range []struct {
 		args []string
 		want time.Duration // the store's linger
 	}{
-		{nil, redisstore.DefaultLinger},
+		{nil, pipeline.DefaultLinger},
 		{[]string{"--redis.linger=0"}, 0},
 		{[]string{"--redis.linger=1ms"}, time.Millisecond},
 	} {
@@ -34,11 +34,11 @@ func TestRedisLingerFlag(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}
-		o.setDefaults()
+		o = o.derived()
 		if err := o.validate(); err != nil {
 			t.Fatalf("%v: %v", c.args, err)
 		}
-		if got := max(o.RedisLinger, 0); got != c.want {
+		if got := o.RedisTuning.Linger; got != c.want {
 			t.Errorf("%v: the store's linger is %v, want %v", c.args, got, c.want)
 		}
 	}
@@ -69,7 +69,7 @@ func TestHandoffMaxWindowFlag(t *testing.T) {
 			t.Fatal(err)
 		}
 		o.Logger = quietLogger()
-		o.setDefaults()
+		o = o.derived()
 		return o
 	}
 	for _, c := range []struct {

@@ -63,7 +63,8 @@ func TestMemoryFlags(t *testing.T) {
 		{func(o *Options) { o.FallbackMaxBytes = -1 }, "--fallback.max-bytes: must be 1048576 to"},
 		{func(o *Options) { o.MaxLeaseKeys = -5 }, "--lease.max-keys: must be 1 to"},
 	} {
-		o := Options{RulesFile: "testdata/rules.yml", Logger: quietLogger()}
+		o := DefaultOptions()
+		o.RulesFile, o.Logger = "testdata/rules.yml", quietLogger()
 		c.mutate(&o)
 		_, err := New(o)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

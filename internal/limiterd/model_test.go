@@ -134,7 +134,9 @@ func newModelStack(t *testing.T, storeTimeout time.Duration) *modelStack {
 	s.region = func(name, addr string) func(*Options) {
 		return func(o *Options) {
 			o.Region, o.TopologyFile, o.PeerSecretFile, o.RulesFile = name, topo, secret, s.rules
-			o.RedisTimeout = storeTimeout
+			if storeTimeout > 0 {
+				o.RedisTuning.Timeout = storeTimeout
+			}
 			o.ForwardTimeout = 10 * time.Second
 			if addr != "" {
 				o.GRPCAddress = addr
@@ -350,7 +352,9 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 			// A rules change under traffic: a rule added, none changed.
 			go func() {
 				time.Sleep(50 * time.Millisecond)
-				os.WriteFile(s.rules, []byte(modelRules+"  - id: added\n    capacity: 1\n    refill_per_second: 1\n"), 0o644)
+				if err := os.WriteFile(s.rules, []byte(modelRules+"  - id: added\n    capacity: 1\n    refill_per_second: 1\n"), 0o644); err != nil {
+					t.Errorf("the rules change under traffic: %v", err)
+				}
 			}()
 		}
 		checks := runModel(t, callers, rng, prefix, 250, 0)
@@ -405,7 +409,7 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 		// an instance started now, without a deny cache: another check's
 		// undo may have given back a token after an instance remembered a
 		// refusal (a refusal early, never an admission too many).
-		prober := limiterv1.NewLimiterClient(dial(t, startDaemon(t, s.east.Addrs(), s.region("us-east", ""), func(o *Options) { o.DenyCacheSize = -1 }).GRPCAddr()))
+		prober := limiterv1.NewLimiterClient(dial(t, startDaemon(t, s.east.Addrs(), s.region("us-east", ""), func(o *Options) { o.DenyCacheSize = 0 }).GRPCAddr()))
 		probes := 0
 		for b, n := range admitted {
 			if modelLeased[b.rule] {

@@ -1,14 +1,12 @@
 package limiterd
 
 import (
-	"cmp"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"regexp"
-	"strconv"
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine"
@@ -17,6 +15,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
+	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -32,17 +31,6 @@ const (
 	DefaultShutdownDelay = 0
 	// DefaultFleetSize 0: the live count of the region's instances.
 	DefaultFleetSize = 0
-	// DefaultForwardTimeout allows a cross-region round trip (50-150 ms)
-	// with room for one slow one.
-	DefaultForwardTimeout = engine.DefaultForwardTimeout
-	// DefaultDenyCacheSize is the default number of denials remembered.
-	DefaultDenyCacheSize = engine.DefaultDenyCacheSize
-	// DefaultMemoryMaxBytes bounds the embedded store's buckets,
-	// DefaultFallbackMaxBytes the fallback's.
-	DefaultMemoryMaxBytes   = bucket.DefaultMaxBytes
-	DefaultFallbackMaxBytes = engine.DefaultFallbackMaxBytes
-	// DefaultMaxLeaseKeys bounds the keys holding a lease.
-	DefaultMaxLeaseKeys = lease.DefaultMaxKeys
 	// maxSizeFlag bounds every count flag, maxBytesFlag every memory flag.
 	maxSizeFlag  = 100_000_000
 	maxBytesFlag = 1 << 40
@@ -78,19 +66,6 @@ const (
 // between requests. A variable only so that a test can shorten them.
 var httpTimeouts = struct{ read, write, idle time.Duration }{10 * time.Second, 15 * time.Second, 60 * time.Second}
 
-// The forward-auth names, as package forwardauth defines them.
-const (
-	DefaultForwardAuthUserHeader   = forwardauth.DefaultUserHeader
-	DefaultForwardAuthURIHeader    = forwardauth.DefaultURIHeader
-	DefaultForwardAuthMethodHeader = forwardauth.DefaultMethodHeader
-	DefaultForwardAuthIPHeader     = forwardauth.DefaultIPHeader
-	ForwardAuthNoHeader            = forwardauth.NoHeader
-	ForwardAuthPath                = forwardauth.Path
-	ForwardAuthStatusHeader        = forwardauth.StatusHeader
-	ForwardAuthErrorHeader         = forwardauth.ErrorHeader
-	ForwardAuthSecretHeader        = forwardauth.SecretHeader
-)
-
 var instancePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 
 // Options configure a Daemon. Fields left zero take the defaults above.
@@ -110,51 +85,18 @@ type Options struct {
 	// certificates signed by it.
 	HTTPTLSCertFile, HTTPTLSKeyFile, HTTPTLSClientCAFile string
 
-	// RedisAddrs are the Redis Cluster seed nodes (or one standalone
-	// server). Empty: the embedded in-memory store.
-	RedisAddrs []string
-	// RedisUsername and RedisPasswordFile authenticate to Redis.
-	RedisUsername, RedisPasswordFile string
-	// RedisTLS connects to Redis over TLS; RedisTLSCAFile is the CA the
-	// servers' certificates must chain to (empty: the system's roots), and
-	// RedisTLSCertFile and RedisTLSKeyFile a client certificate. Any of
-	// the three implies RedisTLS.
-	RedisTLS                                          bool
-	RedisTLSCAFile, RedisTLSCertFile, RedisTLSKeyFile string
-	// RedisTimeout bounds the wait for a check's reply from Redis, from
-	// the moment it is written; time in limiterd's own queue does not count.
-	RedisTimeout time.Duration
-	// RedisMaxQueueWait bounds the time a check waits in limiterd before
-	// it is sent to Redis; past it the check is answered RESOURCE_EXHAUSTED
-	// (limiterd is overloaded, not the store), never by the fallback.
-	RedisMaxQueueWait time.Duration
-	// RedisReplyDeadline bounds the wait for a reply later than
-	// RedisTimeout: it is still used (Redis decided) and counts against
-	// the node; a reply not there by then has an unknown outcome.
-	RedisReplyDeadline time.Duration
-	// RedisDialTimeout bounds opening a connection to a Redis node.
-	RedisDialTimeout time.Duration
-	// RedisPoolSize is the connection pool size per node (0: go-redis's default).
-	RedisPoolSize int
-	// RedisNoCoalesce sends each check on its own instead of pipelining
-	// the checks bound for one node together.
-	RedisNoCoalesce bool
-	// RedisMaxBatch bounds one pipeline; RedisPipelines is how many may be
-	// in flight to one node.
-	RedisMaxBatch, RedisPipelines int
-	// RedisLinger is how long a pipeline that is not full waits for more
-	// checks while another pipeline to its node is in flight: 0 means
-	// redisstore.DefaultLinger, a negative value none.
-	RedisLinger time.Duration
-	// RedisBreakerOpen is how long a failing node is not called before a probe.
-	RedisBreakerOpen time.Duration
+	// Redis is where this region's Redis is and how to reach it; no
+	// address: the embedded in-memory store.
+	Redis redisstore.Conn
+	// RedisTuning is how checks are sent to Redis. DefaultOptions holds
+	// its defaults; each field is what it says, a zero included.
+	RedisTuning redisstore.Tuning
 	// RedisAllowUnsafeEviction starts even when a node's maxmemory-policy
 	// is not noeviction (with a warning): every other policy evicts live
 	// counters, since every bucket has an expiry.
 	RedisAllowUnsafeEviction bool
 
-	// DenyCacheSize bounds the deny cache: 0 means DefaultDenyCacheSize,
-	// a negative size disables it.
+	// DenyCacheSize bounds the deny cache; 0 turns it off.
 	DenyCacheSize int
 	// MemoryMaxBytes bounds the memory of the embedded store's buckets
 	// (no --redis.addrs), FallbackMaxBytes the local fallback's; MaxLeaseKeys
@@ -188,6 +130,10 @@ type Options struct {
 	AdminNATSAuth natsconn.Auth
 	// GossipInterval is how often spends are flushed.
 	GossipInterval time.Duration
+	// GossipMaxDefer is the longest a key whose spend stays under its
+	// rule's budget waits past its interval before it is published. 0: it
+	// waits for none.
+	GossipMaxDefer time.Duration
 	// Instance names this limiterd in spend messages; default host-pid.
 	Instance string
 	// TopologyFile lists the regions and their limiterd addresses, for
@@ -246,97 +192,67 @@ type Options struct {
 	EnvoyQuotaHeaders bool
 
 	// ForwardAuth serves GET /forward-auth for nginx auth_request and
-	// Traefik forwardAuth (package forwardauth): on ForwardAuthAddress when
-	// set, else on the HTTP listener.
-	ForwardAuth bool
-	// ForwardAuthAddress, when set, is forward-auth's own listener (same
-	// connection limit, timeouts and TLS as the HTTP one), and
-	// /forward-auth is no longer served on the HTTP listener. Implies
-	// ForwardAuth.
-	ForwardAuthAddress string
-	// ForwardAuthSecretFile holds a secret the proxy must send in
-	// forwardauth.SecretHeader; requests without it are answered 401.
-	ForwardAuthSecretFile string
-	// ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader,
-	// ForwardAuthURIHeader, ForwardAuthMethodHeader and ForwardAuthIPHeader
-	// name the request headers forward-auth reads the attributes from. The
-	// proxy must set each itself. "" takes the default (none for api key and
-	// plan); "none" turns one off.
-	ForwardAuthUserHeader, ForwardAuthAPIKeyHeader, ForwardAuthPlanHeader string
-	ForwardAuthURIHeader, ForwardAuthMethodHeader, ForwardAuthIPHeader    string
+	// Traefik forwardAuth (package forwardauth).
+	ForwardAuth forwardauth.Config
 
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
 
+// DefaultOptions are the daemon's defaults, and its flags' defaults: the
+// one place they are written. Start from them; every field is what it
+// says, a zero included (--deny-cache.size 0 turns the deny cache off).
+// Instance, when empty, is the host name and pid; Logger, when nil,
+// slog.Default().
+func DefaultOptions() Options {
+	return Options{
+		GRPCAddress: DefaultGRPCAddress, HTTPAddress: DefaultHTTPAddress,
+		GRPCMaxStreams: DefaultGRPCMaxStreams, MaxConnections: DefaultMaxConnections,
+		RedisTuning:   redisstore.DefaultTuning(),
+		DenyCacheSize: engine.DefaultDenyCacheSize, MemoryMaxBytes: bucket.DefaultMaxBytes,
+		FallbackMaxBytes: engine.DefaultFallbackMaxBytes, MaxLeaseKeys: lease.DefaultMaxKeys,
+		MaxRules: rulesource.DefaultMaxRules, Region: DefaultRegion, FleetSize: DefaultFleetSize,
+		NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix}, AdminNATSAuth: natsconn.Auth{Prefix: natsconn.AdminFlagPrefix},
+		GossipInterval: gossip.DefaultInterval, GossipMaxDefer: spendpub.DefaultMaxDefer, TopologyPoll: topowatch.DefaultPoll, ForwardTimeout: engine.DefaultForwardTimeout,
+		ShutdownDelay: DefaultShutdownDelay, GracePeriod: DefaultGracePeriod,
+		ForwardAuth: forwardauth.DefaultConfig(),
+	}
+}
+
 // RegisterFlags defines the daemon's flags on fs, writing into o.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", DefaultGRPCAddress, "address of the gRPC check API")
-	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
+	d := DefaultOptions()
+	fs.StringVar(&o.GRPCAddress, "grpc.listen-address", d.GRPCAddress, "address of the gRPC check API")
+	fs.StringVar(&o.HTTPAddress, "http.listen-address", d.HTTPAddress, "address serving /metrics, /healthz and /readyz")
 	fs.BoolVar(&o.Profiling, "http.pprof", false, "serve Go's CPU, heap and goroutine profiles under /debug/pprof/ on the HTTP listener")
 	fs.StringVar(&o.TLSCertFile, "grpc.tls-cert-file", "", "TLS certificate of the gRPC listener (PEM)")
 	fs.StringVar(&o.TLSKeyFile, "grpc.tls-key-file", "", "TLS private key of the gRPC listener (PEM)")
-	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", DefaultGRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")
-	fs.IntVar(&o.MaxConnections, "server.max-connections", DefaultMaxConnections, "most open connections of each listener, gRPC and HTTP (more wait to be accepted)")
+	fs.IntVar(&o.GRPCMaxStreams, "grpc.max-concurrent-streams", d.GRPCMaxStreams, "most checks in flight on one gRPC connection (more wait for a free stream)")
+	fs.IntVar(&o.MaxConnections, "server.max-connections", d.MaxConnections, "most open connections of each listener, gRPC and HTTP (more wait to be accepted)")
 	fs.StringVar(&o.TLSClientCAFile, "grpc.tls-client-ca-file", "", "CA bundle that client certificates must chain to (enables mTLS)")
 	fs.StringVar(&o.HTTPTLSCertFile, "http.tls-cert-file", "", "TLS certificate of the HTTP listener, and of the forward-auth one (PEM)")
 	fs.StringVar(&o.HTTPTLSKeyFile, "http.tls-key-file", "", "TLS private key of the HTTP listener (PEM)")
 	fs.StringVar(&o.HTTPTLSClientCAFile, "http.tls-client-ca-file", "", "CA bundle that HTTP clients' certificates must chain to (enables mTLS on the HTTP and forward-auth listeners)")
-	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
-	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
-	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
-	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
-	fs.StringVar(&o.RedisTLSCAFile, "redis.tls-ca-file", "", "CA bundle the Redis servers' certificates must chain to (implies --redis.tls; default: the system's roots)")
-	fs.StringVar(&o.RedisTLSCertFile, "redis.tls-cert-file", "", "client certificate for Redis (PEM; implies --redis.tls)")
-	fs.StringVar(&o.RedisTLSKeyFile, "redis.tls-key-file", "", "private key of --redis.tls-cert-file (PEM)")
-	fs.DurationVar(&o.RedisTimeout, "redis.timeout", redisstore.DefaultTimeout, "a check's reply from Redis is late past this, counted from the moment it is written (see --redis.reply-deadline)")
-	fs.DurationVar(&o.RedisMaxQueueWait, "redis.max-queue-wait", redisstore.DefaultMaxQueueWait, "longest a check waits in limiterd before it is sent to Redis; past it: RESOURCE_EXHAUSTED, or the rule's on_failure when its node answered nothing meanwhile")
-	fs.DurationVar(&o.RedisReplyDeadline, "redis.reply-deadline", redisstore.DefaultReplyDeadline, "longest wait for a reply later than --redis.timeout: still used (Redis decided), counted against the node; after it the outcome is unknown")
-	fs.DurationVar(&o.RedisDialTimeout, "redis.dial-timeout", redisstore.DefaultDialTimeout, "longest wait to open a connection to a Redis node")
-	fs.IntVar(&o.RedisPoolSize, "redis.pool-size", 0, "connections per Redis node (0: default)")
-	fs.BoolFunc("redis.no-coalesce", "send each check on its own instead of pipelining the checks bound for one node", func(string) error {
-		o.RedisNoCoalesce = true
-		return nil
-	})
+	o.Redis.RegisterFlags(fs, "comma-separated Redis Cluster seed addresses (empty: embedded in-memory store)")
+	o.RedisTuning.RegisterFlags(fs)
 	fs.BoolVar(&o.RedisAllowUnsafeEviction, "redis.allow-unsafe-eviction", false, "start even when a Redis node's maxmemory-policy is not noeviction (live counters may be evicted)")
-	fs.IntVar(&o.RedisMaxBatch, "redis.max-batch", redisstore.DefaultMaxBatch, "most checks in one pipeline to one node")
-	fs.IntVar(&o.RedisPipelines, "redis.pipelines-per-node", redisstore.DefaultPipelinesPerNode, "pipelines in flight to one node at once")
-	fs.Func("redis.linger", fmt.Sprintf("while a pipeline to a node is in flight, how long the next one waits for more checks before it is sent (it goes as soon as that one is answered or it is full); 0: never waits (default %v)", redisstore.DefaultLinger), func(v string) error {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return err
-		}
-		if o.RedisLinger = d; d == 0 {
-			o.RedisLinger = -1
-		}
-		return nil
-	})
-	fs.DurationVar(&o.RedisBreakerOpen, "redis.breaker-open", redisstore.DefaultBreakerOpen, "how long a failing node is not called before a probe")
-	fs.Func("deny-cache.size", fmt.Sprintf("rejections remembered until their retry time, sparing the store; 0: off (default %d)", DefaultDenyCacheSize), func(v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return err
-		}
-		if o.DenyCacheSize = n; n == 0 {
-			o.DenyCacheSize = -1
-		}
-		return nil
-	})
-	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", DefaultMemoryMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
-	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", DefaultFallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
-	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", DefaultMaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
+	fs.IntVar(&o.DenyCacheSize, "deny-cache.size", d.DenyCacheSize, "rejections remembered until their retry time, sparing the store; 0: off")
+	fs.Int64Var(&o.MemoryMaxBytes, "memory.max-bytes", d.MemoryMaxBytes, "memory of the embedded store's buckets (no --redis.addrs); at the cap a new bucket replaces one nearest its expiry")
+	fs.Int64Var(&o.FallbackMaxBytes, "fallback.max-bytes", d.FallbackMaxBytes, "memory of the buckets of the local fallback that decides fail-open rules while the store is down")
+	fs.IntVar(&o.MaxLeaseKeys, "lease.max-keys", d.MaxLeaseKeys, "most keys holding a lease; past it a check of a lease rule goes to the store alone")
 	fs.StringVar(&o.RulesFile, "rules.file", "", "YAML rules file (required)")
-	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, those of the file and the admin API together; more are refused")
-	fs.StringVar(&o.Region, "region", DefaultRegion, "name of this region")
-	fs.IntVar(&o.FleetSize, "fleet.size", DefaultFleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
+	fs.IntVar(&o.MaxRules, "rules.max-rules", d.MaxRules, "most rules in force, those of the file and the admin API together; more are refused")
+	fs.StringVar(&o.Region, "region", d.Region, "name of this region")
+	fs.IntVar(&o.FleetSize, "fleet.size", d.FleetSize, "limiterd instances in this region: fail-open rules whose store is down decide with limit / fleet.size (0: the live count, by a heartbeat in Redis)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server of this region; spends of reconciled rules are published there (empty: no reconciliation)")
 	o.NATSAuth.RegisterFlags(fs, natsconn.FlagPrefix, true)
 	o.AdminNATSAuth.RegisterFlags(fs, natsconn.AdminFlagPrefix, false)
-	fs.DurationVar(&o.GossipInterval, "gossip.interval", gossip.DefaultInterval, "how often admitted spends are flushed to the reconcilers")
+	fs.DurationVar(&o.GossipInterval, "gossip.interval", d.GossipInterval, "how often admitted spends are flushed to the reconcilers")
+	fs.DurationVar(&o.GossipMaxDefer, "gossip.max-defer", d.GossipMaxDefer, "longest a key whose unpublished spend stays under its rule's budget (max_overshoot × capacity) waits past its interval before it is published, in whole intervals; 0: off, every key at its interval")
 	fs.StringVar(&o.Instance, "instance", "", "name of this instance in spend messages (default: host name and pid)")
 	fs.StringVar(&o.TopologyFile, "region.topology-file", "", "YAML list of regions and their limiterd addresses, for pinned rules")
-	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", topowatch.DefaultPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
-	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", DefaultForwardTimeout, "deadline of a check forwarded to a key's home region")
+	fs.DurationVar(&o.TopologyPoll, "region.topology-poll", d.TopologyPoll, "how often --region.topology-file is read again; a changed file is checked and put in force at its effective_at")
+	fs.DurationVar(&o.ForwardTimeout, "region.forward-timeout", d.ForwardTimeout, "deadline of a check forwarded to a key's home region")
 	fs.DurationVar(&o.HandoffMaxWindow, "region.handoff-max-window", 0, "the longest a pinned key moved here by a topology switch or a home_keys change takes its old home's bucket (0: each rule's own handoff window); past it the key starts from a full bucket")
 	fs.StringVar(&o.ForwardTLSCAFile, "region.forward-tls-ca-file", "", "CA bundle of other regions' limiterd: forward pinned checks over TLS")
 	fs.StringVar(&o.PeerSecretFile, "region.peer-secret-file", "", "file holding the secret peer regions share (mode 0600, at least 16 characters): sent with forwarded checks, required of Peer calls")
@@ -344,66 +260,15 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.GossipSpoolDir, "gossip.spool-dir", "", "directory keeping unpublished spends on disk while NATS is unreachable (a crash then loses at most one interval)")
 	fs.StringVar(&o.AdminTokenFile, "admin.token-file", "", "file holding the admin API's bearer token (at least 16 characters)")
 	fs.Var(redisstore.AddrsFlag{Addrs: &o.AdminClientIdentities}, "admin.client-identities", "comma-separated client certificate identities (DNS/URI SAN or CN) admitted to the admin API without the token (needs --grpc.tls-client-ca-file or --http.tls-client-ca-file)")
-	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", DefaultShutdownDelay, "time not ready before the listeners close, on SIGTERM")
-	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", DefaultGracePeriod, "longest wait for in-flight checks on shutdown")
+	fs.DurationVar(&o.ShutdownDelay, "shutdown.delay", d.ShutdownDelay, "time not ready before the listeners close, on SIGTERM")
+	fs.DurationVar(&o.GracePeriod, "shutdown.grace-period", d.GracePeriod, "longest wait for in-flight checks on shutdown")
 	fs.BoolVar(&o.EnvoyQuotaHeaders, "envoy.quota-headers", false, "add the quota headers (RateLimit-*, X-RateLimit-*, Retry-After) to Envoy rate limit answers; off: Envoy's filter can make its own from the statuses (enable_x_ratelimit_headers)")
-	fs.BoolVar(&o.ForwardAuth, "forward-auth.enabled", false, "serve "+ForwardAuthPath+" on the HTTP listener for nginx auth_request and Traefik forwardAuth")
-	fs.StringVar(&o.ForwardAuthAddress, "forward-auth.listen-address", "", "serve "+ForwardAuthPath+" on its own listener, and no longer on the HTTP one (implies --forward-auth.enabled)")
-	fs.StringVar(&o.ForwardAuthSecretFile, "forward-auth.secret-file", "", "file holding a secret (at least 16 characters) the proxy must send in "+ForwardAuthSecretHeader+"; requests without it get 401")
-	fs.StringVar(&o.ForwardAuthUserHeader, "forward-auth.user-header", DefaultForwardAuthUserHeader, "forward-auth: header with the authenticated user, set by the proxy (none: off)")
-	fs.StringVar(&o.ForwardAuthAPIKeyHeader, "forward-auth.api-key-header", ForwardAuthNoHeader, "forward-auth: header with the authenticated API key, set by the proxy (none: off)")
-	fs.StringVar(&o.ForwardAuthPlanHeader, "forward-auth.plan-header", ForwardAuthNoHeader, "forward-auth: header with the client's plan, set by the proxy (none: off)")
-	fs.StringVar(&o.ForwardAuthURIHeader, "forward-auth.uri-header", DefaultForwardAuthURIHeader, "forward-auth: header with the original request URI (none: off)")
-	fs.StringVar(&o.ForwardAuthMethodHeader, "forward-auth.method-header", DefaultForwardAuthMethodHeader, "forward-auth: header with the original request method (none: off)")
-	fs.StringVar(&o.ForwardAuthIPHeader, "forward-auth.ip-header", DefaultForwardAuthIPHeader, "forward-auth: header with the client address, its rightmost entry (none: off)")
+	o.ForwardAuth.RegisterFlags(fs)
 }
 
-func (o *Options) setDefaults() {
-	if o.GRPCAddress == "" {
-		o.GRPCAddress = DefaultGRPCAddress
-	}
-	if o.HTTPAddress == "" {
-		o.HTTPAddress = DefaultHTTPAddress
-	}
-	if o.Region == "" {
-		o.Region = DefaultRegion
-	}
-	if o.GracePeriod == 0 {
-		o.GracePeriod = DefaultGracePeriod
-	}
-	if o.GRPCMaxStreams == 0 {
-		o.GRPCMaxStreams = DefaultGRPCMaxStreams
-	}
-	if o.MaxConnections == 0 {
-		o.MaxConnections = DefaultMaxConnections
-	}
-	if o.RedisTimeout == 0 {
-		o.RedisTimeout = redisstore.DefaultTimeout
-	}
-	if o.RedisLinger == 0 {
-		o.RedisLinger = redisstore.DefaultLinger
-	}
-	if o.DenyCacheSize == 0 {
-		o.DenyCacheSize = DefaultDenyCacheSize
-	}
-	if o.MemoryMaxBytes == 0 {
-		o.MemoryMaxBytes = DefaultMemoryMaxBytes
-	}
-	if o.FallbackMaxBytes == 0 {
-		o.FallbackMaxBytes = DefaultFallbackMaxBytes
-	}
-	if o.MaxLeaseKeys == 0 {
-		o.MaxLeaseKeys = DefaultMaxLeaseKeys
-	}
-	if o.GossipInterval == 0 {
-		o.GossipInterval = gossip.DefaultInterval
-	}
-	if o.TopologyPoll == 0 {
-		o.TopologyPoll = topowatch.DefaultPoll
-	}
-	if o.ForwardTimeout == 0 {
-		o.ForwardTimeout = DefaultForwardTimeout
-	}
+// derived is o with the defaults that depend on the process (Instance,
+// Logger) and the credentials' flag prefixes.
+func (o Options) derived() Options {
 	if o.Instance == "" {
 		host, _ := os.Hostname()
 		o.Instance = fmt.Sprintf("%s-%d", host, os.Getpid())
@@ -411,31 +276,13 @@ func (o *Options) setDefaults() {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	if o.MaxRules == 0 {
-		o.MaxRules = rulesource.DefaultMaxRules
-	}
-	if o.ForwardAuthAddress != "" {
-		o.ForwardAuth = true
-	}
-	o.ForwardAuthUserHeader, o.ForwardAuthAPIKeyHeader, o.ForwardAuthPlanHeader = or(o.ForwardAuthUserHeader, DefaultForwardAuthUserHeader), or(o.ForwardAuthAPIKeyHeader, ForwardAuthNoHeader), or(o.ForwardAuthPlanHeader, ForwardAuthNoHeader)
-	o.ForwardAuthURIHeader, o.ForwardAuthMethodHeader, o.ForwardAuthIPHeader = or(o.ForwardAuthURIHeader, DefaultForwardAuthURIHeader), or(o.ForwardAuthMethodHeader, DefaultForwardAuthMethodHeader), or(o.ForwardAuthIPHeader, DefaultForwardAuthIPHeader)
+	// The errors of the credentials name these flags.
+	o.NATSAuth.Prefix, o.AdminNATSAuth.Prefix = natsconn.FlagPrefix, natsconn.AdminFlagPrefix
+	return o
 }
 
-func or(v, def string) string {
-	if v == "" {
-		return def
-	}
-	return v
-}
-
-func (o *Options) forwardAuthHeaders() forwardauth.Headers {
-	return forwardauth.Headers{
-		User: o.ForwardAuthUserHeader, APIKey: o.ForwardAuthAPIKeyHeader, Plan: o.ForwardAuthPlanHeader,
-		URI: o.ForwardAuthURIHeader, Method: o.ForwardAuthMethodHeader, IP: o.ForwardAuthIPHeader,
-	}
-}
-
-// validate reports every bad option, each naming its flag.
+// validate reports every bad option, each naming its flag. It changes
+// nothing.
 func (o *Options) validate() error {
 	var errs []error
 	if o.RulesFile == "" {
@@ -465,34 +312,12 @@ func (o *Options) validate() error {
 	if o.MaxRules < 0 || o.MaxRules > rulesource.MaxMaxRules {
 		errs = append(errs, fmt.Errorf("--rules.max-rules: must be 1 to %d, got %d", rulesource.MaxMaxRules, o.MaxRules))
 	}
-	if o.ForwardAuthSecretFile != "" && !o.ForwardAuth {
-		errs = append(errs, errors.New("--forward-auth.secret-file: needs --forward-auth.enabled or --forward-auth.listen-address"))
+	if len(o.Redis.Addrs) > 0 {
+		if err := o.RedisTuning.Validate(); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if o.RedisMaxQueueWait < 0 || o.RedisMaxQueueWait > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.max-queue-wait: must be in (0, 1m], got %v", o.RedisMaxQueueWait))
-	}
-	if o.RedisReplyDeadline < 0 || o.RedisReplyDeadline > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.reply-deadline: must be in (0, 1m], got %v", o.RedisReplyDeadline))
-	}
-	if o.RedisDialTimeout < 0 || o.RedisDialTimeout > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.dial-timeout: must be in (0, 1m], got %v", o.RedisDialTimeout))
-	}
-	if o.RedisTimeout < 0 || o.RedisTimeout > time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.timeout: must be in (0, 1m], got %v", o.RedisTimeout))
-	}
-	if o.RedisMaxBatch < 0 || o.RedisMaxBatch > 10000 {
-		errs = append(errs, fmt.Errorf("--redis.max-batch: must be 0 to 10000, got %d", o.RedisMaxBatch))
-	}
-	if o.RedisPipelines < 0 || o.RedisPipelines > 64 {
-		errs = append(errs, fmt.Errorf("--redis.pipelines-per-node: must be 0 to 64, got %d", o.RedisPipelines))
-	}
-	if queueWait := cmp.Or(o.RedisMaxQueueWait, redisstore.DefaultMaxQueueWait); o.RedisLinger < -1 || o.RedisLinger >= queueWait {
-		errs = append(errs, fmt.Errorf("--redis.linger: must be 0 or more and less than --redis.max-queue-wait (%v), got %v", queueWait, o.RedisLinger))
-	}
-	if o.RedisBreakerOpen < 0 || o.RedisBreakerOpen > 5*time.Minute {
-		errs = append(errs, fmt.Errorf("--redis.breaker-open: must be 0 to 5m, got %v", o.RedisBreakerOpen))
-	}
-	if o.DenyCacheSize < -1 || o.DenyCacheSize > 100_000_000 {
+	if o.DenyCacheSize < 0 || o.DenyCacheSize > 100_000_000 {
 		errs = append(errs, fmt.Errorf("--deny-cache.size: must be 0 to 1e8, got %d", o.DenyCacheSize))
 	}
 	for _, f := range []struct {
@@ -505,9 +330,6 @@ func (o *Options) validate() error {
 	}
 	if o.MaxLeaseKeys < 1 || o.MaxLeaseKeys > maxSizeFlag {
 		errs = append(errs, fmt.Errorf("--lease.max-keys: must be 1 to %d, got %d", maxSizeFlag, o.MaxLeaseKeys))
-	}
-	if o.RedisPoolSize < 0 {
-		errs = append(errs, fmt.Errorf("--redis.pool-size: must be >= 0, got %d", o.RedisPoolSize))
 	}
 	if o.GRPCMaxStreams < 1 || o.GRPCMaxStreams > 1<<20 {
 		errs = append(errs, fmt.Errorf("--grpc.max-concurrent-streams: must be 1 to %d, got %d", 1<<20, o.GRPCMaxStreams))
@@ -523,6 +345,9 @@ func (o *Options) validate() error {
 	}
 	if o.GossipInterval < gossip.MinInterval || o.GossipInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("--gossip.interval: must be in [%v, 1m], got %v", gossip.MinInterval, o.GossipInterval))
+	}
+	if o.GossipMaxDefer != 0 && (o.GossipMaxDefer < o.GossipInterval || o.GossipMaxDefer > time.Minute) {
+		errs = append(errs, fmt.Errorf("--gossip.max-defer: must be 0 (off) or in [--gossip.interval (%v), 1m], got %v", o.GossipInterval, o.GossipMaxDefer))
 	}
 	if o.TopologyPoll < topowatch.MinPoll || o.TopologyPoll > topowatch.MaxPoll {
 		errs = append(errs, fmt.Errorf("--region.topology-poll: must be in [%v, %v], got %v", topowatch.MinPoll, topowatch.MaxPoll, o.TopologyPoll))
@@ -542,23 +367,23 @@ func (o *Options) validate() error {
 	if o.TLSClientCAFile != "" && o.TLSCertFile == "" {
 		errs = append(errs, errors.New("--grpc.tls-client-ca-file: needs --grpc.tls-cert-file and --grpc.tls-key-file"))
 	}
-	if len(o.RedisAddrs) == 0 && (o.RedisUsername != "" || o.RedisPasswordFile != "" || o.RedisTLS ||
-		o.RedisTLSCAFile != "" || o.RedisTLSCertFile != "" || o.RedisTLSKeyFile != "") {
-		errs = append(errs, errors.New("--redis.username, --redis.password-file, --redis.tls, --redis.tls-*-file: need --redis.addrs"))
-	}
-	if o.NATSAuth.Prefix == "" {
-		o.NATSAuth.Prefix = natsconn.FlagPrefix
-	}
-	o.AdminNATSAuth.Prefix = natsconn.AdminFlagPrefix
-	if err := o.NATSAuth.Validate(); err != nil {
+	if err := o.Redis.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := o.AdminNATSAuth.Validate(); err != nil {
+	// The flags' prefixes, whatever the fields say: the errors name them.
+	nats, admin := o.NATSAuth, o.AdminNATSAuth
+	nats.Prefix, admin.Prefix = natsconn.FlagPrefix, natsconn.AdminFlagPrefix
+	if err := nats.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if o.NATSURL == "" && (o.NATSAuth != natsconn.Auth{Prefix: natsconn.FlagPrefix} || o.AdminNATSAuth.Set()) {
+	if err := admin.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.NATSURL == "" && (nats != natsconn.Auth{Prefix: natsconn.FlagPrefix} || admin.Set()) {
 		errs = append(errs, errors.New("--nats.creds-file, --nats.nkey-seed-file, --nats.tls-*, --admin.nats-*: need --nats.url"))
 	}
-	errs = append(errs, o.forwardAuthHeaders().Validate()...)
+	if err := o.ForwardAuth.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }

@@ -71,15 +71,6 @@ func TestPeerCallsNeedCredentials(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
-	marked := metadata.AppendToOutgoingContext(ctx, peer.LegacyForwardedHeader, "eu-west")
-	_, err = limiterv1.NewLimiterClient(cc).Check(marked, &limiterv1.CheckRequest{RuleId: "tb", Key: "k"})
-	if status.Code(err) != codes.PermissionDenied {
-		t.Fatalf("Check with %s: %v, want PermissionDenied", peer.LegacyForwardedHeader, err)
-	}
-	if got := refusedPeerCalls(t, d, "legacy_marker"); got != 1 {
-		t.Errorf("legacy_marker refusals = %v, want 1", got)
-	}
-
 	p := limiterv1.NewPeerClient(cc)
 	req := &limiterv1.PeerDecideRequest{OriginRegion: "eu-west", Items: []*limiterv1.PeerItem{{RuleId: "tb", Key: "k", Cost: 1}}}
 	tests := []struct {
@@ -156,8 +147,10 @@ func TestTopologyNeedsPeerCredentials(t *testing.T) {
 	if err := os.Chmod(f, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Options{GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: "testdata/rules.yml",
-		Region: "us-east", TopologyFile: twoRegionTopology(t), PeerSecretFile: f, Logger: quietLogger()})
+	o := DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+	o.Region, o.TopologyFile, o.PeerSecretFile, o.Logger = "us-east", twoRegionTopology(t), f, quietLogger()
+	d, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

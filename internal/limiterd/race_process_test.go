@@ -43,7 +43,7 @@ func TestHelperProcess(t *testing.T) {
 			os.Exit(0)
 		}
 		fmt.Println("ready")
-		bufio.NewReader(os.Stdin).ReadString('\n')
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 		resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "tb", Key: os.Getenv("LIMITERD_KEY")})
 		switch {
 		case err != nil:
@@ -82,7 +82,7 @@ func TestHelperProcess(t *testing.T) {
 		// Keep one core busy until stdin closes (or 60 s at most).
 		stop := make(chan struct{})
 		go func() {
-			io.Copy(io.Discard, os.Stdin)
+			_, _ = io.Copy(io.Discard, os.Stdin)
 			close(stop)
 		}()
 		deadline := time.Now().Add(60 * time.Second)
@@ -262,7 +262,7 @@ func TestRaceSeparateProcessesBusyCores(t *testing.T) {
 			}
 		}
 		for _, cl := range clients {
-			cl.in.Write([]byte("go\n"))
+			_, _ = cl.in.Write([]byte("go\n"))
 		}
 		var mu sync.Mutex
 		counts := map[string]int{}

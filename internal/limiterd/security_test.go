@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
@@ -150,7 +151,9 @@ func TestAdminCertificateIsNotEnough(t *testing.T) {
 // TestAdminIdentitiesNeedAClientCA: --admin.client-identities without a
 // listener that verifies client certificates is refused at start.
 func TestAdminIdentitiesNeedAClientCA(t *testing.T) {
-	_, err := New(Options{RulesFile: "testdata/rules.yml", AdminClientIdentities: []string{"ops"}, Logger: quietLogger()})
+	o := DefaultOptions()
+	o.RulesFile, o.AdminClientIdentities, o.Logger = "testdata/rules.yml", []string{"ops"}, quietLogger()
+	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "--admin.client-identities") {
 		t.Fatalf("New: %v, want an error naming --admin.client-identities", err)
 	}
@@ -286,7 +289,9 @@ func TestAdminRuleCap(t *testing.T) {
 		t.Fatalf("the refused rule is listed: %d", code)
 	}
 
-	_, err := New(Options{RulesFile: "testdata/rules.yml", MaxRules: fileRules - 1, Logger: quietLogger()})
+	o := DefaultOptions()
+	o.RulesFile, o.MaxRules, o.Logger = "testdata/rules.yml", fileRules-1, quietLogger()
+	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "--rules.max-rules") {
 		t.Fatalf("New with a rules file over the cap: %v", err)
 	}
@@ -310,10 +315,10 @@ func TestForwardAuthOwnListener(t *testing.T) {
 	secret := strings.TrimSpace(readFile(t, secretFile))
 	d := startDaemon(t, nil, func(o *Options) {
 		o.RulesFile = writeRules(t, forwardAuthRules)
-		o.ForwardAuthAddress, o.ForwardAuthSecretFile = "127.0.0.1:0", secretFile
+		o.ForwardAuth.Address, o.ForwardAuth.SecretFile = "127.0.0.1:0", secretFile
 	})
 	get := func(addr string, h map[string]string) int {
-		req, err := http.NewRequest("GET", "http://"+addr+ForwardAuthPath, nil)
+		req, err := http.NewRequest("GET", "http://"+addr+forwardauth.Path, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -331,14 +336,14 @@ func TestForwardAuthOwnListener(t *testing.T) {
 	if code := get(d.ForwardAuthAddr(), h); code != http.StatusUnauthorized {
 		t.Fatalf("without the secret: %d, want 401", code)
 	}
-	h[ForwardAuthSecretHeader] = "a-guess-of-the-secret-0000"
+	h[forwardauth.SecretHeader] = "a-guess-of-the-secret-0000"
 	if code := get(d.ForwardAuthAddr(), h); code != http.StatusUnauthorized {
 		t.Fatalf("with a wrong secret: %d, want 401", code)
 	}
 	if got := metricValue(t, d, "limiter_forward_auth_unauthenticated_total", nil); got != 2 {
 		t.Fatalf("limiter_forward_auth_unauthenticated_total: %v, want 2", got)
 	}
-	h[ForwardAuthSecretHeader] = secret
+	h[forwardauth.SecretHeader] = secret
 	if code := get(d.ForwardAuthAddr(), h); code != http.StatusOK {
 		t.Fatalf("with the secret: %d, want 200", code)
 	}

@@ -37,11 +37,6 @@ import (
 // SecretHeader is the metadata that carries the shared peer secret.
 const SecretHeader = "x-limiter-peer-secret"
 
-// LegacyForwardedHeader is the marker older versions set on a forwarded
-// Check. A Check that carries it is refused: forwarded checks go through
-// the Peer service, authenticated.
-const LegacyForwardedHeader = "x-limiter-forwarded-from"
-
 // MinSecretLen is the shortest peer secret accepted.
 const MinSecretLen = 16
 
@@ -102,27 +97,15 @@ type Service struct {
 func NewService(e *engine.Engine, self string, topo Topologies, auth Auth, reg prometheus.Registerer) (*Service, error) {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "limiter_peer_calls_refused_total",
-		Help: "Calls claiming to come from a peer region that were refused, by reason (unauthenticated: no valid peer credentials; legacy_marker: a Check carrying the old forwarded marker).",
+		Help: "Calls claiming to come from a peer region that were refused, by reason (unauthenticated: no valid peer credentials; invalid: an origin region outside the topology).",
 	}, []string{"reason"})
 	if err := reg.Register(refused); err != nil {
 		return nil, err
 	}
-	for _, r := range []string{"unauthenticated", "legacy_marker", "invalid"} {
+	for _, r := range []string{"unauthenticated", "invalid"} {
 		refused.WithLabelValues(r)
 	}
 	return &Service{e: e, region: self, topo: topo, auth: auth, refused: refused}, nil
-}
-
-// RefuseLegacyMarker refuses, and counts, a call of method that is a Check
-// with the old forwarded marker, since the marker alone once let any client
-// decide a pinned rule locally. It returns nil for every other call; the
-// daemon's one unary interceptor calls it.
-func (s *Service) RefuseLegacyMarker(ctx context.Context, method string) error {
-	if method == limiterv1.Limiter_Check_FullMethodName && len(metadata.ValueFromIncomingContext(ctx, LegacyForwardedHeader)) > 0 {
-		s.refused.WithLabelValues("legacy_marker").Inc()
-		return status.Errorf(codes.PermissionDenied, "%s: checks forwarded by a peer region go through limiter.v1.Peer, authenticated", LegacyForwardedHeader)
-	}
-	return nil
 }
 
 // MaxItems bounds the items of one Peer request.

@@ -74,28 +74,6 @@ func TestAuthCheck(t *testing.T) {
 	}
 }
 
-// TestRefuseLegacyMarker: a Check with the old forwarded marker is refused
-// and counted; other calls, and a Check without it, pass.
-func TestRefuseLegacyMarker(t *testing.T) {
-	s, err := NewService(nil, "us-east", nil, Auth{}, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	marked := incoming(LegacyForwardedHeader, "eu-west")
-	if err := s.RefuseLegacyMarker(marked, limiterv1.Limiter_Check_FullMethodName); status.Code(err) != codes.PermissionDenied {
-		t.Fatalf("marked Check: %v, want PermissionDenied", err)
-	}
-	if err := s.RefuseLegacyMarker(incoming("x-other", "1"), limiterv1.Limiter_Check_FullMethodName); err != nil {
-		t.Fatalf("unmarked Check: %v", err)
-	}
-	if err := s.RefuseLegacyMarker(marked, limiterv1.Limiter_Acquire_FullMethodName); err != nil {
-		t.Fatalf("marked Acquire: %v (only Check carried the marker)", err)
-	}
-	if got := testutil.ToFloat64(s.refused.WithLabelValues("legacy_marker")); got != 1 {
-		t.Fatalf("legacy_marker refusals = %v, want 1", got)
-	}
-}
-
 // TestAuthorize: an authenticated caller is admitted when its origin is a
 // region of the topology in force or of the pending one; otherwise, or
 // unauthenticated, it is refused and counted by reason.

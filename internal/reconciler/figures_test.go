@@ -3,6 +3,7 @@ package reconciler
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -38,6 +40,10 @@ var figureShapes = []struct {
 // (wan=0), and as far apart as real ones (wan=ref: wanDelays on the
 // gateways and the Peer links). msgs/s/link and bytes/s/link are what one
 // region's spends stream carried to each other region during the run.
+// bound is the design's goal for the peak: max_overshoot × capacity +
+// what the other regions admitted within one network delay (the longest
+// one-way delay of the run; 1 ms on loopback), for the region it is
+// largest for; within_bound is 1 when the peak is at most that.
 func BenchmarkOvershoot(b *testing.B) {
 	regions := []string{"us-east", "eu-west", "ap-south"}
 	for _, shape := range figureShapes {
@@ -79,6 +85,19 @@ func BenchmarkOvershoot(b *testing.B) {
 						b.Logf("peak at t=%v", at.Round(time.Millisecond))
 						b.ReportMetric(peak, "peak")
 						b.ReportMetric(peak/float64(remote), "peak_x_remote_interval")
+						delay := time.Millisecond
+						if wan != "0" {
+							delay = slices.Max(slices.Collect(maps.Values(wanDelays)))
+						}
+						inDelay := h.remoteWindow("global", delay)
+						bound := rules.DefaultMaxOvershoot*shape.capacity + float64(inDelay)
+						b.ReportMetric(bound, "bound")
+						within := 0.0
+						if peak <= bound {
+							within = 1
+						}
+						b.ReportMetric(within, "within_bound")
+						b.Logf("peak excess %+.1f; bound %.1f = %v x %v + %d admitted remotely within %v", peak, bound, rules.DefaultMaxOvershoot, shape.capacity, inDelay, delay)
 						b.ReportMetric(float64(h.total("solo"))-base, "overshoot_unreconciled")
 					}
 				})

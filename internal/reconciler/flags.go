@@ -4,7 +4,6 @@ import (
 	"flag"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
-	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -19,13 +18,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxRules, "rules.max-rules", rulesource.DefaultMaxRules, "most rules in force, the file's and the admin API's together; more are refused (as limiterd's)")
 	fs.StringVar(&o.NATSURL, "nats.url", "", "NATS server holding the spend streams (required)")
 	o.NATSAuth.RegisterFlags(fs, natsconn.FlagPrefix, true)
-	fs.Var(redisstore.AddrsFlag{Addrs: &o.RedisAddrs}, "redis.addrs", "comma-separated Redis Cluster seed addresses of this region (required)")
-	fs.StringVar(&o.RedisUsername, "redis.username", "", "Redis ACL user name")
-	fs.StringVar(&o.RedisPasswordFile, "redis.password-file", "", "file holding the Redis password")
-	fs.BoolVar(&o.RedisTLS, "redis.tls", false, "connect to Redis over TLS")
-	fs.StringVar(&o.RedisTLSCAFile, "redis.tls-ca-file", "", "CA bundle the Redis servers' certificates must chain to (implies --redis.tls; default: the system's roots)")
-	fs.StringVar(&o.RedisTLSCertFile, "redis.tls-cert-file", "", "client certificate for Redis (PEM; implies --redis.tls)")
-	fs.StringVar(&o.RedisTLSKeyFile, "redis.tls-key-file", "", "private key of --redis.tls-cert-file (PEM)")
+	o.Redis.RegisterFlags(fs, "comma-separated Redis Cluster seed addresses of this region (required)")
 	fs.DurationVar(&o.Interval, "gossip.interval", gossip.DefaultInterval, "longest wait for a spend message before looking again")
 	fs.DurationVar(&o.AckWait, "gossip.ack-wait", DefaultAckWait, "time before an unacknowledged message is delivered again")
 	fs.IntVar(&o.MaxMessageBytes, "gossip.max-message-bytes", gossip.DefaultMaxMessageBytes, "largest spend message accepted")

@@ -9,6 +9,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
@@ -33,7 +34,7 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 		mutate func(*Options)
 		fails  bool
 	}{
-		{"redis password file missing", func(o *Options) { o.RedisPasswordFile = filepath.Join(dir, "none") }, true},
+		{"redis password file missing", func(o *Options) { o.Redis.PasswordFile = filepath.Join(dir, "none") }, true},
 		{"nats seed file missing", func(o *Options) { o.NATSAuth = natsconn.Auth{NkeySeedFile: filepath.Join(dir, "none")} }, true},
 		{"http address taken", func(o *Options) { o.HTTPAddress = busy.Addr().String() }, true},
 		{"started and stopped", func(*Options) {}, false},
@@ -42,7 +43,7 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ignore := goleak.IgnoreCurrent()
 			opts := Options{Region: "us-east", TopologyFile: filepath.Join(dir, "topology.yml"), RulesFile: filepath.Join(dir, "rules.yml"),
-				NATSURL: nats.URL(), RedisAddrs: cluster.Addrs(), HTTPAddress: "127.0.0.1:0", Logger: quiet()}
+				NATSURL: nats.URL(), Redis: redisstore.Conn{Addrs: cluster.Addrs()}, HTTPAddress: "127.0.0.1:0", Logger: quiet()}
 			tt.mutate(&opts)
 			r, err := New(opts)
 			if err != nil {
@@ -57,7 +58,7 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			goleak.VerifyNone(t, ignore)
+			goleak.VerifyNone(t, append(redistest.IgnoreWarm(), ignore)...)
 		})
 	}
 }

@@ -595,7 +595,7 @@ func TestBadOptions(t *testing.T) {
 	writeFile(t, dir, "topology.yml", "regions:\n  - name: us-east\n    limiter_address: 127.0.0.1:1\n")
 	good := func() Options {
 		return Options{Region: "us-east", TopologyFile: filepath.Join(dir, "topology.yml"), RulesFile: filepath.Join(dir, "rules.yml"),
-			NATSURL: "nats://127.0.0.1:1", RedisAddrs: []string{"127.0.0.1:1"}, Logger: quiet()}
+			NATSURL: "nats://127.0.0.1:1", Redis: redisstore.Conn{Addrs: []string{"127.0.0.1:1"}}, Logger: quiet()}
 	}
 	if _, err := New(good()); err != nil {
 		t.Fatalf("good options: %v", err)
@@ -608,7 +608,7 @@ func TestBadOptions(t *testing.T) {
 		{"no region", func(o *Options) { o.Region = "" }, "--region"},
 		{"region not in topology", func(o *Options) { o.Region = "eu-west" }, "--region"},
 		{"no nats", func(o *Options) { o.NATSURL = "" }, "--nats.url"},
-		{"no redis", func(o *Options) { o.RedisAddrs = nil }, "--redis.addrs"},
+		{"no redis", func(o *Options) { o.Redis.Addrs = nil }, "--redis.addrs"},
 		{"interval too short", func(o *Options) { o.Interval = time.Millisecond }, "--gossip.interval"},
 		{"missing rules", func(o *Options) { o.RulesFile = filepath.Join(dir, "none.yml") }, "--rules.file"},
 		{"missing topology", func(o *Options) { o.TopologyFile = filepath.Join(dir, "none.yml") }, "--region.topology-file"},

@@ -84,13 +84,8 @@ type Options struct {
 	// NATSAuth authenticates to NATS and verifies it (--nats.creds-file,
 	// --nats.nkey-seed-file, --nats.tls-*), as limiterd's.
 	NATSAuth natsconn.Auth
-	// RedisAddrs, RedisUsername, RedisPasswordFile: this region's store.
-	RedisAddrs                       []string
-	RedisUsername, RedisPasswordFile string
-	// RedisTLS connects to Redis over TLS; RedisTLSCAFile, RedisTLSCertFile
-	// and RedisTLSKeyFile as limiterd's (each implies RedisTLS).
-	RedisTLS                                          bool
-	RedisTLSCAFile, RedisTLSCertFile, RedisTLSKeyFile string
+	// Redis is this region's store, reached as limiterd reaches it.
+	Redis redisstore.Conn
 	// MaxRules caps the rules in force (0: rulesource.DefaultMaxRules).
 	MaxRules int
 	// Interval is the longest a loop waits for a message before it looks
@@ -213,7 +208,7 @@ func (o *Options) validate() error {
 			errs = append(errs, fmt.Errorf("%s: required", flag))
 		}
 	}
-	if len(o.RedisAddrs) == 0 {
+	if len(o.Redis.Addrs) == 0 {
 		errs = append(errs, errors.New("--redis.addrs: required"))
 	}
 	if err := o.NATSAuth.Validate(); err != nil {
@@ -420,11 +415,11 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // consumers, and starts the loops. NATS may be unreachable at start: the
 // loops wait for it.
 func (r *Reconciler) Start(ctx context.Context) error {
-	ro := redisstore.Options{Addrs: r.opts.RedisAddrs, Timeout: DefaultApplyTimeout}
-	if err := (redisstore.Credentials{Username: r.opts.RedisUsername, PasswordFile: r.opts.RedisPasswordFile, TLS: r.opts.RedisTLS,
-		TLSCAFile: r.opts.RedisTLSCAFile, TLSCertFile: r.opts.RedisTLSCertFile, TLSKeyFile: r.opts.RedisTLSKeyFile, Logger: r.log}).Apply(&ro); err != nil {
+	ro, err := r.opts.Redis.Options(r.log)
+	if err != nil {
 		return err
 	}
+	ro.Timeout = DefaultApplyTimeout
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	store, err := redisstore.New(cctx, ro, r.registry)
 	cancel()
@@ -458,7 +453,11 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	}
 	mux := opshttp.NewMux(r.registry, &r.ready, "streams not set up yet")
 	r.httpSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go r.httpSrv.Serve(r.httpLis)
+	go func() {
+		if err := r.httpSrv.Serve(r.httpLis); !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("metrics and health server stopped", "err", err)
+		}
+	}()
 
 	lctx, stop := context.WithCancel(context.Background())
 	r.cancel = stop
@@ -987,7 +986,9 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				continue
 			}
 			r.m.relayed.Add(float64(len(b.GetSpends())))
-			msg.Ack()
+			if err := msg.Ack(); err != nil {
+				r.log.Warn("relay ack failed: the flush comes again, published under the same id", "err", err)
+			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
 			r.pause(ctx, "relay fetch", err)

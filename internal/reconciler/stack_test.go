@@ -21,6 +21,7 @@ import (
 	"github.com/limiterd/limiterd/internal/limiterd"
 	"github.com/limiterd/limiterd/internal/natsauth"
 	"github.com/limiterd/limiterd/internal/natsconn"
+	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
@@ -208,18 +209,19 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		if name == "us-east" {
 			admin = s.auth("admin")
 		}
-		d, err := limiterd.New(limiterd.Options{
-			GRPCAddress: addrs[name], HTTPAddress: "127.0.0.1:0",
-			TopologyFile: s.topologyFile(name), TopologyPoll: 100 * time.Millisecond, ForwardTimeout: time.Second, PeerSecretFile: secret,
-			RulesFile: filepath.Join(s.dir, "rules.yml"), RedisAddrs: r.cluster.Addrs(), RedisTimeout: time.Second,
-			// A check shed after the default 50 ms in the queue is the
-			// test machine's load (the tests run in parallel), not what
-			// these tests are about.
-			RedisMaxQueueWait: time.Second,
-			Region:            name, NATSURL: s.natsURL(name), GossipInterval: interval, Instance: "limiterd-" + name,
-			NATSAuth: s.auth("limiterd-" + name), AdminNATSAuth: admin,
-			Logger: quiet().With("component", "limiterd"),
-		})
+		// A check shed after the default 50 ms in the queue is the test
+		// machine's load (the tests run in parallel), not what these
+		// tests are about.
+		o := limiterd.DefaultOptions()
+		o.RedisTuning.Timeout, o.RedisTuning.MaxQueueWait = time.Second, time.Second
+		o.GRPCAddress, o.HTTPAddress = addrs[name], "127.0.0.1:0"
+		o.TopologyFile, o.TopologyPoll, o.ForwardTimeout, o.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, time.Second, secret
+		o.RulesFile, o.Redis.Addrs = filepath.Join(s.dir, "rules.yml"), r.cluster.Addrs()
+		o.Region, o.NATSURL, o.GossipInterval, o.Instance = name, s.natsURL(name), interval, "limiterd-"+name
+		o.GossipMaxDefer = 0 // each spend published at its interval, as the tests expect
+		o.NATSAuth, o.AdminNATSAuth = s.auth("limiterd-"+name), admin
+		o.Logger = quiet().With("component", "limiterd")
+		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -250,7 +252,7 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 func (s *stack) reconcilerOptions(region string) Options {
 	return Options{
 		Region: region, TopologyFile: s.topologyFile(region), TopologyPoll: 100 * time.Millisecond, RulesFile: filepath.Join(s.dir, "rules.yml"),
-		NATSURL: s.natsURL(region), RedisAddrs: s.regions[region].cluster.Addrs(), Interval: s.interval, StreamReplicas: s.replicas,
+		NATSURL: s.natsURL(region), Redis: redisstore.Conn{Addrs: s.regions[region].cluster.Addrs()}, Interval: s.interval, StreamReplicas: s.replicas,
 		AckWait: time.Second, StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0",
 		NATSAuth: s.auth("reconciler-" + region),
 		Logger:   quiet().With("component", "reconciler", "region", region),

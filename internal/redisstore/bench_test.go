@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -30,7 +31,7 @@ func BenchmarkStoreTake(b *testing.B) {
 		name     string
 		coalesce bool
 		linger   time.Duration
-	}{{"coalesced-linger", true, DefaultLinger}, {"coalesced", true, 0}, {"one-call-per-check", false, 0}} {
+	}{{"coalesced-linger", true, pipeline.DefaultLinger}, {"coalesced", true, 0}, {"one-call-per-check", false, 0}} {
 		b.Run(mode.name, func(b *testing.B) {
 			reg := prometheus.NewRegistry()
 			s, err := New(context.Background(), Options{Addrs: c.Addrs(), Timeout: time.Second, NoCoalesce: !mode.coalesce, Linger: mode.linger}, reg)

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -162,7 +163,7 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 			keys, args := groupArgs([]bucket.Request{{Rule: "conf-" + name, Key: "client", Limit: lim, Cost: sp.cost}})
 			keys[0] = key
 			args = append(undoArgs(sp.at, args), strconv.FormatInt(now, 10))
-			if err := cf.undo.Run(ctx, client, keys, args...).Err(); err != nil && err != redis.Nil {
+			if err := cf.undo.Run(ctx, client, keys, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
 				t.Fatalf("step %d: undo = %v", step, err)
 			}
 			spends = slices.DeleteFunc(spends, func(x spend) bool { return x == sp })
@@ -473,7 +474,7 @@ func TestConformanceCorners(t *testing.T) {
 					keys, args := groupArgs([]bucket.Request{{Rule: "c", Key: "client", Limit: lim, Cost: s.cost}})
 					keys[0] = key
 					args = append(undoArgs(start+s.at, args), strconv.FormatInt(start+s.now, 10))
-					if err := cf.undo.Run(cf.ctx, cf.client, keys, args...).Err(); err != nil && err != redis.Nil {
+					if err := cf.undo.Run(cf.ctx, cf.client, keys, args...).Err(); err != nil && !errors.Is(err, redis.Nil) {
 						t.Fatalf("step %d: undo = %v", n, err)
 					}
 					continue

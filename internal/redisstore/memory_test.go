@@ -81,7 +81,8 @@ func TestBytesPerBucket(t *testing.T) {
 }
 
 // BenchmarkBytesPerBucket reports the figure over a million buckets:
-// go test -run '^$' -bench BytesPerBucket -benchtime 1x ./internal/redisstore
+//
+//	go test -run '^$' -bench BytesPerBucket -benchtime 1x ./internal/redisstore
 func BenchmarkBytesPerBucket(b *testing.B) {
 	for b.Loop() {
 		b.ReportMetric(bytesPerBucket(b, 1_000_000), "bytes/bucket")

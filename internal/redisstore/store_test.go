@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
 	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -60,8 +61,8 @@ func TestStoreErrors(t *testing.T) {
 		}{
 			{"overloaded", fmt.Errorf("%w: waited 50ms in the queue of n", bucket.ErrOverloaded), 1, 0, 0},
 			{"outcome unknown", fmt.Errorf("%w: redis n: %w", bucket.ErrOutcomeUnknown, context.DeadlineExceeded), 0, 1, 1},
-			{"breaker open", fmt.Errorf("%w: n", ErrBreakerOpen), 0, 0, 1},
-			{"node stalled", fmt.Errorf("redis n: %w: %w", ErrNodeStalled, context.DeadlineExceeded), 0, 0, 1},
+			{"breaker open", fmt.Errorf("%w: n", pipeline.ErrBreakerOpen), 0, 0, 1},
+			{"node stalled", fmt.Errorf("redis n: %w: %w", pipeline.ErrNodeStalled, context.DeadlineExceeded), 0, 0, 1},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				reg := prometheus.NewRegistry()
@@ -89,7 +90,7 @@ func TestStoreErrors(t *testing.T) {
 	t.Run("no reply within the timeout", func(t *testing.T) {
 		node := redistest.NewNode(t)
 		for _, noCoalesce := range []bool{false, true} {
-			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: ModeStandalone, NoCoalesce: noCoalesce, Timeout: 50 * time.Millisecond})
+			s, reg := newTestStore(t, Options{Addrs: []string{node.Addr()}, Mode: pipeline.ModeStandalone, NoCoalesce: noCoalesce, Timeout: 50 * time.Millisecond})
 			key := "errors-" + strconv.FormatBool(noCoalesce)
 			mustTake(t, s, key, 1) // connected
 			unpause := redistest.Pause(t, node.Addr())
@@ -139,8 +140,8 @@ func TestStartUnreachable(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			addrs, start := tt.start(t)
 			s, reg := newTestStore(t, Options{Addrs: addrs, Timeout: time.Second})
-			if err := s.Health(); !errors.Is(err, ErrNotConnected) {
-				t.Fatalf("Health() = %v, want ErrNotConnected", err)
+			if err := s.Health(); !errors.Is(err, pipeline.ErrNotConnected) {
+				t.Fatalf("Health() = %v, want pipeline.ErrNotConnected", err)
 			}
 			if s.Connected() {
 				t.Fatal("Connected() with every node stopped")
@@ -149,11 +150,11 @@ func TestStartUnreachable(t *testing.T) {
 			defer cancel()
 			req := bucket.Request{Rule: "r", Key: "unreachable", Limit: testLimit, Cost: 1}
 			_, err := s.Take(ctx, req)
-			if !errors.Is(err, ErrNotConnected) || errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
-				t.Fatalf("Take while unreachable = %v, want ErrNotConnected only", err)
+			if !errors.Is(err, pipeline.ErrNotConnected) || errors.Is(err, bucket.ErrOverloaded) || errors.Is(err, bucket.ErrOutcomeUnknown) {
+				t.Fatalf("Take while unreachable = %v, want pipeline.ErrNotConnected only", err)
 			}
-			if _, err := s.TakeAll(ctx, []bucket.Request{req, {Rule: "r", Key: "other", Limit: testLimit, Cost: 1}}); !errors.Is(err, ErrNotConnected) {
-				t.Fatalf("TakeAll while unreachable = %v, want ErrNotConnected", err)
+			if _, err := s.TakeAll(ctx, []bucket.Request{req, {Rule: "r", Key: "other", Limit: testLimit, Cost: 1}}); !errors.Is(err, pipeline.ErrNotConnected) {
+				t.Fatalf("TakeAll while unreachable = %v, want pipeline.ErrNotConnected", err)
 			}
 			if got := testenv.MetricValue(t, reg, "limiter_store_up"); got != 0 {
 				t.Fatalf("limiter_store_up = %v while unreachable", got)

@@ -367,7 +367,7 @@ func TestMergeBomb(t *testing.T) {
 		done <- err
 	}()
 	select {
-	case <-done: // valid or refused for its aliases: either way, decided
+	case <-done: //nolint:errcheck // valid or refused for its aliases: either way, decided
 	case <-time.After(10 * time.Second):
 		t.Fatal("Parse still checking after 10s")
 	}

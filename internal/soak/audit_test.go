@@ -26,6 +26,9 @@ const steadyLag = 500 * time.Millisecond
 // probes, and the regions' own records at the end.
 type auditInput struct {
 	interval time.Duration
+	// maxDefer is the limiterds' --gossip.max-defer: how long a key under
+	// its budget may wait unpublished.
+	maxDefer time.Duration
 	answers  []answer
 	faults   []*fault
 	probes   *probes // may be nil: no blind windows then
@@ -185,9 +188,10 @@ func audit(in auditInput) auditResult {
 	}
 	// What a killed limiterd never published: what it admitted since its
 	// last flush that NATS acknowledged, at most one interval plus a
-	// publish in flight (its timeout: max(interval, 1 s)), counted over
-	// two intervals plus 1 s before the kill.
-	killWindow := 2*int64(in.interval) + int64(time.Second)
+	// publish in flight (its timeout: max(interval, 1 s)), and its held
+	// keys' (under their budget, up to max-defer old), counted over two
+	// intervals plus 1 s plus max-defer before the kill.
+	killWindow := 2*int64(in.interval) + int64(time.Second) + int64(in.maxDefer)
 	killedSum := func(evs []ev, region int) float64 {
 		sum := 0.0
 		for _, at := range kills[regions[region]] {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 )
@@ -31,6 +32,7 @@ var (
 	flagSeed     = flag.Uint64("soak.seed", 0, "seed of the traffic and the faults (0: from the clock; printed, to replay a run)")
 	flagRate     = flag.Int("soak.rate", 450, "checks per second, over the three regions")
 	flagInterval = flag.Duration("soak.gossip-interval", 250*time.Millisecond, "--gossip.interval of the daemons")
+	flagMaxDefer = flag.Duration("soak.max-defer", spendpub.DefaultMaxDefer, "--gossip.max-defer of the limiterds")
 	flagFaults   = flag.Bool("soak.faults", true, "inject faults (false: traffic only, to compare)")
 	flagDir      = flag.String("soak.dir", "", "directory for the daemons' files and logs, kept after the run (default: a temporary one, removed)")
 	flagBreak    = flag.String("soak.break", "", `break an invariant on purpose, to see the audit catch it: "replay" publishes a flush again under a new message id, its flush records deleted; "unreconciled" runs the slow and fast shapes with reconcile: false`)
@@ -63,7 +65,7 @@ func TestSoak(t *testing.T) {
 	dur := *flagDuration
 	t.Logf("soak: duration %v, seed %d (replay with -soak.seed=%d)", dur, seed, seed)
 	began := time.Now()
-	s := newStack(t, rules, *flagInterval)
+	s := newStack(t, rules, *flagInterval, *flagMaxDefer)
 	t.Logf("stack up in %v", time.Since(began).Round(100*time.Millisecond))
 
 	start := time.Now()
@@ -98,7 +100,7 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
-	in := auditInput{interval: *flagInterval, answers: rec.all(), faults: d.faults, probes: pr}
+	in := auditInput{interval: *flagInterval, maxDefer: *flagMaxDefer, answers: rec.all(), faults: d.faults, probes: pr}
 	topo, err := region.Load(filepath.Join(s.dir, "topology.yml"))
 	if err != nil {
 		t.Fatal(err)
@@ -173,11 +175,12 @@ func TestSoak(t *testing.T) {
 }
 
 // drain waits until every region has applied everything: the limiterds'
-// backlogs published, the local streams relayed, the inbound streams
-// caught up with their sources and read, the retry streams empty; twice
-// in a row, a second apart.
+// held keys published (they are not to be seen from outside: max-defer
+// after the traffic stopped, each has), their backlogs published, the
+// local streams relayed, the inbound streams caught up with their sources
+// and read, the retry streams empty; twice in a row, a second apart.
 func (s *stack) drain(t *testing.T) (bool, string) {
-	time.Sleep(3 * s.interval)
+	time.Sleep(3*s.interval + s.maxDefer)
 	nc, err := s.ops(regions[0])
 	if err != nil {
 		return false, err.Error()

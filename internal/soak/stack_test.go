@@ -45,6 +45,8 @@ type stack struct {
 	dir      string
 	authDir  string
 	interval time.Duration
+	// maxDefer is the limiterds' --gossip.max-defer.
+	maxDefer time.Duration
 	super    *natstest.Supercluster
 	regions  map[string]*regionStack
 }
@@ -175,7 +177,7 @@ func binaries(t *testing.T) (limiterd, reconciler string) {
 		}
 		out, err := exec.Command("go", "build", "-o", dir+"/", "../../cmd/limiterd", "../../cmd/reconciler").CombinedOutput()
 		if err != nil {
-			bins.err = fmt.Errorf("go build: %v\n%s", err, out)
+			bins.err = fmt.Errorf("go build: %w\n%s", err, out)
 		}
 		bins.limiterd, bins.reconciler = filepath.Join(dir, "limiterd"), filepath.Join(dir, "reconciler")
 	})
@@ -187,7 +189,7 @@ func binaries(t *testing.T) (limiterd, reconciler string) {
 
 // newStack starts the three regions with rulesYAML and waits until every
 // daemon is ready.
-func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
+func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration) *stack {
 	limBin, recBin := binaries(t)
 	dir := *flagDir
 	if dir == "" {
@@ -195,7 +197,7 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 	} else if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	s := &stack{t: t, dir: dir, interval: interval, regions: map[string]*regionStack{}}
+	s := &stack{t: t, dir: dir, interval: interval, maxDefer: maxDefer, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
 	ids, err := natsauth.Write(s.authDir, regions)
 	if err != nil {
@@ -241,7 +243,7 @@ func newStack(t *testing.T, rulesYAML string, interval time.Duration) *stack {
 			"--region", name, "--region.topology-file", filepath.Join(s.dir, "topology.yml"),
 			"--region.peer-secret-file", secret,
 			"--nats.url", s.super.URL(name), "--nats.nkey-seed-file", natsauth.SeedFile(s.authDir, "limiterd-"+name),
-			"--gossip.interval", interval.String(), "--gossip.spool-dir", filepath.Join(s.dir, "spool-"+name),
+			"--gossip.interval", interval.String(), "--gossip.max-defer", maxDefer.String(), "--gossip.spool-dir", filepath.Join(s.dir, "spool-"+name),
 			"--instance", "limiterd-" + name, "--log.level", "warn",
 		}
 		if i == 0 {

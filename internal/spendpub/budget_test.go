@@ -66,7 +66,7 @@ func keys(b *gossipv1.SpendBatch) map[string]float64 {
 // the calling bubble, stopped when the test ends.
 func runPublisher(t *testing.T, interval time.Duration) (*Publisher, *sink) {
 	t.Helper()
-	p, err := newPublisher("us-east", "i1", interval, "", slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	p, err := newPublisher("us-east", "i1", interval, 0, "", slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,8 @@
 // Package spendpub publishes what a limiterd admitted for reconciled rules
 // to its region's local spends stream, for the reconcilers to relay to the
-// other regions: every gossip interval, and within BudgetTick for a key
-// whose spend reached its rule's accuracy budget.
+// other regions: every gossip interval, within BudgetTick for a key whose
+// spend reached its rule's accuracy budget, and, for a key still under its
+// budget, at the interval its wait reaches the max-defer bound.
 package spendpub
 
 import (
@@ -33,11 +34,25 @@ const maxSpendBacklog = 600
 // key that reaches it within the tick goes out in the same message.
 const BudgetTick = 20 * time.Millisecond
 
+// DefaultMaxDefer is the default of --gossip.max-defer: the longest a key
+// under its budget waits past the interval it was admitted in.
+const DefaultMaxDefer = 10 * time.Second
+
+// MaxWaitingKeys bounds the keys waiting to be published (about 150 bytes
+// each): when that many are waiting, every one of them is published within
+// BudgetTick, held or not. Without deferral the bound is one interval's
+// distinct keys; with it, up to max-defer's, hence a bound.
+const MaxWaitingKeys = 250_000
+
 // Publisher flushes the accumulated spends of this instance to the
 // region's local stream every interval, for the reconcilers to relay, and
-// the keys that reached their budget within BudgetTick of it. A crash
-// loses what was admitted since the last flush: at most one interval of
-// this instance's spends.
+// the keys that reached their budget within BudgetTick of it. With a
+// max-defer of more than one interval, a key still under its budget at an
+// interval waits for the next, up to max-defer: it goes out at the first
+// interval its wait would pass max-defer at, or within BudgetTick of
+// reaching its budget. A crash loses what was admitted since the last
+// flush: at most one interval of this instance's spends, and the held
+// keys' (each under its budget).
 //
 // Its Accumulator is safe for concurrent use; Run is called once.
 type Publisher struct {
@@ -45,9 +60,12 @@ type Publisher struct {
 	region   string
 	instance string
 	interval time.Duration
-	subject  string
-	nc       *nats.Conn
-	js       jetstream.JetStream
+	// holdDrains is how many interval flushes a key under its budget may
+	// wait for (1: none).
+	holdDrains int
+	subject    string
+	nc         *nats.Conn
+	js         jetstream.JetStream
 	// send publishes one message to the local stream with its id.
 	send func(ctx context.Context, data []byte, id string) error
 	log  *slog.Logger
@@ -59,7 +77,7 @@ type Publisher struct {
 	published, dropped, failures prometheus.Counter
 	backlogGauge                 prometheus.Gauge
 	// messages counts the messages flushed, by what flushed them.
-	intervalMsgs, budgetMsgs prometheus.Counter
+	intervalMsgs, budgetMsgs, fullMsgs prometheus.Counter
 }
 
 type pendingFlush struct {
@@ -76,12 +94,14 @@ type pendingFlush struct {
 // message ids unchanged, so a flush published before a crash is dropped as
 // a duplicate): a crash during a NATS outage then loses at most the last
 // interval. Without it, the unpublished backlog lives in memory only.
-func New(nc *nats.Conn, region, instance string, interval time.Duration, spoolDir string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+// maxDefer is the longest a key under its budget waits past its interval
+// (0, or under two intervals: none).
+func New(nc *nats.Conn, region, instance string, interval, maxDefer time.Duration, spoolDir string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, fmt.Errorf("--nats.url: %w", err)
 	}
-	p, err := newPublisher(region, instance, interval, spoolDir, log, reg)
+	p, err := newPublisher(region, instance, interval, maxDefer, spoolDir, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -94,10 +114,17 @@ func New(nc *nats.Conn, region, instance string, interval time.Duration, spoolDi
 }
 
 // newPublisher is New without its NATS connection: send is left to set.
-func newPublisher(region, instance string, interval time.Duration, spoolDir string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+func newPublisher(region, instance string, interval, maxDefer time.Duration, spoolDir string, log *slog.Logger, reg prometheus.Registerer) (*Publisher, error) {
+	if interval <= 0 {
+		return nil, fmt.Errorf("--gossip.interval: must be > 0, got %v", interval)
+	}
+	if maxDefer < 0 {
+		return nil, fmt.Errorf("--gossip.max-defer: must be >= 0, got %v", maxDefer)
+	}
 	p := &Publisher{
 		region: region, instance: instance, interval: interval,
-		subject: gossip.LocalSubject(region), log: log,
+		holdDrains: max(1, int(maxDefer/interval)),
+		subject:    gossip.LocalSubject(region), log: log,
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_spends_flushed_total",
 			Help: "Spend entries (rule, key) this instance published for reconciliation.",
@@ -117,9 +144,10 @@ func newPublisher(region, instance string, interval time.Duration, spoolDir stri
 	}
 	msgs := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "limiter_spend_messages_total",
-		Help: "Spend messages this instance queued for publication, by trigger: interval (every gossip interval) or budget (keys that reached their rule's max_overshoot).",
+		Help: "Spend messages this instance queued for publication, by trigger: interval (every gossip interval), budget (keys that reached their rule's max_overshoot) or full (as many keys waiting as the publisher holds).",
 	}, []string{"trigger"})
-	p.intervalMsgs, p.budgetMsgs = msgs.WithLabelValues("interval"), msgs.WithLabelValues("budget")
+	p.intervalMsgs, p.budgetMsgs, p.fullMsgs = msgs.WithLabelValues("interval"), msgs.WithLabelValues("budget"), msgs.WithLabelValues("full")
+	p.acc.MaxKeys = MaxWaitingKeys
 	for _, c := range []prometheus.Collector{p.published, p.dropped, p.failures, p.backlogGauge, msgs} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -214,9 +242,10 @@ func (p *Publisher) unspool(f pendingFlush) {
 	}
 }
 
-// Run flushes every interval until ctx ends, then flushes once more; a
-// key reaching its budget is flushed, with every other such key, within
-// BudgetTick.
+// Run flushes every interval until ctx ends, then flushes every key once
+// more, held ones included; a key reaching its budget is flushed, with
+// every other such key, within BudgetTick, and every key when
+// MaxWaitingKeys are waiting.
 func (p *Publisher) Run(ctx context.Context) {
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
@@ -226,7 +255,7 @@ func (p *Publisher) Run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			final, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			p.flush(final)
+			p.flushAll(final, p.intervalMsgs)
 			cancel()
 			if n := len(p.backlog); n > 0 {
 				p.log.Warn("spends not published at shutdown", "messages", n)
@@ -245,11 +274,24 @@ func (p *Publisher) Run(ctx context.Context) {
 	}
 }
 
-// flush queues what accumulated since the last flush and publishes the
-// backlog in order, stopping at the first failure.
+// flush queues what accumulated since the last flush, but the keys under
+// their budget that may wait longer, and publishes the backlog in order,
+// stopping at the first failure. A full accumulator is drained whole.
 func (p *Publisher) flush(ctx context.Context) {
-	spends, first := p.acc.Drain()
+	if p.acc.Full() {
+		p.flushAll(ctx, p.fullMsgs)
+		return
+	}
+	spends, first := p.acc.DrainDue(p.holdDrains, time.Now().UnixMicro())
 	p.queue(spends, first, p.intervalMsgs)
+	p.publish(ctx)
+}
+
+// flushAll queues every key waiting, held or not, and publishes the
+// backlog.
+func (p *Publisher) flushAll(ctx context.Context, msgs prometheus.Counter) {
+	spends, first := p.acc.Drain()
+	p.queue(spends, first, msgs)
 	p.publish(ctx)
 }
 
@@ -258,6 +300,10 @@ func (p *Publisher) flush(ctx context.Context) {
 // interval, so that an outage does not fill the backlog with ticks.
 func (p *Publisher) flushHot(ctx context.Context) {
 	if len(p.backlog) > 0 {
+		return
+	}
+	if p.acc.Full() {
+		p.flushAll(ctx, p.fullMsgs)
 		return
 	}
 	spends, first := p.acc.DrainHot()

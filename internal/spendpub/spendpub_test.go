@@ -40,7 +40,7 @@ func TestSpoolSurvivesACrashDuringAnOutage(t *testing.T) {
 	spool := filepath.Join(t.TempDir(), "spool")
 
 	srv.Shutdown()
-	p1, err := New(nc, "us-east", "i1", time.Second, spool, log, prometheus.NewRegistry())
+	p1, err := New(nc, "us-east", "i1", time.Second, 0, spool, log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestSpoolSurvivesACrashDuringAnOutage(t *testing.T) {
 	// p1 dies here, without its final flush.
 
 	srv.Restart(t)
-	p2, err := New(nc, "us-east", "i2", time.Second, spool, log, prometheus.NewRegistry())
+	p2, err := New(nc, "us-east", "i2", time.Second, 0, spool, log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -299,7 +300,7 @@ func TestReset(t *testing.T) {
 		}
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var b [1]byte
-		if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+		if n, err := c.Read(b[:]); n != 0 || err == nil || errors.Is(deadlineErr(err), err) {
 			t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
 		}
 	})
@@ -311,7 +312,7 @@ func TestReset(t *testing.T) {
 		p.Reset()
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		var b [1]byte
-		if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+		if n, err := c.Read(b[:]); n != 0 || err == nil || errors.Is(deadlineErr(err), err) {
 			t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
 		}
 		roundTrip(t, dial(t, p.Addr()))
@@ -327,12 +328,19 @@ func TestReset(t *testing.T) {
 			_, _ = c.Write([]byte("x"))
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			var b [1]byte
-			if n, err := c.Read(b[:]); n != 0 || err == nil || deadlineErr(err) == err {
+			if n, err := c.Read(b[:]); n != 0 || err == nil || errors.Is(deadlineErr(err), err) {
 				t.Fatalf("read %d bytes, %v; want the connection broken", n, err)
 			}
 		}
 		broken(c)
-		broken(dial(t, p.Addr()))
+		// A new connection is reset at once: as its connect, or as its
+		// first read.
+		if c2, err := net.Dial("tcp", p.Addr()); err == nil {
+			t.Cleanup(func() { _ = c2.Close() })
+			broken(c2)
+		} else if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("dial while down: %v, want the connection broken (reset)", err)
+		}
 		p.SetDown(false)
 		roundTrip(t, dial(t, p.Addr()))
 	})
@@ -404,7 +412,7 @@ func TestCloseEndsGoroutines(t *testing.T) {
 	}
 	for _, c := range conns {
 		_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.ReadAll(c); err != nil && deadlineErr(err) == err {
+		if _, err := io.ReadAll(c); err != nil && errors.Is(deadlineErr(err), err) {
 			t.Errorf("a client's connection still open after Close: %v", err)
 		}
 		c.Close()

@@ -80,7 +80,7 @@ func TestMemoryLeases(t *testing.T) {
 		t.Fatalf("%d bytes counted with no lease held", b)
 	}
 	for i := range 100 {
-		m.Acquire(ctx, []LeaseRequest{{Rule: "r", Key: fmt.Sprint(i), Limit: l}}, "x")
+		_, _ = m.Acquire(ctx, []LeaseRequest{{Rule: "r", Key: fmt.Sprint(i), Limit: l}}, "x")
 	}
 	if m.Bytes() == 0 {
 		t.Fatal("leases not counted")
@@ -88,7 +88,7 @@ func TestMemoryLeases(t *testing.T) {
 	mu.Lock()
 	now = now.Add(time.Minute)
 	mu.Unlock()
-	m.Take(ctx, Request{Rule: "t", Key: "sweep", Limit: Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}, Cost: 1})
+	_, _ = m.Take(ctx, Request{Rule: "t", Key: "sweep", Limit: Limit{Algorithm: TokenBucket, Capacity: 1, RefillPerSecond: 1}, Cost: 1})
 	for i := range memoryShards {
 		sh := &m.shards[i]
 		sh.mu.Lock()

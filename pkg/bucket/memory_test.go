@@ -82,7 +82,7 @@ func TestMemoryExpiresIdleBuckets(t *testing.T) {
 		if sh := maphash.String(m.seed, key) % memoryShards; !touched[sh] {
 			touched[sh] = true
 			added++
-			m.Take(ctx, Request{Rule: "other", Key: key, Limit: lim, Cost: 1})
+			_, _ = m.Take(ctx, Request{Rule: "other", Key: key, Limit: lim, Cost: 1})
 		}
 	}
 	if n := m.Len(); n != added {
@@ -123,7 +123,7 @@ func BenchmarkMemoryTake(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		m.Take(ctx, Request{Rule: "api", Key: keys[i&1023], Limit: lim, Cost: 1})
+		_, _ = m.Take(ctx, Request{Rule: "api", Key: keys[i&1023], Limit: lim, Cost: 1})
 	}
 }
 
@@ -140,7 +140,7 @@ func BenchmarkMemoryTakeParallel(b *testing.B) {
 		i := 0
 		for pb.Next() {
 			i++
-			m.Take(ctx, Request{Rule: "api", Key: keys[i&1023], Limit: lim, Cost: 1})
+			_, _ = m.Take(ctx, Request{Rule: "api", Key: keys[i&1023], Limit: lim, Cost: 1})
 		}
 	})
 }
@@ -281,7 +281,7 @@ func TestMemoryCountsLogs(t *testing.T) {
 	for k := range 4_000 {
 		for i := range 20 {
 			c.advance(time.Microsecond)
-			m.Take(ctx, Request{Rule: "r", Key: fmt.Sprint("k", k), Limit: lim, Cost: 1})
+			_, _ = m.Take(ctx, Request{Rule: "r", Key: fmt.Sprint("k", k), Limit: lim, Cost: 1})
 			if n := m.Bytes(); n > m.MaxBytes() {
 				t.Fatalf("%d bytes held at key %d request %d, cap %d", n, k, i, m.MaxBytes())
 			}
@@ -339,7 +339,7 @@ func TestMemoryHeapWithinCap(t *testing.T) {
 			for i := range 400_000 {
 				req := Request{Rule: "rule", Key: fmt.Sprintf(c.key, i), Limit: c.lim, Cost: c.cost}
 				for range int(min(c.lim.Capacity, 10)) / 5 {
-					m.TakeAll(ctx, []Request{req})
+					_, _ = m.TakeAll(ctx, []Request{req})
 				}
 			}
 			runtime.GC()

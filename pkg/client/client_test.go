@@ -199,11 +199,11 @@ func TestAgainstLimiterd(t *testing.T) {
 	if err := os.WriteFile(rules, []byte(e2eRules), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: time.Second,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Redis.Addrs, o.RedisTuning.Timeout = cluster.Addrs(), time.Second
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -44,10 +45,10 @@ func embedded(rules string) (string, func(), error) {
 	if err := os.WriteFile(file, []byte(rules), 0o600); err != nil {
 		return "", nil, err
 	}
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: file,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", file
+	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := limiterd.New(o)
 	if err != nil {
 		return "", nil, err
 	}
@@ -112,7 +113,7 @@ func TestPacerCancelGivesBack(t *testing.T) {
 	}
 	// The next slot is 1 s out; cancelled after 100 ms, it comes back.
 	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	if err := p.Wait(cctx); err != context.DeadlineExceeded {
+	if err := p.Wait(cctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("cancelled Wait: %v", err)
 	}
 	cancel()

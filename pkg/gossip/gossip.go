@@ -125,26 +125,39 @@ type Spend struct {
 // A key whose sum reaches the budget given with its spends (its rule's
 // max_overshoot × capacity) is hot: Hot signals it, and DrainHot takes the
 // hot keys alone, for the publisher to send them before the interval.
-// It is safe for concurrent use; the zero value is ready.
+// DrainDue leaves the keys still under their budget waiting, for a bounded
+// number of drains, so that a quiet key costs one message in several
+// intervals rather than one in each.
+// It is safe for concurrent use; the zero value is ready and bounds no keys.
 type Accumulator struct {
+	// MaxKeys, when above 0, is the number of waiting keys at which the
+	// accumulator is full: Full reports it and Hot signals it, for the
+	// publisher to drain every key early. A key is never refused: Add
+	// records it past the bound too. Set it before the first Add.
+	MaxKeys int
+
 	mu sync.Mutex
 	// idx is each waiting key's entry in ents; an entry taken by DrainHot
-	// stays in ents, emptied (cost 0), until the next Drain.
+	// stays in ents, emptied (cost 0), until the next drain.
 	idx  map[spendID]int32
 	ents []pending
 	// hot are the entries, in ents, that reached their budget since they
 	// were last taken.
 	hot  []int32
 	hotc chan struct{}
+	full bool
 }
 
 type spendID struct{ rule, key string }
 
 type pending struct {
-	id    spendID
-	cost  float64
-	first int64
-	hot   bool
+	id     spendID
+	cost   float64
+	budget float64
+	first  int64
+	// held counts the drains (DrainDue) the entry was left waiting by.
+	held int32
+	hot  bool
 }
 
 // Add records cost admitted under rule for key at now (µs since the epoch).
@@ -161,27 +174,42 @@ func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
 		i = int32(len(a.ents))
 		a.idx[id] = i
 		a.ents = append(a.ents, pending{id: id, first: now})
+		if a.MaxKeys > 0 && !a.full && len(a.idx) >= a.MaxKeys {
+			a.full = true
+			a.signal()
+		}
 	}
 	e := &a.ents[i]
 	if now < e.first {
 		e.first = now
 	}
 	e.cost += cost
+	e.budget = budget
 	if !e.hot && budget > 0 && e.cost >= budget {
 		e.hot = true
 		a.hot = append(a.hot, i)
-		if len(a.hot) == 1 && a.hotc != nil {
-			select {
-			case a.hotc <- struct{}{}:
-			default:
-			}
+		if len(a.hot) == 1 {
+			a.signal()
 		}
 	}
 	a.mu.Unlock()
 }
 
+// signal wakes the Hot channel's reader, if it is not awake already.
+// a.mu is held.
+func (a *Accumulator) signal() {
+	if a.hotc == nil {
+		return
+	}
+	select {
+	case a.hotc <- struct{}{}:
+	default:
+	}
+}
+
 // Hot returns a channel that receives a value when a key becomes hot and
-// no other was waiting to be taken by DrainHot.
+// no other was waiting to be taken by DrainHot, and when the accumulator
+// becomes full.
 func (a *Accumulator) Hot() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -191,12 +219,20 @@ func (a *Accumulator) Hot() <-chan struct{} {
 	return a.hotc
 }
 
+// Full reports whether MaxKeys keys are waiting: the next drain should be
+// Drain, of every key.
+func (a *Accumulator) Full() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.full
+}
+
 // Drain returns the sums since the last drain and the earliest admission
 // among them, and starts afresh.
 func (a *Accumulator) Drain() (spends []Spend, first int64) {
 	a.mu.Lock()
 	ents := a.ents
-	a.idx, a.ents, a.hot = nil, nil, a.hot[:0]
+	a.idx, a.ents, a.hot, a.full = nil, nil, a.hot[:0], false
 	a.mu.Unlock()
 	spends = make([]Spend, 0, len(ents))
 	for _, e := range ents {
@@ -208,6 +244,44 @@ func (a *Accumulator) Drain() (spends []Spend, first int64) {
 			first = e.first
 		}
 	}
+	return spends, first
+}
+
+// DrainDue is Drain but for the keys still under their budget (> 0) that
+// have waited fewer than drains-1 earlier DrainDue calls: those keep
+// waiting, and more spends add to them. So a key waits at most drains
+// calls, and a key with no budget or at it waits for none. A key left
+// waiting counts as first admitted at now (µs), the time it was due: the
+// message that finally takes it reports the lag from there, not the hold.
+// drains ≤ 1 is Drain.
+func (a *Accumulator) DrainDue(drains int, now int64) (spends []Spend, first int64) {
+	if drains <= 1 {
+		return a.Drain()
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	spends = make([]Spend, 0, len(a.ents))
+	kept := a.ents[:0]
+	for _, e := range a.ents {
+		switch {
+		case e.cost == 0:
+			continue // taken by DrainHot
+		case e.budget > 0 && e.cost < e.budget && int(e.held)+1 < drains:
+			e.held++
+			e.first = now
+			a.idx[e.id] = int32(len(kept))
+			kept = append(kept, e)
+			continue
+		}
+		delete(a.idx, e.id)
+		spends = append(spends, Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost})
+		if first == 0 || e.first < first {
+			first = e.first
+		}
+	}
+	clear(a.ents[len(kept):]) // drop the taken keys' strings
+	a.ents, a.hot = kept, a.hot[:0]
+	a.full = a.MaxKeys > 0 && len(a.idx) >= a.MaxKeys
 	return spends, first
 }
 
@@ -317,7 +391,7 @@ func DecodeEntries(data []byte, maxBytes int) (b *gossipv1.SpendBatch, bad []err
 	}
 	b = new(gossipv1.SpendBatch)
 	if err := proto.Unmarshal(data, b); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidBatch, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidBatch, err)
 	}
 	if err := ValidateHeader(b); err != nil {
 		return nil, nil, err

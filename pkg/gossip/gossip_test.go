@@ -298,3 +298,76 @@ func TestAccumulatorHot(t *testing.T) {
 		t.Fatalf("DrainHot with no budget = %v", got)
 	}
 }
+
+// TestAccumulatorDrainDue: a key under its budget waits up to drains
+// drains, then goes out; one at its budget, or without one, goes out at
+// once; a held key that reaches its budget is hot; its first admission is
+// the drain it was held at.
+func TestAccumulatorDrainDue(t *testing.T) {
+	var a Accumulator
+	hot := a.Hot()
+	a.Add("r", "quiet", 1, 5, 10)
+	a.Add("r", "nobudget", 1, 0, 11)
+	a.Add("r", "full", 5, 5, 12)
+	<-hot // full reached its budget
+	got, first := a.DrainDue(3, 100)
+	slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
+	if len(got) != 2 || got[0] != (Spend{"r", "full", 5}) || got[1] != (Spend{"r", "nobudget", 1}) || first != 11 {
+		t.Fatalf("first DrainDue = %v, first %d; want full 5 and nobudget 1, first 11", got, first)
+	}
+	if a.Len() != 1 {
+		t.Fatalf("Len = %d after the first DrainDue, want 1 (quiet held)", a.Len())
+	}
+	a.Add("r", "quiet", 1, 5, 150)
+	if got, _ := a.DrainDue(3, 200); len(got) != 0 {
+		t.Fatalf("second DrainDue = %v, want nothing: quiet (2 of 5) may wait 3 drains", got)
+	}
+	if got, first := a.DrainDue(3, 300); len(got) != 1 || got[0] != (Spend{"r", "quiet", 2}) || first != 200 {
+		t.Fatalf("third DrainDue = %v, first %d; want quiet 2 at its bound, first 200 (the drain it was last held at)", got, first)
+	}
+
+	// A held key reaching its budget is hot, and DrainHot takes it.
+	a.Add("r", "k", 3, 5, 400)
+	a.DrainDue(10, 500)
+	a.Add("r", "k", 2, 5, 600)
+	select {
+	case <-hot:
+	default:
+		t.Fatal("Hot did not signal a held key reaching its budget")
+	}
+	if got, _ := a.DrainHot(); len(got) != 1 || got[0] != (Spend{"r", "k", 5}) {
+		t.Fatalf("DrainHot = %v, want k 5", got)
+	}
+	if got, _ := a.DrainDue(10, 700); len(got) != 0 || a.Len() != 0 {
+		t.Fatalf("DrainDue after DrainHot = %v, Len %d; want nothing", got, a.Len())
+	}
+}
+
+// TestAccumulatorFull: at MaxKeys waiting keys the accumulator is full
+// and says so on Hot; a key past the bound is still recorded; Drain
+// empties it.
+func TestAccumulatorFull(t *testing.T) {
+	a := Accumulator{MaxKeys: 3}
+	hot := a.Hot()
+	a.Add("r", "a", 1, 5, 1)
+	a.Add("r", "b", 1, 5, 1)
+	if a.Full() {
+		t.Fatal("full at 2 of 3 keys")
+	}
+	a.Add("r", "c", 1, 5, 1)
+	a.Add("r", "d", 1, 5, 1)
+	if !a.Full() {
+		t.Fatal("not full at 4 keys of 3")
+	}
+	select {
+	case <-hot:
+	default:
+		t.Fatal("Hot did not signal the accumulator full")
+	}
+	if got, _ := a.DrainDue(10, 2); len(got) != 0 || !a.Full() {
+		t.Fatalf("DrainDue of 4 quiet keys = %v, full %v; want none out and still full", got, a.Full())
+	}
+	if got, _ := a.Drain(); len(got) != 4 || a.Full() {
+		t.Fatalf("Drain = %d keys, full %v; want all 4, not full", len(got), a.Full())
+	}
+}

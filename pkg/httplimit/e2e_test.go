@@ -46,10 +46,10 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	d, err := limiterd.New(limiterd.Options{
-		GRPCAddress: "127.0.0.1:0", HTTPAddress: "127.0.0.1:0", RulesFile: rules,
-		RedisAddrs: cluster.Addrs(), RedisTimeout: 100 * time.Millisecond, Logger: quiet,
-	})
+	o := limiterd.DefaultOptions()
+	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Redis.Addrs, o.RedisTuning.Timeout, o.Logger = cluster.Addrs(), 100*time.Millisecond, quiet
+	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 
-	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") })
+	app := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") })
 	limited := httplimit.Middleware(c, httplimit.Options{
 		Identity: func(r *http.Request) httplimit.Identity {
 			u, _ := r.Context().Value(userKey{}).(string)
@@ -93,7 +93,7 @@ func TestEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.Copy(io.Discard, resp.Body)
+		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 		return resp
 	}

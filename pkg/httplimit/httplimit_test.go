@@ -36,7 +36,7 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 func okHandler(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusOK)
-	io.WriteString(w, "served")
+	_, _ = io.WriteString(w, "served")
 }
 
 func TestMiddlewareResponses(t *testing.T) {

@@ -83,7 +83,7 @@ func (r Region) validate() error {
 	}
 	host, port, err := net.SplitHostPort(r.LimiterAddress)
 	if err != nil {
-		return fmt.Errorf("limiter_address: %q is not host:port: %v", r.LimiterAddress, err)
+		return fmt.Errorf("limiter_address: %q is not host:port: %w", r.LimiterAddress, err)
 	}
 	if host == "" {
 		// ":8081" would dial the local machine, never another region.
@@ -270,7 +270,7 @@ func Parse(name string, data []byte) (*Topology, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: %w: the file is empty", name, ErrInvalid)
 		}
-		return nil, fmt.Errorf("%s: %w: %v", name, ErrInvalid, err)
+		return nil, fmt.Errorf("%s: %w: %w", name, ErrInvalid, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -302,7 +302,7 @@ func (t *Topology) setPrevious(names []string) error {
 	}
 	for i, n := range names {
 		if err := ValidateName(n); err != nil {
-			return fmt.Errorf("%w: previous_regions[%d]: %v", ErrInvalid, i, err)
+			return fmt.Errorf("%w: previous_regions[%d]: %w", ErrInvalid, i, err)
 		}
 		if j := slices.Index(names[:i], n); j >= 0 {
 			return fmt.Errorf("%w: previous_regions[%d] (%q): already listed as previous_regions[%d]", ErrInvalid, i, n, j)
@@ -325,7 +325,7 @@ func New(regions []Region) (*Topology, error) {
 	}
 	for i, r := range t.regions {
 		if err := r.validate(); err != nil {
-			return nil, fmt.Errorf("%w: regions[%d] (name %q): %v", ErrInvalid, i, r.Name, err)
+			return nil, fmt.Errorf("%w: regions[%d] (name %q): %w", ErrInvalid, i, r.Name, err)
 		}
 		if j, dup := t.byName[r.Name]; dup {
 			return nil, fmt.Errorf("%w: regions[%d] (name %q): name: already used by regions[%d]", ErrInvalid, i, r.Name, j)

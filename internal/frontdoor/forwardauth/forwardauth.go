@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -71,43 +72,106 @@ func RequireSecret(secret []byte, refused func(), h http.Handler) http.Handler {
 var headerNamePattern = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 
 // Headers name the request headers forward-auth reads the attributes
-// from; the proxy must set each itself. "" takes the default (none for the
-// API key and the plan); NoHeader turns one off.
+// from; the proxy must set each itself. "" is off (NoHeader on the
+// command line).
 type Headers struct {
 	User, APIKey, Plan, URI, Method, IP string
 }
 
-// WithDefaults fills the headers left "" with their defaults.
-func (h Headers) WithDefaults() Headers {
-	for _, f := range []struct {
-		v   *string
-		def string
-	}{
-		{&h.User, DefaultUserHeader}, {&h.URI, DefaultURIHeader},
-		{&h.Method, DefaultMethodHeader}, {&h.IP, DefaultIPHeader},
-		{&h.APIKey, NoHeader}, {&h.Plan, NoHeader},
-	} {
-		if *f.v == "" {
-			*f.v = f.def
-		}
-	}
-	return h
+// DefaultHeaders are the headers Traefik's forwardAuth sends and the user
+// header an authentication layer in front sets; no API key, no plan.
+func DefaultHeaders() Headers {
+	return Headers{User: DefaultUserHeader, URI: DefaultURIHeader, Method: DefaultMethodHeader, IP: DefaultIPHeader}
 }
 
 // Validate checks the header names, each error naming its flag
 // (--forward-auth.user-header, ...).
 func (h Headers) Validate() []error {
 	var errs []error
-	for _, f := range []struct{ flag, v string }{
-		{"user-header", h.User}, {"api-key-header", h.APIKey},
-		{"plan-header", h.Plan}, {"uri-header", h.URI},
-		{"method-header", h.Method}, {"ip-header", h.IP},
-	} {
-		if f.v != "" && f.v != NoHeader && !headerNamePattern.MatchString(f.v) {
-			errs = append(errs, fmt.Errorf("--forward-auth.%s: %q is not a header name (or %q)", f.flag, f.v, NoHeader))
+	for _, f := range h.flags() {
+		if *f.v != "" && !headerNamePattern.MatchString(*f.v) {
+			errs = append(errs, fmt.Errorf("--forward-auth.%s: %q is not a header name (or %q)", f.flag, *f.v, NoHeader))
 		}
 	}
 	return errs
+}
+
+type headerFlag struct {
+	flag, usage string
+	v           *string
+}
+
+func (h *Headers) flags() []headerFlag {
+	return []headerFlag{
+		{"user-header", "header with the authenticated user, set by the proxy", &h.User},
+		{"api-key-header", "header with the authenticated API key, set by the proxy", &h.APIKey},
+		{"plan-header", "header with the client's plan, set by the proxy", &h.Plan},
+		{"uri-header", "header with the original request URI", &h.URI},
+		{"method-header", "header with the original request method", &h.Method},
+		{"ip-header", "header with the client address, its rightmost entry", &h.IP},
+	}
+}
+
+// headerValue is a header name flag: NoHeader is "", off.
+type headerValue struct{ v *string }
+
+func (f headerValue) String() string {
+	if f.v == nil || *f.v == "" {
+		return NoHeader
+	}
+	return *f.v
+}
+
+func (f headerValue) Set(s string) error {
+	if s == NoHeader {
+		s = ""
+	}
+	*f.v = s
+	return nil
+}
+
+// Config is forward-auth as limiterd's --forward-auth.* flags set it.
+// Start from DefaultConfig.
+type Config struct {
+	// Enabled serves Path on the HTTP listener, or on Address when set.
+	Enabled bool
+	// Address, when set, is forward-auth's own listener (same connection
+	// limit, timeouts and TLS as the HTTP one), and Path is no longer
+	// served on the HTTP listener. It implies Enabled.
+	Address string
+	// SecretFile holds a secret the proxy must send in SecretHeader;
+	// requests without it are answered 401.
+	SecretFile string
+	// Headers are the request headers the attributes are read from.
+	Headers Headers
+}
+
+// DefaultConfig is the flags' defaults: off, with DefaultHeaders.
+func DefaultConfig() Config { return Config{Headers: DefaultHeaders()} }
+
+// Serving says whether Path is served at all.
+func (c Config) Serving() bool { return c.Enabled || c.Address != "" }
+
+// RegisterFlags defines the --forward-auth.* flags on fs, writing into c,
+// with DefaultConfig's values as their defaults.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	*c = DefaultConfig()
+	fs.BoolVar(&c.Enabled, "forward-auth.enabled", false, "serve "+Path+" on the HTTP listener for nginx auth_request and Traefik forwardAuth")
+	fs.StringVar(&c.Address, "forward-auth.listen-address", "", "serve "+Path+" on its own listener, and no longer on the HTTP one (implies --forward-auth.enabled)")
+	fs.StringVar(&c.SecretFile, "forward-auth.secret-file", "", fmt.Sprintf("file holding a secret (at least %d characters) the proxy must send in %s; requests without it get 401", MinSecretLen, SecretHeader))
+	for _, f := range c.Headers.flags() {
+		fs.Var(headerValue{f.v}, "forward-auth."+f.flag, "forward-auth: "+f.usage+" ("+NoHeader+": off)")
+	}
+}
+
+// Validate reports every bad field, each naming its flag; it changes
+// nothing.
+func (c Config) Validate() error {
+	errs := c.Headers.Validate()
+	if c.SecretFile != "" && !c.Serving() {
+		errs = append(errs, errors.New("--forward-auth.secret-file: needs --forward-auth.enabled or --forward-auth.listen-address"))
+	}
+	return errors.Join(errs...)
 }
 
 // headers are the request headers forward-auth trusts, each "" when off.
@@ -116,16 +180,7 @@ type headers struct {
 }
 
 func (h Headers) on() headers {
-	on := func(h string) string {
-		if h == NoHeader {
-			return ""
-		}
-		return h
-	}
-	return headers{
-		user: on(h.User), apiKey: on(h.APIKey), plan: on(h.Plan),
-		uri: on(h.URI), method: on(h.Method), ip: on(h.IP),
-	}
+	return headers{user: h.User, apiKey: h.APIKey, plan: h.Plan, uri: h.URI, method: h.Method, ip: h.IP}
 }
 
 // forwardAuthHandler answers nginx auth_request and Traefik forwardAuth: it
@@ -148,7 +203,7 @@ func (h Headers) on() headers {
 // endpoint, and the proxy must set each of them itself, overwriting what
 // the client sent.
 func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
-	h := hs.WithDefaults().on()
+	h := hs.on()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		nginx := r.URL.Query().Get("mode") == "nginx"
 		refuse := func(code int, msg string) {

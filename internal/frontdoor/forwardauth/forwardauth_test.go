@@ -1,6 +1,7 @@
 package forwardauth
 
 import (
+	"flag"
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -15,7 +16,7 @@ func FuzzForwardAuthAttributes(f *testing.F) {
 	f.Add("", "/api/%2e%2e/admin", "POST", "1.1.1.1, 2001:db8::1")
 	f.Add("u", "//x/../y", "", ",")
 	f.Add("u", "/a b", "GET", "")
-	h := Headers{}.WithDefaults().on()
+	h := DefaultHeaders().on()
 	f.Fuzz(func(t *testing.T, user, uri, method, ip string) {
 		r, err := http.NewRequest("GET", "http://limiterd"+Path, nil)
 		if err != nil {
@@ -45,7 +46,7 @@ func FuzzForwardAuthAttributes(f *testing.F) {
 // parameter, an empty segment, a control byte) is refused naming the
 // header; other escapes are decoded and one trailing '/' dropped.
 func TestForwardAuthPath(t *testing.T) {
-	h := Headers{}.WithDefaults().on()
+	h := DefaultHeaders().on()
 	for _, tt := range []struct {
 		name, uri, want string // want "": refused
 	}{
@@ -93,5 +94,40 @@ func TestForwardAuthPath(t *testing.T) {
 				t.Fatalf("%q read as path %q, want %q", tt.uri, a.GetPath(), tt.want)
 			}
 		})
+	}
+}
+
+// TestConfigFlags: the flags' defaults are DefaultConfig; "none" turns a
+// header off (""), and Validate reports each bad field naming its flag
+// without changing its input.
+func TestConfigFlags(t *testing.T) {
+	var c Config
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if c != DefaultConfig() || c.Serving() {
+		t.Fatalf("flag defaults %+v, want DefaultConfig %+v, not serving", c, DefaultConfig())
+	}
+	if err := fs.Parse([]string{"--forward-auth.listen-address=127.0.0.1:0", "--forward-auth.user-header=none", "--forward-auth.plan-header=X-Plan"}); err != nil {
+		t.Fatal(err)
+	}
+	if !c.Serving() || c.Headers.User != "" || c.Headers.Plan != "X-Plan" || c.Headers.URI != DefaultURIHeader {
+		t.Fatalf("after the flags: %+v", c)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	bad := Config{SecretFile: "s", Headers: Headers{User: "X Auth: User", IP: "X-Forwarded-For"}}
+	before := bad
+	err := bad.Validate()
+	if bad != before {
+		t.Fatalf("Validate changed its input")
+	}
+	for _, want := range []string{"--forward-auth.user-header:", "--forward-auth.secret-file:"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate = %v, want an error naming %s", err, want)
+		}
 	}
 }

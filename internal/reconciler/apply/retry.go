@@ -85,7 +85,7 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&e); err != nil {
-		return nil, fmt.Errorf("%w: %v", errInvalidRetry, err)
+		return nil, fmt.Errorf("%w: %w", errInvalidRetry, err)
 	}
 	switch {
 	case e.Source != src:

@@ -299,7 +299,7 @@ func (s *Server) spawn() (*testenv.Process, error) {
 			if strings.Contains(tail, "address already in use") {
 				return nil, fmt.Errorf("127.0.0.1:%d: %w\n%s", s.port, errPortInUse, tail)
 			}
-			return nil, fmt.Errorf("nats-server exited before it was healthy (%v)\n%s", p.Err(), tail)
+			return nil, fmt.Errorf("nats-server exited before it was healthy (%w)\n%s", p.Err(), tail)
 		default:
 		}
 		resp, err := client.Get(health)
@@ -312,7 +312,7 @@ func (s *Server) spawn() (*testenv.Process, error) {
 		}
 		if time.Now().After(deadline) {
 			p.Kill()
-			return nil, fmt.Errorf("nats-server not healthy after %v (last: %v)\n%s", natsReadyTimeout, err, s.logTail())
+			return nil, fmt.Errorf("nats-server not healthy after %v (last: %w)\n%s", natsReadyTimeout, err, s.logTail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

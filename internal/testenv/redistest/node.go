@@ -85,6 +85,16 @@ func newNode(t testing.TB, server, dir string, cluster bool) (*Node, error) {
 }
 
 func newNodeWith(t testing.TB, server, dir string, cluster bool, tf *TLSFiles, tc *tls.Config) (*Node, error) {
+	n, err := startNode(t.Context(), server, dir, cluster, tf, tc)
+	if n != nil {
+		n.t = t
+	}
+	return n, err
+}
+
+// startNode starts a redis-server in dir on a free port, with ctx bounding
+// the wait for it to answer; the node has no test until it is given one.
+func startNode(ctx context.Context, server, dir string, cluster bool, tf *TLSFiles, tc *tls.Config) (*Node, error) {
 	var lastErr error
 	for range 5 {
 		port, err := reservePort(cluster)
@@ -98,11 +108,11 @@ func newNodeWith(t testing.TB, server, dir string, cluster bool, tf *TLSFiles, t
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, err
 		}
-		n := &Node{t: t, server: server, dir: dir, port: port, tlsFiles: tf, tlsClient: tc}
+		n := &Node{server: server, dir: dir, port: port, tlsFiles: tf, tlsClient: tc}
 		if err := n.writeConfig(cluster); err != nil {
 			return nil, err
 		}
-		p, err := n.spawn(t.Context())
+		p, err := n.spawn(ctx)
 		if err == nil {
 			n.proc = p
 			return n, nil
@@ -138,6 +148,9 @@ func (n *Node) writeConfig(cluster bool) error {
 		b.WriteString("cluster-enabled yes\n")
 		b.WriteString("cluster-config-file nodes.conf\n")
 		b.WriteString("cluster-node-timeout 2000\n")
+		// A node learns its own address from the nodes it meets: a
+		// cluster of one would know itself at ":port".
+		b.WriteString("cluster-announce-ip 127.0.0.1\n")
 	}
 	return os.WriteFile(n.confPath(), []byte(b.String()), 0o644)
 }
@@ -224,7 +237,7 @@ func (n *Node) spawn(ctx context.Context) (*testenv.Process, error) {
 			if strings.Contains(tail, "already in use") {
 				return nil, fmt.Errorf("%s: %w\n%s", n.Addr(), errPortInUse, tail)
 			}
-			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%v)\n%s", n.Addr(), p.Err(), tail)
+			return nil, fmt.Errorf("%s: redis-server exited before accepting connections (%w)\n%s", n.Addr(), p.Err(), tail)
 		default:
 		}
 		info, err := commandVia(ctx, n.Addr(), n.tlsClient, "INFO", "server")
@@ -233,7 +246,7 @@ func (n *Node) spawn(ctx context.Context) (*testenv.Process, error) {
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			p.Kill()
-			return nil, fmt.Errorf("%s: redis-server not answering after %v (last: %v)\n%s", n.Addr(), startTimeout, err, n.logTail())
+			return nil, fmt.Errorf("%s: redis-server not answering after %v (last: %w)\n%s", n.Addr(), startTimeout, err, n.logTail())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -2,6 +2,7 @@ package redistest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -283,7 +284,7 @@ func TestNode(t *testing.T) {
 		t.Fatalf("PING after Start: %v", err)
 	}
 	// No persistence: a restarted node is empty.
-	if err := client.Get(ctx, "k").Err(); err != redis.Nil {
+	if err := client.Get(ctx, "k").Err(); !errors.Is(err, redis.Nil) {
 		t.Errorf("GET after restart: %v, want redis.Nil", err)
 	}
 }

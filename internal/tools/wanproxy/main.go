@@ -54,7 +54,7 @@ type route struct {
 func parseRoute(s string, gateway bool) (route, error) {
 	listen, rest, ok := strings.Cut(s, "=")
 	if !ok || listen == "" {
-		return route{}, fmt.Errorf("%q: want LISTEN=TARGET,...", s)
+		return route{}, fmt.Errorf("%q: want LISTEN=TARGET,OPT[,OPT]", s)
 	}
 	parts := strings.Split(rest, ",")
 	r := route{listen: listen, target: parts[0]}

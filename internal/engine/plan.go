@@ -1,0 +1,237 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// plan is one call to Decide or Acquire, routed once under one topology
+// snapshot: where each item is decided, and an undo stack of what the
+// call's stages spent. The stages run in order (checkStages,
+// acquireStages); each that spends pushes its undo; the first that
+// refuses or fails ends the call, and unwind gives back, newest first,
+// what the earlier stages spent: a home region's spends by a refund,
+// tokens to this instance's lease, this region's store spends by an undo
+// at their instants, an Acquire's leases here and at the keys' homes.
+type plan struct {
+	ts *topoState
+	// rerouted: the call is routed a second time, after a home refused it
+	// as routed with a stale topology.
+	rerouted bool
+
+	// The rate rules by where they are decided (routeStage): the home
+	// regions of pinned ones, in order, and their items; the ones with
+	// token leases; this region's store (with those whose home failed
+	// open, and lease batches taken).
+	homes  []string
+	remote map[string][]*Item
+	leased []*Item
+	local  []*Item
+
+	// An Acquire's concurrency rules (acquireStages): its lease id, which
+	// names where each part is held, the indexes into a.held of those
+	// held here, by home region, and whether the leases are held.
+	a          *Acquire
+	id         *leaseid.ID
+	leaseHomes []string
+	byHome     map[string][]int
+	here       []int
+	heldHere   []*heldLease
+	leasesHeld bool
+
+	undo []undoStep
+}
+
+// stage is one step of a call: it decides some of the plan's items and
+// says whether the call goes on (true) or is refused (false, or an error,
+// the call's answer). What it spent it pushes onto the undo stack. (The
+// stages are named, not function values, so that a plan stays on its
+// caller's stack.)
+type stage uint8
+
+const (
+	leaseRouteStage stage = iota
+	leaseHomeStage
+	leaseHereStage
+	denyStage
+	routeStage
+	homeStage
+	tokenLeaseStage
+	storeStage
+)
+
+// checkStages are a check's stages, in order (see Decide).
+var checkStages = []stage{denyStage, routeStage, homeStage, tokenLeaseStage, storeStage}
+
+// acquireStages are an Acquire's: its concurrency rules' leases, at their
+// keys' homes and then here, then its rate rules as a check's.
+var acquireStages = append([]stage{leaseRouteStage, leaseHomeStage, leaseHereStage}, checkStages...)
+
+func (e *Engine) runStage(ctx context.Context, c *request, p *plan, s stage) (bool, error) {
+	switch s {
+	case leaseRouteStage:
+		return e.routeLeases(p)
+	case leaseHomeStage:
+		return e.leasesAtHomes(ctx, p)
+	case leaseHereStage:
+		return e.leasesHere(ctx, p)
+	case denyStage:
+		return e.denied(c, p)
+	case routeStage:
+		return e.route(c, p)
+	case homeStage:
+		return e.atHomes(ctx, c, p)
+	case tokenLeaseStage:
+		return e.fromLeases(ctx, p)
+	default:
+		return e.inStore(ctx, c, p)
+	}
+}
+
+// undoKind is what an undo step gives back.
+type undoKind uint8
+
+const (
+	// undoRefund: a home region's spends of items, refunded there.
+	undoRefund undoKind = iota
+	// undoTokens: items' tokens, to this instance's leases.
+	undoTokens
+	// undoStore: this region's store spends reqs of items, undone at the
+	// store's instants.
+	undoStore
+	// undoLeases: the leases held here (held, under the plan's id).
+	undoLeases
+	// undoLeaseHome: the leases home holds for the plan's id.
+	undoLeaseHome
+)
+
+type undoStep struct {
+	kind  undoKind
+	home  string
+	items []*Item
+	reqs  []bucket.Request
+	held  []*heldLease
+}
+
+func (p *plan) push(s undoStep) { p.undo = append(p.undo, s) }
+
+// run routes a check (a == nil) or an Acquire under the topology in force
+// and runs its stages. When a home refuses it as routed with a stale
+// topology and reading the topology again puts a newer one in force
+// (errReroute), what it spent is given back and it is routed again, once,
+// under the newer one.
+func (e *Engine) run(ctx context.Context, c *request, a *Acquire) (bool, *Lease, error) {
+	stages := checkStages
+	if a != nil && len(a.held) > 0 {
+		stages = acquireStages
+	} else {
+		a = nil
+	}
+	for rerouted := false; ; rerouted = true {
+		ts := e.useTopology()
+		p := plan{a: a, ts: ts, rerouted: rerouted}
+		allowed, err := e.decideUnder(ctx, c, &p, stages)
+		var l *Lease
+		switch {
+		case a == nil:
+		case err == nil && allowed:
+			l = e.granted(&p)
+		case p.leasesHeld:
+			// The rate rules refused: the leases held were given back.
+			for _, it := range a.held {
+				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+1)
+			}
+		}
+		ts.release()
+		if !rerouted && errors.Is(err, errReroute) {
+			continue
+		}
+		return allowed, l, err
+	}
+}
+
+// runStages runs stages in order until one refuses or fails; then it
+// gives back what the earlier ones spent.
+func (e *Engine) runStages(ctx context.Context, c *request, p *plan, stages []stage) (bool, error) {
+	allowed, err := true, error(nil)
+	for _, st := range stages {
+		if allowed, err = e.runStage(ctx, c, p, st); err != nil || !allowed {
+			allowed = false
+			break
+		}
+	}
+	if !allowed {
+		e.unwind(ctx, p)
+	}
+	// The lease batches the check took end on every return, once what a
+	// refusal gave back is back: the key's other checks wait for them.
+	e.endBatches(p.local, allowed)
+	return allowed, err
+}
+
+// unwind gives back, newest first, what the plan's stages spent, on
+// contexts of their own (see detached): the caller may be gone. A home
+// region's refund runs on after the answer.
+func (e *Engine) unwind(ctx context.Context, p *plan) {
+	for i := len(p.undo) - 1; i >= 0; i-- {
+		s := &p.undo[i]
+		switch s.kind {
+		case undoRefund:
+			e.refund(ctx, p.ts, s.home, s.items)
+		case undoTokens:
+			for _, it := range s.items {
+				e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
+			}
+		case undoStore:
+			// Each at the store's instant of its spend: a window rule
+			// gives back to the window it counted in.
+			ats := make([]int64, len(s.items))
+			for i, it := range s.items {
+				ats[i] = it.Decision.At
+			}
+			uctx, cancel := e.detached(ctx)
+			if err := undoAt(uctx, e.store, s.reqs, ats); err != nil {
+				e.log.Warn("a refused check's store spends not given back", "err", err)
+			}
+			cancel()
+		case undoLeases:
+			e.giveLeasesBack(ctx, s.held, p.id)
+		case undoLeaseHome:
+			e.releaseAt(ctx, p.ts, s.home, p.id)
+		}
+	}
+	p.undo = p.undo[:0]
+}
+
+// refund gives back what home spent in its store for items, on a context
+// of its own, after the answer; the topology's connection to the home
+// stays open until it is done.
+func (e *Engine) refund(ctx context.Context, ts *topoState, home string, its []*Item) {
+	// Only what the home spent in its store: what it decided from its
+	// fallback, or without learning the outcome, has no instant.
+	var items []HomeItem
+	for _, it := range its {
+		if it.Decision.At > 0 {
+			items = append(items, HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
+		}
+	}
+	h := ts.homes[home]
+	if len(items) == 0 || h == nil {
+		return
+	}
+	rctx, cancel := e.detached(ctx)
+	ts.users.Add(1) // held by the refund: the connection stays open for it
+	e.refunds.Go(func() {
+		defer ts.release()
+		defer cancel()
+		if err := h.Refund(rctx, items); err != nil {
+			e.m.Refunds.WithLabelValues("error").Inc()
+			e.log.Warn("home region refund failed: its tokens stay spent", "home", home, "err", err)
+			return
+		}
+		e.m.Refunds.WithLabelValues("ok").Inc()
+	})
+}
