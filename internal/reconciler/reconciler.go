@@ -45,6 +45,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
@@ -698,23 +699,50 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	st := &streams{}
 	local := r.streamConfig(gossip.LocalStream(self), jetstream.WorkQueuePolicy)
 	local.Subjects = []string{gossip.LocalSubject(self)}
-	if _, err := natsconn.EnsureStream(ctx, r.js, local); err != nil {
-		return nil, err
-	}
 	spends := r.streamConfig(gossip.RegionStream(self), jetstream.LimitsPolicy)
 	// The unpartitioned subject of earlier releases stays, so that a relay
 	// of one of them during an upgrade still publishes.
 	spends.Subjects = []string{gossip.RelaySubject(self), gossip.PartitionSubjects(self)}
-	if _, err := natsconn.EnsureStream(ctx, r.js, spends); err != nil {
+	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
+	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
+	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
+	// The streams but the inbound one are made, and the legacy and the
+	// inbound streams looked up, side by side, as the consumers below:
+	// each call may cross the WAN to the meta leader.
+	legacy := true
+	var cur jetstream.Stream
+	g, gctx := errgroup.WithContext(ctx)
+	for _, cfg := range []jetstream.StreamConfig{local, spends} {
+		g.Go(func() error {
+			_, err := natsconn.EnsureStream(gctx, r.js, cfg)
+			return err
+		})
+	}
+	g.Go(func() (err error) {
+		st.retry, err = natsconn.EnsureStream(gctx, r.js, retry)
+		return err
+	})
+	g.Go(func() error {
+		if _, err := r.js.Stream(gctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+			legacy = false
+		} else if err != nil {
+			return fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		s, err := r.js.Stream(gctx, in.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("stream %s: %w", in.Name, err)
+		}
+		cur = s
+		return nil
+	})
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	legacy := true
-	if _, err := r.js.Stream(ctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
-		legacy = false
-	} else if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
-	}
-	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
 	// A new inbound stream takes the other regions' spends from now on (a
 	// new region is not debited with the past); during the migration from
 	// the one spends stream it takes all they hold, since this region did
@@ -737,9 +765,8 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	// stop), so that reconcilers of the region on different generations
 	// for a moment do not undo one another's updates.
 	sources, added := r.currentSources()
-	have, exists := map[string]bool{}, false
-	if cur, err := r.js.Stream(ctx, in.Name); err == nil {
-		exists = true
+	have, exists := map[string]bool{}, cur != nil
+	if exists {
 		for _, src := range cur.CachedInfo().Config.Sources {
 			in.Sources = append(in.Sources, src)
 			have[src.Name+" "+src.FilterSubject] = true
@@ -747,8 +774,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		if !legacy {
 			start = nil // set per source below
 		}
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
 	}
 	// Each other region's spends stream is sourced twice: its partitions'
 	// subjects, and the unpartitioned subject of earlier releases, which
@@ -757,14 +782,11 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	// upgrade) are sourced from the first message the stream holds: none
 	// was sourced here, and the source region may have been upgraded first.
 	var newSources []string
+	g, gctx = errgroup.WithContext(ctx)
 	for _, src := range sources {
 		fresh := false
-		// Where the source region's stream stood at from, asked once for
-		// both of its sources (a round trip to that region each call).
-		var since struct {
-			seq      uint64
-			ok, read bool
-		}
+		// The sources of src to start from a time: see below.
+		var fromTime []*jetstream.StreamSource
 		for _, filter := range []string{gossip.RelaySubject(src), gossip.PartitionSubjects(src)} {
 			name := gossip.RegionStream(src)
 			if have[name+" "+filter] {
@@ -779,22 +801,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 				ss.OptStartTime, ss.OptStartSeq = nil, 1
 			}
 			if ss.OptStartTime != nil {
-				// Sourced from a time, the server sources from the inbound
-				// stream's last message instead when that is later, as it
-				// first succeeds (trySetupSourceConsumer): another source's
-				// message landing before this one is set up would make it
-				// skip what its stream got since from. So the source starts
-				// at the sequence of its stream's first message since from.
-				if !since.read {
-					since.seq, since.ok = r.firstSeqSince(ctx, name, *from)
-					since.read = true
-				}
-				if since.ok {
-					ss.OptStartTime, ss.OptStartSeq = nil, since.seq
-				} else {
-					r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
-						"source", src, "filter", filter, "since", *from)
-				}
+				fromTime = append(fromTime, ss)
 			}
 			in.Sources = append(in.Sources, ss)
 			fresh = true
@@ -802,30 +809,65 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		if fresh {
 			newSources = append(newSources, src)
 		}
+		if len(fromTime) == 0 {
+			continue
+		}
+		// Sourced from a time, the server sources from the inbound
+		// stream's last message instead when that is later, as it first
+		// succeeds (trySetupSourceConsumer): another source's message
+		// landing before this one is set up would make it skip what its
+		// stream got since from. So the source starts at the sequence of
+		// its stream's first message since from, asked once for both of
+		// src's sources (a round trip to that region), and of every
+		// source region side by side.
+		g.Go(func() error {
+			from := *fromTime[0].OptStartTime
+			seq, ok := r.firstSeqSince(gctx, gossip.RegionStream(src), from)
+			for _, ss := range fromTime {
+				if ok {
+					ss.OptStartTime, ss.OptStartSeq = nil, seq
+				} else {
+					r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
+						"source", src, "filter", ss.FilterSubject, "since", from)
+				}
+			}
+			return nil
+		})
 	}
+	_ = g.Wait() // firstSeqSince fails to a start time, not an error
 	if exists && len(newSources) > 0 && r.beforeSourceAdded != nil {
 		r.beforeSourceAdded(ctx, newSources)
 	}
 	if _, err := natsconn.EnsureStream(ctx, r.js, in); err != nil {
 		return nil, err
 	}
-	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
-	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
-	var err error
-	if st.retry, err = natsconn.EnsureStream(ctx, r.js, retry); err != nil {
-		return nil, err
+	// The consumers are made side by side. Each create, even of a
+	// consumer that exists as asked, is a proposal to the JetStream meta
+	// leader, which on a supercluster may be in another region: made one
+	// after another (ten per source at 8 partitions) they took a WAN round
+	// trip or two each, and under load outlasted the set-up's timeout,
+	// after which the set-up began again with as many.
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(maxConsumerCreates)
+	create := func(dst *jetstream.Consumer, stream string, c jetstream.ConsumerConfig) {
+		g.Go(func() error {
+			cons, err := r.js.CreateOrUpdateConsumer(gctx, stream, c)
+			if err != nil {
+				return fmt.Errorf("consumer %s on %s: %w", c.Durable, stream, err)
+			}
+			*dst = cons
+			return nil
+		})
 	}
-	if st.relay, err = r.js.CreateOrUpdateConsumer(ctx, local.Name, jetstream.ConsumerConfig{
+	create(&st.relay, local.Name, jetstream.ConsumerConfig{
 		Durable:       "relay",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.opts.AckWait,
 		MaxAckPending: 1024,
 		MaxDeliver:    -1,
-	}); err != nil {
-		return nil, fmt.Errorf("consumer relay: %w", err)
-	}
+	})
 	for _, name := range sources {
-		src := &source{name: name, retryStream: st.retry}
+		src := &source{name: name, retryStream: st.retry, parts: make([]jetstream.Consumer, r.opts.Partitions)}
 		// One message at a time, in order: see the package comment.
 		inOrder := jetstream.ConsumerConfig{
 			DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -836,33 +878,26 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		}
 		c := inOrder
 		c.Durable, c.FilterSubject = applyConsumer(self, name), gossip.RelaySubject(name)
-		if src.apply, err = r.js.CreateOrUpdateConsumer(ctx, in.Name, c); err != nil {
-			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
-		}
-		for p := range r.opts.Partitions {
-			c = inOrder
+		create(&src.apply, in.Name, c)
+		for p := range src.parts {
+			c := inOrder
 			c.Durable, c.FilterSubject = partitionConsumer(self, name, p), gossip.PartitionSubject(name, p)
-			pc, err := r.js.CreateOrUpdateConsumer(ctx, in.Name, c)
-			if err != nil {
-				return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
-			}
-			src.parts = append(src.parts, pc)
+			create(&src.parts[p], in.Name, c)
 		}
 		c = inOrder
 		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
-		if src.retry, err = r.js.CreateOrUpdateConsumer(ctx, retry.Name, c); err != nil {
-			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
-		}
+		create(&src.retry, retry.Name, c)
 		if legacy {
 			// As earlier releases made it, so that it goes on where their
 			// reconcilers stopped.
 			c = inOrder
 			c.Durable, c.FilterSubject, c.DeliverPolicy = applyConsumer(self, name), gossip.SpendSubject(name), jetstream.DeliverNewPolicy
-			if src.legacy, err = r.js.CreateOrUpdateConsumer(ctx, gossip.SpendStream, c); err != nil {
-				return nil, fmt.Errorf("consumer %s on %s: %w", c.Durable, gossip.SpendStream, err)
-			}
+			create(&src.legacy, gossip.SpendStream, c)
 		}
 		st.sources = append(st.sources, src)
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	// The epoch is read after the consumers are made: a stream made again
 	// since would have taken them with it, and the loops would come back here.
@@ -945,6 +980,10 @@ func (r *Reconciler) sourceStart(added time.Time) *time.Time {
 	}
 	return &added
 }
+
+// maxConsumerCreates bounds the consumer creates a set-up has under way
+// at once.
+const maxConsumerCreates = 32
 
 func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
 func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
