@@ -20,14 +20,13 @@
 // unacknowledged messages go to others after the ack wait. A topology
 // switch that removes a region stops all of its loops, and waits for them,
 // before the new topology is in force.
-// Package apply applies each message and each retry entry; this package
-// sets up the streams and consumers, runs the loops and follows the
-// topology.
+// Package apply applies each message and each retry entry, and package
+// streamsrc follows the inbound stream's sources; this package sets up
+// the streams and consumers, runs the loops and follows the topology.
 package reconciler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,6 +49,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/reconciler/apply"
+	"github.com/limiterd/limiterd/internal/reconciler/streamsrc"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
@@ -551,7 +551,7 @@ func (r *Reconciler) run(ctx context.Context) {
 			r.startLoops(lctx, src)
 		}
 		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
-		wg.Go(func() { r.sourceLoop(lctx, st) })
+		wg.Go(func() { r.watchSources(st).Run(lctx, r.opts.Interval) })
 		r.follow(lctx, st)
 		wg.Wait()
 		r.stopLoops()
@@ -598,6 +598,25 @@ func (r *Reconciler) follow(ctx context.Context, st *streams) {
 		}
 		st.set(srcs)
 	}
+}
+
+// watchSources is the watch of the inbound stream's sources of st.
+func (r *Reconciler) watchSources(st *streams) *streamsrc.Watcher {
+	return &streamsrc.Watcher{JS: r.js, Region: r.opts.Region, Log: r.log,
+		Active: r.m.sourceActive, Stalls: r.m.sourceStalls, Resets: r.m.sourceResets,
+		Regions: func() []string {
+			var names []string
+			for _, src := range st.current() {
+				names = append(names, src.name)
+			}
+			return names
+		},
+		Unknown: func() {
+			select {
+			case r.topoChanged <- struct{}{}:
+			default:
+			}
+		}}
 }
 
 // streams are the consumers a reconciler reads, made by setup.
@@ -822,7 +841,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		// source region side by side.
 		g.Go(func() error {
 			from := *fromTime[0].OptStartTime
-			seq, ok := r.firstSeqSince(gctx, gossip.RegionStream(src), from)
+			seq, ok := streamsrc.FirstSeqSince(gctx, r.nc, r.js, gossip.RegionStream(src), from)
 			for _, ss := range fromTime {
 				if ok {
 					ss.OptStartTime, ss.OptStartSeq = nil, seq
@@ -914,57 +933,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		r.inSince = info.CachedInfo().Created
 	}
 	return st, nil
-}
-
-// firstSeqSince is the sequence of the first message, on any subject, that
-// the stream name stored at or after t (a JetStream message get by start
-// time, which nats.go's jetstream package does not offer; a source
-// filtered to some of the subjects starts there all the same): 1 when the
-// server answers that the stream does not exist (everything it will hold
-// comes after t), the sequence after its last when it holds none since t.
-// ok is false when the server does not answer in time, or refuses.
-func (r *Reconciler) firstSeqSince(ctx context.Context, name string, t time.Time) (seq uint64, ok bool) {
-	ctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
-	defer cancel()
-	// The state is read first: a message stored after it and found
-	// nothing since t came after the get, so after t (but for the clocks'
-	// skew between regions, which makes a source start early, never late).
-	st, err := r.js.Stream(ctx, name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 1, true
-	}
-	if err != nil {
-		return 0, false
-	}
-	last := st.CachedInfo().State.LastSeq
-	req, err := json.Marshal(struct {
-		StartTime time.Time `json:"start_time"`
-		NextFor   string    `json:"next_by_subj,omitempty"`
-		NoHeaders bool      `json:"no_hdr"`
-	}{t.UTC(), ">", true})
-	if err != nil {
-		return 0, false
-	}
-	msg, err := r.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+name, req)
-	if err != nil {
-		return 0, false
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, false
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return last + 1, true
-	case resp.Error != nil, resp.Message == nil || resp.Message.Seq == 0:
-		return 0, false
-	}
-	return resp.Message.Seq, true
 }
 
 // sourceStart is where a source missing from an existing inbound stream is

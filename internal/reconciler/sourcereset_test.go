@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/reconciler/streamsrc"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
@@ -271,8 +272,8 @@ func TestSourceMissingAddedBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, c := sourceOf(st.CachedInfo(), "eu-west", gossip.RelaySubject("eu-west"))
-		_, p := sourceOf(st.CachedInfo(), "eu-west", gossip.PartitionSubjects("eu-west"))
+		_, c := streamsrc.SourceOf(st.CachedInfo(), "eu-west", gossip.RelaySubject("eu-west"))
+		_, p := streamsrc.SourceOf(st.CachedInfo(), "eu-west", gossip.PartitionSubjects("eu-west"))
 		if c != nil && p != nil {
 			break
 		}
