@@ -623,7 +623,6 @@ func (r *Reconciler) watchSources(st *streams) *streamsrc.Watcher {
 type streams struct {
 	relay jetstream.Consumer
 	in    jetstream.Stream
-	retry jetstream.Stream
 	mu    sync.Mutex // guards sources, changed by follow
 	// sources are the regions applied here.
 	sources []*source
@@ -662,9 +661,9 @@ type source struct {
 	apply jetstream.Consumer
 	epoch int64
 	// retry reads this region's debits of the source to apply again, from
-	// retryStream.
+	// the retry stream, whose counts retryStream reads.
 	retry       jetstream.Consumer
-	retryStream jetstream.Stream
+	retryStream apply.RetryStream
 	// legacy, when not nil, reads the source's spends left in the one
 	// spends stream of earlier releases.
 	legacy jetstream.Consumer
@@ -731,16 +730,12 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	legacy := true
 	var cur jetstream.Stream
 	g, gctx := errgroup.WithContext(ctx)
-	for _, cfg := range []jetstream.StreamConfig{local, spends} {
+	for _, cfg := range []jetstream.StreamConfig{local, spends, retry} {
 		g.Go(func() error {
 			_, err := natsconn.EnsureStream(gctx, r.js, cfg)
 			return err
 		})
 	}
-	g.Go(func() (err error) {
-		st.retry, err = natsconn.EnsureStream(gctx, r.js, retry)
-		return err
-	})
 	g.Go(func() error {
 		if _, err := r.js.Stream(gctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
 			legacy = false
@@ -886,7 +881,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		MaxDeliver:    -1,
 	})
 	for _, name := range sources {
-		src := &source{name: name, retryStream: st.retry, parts: make([]jetstream.Consumer, r.opts.Partitions)}
+		src := &source{name: name, retryStream: apply.StreamPending{NC: r.nc, Name: retry.Name}, parts: make([]jetstream.Consumer, r.opts.Partitions)}
 		// One message at a time, in order: see the package comment.
 		inOrder := jetstream.ConsumerConfig{
 			DeliverPolicy: jetstream.DeliverAllPolicy,

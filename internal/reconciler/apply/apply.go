@@ -66,9 +66,12 @@ type Rules interface {
 }
 
 // RetryStream is the retry stream, as read for the buckets whose debits
-// wait there.
+// wait there: before every message with debits, so once per message of
+// each partition.
 type RetryStream interface {
-	Info(ctx context.Context, opts ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error)
+	// Pending is how many entries wait under each subject matching
+	// filter that has any.
+	Pending(ctx context.Context, filter string) (map[string]uint64, error)
 }
 
 // Source is one other region whose spends are applied here, as one
