@@ -56,7 +56,7 @@ func SplitPartitions(data []byte, n, maxBytes int) (b *gossipv1.SpendBatch, out 
 	}
 	b = new(gossipv1.SpendBatch)
 	if err := proto.Unmarshal(data, b); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrInvalidBatch, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidBatch, err)
 	}
 	if err := ValidateHeader(b); err != nil {
 		return nil, nil, err
