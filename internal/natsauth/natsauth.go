@@ -5,7 +5,8 @@
 // authorization block (Config) and writes each identity's seed (Write).
 //
 // What the permissions guarantee: a region's flushes (limiter.local.<r>)
-// come only from its limiterd, its relayed spends (limiter.relay.<r>) and
+// come only from its limiterd, its relayed spends (limiter.relay.<r>, and
+// limiter.relay.<r>.<partition>) and
 // its retries (limiter.retry.<r>.>) only from its reconciler, and rules
 // only from the admin writer; nobody publishes to the legacy spends
 // subjects (limiter.spends.>) any more; a reconciler creates and updates
@@ -137,10 +138,12 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		}
 	case RoleReconciler:
 		local, spends, in, retry := gossip.LocalStream(self), gossip.RegionStream(self), gossip.InStream(self), gossip.RetryStream(self)
-		pub := []string{gossip.RelaySubject(self), gossip.RetrySubjectPrefix + self + ".>"}
+		pub := []string{gossip.RelaySubject(self), gossip.PartitionSubjects(self), gossip.RetrySubjectPrefix + self + ".>"}
 		for _, stream := range []string{local, spends, in, retry} {
 			pub = append(pub, api+"STREAM.INFO."+stream, api+"STREAM.CREATE."+stream, api+"STREAM.UPDATE."+stream)
 		}
+		// The inbound stream's consumers are listed (their backlogs).
+		pub = append(pub, api+"CONSUMER.LIST."+in)
 		// The one spends stream of earlier releases: looked up, and read
 		// where it still exists (the migration); never made.
 		pub = append(pub, api+"STREAM.INFO."+gossip.SpendStream)
@@ -154,6 +157,11 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src), api+"STREAM.MSG.GET."+gossip.RegionStream(src))
 				apply := "apply-" + self + "-from-" + src
 				pub = append(pub, consumer(in, apply, gossip.RelaySubject(src))...)
+				// One in-order consumer per partition, as many as any
+				// --apply.partitions allows.
+				for p := range gossip.MaxPartitions {
+					pub = append(pub, consumer(in, apply+"-p"+strconv.Itoa(p), gossip.PartitionSubject(src, p))...)
+				}
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)
 				pub = append(pub, consumer(gossip.SpendStream, apply, gossip.SpendSubject(src))...)
 			}

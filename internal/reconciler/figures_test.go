@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -161,47 +163,104 @@ func BenchmarkReconcileLag(b *testing.B) {
 	}
 }
 
-// BenchmarkApplyThroughput publishes 20 messages of 5,000 distinct keys as
-// us-east's spends and reports how fast eu-west's reconciler applies them.
+// BenchmarkApplyThroughput publishes 40 flushes of 5,000 distinct keys as
+// us-east's spends, split into partitions as us-east's relay splits them,
+// and reports how fast eu-west's reconcilers apply them: one partition and
+// one reconciler (the serial path of earlier releases), then
+// DefaultPartitions partitions and 1, 2 and 4 reconcilers of eu-west (in
+// this process: each its own connections, loops and Redis pipelines).
+// keys/s/core divides by the machine's cores (GOMAXPROCS), which the
+// reconcilers share with NATS and Redis.
 func BenchmarkApplyThroughput(b *testing.B) {
-	for b.Loop() {
-		s := newStack(b, quotaRules, 100*time.Millisecond, 1)
-		// As us-east's reconciler, the one identity allowed to publish
-		// the region's relayed spends on a locked NATS.
-		nc := s.connectAs("reconciler-us-east")
-		js, err := jetstream.New(nc)
+	for _, c := range []struct{ partitions, reconcilers int }{{1, 1}, {DefaultPartitions, 1}, {DefaultPartitions, 2}, {DefaultPartitions, 4}} {
+		b.Run(fmt.Sprintf("partitions=%d/reconcilers=%d", c.partitions, c.reconcilers), func(b *testing.B) {
+			for b.Loop() {
+				applyThroughput(b, c.partitions, c.reconcilers)
+			}
+		})
+	}
+}
+
+func applyThroughput(b *testing.B, partitions, reconcilers int) {
+	s := newStack(b, quotaRules, 100*time.Millisecond, 0)
+	s.recOpts = func(o *Options) { o.Partitions = partitions }
+	s.startReconciler("us-east")
+	for range reconcilers {
+		s.startReconciler("eu-west")
+	}
+	s.waitReady()
+	// As us-east's reconciler, the one identity allowed to publish the
+	// region's relayed spends on a locked NATS.
+	nc := s.connectAs("reconciler-us-east")
+	js, err := jetstream.New(nc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const messages, keys = 40, 5000
+	type msg struct {
+		subject string
+		data    []byte
+	}
+	var payloads []msg
+	for m := range messages {
+		spends := make([]gossip.Spend, keys)
+		for k := range spends {
+			spends[k] = gossip.Spend{Rule: "quota", Key: fmt.Sprintf("t%d-%d", m, k), Cost: 1}
+		}
+		now := time.Now().UnixMicro()
+		parts, err := gossip.Split(gossip.Header{Region: "us-east", Instance: "bench", Sequence: uint64(m + 1),
+			FirstAdmitted: now, Flushed: now}, spends, gossip.DefaultMaxMessageBytes)
+		if err != nil || len(parts) != 1 {
+			b.Fatalf("split: %d parts, %v", len(parts), err)
+		}
+		_, split, err := gossip.SplitPartitions(parts[0], partitions, gossip.DefaultMaxMessageBytes)
 		if err != nil {
 			b.Fatal(err)
 		}
-		const messages, keys = 20, 5000
-		var payloads [][]byte
-		for m := range messages {
-			spends := make([]gossip.Spend, keys)
-			for k := range spends {
-				spends[k] = gossip.Spend{Rule: "quota", Key: fmt.Sprintf("t%d-%d", m, k), Cost: 1}
-			}
-			now := time.Now().UnixMicro()
-			parts, err := gossip.Split(gossip.Header{Region: "us-east", Instance: "bench", Sequence: uint64(m + 1),
-				FirstAdmitted: now, Flushed: now}, spends, gossip.DefaultMaxMessageBytes)
-			if err != nil || len(parts) != 1 {
-				b.Fatalf("split: %d parts, %v", len(parts), err)
-			}
-			payloads = append(payloads, parts[0])
-		}
-		rec := s.regions["eu-west"].recs[0]
-		start := time.Now()
-		for _, p := range payloads {
-			if _, err := js.Publish(context.Background(), gossip.RelaySubject("us-east"), p); err != nil {
-				b.Fatal(err)
+		for p, data := range split {
+			if data != nil {
+				payloads = append(payloads, msg{gossip.PartitionSubject("us-east", p), data})
 			}
 		}
-		for testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("us-east")) < messages*keys {
-			if time.Since(start) > 2*time.Minute {
-				b.Fatal("not applied after 2 minutes")
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		b.ReportMetric(messages*keys/time.Since(start).Seconds(), "keys/s")
-		nc.Close()
 	}
+	applied := func() float64 {
+		var n float64
+		for _, rec := range s.regions["eu-west"].recs {
+			n += testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues("us-east"))
+		}
+		return n
+	}
+	start, cpu0 := time.Now(), processCPU()
+	for _, p := range payloads {
+		if _, err := js.PublishAsync(p.subject, p.data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(time.Minute):
+		b.Fatal("not published after a minute")
+	}
+	for applied() < messages*keys {
+		if time.Since(start) > 2*time.Minute {
+			b.Fatal("not applied after 2 minutes")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	rate := messages * keys / time.Since(start).Seconds()
+	b.ReportMetric(rate, "keys/s")
+	b.ReportMetric(rate/float64(runtime.GOMAXPROCS(0)), "keys/s/core")
+	// This process's CPU is the reconcilers' (limiterd is idle, NATS and
+	// Redis run in processes of their own), publishing included.
+	b.ReportMetric(messages*keys/(processCPU()-cpu0).Seconds(), "keys/reconciler-cpu-s")
+	nc.Close()
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -25,5 +25,6 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.StreamMaxAge, "stream.max-age", DefaultStreamMaxAge, "oldest spend message kept (the longest partition whose spends still apply)")
 	fs.Int64Var(&o.StreamMaxBytes, "stream.max-bytes", DefaultStreamMaxBytes, "largest size of each spend stream")
 	fs.IntVar(&o.StreamReplicas, "stream.replicas", 1, "replicas of the spend streams in the NATS cluster")
+	fs.IntVar(&o.Partitions, "apply.partitions", DefaultPartitions, "partitions of each region's spends, each applied in order by one reconciler at a time; the same in every region")
 	fs.StringVar(&o.HTTPAddress, "http.listen-address", DefaultHTTPAddress, "address serving /metrics, /healthz and /readyz")
 }

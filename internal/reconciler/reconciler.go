@@ -3,25 +3,30 @@
 // JetStream cluster, and applies every other region's spends, sourced into
 // the region's inbound stream, to this region's buckets, at most once each.
 //
-// Concurrency: one relay loop, and per other region one apply loop and one
-// retry loop. Each apply loop reads a durable consumer that delivers one
-// message at a time, in stream order, so a region's spends are applied in
-// sequence; that order is what lets the debit script tell a redelivery from
-// a new message. A client whose Redis node fails is not waited for: its
-// debits go to the retry stream, in order, under a subject of its slot's
-// bucket, and until that bucket's retries are applied every later debit of
-// a client of the bucket follows them there; the retry loop applies them in
-// the same order with the same markers. Several reconcilers of one region
-// share the durable consumers: the work is spread over them, and when one
-// dies its unacknowledged message goes to another after the ack wait.
-// Package apply applies each message and each retry entry; this package
-// sets up the streams and consumers, runs the loops and follows the
-// topology.
+// Concurrency: one relay loop, and per other region one apply loop per
+// partition (gossip.PartitionSubject: the relay splits each flush by key
+// into Options.Partitions), one for its unpartitioned spends of earlier
+// releases, and one retry loop. Each apply loop reads a durable consumer
+// that delivers one message at a time, in stream order, so each partition
+// of a region's spends is applied in sequence, and the partitions side by
+// side; that order, and a client's marker per partition, are what let the
+// debit script tell a redelivery from a new message. A client whose Redis
+// node fails is not waited for: its debits go to the retry stream, in
+// order, under a subject of its slot's bucket, and until that bucket's
+// retries are applied every later debit of a client of the bucket follows
+// them there; the retry loop applies them in the same order with the same
+// markers. Several reconcilers of one region share the durable consumers:
+// the partitions are spread over them, and when one dies its
+// unacknowledged messages go to others after the ack wait. A topology
+// switch that removes a region stops all of its loops, and waits for them,
+// before the new topology is in force.
+// Package apply applies each message and each retry entry, and package
+// streamsrc follows the inbound stream's sources; this package sets up
+// the streams and consumers, runs the loops and follows the topology.
 package reconciler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -29,6 +34,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,16 +44,19 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/reconciler/apply"
+	"github.com/limiterd/limiterd/internal/reconciler/streamsrc"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
 
 // Defaults of the flags.
@@ -57,6 +66,7 @@ const (
 	DefaultStreamMaxAge   = time.Hour
 	DefaultStreamMaxBytes = 256 << 20
 	DefaultApplyTimeout   = apply.DefaultTimeout
+	DefaultPartitions     = 8
 )
 
 // Options configure a Reconciler.
@@ -96,6 +106,17 @@ type Options struct {
 	StreamReplicas int
 	// MaxMessageBytes bounds a spend message.
 	MaxMessageBytes int
+	// Partitions is the number of partitions of each region's spends
+	// (--apply.partitions, 1 to gossip.MaxPartitions): this region's relay
+	// splits its flushes into that many, and this region applies each
+	// other region's that many, each with its own in-order consumer. It
+	// must be the same in every region: a partition of another region's
+	// beyond this region's count is not applied here (its spends wait in
+	// the inbound stream, and an error is logged), and below it a
+	// consumer reads nothing. Changing it is safe for the spends already
+	// relayed once every region's reconcilers have the new count: each
+	// partition's subject keeps its own order and markers.
+	Partitions int
 	// HTTPAddress serves /metrics, /healthz and /readyz.
 	HTTPAddress string
 	// Logger defaults to slog.Default().
@@ -116,6 +137,10 @@ type Reconciler struct {
 	srcMu   sync.Mutex
 	sources []string
 	added   map[string]time.Time
+	// loops are the running loops of each source, guarded by srcMu: a
+	// switch that removes a source stops them and waits for them before
+	// the new topology is in force.
+	loops map[string]*sourceLoops
 	// topoChanged tells the loops that the sources changed.
 	topoChanged chan struct{}
 	// inSince is when the first inbound stream this reconciler used was
@@ -136,6 +161,9 @@ type Reconciler struct {
 	// applied and before its ack; returning false skips the ack, as a
 	// reconciler that dies at that moment would.
 	beforeAck func(src string, seq uint64) bool
+	// beforeApply, when set by a test, runs in an apply loop before each
+	// message fetched is applied.
+	beforeApply func(ctx context.Context, src apply.Source)
 	// beforeSourceAdded, when set by a test, runs in setup before the
 	// inbound stream that exists is updated with the sources added, named.
 	beforeSourceAdded func(ctx context.Context, added []string)
@@ -159,6 +187,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.MaxMessageBytes == 0 {
 		o.MaxMessageBytes = gossip.DefaultMaxMessageBytes
+	}
+	if o.Partitions == 0 {
+		o.Partitions = DefaultPartitions
 	}
 	if o.HTTPAddress == "" {
 		o.HTTPAddress = DefaultHTTPAddress
@@ -208,6 +239,9 @@ func (o *Options) validate() error {
 	if o.MaxMessageBytes < 4<<10 || o.MaxMessageBytes > 8<<20 {
 		errs = append(errs, fmt.Errorf("--gossip.max-message-bytes: must be 4KiB to 8MiB, got %d", o.MaxMessageBytes))
 	}
+	if o.Partitions < 1 || o.Partitions > gossip.MaxPartitions {
+		errs = append(errs, fmt.Errorf("--apply.partitions: must be 1 to %d, got %d", gossip.MaxPartitions, o.Partitions))
+	}
 	return errors.Join(errs...)
 }
 
@@ -218,7 +252,7 @@ func New(opts Options) (*Reconciler, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), added: map[string]time.Time{}, topoChanged: make(chan struct{}, 1)}
+	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), added: map[string]time.Time{}, loops: map[string]*sourceLoops{}, topoChanged: make(chan struct{}, 1)}
 	topo, err := topowatch.New(topowatch.Options{File: opts.TopologyFile, Region: opts.Region, Poll: opts.TopologyPoll,
 		Validate: r.validateTopology, OnSwitch: r.switchTopology, Logger: r.log}, reg)
 	if errors.Is(err, topowatch.ErrOwnRegionMissing) {
@@ -278,11 +312,14 @@ func (r *Reconciler) validateTopology(next *region.Topology) error {
 
 // switchTopology makes the other regions of next the sources: a region
 // added is sourced into the inbound stream from now on (its past is not
-// debited here), with its consumers and loops; a removed one's loops stop.
-// The loops pick the change up (run).
+// debited here), with its consumers and loops (run picks the change up);
+// the loops of a removed one are stopped, and waited for, before the
+// switch returns, so that none of its spends is applied once next is in
+// force.
 func (r *Reconciler) switchTopology(_, next *region.Topology) error {
 	sources := otherRegions(next, r.opts.Region)
 	now := time.Now()
+	var removed []*sourceLoops
 	r.srcMu.Lock()
 	for _, name := range sources {
 		if !slices.Contains(r.sources, name) {
@@ -293,15 +330,68 @@ func (r *Reconciler) switchTopology(_, next *region.Topology) error {
 	for _, name := range r.sources {
 		if !slices.Contains(sources, name) {
 			r.m.removeSource(name)
+			if l := r.loops[name]; l != nil {
+				removed = append(removed, l)
+				delete(r.loops, name)
+			}
 		}
 	}
 	r.sources = sources
 	r.srcMu.Unlock()
+	for _, l := range removed {
+		l.stopAndWait()
+		r.log.Info("source region removed: its spends are no longer applied here (its consumers stay)", "source", l.name)
+	}
 	select {
 	case r.topoChanged <- struct{}{}:
 	default:
 	}
 	return nil
+}
+
+// sourceLoops are the loops of one source region, stopped together.
+type sourceLoops struct {
+	name string
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+func (l *sourceLoops) stopAndWait() {
+	l.stop()
+	l.wg.Wait()
+}
+
+// startLoops starts src's apply and retry loops under ctx, unless src is
+// no longer a source (a switch removed it since the set-up) or its loops
+// run already.
+func (r *Reconciler) startLoops(ctx context.Context, src *source) {
+	r.srcMu.Lock()
+	defer r.srcMu.Unlock()
+	if !slices.Contains(r.sources, src.name) || r.loops[src.name] != nil {
+		return
+	}
+	sctx, stop := context.WithCancel(ctx)
+	l := &sourceLoops{name: src.name, stop: stop}
+	r.loops[src.name] = l
+	for p, c := range src.parts {
+		l.wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
+	}
+	l.wg.Go(func() { r.applyLoop(sctx, src.applied(false), src.apply) })
+	l.wg.Go(func() { r.retryLoop(sctx, src) })
+	if src.legacy != nil {
+		l.wg.Go(func() { r.applyLoop(sctx, src.applied(true), src.legacy) })
+	}
+}
+
+// stopLoops stops every source's loops and waits for them.
+func (r *Reconciler) stopLoops() {
+	r.srcMu.Lock()
+	loops := slices.Collect(maps.Values(r.loops))
+	clear(r.loops)
+	r.srcMu.Unlock()
+	for _, l := range loops {
+		l.stopAndWait()
+	}
 }
 
 // currentSources returns the sources and when each added at a switch was.
@@ -457,23 +547,14 @@ func (r *Reconciler) run(ctx context.Context) {
 		lctx, lost := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		wg.Go(func() { r.relayLoop(lctx, st.relay) })
-		loops := map[string]context.CancelFunc{}
-		startSource := func(src *source) {
-			sctx, stop := context.WithCancel(lctx)
-			loops[src.name] = stop
-			wg.Go(func() { r.applyLoop(sctx, src, src.apply, false) })
-			wg.Go(func() { r.retryLoop(sctx, src) })
-			if src.legacy != nil {
-				wg.Go(func() { r.applyLoop(sctx, src, src.legacy, true) })
-			}
-		}
 		for _, src := range st.current() {
-			startSource(src)
+			r.startLoops(lctx, src)
 		}
 		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
-		wg.Go(func() { r.sourceLoop(lctx, st) })
-		r.follow(lctx, st, loops, startSource)
+		wg.Go(func() { r.watchSources(st).Run(lctx, r.opts.Interval) })
+		r.follow(lctx, st)
 		wg.Wait()
+		r.stopLoops()
 		lost()
 		if ctx.Err() == nil {
 			r.log.Warn("a stream or consumer is gone, setting up again")
@@ -482,10 +563,10 @@ func (r *Reconciler) run(ctx context.Context) {
 }
 
 // follow waits for ctx, setting the streams up again at each change of the
-// sources: the loops of a source added start, those of one removed stop
-// (its consumers stay: the reconciler may not delete them), and the others
-// go on undisturbed.
-func (r *Reconciler) follow(ctx context.Context, st *streams, loops map[string]context.CancelFunc, start func(*source)) {
+// sources: the loops of a source added start, and the others go on
+// undisturbed. (A removed source's loops are stopped by the switch itself;
+// its consumers stay: the reconciler may not delete them.)
+func (r *Reconciler) follow(ctx context.Context, st *streams) {
 	var retry <-chan time.Time
 	for {
 		select {
@@ -505,29 +586,43 @@ func (r *Reconciler) follow(ctx context.Context, st *streams, loops map[string]c
 		}
 		var srcs []*source
 		for _, src := range next.sources {
-			if old := st.find(src.name); old != nil {
-				srcs = append(srcs, old)
-				continue
+			old := st.find(src.name)
+			if old == nil {
+				old = src
+				r.log.Info("source region added: its spends from now on are applied here", "source", src.name)
 			}
-			start(src)
-			srcs = append(srcs, src)
-			r.log.Info("source region added: its spends from now on are applied here", "source", src.name)
-		}
-		for name, stop := range loops {
-			if !slices.ContainsFunc(srcs, func(s *source) bool { return s.name == name }) {
-				stop()
-				delete(loops, name)
-				r.log.Info("source region removed: its spends are no longer applied here (its consumers stay)", "source", name)
-			}
+			// Started again when a switch removed it and the next
+			// brought it back before this round.
+			r.startLoops(ctx, old)
+			srcs = append(srcs, old)
 		}
 		st.set(srcs)
 	}
 }
 
+// watchSources is the watch of the inbound stream's sources of st.
+func (r *Reconciler) watchSources(st *streams) *streamsrc.Watcher {
+	return &streamsrc.Watcher{JS: r.js, Region: r.opts.Region, Log: r.log,
+		Active: r.m.sourceActive, Stalls: r.m.sourceStalls, Resets: r.m.sourceResets,
+		Regions: func() []string {
+			var names []string
+			for _, src := range st.current() {
+				names = append(names, src.name)
+			}
+			return names
+		},
+		Unknown: func() {
+			select {
+			case r.topoChanged <- struct{}{}:
+			default:
+			}
+		}}
+}
+
 // streams are the consumers a reconciler reads, made by setup.
 type streams struct {
 	relay jetstream.Consumer
-	retry jetstream.Stream
+	in    jetstream.Stream
 	mu    sync.Mutex // guards sources, changed by follow
 	// sources are the regions applied here.
 	sources []*source
@@ -559,14 +654,16 @@ func (st *streams) find(name string) *source {
 // source is what this region reads of one other region.
 type source struct {
 	name string
-	// apply reads the source's spends in this region's inbound stream,
-	// whose creation (µs) is epoch.
+	// parts read each partition of the source's spends in this region's
+	// inbound stream, whose creation (µs) is epoch; apply reads what the
+	// source relayed unpartitioned (earlier releases).
+	parts []jetstream.Consumer
 	apply jetstream.Consumer
 	epoch int64
 	// retry reads this region's debits of the source to apply again, from
-	// retryStream.
+	// the retry stream, whose counts retryStream reads.
 	retry       jetstream.Consumer
-	retryStream jetstream.Stream
+	retryStream apply.RetryStream
 	// legacy, when not nil, reads the source's spends left in the one
 	// spends stream of earlier releases.
 	legacy jetstream.Consumer
@@ -576,6 +673,13 @@ type source struct {
 // (legacy) the one spends stream of earlier releases.
 func (src *source) applied(legacy bool) apply.Source {
 	return apply.Source{Name: src.name, Epoch: src.epoch, Legacy: legacy, Retry: src.retryStream}
+}
+
+// partition is src's partition p as the applier reads it.
+func (src *source) partition(p int) apply.Source {
+	as := src.applied(false)
+	as.Partitioned, as.Partition = true, p
+	return as
 }
 
 // streamConfig is what every stream of this region shares: its limits, its
@@ -613,21 +717,46 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	st := &streams{}
 	local := r.streamConfig(gossip.LocalStream(self), jetstream.WorkQueuePolicy)
 	local.Subjects = []string{gossip.LocalSubject(self)}
-	if _, err := natsconn.EnsureStream(ctx, r.js, local); err != nil {
-		return nil, err
-	}
 	spends := r.streamConfig(gossip.RegionStream(self), jetstream.LimitsPolicy)
-	spends.Subjects = []string{gossip.RelaySubject(self)}
-	if _, err := natsconn.EnsureStream(ctx, r.js, spends); err != nil {
+	// The unpartitioned subject of earlier releases stays, so that a relay
+	// of one of them during an upgrade still publishes.
+	spends.Subjects = []string{gossip.RelaySubject(self), gossip.PartitionSubjects(self)}
+	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
+	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
+	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
+	// The streams but the inbound one are made, and the legacy and the
+	// inbound streams looked up, side by side, as the consumers below:
+	// each call may cross the WAN to the meta leader.
+	legacy := true
+	var cur jetstream.Stream
+	g, gctx := errgroup.WithContext(ctx)
+	for _, cfg := range []jetstream.StreamConfig{local, spends, retry} {
+		g.Go(func() error {
+			_, err := natsconn.EnsureStream(gctx, r.js, cfg)
+			return err
+		})
+	}
+	g.Go(func() error {
+		if _, err := r.js.Stream(gctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
+			legacy = false
+		} else if err != nil {
+			return fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		s, err := r.js.Stream(gctx, in.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil
+		} else if err != nil {
+			return fmt.Errorf("stream %s: %w", in.Name, err)
+		}
+		cur = s
+		return nil
+	})
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	legacy := true
-	if _, err := r.js.Stream(ctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
-		legacy = false
-	} else if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
-	}
-	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
 	// A new inbound stream takes the other regions' spends from now on (a
 	// new region is not debited with the past); during the migration from
 	// the one spends stream it takes all they hold, since this region did
@@ -650,9 +779,8 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	// stop), so that reconcilers of the region on different generations
 	// for a moment do not undo one another's updates.
 	sources, added := r.currentSources()
-	have, exists := map[string]bool{}, false
-	if cur, err := r.js.Stream(ctx, in.Name); err == nil {
-		exists = true
+	have, exists := map[string]bool{}, cur != nil
+	if exists {
 		for _, src := range cur.CachedInfo().Config.Sources {
 			in.Sources = append(in.Sources, src)
 			have[src.Name+" "+src.FilterSubject] = true
@@ -660,60 +788,100 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		if !legacy {
 			start = nil // set per source below
 		}
-	} else if !errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
 	}
+	// Each other region's spends stream is sourced twice: its partitions'
+	// subjects, and the unpartitioned subject of earlier releases, which
+	// it holds while it or its relays are not upgraded yet. The partitions
+	// added to an inbound stream that has the unpartitioned source (an
+	// upgrade) are sourced from the first message the stream holds: none
+	// was sourced here, and the source region may have been upgraded first.
 	var newSources []string
+	g, gctx = errgroup.WithContext(ctx)
 	for _, src := range sources {
-		name, filter := gossip.RegionStream(src), gossip.RelaySubject(src)
-		if have[name+" "+filter] {
+		fresh := false
+		// The sources of src to start from a time: see below.
+		var fromTime []*jetstream.StreamSource
+		for _, filter := range []string{gossip.RelaySubject(src), gossip.PartitionSubjects(src)} {
+			name := gossip.RegionStream(src)
+			if have[name+" "+filter] {
+				continue
+			}
+			from := start
+			if exists && !legacy {
+				from = r.sourceStart(added[src])
+			}
+			ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
+			if filter != gossip.RelaySubject(src) && have[name+" "+gossip.RelaySubject(src)] {
+				ss.OptStartTime, ss.OptStartSeq = nil, 1
+			}
+			if ss.OptStartTime != nil {
+				fromTime = append(fromTime, ss)
+			}
+			in.Sources = append(in.Sources, ss)
+			fresh = true
+		}
+		if fresh {
+			newSources = append(newSources, src)
+		}
+		if len(fromTime) == 0 {
 			continue
 		}
-		from := start
-		if exists && !legacy {
-			from = r.sourceStart(added[src])
-		}
-		ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
-		if from != nil {
-			// Sourced from a time, the server sources from the inbound
-			// stream's last message instead when that is later, as it
-			// first succeeds (trySetupSourceConsumer): another source's
-			// message landing before this one is set up would make it
-			// skip what its stream got since from. So the source starts
-			// at the sequence of its stream's first message since from.
-			if seq, ok := r.firstSeqSince(ctx, name, filter, *from); ok {
-				ss.OptStartTime, ss.OptStartSeq = nil, seq
-			} else {
-				r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
-					"source", src, "since", *from)
+		// Sourced from a time, the server sources from the inbound
+		// stream's last message instead when that is later, as it first
+		// succeeds (trySetupSourceConsumer): another source's message
+		// landing before this one is set up would make it skip what its
+		// stream got since from. So the source starts at the sequence of
+		// its stream's first message since from, asked once for both of
+		// src's sources (a round trip to that region), and of every
+		// source region side by side.
+		g.Go(func() error {
+			from := *fromTime[0].OptStartTime
+			seq, ok := streamsrc.FirstSeqSince(gctx, r.nc, r.js, gossip.RegionStream(src), from)
+			for _, ss := range fromTime {
+				if ok {
+					ss.OptStartTime, ss.OptStartSeq = nil, seq
+				} else {
+					r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
+						"source", src, "filter", ss.FilterSubject, "since", from)
+				}
 			}
-		}
-		in.Sources = append(in.Sources, ss)
-		newSources = append(newSources, src)
+			return nil
+		})
 	}
+	_ = g.Wait() // firstSeqSince fails to a start time, not an error
 	if exists && len(newSources) > 0 && r.beforeSourceAdded != nil {
 		r.beforeSourceAdded(ctx, newSources)
 	}
 	if _, err := natsconn.EnsureStream(ctx, r.js, in); err != nil {
 		return nil, err
 	}
-	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
-	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
-	var err error
-	if st.retry, err = natsconn.EnsureStream(ctx, r.js, retry); err != nil {
-		return nil, err
+	// The consumers are made side by side. Each create, even of a
+	// consumer that exists as asked, is a proposal to the JetStream meta
+	// leader, which on a supercluster may be in another region: made one
+	// after another (ten per source at 8 partitions) they took a WAN round
+	// trip or two each, and under load outlasted the set-up's timeout,
+	// after which the set-up began again with as many.
+	g, gctx = errgroup.WithContext(ctx)
+	g.SetLimit(maxConsumerCreates)
+	create := func(dst *jetstream.Consumer, stream string, c jetstream.ConsumerConfig) {
+		g.Go(func() error {
+			cons, err := r.js.CreateOrUpdateConsumer(gctx, stream, c)
+			if err != nil {
+				return fmt.Errorf("consumer %s on %s: %w", c.Durable, stream, err)
+			}
+			*dst = cons
+			return nil
+		})
 	}
-	if st.relay, err = r.js.CreateOrUpdateConsumer(ctx, local.Name, jetstream.ConsumerConfig{
+	create(&st.relay, local.Name, jetstream.ConsumerConfig{
 		Durable:       "relay",
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.opts.AckWait,
 		MaxAckPending: 1024,
 		MaxDeliver:    -1,
-	}); err != nil {
-		return nil, fmt.Errorf("consumer relay: %w", err)
-	}
+	})
 	for _, name := range sources {
-		src := &source{name: name, retryStream: st.retry}
+		src := &source{name: name, retryStream: apply.StreamPending{NC: r.nc, Name: retry.Name}, parts: make([]jetstream.Consumer, r.opts.Partitions)}
 		// One message at a time, in order: see the package comment.
 		inOrder := jetstream.ConsumerConfig{
 			DeliverPolicy: jetstream.DeliverAllPolicy,
@@ -724,24 +892,26 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		}
 		c := inOrder
 		c.Durable, c.FilterSubject = applyConsumer(self, name), gossip.RelaySubject(name)
-		if src.apply, err = r.js.CreateOrUpdateConsumer(ctx, in.Name, c); err != nil {
-			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
+		create(&src.apply, in.Name, c)
+		for p := range src.parts {
+			c := inOrder
+			c.Durable, c.FilterSubject = partitionConsumer(self, name, p), gossip.PartitionSubject(name, p)
+			create(&src.parts[p], in.Name, c)
 		}
 		c = inOrder
 		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
-		if src.retry, err = r.js.CreateOrUpdateConsumer(ctx, retry.Name, c); err != nil {
-			return nil, fmt.Errorf("consumer %s: %w", c.Durable, err)
-		}
+		create(&src.retry, retry.Name, c)
 		if legacy {
 			// As earlier releases made it, so that it goes on where their
 			// reconcilers stopped.
 			c = inOrder
 			c.Durable, c.FilterSubject, c.DeliverPolicy = applyConsumer(self, name), gossip.SpendSubject(name), jetstream.DeliverNewPolicy
-			if src.legacy, err = r.js.CreateOrUpdateConsumer(ctx, gossip.SpendStream, c); err != nil {
-				return nil, fmt.Errorf("consumer %s on %s: %w", c.Durable, gossip.SpendStream, err)
-			}
+			create(&src.legacy, gossip.SpendStream, c)
 		}
 		st.sources = append(st.sources, src)
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	// The epoch is read after the consumers are made: a stream made again
 	// since would have taken them with it, and the loops would come back here.
@@ -749,6 +919,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
 	}
+	st.in = info
 	epoch := max(info.CachedInfo().Created.UnixMicro(), 1)
 	for _, src := range st.sources {
 		src.epoch = epoch
@@ -757,56 +928,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		r.inSince = info.CachedInfo().Created
 	}
 	return st, nil
-}
-
-// firstSeqSince is the sequence of the first message on filter that the
-// stream name stored at or after t (a JetStream message get by start
-// time, which nats.go's jetstream package does not offer): 1 when the
-// server answers that the stream does not exist (everything it will hold
-// comes after t), the sequence after its last when it holds none since t.
-// ok is false when the server does not answer in time, or refuses.
-func (r *Reconciler) firstSeqSince(ctx context.Context, name, filter string, t time.Time) (seq uint64, ok bool) {
-	ctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
-	defer cancel()
-	// The state is read first: a message stored after it and found
-	// nothing since t came after the get, so after t (but for the clocks'
-	// skew between regions, which makes a source start early, never late).
-	st, err := r.js.Stream(ctx, name)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return 1, true
-	}
-	if err != nil {
-		return 0, false
-	}
-	last := st.CachedInfo().State.LastSeq
-	req, err := json.Marshal(struct {
-		StartTime time.Time `json:"start_time"`
-		NextFor   string    `json:"next_by_subj,omitempty"`
-		NoHeaders bool      `json:"no_hdr"`
-	}{t.UTC(), filter, true})
-	if err != nil {
-		return 0, false
-	}
-	msg, err := r.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+name, req)
-	if err != nil {
-		return 0, false
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Seq uint64 `json:"seq"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, false
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return last + 1, true
-	case resp.Error != nil, resp.Message == nil || resp.Message.Seq == 0:
-		return 0, false
-	}
-	return resp.Message.Seq, true
 }
 
 // sourceStart is where a source missing from an existing inbound stream is
@@ -823,16 +944,29 @@ func (r *Reconciler) sourceStart(added time.Time) *time.Time {
 	return &added
 }
 
+// maxConsumerCreates bounds the consumer creates a set-up has under way
+// at once.
+const maxConsumerCreates = 32
+
 func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
 func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
 
-// relayLoop forwards this region's limiterd flushes, one to one, to the
-// region's spends stream. The message id is the flush's own (instance,
-// sequence, part), so a relay that dies between publishing and
-// acknowledging makes a duplicate that the stream drops. Invalid entries
-// are relayed as they are: each region that applies the batch skips them.
+// partitionConsumer is the apply consumer of partition p of src's spends.
+func partitionConsumer(self, src string, p int) string {
+	return applyConsumer(self, src) + "-p" + strconv.Itoa(p)
+}
+
+// relayLoop forwards this region's limiterd flushes to the region's spends
+// stream, each split by key into the partitions (gossip.SplitPartitions),
+// one message per partition that has entries. The split is done here, not
+// by limiterd, so that limiterd needs no partition count and the flushes
+// of every limiterd release are split alike. A message id is the flush's
+// own (instance, sequence, part) and the partition, so a relay that dies
+// between publishing and acknowledging makes duplicates that the stream
+// drops (and, past its duplicate window, that the applying regions' flush
+// records skip). Invalid entries are relayed as they are: each region that
+// applies the batch skips them.
 func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
-	subject := gossip.RelaySubject(r.opts.Region)
 	for ctx.Err() == nil {
 		batch, err := c.Fetch(256, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -840,7 +974,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 			continue
 		}
 		for msg := range batch.Messages() {
-			b, _, err := gossip.DecodeEntries(msg.Data(), r.opts.MaxMessageBytes)
+			b, parts, err := gossip.SplitPartitions(msg.Data(), r.opts.Partitions, r.opts.MaxMessageBytes)
 			if err == nil && b.GetRegion() != r.opts.Region {
 				err = fmt.Errorf("%w: region: %q on %s's local stream", gossip.ErrInvalidBatch, b.GetRegion(), r.opts.Region)
 			}
@@ -848,11 +982,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				r.applier.Reject(msg, "relay", err)
 				continue
 			}
-			id := fmt.Sprintf("%s-%d-%d", b.GetInstance(), b.GetSequence(), b.GetPart())
-			pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
-			_, err = r.js.Publish(pctx, subject, msg.Data(), jetstream.WithMsgID(id))
-			cancel()
-			if err != nil {
+			if err := r.relay(ctx, b, parts); err != nil {
 				r.log.Warn("relay publish failed, will retry", "err", err)
 				msg.NakWithDelay(r.opts.Interval)
 				continue
@@ -868,17 +998,59 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 	}
 }
 
-// applyLoop applies src's spends, one message at a time, in order, from
-// the inbound stream or (legacy) the one spends stream of earlier releases.
-func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Consumer, legacy bool) {
-	as := src.applied(legacy)
+// relay publishes the partitions of flush part b, all at once, and waits
+// for every ack.
+func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte) error {
+	pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
+	defer cancel()
+	var acks []jetstream.PubAckFuture
+	for p, data := range parts {
+		if data == nil {
+			continue
+		}
+		id := fmt.Sprintf("%s-%d-%d-p%d", b.GetInstance(), b.GetSequence(), b.GetPart(), p)
+		f, err := r.js.PublishAsync(gossip.PartitionSubject(r.opts.Region, p), data, jetstream.WithMsgID(id))
+		if err != nil {
+			return err
+		}
+		acks = append(acks, f)
+	}
+	for _, f := range acks {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			return err
+		case <-pctx.Done():
+			return pctx.Err()
+		}
+	}
+	return nil
+}
+
+// applyLoop applies the spends c reads, one message at a time, in order:
+// one partition of a source's, its unpartitioned ones, or (legacy) those
+// of the one spends stream of earlier releases.
+func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream.Consumer) {
 	for ctx.Err() == nil {
-		batch, err := c.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
+		// The consumer delivers one message at a time whatever the batch
+		// (MaxAckPending 1): one pull request serves up to applyBatch
+		// messages, each delivered once the one before is acknowledged,
+		// rather than a request per message.
+		batch, err := c.Fetch(applyBatch, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
 			r.pause(ctx, "apply fetch", err)
 			continue
 		}
 		for msg := range batch.Messages() {
+			if r.beforeApply != nil {
+				r.beforeApply(ctx, as)
+			}
+			if ctx.Err() != nil {
+				// Stopped (a switch removed the source, or the
+				// reconciler stops): not begun, so delivered again.
+				msg.Nak()
+				break
+			}
 			r.applier.Apply(ctx, as, msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
@@ -886,6 +1058,10 @@ func (r *Reconciler) applyLoop(ctx context.Context, src *source, c jetstream.Con
 		}
 	}
 }
+
+// applyBatch is how many messages one pull request of an apply loop asks
+// for: they come one at a time, in order, as each is acknowledged.
+const applyBatch = 64
 
 // retryLoop applies src's retry entries, one at a time, in order.
 func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
@@ -897,6 +1073,10 @@ func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
 			continue
 		}
 		for msg := range batch.Messages() {
+			if ctx.Err() != nil {
+				msg.Nak() // stopped, as in applyLoop
+				continue
+			}
 			r.applier.Retry(ctx, as, msg)
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
@@ -939,17 +1119,32 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 		}
 		missing := gone(err)
+		// The inbound stream's consumers, every partition's of every
+		// source, in one listing rather than a call each.
+		in := map[string]*jetstream.ConsumerInfo{}
+		list := st.in.ListConsumers(ictx)
+		for ci := range list.Info() {
+			in[ci.Name] = ci
+		}
+		listErr := list.Err()
+		missing = missing || gone(listErr)
 		for _, src := range st.current() {
 			var n float64
-			for _, c := range []jetstream.Consumer{src.apply, src.legacy} {
-				if c == nil {
+			for _, c := range append([]jetstream.Consumer{src.apply}, src.parts...) {
+				if listErr != nil {
+					break
+				}
+				ci := in[c.CachedInfo().Name]
+				if ci == nil {
+					missing = true
 					continue
 				}
-				info, err := c.Info(ictx)
-				if err == nil {
+				n += float64(ci.NumPending + uint64(ci.NumAckPending))
+			}
+			if src.legacy != nil {
+				if info, err := src.legacy.Info(ictx); err == nil {
 					n += float64(info.NumPending + uint64(info.NumAckPending))
 				}
-				missing = missing || (c == src.apply && gone(err))
 			}
 			r.m.backlog.WithLabelValues(src.name).Set(n)
 			if info, err := src.retry.Info(ictx); err == nil {

@@ -98,7 +98,7 @@ func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
 	if deliveries.Load() < 5 {
 		t.Errorf("delivered %d times, want redeliveries throughout %v", deliveries.Load(), hold)
 	}
-	marker := redisstore.StreamMarkerKey("k", "us-east")
+	marker := redisstore.PartitionMarkerKey("k", "us-east", gossip.PartitionOf("k", DefaultPartitions))
 	if ttl := s.regions["eu-west"].redis.PTTL(context.Background(), marker).Val(); ttl < DefaultStreamMaxAge {
 		t.Errorf("the marker lives %v, less than the stream keeps a message (%v)", ttl, DefaultStreamMaxAge)
 	}
@@ -324,6 +324,7 @@ func TestStreamDeletedWhileRunning(t *testing.T) {
 }
 
 // TestConsumerDeletedWhileRunning: an operator deletes one apply consumer
+// (the partition of the key's)
 // (not its stream) while the reconciler runs. The reconciler makes it
 // again; the new consumer reads the inbound stream from its start, and
 // every flush it had applied already is known by the clients' markers and
@@ -336,11 +337,11 @@ func TestConsumerDeletedWhileRunning(t *testing.T) {
 		rec = s.regions["eu-west"].recs[0]
 		dupsBefore = testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east"))
 	}, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east"))
+		return js.DeleteConsumer(ctx, applyStream("eu-west"), partitionConsumer("eu-west", "us-east", gossip.PartitionOf("c", DefaultPartitions)))
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.Consumer(ctx, applyStream("eu-west"), applyConsumer("eu-west", "us-east")); err != nil {
+	if _, err := js.Consumer(ctx, applyStream("eu-west"), partitionConsumer("eu-west", "us-east", gossip.PartitionOf("c", DefaultPartitions))); err != nil {
 		t.Fatalf("the apply consumer was not made again: %v", err)
 	}
 	if dups := testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east")) - dupsBefore; dups < 1 {

@@ -2,12 +2,14 @@ package reconciler
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/reconciler/streamsrc"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
@@ -222,11 +224,16 @@ func (s *stack) inboundExact(t *testing.T, skip ...string) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			info, err := in.Info(t.Context(), jetstream.WithSubjectFilter(gossip.RelaySubject(src)))
+			info, err := in.Info(t.Context(), jetstream.WithSubjectFilter(gossip.RelaySubjectPrefix+">"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := info.State.Subjects[gossip.RelaySubject(src)]
+			var got uint64
+			for subject, n := range info.State.Subjects {
+				if subject == gossip.RelaySubject(src) || strings.HasPrefix(subject, gossip.RelaySubject(src)+".") {
+					got += n
+				}
+			}
 			t.Logf("%s holds %d messages of %s, whose spends stream holds %d", gossip.InStream(dst), got, src, published)
 			if got != published {
 				t.Errorf("%s holds %d messages of %s, want the %d of %s", gossip.InStream(dst), got, src, published, gossip.RegionStream(src))
@@ -265,7 +272,9 @@ func TestSourceMissingAddedBack(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, c := sourceOf(st.CachedInfo(), "eu-west"); c != nil {
+		_, c := streamsrc.SourceOf(st.CachedInfo(), "eu-west", gossip.RelaySubject("eu-west"))
+		_, p := streamsrc.SourceOf(st.CachedInfo(), "eu-west", gossip.PartitionSubjects("eu-west"))
+		if c != nil && p != nil {
 			break
 		}
 		if time.Since(removedAt) > 10*time.Second {

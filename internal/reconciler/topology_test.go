@@ -58,12 +58,7 @@ func (s *stack) waitGeneration(region string, gen uint64) {
 // removed again (generation 3), its loops stop: its spends are no longer
 // applied, and its source stays in the streams.
 func TestRegionAddedAtRunTime(t *testing.T) {
-	// Not parallel: a region added at run time lost the spends it
-	// published before the server set its source up when another
-	// region's message landed first (nats-server moves a source's start
-	// time to the stream's last message). Sources now start by sequence
-	// (TestRegionAddedSourcedBySequence); it runs alone until it is shown
-	// stable among the package's parallel tests.
+	t.Parallel()
 	names := []string{"us-east", "eu-west", "ap-south"}
 	old := []string{"us-east", "eu-west"}
 	s := buildStackTopo(t, names, map[string][]string{"us-east": old, "eu-west": old, "ap-south": names},

@@ -35,14 +35,24 @@ type ClientDebits struct {
 // (LIMITER_SPENDS), as a bare sequence. It shares the buckets' hash tag, so
 // one script checks it and debits them; no rule id starts with '~'.
 func MarkerKey(key, src string) string {
-	return Key("~from:"+src, key)
+	return Key(Position{}.markerRule(src), key)
 }
 
 // StreamMarkerKey is the key that records the position ("<epoch> <seq>") of
 // the last message of region src applied to the buckets of key from this
 // region's inbound stream.
 func StreamMarkerKey(key, src string) string {
-	return Key("~in:"+src, key)
+	return Key(Position{Epoch: 1}.markerRule(src), key)
+}
+
+// PartitionMarkerKey is the key that records the position ("<epoch> <seq>")
+// of the last message of partition p of region src applied to the buckets
+// of key from this region's inbound stream. A key changes partition only
+// when the partition count does; a marker per partition keeps each
+// partition's order its own, so a message of the old partition applied
+// after one of the new is still applied. No region name holds '.'.
+func PartitionMarkerKey(key, src string, p int) string {
+	return Key(Position{Epoch: 1, Partitioned: true, Partition: p}.markerRule(src), key)
 }
 
 // Position is a message's place in the stream it is applied from.
@@ -53,6 +63,12 @@ type Position struct {
 	Epoch int64
 	// Seq is the message's stream sequence.
 	Seq uint64
+	// Partitioned says the message came on partition Partition's subject
+	// of the inbound stream (not on the unpartitioned subject of earlier
+	// releases): each partition has its own markers, since the partitions
+	// are applied side by side, not in one stream order.
+	Partitioned bool
+	Partition   int
 }
 
 // String is the position as a flush's record holds it.
@@ -63,12 +79,17 @@ func (p Position) String() string {
 	return strconv.FormatInt(p.Epoch, 10) + ":" + strconv.FormatUint(p.Seq, 10)
 }
 
-// marker is the marker key of key for src at p.
-func (p Position) marker(key, src string) string {
-	if p.Epoch == 0 {
-		return MarkerKey(key, src)
+// markerRule is what stands for a rule in the marker keys of src at p
+// (MarkerKey, PartitionMarkerKey, StreamMarkerKey): the marker of key is
+// Key(p.markerRule(src), key).
+func (p Position) markerRule(src string) string {
+	switch {
+	case p.Epoch == 0:
+		return "~from:" + src
+	case p.Partitioned:
+		return "~in:" + src + "." + strconv.Itoa(p.Partition)
 	}
-	return StreamMarkerKey(key, src)
+	return "~in:" + src
 }
 
 // MessageKey is the key that records the first stream position of the
@@ -183,9 +204,11 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 		epochArg = strconv.FormatInt(pos.Epoch, 10)
 	}
 	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
+	markerRule := pos.markerRule(src)
+	limits := limitArgs{}
 	calls := make([]pipeline.Call, len(clients))
 	for i, c := range clients {
-		keys, args := debitArgs(pos.marker(c.Key, src), seqArg, ttlArg, epochArg, c)
+		keys, args := debitArgs(Key(markerRule, c.Key), seqArg, ttlArg, epochArg, c, limits)
 		calls[i] = pipeline.Call{Script: debitScript, Keys: keys, Args: args}
 	}
 	start := time.Now()
@@ -220,19 +243,30 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 	return res, nil
 }
 
-// debitArgs are the debit script's KEYS and ARGV for one client.
-func debitArgs(marker, seq, ttl, epoch string, c ClientDebits) ([]string, []any) {
+// debitArgs are the debit script's KEYS and ARGV for one client; limits
+// keeps each rule's limit as scriptArgs formats it, for the next clients
+// of one message.
+func debitArgs(marker, seq, ttl, epoch string, c ClientDebits, limits limitArgs) ([]string, []any) {
 	keys := make([]string, 1, 1+len(c.Debits))
 	keys[0] = marker
 	args := make([]any, 3, 3+4*len(c.Debits))
 	args[0], args[1], args[2] = seq, ttl, epoch
 	for _, d := range c.Debits {
 		keys = append(keys, Key(d.Rule, c.Key))
-		a := scriptArgs(d.Limit, d.Amount)
-		args = append(args, string(d.Limit.Algorithm), a[0], a[1], a[2])
+		l, ok := limits[d.Limit]
+		if !ok {
+			a := scriptArgs(d.Limit, 0)
+			l = [2]string{a[0], a[1]}
+			limits[d.Limit] = l
+		}
+		args = append(args, string(d.Limit.Algorithm), l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64))
 	}
 	return keys, args
 }
+
+// limitArgs are limits as scriptArgs formats them (capacity, then rate or
+// window), by limit.
+type limitArgs map[bucket.Limit][2]string
 
 // Slot is the Redis Cluster hash slot of key (CRC16 of its hash tag, mod
 // 16384), as the servers compute it.

@@ -253,7 +253,13 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if err != nil {
 				return err.Error()
 			}
-			if got := info.State.Subjects[gossip.RelaySubject(src)]; got < spends.State.Msgs {
+			var got uint64 // its unpartitioned subject's and its partitions'
+			for subject, n := range info.State.Subjects {
+				if subject == gossip.RelaySubject(src) || strings.HasPrefix(subject, gossip.RelaySubject(src)+".") {
+					got += n
+				}
+			}
+			if got < spends.State.Msgs {
 				return fmt.Sprintf("%s holds %d of the %d messages of %s", gossip.InStream(name), got, spends.State.Msgs, gossip.RegionStream(src))
 			}
 		}
@@ -261,13 +267,23 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if src == name {
 				continue
 			}
-			c, err := js.Consumer(ctx, gossip.InStream(name), "apply-"+name+"-from-"+src)
-			if err != nil {
-				return fmt.Sprintf("consumer apply-%s-from-%s: %v", name, src, err)
+			// The unpartitioned consumer and one per partition.
+			prefix, seen := "apply-"+name+"-from-"+src, 0
+			cs := in.ListConsumers(ctx)
+			for ci := range cs.Info() {
+				if ci.Name != prefix && !strings.HasPrefix(ci.Name, prefix+"-p") {
+					continue
+				}
+				seen++
+				if ci.NumPending != 0 || ci.NumAckPending != 0 {
+					return fmt.Sprintf("%s: %d pending, %d unacknowledged", ci.Name, ci.NumPending, ci.NumAckPending)
+				}
 			}
-			ci := c.CachedInfo()
-			if ci.NumPending != 0 || ci.NumAckPending != 0 {
-				return fmt.Sprintf("apply-%s-from-%s: %d pending, %d unacknowledged", name, src, ci.NumPending, ci.NumAckPending)
+			if err := cs.Err(); err != nil {
+				return fmt.Sprintf("consumers of %s: %v", gossip.InStream(name), err)
+			}
+			if seen < 2 {
+				return fmt.Sprintf("%s: %d apply consumers of %s, want its unpartitioned one and its partitions'", gossip.InStream(name), seen, src)
 			}
 		}
 	}
@@ -290,12 +306,15 @@ type flushName struct {
 	instance string
 	seq      uint64
 	part     uint32
+	// subject is the partition's: the relay splits one part of a flush
+	// into a message per partition, each with the part's name.
+	subject string
 }
 
 // readSpends reads src's whole spends stream: the ledger rule's tokens by
 // key over the distinct flushes, their count, and how many messages named
 // a flush already seen.
-func readSpends(ctx context.Context, js jetstream.JetStream, src string, each func(seq uint64, data []byte)) (map[string]float64, int, int, error) {
+func readSpends(ctx context.Context, js jetstream.JetStream, src string, each func(seq uint64, subject string, data []byte)) (map[string]float64, int, int, error) {
 	info, err := streamInfo(ctx, js, gossip.RegionStream(src))
 	if err != nil {
 		return nil, 0, 0, err
@@ -335,9 +354,9 @@ func readSpends(ctx context.Context, js jetstream.JetStream, src string, each fu
 				return nil, 0, 0, fmt.Errorf("%s message %d: %w", gossip.RegionStream(src), meta.Sequence.Stream, err)
 			}
 			if each != nil {
-				each(meta.Sequence.Stream, msg.Data())
+				each(meta.Sequence.Stream, msg.Subject(), msg.Data())
 			}
-			name := flushName{b.GetInstance(), b.GetSequence(), b.GetPart()}
+			name := flushName{b.GetInstance(), b.GetSequence(), b.GetPart(), msg.Subject()}
 			if r := ranges[b.GetInstance()]; r == nil {
 				ranges[b.GetInstance()] = &[3]uint64{b.GetSequence(), b.GetSequence(), 1}
 			} else {
@@ -496,7 +515,8 @@ func (s *stack) replay(t *testing.T) {
 		t.Fatal(err)
 	}
 	var data []byte
-	if _, _, _, err := readSpends(ctx, js, src, func(_ uint64, d []byte) {
+	var subject string
+	if _, _, _, err := readSpends(ctx, js, src, func(_ uint64, subj string, d []byte) {
 		if data != nil {
 			return
 		}
@@ -506,7 +526,7 @@ func (s *stack) replay(t *testing.T) {
 		}
 		for _, sp := range b.GetSpends() {
 			if sp.GetRuleId() == ruleIDs[ruleLedger] {
-				data = d
+				data, subject = d, subj
 				return
 			}
 		}
@@ -518,16 +538,27 @@ func (s *stack) replay(t *testing.T) {
 	}
 	b, _ := gossip.Decode(data, 1<<20)
 	rc := s.regions[dst].rc
-	keys := []string{redisstore.MessageKey(src, b.GetInstance(), b.GetSequence(), b.GetPart())}
-	for i := 1; i <= 32; i++ {
-		keys = append(keys, redisstore.MessageKey(src, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
+	// The records of the flush part: unpartitioned, and the partition's
+	// (its source is "region.p", the subject's last token).
+	recSrc := []string{src}
+	if p, ok := strings.CutPrefix(subject, gossip.RelaySubject(src)+"."); ok {
+		recSrc = append(recSrc, src+"."+p)
+	}
+	var keys []string
+	for _, rs := range recSrc {
+		keys = append(keys, redisstore.MessageKey(rs, b.GetInstance(), b.GetSequence(), b.GetPart()))
+		for i := 1; i <= 32; i++ {
+			keys = append(keys, redisstore.MessageKey(rs, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
+		}
 	}
 	for _, k := range keys {
 		if err := rc.Del(ctx, k).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := js.Publish(ctx, gossip.RelaySubject(src), data, jetstream.WithMsgID("soak-replay")); err != nil {
+	// On the subject it was read from: its partition's consumer, markers
+	// and records.
+	if _, err := js.Publish(ctx, subject, data, jetstream.WithMsgID("soak-replay")); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("replay: flush %s-%d-%d of %s published again, its records in %s deleted", b.GetInstance(), b.GetSequence(), b.GetPart(), src, dst)

@@ -397,11 +397,20 @@ func DecodeEntries(data []byte, maxBytes int) (b *gossipv1.SpendBatch, bad []err
 		return nil, nil, err
 	}
 	good := b.Spends[:0]
+	// A batch holds few rules and many keys: the rule id of the entry
+	// before, valid, is not matched again.
+	rule := ""
 	for i, s := range b.GetSpends() {
-		if err := ValidateSpend(i, s); err != nil {
+		if s.GetRuleId() == rule && rule != "" {
+			if err := validateEntry(i, s); err != nil {
+				bad = append(bad, err)
+				continue
+			}
+		} else if err := ValidateSpend(i, s); err != nil {
 			bad = append(bad, err)
 			continue
 		}
+		rule = s.GetRuleId()
 		good = append(good, s)
 	}
 	b.Spends = good
@@ -441,9 +450,15 @@ func ValidateHeader(b *gossipv1.SpendBatch) error {
 
 // ValidateSpend checks entry i of a batch.
 func ValidateSpend(i int, s *gossipv1.Spend) error {
-	switch {
-	case !ruleIDPattern.MatchString(s.GetRuleId()):
+	if !ruleIDPattern.MatchString(s.GetRuleId()) {
 		return fmt.Errorf("%w: spends[%d].rule_id: %q is not a rule id", ErrInvalidBatch, i, s.GetRuleId())
+	}
+	return validateEntry(i, s)
+}
+
+// validateEntry checks entry i's fields but its rule id.
+func validateEntry(i int, s *gossipv1.Spend) error {
+	switch {
 	case s.GetKey() == "" || len(s.GetKey()) > MaxKeyLen:
 		return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
 	case !(s.GetCost() > 0) || math.IsInf(s.GetCost(), 0) || s.GetCost() > MaxCost:

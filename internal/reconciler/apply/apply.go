@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -65,9 +66,12 @@ type Rules interface {
 }
 
 // RetryStream is the retry stream, as read for the buckets whose debits
-// wait there.
+// wait there: before every message with debits, so once per message of
+// each partition.
 type RetryStream interface {
-	Info(ctx context.Context, opts ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error)
+	// Pending is how many entries wait under each subject matching
+	// filter that has any.
+	Pending(ctx context.Context, filter string) (map[string]uint64, error)
 }
 
 // Source is one other region whose spends are applied here, as one
@@ -82,8 +86,32 @@ type Source struct {
 	// releases. Their positions have epoch 0, and debits that fail are
 	// applied again by redelivery, not from the retry stream.
 	Legacy bool
+	// Partitioned: the consumer reads partition Partition of the source's
+	// spends (gossip.PartitionSubject), not the unpartitioned subject of
+	// earlier releases. Each partition has its own markers and records.
+	Partitioned bool
+	Partition   int
 	// Retry is this region's retry stream.
 	Retry RetryStream
+}
+
+// position is the position of the message at stream sequence seq.
+func (src Source) position(seq uint64) redisstore.Position {
+	if src.Legacy {
+		return redisstore.Position{Seq: seq}
+	}
+	return redisstore.Position{Epoch: src.Epoch, Seq: seq, Partitioned: src.Partitioned, Partition: src.Partition}
+}
+
+// recordSource is what a flush's record of src is kept under: the region,
+// or for a partition the region and the partition ("us-east.3"; no region
+// name holds '.'), since the relay splits one flush part into one message
+// per partition, each with the flush's name, each to be applied once.
+func recordSource(src string, partitioned bool, p int) string {
+	if !partitioned {
+		return src
+	}
+	return src + "." + strconv.Itoa(p)
 }
 
 // Applier applies messages of spends. Its zero value is not usable: make
@@ -128,10 +156,7 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 		a.Reject(msg, src.Name, err)
 		return
 	}
-	pos := redisstore.Position{Epoch: src.Epoch, Seq: meta.Sequence.Stream}
-	if legacy {
-		pos.Epoch = 0
-	}
+	pos := src.position(meta.Sequence.Stream)
 	if len(bad) > 0 && meta.NumDelivered == 1 {
 		a.m.Invalid.WithLabelValues(src.Name).Add(float64(len(bad)))
 		a.log.Warn("invalid spends skipped", "source", src.Name, "seq", pos.Seq, "count", len(bad), "first", bad[0])
@@ -147,11 +172,14 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
+	if src.Partitioned {
+		entry.Partition = &src.Partition
+	}
 	// A flush is applied once by its name, (instance, sequence, part),
 	// not only by its stream position: the same bytes published again are
 	// a new stream message that the clients' markers would take for a new
 	// flush.
-	first, err := a.store.FirstSeen(actx, src.Name, b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
+	first, err := a.store.FirstSeen(actx, recordSource(src.Name, src.Partitioned, src.Partition), b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
 	switch {
 	case err != nil && !legacy && errors.Is(err, redisstore.ErrNotRecorded):
 		// Both copies of the record are on nodes that are down: every
@@ -255,13 +283,13 @@ func (a *Applier) deferAndAck(ctx context.Context, src Source, msg jetstream.Msg
 	a.ack(ctx, src.Name, entry.Seq, msg)
 }
 
-// ack acknowledges an applied (or skipped) message and waits for the
-// server's confirmation.
-func (a *Applier) ack(ctx context.Context, src string, seq uint64, msg jetstream.Msg) {
-	ackCtx, cancelAck := context.WithTimeout(ctx, a.opts.AckWait/2)
-	defer cancelAck()
-	if err := msg.DoubleAck(ackCtx); err != nil {
-		// Redelivered later: a duplicate the markers catch.
+// ack acknowledges an applied (or skipped) message. It does not wait for
+// the server's confirmation, a round trip per message: the consumer
+// delivers the next message once the ack is in, and an ack lost is a
+// redelivery after the ack wait, a duplicate the markers and records
+// catch.
+func (a *Applier) ack(_ context.Context, src string, seq uint64, msg jetstream.Msg) {
+	if err := msg.Ack(); err != nil {
 		a.log.Warn("ack failed", "source", src, "seq", seq, "err", err)
 	}
 }

@@ -48,7 +48,7 @@ func (m *fakeMsg) Subject() string { return "subject" }
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}, NumDelivered: m.delivered}, nil
 }
-func (m *fakeMsg) DoubleAck(context.Context) error  { m.settled = "ack"; return nil }
+func (m *fakeMsg) Ack() error                       { m.settled = "ack"; return nil }
 func (m *fakeMsg) NakWithDelay(time.Duration) error { m.settled = "nak"; return nil }
 func (m *fakeMsg) Term() error                      { m.settled = "term"; return nil }
 
@@ -103,13 +103,12 @@ func (j *fakeJS) Publish(_ context.Context, subject string, data []byte, _ ...je
 	return &jetstream.PubAck{}, nil
 }
 
-func (j *fakeJS) Info(context.Context, ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
-	info := &jetstream.StreamInfo{State: jetstream.StreamState{Subjects: map[string]uint64{}}}
+func (j *fakeJS) Pending(context.Context, string) (map[string]uint64, error) {
+	subjects := map[string]uint64{}
 	for subject, entries := range j.published {
-		info.State.Subjects[subject] = uint64(len(entries))
-		info.State.Msgs += uint64(len(entries))
+		subjects[subject] = uint64(len(entries))
 	}
-	return info, nil
+	return subjects, nil
 }
 
 type fixedRules struct{ set *rules.Set }

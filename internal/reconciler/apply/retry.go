@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
@@ -50,6 +52,9 @@ type retryEntry struct {
 	Epoch         int64  `json:"epoch"`
 	Seq           uint64 `json:"seq"`
 	FirstAdmitted int64  `json:"first_admitted_unix_micros"`
+	// Partition, when set, is the partition the message came on: its
+	// markers and record are the partition's.
+	Partition *int `json:"partition,omitempty"`
 	// Flush, when set, is the name of the message's flush, whose record
 	// could not be written: the retry writes it before applying.
 	Flush   *flushName    `json:"flush,omitempty"`
@@ -93,6 +98,8 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 		return nil, fmt.Errorf("%w: first_admitted_unix_micros: must be set", errInvalidRetry)
 	case len(e.Clients) == 0 || len(e.Clients) > gossip.MaxSpendsPerBatch:
 		return nil, fmt.Errorf("%w: clients: %d, want 1 to %d", errInvalidRetry, len(e.Clients), gossip.MaxSpendsPerBatch)
+	case e.Partition != nil && (*e.Partition < 0 || *e.Partition >= gossip.MaxPartitions):
+		return nil, fmt.Errorf("%w: partition: must be 0 to %d, got %d", errInvalidRetry, gossip.MaxPartitions-1, *e.Partition)
 	case e.Flush != nil && (e.Flush.Instance == "" || len(e.Flush.Instance) > 128):
 		return nil, fmt.Errorf("%w: flush.instance: must be 1 to 128 bytes", errInvalidRetry)
 	}
@@ -149,20 +156,81 @@ func (a *Applier) publishRetries(ctx context.Context, entry retryEntry, clients 
 	return nil
 }
 
+// Requester sends a request and waits for its reply, as a *nats.Conn.
+type Requester interface {
+	RequestWithContext(ctx context.Context, subj string, data []byte) (*nats.Msg, error)
+}
+
+// StreamPending is a RetryStream of the stream Name: a JetStream stream
+// info request with a subject filter, as jetstream.Stream's Info with
+// WithSubjectFilter makes, of which only the counts are decoded. Read
+// once per message of every partition, the whole info (the stream's
+// configuration, cluster and state) took more CPU to decode than the rest
+// of the request.
+type StreamPending struct {
+	NC   Requester
+	Name string
+}
+
+// Pending asks the server for the counts of the subjects matching filter,
+// a page at a time.
+func (s StreamPending) Pending(ctx context.Context, filter string) (map[string]uint64, error) {
+	var out map[string]uint64
+	for {
+		req, err := json.Marshal(struct {
+			Filter string `json:"subjects_filter"`
+			Offset int    `json:"offset,omitempty"`
+		}{filter, len(out)})
+		if err != nil {
+			return nil, err
+		}
+		msg, err := s.NC.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+s.Name, req)
+		if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", s.Name, err)
+		}
+		var resp struct {
+			Error *jetstream.APIError `json:"error"`
+			Total int                 `json:"total"`
+			State struct {
+				Subjects map[string]uint64 `json:"subjects"`
+			} `json:"state"`
+		}
+		if err := json.Unmarshal(msg.Data, &resp); err != nil {
+			return nil, fmt.Errorf("stream %s: %w", s.Name, err)
+		}
+		if resp.Error != nil {
+			if resp.Error.ErrorCode == jetstream.JSErrCodeStreamNotFound {
+				return nil, fmt.Errorf("stream %s: %w", s.Name, jetstream.ErrStreamNotFound)
+			}
+			return nil, fmt.Errorf("stream %s: %w", s.Name, resp.Error)
+		}
+		if len(resp.State.Subjects) == 0 {
+			return out, nil
+		}
+		if out == nil {
+			out = make(map[string]uint64, len(resp.State.Subjects))
+		}
+		maps.Copy(out, resp.State.Subjects)
+		if len(out) >= resp.Total {
+			return out, nil
+		}
+	}
+}
+
 // pendingBuckets are the buckets of src with entries in the retry stream.
 func (a *Applier) pendingBuckets(ctx context.Context, src Source) (map[int]bool, error) {
 	ictx, cancel := context.WithTimeout(ctx, a.opts.AckWait/2)
 	defer cancel()
-	info, err := src.Retry.Info(ictx, jetstream.WithSubjectFilter(gossip.RetrySubjects(a.opts.Region, src.Name)))
+	subjects, err := src.Retry.Pending(ictx, gossip.RetrySubjects(a.opts.Region, src.Name))
 	if err != nil {
 		return nil, err
 	}
-	if info.State.Msgs == 0 {
+	if len(subjects) == 0 {
 		return nil, nil
 	}
 	prefix := gossip.RetrySubjectPrefix + a.opts.Region + "." + src.Name + "."
 	out := map[int]bool{}
-	for subject, n := range info.State.Subjects {
+	for subject, n := range subjects {
 		if b, err := strconv.Atoi(strings.TrimPrefix(subject, prefix)); err == nil && n > 0 {
 			out[b] = true
 		}
@@ -180,10 +248,13 @@ func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
 		return
 	}
 	pos := redisstore.Position{Epoch: e.Epoch, Seq: e.Seq}
+	if e.Partition != nil {
+		pos.Partitioned, pos.Partition = true, *e.Partition
+	}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	if f := e.Flush; f != nil {
-		first, err := a.store.FirstSeen(actx, src.Name, f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
+		first, err := a.store.FirstSeen(actx, recordSource(src.Name, pos.Partitioned, pos.Partition), f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
 		if err != nil {
 			a.log.Warn("retry: message not recorded, will retry", "source", src.Name, "seq", e.Seq, "err", err)
 			msg.NakWithDelay(time.Second)

@@ -1,18 +1,6 @@
-package reconciler
-
-import (
-	"context"
-	"fmt"
-	"math/rand/v2"
-	"slices"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/limiterd/limiterd/pkg/gossip"
-)
-
-// The inbound stream's sources, watched, and reset when stalled.
+// Package streamsrc follows the sources of a region's inbound stream, one
+// per other region's spends stream and subject: where a new one starts
+// (FirstSeqSince), and a watch that resets those stalled (Watcher).
 //
 // nats-server (v2.15) sources each other region's spends stream through a
 // consumer it makes on that stream, which sends a heartbeat every second
@@ -25,9 +13,9 @@ import (
 // reconciled rule's full limit alone meanwhile.
 //
 // So each reconciler reads the inbound stream's source info every
-// interval. A source not heard of (no message, no heartbeat) for
-// SourceStallThreshold, or reporting an error, is stalled; while it is, the
-// reconciler asks the source region's spends stream for its info (only the
+// interval (Watcher.Run). A source not heard of (no message, no
+// heartbeat) for SourceStallThreshold, or reporting an error, is stalled;
+// while it is, the reconciler asks the source region's spends stream for its info (only the
 // stream's leader answers it, so an answer means the source region is
 // reachable), and when it answers resets the source: one stream update
 // that removes it and a second that adds it back, as the server has it.
@@ -36,6 +24,25 @@ import (
 // (its index of sourced sequences, rebuilt from the stream's messages when
 // a source is added), so nothing is sourced twice or skipped; the other
 // sources are not touched.
+package streamsrc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/pkg/gossip"
+)
+
 const (
 	// SourceStallThreshold is how long the inbound stream may go without
 	// hearing of a source before it is stalled: five of the heartbeats a
@@ -50,12 +57,83 @@ const (
 	sourceResetEvery  = 10 * time.Second
 	sourceResetJitter = 5 * time.Second
 	// sourceProbeEvery is how often the spends stream of a stalled source
-	// is asked whether it answers; sourceCallTimeout bounds each call.
-	sourceProbeEvery  = time.Second
-	sourceCallTimeout = 2 * time.Second
+	// is asked whether it answers; callTimeout bounds each call.
+	sourceProbeEvery = time.Second
+	// callTimeout bounds each call to the server.
+	callTimeout = 2 * time.Second
 )
 
-// sourceState is what sourceLoop knows of one source.
+// Watcher watches the sources of one region's inbound stream. Its
+// fields are set before Run, and not changed after.
+type Watcher struct {
+	JS jetstream.JetStream
+	// Region is the region whose inbound stream is watched.
+	Region string
+	Log    *slog.Logger
+	// Active, Stalls and Resets are the series, by source_region, of how
+	// long since a source was heard of, of the stalls seen and of the
+	// resets made.
+	Active         *prometheus.GaugeVec
+	Stalls, Resets *prometheus.CounterVec
+	// Regions are the source regions to watch now.
+	Regions func() []string
+	// Unknown is called when a source never seen here is missing from
+	// the inbound stream: the set-up adds it, as at a topology switch.
+	Unknown func()
+}
+
+// FirstSeqSince is the sequence of the first message, on any subject, that
+// the stream name stored at or after t (a JetStream message get by start
+// time, which nats.go's jetstream package does not offer; a source
+// filtered to some of the subjects starts there all the same): 1 when the
+// server answers that the stream does not exist (everything it will hold
+// comes after t), the sequence after its last when it holds none since t.
+// ok is false when the server does not answer in time, or refuses.
+func FirstSeqSince(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, name string, t time.Time) (seq uint64, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	// The state is read first: a message stored after it and found
+	// nothing since t came after the get, so after t (but for the clocks'
+	// skew between regions, which makes a source start early, never late).
+	st, err := js.Stream(ctx, name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return 1, true
+	}
+	if err != nil {
+		return 0, false
+	}
+	last := st.CachedInfo().State.LastSeq
+	req, err := json.Marshal(struct {
+		StartTime time.Time `json:"start_time"`
+		NextFor   string    `json:"next_by_subj,omitempty"`
+		NoHeaders bool      `json:"no_hdr"`
+	}{t.UTC(), ">", true})
+	if err != nil {
+		return 0, false
+	}
+	msg, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+name, req)
+	if err != nil {
+		return 0, false
+	}
+	var resp struct {
+		Error   *jetstream.APIError `json:"error"`
+		Message *struct {
+			Seq uint64 `json:"seq"`
+		} `json:"message"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, false
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return last + 1, true
+	case resp.Error != nil, resp.Message == nil || resp.Message.Seq == 0:
+		return 0, false
+	}
+	return resp.Message.Seq, true
+}
+
+// sourceState is what Run knows of one source.
 type sourceState struct {
 	// cfg is the source as the server last had it.
 	cfg *jetstream.StreamSource
@@ -74,10 +152,10 @@ type sourceState struct {
 	missing time.Time
 }
 
-// sourceLoop watches the inbound stream's sources every interval and
-// resets those stalled whose spends stream answers.
-func (r *Reconciler) sourceLoop(ctx context.Context, st *streams) {
-	t := time.NewTicker(r.opts.Interval)
+// Run watches the inbound stream's sources every interval, and resets
+// those stalled whose spends stream answers, until ctx ends.
+func (w *Watcher) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	states := map[string]*sourceState{}
 	for {
@@ -86,45 +164,51 @@ func (r *Reconciler) sourceLoop(ctx context.Context, st *streams) {
 			return
 		case <-t.C:
 		}
-		r.checkSources(ctx, st, states)
+		w.checkSources(ctx, states)
 	}
 }
 
-// checkSources is one round of sourceLoop.
-func (r *Reconciler) checkSources(ctx context.Context, st *streams, states map[string]*sourceState) {
-	in := gossip.InStream(r.opts.Region)
-	ictx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
-	stream, err := r.js.Stream(ictx, in)
+// checkSources is one round of Run.
+func (w *Watcher) checkSources(ctx context.Context, states map[string]*sourceState) {
+	in := gossip.InStream(w.Region)
+	ictx, cancel := context.WithTimeout(ctx, callTimeout)
+	stream, err := w.JS.Stream(ictx, in)
 	cancel()
 	if err != nil {
-		return // backlogLoop sees a stream gone
+		return // the reconciler's backlog loop sees a stream gone
 	}
 	info := stream.CachedInfo()
 	now := time.Now()
-	for _, src := range st.current() {
-		name := src.name
-		s := states[name]
-		if s == nil {
-			s = &sourceState{}
-			states[name] = s
+	for _, name := range w.Regions() {
+		// Two sources per region (its partitions, and its unpartitioned
+		// spends of earlier releases), watched alike; the gauge is the
+		// longer quiet.
+		var quiet time.Duration
+		for _, filter := range []string{gossip.RelaySubject(name), gossip.PartitionSubjects(name)} {
+			s := states[filter]
+			if s == nil {
+				s = &sourceState{}
+				states[filter] = s
+			}
+			si, cfg := SourceOf(info, name, filter)
+			if cfg == nil {
+				w.sourceMissing(ctx, name, s, now)
+				continue
+			}
+			s.cfg, s.missing = cfg, time.Time{}
+			if si == nil {
+				continue // not led by a server that reports it yet
+			}
+			quiet = max(quiet, w.checkSource(ctx, name, si, s, now))
 		}
-		si, cfg := sourceOf(info, name)
-		if cfg == nil {
-			r.sourceMissing(ctx, name, s, now)
-			continue
-		}
-		s.cfg, s.missing = cfg, time.Time{}
-		if si == nil {
-			continue // not led by a server that reports it yet
-		}
-		r.checkSource(ctx, name, si, s, now)
+		w.Active.WithLabelValues(name).Set(quiet.Seconds())
 	}
 }
 
-// sourceOf is the info and the configuration of the source of region's
-// spends stream in info.
-func sourceOf(info *jetstream.StreamInfo, region string) (*jetstream.StreamSourceInfo, *jetstream.StreamSource) {
-	stream, filter := gossip.RegionStream(region), gossip.RelaySubject(region)
+// SourceOf is the info and the configuration of the source of region's
+// spends stream filtered to filter in info.
+func SourceOf(info *jetstream.StreamInfo, region, filter string) (*jetstream.StreamSourceInfo, *jetstream.StreamSource) {
+	stream := gossip.RegionStream(region)
 	var si *jetstream.StreamSourceInfo
 	for _, x := range info.Sources {
 		if x.Name == stream && x.FilterSubject == filter {
@@ -138,9 +222,10 @@ func sourceOf(info *jetstream.StreamInfo, region string) (*jetstream.StreamSourc
 	return si, info.Config.Sources[i]
 }
 
-// checkSource updates one source's gauge and state, and resets it when it
-// is stalled, due and its spends stream answers.
-func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream.StreamSourceInfo, s *sourceState, now time.Time) {
+// checkSource updates one source's state, and resets it when it is
+// stalled, due and its spends stream answers. It returns how long since
+// the source was heard of.
+func (w *Watcher) checkSource(ctx context.Context, name string, si *jetstream.StreamSourceInfo, s *sourceState, now time.Time) time.Duration {
 	// How long since the source was heard of: when it has not been since
 	// its set-up, since this reconciler saw it so (or saw it stalled).
 	quiet := si.Active
@@ -156,7 +241,6 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 	} else {
 		s.unheard = time.Time{}
 	}
-	r.m.sourceActive.WithLabelValues(name).Set(quiet.Seconds())
 	var serverErr string
 	if si.Error != nil {
 		serverErr = si.Error.Error()
@@ -167,41 +251,42 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 	heard := si.Active >= 0 && si.Active <= SourceStallThreshold
 	if !s.stalled.IsZero() {
 		if heard && serverErr == "" {
-			r.log.Info("stream source heard of again", "source", name, "stalled_for", now.Add(-si.Active).Sub(s.stalled).Round(time.Millisecond))
+			w.Log.Info("stream source heard of again", "source", name, "stalled_for", now.Add(-si.Active).Sub(s.stalled).Round(time.Millisecond))
 			*s = sourceState{cfg: s.cfg}
-			return
+			return quiet
 		}
 	} else {
 		if serverErr == "" && quiet <= SourceStallThreshold {
-			return
+			return quiet
 		}
 		s.stalled = now.Add(-quiet)
 		s.lastErr = serverErr
 		// The first reset waits up to one probe, drawn, so that the
 		// region's reconcilers do not all reset it in the same round.
 		s.nextReset = now.Add(rand.N(sourceProbeEvery))
-		r.m.sourceStalls.WithLabelValues(name).Inc()
-		r.log.Warn("stream source stalled", "source", name, "quiet", quiet.Round(time.Millisecond), "server_error", serverErr)
+		w.Stalls.WithLabelValues(name).Inc()
+		w.Log.Warn("stream source stalled", "source", name, "quiet", quiet.Round(time.Millisecond), "server_error", serverErr)
 	}
 	if now.Before(s.nextProbe) || now.Before(s.nextReset) {
-		return
+		return quiet
 	}
 	s.nextProbe = now.Add(sourceProbeEvery)
-	pctx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
-	spends, err := r.js.Stream(pctx, gossip.RegionStream(name))
+	pctx, cancel := context.WithTimeout(ctx, callTimeout)
+	spends, err := w.JS.Stream(pctx, gossip.RegionStream(name))
 	cancel()
 	if err != nil {
-		return // not reachable yet, or not made yet
+		return quiet // not reachable yet, or not made yet
 	}
 	s.nextReset = now.Add(sourceResetEvery + rand.N(sourceResetJitter))
 	stalledFor := now.Sub(s.stalled).Round(time.Millisecond)
-	if err := r.resetSource(ctx, s.cfg, spends.CachedInfo().State); err != nil {
-		r.log.Warn("stream source not reset, will retry", "source", name, "stalled_for", stalledFor, "err", err)
-		return
+	if err := w.resetSource(ctx, s.cfg, spends.CachedInfo().State); err != nil {
+		w.Log.Warn("stream source not reset, will retry", "source", name, "stalled_for", stalledFor, "err", err)
+		return quiet
 	}
-	r.m.sourceResets.WithLabelValues(name).Inc()
-	r.log.Warn("stream source reset: its spends stream answers, the server was backing off", "source", name,
+	w.Resets.WithLabelValues(name).Inc()
+	w.Log.Warn("stream source reset: its spends stream answers, the server was backing off", "source", name,
 		"stalled_for", stalledFor, "server_error", s.lastErr)
+	return quiet
 }
 
 // sourceMissing adds back a source found missing from the inbound
@@ -209,7 +294,7 @@ func (r *Reconciler) checkSource(ctx context.Context, name string, si *jetstream
 // (this reconciler's or another's) stopped between its two updates, or
 // one that read the configuration before a reconciler's set-up added the
 // source wrote it back without it.
-func (r *Reconciler) sourceMissing(ctx context.Context, name string, s *sourceState, now time.Time) {
+func (w *Watcher) sourceMissing(ctx context.Context, name string, s *sourceState, now time.Time) {
 	if s.missing.IsZero() {
 		s.missing = now
 		return
@@ -221,19 +306,16 @@ func (r *Reconciler) sourceMissing(ctx context.Context, name string, s *sourceSt
 		// Never seen here: the set-up adds it, as at a switch of the
 		// topology.
 		s.missing = time.Time{}
-		select {
-		case r.topoChanged <- struct{}{}:
-		default:
-		}
+		w.Unknown()
 		return
 	}
-	actx, cancel := context.WithTimeout(ctx, sourceCallTimeout)
+	actx, cancel := context.WithTimeout(ctx, callTimeout)
 	defer cancel()
-	if err := r.addSource(actx, s.cfg); err != nil {
-		r.log.Warn("stream source missing, not added back, will retry", "source", name, "err", err)
+	if err := w.addSource(actx, s.cfg); err != nil {
+		w.Log.Warn("stream source missing, not added back, will retry", "source", name, "err", err)
 		return
 	}
-	r.log.Warn("stream source was missing, added back", "source", name)
+	w.Log.Warn("stream source was missing, added back", "source", name)
 	s.missing = time.Time{}
 }
 
@@ -249,11 +331,11 @@ func (r *Reconciler) sourceMissing(ctx context.Context, name string, s *sourceSt
 // what src's stream got meanwhile; so a source sourced from a time whose
 // stream holds nothing older than that time comes back sourced from its
 // stream's first sequence.
-func (r *Reconciler) resetSource(ctx context.Context, src *jetstream.StreamSource, spends jetstream.StreamState) error {
-	ctx, cancel := context.WithTimeout(ctx, 3*sourceCallTimeout)
+func (w *Watcher) resetSource(ctx context.Context, src *jetstream.StreamSource, spends jetstream.StreamState) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*callTimeout)
 	defer cancel()
-	in := gossip.InStream(r.opts.Region)
-	stream, err := r.js.Stream(ctx, in)
+	in := gossip.InStream(w.Region)
+	stream, err := w.JS.Stream(ctx, in)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", in, err)
 	}
@@ -274,17 +356,17 @@ func (r *Reconciler) resetSource(ctx context.Context, src *jetstream.StreamSourc
 	i := slices.IndexFunc(cfg.Sources, func(c *jetstream.StreamSource) bool { return sameSource(c, src) })
 	if i >= 0 {
 		cfg.Sources = slices.Delete(slices.Clone(cfg.Sources), i, i+1)
-		if _, err := r.js.UpdateStream(ctx, cfg); err != nil {
+		if _, err := w.JS.UpdateStream(ctx, cfg); err != nil {
 			return fmt.Errorf("update stream %s without source %s: %w", in, src.Name, err)
 		}
 	}
-	return r.addSource(ctx, src)
+	return w.addSource(ctx, src)
 }
 
 // addSource adds src to the inbound stream unless it is there.
-func (r *Reconciler) addSource(ctx context.Context, src *jetstream.StreamSource) error {
-	in := gossip.InStream(r.opts.Region)
-	stream, err := r.js.Stream(ctx, in)
+func (w *Watcher) addSource(ctx context.Context, src *jetstream.StreamSource) error {
+	in := gossip.InStream(w.Region)
+	stream, err := w.JS.Stream(ctx, in)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", in, err)
 	}
@@ -293,7 +375,7 @@ func (r *Reconciler) addSource(ctx context.Context, src *jetstream.StreamSource)
 		return nil // another reconciler added it back
 	}
 	cfg.Sources = append(slices.Clone(cfg.Sources), src)
-	if _, err := r.js.UpdateStream(ctx, cfg); err != nil {
+	if _, err := w.JS.UpdateStream(ctx, cfg); err != nil {
 		return fmt.Errorf("update stream %s with source %s: %w", in, src.Name, err)
 	}
 	return nil
