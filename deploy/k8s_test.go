@@ -254,14 +254,14 @@ type daemon struct {
 
 func (d *daemon) httpAddress() string {
 	if d.kind == limiterdContainer {
-		return d.lim.HTTPAddress
+		return d.lim.Server.HTTPAddress
 	}
 	return d.rec.HTTPAddress
 }
 
 func (d *daemon) region() string {
 	if d.kind == limiterdContainer {
-		return d.lim.Region
+		return d.lim.Region.Name
 	}
 	return d.rec.Region
 }
@@ -275,7 +275,7 @@ func (d *daemon) redisAddrs() []string {
 
 func (d *daemon) natsURL() string {
 	if d.kind == limiterdContainer {
-		return d.lim.NATSURL
+		return d.lim.NATS.URL
 	}
 	return d.rec.NATSURL
 }
@@ -533,10 +533,10 @@ func TestManifestFlags(t *testing.T) {
 			if !lim.lim.Redis.TLS {
 				t.Error("limiterd: --redis.tls not set, but ElastiCache requires TLS (transit encryption)")
 			}
-			if lim.lim.RulesFile == "" || !bytes.Equal(lim.files[lim.lim.RulesFile], rec.files[rec.rec.RulesFile]) {
+			if lim.lim.Rules.File == "" || !bytes.Equal(lim.files[lim.lim.Rules.File], rec.files[rec.rec.RulesFile]) {
 				t.Error("limiterd and the reconciler load different rules files")
 			}
-			if !bytes.Equal(lim.files[lim.lim.TopologyFile], rec.files[rec.rec.TopologyFile]) || lim.lim.TopologyFile == "" {
+			if !bytes.Equal(lim.files[lim.lim.Region.TopologyFile], rec.files[rec.rec.TopologyFile]) || lim.lim.Region.TopologyFile == "" {
 				t.Error("limiterd and the reconciler load different topology files")
 			}
 			for _, u := range strings.Split(rec.natsURL(), ",") {
@@ -597,7 +597,7 @@ func TestManifestPortsAndProbes(t *testing.T) {
 				}
 				want["http"] = hp
 				if d.kind == limiterdContainer {
-					gp, err := portOf(d.lim.GRPCAddress)
+					gp, err := portOf(d.lim.Server.GRPCAddress)
 					if err != nil {
 						t.Fatalf("%s: --grpc.listen-address: %v", d.kind, err)
 					}
@@ -632,17 +632,17 @@ func TestManifestPortsAndProbes(t *testing.T) {
 					continue
 				}
 				spec := d.deploy.Spec.Template.Spec
-				drain := d.lim.ShutdownDelay + d.lim.GracePeriod + 2*time.Second // + the last spend flush
-				if d.lim.ShutdownDelay < 2*time.Second || d.lim.ShutdownDelay > 30*time.Second {
-					t.Errorf("--shutdown.delay=%v: want a few seconds, for the endpoints to drain", d.lim.ShutdownDelay)
+				drain := d.lim.Server.ShutdownDelay + d.lim.Server.GracePeriod + 2*time.Second // + the last spend flush
+				if d.lim.Server.ShutdownDelay < 2*time.Second || d.lim.Server.ShutdownDelay > 30*time.Second {
+					t.Errorf("--shutdown.delay=%v: want a few seconds, for the endpoints to drain", d.lim.Server.ShutdownDelay)
 				}
 				if tgp := spec.TerminationGracePeriodSeconds; tgp == nil || time.Duration(*tgp)*time.Second <= drain {
 					t.Errorf("terminationGracePeriodSeconds: want above --shutdown.delay + --shutdown.grace-period + 2s of last flush = %v", drain)
 				}
 				if rp := d.container.ReadinessProbe; rp != nil {
 					notReady := time.Duration(rp.PeriodSeconds*max(rp.FailureThreshold, 1)) * time.Second
-					if notReady > d.lim.ShutdownDelay {
-						t.Errorf("readiness turns false only after %v, above --shutdown.delay=%v", notReady, d.lim.ShutdownDelay)
+					if notReady > d.lim.Server.ShutdownDelay {
+						t.Errorf("readiness turns false only after %v, above --shutdown.delay=%v", notReady, d.lim.Server.ShutdownDelay)
 					}
 				}
 			}
@@ -813,7 +813,7 @@ func TestManifestReferences(t *testing.T) {
 					}
 				}
 				if d.kind == limiterdContainer {
-					topo, err := region.Parse("topology.yml", d.files[d.lim.TopologyFile])
+					topo, err := region.Parse("topology.yml", d.files[d.lim.Region.TopologyFile])
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -849,7 +849,7 @@ func TestRegionConfig(t *testing.T) {
 			ds := overlayDaemons(t, b)
 			lim, rec := ds[limiterdContainer], ds[reconcilerContainer]
 
-			topo, err := region.Parse("topology.yml", lim.files[lim.lim.TopologyFile])
+			topo, err := region.Parse("topology.yml", lim.files[lim.lim.Region.TopologyFile])
 			if err != nil {
 				t.Fatalf("topology ConfigMap: %v", err)
 			}
@@ -874,7 +874,7 @@ func TestRegionConfig(t *testing.T) {
 				t.Errorf("Service limiterd-regional has no port %s (the topology's %s)", port, own.LimiterAddress)
 			}
 
-			set, err := rules.Parse("rules.yml", lim.files[lim.lim.RulesFile])
+			set, err := rules.Parse("rules.yml", lim.files[lim.lim.Rules.File])
 			if err != nil {
 				t.Fatalf("rules ConfigMap: %v", err)
 			}
@@ -885,13 +885,13 @@ func TestRegionConfig(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(lim.files[lim.lim.RulesFile], example) {
+			if !bytes.Equal(lim.files[lim.lim.Rules.File], example) {
 				t.Error("the rules ConfigMap is not examples/rules.yml")
 			}
 
 			replicas := *lim.deploy.Spec.Replicas
-			if int32(lim.lim.FleetSize) != replicas {
-				t.Errorf("--fleet.size=%d but limiterd has %d replicas", lim.lim.FleetSize, replicas)
+			if int32(lim.lim.Region.FleetSize) != replicas {
+				t.Errorf("--fleet.size=%d but limiterd has %d replicas", lim.lim.Region.FleetSize, replicas)
 			}
 			var hpa *autoscalingv2.HorizontalPodAutoscaler
 			for _, h := range b.hpas {

@@ -523,11 +523,11 @@ func TestPromQLMetricsExported(t *testing.T) {
 	}
 
 	o := limiterd.DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.TopologyFile = grpcAddr, "127.0.0.1:0", rulesFile, topology
-	o.PeerSecretFile = testenv.SecretFile(t)
-	o.Redis.Addrs, o.RedisTuning.Timeout, o.Region, o.NATSURL = cluster.Addrs(), time.Second, "us-east", nats.URL()
-	o.GossipInterval, o.Instance, o.Logger = 100*time.Millisecond, "limiterd-deploy-test", quiet
-	o.GossipMaxDefer = 0
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File, o.Region.TopologyFile = grpcAddr, "127.0.0.1:0", rulesFile, topology
+	o.Region.PeerSecretFile = testenv.SecretFile(t)
+	o.Redis.Addrs, o.RedisTuning.Timeout, o.Region.Name, o.NATS.URL = cluster.Addrs(), time.Second, "us-east", nats.URL()
+	o.NATS.GossipInterval, o.Region.Instance, o.Logger = 100*time.Millisecond, "limiterd-deploy-test", quiet
+	o.NATS.GossipMaxDefer = 0
 	d, err := limiterd.New(o)
 	if err != nil {
 		t.Fatal(err)

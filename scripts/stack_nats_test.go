@@ -109,10 +109,10 @@ func TestStackNATSIdentities(t *testing.T) {
 			admin = natsconn.Auth{NkeySeedFile: seed("admin")}
 		}
 		o := limiterd.DefaultOptions()
-		o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.Region, o.Instance = "127.0.0.1:0", "127.0.0.1:0", rulesFile, r, "limiterd-"+r
-		o.NATSURL, o.NATSAuth, o.AdminNATSAuth = ns.URL(), natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, admin
-		o.AdminTokenFile, o.GossipInterval, o.Logger = tokenFile, 200*time.Millisecond, log.With("daemon", "limiterd-"+r)
-		o.GossipMaxDefer = 0
+		o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File, o.Region.Name, o.Region.Instance = "127.0.0.1:0", "127.0.0.1:0", rulesFile, r, "limiterd-"+r
+		o.NATS.URL, o.NATS.Auth, o.Admin.NATSAuth = ns.URL(), natsconn.Auth{NkeySeedFile: seed("limiterd-" + r)}, admin
+		o.Admin.TokenFile, o.NATS.GossipInterval, o.Logger = tokenFile, 200*time.Millisecond, log.With("daemon", "limiterd-"+r)
+		o.NATS.GossipMaxDefer = 0
 		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)

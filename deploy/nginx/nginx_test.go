@@ -227,7 +227,7 @@ func TestNginx(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := limiterd.DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File = "127.0.0.1:0", "127.0.0.1:0", rules
 	o.Redis.Addrs, o.RedisTuning.Timeout = cluster.Addrs(), 100*time.Millisecond
 	o.ForwardAuth.Address, o.ForwardAuth.SecretFile = "127.0.0.1:0", secretFile
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))

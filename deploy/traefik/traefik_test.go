@@ -252,7 +252,7 @@ func startLimiterd(t *testing.T, fa *forwardAuth) askFunc {
 	}
 	secret := strings.TrimSpace(string(b))
 	o := limiterd.DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File = "127.0.0.1:0", "127.0.0.1:0", rules
 	o.ForwardAuth.Address, o.ForwardAuth.SecretFile = "127.0.0.1:0", secretFile
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	d, err := limiterd.New(o)

@@ -65,7 +65,7 @@ func TestAdminRules(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(adminToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	withAdmin := func(o *Options) { o.NATSURL, o.AdminTokenFile = ns.URL(), tokenFile }
+	withAdmin := func(o *Options) { o.NATS.URL, o.Admin.TokenFile = ns.URL(), tokenFile }
 	a := startDaemon(t, nil, withAdmin)
 	b := startDaemon(t, nil, withAdmin)
 	clientB := limiterv1.NewLimiterClient(dial(t, b.GRPCAddr()))
@@ -156,7 +156,7 @@ func TestRulesFileReload(t *testing.T) {
 		}
 	}
 	write("rules:\n  - id: one\n    capacity: 1\n    refill_per_second: 1\n")
-	d := startDaemon(t, nil, func(o *Options) { o.RulesFile = file })
+	d := startDaemon(t, nil, func(o *Options) { o.Rules.File = file })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	start := time.Now()
 	write("rules:\n  - id: one\n    capacity: 1\n    refill_per_second: 1\n  - id: two\n    capacity: 1\n    refill_per_second: 1\n")
@@ -182,7 +182,7 @@ func TestAdminRefusesBadIDs(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(adminToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	d := startDaemon(t, nil, func(o *Options) { o.NATSURL, o.AdminTokenFile = ns.URL(), tokenFile })
+	d := startDaemon(t, nil, func(o *Options) { o.NATS.URL, o.Admin.TokenFile = ns.URL(), tokenFile })
 	for _, tt := range []struct{ name, path, id string }{
 		{"trailing dot", "api.", "api."},
 		{"leading dot", ".api", ".api"},

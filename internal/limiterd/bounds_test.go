@@ -22,7 +22,7 @@ import (
 // streams it may open on one connection (one connection opening 100k
 // streams once made 100k goroutines).
 func TestGRPCStreamLimit(t *testing.T) {
-	d := startDaemon(t, nil, func(o *Options) { o.GRPCMaxStreams = 7 })
+	d := startDaemon(t, nil, func(o *Options) { o.Server.GRPCMaxStreams = 7 })
 	c, err := net.DialTimeout("tcp", d.GRPCAddr(), 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestHTTPConnectionsBounded(t *testing.T) {
 	saved := httpTimeouts
 	httpTimeouts.read, httpTimeouts.idle = 500*time.Millisecond, 500*time.Millisecond
 	t.Cleanup(func() { httpTimeouts = saved })
-	d := startDaemon(t, nil, func(o *Options) { o.MaxConnections = 2 })
+	d := startDaemon(t, nil, func(o *Options) { o.Server.MaxConnections = 2 })
 
 	slow, err := net.Dial("tcp", d.HTTPAddr())
 	if err != nil {
@@ -96,7 +96,7 @@ func TestHTTPConnectionsBounded(t *testing.T) {
 	// Two connections held open (each made a request and stays idle for
 	// less than the idle timeout), then a third.
 	httpTimeouts.idle = 10 * time.Second
-	d2 := startDaemon(t, nil, func(o *Options) { o.MaxConnections = 2 })
+	d2 := startDaemon(t, nil, func(o *Options) { o.Server.MaxConnections = 2 })
 	get := func(c net.Conn) error {
 		fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: l\r\n\r\n")
 		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))

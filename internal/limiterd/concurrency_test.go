@@ -108,7 +108,7 @@ func holdLeases(ctx context.Context, c limiterv1.LimiterClient, rule, key string
 
 func startConcurrency(t *testing.T, addrs []string) *Daemon {
 	rules := writeRules(t, concurrencyRules)
-	return startDaemon(t, addrs, func(o *Options) { o.RulesFile = rules })
+	return startDaemon(t, addrs, func(o *Options) { o.Rules.File = rules })
 }
 
 func leaseEvents(t *testing.T, d *Daemon, event string) float64 {
@@ -428,7 +428,7 @@ func TestLeaseValidation(t *testing.T) {
 // cannot be served there.
 func TestForwardAuthRefusesConcurrencyRules(t *testing.T) {
 	rules := writeRules(t, concurrencyRules)
-	d := startDaemon(t, nil, func(o *Options) { o.RulesFile = rules; o.ForwardAuth.Enabled = true })
+	d := startDaemon(t, nil, func(o *Options) { o.Rules.File = rules; o.ForwardAuth.Enabled = true })
 	req, _ := http.NewRequest("GET", "http://"+d.HTTPAddr()+forwardauth.Path, nil)
 	for k, v := range proxyHeaders("ann", "/reports/x", "GET", "203.0.113.1") {
 		req.Header.Set(k, v)

@@ -107,33 +107,33 @@ func New(opts Options) (*Daemon, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
-	d := &Daemon{opts: opts, log: opts.Logger.With("region", opts.Region), registry: reg, served: make(chan error, 3)}
+	d := &Daemon{opts: opts, log: opts.Logger.With("region", opts.Region.Name), registry: reg, served: make(chan error, 3)}
 	var validate func(*rules.Rule) error
-	if opts.TopologyFile != "" {
+	if opts.Region.TopologyFile != "" {
 		var err error
-		if d.topo, err = topowatch.New(topowatch.Options{File: opts.TopologyFile, Region: opts.Region, Poll: opts.TopologyPoll,
+		if d.topo, err = topowatch.New(topowatch.Options{File: opts.Region.TopologyFile, Region: opts.Region.Name, Poll: opts.Region.TopologyPoll,
 			Validate: d.validateTopology, OnSwitch: d.switchTopology, Logger: d.log}, reg); err != nil {
 			if errors.Is(err, topowatch.ErrOwnRegionMissing) {
-				return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region, opts.TopologyFile)
+				return nil, fmt.Errorf("--region: %q is not in --region.topology-file %s", opts.Region.Name, opts.Region.TopologyFile)
 			}
 			return nil, fmt.Errorf("--region.topology-file: %w", err)
 		}
 		validate = d.homesValid
 	}
 	src, err := rulesource.New(rulesource.Options{
-		File: opts.RulesFile, Logger: opts.Logger.With("component", "rules"),
-		MaxRules: opts.MaxRules, ValidateRule: validate, OnChange: d.setRules,
+		File: opts.Rules.File, Logger: opts.Logger.With("component", "rules"),
+		MaxRules: opts.Rules.MaxRules, ValidateRule: validate, OnChange: d.setRules,
 		// With an identity of its own and none for the admin API, this
 		// limiterd reads rules only: its admin API says so at once.
-		ReadOnly: opts.NATSAuth.Set() && !opts.AdminNATSAuth.Set(),
+		ReadOnly: opts.NATS.Auth.Set() && !opts.Admin.NATSAuth.Set(),
 	}, reg)
 	if err != nil {
 		return nil, fmt.Errorf("--rules.file: %w", err)
 	}
 	d.rules = src
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if d.admin, err = admin.New(src, admin.Options{TokenFile: opts.AdminTokenFile,
-		ClientIdentities: opts.AdminClientIdentities, Top: admin.TopFunc(d.topLimited), Logger: opts.Logger}, reg); err != nil {
+	if d.admin, err = admin.New(src, admin.Options{TokenFile: opts.Admin.TokenFile,
+		ClientIdentities: opts.Admin.ClientIdentities, Top: admin.TopFunc(d.topLimited), Logger: opts.Logger}, reg); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -279,8 +279,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	var fleetClient = d.redisClient()
-	if d.fleet, err = fleet.New(fleetClient, fleet.Options{Region: d.opts.Region, Instance: d.opts.Instance,
-		Fixed: d.opts.FleetSize, Logger: d.log.With("component", "fleet")}, d.registry); err != nil {
+	if d.fleet, err = fleet.New(fleetClient, fleet.Options{Region: d.opts.Region.Name, Instance: d.opts.Region.Instance,
+		Fixed: d.opts.Region.FleetSize, Logger: d.log.With("component", "fleet")}, d.registry); err != nil {
 		return err
 	}
 	if fleetClient != nil {
@@ -288,45 +288,45 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	}
 
 	eopts := engine.Options{
-		Store: store, Region: d.opts.Region, ForwardTimeout: d.opts.ForwardTimeout, HandoffMaxWindow: d.opts.HandoffMaxWindow,
-		DenyCacheSize: cmp.Or(d.opts.DenyCacheSize, -1), FallbackMaxBytes: d.opts.FallbackMaxBytes, MaxLeaseKeys: d.opts.MaxLeaseKeys,
-		FleetSize: d.fleet.Size, TopLimitedSize: cmp.Or(d.opts.TopLimitedSize, -1), Logger: d.log,
+		Store: store, Region: d.opts.Region.Name, ForwardTimeout: d.opts.Region.ForwardTimeout, HandoffMaxWindow: d.opts.Region.HandoffMaxWindow,
+		DenyCacheSize: cmp.Or(d.opts.Memory.DenyCacheSize, -1), FallbackMaxBytes: d.opts.Memory.FallbackMaxBytes, MaxLeaseKeys: d.opts.Memory.MaxLeaseKeys,
+		FleetSize: d.fleet.Size, TopLimitedSize: cmp.Or(d.opts.Memory.TopLimitedSize, -1), Logger: d.log,
 	}
 	var spends interface {
 		Run(context.Context)
 	}
-	if d.opts.NATSURL != "" {
-		natsconn.WarnURLSecrets("--nats.url", d.opts.NATSURL, d.log)
-		if d.opts.GossipInterval > bucket.DebtHorizon/2 {
+	if d.opts.NATS.URL != "" {
+		natsconn.WarnURLSecrets("--nats.url", d.opts.NATS.URL, d.log)
+		if d.opts.NATS.GossipInterval > bucket.DebtHorizon/2 {
 			// A key's debt is bounded by capacity + rate x DebtHorizon: with
 			// flushes this far apart, a fast rule's remote spending beyond
 			// that bound is dropped by the debit.
 			d.log.Warn("--gossip.interval is over half the debt horizon: other regions may debit a fast rule's key less than it spent here",
-				"interval", d.opts.GossipInterval, "debt_horizon", bucket.DebtHorizon)
+				"interval", d.opts.NATS.GossipInterval, "debt_horizon", bucket.DebtHorizon)
 		}
-		auth, err := d.opts.NATSAuth.Options(d.log)
+		auth, err := d.opts.NATS.Auth.Options(d.log)
 		if err != nil {
 			return err
 		}
-		auth = append(auth, natsconn.Inbox(natsconn.IdentityName("limiterd", d.opts.Region)))
-		nc, err := natsconn.Connect(d.opts.NATSURL, "limiterd "+d.opts.Instance, d.log, auth...)
+		auth = append(auth, natsconn.Inbox(natsconn.IdentityName("limiterd", d.opts.Region.Name)))
+		nc, err := natsconn.Connect(d.opts.NATS.URL, "limiterd "+d.opts.Region.Instance, d.log, auth...)
 		if err != nil {
 			return fmt.Errorf("--nats.url: %w", err)
 		}
 		d.nc = nc
 		d.onStop(nc.Close)
 		d.rules.UseNATS(nc)
-		if d.opts.AdminNATSAuth.Set() {
+		if d.opts.Admin.NATSAuth.Set() {
 			// The admin API's own identity, the only one allowed to write
 			// the rules bucket; the main one only reads it.
-			admin := d.opts.AdminNATSAuth
-			admin.TLSCAFile, admin.TLSCertFile, admin.TLSKeyFile = d.opts.NATSAuth.TLSCAFile, d.opts.NATSAuth.TLSCertFile, d.opts.NATSAuth.TLSKeyFile
+			admin := d.opts.Admin.NATSAuth
+			admin.TLSCAFile, admin.TLSCertFile, admin.TLSKeyFile = d.opts.NATS.Auth.TLSCAFile, d.opts.NATS.Auth.TLSCertFile, d.opts.NATS.Auth.TLSKeyFile
 			wopts, err := admin.Options(d.log)
 			if err != nil {
 				return err
 			}
 			wopts = append(wopts, natsconn.Inbox(natsconn.IdentityName("admin", "")))
-			wc, err := natsconn.Connect(d.opts.NATSURL, "limiterd admin "+d.opts.Instance, d.log.With("component", "admin"), wopts...)
+			wc, err := natsconn.Connect(d.opts.NATS.URL, "limiterd admin "+d.opts.Region.Instance, d.log.With("component", "admin"), wopts...)
 			if err != nil {
 				return fmt.Errorf("--nats.url: %w", err)
 			}
@@ -336,7 +336,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		// The flush counter starts again at every start: the start time in
 		// the name keeps a restarted process (same host, same pid, as in a
 		// container) from reusing message ids the streams would drop.
-		instance := d.opts.Instance + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		instance := d.opts.Region.Instance + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		p, err := newPublisher(nc, d.opts, instance, d.log, d.registry)
 		if err != nil {
 			return err
@@ -344,9 +344,9 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		eopts.Spends = p.Accumulator()
 		spends = p
 	}
-	if d.opts.PeerSecretFile != "" {
+	if d.opts.Region.PeerSecretFile != "" {
 		// Read once: sent by the Peer clients, required by the Peer service.
-		if d.peerSecret, err = peer.ReadSecret(d.opts.PeerSecretFile, d.log); err != nil {
+		if d.peerSecret, err = peer.ReadSecret(d.opts.Region.PeerSecretFile, d.log); err != nil {
 			return err
 		}
 		// The fleet's processes give back each other's reservations.
@@ -375,7 +375,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	d.mu.Lock()
 	d.engine = e
 	d.mu.Unlock()
-	top, err := topshare.New(e, d.redisClient(), d.opts.Instance, d.log.With("component", "top-limited"), d.registry)
+	top, err := topshare.New(e, d.redisClient(), d.opts.Region.Instance, d.log.With("component", "top-limited"), d.registry)
 	if err != nil {
 		return err
 	}
@@ -408,8 +408,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
 	if len(d.opts.Redis.Addrs) == 0 {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
-			"store", "memory", "max_bytes", d.opts.MemoryMaxBytes)
-		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.MemoryMaxBytes))
+			"store", "memory", "max_bytes", d.opts.Memory.MaxBytes)
+		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.Memory.MaxBytes))
 		for _, c := range engine.MemoryCollectors(m, "embedded") {
 			if err := d.registry.Register(c); err != nil {
 				return nil, err
@@ -463,7 +463,7 @@ func (d *Daemon) redisClient() redis.UniversalClient {
 
 // newPublisher makes the spend publisher of this instance.
 func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, reg prometheus.Registerer) (*spendpub.Publisher, error) {
-	return spendpub.New(nc, o.Region, instance, o.GossipInterval, o.GossipMaxDefer, o.GossipSpoolDir, log.With("component", "spends"), reg)
+	return spendpub.New(nc, o.Region.Name, instance, o.NATS.GossipInterval, o.NATS.GossipMaxDefer, o.NATS.GossipSpoolDir, log.With("component", "spends"), reg)
 }
 
 // dialHomes prepares a Peer client to every other region's limiterd of
@@ -474,8 +474,8 @@ func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, r
 // gRPC.
 func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home, dialed, retired map[string]*peerConn, err error) {
 	creds := insecure.NewCredentials()
-	if d.opts.ForwardTLSCAFile != "" {
-		tc, err := clientTLS(d.opts.ForwardTLSCAFile, d.opts.TLSCertFile, d.opts.TLSKeyFile)
+	if d.opts.Region.ForwardTLSCAFile != "" {
+		tc, err := clientTLS(d.opts.Region.ForwardTLSCAFile, d.opts.Server.TLSCertFile, d.opts.Server.TLSKeyFile)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -488,7 +488,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 	}
 	homes, dialed, retired = make(map[string]engine.Home), make(map[string]*peerConn), make(map[string]*peerConn)
 	for _, r := range topo.Regions() {
-		if r.Name == d.opts.Region {
+		if r.Name == d.opts.Region.Name {
 			continue
 		}
 		pc := d.peers[r.Name]
@@ -508,10 +508,10 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 			d.peers[r.Name] = pc
 			dialed[r.Name] = pc
 		}
-		homes[r.Name] = peer.NewClient(pc.cc, d.opts.Region, d.peerSecret).WithGeneration(topo.Generation())
+		homes[r.Name] = peer.NewClient(pc.cc, d.opts.Region.Name, d.peerSecret).WithGeneration(topo.Generation())
 	}
 	for name, pc := range d.peers {
-		if name != d.opts.Region && !topo.Has(name) {
+		if name != d.opts.Region.Name && !topo.Has(name) {
 			retired[name] = pc
 			delete(d.peers, name)
 		}
@@ -522,19 +522,19 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 // startServers makes the gRPC and HTTP servers and starts serving.
 func (d *Daemon) startServers() error {
 	var gopts []grpc.ServerOption
-	if d.opts.TLSCertFile != "" {
-		tc, err := serverTLS(d.opts.TLSCertFile, d.opts.TLSKeyFile, d.opts.TLSClientCAFile)
+	if d.opts.Server.TLSCertFile != "" {
+		tc, err := serverTLS(d.opts.Server.TLSCertFile, d.opts.Server.TLSKeyFile, d.opts.Server.TLSClientCAFile)
 		if err != nil {
 			return err
 		}
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
-	auth := peer.Auth{Identities: d.opts.PeerIdentities, Secret: d.peerSecret}
+	auth := peer.Auth{Identities: d.opts.Region.PeerIdentities, Secret: d.peerSecret}
 	var topos peer.Topologies
 	if d.topo != nil {
 		topos = d.topo
 	}
-	peers, err := peer.NewService(d.engine, d.opts.Region, topos, auth, d.registry)
+	peers, err := peer.NewService(d.engine, d.opts.Region.Name, topos, auth, d.registry)
 	if err != nil {
 		return err
 	}
@@ -547,7 +547,7 @@ func (d *Daemon) startServers() error {
 		return h(ctx, req)
 	}
 	gopts = append(gopts, grpc.UnaryInterceptor(intercept),
-		grpc.MaxConcurrentStreams(uint32(d.opts.GRPCMaxStreams)),
+		grpc.MaxConcurrentStreams(uint32(d.opts.Server.GRPCMaxStreams)),
 		grpc.MaxRecvMsgSize(grpcMaxRecvBytes),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
@@ -555,27 +555,27 @@ func (d *Daemon) startServers() error {
 			MaxConnectionAge: grpcMaxConnectionAge, MaxConnectionAgeGrace: grpcMaxConnectionGrace}))
 	d.grpcServer = grpc.NewServer(gopts...)
 	limiterv1.RegisterLimiterServer(d.grpcServer, d.check)
-	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine, envoyrls.Options{QuotaHeaders: d.opts.EnvoyQuotaHeaders}))
+	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine, envoyrls.Options{QuotaHeaders: d.opts.Server.EnvoyQuotaHeaders}))
 	limiterv1.RegisterAdminServer(d.grpcServer, d.admin)
 	limiterv1.RegisterPeerServer(d.grpcServer, peers)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpcServer, d.health)
 	reflection.Register(d.grpcServer)
 
-	if d.grpcLis, err = net.Listen("tcp", d.opts.GRPCAddress); err != nil {
+	if d.grpcLis, err = net.Listen("tcp", d.opts.Server.GRPCAddress); err != nil {
 		return fmt.Errorf("--grpc.listen-address: %w", err)
 	}
 	d.onStop(func() { d.grpcLis.Close() })
-	d.grpcLis = netutil.LimitListener(d.grpcLis, d.opts.MaxConnections)
+	d.grpcLis = netutil.LimitListener(d.grpcLis, d.opts.Server.MaxConnections)
 	var httpTLS *tls.Config
-	if d.opts.HTTPTLSCertFile != "" {
-		if httpTLS, err = tlsconf.Server(tlsconf.Files{Cert: d.opts.HTTPTLSCertFile, Key: d.opts.HTTPTLSKeyFile, CA: d.opts.HTTPTLSClientCAFile,
+	if d.opts.Server.HTTPTLSCertFile != "" {
+		if httpTLS, err = tlsconf.Server(tlsconf.Files{Cert: d.opts.Server.HTTPTLSCertFile, Key: d.opts.Server.HTTPTLSKeyFile, CA: d.opts.Server.HTTPTLSClientCAFile,
 			CertFlag: "--http.tls-cert-file", KeyFlag: "--http.tls-key-file", CAFlag: "--http.tls-client-ca-file"}); err != nil {
 			return err
 		}
-	} else if d.opts.AdminTokenFile != "" && !loopbackOnly(d.opts.HTTPAddress) {
+	} else if d.opts.Admin.TokenFile != "" && !loopbackOnly(d.opts.Server.HTTPAddress) {
 		d.log.Warn("the admin token travels in clear: the HTTP listener is plaintext on a non-loopback address; set --http.tls-cert-file and --http.tls-key-file",
-			"http", d.opts.HTTPAddress)
+			"http", d.opts.Server.HTTPAddress)
 	}
 	var fa http.Handler
 	if d.opts.ForwardAuth.Serving() {
@@ -589,16 +589,16 @@ func (d *Daemon) startServers() error {
 	// says which dependency is missing.
 	mux := opshttp.NewMuxDetail(d.registry, &d.ready, "not ready", d.dependencies)
 	d.admin.Routes(mux)
-	if d.opts.Profiling {
+	if d.opts.Server.Profiling {
 		opshttp.Profiling(mux)
-		if !loopbackOnly(d.opts.HTTPAddress) {
-			d.log.Warn("profiles are served to anyone who reaches the HTTP listener (--http.pprof on a non-loopback address)", "http", d.opts.HTTPAddress)
+		if !loopbackOnly(d.opts.Server.HTTPAddress) {
+			d.log.Warn("profiles are served to anyone who reaches the HTTP listener (--http.pprof on a non-loopback address)", "http", d.opts.Server.HTTPAddress)
 		}
 	}
 	if fa != nil && d.opts.ForwardAuth.Address == "" {
 		mux.Handle(forwardauth.Path, fa)
 	}
-	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.HTTPAddress, mux, httpTLS); err != nil {
+	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.Server.HTTPAddress, mux, httpTLS); err != nil {
 		return err
 	}
 	if fa != nil && d.opts.ForwardAuth.Address != "" {
@@ -633,7 +633,7 @@ func (d *Daemon) serveHTTP(flag, addr string, h http.Handler, tc *tls.Config) (n
 		return nil, nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	d.onStop(func() { lis.Close() })
-	lis = netutil.LimitListener(lis, d.opts.MaxConnections)
+	lis = netutil.LimitListener(lis, d.opts.Server.MaxConnections)
 	// Every phase of an HTTP connection has a deadline: a body trickled in
 	// or an idle keep-alive cannot hold a connection (and a descriptor).
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: httpTimeouts.read,
@@ -738,10 +738,10 @@ func (d *Daemon) dependencies() string {
 		lines = append(lines, "store: redis ok")
 	}
 	switch {
-	case d.opts.NATSURL == "":
+	case d.opts.NATS.URL == "":
 		lines = append(lines, "nats: not configured (no reconciliation, rules from the file only)")
 	case d.nc == nil || !d.nc.IsConnected():
-		lines = append(lines, "nats: unreachable, spends wait in the backlog: "+natsconn.Redact(d.opts.NATSURL))
+		lines = append(lines, "nats: unreachable, spends wait in the backlog: "+natsconn.Redact(d.opts.NATS.URL))
 	default:
 		lines = append(lines, "nats: ok")
 	}
@@ -774,12 +774,12 @@ func (d *Daemon) Stop(ctx context.Context) error {
 	}
 	d.ready.Store(false)
 	d.health.Shutdown()
-	d.log.Info("draining", "delay", d.opts.ShutdownDelay, "grace_period", d.opts.GracePeriod)
+	d.log.Info("draining", "delay", d.opts.Server.ShutdownDelay, "grace_period", d.opts.Server.GracePeriod)
 	select {
-	case <-time.After(d.opts.ShutdownDelay):
+	case <-time.After(d.opts.Server.ShutdownDelay):
 	case <-ctx.Done():
 	}
-	grace, cancel := context.WithTimeout(context.Background(), d.opts.GracePeriod)
+	grace, cancel := context.WithTimeout(context.Background(), d.opts.Server.GracePeriod)
 	defer cancel()
 	stopped := make(chan struct{})
 	go func() {

@@ -35,10 +35,10 @@ func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard
 func startDaemon(t testing.TB, redisAddrs []string, mutate ...func(*Options)) *Daemon {
 	t.Helper()
 	opts := DefaultOptions()
-	opts.GRPCAddress, opts.HTTPAddress, opts.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+	opts.Server.GRPCAddress, opts.Server.HTTPAddress, opts.Rules.File = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
 	opts.Redis.Addrs, opts.RedisTuning.Timeout, opts.Logger = redisAddrs, time.Second, quietLogger()
 	// The tests see each spend published at its interval.
-	opts.GossipMaxDefer = 0
+	opts.NATS.GossipMaxDefer = 0
 	for _, m := range mutate {
 		m(&opts)
 	}
@@ -267,7 +267,7 @@ func TestMetricsLintRedis(t *testing.T) {
 // TestDrain: on Stop, readiness and gRPC health turn false first, checks
 // are still answered during the shutdown delay, then the daemon stops.
 func TestDrain(t *testing.T) {
-	d := startDaemon(t, nil, func(o *Options) { o.ShutdownDelay = 500 * time.Millisecond; o.GracePeriod = time.Second })
+	d := startDaemon(t, nil, func(o *Options) { o.Server.ShutdownDelay = 500 * time.Millisecond; o.Server.GracePeriod = time.Second })
 	cc := dial(t, d.GRPCAddr())
 	client := limiterv1.NewLimiterClient(cc)
 	ready := func() int {
@@ -348,8 +348,8 @@ func TestStartNATSCredentials(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := DefaultOptions()
-			o.RulesFile, o.GRPCAddress, o.HTTPAddress = "testdata/rules.yml", "127.0.0.1:0", "127.0.0.1:0"
-			o.NATSURL, o.NATSAuth, o.AdminNATSAuth, o.Logger = "nats://127.0.0.1:1", tt.main, tt.adm, quietLogger()
+			o.Rules.File, o.Server.GRPCAddress, o.Server.HTTPAddress = "testdata/rules.yml", "127.0.0.1:0", "127.0.0.1:0"
+			o.NATS.URL, o.NATS.Auth, o.Admin.NATSAuth, o.Logger = "nats://127.0.0.1:1", tt.main, tt.adm, quietLogger()
 			d, err := New(o)
 			if err != nil {
 				t.Fatal(err)
@@ -374,32 +374,32 @@ func TestBadOptions(t *testing.T) {
 		mutate func(*Options)
 		want   string
 	}{
-		{"no rules", func(o *Options) { o.RulesFile = "" }, "--rules.file"},
-		{"missing rules file", func(o *Options) { o.RulesFile = "testdata/nope.yml" }, "--rules.file"},
-		{"bad region", func(o *Options) { o.Region = "US East" }, "--region"},
-		{"no region", func(o *Options) { o.Region = "" }, "--region"},
-		{"bad fleet", func(o *Options) { o.FleetSize = -2 }, "--fleet.size"},
-		{"no connections", func(o *Options) { o.MaxConnections = 0 }, "--server.max-connections"},
-		{"negative deny cache", func(o *Options) { o.DenyCacheSize = -1 }, "--deny-cache.size"},
-		{"half TLS", func(o *Options) { o.TLSCertFile = "x.pem" }, "--grpc.tls-key-file"},
+		{"no rules", func(o *Options) { o.Rules.File = "" }, "--rules.file"},
+		{"missing rules file", func(o *Options) { o.Rules.File = "testdata/nope.yml" }, "--rules.file"},
+		{"bad region", func(o *Options) { o.Region.Name = "US East" }, "--region"},
+		{"no region", func(o *Options) { o.Region.Name = "" }, "--region"},
+		{"bad fleet", func(o *Options) { o.Region.FleetSize = -2 }, "--fleet.size"},
+		{"no connections", func(o *Options) { o.Server.MaxConnections = 0 }, "--server.max-connections"},
+		{"negative deny cache", func(o *Options) { o.Memory.DenyCacheSize = -1 }, "--deny-cache.size"},
+		{"half TLS", func(o *Options) { o.Server.TLSCertFile = "x.pem" }, "--grpc.tls-key-file"},
 		{"redis auth without redis", func(o *Options) { o.Redis.Username = "u" }, "--redis.addrs"},
 		{"redis tuning zero", func(o *Options) { o.Redis.Addrs, o.RedisTuning = []string{"127.0.0.1:1"}, redisstore.Tuning{} }, "--redis.timeout"},
 		{"nats creds and seed", func(o *Options) {
-			o.NATSURL, o.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
+			o.NATS.URL, o.NATS.Auth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
 		}, "--nats.creds-file and --nats.nkey-seed-file"},
 		{"admin creds and seed", func(o *Options) {
-			o.NATSURL, o.AdminNATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
+			o.NATS.URL, o.Admin.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{CredsFile: "a", NkeySeedFile: "b"}
 		}, "--admin.nats-creds-file and --admin.nats-nkey-seed-file"},
 		{"nats half client cert", func(o *Options) {
-			o.NATSURL, o.NATSAuth = "nats://127.0.0.1:1", natsconn.Auth{TLSCertFile: "c.pem"}
+			o.NATS.URL, o.NATS.Auth = "nats://127.0.0.1:1", natsconn.Auth{TLSCertFile: "c.pem"}
 		}, "--nats.tls-cert-file and --nats.tls-key-file"},
-		{"nats seed without nats", func(o *Options) { o.NATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
-		{"admin seed without nats", func(o *Options) { o.AdminNATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
+		{"nats seed without nats", func(o *Options) { o.NATS.Auth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
+		{"admin seed without nats", func(o *Options) { o.Admin.NATSAuth = natsconn.Auth{NkeySeedFile: "b"} }, "--nats.url"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			o := DefaultOptions()
-			o.RulesFile, o.Logger = "testdata/rules.yml", quietLogger()
+			o.Rules.File, o.Logger = "testdata/rules.yml", quietLogger()
 			tt.mutate(&o)
 			before := fmt.Sprintf("%+v", o)
 			_, err := New(o)
@@ -416,7 +416,7 @@ func TestBadOptions(t *testing.T) {
 // TestProfiling: /debug/pprof/ is served only with --http.pprof.
 func TestProfiling(t *testing.T) {
 	for _, on := range []bool{false, true} {
-		d := startDaemon(t, nil, func(o *Options) { o.Profiling = on })
+		d := startDaemon(t, nil, func(o *Options) { o.Server.Profiling = on })
 		for path, want := range map[string]string{"/debug/pprof/": "goroutine", "/debug/pprof/heap?debug=1": "heap profile"} {
 			resp, err := http.Get("http://" + d.HTTPAddr() + path)
 			if err != nil {

@@ -46,7 +46,7 @@ func evalshaCalls(t testing.TB, addrs []string) int64 {
 // the checks made and the store calls they cost.
 func flood(t testing.TB, c *redistest.Cluster, cacheSize, workers int, d time.Duration) (checks, calls int64) {
 	t.Helper()
-	dm := startDaemon(t, c.Addrs(), func(o *Options) { o.DenyCacheSize = cacheSize })
+	dm := startDaemon(t, c.Addrs(), func(o *Options) { o.Memory.DenyCacheSize = cacheSize })
 	client := limiterv1.NewLimiterClient(dial(t, dm.GRPCAddr()))
 	key := fmt.Sprint("flood-", cacheSize)
 	before := evalshaCalls(t, c.Addrs())
@@ -74,7 +74,7 @@ func TestDenyCacheSparesTheStore(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	const workers, capacity, rate = 16, 10, 2.0
 	run := 3 * time.Second
-	checks, calls := flood(t, c, DefaultOptions().DenyCacheSize, workers, run)
+	checks, calls := flood(t, c, DefaultOptions().Memory.DenyCacheSize, workers, run)
 	// The burst (the last token's answer already denies), then a probe
 	// each time a denial expires (every 1/rate s), and at most one more
 	// when that probe reached Redis before the token did: a denial counts

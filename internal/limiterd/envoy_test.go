@@ -59,8 +59,8 @@ func envoyIntHeader(t *testing.T, resp *rlsv3.RateLimitResponse, name string) in
 func TestEnvoyRateLimitService(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) {
-		o.RulesFile = envoyRulesFile
-		o.EnvoyQuotaHeaders = true
+		o.Rules.File = envoyRulesFile
+		o.Server.EnvoyQuotaHeaders = true
 	})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
@@ -272,7 +272,7 @@ func TestEnvoyRateLimitService(t *testing.T) {
 func TestEnvoyStoreDown(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	d := startDaemon(t, c.Addrs(), func(o *Options) {
-		o.RulesFile = envoyRulesFile
+		o.Rules.File = envoyRulesFile
 		o.RedisTuning.Timeout = 200 * time.Millisecond
 	})
 	client := rlsv3.NewRateLimitServiceClient(dial(t, d.GRPCAddr()))

@@ -29,8 +29,8 @@ func fleetSize(t *testing.T, d *Daemon) float64 {
 // instance. The count seen holds through the outage.
 func TestFleetSharesTheFallback(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
-	ds := []*Daemon{startDaemon(t, c.Addrs(), func(o *Options) { o.Instance = "a" }),
-		startDaemon(t, c.Addrs(), func(o *Options) { o.Instance = "b" })}
+	ds := []*Daemon{startDaemon(t, c.Addrs(), func(o *Options) { o.Region.Instance = "a" }),
+		startDaemon(t, c.Addrs(), func(o *Options) { o.Region.Instance = "b" })}
 	deadline := time.Now().Add(10 * time.Second)
 	for fleetSize(t, ds[0]) != 2 || fleetSize(t, ds[1]) != 2 {
 		if time.Now().After(deadline) {

@@ -85,7 +85,7 @@ func startForwardAuth(t *testing.T, redis []string, mutate ...func(*Options)) *D
 	t.Helper()
 	rules := writeRules(t, forwardAuthRules)
 	return startDaemon(t, redis, append([]func(*Options){func(o *Options) {
-		o.RulesFile = rules
+		o.Rules.File = rules
 		o.ForwardAuth.Enabled = true
 		o.RedisTuning.Timeout = 100 * time.Millisecond
 	}}, mutate...)...)
@@ -225,7 +225,7 @@ func TestForwardAuthOptions(t *testing.T) {
 	})
 	t.Run("bad header name refused at start", func(t *testing.T) {
 		o := DefaultOptions()
-		o.RulesFile, o.ForwardAuth.Enabled, o.ForwardAuth.Headers.User, o.Logger = writeRules(t, forwardAuthRules), true, "X Auth: User", quietLogger()
+		o.Rules.File, o.ForwardAuth.Enabled, o.ForwardAuth.Headers.User, o.Logger = writeRules(t, forwardAuthRules), true, "X Auth: User", quietLogger()
 		_, err := New(o)
 		if err == nil || !strings.Contains(err.Error(), "--forward-auth.user-header") {
 			t.Fatalf("New = %v, want an error naming --forward-auth.user-header", err)

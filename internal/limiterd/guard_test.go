@@ -30,7 +30,7 @@ func TestEvictionGuard(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile, o.Redis.Addrs, o.Logger = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml", c.Addrs(), quietLogger()
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File, o.Redis.Addrs, o.Logger = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml", c.Addrs(), quietLogger()
 	d, err := New(o)
 	if err != nil {
 		t.Fatal(err)

@@ -25,10 +25,10 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 		name   string
 		mutate func(*Options)
 	}{
-		{"grpc address taken", func(o *Options) { o.GRPCAddress = busy.Addr().String() }},
-		{"http address taken", func(o *Options) { o.HTTPAddress = busy.Addr().String() }},
+		{"grpc address taken", func(o *Options) { o.Server.GRPCAddress = busy.Addr().String() }},
+		{"http address taken", func(o *Options) { o.Server.HTTPAddress = busy.Addr().String() }},
 		{"peer secret readable by others", func(o *Options) {
-			o.Region, o.TopologyFile, o.PeerSecretFile = "us-east", twoRegionTopology(t), "testdata/rules.yml"
+			o.Region.Name, o.Region.TopologyFile, o.Region.PeerSecretFile = "us-east", twoRegionTopology(t), "testdata/rules.yml"
 		}},
 		{"missing password file", func(o *Options) { o.Redis.PasswordFile = "testdata/none" }},
 	}
@@ -36,8 +36,8 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ignore := goleak.IgnoreCurrent()
 			opts := DefaultOptions()
-			opts.GRPCAddress, opts.HTTPAddress, opts.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
-			opts.Redis.Addrs, opts.NATSURL, opts.Logger = cluster.Addrs(), nats.URL(), quietLogger()
+			opts.Server.GRPCAddress, opts.Server.HTTPAddress, opts.Rules.File = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+			opts.Redis.Addrs, opts.NATS.URL, opts.Logger = cluster.Addrs(), nats.URL(), quietLogger()
 			tt.mutate(&opts)
 			d, err := New(opts)
 			if err != nil {

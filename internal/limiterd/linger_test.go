@@ -81,8 +81,8 @@ func TestHandoffMaxWindowFlag(t *testing.T) {
 			args = append(args, c.arg)
 		}
 		o := parse(args...)
-		if err := o.validate(); err != nil || o.HandoffMaxWindow != c.want {
-			t.Errorf("%q: %v, %v; want %v", c.arg, o.HandoffMaxWindow, err, c.want)
+		if err := o.validate(); err != nil || o.Region.HandoffMaxWindow != c.want {
+			t.Errorf("%q: %v, %v; want %v", c.arg, o.Region.HandoffMaxWindow, err, c.want)
 		}
 	}
 	for _, bad := range []string{"-1s", "500ms", "721h"} {

@@ -21,8 +21,8 @@ func TestGossipMaxDeferFlag(t *testing.T) {
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	if o.GossipMaxDefer != spendpub.DefaultMaxDefer {
-		t.Fatalf("--gossip.max-defer default %v, want %v", o.GossipMaxDefer, spendpub.DefaultMaxDefer)
+	if o.NATS.GossipMaxDefer != spendpub.DefaultMaxDefer {
+		t.Fatalf("--gossip.max-defer default %v, want %v", o.NATS.GossipMaxDefer, spendpub.DefaultMaxDefer)
 	}
 	for _, tt := range []struct {
 		name     string
@@ -39,7 +39,7 @@ func TestGossipMaxDeferFlag(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			o := DefaultOptions()
-			o.RulesFile, o.Logger, o.GossipInterval, o.GossipMaxDefer = "testdata/rules.yml", quietLogger(), time.Second, tt.maxDefer
+			o.Rules.File, o.Logger, o.NATS.GossipInterval, o.NATS.GossipMaxDefer = "testdata/rules.yml", quietLogger(), time.Second, tt.maxDefer
 			_, err := New(o)
 			if got := err != nil && strings.Contains(err.Error(), "--gossip.max-defer"); got != tt.bad {
 				t.Fatalf("--gossip.max-defer %v: err = %v, want an error naming the flag: %v", tt.maxDefer, err, tt.bad)

@@ -16,7 +16,7 @@ import (
 // limiter_memory_bytes{store="embedded"}, and the limit still holds for
 // a key checked after the flood.
 func TestEmbeddedStoreBounded(t *testing.T) {
-	d := startDaemon(t, nil, func(o *Options) { o.MemoryMaxBytes = bucket.MinMaxBytes })
+	d := startDaemon(t, nil, func(o *Options) { o.Memory.MaxBytes = bucket.MinMaxBytes })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
 	for i := range 12_000 {
@@ -59,12 +59,12 @@ func TestMemoryFlags(t *testing.T) {
 		mutate func(*Options)
 		want   string
 	}{
-		{func(o *Options) { o.MemoryMaxBytes = 1000 }, "--memory.max-bytes: must be 1048576 to"},
-		{func(o *Options) { o.FallbackMaxBytes = -1 }, "--fallback.max-bytes: must be 1048576 to"},
-		{func(o *Options) { o.MaxLeaseKeys = -5 }, "--lease.max-keys: must be 1 to"},
+		{func(o *Options) { o.Memory.MaxBytes = 1000 }, "--memory.max-bytes: must be 1048576 to"},
+		{func(o *Options) { o.Memory.FallbackMaxBytes = -1 }, "--fallback.max-bytes: must be 1048576 to"},
+		{func(o *Options) { o.Memory.MaxLeaseKeys = -5 }, "--lease.max-keys: must be 1 to"},
 	} {
 		o := DefaultOptions()
-		o.RulesFile, o.Logger = "testdata/rules.yml", quietLogger()
+		o.Rules.File, o.Logger = "testdata/rules.yml", quietLogger()
 		c.mutate(&o)
 		_, err := New(o)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -133,13 +133,13 @@ func newModelStack(t *testing.T, storeTimeout time.Duration) *modelStack {
 	secret := testenv.SecretFile(t)
 	s.region = func(name, addr string) func(*Options) {
 		return func(o *Options) {
-			o.Region, o.TopologyFile, o.PeerSecretFile, o.RulesFile = name, topo, secret, s.rules
+			o.Region.Name, o.Region.TopologyFile, o.Region.PeerSecretFile, o.Rules.File = name, topo, secret, s.rules
 			if storeTimeout > 0 {
 				o.RedisTuning.Timeout = storeTimeout
 			}
-			o.ForwardTimeout = 10 * time.Second
+			o.Region.ForwardTimeout = 10 * time.Second
 			if addr != "" {
-				o.GRPCAddress = addr
+				o.Server.GRPCAddress = addr
 			}
 		}
 	}
@@ -409,7 +409,7 @@ func TestModelExactWithAHealthyStore(t *testing.T) {
 		// an instance started now, without a deny cache: another check's
 		// undo may have given back a token after an instance remembered a
 		// refusal (a refusal early, never an admission too many).
-		prober := limiterv1.NewLimiterClient(dial(t, startDaemon(t, s.east.Addrs(), s.region("us-east", ""), func(o *Options) { o.DenyCacheSize = 0 }).GRPCAddr()))
+		prober := limiterv1.NewLimiterClient(dial(t, startDaemon(t, s.east.Addrs(), s.region("us-east", ""), func(o *Options) { o.Memory.DenyCacheSize = 0 }).GRPCAddr()))
 		probes := 0
 		for b, n := range admitted {
 			if modelLeased[b.rule] {

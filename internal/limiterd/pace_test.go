@@ -86,9 +86,9 @@ func TestPeerDecidePaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, nil, func(o *Options) {
-		o.Region = "us-east"
-		o.TopologyFile = twoRegionTopology(t)
-		o.PeerSecretFile = secretFile
+		o.Region.Name = "us-east"
+		o.Region.TopologyFile = twoRegionTopology(t)
+		o.Region.PeerSecretFile = secretFile
 	})
 	p := limiterv1.NewPeerClient(dial(t, d.GRPCAddr()))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -63,9 +63,9 @@ func TestPeerCallsNeedCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := startDaemon(t, nil, func(o *Options) {
-		o.Region = "us-east"
-		o.TopologyFile = twoRegionTopology(t)
-		o.PeerSecretFile = secretFile
+		o.Region.Name = "us-east"
+		o.Region.TopologyFile = twoRegionTopology(t)
+		o.Region.PeerSecretFile = secretFile
 	})
 	cc := dial(t, d.GRPCAddr())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -111,10 +111,10 @@ func TestPeerIdentityByCertificate(t *testing.T) {
 	srvCert, srvKey := ca.Issue(t, "server", true)
 	cliCert, cliKey := ca.Issue(t, "test", false)
 	d := startDaemon(t, nil, func(o *Options) {
-		o.Region = "us-east"
-		o.TopologyFile = twoRegionTopology(t)
-		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = srvCert, srvKey, ca.File
-		o.PeerIdentities = []string{"limiterd.eu-west"}
+		o.Region.Name = "us-east"
+		o.Region.TopologyFile = twoRegionTopology(t)
+		o.Server.TLSCertFile, o.Server.TLSKeyFile, o.Server.TLSClientCAFile = srvCert, srvKey, ca.File
+		o.Region.PeerIdentities = []string{"limiterd.eu-west"}
 	})
 	roots := ca.Pool()
 	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)
@@ -138,7 +138,7 @@ func TestPeerIdentityByCertificate(t *testing.T) {
 // TestTopologyNeedsPeerCredentials: a limiterd with a topology and no way
 // to tell peers from anyone else does not start.
 func TestTopologyNeedsPeerCredentials(t *testing.T) {
-	_, err := New(Options{RulesFile: "testdata/rules.yml", Region: "us-east", TopologyFile: twoRegionTopology(t), Logger: quietLogger()})
+	_, err := New(Options{Rules: RulesOptions{File: "testdata/rules.yml"}, Region: RegionOptions{Name: "us-east", TopologyFile: twoRegionTopology(t)}, Logger: quietLogger()})
 	if err == nil {
 		t.Fatal("New accepted a topology without --region.peer-secret-file or --region.peer-identities")
 	}
@@ -148,8 +148,8 @@ func TestTopologyNeedsPeerCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
-	o.Region, o.TopologyFile, o.PeerSecretFile, o.Logger = "us-east", twoRegionTopology(t), f, quietLogger()
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File = "127.0.0.1:0", "127.0.0.1:0", "testdata/rules.yml"
+	o.Region.Name, o.Region.TopologyFile, o.Region.PeerSecretFile, o.Logger = "us-east", twoRegionTopology(t), f, quietLogger()
 	d, err := New(o)
 	if err != nil {
 		t.Fatal(err)

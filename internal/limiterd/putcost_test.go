@@ -29,7 +29,7 @@ func BenchmarkAdminPut768(b *testing.B) {
 		b.Fatal(err)
 	}
 	withAdmin := func(o *Options) {
-		o.NATSURL, o.AdminTokenFile = ns.URL(), tokenFile
+		o.NATS.URL, o.Admin.TokenFile = ns.URL(), tokenFile
 	}
 	a := startDaemon(b, nil, withAdmin)
 	w := startDaemon(b, nil, withAdmin)

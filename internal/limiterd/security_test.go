@@ -96,8 +96,8 @@ func TestAdminCertificateIsNotEnough(t *testing.T) {
 	tok := tokenFile(t)
 	start := func(identities ...string) *Daemon {
 		return startDaemon(t, nil, func(o *Options) {
-			o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = srvCert, srvKey, ca.File
-			o.NATSURL, o.AdminTokenFile, o.AdminClientIdentities = ns.URL(), tok, identities
+			o.Server.TLSCertFile, o.Server.TLSKeyFile, o.Server.TLSClientCAFile = srvCert, srvKey, ca.File
+			o.NATS.URL, o.Admin.TokenFile, o.Admin.ClientIdentities = ns.URL(), tok, identities
 		})
 	}
 	ctx := context.Background()
@@ -152,7 +152,7 @@ func TestAdminCertificateIsNotEnough(t *testing.T) {
 // listener that verifies client certificates is refused at start.
 func TestAdminIdentitiesNeedAClientCA(t *testing.T) {
 	o := DefaultOptions()
-	o.RulesFile, o.AdminClientIdentities, o.Logger = "testdata/rules.yml", []string{"ops"}, quietLogger()
+	o.Rules.File, o.Admin.ClientIdentities, o.Logger = "testdata/rules.yml", []string{"ops"}, quietLogger()
 	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "--admin.client-identities") {
 		t.Fatalf("New: %v, want an error naming --admin.client-identities", err)
@@ -171,8 +171,8 @@ func TestAdminRulesCannotPoison(t *testing.T) {
 	ns := natstest.NewServer(t)
 	topo, secret, tok := twoRegionTopology(t), testenv.SecretFile(t), tokenFile(t)
 	opts := func(o *Options) {
-		o.Region, o.TopologyFile, o.PeerSecretFile = "us-east", topo, secret
-		o.NATSURL, o.AdminTokenFile = ns.URL(), tok
+		o.Region.Name, o.Region.TopologyFile, o.Region.PeerSecretFile = "us-east", topo, secret
+		o.NATS.URL, o.Admin.TokenFile = ns.URL(), tok
 	}
 	a := startDaemon(t, nil, opts)
 	b := startDaemon(t, nil, opts)
@@ -270,7 +270,7 @@ func TestAdminRuleCap(t *testing.T) {
 	tok := tokenFile(t)
 	fileRules := strings.Count(readFile(t, "testdata/rules.yml"), "- id:")
 	d := startDaemon(t, nil, func(o *Options) {
-		o.NATSURL, o.AdminTokenFile, o.MaxRules = ns.URL(), tok, fileRules+1
+		o.NATS.URL, o.Admin.TokenFile, o.Rules.MaxRules = ns.URL(), tok, fileRules+1
 	})
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	if code, msg := adminHTTP(t, d, "PUT", "/admin/rules/one", adminToken, "id: one\ncapacity: 1\nrefill_per_second: 1\n"); code != http.StatusOK {
@@ -290,7 +290,7 @@ func TestAdminRuleCap(t *testing.T) {
 	}
 
 	o := DefaultOptions()
-	o.RulesFile, o.MaxRules, o.Logger = "testdata/rules.yml", fileRules-1, quietLogger()
+	o.Rules.File, o.Rules.MaxRules, o.Logger = "testdata/rules.yml", fileRules-1, quietLogger()
 	_, err := New(o)
 	if err == nil || !strings.Contains(err.Error(), "--rules.max-rules") {
 		t.Fatalf("New with a rules file over the cap: %v", err)
@@ -314,7 +314,7 @@ func TestForwardAuthOwnListener(t *testing.T) {
 	secretFile := testenv.SecretFile(t)
 	secret := strings.TrimSpace(readFile(t, secretFile))
 	d := startDaemon(t, nil, func(o *Options) {
-		o.RulesFile = writeRules(t, forwardAuthRules)
+		o.Rules.File = writeRules(t, forwardAuthRules)
 		o.ForwardAuth.Address, o.ForwardAuth.SecretFile = "127.0.0.1:0", secretFile
 	})
 	get := func(addr string, h map[string]string) int {
@@ -362,8 +362,8 @@ func TestHTTPOverTLS(t *testing.T) {
 	opsCert, opsKey := ca.Issue(t, "ops.admin", false)
 	gwCert, gwKey := ca.Issue(t, "gateway.edge", false)
 	d := startDaemon(t, nil, func(o *Options) {
-		o.HTTPTLSCertFile, o.HTTPTLSKeyFile, o.HTTPTLSClientCAFile = srvCert, srvKey, ca.File
-		o.AdminClientIdentities, o.AdminTokenFile = []string{"ops.admin"}, tokenFile(t)
+		o.Server.HTTPTLSCertFile, o.Server.HTTPTLSKeyFile, o.Server.HTTPTLSClientCAFile = srvCert, srvKey, ca.File
+		o.Admin.ClientIdentities, o.Admin.TokenFile = []string{"ops.admin"}, tokenFile(t)
 	})
 	client := func(cert, key string) *http.Client {
 		pair, err := tls.LoadX509KeyPair(cert, key)
@@ -432,7 +432,7 @@ func TestTokenInClearWarning(t *testing.T) {
 	}
 	var logs lockedBuffer
 	startDaemon(t, nil, func(o *Options) {
-		o.AdminTokenFile = tokenFile(t)
+		o.Admin.TokenFile = tokenFile(t)
 		o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	})
 	if strings.Contains(logs.String(), "travels in clear") {
@@ -451,7 +451,7 @@ func TestLongGossipIntervalWarning(t *testing.T) {
 	}{{time.Second, false}, {6 * time.Second, true}} {
 		var logs lockedBuffer
 		startDaemon(t, nil, func(o *Options) {
-			o.NATSURL, o.GossipInterval = ns.URL(), tt.interval
+			o.NATS.URL, o.NATS.GossipInterval = ns.URL(), tt.interval
 			o.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 		})
 		if got := strings.Contains(logs.String(), "over half the debt horizon"); got != tt.warn {

@@ -35,7 +35,7 @@ func TestStartsWithoutItsDependencies(t *testing.T) {
 	nats := natstest.NewServer(t)
 	c.StopAll()
 	nats.Shutdown()
-	d := startDaemon(t, c.Addrs(), func(o *Options) { o.NATSURL = nats.URL() })
+	d := startDaemon(t, c.Addrs(), func(o *Options) { o.NATS.URL = nats.URL() })
 	code, body := readyz(t, d)
 	if code != http.StatusOK || !strings.Contains(body, "store: redis not healthy") || !strings.Contains(body, "nats: unreachable") {
 		t.Fatalf("/readyz = %d %q; want 200 naming the missing store and NATS", code, body)

@@ -21,7 +21,7 @@ func TestMutualTLS(t *testing.T) {
 	srvCert, srvKey := ca.Issue(t, "server", true)
 	cliCert, cliKey := ca.Issue(t, "test", false)
 	d := startDaemon(t, nil, func(o *Options) {
-		o.TLSCertFile, o.TLSKeyFile, o.TLSClientCAFile = srvCert, srvKey, ca.File
+		o.Server.TLSCertFile, o.Server.TLSKeyFile, o.Server.TLSClientCAFile = srvCert, srvKey, ca.File
 	})
 	roots := ca.Pool()
 	pair, err := tls.LoadX509KeyPair(cliCert, cliKey)

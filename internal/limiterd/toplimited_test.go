@@ -28,7 +28,7 @@ func TestTopLimitedAcrossTheFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := func(name string) *Daemon {
-		return startDaemon(t, c.Addrs(), func(o *Options) { o.Instance, o.AdminTokenFile = name, tokenFile })
+		return startDaemon(t, c.Addrs(), func(o *Options) { o.Region.Instance, o.Admin.TokenFile = name, tokenFile })
 	}
 	a, b := start("top-a"), start("top-b")
 	checks := func(d *Daemon, key string, n int) {

@@ -110,13 +110,13 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 		}
 		r.start = func() *Daemon {
 			return startDaemon(t, cluster.Addrs(), func(o *Options) {
-				o.Region, o.TopologyFile, o.TopologyPoll, o.PeerSecretFile, o.RulesFile = n, r.file, poll, secret, rulesFile
-				o.GRPCAddress = r.addr
+				o.Region.Name, o.Region.TopologyFile, o.Region.TopologyPoll, o.Region.PeerSecretFile, o.Rules.File = n, r.file, poll, secret, rulesFile
+				o.Server.GRPCAddress = r.addr
 				// The race detector on two cores, beside other tests: a
 				// check is not refused as overloaded, nor a late reply
 				// taken for an unknown outcome, only because the machine
 				// is busy (either sends a fail-open rule to its fallback).
-				o.ForwardTimeout = 2 * time.Second
+				o.Region.ForwardTimeout = 2 * time.Second
 				o.RedisTuning.MaxQueueWait, o.RedisTuning.ReplyDeadline = time.Second, 5*time.Second
 			})
 		}
@@ -443,7 +443,7 @@ func TestTopologyBadFileAtRunTime(t *testing.T) {
 	}
 	const poll = 50 * time.Millisecond
 	d := startDaemon(t, nil, func(o *Options) {
-		o.Region, o.TopologyFile, o.TopologyPoll, o.PeerSecretFile, o.RulesFile = "a", file, poll, testenv.SecretFile(t), rulesFile
+		o.Region.Name, o.Region.TopologyFile, o.Region.TopologyPoll, o.Region.PeerSecretFile, o.Rules.File = "a", file, poll, testenv.SecretFile(t), rulesFile
 	})
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	var local string // a key homed here

@@ -214,12 +214,12 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		// tests are about.
 		o := limiterd.DefaultOptions()
 		o.RedisTuning.Timeout, o.RedisTuning.MaxQueueWait = time.Second, time.Second
-		o.GRPCAddress, o.HTTPAddress = addrs[name], "127.0.0.1:0"
-		o.TopologyFile, o.TopologyPoll, o.ForwardTimeout, o.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, time.Second, secret
-		o.RulesFile, o.Redis.Addrs = filepath.Join(s.dir, "rules.yml"), r.cluster.Addrs()
-		o.Region, o.NATSURL, o.GossipInterval, o.Instance = name, s.natsURL(name), interval, "limiterd-"+name
-		o.GossipMaxDefer = 0 // each spend published at its interval, as the tests expect
-		o.NATSAuth, o.AdminNATSAuth = s.auth("limiterd-"+name), admin
+		o.Server.GRPCAddress, o.Server.HTTPAddress = addrs[name], "127.0.0.1:0"
+		o.Region.TopologyFile, o.Region.TopologyPoll, o.Region.ForwardTimeout, o.Region.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, time.Second, secret
+		o.Rules.File, o.Redis.Addrs = filepath.Join(s.dir, "rules.yml"), r.cluster.Addrs()
+		o.Region.Name, o.NATS.URL, o.NATS.GossipInterval, o.Region.Instance = name, s.natsURL(name), interval, "limiterd-"+name
+		o.NATS.GossipMaxDefer = 0 // each spend published at its interval, as the tests expect
+		o.NATS.Auth, o.Admin.NATSAuth = s.auth("limiterd-"+name), admin
 		o.Logger = quiet().With("component", "limiterd")
 		d, err := limiterd.New(o)
 		if err != nil {

@@ -200,7 +200,7 @@ func TestAgainstLimiterd(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := limiterd.DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File = "127.0.0.1:0", "127.0.0.1:0", rules
 	o.Redis.Addrs, o.RedisTuning.Timeout = cluster.Addrs(), time.Second
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	d, err := limiterd.New(o)

@@ -46,7 +46,7 @@ func embedded(rules string) (string, func(), error) {
 		return "", nil, err
 	}
 	o := limiterd.DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", file
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File = "127.0.0.1:0", "127.0.0.1:0", file
 	o.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	d, err := limiterd.New(o)
 	if err != nil {

@@ -47,7 +47,7 @@ func TestEndToEnd(t *testing.T) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	o := limiterd.DefaultOptions()
-	o.GRPCAddress, o.HTTPAddress, o.RulesFile = "127.0.0.1:0", "127.0.0.1:0", rules
+	o.Server.GRPCAddress, o.Server.HTTPAddress, o.Rules.File = "127.0.0.1:0", "127.0.0.1:0", rules
 	o.Redis.Addrs, o.RedisTuning.Timeout, o.Logger = cluster.Addrs(), 100*time.Millisecond, quiet
 	d, err := limiterd.New(o)
 	if err != nil {
