@@ -112,14 +112,15 @@ func TestSoak(t *testing.T) {
 	}
 	in.home = func(key string) string { return topo.Home(key, nil) }
 	// The JetStream API may still be electing leaders after the last
-	// fault: a few tries.
-	for try := 0; ; try++ {
+	// fault (a stream's leader in a region whose server was killed late):
+	// tries for up to two minutes.
+	for deadline := time.Now().Add(2 * time.Minute); ; {
 		flushLog = nil
 		err := s.readRecords(t, &in, pr)
 		if err == nil {
 			break
 		}
-		if try == 10 {
+		if time.Now().After(deadline) {
 			t.Fatalf("read the records: %v", err)
 		}
 		t.Logf("read the records: %v; again in 2 s", err)
