@@ -30,12 +30,12 @@ func TestExactUnderCapacity(t *testing.T) {
 	}
 }
 
-// TestBoundsAgainstAModel: Zipf streams of refusals against exact counts.
+// TestBoundsAgainstAModel: 12 Zipf streams of refusals against exact counts.
 // For every key reported, count-error <= refusals <= count; every key
 // refused more than its shard's refusals / its counters is reported; and
 // no shard holds more than its counters.
 func TestBoundsAgainstAModel(t *testing.T) {
-	for run := range 20 {
+	for run := range 12 {
 		rng := rand.New(rand.NewPCG(uint64(run), 7))
 		size := []int{8, 16, 64, 256}[run%4]
 		tr := New(size)
@@ -95,7 +95,7 @@ func TestWindows(t *testing.T) {
 	}
 }
 
-// TestMemoryBound: 200,000 distinct keys, each refused once, of the
+// TestMemoryBound: 50,000 distinct keys, each refused once, of the
 // longest length leave at most size counters per window in a rule.
 func TestMemoryBound(t *testing.T) {
 	tr := New(32)
@@ -103,7 +103,7 @@ func TestMemoryBound(t *testing.T) {
 	for i := range pad {
 		pad[i] = 'x'
 	}
-	for i := range 200_000 {
+	for i := range 50_000 {
 		tr.Add("r", fmt.Sprintf("%s%06d", pad, i), 1, t0)
 	}
 	held := 0
