@@ -386,14 +386,7 @@ func Decode(data []byte, maxBytes int) (*gossipv1.SpendBatch, error) {
 // one error per entry naming its index and field, and the others stay. The
 // wire format is Decode's. Errors wrap ErrInvalidBatch.
 func DecodeEntries(data []byte, maxBytes int) (b *gossipv1.SpendBatch, bad []error, err error) {
-	if len(data) > maxBytes {
-		return nil, nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
-	}
-	b = new(gossipv1.SpendBatch)
-	if err := proto.Unmarshal(data, b); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidBatch, err)
-	}
-	if err := ValidateHeader(b); err != nil {
+	if b, err = decodeHeader(data, maxBytes); err != nil {
 		return nil, nil, err
 	}
 	good := b.Spends[:0]
@@ -465,4 +458,20 @@ func validateEntry(i int, s *gossipv1.Spend) error {
 		return fmt.Errorf("%w: spends[%d].cost: %v is not in (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost)
 	}
 	return nil
+}
+
+// decodeHeader reads a batch of at most maxBytes and validates its header;
+// its entries are not checked. Errors wrap ErrInvalidBatch.
+func decodeHeader(data []byte, maxBytes int) (*gossipv1.SpendBatch, error) {
+	if len(data) > maxBytes {
+		return nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
+	}
+	b := new(gossipv1.SpendBatch)
+	if err := proto.Unmarshal(data, b); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidBatch, err)
+	}
+	if err := ValidateHeader(b); err != nil {
+		return nil, err
+	}
+	return b, nil
 }

@@ -51,14 +51,7 @@ func SplitPartitions(data []byte, n, maxBytes int) (b *gossipv1.SpendBatch, out 
 	if n < 1 || n > MaxPartitions {
 		return nil, nil, fmt.Errorf("partitions: must be 1 to %d, got %d", MaxPartitions, n)
 	}
-	if len(data) > maxBytes {
-		return nil, nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
-	}
-	b = new(gossipv1.SpendBatch)
-	if err := proto.Unmarshal(data, b); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidBatch, err)
-	}
-	if err := ValidateHeader(b); err != nil {
+	if b, err = decodeHeader(data, maxBytes); err != nil {
 		return nil, nil, err
 	}
 	parts := make([]*gossipv1.SpendBatch, n)
