@@ -595,14 +595,11 @@ func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration,
 // count updates the metrics of a decided check and records what it
 // admitted for the other regions.
 func (e *Engine) count(c *request, allowed bool) {
-	var now int64 // read once, when a spend is recorded
+	var now int64 // read once, when a spend is recorded or a refusal counted
 	// Each of the region's instances holds its own unpublished spends: a
 	// key's budget is shared between them, so that the region's together
-	// stay within the rule's.
-	share := 1.0
-	if n := e.fleet(); n > 1 {
-		share = 1 / float64(n)
-	}
+	// stay within the rule's. Read with the first spend recorded.
+	share := 0.0
 	for _, it := range c.enforce {
 		en := it.e
 		if c.maxWait > 0 {
@@ -660,6 +657,9 @@ func (e *Engine) count(c *request, allowed bool) {
 		if en.reconciled && e.spends != nil {
 			if now == 0 {
 				now = time.Now().UnixMicro()
+			}
+			if share == 0 {
+				share = 1 / float64(max(1, e.fleet()))
 			}
 			e.spends.Add(it.Rule.ID, it.Key, spend, en.spendBudget*share, now)
 		}
