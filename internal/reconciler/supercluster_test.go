@@ -138,11 +138,14 @@ func superGatewayCut(t *testing.T, s *stack) {
 	a, b, c := "us-east", "eu-west", "ap-south"
 	s.super.Cut(a, b)
 	cutAt := time.Now()
-	// Spends already in the inbound streams when the gateway went are
-	// applied within a few intervals.
-	time.Sleep(2 * time.Second)
 	type pair struct{ dst, src string }
 	across := []pair{{a, b}, {b, a}}
+	// Spends already in the inbound streams when the gateway went are
+	// applied first: a fixed wait for them was too short on a busy machine.
+	time.Sleep(time.Second)
+	for _, p := range across {
+		s.waitDrained(p.dst, p.src, 30*time.Second)
+	}
 	flowing := []pair{{c, a}, {c, b}, {a, c}, {b, c}}
 	before := map[pair]float64{}
 	for _, p := range append(across, flowing...) {
@@ -273,6 +276,53 @@ func (s *stack) waitApplied(dst, key string, tr *traffic, src string, since time
 		time.Sleep(20 * time.Millisecond)
 	}
 	s.t.Logf("kill to a spend of %s admitted since applied in %s: %v", src, dst, time.Since(since).Round(10*time.Millisecond))
+}
+
+// waitDrained waits until dst's reconcilers have applied every spend of
+// src that has reached dst: each of dst's consumers of src's spends (in
+// the inbound stream and in the retry stream) has nothing pending and
+// nothing unacknowledged.
+func (s *stack) waitDrained(dst, src string, limit time.Duration) {
+	s.t.Helper()
+	js := s.opsJetStream(s.t, dst)
+	deadline := time.Now().Add(limit)
+	for {
+		left, err := s.undrained(js, dst, src)
+		if err == nil && len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%s has not applied what it holds of %s's spends after %v: %v %v", dst, src, limit, left, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// undrained lists dst's consumers of src's spends with messages pending or
+// unacknowledged.
+func (s *stack) undrained(js jetstream.JetStream, dst, src string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var left []string
+	for _, stream := range []string{gossip.InStream(dst), gossip.RetryStream(dst)} {
+		st, err := js.Stream(ctx, stream)
+		if err != nil {
+			return nil, err
+		}
+		l := st.ListConsumers(ctx)
+		for ci := range l.Info() {
+			if !strings.Contains(ci.Name, "-from-"+src) {
+				continue
+			}
+			if ci.NumPending > 0 || ci.NumAckPending > 0 {
+				left = append(left, fmt.Sprintf("%s: %d pending, %d unacknowledged", ci.Name, ci.NumPending, ci.NumAckPending))
+			}
+		}
+		if err := l.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return left, nil
 }
 
 // traffic sends one check of the quota per period through each region's
