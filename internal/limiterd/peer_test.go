@@ -3,6 +3,7 @@ package limiterd
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/limiterd/limiterd/internal/peer"
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/wanproxy"
+	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -157,5 +160,65 @@ func TestTopologyNeedsPeerCredentials(t *testing.T) {
 	if err := d.Start(context.Background()); err == nil {
 		d.Stop(context.Background())
 		t.Fatal("Start accepted a world-readable peer secret")
+	}
+}
+
+// TestForwardedCheckFindsPeerConnected: a daemon connects to the other
+// regions' limiterd when it loads the topology, not on the first check
+// forwarded there. Behind a one-way delay of 500 ms, setting up the
+// connection on demand (the server's settings come back in one delay) and
+// then asking (a round trip) takes 1.5 s, over the 1.25 s forward timeout;
+// connected ahead, the first check takes the round trip and is answered.
+func TestForwardedCheckFindsPeerConnected(t *testing.T) {
+	const oneWay = 500 * time.Millisecond
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yml")
+	if err := os.WriteFile(rules, []byte("rules:\n  - id: hard\n    capacity: 10\n    refill_per_second: 0.000001\n    home: pinned\n    on_failure: closed\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	secret := testenv.SecretFile(t)
+	topoFile := func(name, east, west string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte("regions:\n  - name: us-east\n    limiter_address: "+east+"\n  - name: eu-west\n    limiter_address: "+west+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	west := startDaemon(t, nil, func(o *Options) {
+		o.Rules.File, o.Region.Name, o.Region.PeerSecretFile = rules, "eu-west", secret
+		o.Region.TopologyFile = topoFile("west.yml", "127.0.0.1:1", "127.0.0.1:2")
+	})
+	proxy, err := wanproxy.Listen("127.0.0.1:0", west.GRPCAddr(), wanproxy.NewLink(wanproxy.Shape{Delay: oneWay}, wanproxy.Shape{Delay: oneWay}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	east := startDaemon(t, nil, func(o *Options) {
+		o.Rules.File, o.Region.Name, o.Region.PeerSecretFile = rules, "us-east", secret
+		o.Region.TopologyFile = topoFile("east.yml", "127.0.0.1:1", proxy.Addr())
+		o.Region.ForwardTimeout = 1250 * time.Millisecond
+	})
+	topo, err := region.Load(filepath.Join(dir, "east.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprint("user-", i); topo.Home(k, nil) == "eu-west" {
+			key = k
+		}
+	}
+	// Time for the connection, set up when the topology loaded.
+	time.Sleep(4 * oneWay)
+	client := limiterv1.NewLimiterClient(dial(t, east.GRPCAddr()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	resp, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "hard", Key: key})
+	if err != nil || !resp.GetAllowed() {
+		t.Fatalf("first check forwarded to eu-west: %v, %v", resp, err)
+	}
+	if took := time.Since(start); took < 2*oneWay {
+		t.Fatalf("first check forwarded to eu-west answered in %v, under the round trip %v: not forwarded", took, 2*oneWay)
 	}
 }
