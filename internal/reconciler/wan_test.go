@@ -19,12 +19,14 @@ var wanDelays = map[[2]string]time.Duration{
 }
 
 // wanMargin is how much later than delay + interval a spend may be
-// applied on this shared machine (the race detector, the limiterd flush,
-// the relay, the stream source, the apply, Redis, and the other packages'
-// tests beside them in make test's phase 1, where medians of 490-700 ms
-// were seen). The lower bound, no sooner than the delay, is what shows
-// the delay is in force; this one catches a spend stuck for seconds.
-const wanMargin = 500 * time.Millisecond
+// applied, or a forwarded check answered, on this shared machine: the
+// race detector, the limiterd flush, the relay, the stream source, the
+// apply and Redis all run beside the other packages' tests of make test's
+// phase 1, where medians of 490-830 ms were seen. The lower bound, no
+// sooner than the delay, is what shows the delay is in force; this one
+// catches a spend stuck for seconds (a lost flush waits for redelivery).
+// The figures themselves are logged, not asserted.
+const wanMargin = 1200 * time.Millisecond
 
 // TestWANDelays runs three regions with the reference deployment's delays
 // on their gateways and Peer links: a spend admitted in one region is
