@@ -2,15 +2,14 @@
 -- KEYS[1]: the client's marker for that source region and stream, holding
 -- the position of the last message applied; KEYS[2..]: the client's buckets.
 -- ARGV[1]: the message's stream sequence; ARGV[2]: the marker's expiry (ms);
--- ARGV[3]: the stream's epoch (its creation, µs), or '' for the stream of
--- the markers that hold a bare sequence; then four per bucket: algorithm,
+-- ARGV[3]: the stream's epoch (its creation, µs); then four per bucket: algorithm,
 -- capacity, rate (tokens/s) or window (µs), amount.
 -- Messages of one source region are applied in order, so within one epoch a
 -- sequence at or below the marker's was applied already: a redelivery debits
 -- nothing. A stream made again starts its sequences at 1 under a later
 -- epoch: a marker of an earlier epoch makes nothing a duplicate, a marker of
 -- a later one (a message of a stream deleted since) makes everything one.
--- The marker is "<epoch> <seq>", or "<seq>" without an epoch.
+-- The marker is "<epoch> <seq>".
 -- Replies {1, overshoot of each bucket (strings)} when applied, {0} for a
 -- duplicate.
 local seq = tonumber(ARGV[1])
@@ -18,18 +17,13 @@ local epoch = ARGV[3]
 local marker = read_string(KEYS[1])
 local last = 0
 if marker then
-  if epoch == '' then
-    last = tonumber(marker) or 0
-  else
-    local e, s = string.match(marker, '^(%d+) (%d+)$')
-    local mine = tonumber(epoch)
-    if e then
-      e = tonumber(e)
-      if e == mine then
-        last = tonumber(s)
-      elseif e > mine then
-        return {0}
-      end
+  local e, s = string.match(marker, '^(%d+) (%d+)$')
+  if e then
+    e = tonumber(e)
+    if e == tonumber(epoch) then
+      last = tonumber(s)
+    elseif e > tonumber(epoch) then
+      return {0}
     end
   end
 end
@@ -37,10 +31,7 @@ if seq <= last then
   return {0}
 end
 local now = now_us()
-local tag = ARGV[1]
-if epoch ~= '' then
-  tag = epoch .. '-' .. ARGV[1]
-end
+local tag = epoch .. '-' .. ARGV[1]
 local out = {1}
 for i = 2, #KEYS do
   local j = 4 + (i - 2) * 4
@@ -51,9 +42,5 @@ for i = 2, #KEYS do
   end
   out[#out + 1] = string.format('%.17g', over)
 end
-local value = ARGV[1]
-if epoch ~= '' then
-  value = epoch .. ' ' .. ARGV[1]
-end
-redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], epoch .. ' ' .. ARGV[1], 'PX', ARGV[2])
 return out

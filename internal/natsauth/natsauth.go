@@ -8,8 +8,7 @@
 // come only from its limiterd, its relayed spends (limiter.relay.<r>, and
 // limiter.relay.<r>.<partition>) and
 // its retries (limiter.retry.<r>.>) only from its reconciler, and rules
-// only from the admin writer; nobody publishes to the legacy spends
-// subjects (limiter.spends.>) any more; a reconciler creates and updates
+// only from the admin writer; a reconciler creates and updates
 // only its own region's streams; no daemon may delete, purge or (limiterd)
 // update a stream or a consumer. The JetStream
 // API subjects are those nats.go's jetstream package (v1.55) sends for
@@ -107,7 +106,6 @@ func rulesReader() []string {
 func destructive(regions []string) []string {
 	out := []string{
 		api + "STREAM.DELETE.>", api + "STREAM.PURGE.>", api + "STREAM.MSG.DELETE.>",
-		api + "CONSUMER.DELETE." + gossip.SpendStream + ".>",
 		api + "ACCOUNT.PURGE.>", api + "SERVER.>", api + "META.>",
 	}
 	for _, r := range regions {
@@ -131,8 +129,8 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		return Permissions{
 			PublishAllow: append([]string{gossip.LocalSubject(self)}, rulesReader()...),
 			PublishDeny: append([]string{
-				"$KV.>", gossip.SpendSubjectPrefix + ">", gossip.RelaySubjectPrefix + ">", gossip.RetrySubjectPrefix + ">",
-				api + "STREAM.CREATE.>", api + "STREAM.UPDATE.>", api + "CONSUMER.CREATE." + gossip.SpendStream + ".>",
+				"$KV.>", gossip.RelaySubjectPrefix + ">", gossip.RetrySubjectPrefix + ">",
+				api + "STREAM.CREATE.>", api + "STREAM.UPDATE.>",
 			}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
@@ -144,9 +142,6 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		}
 		// The inbound stream's consumers are listed (their backlogs).
 		pub = append(pub, api+"CONSUMER.LIST."+in)
-		// The one spends stream of earlier releases: looked up, and read
-		// where it still exists (the migration); never made.
-		pub = append(pub, api+"STREAM.INFO."+gossip.SpendStream)
 		pub = append(pub, consumer(local, "relay", "")...)
 		for _, src := range regions {
 			if src != self {
@@ -163,12 +158,11 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 					pub = append(pub, consumer(in, apply+"-p"+strconv.Itoa(p), gossip.PartitionSubject(src, p))...)
 				}
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)
-				pub = append(pub, consumer(gossip.SpendStream, apply, gossip.SpendSubject(src))...)
 			}
 		}
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
-			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">"}, destructive(regions)...),
+			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:
@@ -179,7 +173,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				api + "STREAM.INFO." + kvStream, api + "STREAM.CREATE." + kvStream,
 				api + "DIRECT.GET." + kvStream, api + "DIRECT.GET." + kvStream + ".>", api + "STREAM.MSG.GET." + kvStream,
 			},
-			PublishDeny: append([]string{gossip.LocalSubjectPrefix + ">", gossip.SpendSubjectPrefix + ">",
+			PublishDeny: append([]string{gossip.LocalSubjectPrefix + ">",
 				gossip.RelaySubjectPrefix + ">", gossip.RetrySubjectPrefix + ">"}, destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), "")),
 		}

@@ -52,7 +52,7 @@ func TestLimiterdMayNotWrite(t *testing.T) {
 				t.Errorf("%s of us-east may publish %s", role, s)
 			}
 		}
-		for _, deny := range []string{"$KV.>", "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.CONSUMER.DELETE.LIMITER_SPENDS.>",
+		for _, deny := range []string{"$KV.>", "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.CONSUMER.DELETE.LIMITER_SPENDS_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_IN_EU_WEST.>",
 			"$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_AP_SOUTH.>"} {
 			if !slices.Contains(p.PublishDeny, deny) {
 				t.Errorf("%s: %s not denied", role, deny)

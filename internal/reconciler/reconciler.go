@@ -376,11 +376,8 @@ func (r *Reconciler) startLoops(ctx context.Context, src *source) {
 	for p, c := range src.parts {
 		l.wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
 	}
-	l.wg.Go(func() { r.applyLoop(sctx, src.applied(false), src.apply) })
+	l.wg.Go(func() { r.applyLoop(sctx, src.applied(), src.apply) })
 	l.wg.Go(func() { r.retryLoop(sctx, src) })
-	if src.legacy != nil {
-		l.wg.Go(func() { r.applyLoop(sctx, src.applied(true), src.legacy) })
-	}
 }
 
 // stopLoops stops every source's loops and waits for them.
@@ -664,20 +661,16 @@ type source struct {
 	// the retry stream, whose counts retryStream reads.
 	retry       jetstream.Consumer
 	retryStream apply.RetryStream
-	// legacy, when not nil, reads the source's spends left in the one
-	// spends stream of earlier releases.
-	legacy jetstream.Consumer
 }
 
-// applied is src as the applier reads it, from the inbound stream or
-// (legacy) the one spends stream of earlier releases.
-func (src *source) applied(legacy bool) apply.Source {
-	return apply.Source{Name: src.name, Epoch: src.epoch, Legacy: legacy, Retry: src.retryStream}
+// applied is src as the applier reads it from the inbound stream.
+func (src *source) applied() apply.Source {
+	return apply.Source{Name: src.name, Epoch: src.epoch, Retry: src.retryStream}
 }
 
 // partition is src's partition p as the applier reads it.
 func (src *source) partition(p int) apply.Source {
-	as := src.applied(false)
+	as := src.applied()
 	as.Partitioned, as.Partition = true, p
 	return as
 }
@@ -709,7 +702,7 @@ func (r *Reconciler) streamConfig(name string, retention jetstream.RetentionPoli
 // region's streams are its local stream (limiterd's flushes), its spends
 // stream (the flushes relayed, read by the other regions), its inbound
 // stream (sourcing every other region's spends stream) and its retry
-// stream. The legacy one spends stream is used, never created.
+// stream.
 func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -724,10 +717,9 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
 	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
 	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
-	// The streams but the inbound one are made, and the legacy and the
-	// inbound streams looked up, side by side, as the consumers below:
-	// each call may cross the WAN to the meta leader.
-	legacy := true
+	// The streams but the inbound one are made, and the inbound stream
+	// looked up, side by side, as the consumers below: each call may cross
+	// the WAN to the meta leader.
 	var cur jetstream.Stream
 	g, gctx := errgroup.WithContext(ctx)
 	for _, cfg := range []jetstream.StreamConfig{local, spends, retry} {
@@ -736,14 +728,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			return err
 		})
 	}
-	g.Go(func() error {
-		if _, err := r.js.Stream(gctx, gossip.SpendStream); errors.Is(err, jetstream.ErrStreamNotFound) {
-			legacy = false
-		} else if err != nil {
-			return fmt.Errorf("stream %s: %w", gossip.SpendStream, err)
-		}
-		return nil
-	})
 	g.Go(func() error {
 		s, err := r.js.Stream(gctx, in.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -758,19 +742,13 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		return nil, err
 	}
 	// A new inbound stream takes the other regions' spends from now on (a
-	// new region is not debited with the past); during the migration from
-	// the one spends stream it takes all they hold, since this region did
-	// not read them there. One made again while this reconciler runs (an
-	// operator deleted it) takes them from when the deleted one was made:
-	// what was published meanwhile is not lost, and what was applied
-	// already is known by its flush record and skipped.
-	var start *time.Time
-	if !legacy {
-		since := time.Now()
-		if !r.inSince.IsZero() {
-			since = r.inSince
-		}
-		start = &since
+	// new region is not debited with the past). One made again while this
+	// reconciler runs (an operator deleted it) takes them from when the
+	// deleted one was made: what was published meanwhile is not lost, and
+	// what was applied already is known by its flush record and skipped.
+	since := time.Now()
+	if !r.inSince.IsZero() {
+		since = r.inSince
 	}
 	// An inbound stream that exists keeps its sources exactly as they are
 	// (an update that moved a source's start would make the server source
@@ -784,9 +762,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		for _, src := range cur.CachedInfo().Config.Sources {
 			in.Sources = append(in.Sources, src)
 			have[src.Name+" "+src.FilterSubject] = true
-		}
-		if !legacy {
-			start = nil // set per source below
 		}
 	}
 	// Each other region's spends stream is sourced twice: its partitions'
@@ -806,8 +781,8 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			if have[name+" "+filter] {
 				continue
 			}
-			from := start
-			if exists && !legacy {
+			from := &since
+			if exists {
 				from = r.sourceStart(added[src])
 			}
 			ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
@@ -901,13 +876,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		c = inOrder
 		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
 		create(&src.retry, retry.Name, c)
-		if legacy {
-			// As earlier releases made it, so that it goes on where their
-			// reconcilers stopped.
-			c = inOrder
-			c.Durable, c.FilterSubject, c.DeliverPolicy = applyConsumer(self, name), gossip.SpendSubject(name), jetstream.DeliverNewPolicy
-			create(&src.legacy, gossip.SpendStream, c)
-		}
 		st.sources = append(st.sources, src)
 	}
 	if err := g.Wait(); err != nil {
@@ -1028,8 +996,7 @@ func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts []
 }
 
 // applyLoop applies the spends c reads, one message at a time, in order:
-// one partition of a source's, its unpartitioned ones, or (legacy) those
-// of the one spends stream of earlier releases.
+// one partition of a source's, or its unpartitioned ones.
 func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream.Consumer) {
 	for ctx.Err() == nil {
 		// The consumer delivers one message at a time whatever the batch
@@ -1065,7 +1032,7 @@ const applyBatch = 64
 
 // retryLoop applies src's retry entries, one at a time, in order.
 func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
-	as := src.applied(false)
+	as := src.applied()
 	for ctx.Err() == nil {
 		batch, err := src.retry.Fetch(1, jetstream.FetchMaxWait(r.opts.Interval))
 		if err != nil {
@@ -1140,11 +1107,6 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 					continue
 				}
 				n += float64(ci.NumPending + uint64(ci.NumAckPending))
-			}
-			if src.legacy != nil {
-				if info, err := src.legacy.Info(ictx); err == nil {
-					n += float64(info.NumPending + uint64(info.NumAckPending))
-				}
 			}
 			r.m.backlog.WithLabelValues(src.name).Set(n)
 			if info, err := src.retry.Info(ictx); err == nil {

@@ -236,44 +236,6 @@ func TestRedisPrimaryDown(t *testing.T) {
 	}
 }
 
-// TestLegacyStreamDrained: a deployment upgraded from the one spends stream
-// (LIMITER_SPENDS, with the consumers earlier releases made) still holds
-// spends there; the new reconcilers apply them, once, beside the new
-// streams' own.
-func TestLegacyStreamDrained(t *testing.T) {
-	t.Parallel()
-	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
-	js, err := jetstream.New(s.connectAs("ops"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	// As an earlier release's reconcilers left it.
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: gossip.SpendStream, Subjects: []string{gossip.SpendSubjectPrefix + ">"},
-		MaxAge: time.Hour, Storage: jetstream.FileStorage}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, gossip.SpendStream, jetstream.ConsumerConfig{Durable: applyConsumer("eu-west", "us-east"),
-		FilterSubject: gossip.SpendSubject("us-east"), DeliverPolicy: jetstream.DeliverNewPolicy, AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait: time.Second, MaxAckPending: 1, MaxDeliver: -1}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.Publish(ctx, gossip.SpendSubject("us-east"), batch(t, "us-east", "old-release", 1, "k", 6)); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range stackRegions {
-		s.startReconciler(name)
-	}
-	s.waitReady()
-	s.send("us-east", "k", 2)
-	s.waitCount("eu-west", "k", 8)
-	time.Sleep(2 * time.Second)
-	if got := s.count("eu-west", "k"); got != 8 {
-		t.Fatalf("eu-west counts %v later, want 8", got)
-	}
-}
-
 // deletedWhileRunning sends 6 spends of key through us-east and waits for
 // them in eu-west, then runs del as an operator (before, when set, runs
 // just before it), sends 4 more, and checks eu-west counts exactly 10, and

@@ -197,10 +197,6 @@ func TestForgedSpendsRefused(t *testing.T) {
 	if !s.refused("reconciler-us-east", gossip.RelaySubject("eu-west"), forged) {
 		t.Errorf("reconciler-us-east published on %s", gossip.RelaySubject("eu-west"))
 	}
-	// Nobody publishes on the legacy one stream's subjects any more.
-	if !s.refused("reconciler-us-east", gossip.SpendSubject("us-east"), forged) {
-		t.Errorf("reconciler-us-east published on %s", gossip.SpendSubject("us-east"))
-	}
 	if !s.refused("reconciler-us-east", gossip.LocalSubject("us-east"), forged) {
 		t.Errorf("reconciler-us-east published on %s", gossip.LocalSubject("us-east"))
 	}

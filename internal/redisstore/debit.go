@@ -30,17 +30,10 @@ type ClientDebits struct {
 	Debits []Debit
 }
 
-// MarkerKey is the key that records the last message of region src applied
-// to the buckets of key from the one spends stream of earlier releases
-// (LIMITER_SPENDS), as a bare sequence. It shares the buckets' hash tag, so
-// one script checks it and debits them; no rule id starts with '~'.
-func MarkerKey(key, src string) string {
-	return Key(Position{}.markerRule(src), key)
-}
-
 // StreamMarkerKey is the key that records the position ("<epoch> <seq>") of
 // the last message of region src applied to the buckets of key from this
-// region's inbound stream.
+// region's inbound stream. It shares the buckets' hash tag, so one script
+// checks it and debits them; no rule id starts with '~'.
 func StreamMarkerKey(key, src string) string {
 	return Key(Position{Epoch: 1}.markerRule(src), key)
 }
@@ -59,7 +52,7 @@ func PartitionMarkerKey(key, src string, p int) string {
 type Position struct {
 	// Epoch is the stream's creation (µs since the epoch), which tells a
 	// stream made again, whose sequences restart at 1, from the one it
-	// replaces. Zero marks the legacy stream and its bare-sequence markers.
+	// replaces. It is above 0.
 	Epoch int64
 	// Seq is the message's stream sequence.
 	Seq uint64
@@ -73,20 +66,14 @@ type Position struct {
 
 // String is the position as a flush's record holds it.
 func (p Position) String() string {
-	if p.Epoch == 0 {
-		return strconv.FormatUint(p.Seq, 10)
-	}
 	return strconv.FormatInt(p.Epoch, 10) + ":" + strconv.FormatUint(p.Seq, 10)
 }
 
 // markerRule is what stands for a rule in the marker keys of src at p
-// (MarkerKey, PartitionMarkerKey, StreamMarkerKey): the marker of key is
+// (PartitionMarkerKey, StreamMarkerKey): the marker of key is
 // Key(p.markerRule(src), key).
 func (p Position) markerRule(src string) string {
-	switch {
-	case p.Epoch == 0:
-		return "~from:" + src
-	case p.Partitioned:
+	if p.Partitioned {
 		return "~in:" + src + "." + strconv.Itoa(p.Partition)
 	}
 	return "~in:" + src
@@ -192,6 +179,9 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 		return res, nil
 	}
 	admin, err := s.nodes.Admin()
+	if err == nil && pos.Epoch <= 0 {
+		err = fmt.Errorf("debit at %v: epoch must be above 0", pos)
+	}
 	if err != nil {
 		for i := range clients {
 			res.Failed = append(res.Failed, i)
@@ -199,10 +189,7 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 		return res, err
 	}
 	seqArg := strconv.FormatUint(pos.Seq, 10)
-	epochArg := ""
-	if pos.Epoch != 0 {
-		epochArg = strconv.FormatInt(pos.Epoch, 10)
-	}
+	epochArg := strconv.FormatInt(pos.Epoch, 10)
 	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
 	markerRule := pos.markerRule(src)
 	limits := limitArgs{}

@@ -14,8 +14,8 @@ import (
 
 // TestDebitEpochs: within one epoch a position at or below the marker's is
 // a duplicate; a later epoch (the stream made again, its sequences back at
-// 1) is applied; an earlier one is a duplicate. The legacy markers (epoch
-// 0) are apart from the stream's.
+// 1) is applied; an earlier one is a duplicate. A position without an
+// epoch is refused.
 func TestDebitEpochs(t *testing.T) {
 	node := redistest.NewNode(t)
 	s, _ := newTestStore(t, Options{Addrs: []string{node.Addr()}, Timeout: time.Second})
@@ -31,8 +31,6 @@ func TestDebitEpochs(t *testing.T) {
 		{Position{Epoch: 3, Seq: 1}, true},
 		{Position{Epoch: 2, Seq: 9}, false},
 		{Position{Epoch: 3, Seq: 2}, true},
-		{Position{Seq: 1}, true},
-		{Position{Seq: 1}, false},
 		{Position{Epoch: 3, Seq: 3}, true},
 	} {
 		res, err := s.ApplyDebits(ctx, "eu", tt.pos, time.Minute, []ClientDebits{{Key: "k", Debits: []Debit{{Rule: "q", Limit: lim, Amount: 1}}}})
@@ -42,6 +40,10 @@ func TestDebitEpochs(t *testing.T) {
 		if got := res.Applied == 1; got != tt.applied {
 			t.Errorf("step %d: %+v applied %v, want %v", i, tt.pos, got, tt.applied)
 		}
+	}
+	res, err := s.ApplyDebits(ctx, "eu", Position{Seq: 4}, time.Minute, []ClientDebits{{Key: "k", Debits: []Debit{{Rule: "q", Limit: lim, Amount: 1}}}})
+	if err == nil || res.Applied != 0 || len(res.Failed) != 1 {
+		t.Errorf("debit without an epoch: %+v, %v; want refused", res, err)
 	}
 }
 

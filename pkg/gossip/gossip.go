@@ -39,14 +39,6 @@ const (
 // region sources that stream into its inbound stream, in its own cluster,
 // and applies what arrives there.
 const (
-	// SpendStream is the one stream of every region's relayed spends of
-	// earlier releases (subjects SpendSubjectPrefix + region). A reconciler
-	// no longer creates it nor publishes to it; where it still exists it
-	// applies what it holds (the migration), until an operator deletes it.
-	SpendStream = "LIMITER_SPENDS"
-	// SpendSubjectPrefix + region is the legacy stream's subject of a
-	// region's spends.
-	SpendSubjectPrefix = "limiter.spends."
 	// RegionStreamPrefix + REGION (upper case) is a region's spends stream.
 	RegionStreamPrefix = "LIMITER_SPENDS_"
 	// RelaySubjectPrefix + region is the subject of a region's relayed
@@ -66,9 +58,6 @@ const (
 	// LocalSubjectPrefix + region is the subject limiterd publishes to.
 	LocalSubjectPrefix = "limiter.local."
 )
-
-// SpendSubject is the legacy stream's subject of region's relayed spends.
-func SpendSubject(region string) string { return SpendSubjectPrefix + region }
 
 // RelaySubject is the subject of region's relayed spends.
 func RelaySubject(region string) string { return RelaySubjectPrefix + region }

@@ -203,7 +203,7 @@ func TestNames(t *testing.T) {
 	if got := LocalStream("eu-west-2"); got != "LIMITER_LOCAL_EU_WEST_2" {
 		t.Fatalf("LocalStream = %q", got)
 	}
-	if SpendSubject("us-east") != "limiter.spends.us-east" || LocalSubject("us-east") != "limiter.local.us-east" {
+	if RelaySubject("us-east") != "limiter.relay.us-east" || LocalSubject("us-east") != "limiter.local.us-east" {
 		t.Fatal("subjects changed")
 	}
 }

@@ -82,10 +82,6 @@ type Source struct {
 	// Epoch is the creation (µs) of the inbound stream the messages come
 	// from: with a message's stream sequence, its position.
 	Epoch int64
-	// Legacy: the messages come from the one spends stream of earlier
-	// releases. Their positions have epoch 0, and debits that fail are
-	// applied again by redelivery, not from the retry stream.
-	Legacy bool
 	// Partitioned: the consumer reads partition Partition of the source's
 	// spends (gossip.PartitionSubject), not the unpartitioned subject of
 	// earlier releases. Each partition has its own markers and records.
@@ -97,9 +93,6 @@ type Source struct {
 
 // position is the position of the message at stream sequence seq.
 func (src Source) position(seq uint64) redisstore.Position {
-	if src.Legacy {
-		return redisstore.Position{Seq: seq}
-	}
 	return redisstore.Position{Epoch: src.Epoch, Seq: seq, Partitioned: src.Partitioned, Partition: src.Partition}
 }
 
@@ -142,7 +135,6 @@ func New(opts Options, store Store, js Publisher, rs Rules, m *Metrics) *Applier
 // the debits that cannot be applied now in the retry stream, asks for it
 // again later, or rejects it.
 func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
-	legacy := src.Legacy
 	meta, err := msg.Metadata()
 	if err != nil {
 		a.Reject(msg, src.Name, err)
@@ -181,7 +173,7 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	// flush.
 	first, err := a.store.FirstSeen(actx, recordSource(src.Name, src.Partitioned, src.Partition), b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
 	switch {
-	case err != nil && !legacy && errors.Is(err, redisstore.ErrNotRecorded):
+	case errors.Is(err, redisstore.ErrNotRecorded):
 		// Both copies of the record are on nodes that are down: every
 		// client waits in the retry stream, which writes the record first.
 		entry.Flush = &flushName{Instance: b.GetInstance(), Sequence: b.GetSequence(), Part: b.GetPart()}
@@ -201,34 +193,25 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 		return
 	}
 	direct, waiting := clients, []redisstore.ClientDebits(nil)
-	if !legacy {
-		pending, err := a.pendingBuckets(ctx, src)
-		if err != nil {
-			a.log.Warn("retry stream not read, will retry", "source", src.Name, "seq", pos.Seq, "err", err)
-			msg.NakWithDelay(time.Second)
-			return
-		}
-		if len(pending) > 0 {
-			direct = nil
-			for _, c := range clients {
-				if pending[bucketOf(c.Key, src.Name)] {
-					waiting = append(waiting, c)
-				} else {
-					direct = append(direct, c)
-				}
+	pending, err := a.pendingBuckets(ctx, src)
+	if err != nil {
+		a.log.Warn("retry stream not read, will retry", "source", src.Name, "seq", pos.Seq, "err", err)
+		msg.NakWithDelay(time.Second)
+		return
+	}
+	if len(pending) > 0 {
+		direct = nil
+		for _, c := range clients {
+			if pending[bucketOf(c.Key, src.Name)] {
+				waiting = append(waiting, c)
+			} else {
+				direct = append(direct, c)
 			}
 		}
 	}
 	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.markerTTL(), direct)
 	a.observe(src.Name, b.GetFirstAdmittedUnixMicros(), res, direct)
 	if err != nil {
-		if legacy {
-			// Nothing is lost: the message comes again, and what was
-			// applied is marked, so it is not applied twice.
-			a.log.Warn("debits not applied, will retry", "source", src.Name, "seq", pos.Seq, "applied", res.Applied, "err", err)
-			msg.NakWithDelay(time.Second)
-			return
-		}
 		a.log.Warn("debits not applied, they wait in the retry stream", "source", src.Name, "seq", pos.Seq,
 			"applied", res.Applied, "failed", len(res.Failed), "err", err)
 		for _, i := range res.Failed {

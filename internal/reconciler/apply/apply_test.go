@@ -150,7 +150,6 @@ func TestApply(t *testing.T) {
 	tests := []struct {
 		name    string
 		store   *fakeStore
-		legacy  bool
 		region  string
 		spends  []*gossipv1.Spend
 		settled string
@@ -182,16 +181,13 @@ func TestApply(t *testing.T) {
 		{name: "node down, deferred", store: &fakeStore{fail: map[string]bool{"b": true}}, region: "us-east",
 			spends:  []*gossipv1.Spend{{RuleId: "quota", Key: "a", Cost: 1}, {RuleId: "quota", Key: "b", Cost: 1}},
 			settled: "ack", applied: []string{"a"}, deferred: []string{"b"}},
-		{name: "node down, legacy asked again", store: &fakeStore{fail: map[string]bool{"b": true}}, legacy: true, region: "us-east",
-			spends:  []*gossipv1.Spend{{RuleId: "quota", Key: "a", Cost: 1}, {RuleId: "quota", Key: "b", Cost: 1}},
-			settled: "nak", applied: []string{"a"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			js := &fakeJS{}
 			a, m, _ := newTestApplier(t, tt.store, js)
 			src := usEast
-			src.Legacy, src.Retry = tt.legacy, js
+			src.Retry = js
 			msg := &fakeMsg{data: spendBatch(t, tt.region, tt.spends...), seq: 9, delivered: 1}
 			a.Apply(context.Background(), src, msg)
 			if msg.settled != tt.settled {
@@ -222,9 +218,6 @@ func TestApply(t *testing.T) {
 			slices.Sort(deferred)
 			if !slices.Equal(deferred, tt.deferred) {
 				t.Errorf("deferred %v, want %v", deferred, tt.deferred)
-			}
-			if tt.legacy && tt.store.recordedAt.Epoch != 0 {
-				t.Errorf("legacy message recorded at epoch %d, want 0", tt.store.recordedAt.Epoch)
 			}
 			for name, c := range map[string]struct {
 				got, want float64
