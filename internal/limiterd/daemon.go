@@ -27,6 +27,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
@@ -497,7 +498,8 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 		}
 		pc := d.peers[r.Name]
 		if pc == nil || pc.addr != r.LimiterAddress {
-			cc, err := grpc.NewClient(r.LimiterAddress, grpc.WithTransportCredentials(creds), grpc.WithIdleTimeout(0))
+			cc, err := grpc.NewClient(r.LimiterAddress, grpc.WithTransportCredentials(creds), grpc.WithIdleTimeout(0),
+				grpc.WithConnectParams(grpc.ConnectParams{Backoff: peerBackoff, MinConnectTimeout: peerConnectTimeout}))
 			if err != nil {
 				for name, pc := range dialed {
 					delete(d.peers, name)
@@ -523,6 +525,17 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 	}
 	return homes, dialed, retired, nil
 }
+
+// peerBackoff paces the reconnects to another region's limiterd. A
+// forwarded check fails at once while its link is down (the rule's
+// on_failure decides), so the wait between attempts is how long a region
+// that came back, or started after this one, stays unused: at most
+// MaxDelay, not gRPC's default two minutes.
+var peerBackoff = backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}
+
+// peerConnectTimeout bounds one connection attempt to another region,
+// handshake included: ten round trips at the longest distance served.
+const peerConnectTimeout = 3 * time.Second
 
 // startServers makes the gRPC and HTTP servers and starts serving.
 func (d *Daemon) startServers() error {

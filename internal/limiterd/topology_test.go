@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/testenv"
@@ -127,7 +128,28 @@ func newRegionStack(t *testing.T, poll time.Duration, rulesYAML string, files fu
 		r.client = limiterv1.NewLimiterClient(dial(t, r.d.GRPCAddr()))
 		s.regions[n] = r
 	}
+	s.waitPeers()
 	return s
+}
+
+// waitPeers waits until every region's links to the regions its topology
+// names are up. A region dials the others when its topology loads; those
+// started after it are found at its next attempt, up to peerBackoff's
+// MaxDelay later, and a check forwarded before that fails at once.
+func (s *topoStack) waitPeers() {
+	s.t.Helper()
+	for _, r := range s.regions {
+		testenv.WaitFor(s.t, "region "+r.name+"'s links to the other regions", func() bool {
+			r.d.peersMu.Lock()
+			defer r.d.peersMu.Unlock()
+			for _, pc := range r.d.peers {
+				if pc.cc.GetState() != connectivity.Ready {
+					return false
+				}
+			}
+			return true
+		})
+	}
 }
 
 // count is the checks of key decided in region's Redis.
