@@ -326,21 +326,27 @@ func newStack(t *testing.T, rulesYAML string, interval, maxDefer time.Duration, 
 // region has applied it: an inbound stream made before another region's
 // spends stream finds it only at nats-server's next retry of the source
 // (10 s times the failures so far, up to 2 minutes), and the soak starts
-// once every region hears every other.
+// once every region hears every other. The three checks go first, then
+// the waits: a ledger spend is far under its budget, so each limiterd
+// holds it for --gossip.max-defer (10 s) before it publishes it, and
+// checking one region after another's spends were applied took three
+// times that.
 func (s *stack) warmUp() {
 	t := s.t
 	began := time.Now()
+	key := func(src string) string { return "probe-" + src + "-warmup" }
 	for _, src := range regions {
-		key := "probe-" + src + "-warmup"
-		resp, err := s.check(context.Background(), src, ruleIDs[ruleLedger], key, 1)
+		resp, err := s.check(context.Background(), src, ruleIDs[ruleLedger], key(src), 1)
 		if err != nil || !resp.GetAllowed() {
 			t.Fatalf("warm-up check in %s: %v, %v", src, resp, err)
 		}
+	}
+	for _, src := range regions {
 		for _, dst := range regions {
 			if dst == src {
 				continue
 			}
-			for s.regions[dst].rc.Exists(context.Background(), redisstore.Key(ruleIDs[ruleLedger], key)).Val() != 1 {
+			for s.regions[dst].rc.Exists(context.Background(), redisstore.Key(ruleIDs[ruleLedger], key(src))).Val() != 1 {
 				if time.Since(began) > 3*time.Minute {
 					t.Fatalf("warm-up: %s has not applied %s's spend after 3 minutes", dst, src)
 				}
