@@ -309,18 +309,19 @@ func (s *Store) debitBatches(ctx context.Context, admin redis.UniversalClient, c
 	cmds, _ := pipeline.RunScripts(ctx, admin, batch)
 	for k, chunk := range chunks {
 		out, err := cmds[k].Slice()
-		if err != nil || len(out) != len(chunk) {
-			alone = append(alone, chunk...)
-			continue
-		}
+		ok := err == nil && len(out) == len(chunk)
 		for m, i := range chunk {
-			o, ok := out[m].([]any)
-			if !ok || !validDebitReply(o, len(calls[i].Keys)-1) {
-				// Not the script's reply: send each client again.
-				alone = append(alone, chunk...)
+			if !ok {
 				break
 			}
+			var o []any
+			o, ok = out[m].([]any)
+			ok = ok && validDebitReply(o, len(calls[i].Keys)-1)
 			outs[i].out = o
+		}
+		if !ok {
+			s.m.debitFallbacks.Inc()
+			alone = append(alone, chunk...)
 		}
 	}
 	return alone

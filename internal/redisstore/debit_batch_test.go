@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/redisstore/pipeline"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -389,18 +390,21 @@ func TestApplyDebitsPrimaries(t *testing.T) {
 func TestApplyDebitsFallback(t *testing.T) {
 	t.Run("misgrouped", func(t *testing.T) {
 		c := redistest.NewCluster(t, 3, 0)
-		s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
+		s, reg := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
 		s.debitNode = func(string) string { return "one" } // every client on one node
 		clients := windowClients("m-", 60)
 		res, err := s.ApplyDebits(context.Background(), "eu", Position{Epoch: 1, Seq: 1}, time.Minute, clients)
 		if err != nil || res.Applied+res.Duplicates != len(clients) || res.Duplicates == 0 {
 			t.Fatalf("%+v, %v; want all applied, some by the failed call (duplicates)", res, err)
 		}
+		if got := testenv.MetricValue(t, reg, "limiter_store_debit_fallbacks_total"); got != 1 {
+			t.Errorf("limiter_store_debit_fallbacks_total = %v, want 1", got)
+		}
 		wantDebited(t, s, clients, 1)
 	})
 	t.Run("slot moved", func(t *testing.T) {
 		c := redistest.NewCluster(t, 2, 0)
-		s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
+		s, reg := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
 		ctx := context.Background()
 		admin, err := s.nodes.Admin()
 		if err != nil {
@@ -457,6 +461,9 @@ func TestApplyDebitsFallback(t *testing.T) {
 		}
 		if n, err := cc.MasterForKey(ctx, Key("w", clients[moved].Key)); err != nil || n.Options().Addr != to {
 			t.Errorf("the moved client is on %v (%v), want %s", n, err, to)
+		}
+		if got := testenv.MetricValue(t, reg, "limiter_store_debit_fallbacks_total"); got != 1 {
+			t.Errorf("limiter_store_debit_fallbacks_total = %v, want 1", got)
 		}
 		wantDebited(t, s, clients, 1)
 		res, err = s.ApplyDebits(ctx, "eu", Position{Epoch: 1, Seq: 2}, time.Minute, clients)
