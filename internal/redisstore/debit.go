@@ -259,15 +259,16 @@ func validDebitReply(out []any, n int) bool {
 }
 
 // Bounds of one batched debit call. A script holds its node while it runs:
-// no check is served meanwhile. A client of one token bucket costs the
-// node a few µs inside the script (BenchmarkDebitCost), so 128 of them
-// hold it well under a millisecond, about what a pipeline of a few dozen
-// checks takes; more clients would save little, the per-call cost being
-// shared by 128 already. The byte bound keeps a call of clients with many
-// rules, or long keys, to the same order.
+// no check is served meanwhile. 128 clients of one token bucket, or 16 KiB
+// of keys and arguments of clients with more rules, take about a
+// millisecond of the node (measured on the 2 shared cores of
+// BenchmarkDebitCost's figures): about what Redis runs of one
+// connection's pipeline of one-client calls between two reads of 16 KiB.
+// More clients a call would save little: the call's own cost, paid once
+// per chunk, is already a few percent of it.
 const (
 	batchClients = 128
-	batchBytes   = 64 << 10
+	batchBytes   = 16 << 10
 )
 
 // debitBatches sends the clients' debit calls (calls, one per client, as
