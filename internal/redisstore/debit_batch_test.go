@@ -276,22 +276,35 @@ func spread(prefix string, n int) []ClientDebits {
 }
 
 // TestApplyDebitsBatched: ApplyDebits sends a message of 300 clients as 3
-// calls (128, 128, 44) and leaves each client's bucket and overshoot as a
-// message of that client alone does (the one-client script); a
-// redelivery debits nothing.
+// calls (128, 128, 44), on a standalone node as on a 1-primary cluster,
+// and leaves each client's bucket and overshoot as a message of that
+// client alone does (the one-client script); a redelivery debits nothing.
 func TestApplyDebitsBatched(t *testing.T) {
-	c := redistest.NewCluster(t, 1, 0)
-	s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
+	for _, mode := range []string{"standalone", "cluster"} {
+		t.Run(mode, func(t *testing.T) {
+			var addrs []string
+			if mode == "standalone" {
+				addrs = []string{redistest.NewNode(t).Addr()}
+			} else {
+				addrs = redistest.NewCluster(t, 1, 0).Addrs()
+			}
+			testApplyDebitsBatched(t, addrs)
+		})
+	}
+}
+
+func testApplyDebitsBatched(t *testing.T, addrs []string) {
+	s, _ := newTestStore(t, Options{Addrs: addrs, Timeout: time.Second})
 	ctx := context.Background()
 	const n = 300
 	batched, alone := spread("b-", n), spread("a-", n)
 	pos := Position{Epoch: 1, Seq: 1}
-	resetStats(t, c.Addrs())
+	resetStats(t, addrs)
 	res, err := s.ApplyDebits(ctx, "eu", pos, time.Minute, batched)
 	if err != nil || res.Applied != n {
 		t.Fatalf("batched: %+v, %v", res, err)
 	}
-	if got := scriptCalls(t, c.Addrs()); got != 3 {
+	if got := scriptCalls(t, addrs); got != 3 {
 		t.Errorf("%d clients took %d script calls, want 3", n, got)
 	}
 	for i := range alone {
