@@ -73,7 +73,18 @@ func Handoff(clock Clock) string { return withAll(clock, "debit") + mustRead("ha
 
 // Debit returns the script that applies one source region's spends for one
 // client at most once (see debit_main.lua for its keys and arguments).
-func Debit(clock Clock) string { return withAll(clock, "debit") + mustRead("debit_main") }
+func Debit(clock Clock) string {
+	return withAll(clock, "debit") + mustRead("debit_client") + mustRead("debit_main")
+}
+
+// DebitBatch returns the script that applies one source region's spends
+// for several clients of one node, each at most once, in one call (see
+// debit_batch_main.lua for its keys and arguments). A script defines its
+// functions again on every call: one call for many clients pays that
+// once.
+func DebitBatch(clock Clock) string {
+	return withAll(clock, "debit") + mustRead("debit_client") + mustRead("debit_batch_main")
+}
 
 // Seen returns the script that records the first stream sequence of a
 // spend message (see seen.lua); it reads no clock and no helper.

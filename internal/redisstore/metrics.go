@@ -38,6 +38,7 @@ type metrics struct {
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
 	outcomeUnknown prometheus.Counter
+	debitFallbacks prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,7 +59,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_outcome_unknown_total",
 		Help: "Checks sent to Redis whose reply did not come in time: they may have been applied.",
 	})
-	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown} {
+	fallbacks := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limiter_store_debit_fallbacks_total",
+		Help: "Batched debit calls that failed (a slot moved, a node failing) and whose clients were sent again one call each.",
+	})
+	for _, c := range []prometheus.Collector{dur, errs, overloaded, unknown, fallbacks} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
@@ -66,7 +71,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
 		handoffDur: dur.WithLabelValues("handoff"),
-		overloaded: overloaded, outcomeUnknown: unknown,
+		overloaded: overloaded, outcomeUnknown: unknown, debitFallbacks: fallbacks,
 	}
 	for i, o := range []op{opAcquire, opRelease, opRenew} {
 		m.leaseDuration[i] = dur.WithLabelValues(opNames[o])

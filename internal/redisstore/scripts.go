@@ -21,11 +21,13 @@ var (
 		}
 		return out
 	}()
-	multiScript  = redis.NewScript(lua.Multi(lua.StoreClock))
-	undoScript   = redis.NewScript(lua.Undo(lua.StoreClock))
-	debitScript  = redis.NewScript(lua.Debit(lua.StoreClock))
-	refundScript = redis.NewScript(lua.Refund(lua.StoreClock))
-	seenScript   = redis.NewScript(lua.Seen())
+	multiScript = redis.NewScript(lua.Multi(lua.StoreClock))
+	undoScript  = redis.NewScript(lua.Undo(lua.StoreClock))
+	debitScript = redis.NewScript(lua.Debit(lua.StoreClock))
+	// debitBatchScript applies one message to several clients of a node.
+	debitBatchScript = redis.NewScript(lua.DebitBatch(lua.StoreClock))
+	refundScript     = redis.NewScript(lua.Refund(lua.StoreClock))
+	seenScript       = redis.NewScript(lua.Seen())
 	// handoffScript hands pinned keys' buckets to their new home region.
 	handoffScript = redis.NewScript(lua.Handoff(lua.StoreClock))
 	// The lease operations of concurrency rules: acquire, release, renew.
@@ -49,6 +51,6 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script the store keeps loaded on its nodes.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, refundScript, seenScript, reserveScript, unreserveScript, handoffScript,
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, seenScript, reserveScript, unreserveScript, handoffScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }

@@ -38,7 +38,12 @@ type Store struct {
 	nodes      *pipeline.Nodes
 	m          *metrics
 	beforeUndo func() // a test's hook, nil otherwise
-	args       argsCache
+	// A test's hooks of ApplyDebits, nil otherwise: debitNode names the
+	// node a client's marker is grouped on instead of the slot map;
+	// beforeDebitBatch runs between the grouping and the batched calls.
+	debitNode        func(marker string) string
+	beforeDebitBatch func()
+	args             argsCache
 }
 
 // New returns a Store for opts, with its metrics registered on reg. It

@@ -1,0 +1,49 @@
+-- Applies one message of a source region to one client, at most once: the
+-- part of debit_main.lua (one client) and debit_batch_main.lua (several)
+-- that is theirs alike.
+-- marker: the client's marker for that source region and stream, holding
+-- the position of the last message applied; seq, epoch: the message's
+-- stream sequence and the stream's epoch (its creation, µs), as strings;
+-- ttl: the marker's expiry (ms); now: the instant (µs); n: the count of
+-- the client's buckets, whose keys are keys[k..k+n-1] and whose four
+-- arguments each (algorithm, capacity, rate (tokens/s) or window (µs),
+-- amount) are args[a..a+4n-1].
+-- Messages of one source region are applied in order, so within one epoch a
+-- sequence at or below the marker's was applied already: a redelivery debits
+-- nothing. A stream made again starts its sequences at 1 under a later
+-- epoch: a marker of an earlier epoch makes nothing a duplicate, a marker of
+-- a later one (a message of a stream deleted since) makes everything one.
+-- The marker is "<epoch> <seq>".
+-- Returns {1, overshoot of each bucket (strings)} when applied, {0} for a
+-- duplicate.
+local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
+  local m = read_string(marker)
+  local last = 0
+  if m then
+    local e, s = string.match(m, '^(%d+) (%d+)$')
+    if e then
+      e = tonumber(e)
+      if e == tonumber(epoch) then
+        last = tonumber(s)
+      elseif e > tonumber(epoch) then
+        return {0}
+      end
+    end
+  end
+  if tonumber(seq) <= last then
+    return {0}
+  end
+  local tag = epoch .. '-' .. seq
+  local out = {1}
+  for i = 0, n - 1 do
+    local j = a + i * 4
+    local debit = debits[args[j]]
+    local over = 0
+    if debit then
+      over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), tonumber(args[j + 3]), now, tag) or 0
+    end
+    out[#out + 1] = string.format('%.17g', over)
+  end
+  redis.call('SET', marker, epoch .. ' ' .. seq, 'PX', ttl)
+  return out
+end
