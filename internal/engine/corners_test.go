@@ -300,7 +300,7 @@ func TestRehomedKeySeededOnce(t *testing.T) {
 	}
 	// The first loaded the change a window ago less 100 ms, the second now.
 	window := src("us").Get("vip").Bucket().HandoffWindow()
-	us[0].table.Load().byID["vip"].rehome.since = time.Now().Add(-window + 100*time.Millisecond)
+	us[0].table.Load().byID["vip"].rehome.Since = time.Now().Add(-window + 100*time.Millisecond)
 	if n, err := admit(t, us[0], "vip", "acme"); n != 10 || err != nil {
 		t.Fatalf("first instance: admitted %d (%v), want 10 (eu spent nothing)", n, err)
 	}

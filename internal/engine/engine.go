@@ -65,6 +65,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/engine/denycache"
+	"github.com/limiterd/limiterd/internal/engine/handoff"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
@@ -233,10 +234,10 @@ type Engine struct {
 	topo   atomic.Pointer[topoState]
 	reload func()
 	fwdTO  time.Duration
-	// handoffMax caps the rules' handoff windows (0: none).
-	handoffMax time.Duration
-	fleet      func() int
-	spends     SpendRecorder
+	// handoffs seed the buckets of the keys moved here.
+	handoffs handoff.Handoff
+	fleet    func() int
+	spends   SpendRecorder
 	// leaseStore holds the leases of concurrency rules; inflight counts
 	// those this instance granted.
 	leaseStore bucket.LeaseStore
@@ -274,8 +275,9 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	e := &Engine{
 		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys), top: topkeys.New(opts.TopLimitedSize),
-		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
-		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
+		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
+		handoffs: handoff.Handoff{Region: opts.Region, MaxWindow: opts.HandoffMaxWindow, Store: opts.Store, Results: m.Handoffs},
+		fleet:    opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 		resKey: reservation.Key(opts.ReservationSecret),
 	}
 	ts := newTopoState(opts.Topology, opts.Homes)
@@ -284,7 +286,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 			// Started on a topology that names the one before it: the
 			// keys it moved here take their buckets from their old homes,
 			// within their windows from its effective_at.
-			ts.prev, ts.since = prev, opts.Topology.EffectiveAt()
+			ts.sw.Prev, ts.sw.Since = prev, opts.Topology.EffectiveAt()
 		}
 	}
 	e.topo.Store(ts)
@@ -426,25 +428,25 @@ func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retir
 		if prev := topo.Previous(); prev != nil {
 			// The file names the regions before it: every process hands
 			// off the same keys, within windows from the same instant.
-			ts.prev, ts.since = prev, topo.EffectiveAt()
+			ts.sw.Prev, ts.sw.Since = prev, topo.EffectiveAt()
 		} else if cur.topo != nil {
-			ts.prev, ts.since = cur.topo, time.Now()
+			ts.sw.Prev, ts.sw.Since = cur.topo, time.Now()
 		}
 	}
-	if ts.prev != nil {
+	if ts.sw.Prev != nil {
 		// The keys this switch moves here take their buckets from their
 		// old homes, a region it removes included: cur, with its clients,
 		// stays in use for the longest handoff window.
 		ts.prevHomes = cur.homes
-		w, rule := e.longestHandoff(set)
-		if w > 0 && removesRegion(ts.prev, topo) && cur.topo != nil {
+		w, rule := e.handoffs.Longest(set)
+		if w > 0 && removesRegion(ts.sw.Prev, topo) && cur.topo != nil {
 			cur.users.Add(1)
 			ts.prevState = cur
 			ts.holdPrev = time.AfterFunc(w, cur.release)
 		}
 		if w > 0 {
 			e.log.Info("keys this topology moves here take their old homes' buckets until the longest handoff window has passed",
-				"generation", topo.Generation(), "previous_regions", ts.prev.Names(), "until", ts.since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
+				"generation", topo.Generation(), "previous_regions", ts.sw.Prev.Names(), "until", ts.sw.Since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
 		}
 	}
 	old := e.topo.Swap(ts)
@@ -484,12 +486,10 @@ func (e *Engine) install(set *rules.Set, regions int) {
 type topoState struct {
 	topo *region.Topology // nil: no topology
 	gen  uint64
-	// prev is the topology in force before this one, since when this one
-	// is (nil: the first of this process), and seeded the keys it moved
-	// here whose buckets were seeded from their old homes (see handoff).
-	prev   *region.Topology
-	since  time.Time
-	seeded seededKeys
+	// sw is the switch that put it in force: the topology before it (nil:
+	// the first of this process), since when, and the keys it moved here
+	// whose buckets were seeded from their old homes (see handoff).
+	sw handoff.Switch
 	// prevHomes are the clients of prev's regions, for those this
 	// topology removed; holdPrev, when set, keeps prevState (prev's own
 	// state, its clients with it) in use until the longest handoff window
@@ -702,4 +702,14 @@ func undoAt(ctx context.Context, u bucket.Undoer, reqs []bucket.Request, ats []i
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removesRegion reports whether next lacks a region of cur.
+func removesRegion(cur, next *region.Topology) bool {
+	for _, n := range cur.Names() {
+		if !next.Has(n) {
+			return true
+		}
+	}
+	return false
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/handoff"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -231,7 +232,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 		}
 		// Past the handoff window, a moved key starts full: eu's bucket
 		// would be full again by then.
-		w.us.topo.Load().since = time.Now().Add(-w.set.Get("closed").Bucket().HandoffWindow())
+		w.us.topo.Load().sw.Since = time.Now().Add(-w.set.Get("closed").Bucket().HandoffWindow())
 		w.euHome.fail.Store(true) // never asked
 		if n, err := admit(t, w.us, "closed", k2); n != 10 || err != nil {
 			t.Fatalf("past the window: admitted %d (%v), want 10", n, err)
@@ -298,7 +299,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 	})
 }
 
-// TestHandoffKeysBound: a process remembers at most MaxHandoffKeys moved
+// TestHandoffKeysBound: a process remembers at most handoff.MaxKeys moved
 // keys as seeded; past that, a moved key is still handed off once, and its
 // later checks ask the store (Seeded) instead of the memory.
 func TestHandoffKeysBound(t *testing.T) {
@@ -307,16 +308,16 @@ func TestHandoffKeysBound(t *testing.T) {
 	spend(t, w.eu, "open", key, 6)
 	w.switchTo(w.us)
 	ts := w.us.topo.Load()
-	for i := range MaxHandoffKeys + 10 {
-		ts.seeded.add("open", fmt.Sprintf("filler:%d", i))
+	for i := range handoff.MaxKeys + 10 {
+		ts.sw.Seeded.Add("open", fmt.Sprintf("filler:%d", i))
 	}
-	if n := len(ts.seeded.keys); n != MaxHandoffKeys {
-		t.Fatalf("%d keys remembered, want the bound %d", n, MaxHandoffKeys)
+	if n := ts.sw.Seeded.Len(); n != handoff.MaxKeys {
+		t.Fatalf("%d keys remembered, want the bound %d", n, handoff.MaxKeys)
 	}
 	if n, err := admit(t, w.us, "open", key); n != 4 || err != nil {
 		t.Fatalf("a moved key past the bound: admitted %d (%v), want 4", n, err)
 	}
-	if ts.seeded.has("open", key) {
+	if ts.sw.Seeded.Has("open", key) {
 		t.Fatal("a key past the bound remembered")
 	}
 	if got := handoffCount(w.us, metrics.HandoffSeeded); got != 1 {
@@ -560,7 +561,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if err := us.SetRules(rulesWith("acme: us", 12)); err != nil {
 		t.Fatal(err)
 	}
-	if rh := us.table.Load().byID["vip"].rehome; rh == nil || rh.origin != homesDigest(map[string]string{"acme": "us"}) {
+	if rh := us.table.Load().byID["vip"].rehome; rh == nil || rh.Origin != handoff.Origin(map[string]string{"acme": "us"}) {
 		t.Fatalf("the rehoming after a change keeping home_keys: %+v", rh)
 	}
 	if n, err := admit(t, us, "vip", "acme"); n != 2 || err != nil {
@@ -580,7 +581,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if err := us.SetRules(later); err != nil {
 		t.Fatal(err)
 	}
-	us.table.Load().byID["vip"].rehome.since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
+	us.table.Load().byID["vip"].rehome.Since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
 	if n, err := admit(t, us, "vip", bolt); n != 12 || err != nil {
 		t.Fatalf("past the window: admitted %d (%v), want 12", n, err)
 	}
@@ -610,14 +611,14 @@ func TestHandoffMaxWindow(t *testing.T) {
 	}
 	// The rule's own window is about 5.5 hours: one minute past the
 	// switch is past the cap.
-	ts.since = time.Now().Add(-time.Minute)
+	ts.sw.Since = time.Now().Add(-time.Minute)
 	if n, err := admit(t, us, "open", key); n != 10 || err != nil {
 		t.Fatalf("past the cap: admitted %d (%v), want 10 (a full bucket)", n, err)
 	}
 	if got := handoffCount(us, metrics.HandoffSeeded) + handoffCount(us, metrics.HandoffUnreachable); got != 0 {
 		t.Errorf("handoffs past the cap: %v, want none", got)
 	}
-	if w, _ := us.longestHandoff(w.set); w != time.Minute {
+	if w, _ := us.handoffs.Longest(w.set); w != time.Minute {
 		t.Errorf("longest handoff window %v, want the cap (1m)", w)
 	}
 	us.StopHandoffs()

@@ -3,6 +3,7 @@ package engine
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/handoff"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
@@ -39,7 +40,7 @@ type entry struct {
 	forwardedAllowed, forwardedLimited, forwardedFailed prometheus.Counter
 	// rehome is the last change of a pinned rule's home_keys, whose moved
 	// keys take their old homes' buckets (see handoff); nil: none.
-	rehome *rehoming
+	rehome *handoff.Rehoming
 }
 
 // Rules is the rule set checks starting now are decided with.
@@ -61,14 +62,14 @@ func newTable(set *rules.Set, gen uint64, regions int, m *metrics.Metrics, old *
 	d, f := m.Decisions, m.Forwarded
 	t := &table{set: set, gen: gen, regions: regions, byID: make(map[string]*entry, len(set.Rules()))}
 	for _, r := range set.Rules() {
-		var rehome *rehoming
+		var rehome *handoff.Rehoming
 		if old != nil {
 			if en := old.byID[r.ID]; en != nil {
 				if en.rule == r && old.regions == regions {
 					t.byID[r.ID] = en
 					continue
 				}
-				rehome = rehomed(en, r)
+				rehome = handoff.Rehomed(en.rule, en.rehome, r)
 			}
 		}
 		lim := r.Bucket()
