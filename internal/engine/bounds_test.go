@@ -15,6 +15,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -154,23 +155,23 @@ func TestAttributeBounds(t *testing.T) {
 		}
 		return m
 	}
-	long := strings.Repeat("x", MaxAttributeBytes+1)
+	long := strings.Repeat("x", request.MaxAttributeBytes+1)
 	for _, c := range []struct {
 		name string
 		a    rules.Attributes
 		want string // "" = decided
 	}{
-		{"at the bounds", rules.Attributes{User: "u", Path: "/users/" + strings.Repeat("x", MaxAttributeBytes-14) + "/orders", Extra: extra(MaxExtraAttributes)}, ""},
+		{"at the bounds", rules.Attributes{User: "u", Path: "/users/" + strings.Repeat("x", request.MaxAttributeBytes-14) + "/orders", Extra: extra(request.MaxExtraAttributes)}, ""},
 		{"a long path", rules.Attributes{User: "u", Path: "/users/" + long + "/orders"}, "attributes.path: "},
 		{"a long plan", rules.Attributes{User: "u", Plan: long}, "attributes.plan: "},
-		{"too many extra", rules.Attributes{User: "u", Extra: extra(MaxExtraAttributes + 1)}, "attributes.extra: 33 entries"},
+		{"too many extra", rules.Attributes{User: "u", Extra: extra(request.MaxExtraAttributes + 1)}, "attributes.extra: 33 entries"},
 		{"a long extra value", rules.Attributes{User: "u", Extra: map[string]string{"k": long}}, `attributes.extra["k"]`},
 		{"a long extra name", rules.Attributes{User: "u", Extra: map[string]string{long: "v"}}, `attributes.extra["xxxx`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			chk := e.NewCheck()
 			_, _, err := chk.AddAttributes(&c.a, 1)
-			var inv *InvalidError
+			var inv *request.InvalidError
 			switch {
 			case c.want == "" && err != nil:
 				t.Fatalf("refused: %v", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -19,7 +20,7 @@ import (
 var (
 	// ErrConcurrencyRule: a Check (by rule id or attributes) met a
 	// concurrency rule, which only Acquire holds: a Check has no end to
-	// release it at. Its *InvalidError names the rule.
+	// release it at. Its *request.InvalidError names the rule.
 	ErrConcurrencyRule = errors.New("a concurrency rule is held by Acquire and Release, not checked")
 	// ErrNotConcurrency: an Acquire by rule id, or a lease id, names a
 	// rule that is not a concurrency rule.
@@ -52,7 +53,7 @@ type Lease struct {
 // the rules in force when it was made, throughout. An Acquire has no Pace:
 // it never paces. Not safe for concurrent use.
 type Acquire struct {
-	request
+	request.Request
 	// held are the concurrency rules' leases.
 	held []*heldLease
 }
@@ -60,14 +61,14 @@ type Acquire struct {
 // heldLease is a concurrency rule's item of an Acquire, with what only a
 // lease has: its part of the lease id, and when it expires once held.
 type heldLease struct {
-	*Item
+	*request.Item
 	part    int
 	expires time.Time
 }
 
 // itemsOf are the items of leases.
-func itemsOf(leases []*heldLease) []*Item {
-	out := make([]*Item, len(leases))
+func itemsOf(leases []*heldLease) []*request.Item {
+	out := make([]*request.Item, len(leases))
 	for i, l := range leases {
 		out[i] = l.Item
 	}
@@ -75,30 +76,32 @@ func itemsOf(leases []*heldLease) []*Item {
 }
 
 // NewAcquire starts an Acquire under the rules in force now.
-func (e *Engine) NewAcquire() *Acquire { return &Acquire{request: request{t: e.table.Load(), m: e.m}} }
+func (e *Engine) NewAcquire() *Acquire {
+	return &Acquire{Request: request.Request{Table: e.table.Load(), Metrics: e.m}}
+}
 
 // Leases returns the concurrency rules of an Acquire, in the order added.
-func (c *Acquire) Leases() []*Item { return itemsOf(c.held) }
+func (c *Acquire) Leases() []*request.Item { return itemsOf(c.held) }
 
 // AddRule adds the rule ruleID for key at cost (0 means 1; a concurrency
 // rule's cost must be 0 or 1: a lease is one request in flight). Errors
 // are as for Check.AddRule.
-func (c *Acquire) AddRule(ruleID, key string, cost float64) (*Item, error) {
+func (c *Acquire) AddRule(ruleID, key string, cost float64) (*request.Item, error) {
 	it, err := c.addRule(ruleID, key, cost)
-	c.counted(err)
+	c.Counted(err)
 	return it, err
 }
 
-func (c *Acquire) addRule(ruleID, key string, cost float64) (*Item, error) {
-	en, err := c.lookup(ruleID, key)
+func (c *Acquire) addRule(ruleID, key string, cost float64) (*request.Item, error) {
+	en, err := c.Lookup(ruleID, key)
 	if err != nil {
 		return nil, err
 	}
-	if !en.rule.Concurrent() {
-		return nil, invalid("rule_id", "rule_id: rule %s: %w: call Check", quote(ruleID), ErrNotConcurrency)
+	if !en.Rule.Concurrent() {
+		return nil, request.Invalid("rule_id", "rule_id: rule %s: %w: call Check", request.Quote(ruleID), ErrNotConcurrency)
 	}
 	if cost != 0 && cost != 1 {
-		return nil, invalid("cost", "cost: rule %s counts each request once: cost must be 0 or 1, got %v", quote(ruleID), cost)
+		return nil, request.Invalid("cost", "cost: rule %s counts each request once: cost must be 0 or 1, got %v", request.Quote(ruleID), cost)
 	}
 	return c.addLease(en, key)
 }
@@ -106,42 +109,38 @@ func (c *Acquire) addRule(ruleID, key string, cost float64) (*Item, error) {
 // AddAttributes adds every rule whose match a satisfies, as
 // Check.AddAttributes does, and every concurrency rule it matches as a
 // lease (whatever the cost). enforce and shadow are the rate rules.
-func (c *Acquire) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*Item, err error) {
-	enforce, shadow, err = c.matching(a, reqCost, func(_ *rules.Rule, en *entry, key string) error {
+func (c *Acquire) AddAttributes(a *rules.Attributes, reqCost float64) (enforce, shadow []*request.Item, err error) {
+	enforce, shadow, err = c.Match(a, reqCost, func(_ *rules.Rule, en *request.Entry, key string) error {
 		// A lease is one request in flight, whatever the cost.
 		_, err := c.addLease(en, key)
 		return err
 	})
-	c.counted(err)
+	c.Counted(err)
 	return enforce, shadow, err
 }
 
 // addLease adds a concurrency rule of an Acquire.
-func (c *Acquire) addLease(en *entry, key string) (*Item, error) {
+func (c *Acquire) addLease(en *request.Entry, key string) (*request.Item, error) {
 	for _, l := range c.held {
-		if l.e == en && l.Key == key {
+		if l.Entry == en && l.Key == key {
 			return l.Item, nil
 		}
 	}
 	if len(c.held) >= leaseid.MaxParts {
-		return nil, invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
+		return nil, request.Invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
-	l := &heldLease{Item: &Item{Rule: en.rule, Key: key, Cost: 1, e: en, limit: en.limit}}
+	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Entry: en, Against: en.Limit}}
 	c.held = append(c.held, l)
 	return l.Item, nil
-}
-
-func concurrencyCheckError(field, prefix, rule string) *InvalidError {
-	return invalid(field, "%srule %s: %w: call Acquire before the request and Release after it", prefix, quote(rule), ErrConcurrencyRule)
 }
 
 // leaseLimit is what a lease of en with flags is held against: the rule's
 // limit, or this region's share of it (leaseid.Regional), or this instance's
 // share of either (leaseid.Fallback).
-func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
-	l := en.leases
+func leaseLimit(en *request.Entry, flags byte, fleet int) bucket.LeaseLimit {
+	l := en.Leases
 	if flags&leaseid.Regional != 0 {
-		l = en.regionalLeases
+		l = en.RegionalLeases
 	}
 	if flags&leaseid.Fallback != 0 {
 		l = l.Share(fleet)
@@ -170,7 +169,7 @@ func (en *entry) leaseLimit(flags byte, fleet int) bucket.LeaseLimit {
 // An Acquire is routed with the topology in force when it starts; a home
 // that refuses it as stale makes it routed again once, as Decide does.
 func (e *Engine) Acquire(ctx context.Context, c *Acquire) (bool, *Lease, error) {
-	return e.run(ctx, &c.request, c)
+	return e.run(ctx, &c.Request, c)
 }
 
 // routeLeases names in the plan's lease id where each concurrency rule
@@ -180,9 +179,9 @@ func (e *Engine) routeLeases(p *plan) (bool, error) {
 	c := p.a
 	p.id = leaseid.New(e.region, p.ts.gen, make([]leaseid.Part, len(c.held)))
 	for i, it := range c.held {
-		it.route, it.part = routeNone, i
+		it.Route, it.part = request.RouteNone, i
 		p.id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
-		if home := e.homeOf(p.ts, &c.request, it.Item); home != "" {
+		if home := e.homeOf(p.ts, &c.Request, it.Item); home != "" {
 			p.id.Parts[i].Region = home
 			if p.byHome == nil {
 				p.byHome = map[string][]int{}
@@ -219,7 +218,7 @@ func (e *Engine) leasesAtHomes(ctx context.Context, p *plan) (bool, error) {
 				return false, err
 			}
 		}
-		its := make([]*Item, len(p.byHome[home]))
+		its := make([]*request.Item, len(p.byHome[home]))
 		for j, i := range p.byHome[home] {
 			its[j] = c.held[i].Item
 		}
@@ -271,7 +270,7 @@ func (e *Engine) granted(p *plan) *Lease {
 		if l.Expires.IsZero() || it.expires.Before(l.Expires) {
 			l.Expires = it.expires
 		}
-		if ttl := it.e.leases.TTL; l.TTL == 0 || ttl < l.TTL {
+		if ttl := it.Entry.Leases.TTL; l.TTL == 0 || ttl < l.TTL {
 			l.TTL = ttl
 		}
 	}
@@ -280,9 +279,9 @@ func (e *Engine) granted(p *plan) *Lease {
 			expires = it.expires
 		}
 		// Counted where held: a home counts the leases it holds.
-		it.e.lease[metrics.EventAcquired].Inc()
-		if it.route == routeFallback {
-			it.e.lease[metrics.EventFallback].Inc()
+		it.Entry.Lease[metrics.EventAcquired].Inc()
+		if it.Route == request.RouteFallback {
+			it.Entry.Lease[metrics.EventFallback].Inc()
 		}
 	}
 	if len(p.heldHere) > 0 {
@@ -296,7 +295,7 @@ func (e *Engine) granted(p *plan) *Lease {
 func trackedRules(items []*heldLease) []*inflight.Rule {
 	out := make([]*inflight.Rule, len(items))
 	for i, it := range items {
-		out[i] = it.e.tracked
+		out[i] = it.Entry.Tracked
 	}
 	return out
 }
@@ -305,14 +304,14 @@ func trackedRules(items []*heldLease) []*inflight.Rule {
 // bucket that nothing was spent from.
 func (c *Acquire) notAsked() {
 	for _, it := range c.held {
-		if it.route == routeNone {
-			l := float64(it.e.leases.Limit)
+		if it.Route == request.RouteNone {
+			l := float64(it.Entry.Leases.Limit)
 			it.Decision = bucket.Decision{Allowed: true, Remaining: l, Limit: l}
 		}
 	}
-	for _, it := range c.enforce {
-		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
-		it.route = routeNone
+	for _, it := range c.Enforce {
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Entry.Limit.Capacity, Limit: it.Entry.Limit.Capacity}
+		it.Route = request.RouteNone
 	}
 }
 
@@ -341,9 +340,9 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		// (the store gave back whatever the others took).
 		for i, it := range items {
 			if me.Errs[i] == nil && !ds[i].Allowed {
-				it.route = routeStore
-				it.Decision = bucket.Decision{Limit: float64(it.e.leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
-				it.e.lease[metrics.EventRefused].Inc()
+				it.Route = request.RouteStore
+				it.Decision = bucket.Decision{Limit: float64(it.Entry.Leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
+				it.Entry.Lease[metrics.EventRefused].Inc()
 				c.notAsked()
 				return false, nil
 			}
@@ -357,13 +356,13 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		// store gave back whatever it may have taken.
 		for i, it := range items {
 			id.Parts[it.part].Flags |= leaseid.Fallback
-			it.route = routeFallback
+			it.Route = request.RouteFallback
 			reqs[i] = e.partRequest(it, id, fleet)
 		}
 		ds, _ = e.fallback.Acquire(ctx, reqs, id.Member())
 	} else {
 		for _, it := range items {
-			it.route = routeStore
+			it.Route = request.RouteStore
 		}
 	}
 	all := true
@@ -374,10 +373,10 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		// against: this region's or this instance's share when it was
 		// held as the rule's on_failure, as a check's is; Limit the rule's.
 		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(reqs[i].Limit.Limit-d.InFlight, 0)),
-			Limit: float64(it.e.leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
+			Limit: float64(it.Entry.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
 		if !d.Allowed {
 			all = false
-			it.e.lease[metrics.EventRefused].Inc()
+			it.Entry.Lease[metrics.EventRefused].Inc()
 		}
 	}
 	if !all {
@@ -388,7 +387,7 @@ func (e *Engine) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 }
 
 func (e *Engine) partRequest(it *heldLease, id *leaseid.ID, fleet int) bucket.LeaseRequest {
-	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.leaseLimit(id.Parts[it.part].Flags, fleet)}
+	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: leaseLimit(it.Entry, id.Parts[it.part].Flags, fleet)}
 }
 
 // giveLeasesBack releases the leases an Acquire took here when a later
@@ -421,7 +420,7 @@ func (e *Engine) leaseStoreOf(flags byte) bucket.LeaseStore {
 // entry and its store request.
 type heldPart struct {
 	leaseid.Part
-	en  *entry
+	en  *request.Entry
 	req bucket.LeaseRequest
 }
 
@@ -431,7 +430,7 @@ type heldPart struct {
 // concurrency rule, a region outside the topology, a local rule's part held
 // in another region than the Acquire's, or a pinned rule's part held in a
 // region that cannot hold it under the id's topology generation (when that
-// is the one in force here) is an *InvalidError of lease_id: the id was
+// is the one in force here) is an *request.InvalidError of lease_id: the id was
 // edited, and no region is called for it.
 func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, map[string][]heldPart, error) {
 	id, err := parseLeaseID(s)
@@ -447,11 +446,11 @@ func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, m
 	var here []heldPart
 	var remote map[string][]heldPart
 	for _, p := range id.Parts {
-		en := t.byID[p.Rule]
+		en := t.ByID[p.Rule]
 		if en == nil {
 			continue
 		}
-		hp := heldPart{Part: p, en: en, req: bucket.LeaseRequest{Rule: p.Rule, Key: p.Key, Limit: en.leaseLimit(p.Flags, fleet)}}
+		hp := heldPart{Part: p, en: en, req: bucket.LeaseRequest{Rule: p.Rule, Key: p.Key, Limit: leaseLimit(en, p.Flags, fleet)}}
 		if p.Region == e.region {
 			here = append(here, hp)
 			continue
@@ -468,37 +467,37 @@ func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, m
 func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
 	t := e.table.Load()
 	for _, p := range id.Parts {
-		en := t.byID[p.Rule]
+		en := t.ByID[p.Rule]
 		if en == nil {
 			continue
 		}
-		if !en.rule.Concurrent() {
-			return invalid("lease_id", "lease_id: rule %s: %w", quote(p.Rule), ErrNotConcurrency)
+		if !en.Rule.Concurrent() {
+			return request.Invalid("lease_id", "lease_id: rule %s: %w", request.Quote(p.Rule), ErrNotConcurrency)
 		}
 		if p.Region != e.region && (ts.topo == nil || !ts.topo.Has(p.Region)) {
-			return invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", quote(p.Region), quote(e.region))
+			return request.Invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", request.Quote(p.Region), request.Quote(e.region))
 		}
-		if !en.pinned && p.Region != id.Region {
+		if !en.Pinned && p.Region != id.Region {
 			// A local rule's lease is held where it was acquired: an id
 			// saying otherwise was edited, and is refused here rather than
 			// sent, with this region's peer credentials, to the region
 			// it names.
-			return invalid("lease_id", "lease_id: rule %s: a local rule's lease is held in the region of its acquire (%s), and the lease id says %s: an edited lease id",
-				quote(p.Rule), quote(id.Region), quote(p.Region))
+			return request.Invalid("lease_id", "lease_id: rule %s: a local rule's lease is held in the region of its acquire (%s), and the lease id says %s: an edited lease id",
+				request.Quote(p.Rule), request.Quote(id.Region), request.Quote(p.Region))
 		}
-		if p.Flags&leaseid.Regional != 0 && (!en.pinned || p.Region != id.Region) {
-			return invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", quote(p.Rule))
+		if p.Flags&leaseid.Regional != 0 && (!en.Pinned || p.Region != id.Region) {
+			return request.Invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", request.Quote(p.Rule))
 		}
-		if !en.pinned || ts.topo == nil || id.Gen != ts.gen {
+		if !en.Pinned || ts.topo == nil || id.Gen != ts.gen {
 			// Held where the acquire was, or homed under a topology not
 			// known here: the region named decides (a forged id names a
 			// member no set holds).
 			continue
 		}
-		home := ts.topo.Home(p.Key, en.rule.HomeKeys)
+		home := ts.topo.Home(p.Key, en.Rule.HomeKeys)
 		if regional := p.Flags&leaseid.Regional != 0; regional == (p.Region == home) {
-			return invalid("lease_id", "lease_id: rule %s: under topology generation %d the key's home is %s, and the lease id says it is held in %s: an edited lease id",
-				quote(p.Rule), ts.gen, home, p.Region)
+			return request.Invalid("lease_id", "lease_id: rule %s: under topology generation %d the key's home is %s, and the lease id says it is held in %s: an edited lease id",
+				request.Quote(p.Rule), ts.gen, home, p.Region)
 		}
 	}
 	return nil
@@ -507,7 +506,7 @@ func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
 // Release gives back the leases of a lease id, wherever they are held:
 // those held in another region through its Peer service. A lease unknown,
 // expired or already released is no error: released is then false (true
-// when any of its leases was held). Errors: an *InvalidError of lease_id,
+// when any of its leases was held). Errors: an *request.InvalidError of lease_id,
 // ErrLeaseStore (the store here did not answer) or ErrLeaseHome (the
 // region holding a lease did not answer); the leases not released expire
 // on their own, and a Release again is safe.
@@ -559,17 +558,17 @@ func (e *Engine) releaseHere(ctx context.Context, id *leaseid.ID, parts []heldPa
 				return false, ctx.Err()
 			}
 			for _, p := range group {
-				p.en.lease[metrics.EventError].Inc()
+				p.en.Lease[metrics.EventError].Inc()
 			}
 			return false, fmt.Errorf("%w: %w", ErrLeaseStore, err)
 		}
 		for i, p := range group {
 			if held[i] {
 				released = true
-				p.en.lease[metrics.EventReleased].Inc()
+				p.en.Lease[metrics.EventReleased].Inc()
 			} else if tracked {
 				// It expired before its release: counted as expired.
-				p.en.lease[metrics.EventExpired].Inc()
+				p.en.Lease[metrics.EventExpired].Inc()
 			}
 		}
 	}
@@ -659,7 +658,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 				return false, nil, ctx.Err()
 			}
 			for _, p := range group {
-				p.en.lease[metrics.EventError].Inc()
+				p.en.Lease[metrics.EventError].Inc()
 			}
 			return false, nil, fmt.Errorf("%w: %w", ErrLeaseStore, err)
 		}
@@ -687,7 +686,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 		return false, nil, nil
 	}
 	for _, p := range here {
-		p.en.lease[metrics.EventRenewed].Inc()
+		p.en.Lease[metrics.EventRenewed].Inc()
 	}
 	e.inflight.Renew(id.Member(), l.Expires)
 	return true, l, nil
@@ -697,11 +696,11 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 // of it is released, here and in the regions holding its other parts.
 func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, leaseID string, here []heldPart, remote map[string][]heldPart) {
 	for _, p := range here {
-		p.en.lease[metrics.EventGone].Inc()
+		p.en.Lease[metrics.EventGone].Inc()
 	}
 	if e.inflight.Remove(id.Member()) {
 		for _, p := range here {
-			p.en.lease[metrics.EventExpired].Inc()
+			p.en.Lease[metrics.EventExpired].Inc()
 		}
 	}
 	rctx, cancel := e.detached(ctx)
@@ -723,8 +722,8 @@ func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, l
 // and a region's share taken while the home did not answer (acquiring
 // again goes to the home, or takes a share again).
 func (e *Engine) unrenewable(ts *topoState, p heldPart) bool {
-	if !p.en.pinned || ts.topo == nil {
+	if !p.en.Pinned || ts.topo == nil {
 		return false
 	}
-	return p.Flags&leaseid.Regional != 0 || ts.topo.Home(p.Key, p.en.rule.HomeKeys) != p.Region
+	return p.Flags&leaseid.Regional != 0 || ts.topo.Home(p.Key, p.en.Rule.HomeKeys) != p.Region
 }

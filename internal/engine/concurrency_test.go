@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -155,12 +156,12 @@ func TestCheckOfAConcurrencyRuleIsInvalid(t *testing.T) {
 	e, _, _ := newLeaseEngine(t)
 	c := e.NewCheck()
 	_, err := c.AddRule("reports", "k", 0)
-	var inv *InvalidError
-	if !errors.As(err, &inv) || inv.Field != "rule_id" || !errors.Is(err, ErrConcurrencyRule) || !strings.Contains(err.Error(), `"reports"`) {
+	var inv *request.InvalidError
+	if !errors.As(err, &inv) || inv.Field != "rule_id" || !errors.Is(err, request.ErrConcurrencyRule) || !strings.Contains(err.Error(), `"reports"`) {
 		t.Fatalf("Check of a concurrency rule: %v", err)
 	}
 	_, _, err = e.NewCheck().AddAttributes(&rules.Attributes{User: "u", Path: "/reports/x"}, 1)
-	if !errors.As(err, &inv) || inv.Field != "attributes" || !errors.Is(err, ErrConcurrencyRule) {
+	if !errors.As(err, &inv) || inv.Field != "attributes" || !errors.Is(err, request.ErrConcurrencyRule) {
 		t.Fatalf("Check by attributes matching a concurrency rule: %v", err)
 	}
 	_, err = e.NewAcquire().AddRule("api", "k", 0)
@@ -210,10 +211,10 @@ func TestLeaseIDValidation(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			released, err := e.Release(ctx, tt.id)
-			var inv *InvalidError
+			var inv *request.InvalidError
 			if tt.invalid {
 				if !errors.As(err, &inv) || inv.Field != "lease_id" {
-					t.Fatalf("Release(%q) = %v, %v; want an *InvalidError of lease_id", tt.id, released, err)
+					t.Fatalf("Release(%q) = %v, %v; want an *request.InvalidError of lease_id", tt.id, released, err)
 				}
 				return
 			}
@@ -240,7 +241,7 @@ func TestAcquireStoreFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	ok, l, err := e.Acquire(ctx, c)
-	if !ok || err != nil || c.Leases()[0].route != routeFallback {
+	if !ok || err != nil || c.Leases()[0].Route != request.RouteFallback {
 		t.Fatalf("fail-open acquire with the store down = %v, %v", ok, err)
 	}
 	c = e.NewAcquire()

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -156,7 +157,7 @@ func TestHomeRefundsOnlyWhatItsStoreSpent(t *testing.T) {
 	if decideAttrs(t, r.east, &rules.Attributes{User: "u1", APIKey: "k1", Path: "/p/both"}) {
 		t.Fatal("check with plocal exhausted allowed")
 	}
-	if n := testutil.ToFloat64(r.west.table.Load().byID["pin"].fallbackAllowed); n != 1 {
+	if n := testutil.ToFloat64(r.west.table.Load().ByID["pin"].FallbackAllowed); n != 1 {
 		t.Fatalf("eu-west's fallback allowed %v checks of pin, want 1", n)
 	}
 	if err := r.east.Wait(context.Background()); err != nil {
@@ -229,7 +230,7 @@ func TestFallbackSharesByTime(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			sh := share(tt.lim, tt.n, tt.cost)
+			sh := request.Share(tt.lim, tt.n, tt.cost)
 			if err := sh.Validate(); err != nil && sh.Algorithm != bucket.SlidingLog {
 				t.Fatalf("share %+v: %v", sh, err)
 			}
@@ -248,7 +249,7 @@ func TestFallbackSharesByTime(t *testing.T) {
 				}
 			}
 			fleet := float64(admitted) * tt.cost * float64(tt.n)
-			want := SustainedRate(tt.lim) * span.Seconds()
+			want := request.SustainedRate(tt.lim) * span.Seconds()
 			if fleet > want*1.05+float64(tt.n)*tt.lim.Capacity || fleet < want*tt.least {
 				t.Fatalf("%d instances of share %+v admit %v in %v, want about %v (the limit's rate)", tt.n, sh, fleet, span, want)
 			}
@@ -300,7 +301,7 @@ func TestRehomedKeySeededOnce(t *testing.T) {
 	}
 	// The first loaded the change a window ago less 100 ms, the second now.
 	window := src("us").Get("vip").Bucket().HandoffWindow()
-	us[0].table.Load().byID["vip"].rehome.Since = time.Now().Add(-window + 100*time.Millisecond)
+	us[0].table.Load().ByID["vip"].Rehome.Since = time.Now().Add(-window + 100*time.Millisecond)
 	if n, err := admit(t, us[0], "vip", "acme"); n != 10 || err != nil {
 		t.Fatalf("first instance: admitted %d (%v), want 10 (eu spent nothing)", n, err)
 	}

@@ -56,7 +56,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -69,6 +68,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/reservation"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/rules"
@@ -86,16 +86,12 @@ const (
 	// DefaultFallbackMaxBytes bounds the fallback's buckets: about 340k
 	// token buckets of 20-byte keys.
 	DefaultFallbackMaxBytes = 64 << 20
-	// MaxItems bounds the enforced rules of one check (and again its
-	// shadow rules): what one request may cost the store.
-	MaxItems = 64
 )
 
-// Errors of Decide and of building a check. Front doors test them with
-// errors.Is and errors.As and translate them into their own statuses.
+// Errors of Decide (those of building a check are the request package's).
+// Front doors test them with errors.Is and errors.As and translate them
+// into their own statuses.
 var (
-	// ErrUnknownRule: a check by rule id names no rule in force.
-	ErrUnknownRule = errors.New("unknown rule")
 	// ErrUnavailable: a fail-closed rule could not be decided (its store,
 	// or its key's home region, did not answer).
 	ErrUnavailable = errors.New("rule undecided and it fails closed")
@@ -112,28 +108,8 @@ var (
 // a newer one is in force now: the check is routed again, once.
 var errReroute = errors.New("routed with a stale topology")
 
-// InvalidError is a check refused as invalid. Field names the request field
-// at fault: rule_id, key, cost or attributes.
-type InvalidError struct {
-	Field string
-	Err   error
-}
-
-// Error is the cause's message, which starts with the path of the field
-// (rule_id, key, cost, attributes.ip, descriptors[1].entries, ...).
-func (e *InvalidError) Error() string { return e.Err.Error() }
-
-// Unwrap returns the cause (bucket.ErrInvalidCost, bucket.ErrInvalidKey, ...).
-func (e *InvalidError) Unwrap() error { return e.Err }
-
-// invalid is an *InvalidError of field whose message is format, which
-// must start with the field's path.
-func invalid(field string, format string, args ...any) *InvalidError {
-	return &InvalidError{Field: field, Err: fmt.Errorf(format, args...)}
-}
-
 // Home is another region's limiterd, for the rules pinned to a key's home
-// region. Errors: an *InvalidError or ErrUnknownRule when the home refused
+// region. Errors: an *request.InvalidError or request.ErrUnknownRule when the home refused
 // the items as invalid (its answer stands); any other error means it did
 // not answer, and the rules' on_failure decides.
 type Home interface {
@@ -223,7 +199,7 @@ type Options struct {
 type Engine struct {
 	store    bucket.Backend
 	fallback *bucket.Memory
-	table    atomic.Pointer[table]
+	table    atomic.Pointer[request.Table]
 	gen      atomic.Uint64
 	rulesMu  sync.Mutex
 	deny     *denycache.Cache
@@ -296,7 +272,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
 	e.inflight = inflight.New(func() []string {
 		var out []string
-		for _, r := range e.table.Load().set.Rules() {
+		for _, r := range e.table.Load().Set.Rules() {
 			if r.Concurrent() {
 				out = append(out, r.ID)
 			}
@@ -375,6 +351,19 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	return nil
 }
 
+// Rules is the rule set checks starting now are decided with.
+func (e *Engine) Rules() *rules.Set { return e.table.Load().Set }
+
+// NewCheck starts a check under the rules in force now.
+func (e *Engine) NewCheck() *request.Check { return request.NewCheck(e.table.Load(), e.m) }
+
+// Invalid counts a request a front door refused as invalid before its
+// check was built, by the field at fault (rule_id, key, cost, attributes).
+func (e *Engine) Invalid(field string) { e.m.Invalid.WithLabelValues(field).Inc() }
+
+// Observe records the time a front door took to answer one check.
+func (e *Engine) Observe(seconds float64) { e.m.Duration.Observe(seconds) }
+
 // TopLimited returns the k keys the rule refused most in the last one to
 // two topkeys.Window (a shadow rule: would have refused), most first.
 func (e *Engine) TopLimited(ruleID string, k int) []topkeys.Entry {
@@ -415,7 +404,7 @@ func validateHomes(topo *region.Topology, set *rules.Set) error {
 func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retired func()) error {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
-	set := e.table.Load().set
+	set := e.table.Load().Set
 	if err := validateHomes(topo, set); err != nil {
 		return err
 	}
@@ -467,14 +456,14 @@ func (e *Engine) Topology() *region.Topology { return e.topo.Load().topo }
 func (e *Engine) install(set *rules.Set, regions int) {
 	gen := e.gen.Add(1)
 	old := e.table.Load()
-	t := newTable(set, gen, regions, e.m, old)
+	t := request.NewTable(set, gen, regions, e.m, old)
 	e.table.Store(t)
 	if e.deny != nil {
 		e.deny.Reset(gen)
 	}
 	if old != nil {
-		for id := range old.byID {
-			if t.byID[id] == nil {
+		for id := range old.ByID {
+			if t.ByID[id] == nil {
 				e.m.Forget(id)
 			}
 		}
@@ -577,8 +566,8 @@ func (e *Engine) DrainLeases() []LeftOver {
 	t := e.table.Load()
 	var out []LeftOver
 	for _, l := range e.leases.Drain() {
-		if en := t.byID[l.Rule]; en != nil {
-			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.limit, Tokens: l.Tokens})
+		if en := t.ByID[l.Rule]; en != nil {
+			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.Limit, Tokens: l.Tokens})
 		}
 	}
 	return out
@@ -608,46 +597,6 @@ func (e *Engine) detached(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
 }
 
-// share is one of n equal parts of l, for fail-open decisions, for
-// requests of cost, at most the rule's capacity (for a share made ahead of
-// any request, 1 or the capacity when smaller): 1/n of the
-// rate, and of the capacity while that holds at least cost. A smaller part
-// is shared by time instead, so that n instances together still admit the
-// limit's rate: a window rule holds cost in a window n·cost/capacity times
-// as long (a sliding log of 3 a minute over 10 instances: 1 each per 200
-// s, not 1 each a minute); a token bucket or GCRA holds a burst of cost,
-// refilling at 1/n of the rate.
-func share(l bucket.Limit, n int, cost float64) bucket.Limit {
-	if n <= 1 {
-		return l
-	}
-	part := l.Capacity / float64(n)
-	if l.Algorithm == bucket.SlidingLog {
-		part, cost = math.Floor(part), math.Max(math.Ceil(cost), 1)
-	}
-	switch l.Algorithm {
-	case bucket.TokenBucket, bucket.GCRA:
-		l.RefillPerSecond /= float64(n)
-		l.Capacity = math.Max(part, cost)
-	default:
-		if part >= cost {
-			l.Capacity = part
-			break
-		}
-		l.Window = time.Duration(math.Ceil(float64(l.Window) * float64(n) * cost / l.Capacity))
-		l.Capacity = cost
-	}
-	return l
-}
-
-// SustainedRate is a limit's long-run tokens per second.
-func SustainedRate(l bucket.Limit) float64 {
-	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
-		return l.RefillPerSecond
-	}
-	return l.Capacity / l.Window.Seconds()
-}
-
 // Refund gives back what an allowed Decide of a peer region's check spent
 // in this region's store, the keys' home (the Peer service's Refund): each
 // item at the instant its decision's At named. Items of rules no longer in
@@ -657,18 +606,18 @@ func (e *Engine) Refund(ctx context.Context, items []HomeItem) error {
 	reqs := make([]bucket.Request, 0, len(items))
 	ats := make([]int64, 0, len(items))
 	for i, it := range items {
-		en := t.byID[it.Rule]
+		en := t.ByID[it.Rule]
 		if en == nil {
 			continue
 		}
-		cost, err := en.limit.NormalizeCost(it.Cost)
+		cost, err := en.Limit.NormalizeCost(it.Cost)
 		if err != nil {
-			return &InvalidError{Field: fmt.Sprintf("items[%d].cost", i), Err: err}
+			return &request.InvalidError{Field: fmt.Sprintf("items[%d].cost", i), Err: err}
 		}
 		if it.At <= 0 {
-			return invalid(fmt.Sprintf("items[%d].spent_at_us", i), "items[%d].spent_at_us: %d: want the instant the item was spent at (µs since the Unix epoch, > 0)", i, it.At)
+			return request.Invalid(fmt.Sprintf("items[%d].spent_at_us", i), "items[%d].spent_at_us: %d: want the instant the item was spent at (µs since the Unix epoch, > 0)", i, it.At)
 		}
-		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit, Cost: cost})
+		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.Limit, Cost: cost})
 		ats = append(ats, it.At)
 	}
 	if len(reqs) == 0 {

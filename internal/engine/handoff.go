@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -27,15 +28,15 @@ func (f storeFailure) Unwrap() error { return f.err }
 // fails for a fail-closed rule (ErrUnavailable), and a fail-open rule's key
 // starts from a full bucket. It fails with a storeFailure when this
 // region's store did not answer.
-func (e *Engine) handoff(ctx context.Context, p *plan, items []*Item) error {
+func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) error {
 	ts := p.ts
 	var moves []handoff.Move
 	now := time.Now()
 	for i, it := range items {
-		if !it.e.pinned || ts.topo == nil {
+		if !it.Entry.Pinned || ts.topo == nil {
 			continue
 		}
-		k := handoff.Key{Rule: it.Rule, Key: it.Key, Limit: it.e.limit, Rehome: it.e.rehome}
+		k := handoff.Key{Rule: it.Rule, Key: it.Key, Limit: it.Entry.Limit, Rehome: it.Entry.Rehome}
 		if mv, ok := e.handoffs.MovedIn(ts.topo, ts.gen, &ts.sw, k, now); ok {
 			mv.Item = i
 			moves = append(moves, mv)
@@ -53,7 +54,7 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*Item) error {
 	for _, g := range groups {
 		if err := e.askHandoff(ctx, ts, g.From, g.Moves); err != nil {
 			e.handoffs.Unreachable(g.Moves)
-			its := make([]*Item, len(g.Moves))
+			its := make([]*request.Item, len(g.Moves))
 			for i, mv := range g.Moves {
 				its[i] = items[mv.Item]
 			}
@@ -110,17 +111,17 @@ func (e *Engine) Used(ctx context.Context, items []HomeItem) ([]float64, error) 
 	t := e.table.Load()
 	reqs := make([]bucket.Request, len(items))
 	for i, it := range items {
-		en := t.byID[it.Rule]
+		en := t.ByID[it.Rule]
 		if en == nil {
-			return nil, errUnknownRule(it.Rule)
+			return nil, request.UnknownRule(it.Rule)
 		}
-		if !en.pinned || en.rule.Concurrent() {
-			return nil, invalid("rule_id", "rule_id: rule %s is not a pinned rate rule: it has no bucket to hand off", quote(it.Rule))
+		if !en.Pinned || en.Rule.Concurrent() {
+			return nil, request.Invalid("rule_id", "rule_id: rule %s is not a pinned rate rule: it has no bucket to hand off", request.Quote(it.Rule))
 		}
 		if err := bucket.ValidateKey(it.Key); err != nil {
-			return nil, invalid("key", "key: %w", err)
+			return nil, request.Invalid("key", "key: %w", err)
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit}
+		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.Limit}
 	}
 	return e.store.Used(ctx, reqs)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/handoff"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -442,8 +443,8 @@ func TestHandoffStoreFails(t *testing.T) {
 	}
 	c := us.NewCheck()
 	it, _ := c.AddRule("open", key, 1)
-	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.route != routeFallback {
-		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.route)
+	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.Route != request.RouteFallback {
+		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.Route)
 	}
 	if got := handoffCount(us, metrics.HandoffStoreError); got != 2 {
 		t.Errorf("handoffs store_error %v, want 2", got)
@@ -561,7 +562,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if err := us.SetRules(rulesWith("acme: us", 12)); err != nil {
 		t.Fatal(err)
 	}
-	if rh := us.table.Load().byID["vip"].rehome; rh == nil || rh.Origin != handoff.Origin(map[string]string{"acme": "us"}) {
+	if rh := us.table.Load().ByID["vip"].Rehome; rh == nil || rh.Origin != handoff.Origin(map[string]string{"acme": "us"}) {
 		t.Fatalf("the rehoming after a change keeping home_keys: %+v", rh)
 	}
 	if n, err := admit(t, us, "vip", "acme"); n != 2 || err != nil {
@@ -581,7 +582,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if err := us.SetRules(later); err != nil {
 		t.Fatal(err)
 	}
-	us.table.Load().byID["vip"].rehome.Since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
+	us.table.Load().ByID["vip"].Rehome.Since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
 	if n, err := admit(t, us, "vip", bolt); n != 12 || err != nil {
 		t.Fatalf("past the window: admitted %d (%v), want 12", n, err)
 	}

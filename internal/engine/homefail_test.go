@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -124,7 +125,7 @@ func TestHomeFailures(t *testing.T) {
 		}{
 			{"stale, newer file", stale, true, true, true, nil, 2, 1},
 			{"stale, no newer file", stale, false, true, false, nil, 1, 1},
-			{"unknown rule at the home", fmt.Errorf("home: %w", ErrUnknownRule), true, false, false, ErrUnknownRule, 1, 0},
+			{"unknown rule at the home", fmt.Errorf("home: %w", request.ErrUnknownRule), true, false, false, request.ErrUnknownRule, 1, 0},
 		} {
 			t.Run(name+"/"+tc.name, func(t *testing.T) {
 				eu, ap := &failingHome{err: tc.err}, &failingHome{err: errors.New("not called")}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -19,8 +20,8 @@ var ErrLeaseHome = errors.New("the region holding the lease did not answer")
 
 // LeaseHome is a Home that holds the leases of pinned concurrency rules
 // whose keys it homes. Each call names the whole lease id; the home acts on
-// the parts that name it. Errors as for Home: an *InvalidError or
-// ErrUnknownRule is the home's answer, ErrStaleTopology a refusal of an
+// the parts that name it. Errors as for Home: an *request.InvalidError or
+// request.ErrUnknownRule is the home's answer, ErrStaleTopology a refusal of an
 // Acquire routed with an older topology, anything else no answer.
 type LeaseHome interface {
 	AcquireLease(ctx context.Context, leaseID string) (HomeLease, error)
@@ -88,9 +89,9 @@ func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home 
 	}
 	for j, i := range idx {
 		it := c.held[i]
-		it.route, it.expires = routeHome, hl.Expires
+		it.Route, it.expires = request.RouteHome, hl.Expires
 		it.Decision = hl.Decisions[j]
-		it.Decision.Limit = float64(it.e.leases.Limit)
+		it.Decision.Limit = float64(it.Entry.Leases.Limit)
 		if hl.Fallback {
 			id.Parts[i].Flags |= leaseid.Fallback
 		}
@@ -176,8 +177,8 @@ func (e *Engine) remoteLeaseError(ctx context.Context, rules []string, call, reg
 	if ctx.Err() != nil {
 		return ctx.Err()
 	}
-	var inv *InvalidError
-	if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
+	var inv *request.InvalidError
+	if errors.As(err, &inv) || errors.Is(err, request.ErrUnknownRule) {
 		return err
 	}
 	return fmt.Errorf("%w: region %s: %w", ErrLeaseHome, region, err)
@@ -190,7 +191,7 @@ func (e *Engine) remoteLeaseError(ctx context.Context, rules []string, call, reg
 // in this instance's fallback store.
 type PeerLease struct {
 	Allowed  bool
-	Items    []*Item
+	Items    []*request.Item
 	Expires  time.Time
 	TTL      time.Duration
 	Fallback bool
@@ -201,7 +202,7 @@ type PeerLease struct {
 // generation gen. Each part must be a pinned concurrency rule whose key
 // this region homes; under an older generation one homed elsewhere refuses
 // the Acquire with ErrStaleTopology (nothing held). Errors: an
-// *InvalidError of lease_id, ErrUnknownRule, ErrStaleTopology,
+// *request.InvalidError of lease_id, request.ErrUnknownRule, ErrStaleTopology,
 // ErrUnavailable, ErrOverloaded.
 func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, leaseID string) (*PeerLease, error) {
 	id, err := parseLeaseID(leaseID)
@@ -211,36 +212,36 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	}
 	ts := e.useTopology()
 	defer ts.release()
-	c := &Acquire{request: request{t: e.table.Load(), m: e.m, peer: origin}}
+	c := &Acquire{Request: request.Request{Table: e.table.Load(), Metrics: e.m, Peer: origin}}
 	for i, p := range id.Parts {
 		if p.Region != e.region {
 			continue
 		}
-		en := c.t.byID[p.Rule]
+		en := c.Table.ByID[p.Rule]
 		switch {
 		case en == nil:
-			return nil, fmt.Errorf("lease_id: %w", errUnknownRule(p.Rule))
-		case !en.rule.Concurrent():
-			return nil, invalid("lease_id", "lease_id: rule %s: %w", quote(p.Rule), ErrNotConcurrency)
-		case !en.pinned:
-			return nil, invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", quote(p.Rule))
+			return nil, fmt.Errorf("lease_id: %w", request.UnknownRule(p.Rule))
+		case !en.Rule.Concurrent():
+			return nil, request.Invalid("lease_id", "lease_id: rule %s: %w", request.Quote(p.Rule), ErrNotConcurrency)
+		case !en.Pinned:
+			return nil, request.Invalid("lease_id", "lease_id: rule %s is not pinned: its leases are held in the region of the acquire", request.Quote(p.Rule))
 		case p.Flags != 0:
-			return nil, invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", quote(p.Rule))
-		case slices.ContainsFunc(c.held, func(l *heldLease) bool { return l.e == en && l.Key == p.Key }):
-			return nil, invalid("lease_id", "lease_id: rule %s and key given twice", quote(p.Rule))
+			return nil, request.Invalid("lease_id", "lease_id: rule %s: a home holds leases with the rule's limit, not a share", request.Quote(p.Rule))
+		case slices.ContainsFunc(c.held, func(l *heldLease) bool { return l.Entry == en && l.Key == p.Key }):
+			return nil, request.Invalid("lease_id", "lease_id: rule %s and key given twice", request.Quote(p.Rule))
 		}
 		if ts.topo != nil {
-			if home := ts.topo.Home(p.Key, en.rule.HomeKeys); home != e.region {
+			if home := ts.topo.Home(p.Key, en.Rule.HomeKeys); home != e.region {
 				if gen < ts.gen {
-					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.gen, gen, quote(p.Rule), home, ErrStaleTopology)
+					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.gen, gen, request.Quote(p.Rule), home, ErrStaleTopology)
 				}
-				return nil, invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", quote(p.Rule), home, e.region)
+				return nil, request.Invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", request.Quote(p.Rule), home, e.region)
 			}
 		}
-		c.held = append(c.held, &heldLease{Item: &Item{Rule: en.rule, Key: p.Key, Cost: 1, e: en, limit: en.limit}, part: i})
+		c.held = append(c.held, &heldLease{Item: &request.Item{Rule: en.Rule, Key: p.Key, Cost: 1, Entry: en, Against: en.Limit}, part: i})
 	}
 	if len(c.held) == 0 {
-		return nil, invalid("lease_id", "lease_id: no lease of it is held in region %s", quote(e.region))
+		return nil, request.Invalid("lease_id", "lease_id: no lease of it is held in region %s", request.Quote(e.region))
 	}
 	// The lease stage of an Acquire, with every part held here.
 	p := plan{a: c, ts: ts, id: id, here: make([]int, len(c.held))}
@@ -257,6 +258,6 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	}
 	l := e.granted(&p)
 	pl.Expires, pl.TTL = l.Expires, l.TTL
-	pl.Fallback = slices.ContainsFunc(c.held, func(it *heldLease) bool { return it.route == routeFallback })
+	pl.Fallback = slices.ContainsFunc(c.held, func(it *heldLease) bool { return it.Route == request.RouteFallback })
 	return pl, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -168,9 +169,9 @@ func TestPeerAcquireNeverForwardsAgain(t *testing.T) {
 	us, _, toEU, _ := newPinnedPair(t)
 	id := leaseid.New("eu", 1, []leaseid.Part{{Rule: "pin", Key: "k", Region: "us"}})
 	_, err := us.PeerAcquire(context.Background(), "eu", 1, id.String())
-	var inv *InvalidError
+	var inv *request.InvalidError
 	if !errors.As(err, &inv) || inv.Field != "lease_id" {
-		t.Fatalf("PeerAcquire in us of a key homed in eu: %v, want an *InvalidError of lease_id", err)
+		t.Fatalf("PeerAcquire in us of a key homed in eu: %v, want an *request.InvalidError of lease_id", err)
 	}
 	_, err = us.PeerAcquire(context.Background(), "eu", 0, id.String())
 	if !errors.Is(err, ErrStaleTopology) {
@@ -270,7 +271,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	forged.Parts = []leaseid.Part{{Rule: "local", Key: "m", Region: "eu"}}
 	notInvalid := 0
 	for range 500 {
-		var inv *InvalidError
+		var inv *request.InvalidError
 		released, err := us.Release(ctx, forged.String())
 		if !errors.As(err, &inv) || inv.Field != "lease_id" || released {
 			notInvalid++

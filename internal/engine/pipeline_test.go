@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -97,7 +98,7 @@ func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket
 func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
 	c := h.e.NewCheck()
 	c.FromPeer("us-east")
-	var its []*Item
+	var its []*request.Item
 	for _, hi := range items {
 		it, err := c.AddRule(hi.Rule, hi.Key, hi.Cost)
 		if err != nil {
@@ -229,7 +230,7 @@ func twoRegionsWith(t *testing.T, src string, west *faultStore, east ...func(*Op
 	return r
 }
 
-func checkAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *Check, error) {
+func checkAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *request.Check, error) {
 	t.Helper()
 	c := e.NewCheck()
 	if _, _, err := c.AddAttributes(a, 1); err != nil {
@@ -330,10 +331,10 @@ func TestOutcomeUnknownIsNotDecidedAgain(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("open rule, outcome unknown = %v, %v; want allowed", ok, err)
 	}
-	if it.route != routeUnknown || r.east.fallback.Len() != 0 {
-		t.Fatalf("route %v, fallback buckets %d: want it not decided by the fallback", it.route, r.east.fallback.Len())
+	if it.Route != request.RouteUnknown || r.east.fallback.Len() != 0 {
+		t.Fatalf("route %v, fallback buckets %d: want it not decided by the fallback", it.Route, r.east.fallback.Len())
 	}
-	if got := testutil.ToFloat64(it.e.uncertain); got != 1 {
+	if got := testutil.ToFloat64(it.Entry.Uncertain); got != 1 {
 		t.Errorf("uncertain_allowed = %v, want 1", got)
 	}
 	c = r.east.NewCheck()
@@ -563,8 +564,8 @@ func TestProbeOnEveryPath(t *testing.T) {
 	_, _, _ = checkAttrs(t, r.east, a)
 	_, _, _ = checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
 	// Make the denial expire now.
-	r.east.deny.Reset(r.east.table.Load().gen)
-	r.east.deny.Put(r.east.table.Load().gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
+	r.east.deny.Reset(r.east.table.Load().Gen)
+	r.east.deny.Put(r.east.table.Load().Gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
 	time.Sleep(2 * time.Millisecond)
 	before := r.eastStore.calls.Load()
 	var wg sync.WaitGroup
@@ -599,8 +600,8 @@ func TestForwardTimeoutIsNotDecidedAgain(t *testing.T) {
 		t.Fatalf("fail-open pinned rule, forward timed out = %v, %v; want allowed", ok, err)
 	}
 	for _, it := range c.Enforced() {
-		if it.Rule.ID == "pinned" && it.route != routeUnknown {
-			t.Errorf("pinned rule decided by route %v, want unknown (not the fallback)", it.route)
+		if it.Rule.ID == "pinned" && it.Route != request.RouteUnknown {
+			t.Errorf("pinned rule decided by route %v, want unknown (not the fallback)", it.Route)
 		}
 	}
 	if got := r.eastStore.Memory.Len() + r.east.fallback.Len(); got != 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -27,9 +28,9 @@ type plan struct {
 	// token leases; this region's store (with those whose home failed
 	// open, and lease batches taken).
 	homes  []string
-	remote map[string][]*Item
-	leased []*Item
-	local  []*Item
+	remote map[string][]*request.Item
+	leased []*request.Item
+	local  []*request.Item
 
 	// An Acquire's concurrency rules (acquireStages): its lease id, which
 	// names where each part is held, the indexes into a.held of those
@@ -70,7 +71,7 @@ var checkStages = []stage{denyStage, routeStage, homeStage, tokenLeaseStage, sto
 // keys' homes and then here, then its rate rules as a check's.
 var acquireStages = append([]stage{leaseRouteStage, leaseHomeStage, leaseHereStage}, checkStages...)
 
-func (e *Engine) runStage(ctx context.Context, c *request, p *plan, s stage) (bool, error) {
+func (e *Engine) runStage(ctx context.Context, c *request.Request, p *plan, s stage) (bool, error) {
 	switch s {
 	case leaseRouteStage:
 		return e.routeLeases(p)
@@ -111,7 +112,7 @@ const (
 type undoStep struct {
 	kind  undoKind
 	home  string
-	items []*Item
+	items []*request.Item
 	reqs  []bucket.Request
 	held  []*heldLease
 }
@@ -123,7 +124,7 @@ func (p *plan) push(s undoStep) { p.undo = append(p.undo, s) }
 // topology and reading the topology again puts a newer one in force
 // (errReroute), what it spent is given back and it is routed again, once,
 // under the newer one.
-func (e *Engine) run(ctx context.Context, c *request, a *Acquire) (bool, *Lease, error) {
+func (e *Engine) run(ctx context.Context, c *request.Request, a *Acquire) (bool, *Lease, error) {
 	stages := checkStages
 	if a != nil && len(a.held) > 0 {
 		stages = acquireStages
@@ -155,7 +156,7 @@ func (e *Engine) run(ctx context.Context, c *request, a *Acquire) (bool, *Lease,
 
 // runStages runs stages in order until one refuses or fails; then it
 // gives back what the earlier ones spent.
-func (e *Engine) runStages(ctx context.Context, c *request, p *plan, stages []stage) (bool, error) {
+func (e *Engine) runStages(ctx context.Context, c *request.Request, p *plan, stages []stage) (bool, error) {
 	allowed, err := true, error(nil)
 	for _, st := range stages {
 		if allowed, err = e.runStage(ctx, c, p, st); err != nil || !allowed {
@@ -209,7 +210,7 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 // refund gives back what home spent in its store for items, on a context
 // of its own, after the answer; the topology's connection to the home
 // stays open until it is done.
-func (e *Engine) refund(ctx context.Context, ts *topoState, home string, its []*Item) {
+func (e *Engine) refund(ctx context.Context, ts *topoState, home string, its []*request.Item) {
 	// Only what the home spent in its store: what it decided from its
 	// fallback, or without learning the outcome, has no instant.
 	var items []HomeItem

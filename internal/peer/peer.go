@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/tlsconf"
@@ -109,7 +110,7 @@ func NewService(e *engine.Engine, self string, topo Topologies, auth Auth, reg p
 }
 
 // MaxItems bounds the items of one Peer request.
-const MaxItems = engine.MaxItems
+const MaxItems = request.MaxItems
 
 // authorize admits an authenticated peer whose origin is a region of the
 // topology in force, or of the one pending (a region that switched a little
@@ -158,7 +159,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 	}
 	c := s.e.NewCheck()
 	c.FromPeer(req.GetOriginRegion())
-	items := make([]*engine.Item, len(req.GetItems()))
+	items := make([]*request.Item, len(req.GetItems()))
 	for i, pi := range req.GetItems() {
 		it, err := c.AddRule(pi.GetRuleId(), pi.GetKey(), pi.GetCost())
 		if err != nil {
@@ -189,7 +190,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 	resp := &limiterv1.PeerDecideResponse{Allowed: allowed}
 	for _, it := range items {
 		resp.Statuses = append(resp.Statuses, checkapi.RuleStatus(it))
-		// Set only for what this region's store spent (engine.Item).
+		// Set only for what this region's store spent (request.Item).
 		resp.SpentAtUs = append(resp.SpentAtUs, it.Decision.At)
 	}
 	if allowed && c.MaxWait() > 0 {
@@ -431,7 +432,7 @@ func (c *Client) RenewLease(ctx context.Context, leaseID string) (bool, time.Tim
 // invalid lease id names lease_id.
 func leaseError(err error) error {
 	if status.Code(err) == codes.InvalidArgument {
-		return &engine.InvalidError{Field: "lease_id", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
+		return &request.InvalidError{Field: "lease_id", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
 	}
 	return homeError(err)
 }
@@ -447,9 +448,9 @@ func homeError(err error) error {
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("home region: %w: %w", bucket.ErrOutcomeUnknown, err)
 	case codes.InvalidArgument:
-		return &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
+		return &request.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
 	case codes.NotFound:
-		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrUnknownRule)
+		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), request.ErrUnknownRule)
 	case codes.FailedPrecondition:
 		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrStaleTopology)
 	}

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -22,7 +23,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 	if a := req.GetAttributes(); a != nil {
 		if req.GetRuleId() != "" || req.GetKey() != "" {
 			s.e.Invalid("attributes")
-			return nil, Status(&engine.InvalidError{Field: "attributes", Err: errAttributesAlone})
+			return nil, Status(&request.InvalidError{Field: "attributes", Err: errAttributesAlone})
 		}
 		if _, _, err := c.AddAttributes(Attributes(a), req.GetCost()); err != nil {
 			return nil, Status(err)
@@ -35,7 +36,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 	if err != nil {
 		return nil, Status(err)
 	}
-	items := append(append([]*engine.Item(nil), c.Leases()...), c.Enforced()...)
+	items := append(append([]*request.Item(nil), c.Leases()...), c.Enforced()...)
 	check := Response(items, c.Shadows(), allowed, statuses)
 	resp := &limiterv1.AcquireResponse{
 		Allowed: allowed, RetryAfterMs: check.RetryAfterMs, RuleId: check.RuleId,
