@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
@@ -177,7 +178,7 @@ func (e *Engine) Acquire(ctx context.Context, c *Acquire) (bool, *Lease, error) 
 // here otherwise.
 func (e *Engine) routeLeases(p *plan) (bool, error) {
 	c := p.a
-	p.id = leaseid.New(e.region, p.ts.gen, make([]leaseid.Part, len(c.held)))
+	p.id = leaseid.New(e.region, p.ts.Gen, make([]leaseid.Part, len(c.held)))
 	for i, it := range c.held {
 		it.Route, it.part = request.RouteNone, i
 		p.id.Parts[i] = leaseid.Part{Rule: it.Rule.ID, Key: it.Key, Region: e.region}
@@ -432,7 +433,7 @@ type heldPart struct {
 // region that cannot hold it under the id's topology generation (when that
 // is the one in force here) is an *request.InvalidError of lease_id: the id was
 // edited, and no region is called for it.
-func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, map[string][]heldPart, error) {
+func (e *Engine) leaseParts(ts *homes.State, s string) (*leaseid.ID, []heldPart, map[string][]heldPart, error) {
 	id, err := parseLeaseID(s)
 	if err == nil {
 		err = e.checkParts(ts, id)
@@ -464,7 +465,7 @@ func (e *Engine) leaseParts(ts *topoState, s string) (*leaseid.ID, []heldPart, m
 }
 
 // checkParts validates where id's parts say they are held.
-func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
+func (e *Engine) checkParts(ts *homes.State, id *leaseid.ID) error {
 	t := e.table.Load()
 	for _, p := range id.Parts {
 		en := t.ByID[p.Rule]
@@ -474,7 +475,7 @@ func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
 		if !en.Rule.Concurrent() {
 			return request.Invalid("lease_id", "lease_id: rule %s: %w", request.Quote(p.Rule), ErrNotConcurrency)
 		}
-		if p.Region != e.region && (ts.topo == nil || !ts.topo.Has(p.Region)) {
+		if p.Region != e.region && (ts.Topo == nil || !ts.Topo.Has(p.Region)) {
 			return request.Invalid("lease_id", "lease_id: held in region %s, which is not a region of the topology of %s", request.Quote(p.Region), request.Quote(e.region))
 		}
 		if !en.Pinned && p.Region != id.Region {
@@ -488,16 +489,16 @@ func (e *Engine) checkParts(ts *topoState, id *leaseid.ID) error {
 		if p.Flags&leaseid.Regional != 0 && (!en.Pinned || p.Region != id.Region) {
 			return request.Invalid("lease_id", "lease_id: rule %s: a region's share of a pinned rule is held in the region of the acquire", request.Quote(p.Rule))
 		}
-		if !en.Pinned || ts.topo == nil || id.Gen != ts.gen {
+		if !en.Pinned || ts.Topo == nil || id.Gen != ts.Gen {
 			// Held where the acquire was, or homed under a topology not
 			// known here: the region named decides (a forged id names a
 			// member no set holds).
 			continue
 		}
-		home := ts.topo.Home(p.Key, en.Rule.HomeKeys)
+		home := ts.Topo.Home(p.Key, en.Rule.HomeKeys)
 		if regional := p.Flags&leaseid.Regional != 0; regional == (p.Region == home) {
 			return request.Invalid("lease_id", "lease_id: rule %s: under topology generation %d the key's home is %s, and the lease id says it is held in %s: an edited lease id",
-				request.Quote(p.Rule), ts.gen, home, p.Region)
+				request.Quote(p.Rule), ts.Gen, home, p.Region)
 		}
 	}
 	return nil
@@ -521,8 +522,8 @@ func (e *Engine) PeerRelease(ctx context.Context, leaseID string) (released bool
 }
 
 func (e *Engine) release(ctx context.Context, leaseID string, peer bool) (bool, error) {
-	ts := e.useTopology()
-	defer ts.release()
+	ts := e.topo.Use()
+	defer ts.Release()
 	id, here, remote, err := e.leaseParts(ts, leaseID)
 	if err != nil {
 		return false, err
@@ -615,8 +616,8 @@ func (e *Engine) PeerRenew(ctx context.Context, leaseID string) (renewed bool, _
 }
 
 func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *Lease, error) {
-	ts := e.useTopology()
-	defer ts.release()
+	ts := e.topo.Use()
+	defer ts.Release()
 	id, here, remote, err := e.leaseParts(ts, leaseID)
 	if err != nil {
 		return false, nil, err
@@ -694,7 +695,7 @@ func (e *Engine) renew(ctx context.Context, leaseID string, peer bool) (bool, *L
 
 // renewGone ends a lease a Renew found gone (or may not renew): the rest
 // of it is released, here and in the regions holding its other parts.
-func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, leaseID string, here []heldPart, remote map[string][]heldPart) {
+func (e *Engine) renewGone(ctx context.Context, ts *homes.State, id *leaseid.ID, leaseID string, here []heldPart, remote map[string][]heldPart) {
 	for _, p := range here {
 		p.en.Lease[metrics.EventGone].Inc()
 	}
@@ -721,9 +722,9 @@ func (e *Engine) renewGone(ctx context.Context, ts *topoState, id *leaseid.ID, l
 // until released or expired, and new leases are taken at the new home),
 // and a region's share taken while the home did not answer (acquiring
 // again goes to the home, or takes a share again).
-func (e *Engine) unrenewable(ts *topoState, p heldPart) bool {
-	if !p.en.Pinned || ts.topo == nil {
+func (e *Engine) unrenewable(ts *homes.State, p heldPart) bool {
+	if !p.en.Pinned || ts.Topo == nil {
 		return false
 	}
-	return p.Flags&leaseid.Regional != 0 || ts.topo.Home(p.Key, p.en.Rule.HomeKeys) != p.Region
+	return p.Flags&leaseid.Regional != 0 || ts.Topo.Home(p.Key, p.en.Rule.HomeKeys) != p.Region
 }

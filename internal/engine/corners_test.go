@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -289,7 +290,7 @@ func TestRehomedKeySeededOnce(t *testing.T) {
 	store := bucket.NewMemory(bucket.WithClock(func() time.Time { return time.UnixMicro(clock.Load()) }))
 	var us []*Engine
 	for range 2 {
-		e, err := New(Options{Store: store, Region: "us", Topology: topo, Homes: map[string]Home{"eu": euHome}, Logger: quietLogger()},
+		e, err := New(Options{Store: store, Region: "us", Topology: topo, Homes: map[string]homes.Home{"eu": euHome}, Logger: quietLogger()},
 			src("eu"), prometheus.NewRegistry())
 		if err != nil {
 			t.Fatal(err)

@@ -65,6 +65,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/denycache"
 	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
@@ -98,48 +99,11 @@ var (
 	// ErrOverloaded: the check waited in this process too long for the
 	// store; nothing was spent. It says limiterd is busy, not the store.
 	ErrOverloaded = errors.New("overloaded: the check waited too long to reach the store")
-	// ErrStaleTopology: a Home refused a forward because its topology is
-	// newer than the one the check was routed with and homes a key
-	// elsewhere; it decided nothing.
-	ErrStaleTopology = errors.New("the home region's topology is newer and homes the key elsewhere")
 )
 
 // errReroute: a home refused the check as routed with a stale topology and
 // a newer one is in force now: the check is routed again, once.
 var errReroute = errors.New("routed with a stale topology")
-
-// Home is another region's limiterd, for the rules pinned to a key's home
-// region. Errors: an *request.InvalidError or request.ErrUnknownRule when the home refused
-// the items as invalid (its answer stands); any other error means it did
-// not answer, and the rules' on_failure decides.
-type Home interface {
-	// Decide decides items in the home region, all or nothing; it returns
-	// one decision per item, whose At is the instant the home's store
-	// spent it at, or 0 when the home spent nothing in its store (it
-	// decided from its fallback, or did not learn the outcome).
-	Decide(ctx context.Context, items []HomeItem) (allowed bool, ds []bucket.Decision, err error)
-	// Refund gives back what an allowed Decide spent in the home's
-	// store: the items whose decision had an At, each with it.
-	Refund(ctx context.Context, items []HomeItem) error
-	// Handoff asks a region that was the home of items' keys before a
-	// topology switch what their buckets count now (Engine.Used there),
-	// one count per item; the items' costs are not used.
-	Handoff(ctx context.Context, items []HomeItem) ([]float64, error)
-}
-
-// HomeItem is one rule of a check forwarded to its key's home region.
-type HomeItem struct {
-	Rule string
-	Key  string
-	Cost float64
-	// MaxWait paces the forwarded check (Check.Pace): the same for every
-	// item; the home reserves them at one instant and answers its wait in
-	// the decisions.
-	MaxWait time.Duration
-	// At, in a Refund, is the instant the home's store spent the item at
-	// (its Decide's bucket.Decision.At).
-	At int64
-}
 
 // SpendRecorder collects the tokens admitted for reconciled rules, for the
 // other regions (gossip.Accumulator). budget is the rule's spend per key
@@ -156,7 +120,7 @@ type Options struct {
 	// rules' keys have as homes, reached through Homes (one per other region).
 	Region   string
 	Topology *region.Topology
-	Homes    map[string]Home
+	Homes    map[string]homes.Home
 	// ReloadTopology, when set, reads the topology again (and puts a newer
 	// one in force through SetTopology before it returns); it is called when
 	// a home refuses a forward as routed with a stale topology.
@@ -207,7 +171,7 @@ type Engine struct {
 	// top counts the keys each rule refused (shadow rules: would have).
 	top    *topkeys.Tracker
 	region string
-	topo   atomic.Pointer[topoState]
+	topo   homes.Current
 	reload func()
 	fwdTO  time.Duration
 	// handoffs seed the buckets of the keys moved here.
@@ -256,13 +220,13 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		fleet:    opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
 		resKey: reservation.Key(opts.ReservationSecret),
 	}
-	ts := newTopoState(opts.Topology, opts.Homes)
+	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
 		if prev := opts.Topology.Previous(); prev != nil {
 			// Started on a topology that names the one before it: the
 			// keys it moved here take their buckets from their old homes,
 			// within their windows from its effective_at.
-			ts.sw.Prev, ts.sw.Since = prev, opts.Topology.EffectiveAt()
+			ts.Switch.Prev, ts.Switch.Since = prev, opts.Topology.EffectiveAt()
 		}
 	}
 	e.topo.Store(ts)
@@ -342,10 +306,10 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
 	ts := e.topo.Load()
-	if err := validateHomes(ts.topo, set); err != nil {
+	if err := validateHomes(ts.Topo, set); err != nil {
 		return err
 	}
-	e.install(set, ts.regions)
+	e.install(set, ts.Regions)
 	// The refused keys of rules that are gone go with them.
 	e.top.Forget(func(id string) bool { return set.Get(id) != nil })
 	return nil
@@ -401,55 +365,51 @@ func validateHomes(topo *region.Topology, set *rules.Set) error {
 // previous_regions when it names them, else those of the topology it
 // replaces; when that removes a region, retired waits for the longest
 // handoff window too (or StopHandoffs).
-func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retired func()) error {
+func (e *Engine) SetTopology(topo *region.Topology, clients map[string]homes.Home, retired func()) error {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
 	set := e.table.Load().Set
 	if err := validateHomes(topo, set); err != nil {
 		return err
 	}
-	for name := range homes {
+	for name := range clients {
 		e.m.Stale.WithLabelValues(name)
 	}
-	ts := newTopoState(topo, homes)
+	ts := homes.NewState(topo, clients)
 	cur := e.topo.Load()
 	if topo != nil {
 		if prev := topo.Previous(); prev != nil {
 			// The file names the regions before it: every process hands
 			// off the same keys, within windows from the same instant.
-			ts.sw.Prev, ts.sw.Since = prev, topo.EffectiveAt()
-		} else if cur.topo != nil {
-			ts.sw.Prev, ts.sw.Since = cur.topo, time.Now()
+			ts.Switch.Prev, ts.Switch.Since = prev, topo.EffectiveAt()
+		} else if cur.Topo != nil {
+			ts.Switch.Prev, ts.Switch.Since = cur.Topo, time.Now()
 		}
 	}
-	if ts.sw.Prev != nil {
+	if ts.Switch.Prev != nil {
 		// The keys this switch moves here take their buckets from their
 		// old homes, a region it removes included: cur, with its clients,
 		// stays in use for the longest handoff window.
-		ts.prevHomes = cur.homes
+		ts.PrevHomes = cur.Homes
 		w, rule := e.handoffs.Longest(set)
-		if w > 0 && removesRegion(ts.sw.Prev, topo) && cur.topo != nil {
-			cur.users.Add(1)
-			ts.prevState = cur
-			ts.holdPrev = time.AfterFunc(w, cur.release)
+		if w > 0 && removesRegion(ts.Switch.Prev, topo) && cur.Topo != nil {
+			ts.HoldPrevious(cur, w)
 		}
 		if w > 0 {
 			e.log.Info("keys this topology moves here take their old homes' buckets until the longest handoff window has passed",
-				"generation", topo.Generation(), "previous_regions", ts.sw.Prev.Names(), "until", ts.sw.Since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
+				"generation", topo.Generation(), "previous_regions", ts.Switch.Prev.Names(), "until", ts.Switch.Since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
 		}
 	}
 	old := e.topo.Swap(ts)
-	if old.holdPrev != nil && old.holdPrev.Stop() {
-		// The topology before old is not asked any more.
-		old.prevRelease()
-	}
-	e.install(set, ts.regions)
-	old.retire(retired)
+	// The topology before old is not asked any more.
+	old.StopHolding()
+	e.install(set, ts.Regions)
+	old.Retire(retired)
 	return nil
 }
 
 // Topology is the topology checks starting now are routed with.
-func (e *Engine) Topology() *region.Topology { return e.topo.Load().topo }
+func (e *Engine) Topology() *region.Topology { return e.topo.Load().Topo }
 
 // install puts set in force, decided with regions' shares. Called with
 // rulesMu held.
@@ -470,86 +430,13 @@ func (e *Engine) install(set *rules.Set, regions int) {
 	}
 }
 
-// topoState is a topology checks are routed with and the Homes of its other
-// regions, with the count of the checks and refunds using it.
-type topoState struct {
-	topo *region.Topology // nil: no topology
-	gen  uint64
-	// sw is the switch that put it in force: the topology before it (nil:
-	// the first of this process), since when, and the keys it moved here
-	// whose buckets were seeded from their old homes (see handoff).
-	sw handoff.Switch
-	// prevHomes are the clients of prev's regions, for those this
-	// topology removed; holdPrev, when set, keeps prevState (prev's own
-	// state, its clients with it) in use until the longest handoff window
-	// has passed.
-	prevHomes map[string]Home
-	holdPrev  *time.Timer
-	prevState *topoState
-	homes     map[string]Home
-	regions   int
-	users     atomic.Int64
-	retired   atomic.Bool
-	onIdle    func()
-	idle      sync.Once
-}
-
-func newTopoState(topo *region.Topology, homes map[string]Home) *topoState {
-	ts := &topoState{topo: topo, homes: homes, regions: 1}
-	if topo != nil {
-		ts.regions, ts.gen = len(topo.Names()), topo.Generation()
-	}
-	return ts
-}
-
-// useTopology returns the topology in force, counted as used until its
-// release. The second look tells a state retired meanwhile: its count was
-// seen by retire before it was taken here, so it is not used.
-func (e *Engine) useTopology() *topoState {
-	for {
-		ts := e.topo.Load()
-		ts.users.Add(1)
-		if e.topo.Load() == ts {
-			return ts
-		}
-		ts.release()
-	}
-}
-
-// prevRelease gives back the use of the state before ts that holdPrev
-// kept, once its timer was stopped.
-func (ts *topoState) prevRelease() { ts.prevState.release() }
-
 // StopHandoffs gives up the handoff windows still open: the previous
 // topology's clients are released (and closed by its retire callback) now,
 // not when the longest window has passed. Call it when the process stops.
 func (e *Engine) StopHandoffs() {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
-	if ts := e.topo.Load(); ts.holdPrev != nil && ts.holdPrev.Stop() {
-		ts.prevRelease()
-	}
-}
-
-func (ts *topoState) release() {
-	if ts.users.Add(-1) == 0 && ts.retired.Load() {
-		ts.idle.Do(ts.runIdle)
-	}
-}
-
-// retire marks ts replaced; f runs once no check or refund uses it.
-func (ts *topoState) retire(f func()) {
-	ts.onIdle = f
-	ts.retired.Store(true)
-	if ts.users.Load() == 0 {
-		ts.idle.Do(ts.runIdle)
-	}
-}
-
-func (ts *topoState) runIdle() {
-	if ts.onIdle != nil {
-		ts.onIdle()
-	}
+	e.topo.Load().StopHolding()
 }
 
 // LeftOver is what a lease still holds at shutdown.
@@ -601,7 +488,7 @@ func (e *Engine) detached(ctx context.Context) (context.Context, context.CancelF
 // in this region's store, the keys' home (the Peer service's Refund): each
 // item at the instant its decision's At named. Items of rules no longer in
 // force are skipped; costs are normalized against the rule as Decide did.
-func (e *Engine) Refund(ctx context.Context, items []HomeItem) error {
+func (e *Engine) Refund(ctx context.Context, items []homes.Item) error {
 	t := e.table.Load()
 	reqs := make([]bucket.Request, 0, len(items))
 	ats := make([]int64, 0, len(items))

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -33,11 +34,11 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) er
 	var moves []handoff.Move
 	now := time.Now()
 	for i, it := range items {
-		if !it.Entry.Pinned || ts.topo == nil {
+		if !it.Entry.Pinned || ts.Topo == nil {
 			continue
 		}
 		k := handoff.Key{Rule: it.Rule, Key: it.Key, Limit: it.Entry.Limit, Rehome: it.Entry.Rehome}
-		if mv, ok := e.handoffs.MovedIn(ts.topo, ts.gen, &ts.sw, k, now); ok {
+		if mv, ok := e.handoffs.MovedIn(ts.Topo, ts.Gen, &ts.Switch, k, now); ok {
 			mv.Item = i
 			moves = append(moves, mv)
 		}
@@ -62,7 +63,7 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) er
 				return err
 			}
 			e.log.Warn("old home region did not hand off moved keys: they start from a full bucket",
-				"home", g.From, "keys", len(g.Moves), "generation", ts.gen, "err", err)
+				"home", g.From, "keys", len(g.Moves), "generation", ts.Gen, "err", err)
 			for i := range g.Moves {
 				g.Moves[i].Seed.Used = 0
 			}
@@ -81,17 +82,17 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) er
 // askHandoff asks home, the moves' old home, what their buckets count,
 // within the forward timeout (whatever the caller's deadline), and sets
 // each move's seed.Used (handoff.SetUsed checks the answer).
-func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, moves []handoff.Move) error {
-	h := ts.homes[home]
+func (e *Engine) askHandoff(ctx context.Context, ts *homes.State, home string, moves []handoff.Move) error {
+	h := ts.Homes[home]
 	if h == nil {
-		h = ts.prevHomes[home] // a region the switch removed
+		h = ts.PrevHomes[home] // a region the switch removed
 	}
 	if h == nil {
 		return fmt.Errorf("no client for region %s (not in the topology in force, and this process did not switch from one that had it)", home)
 	}
-	req := make([]HomeItem, len(moves))
+	req := make([]homes.Item, len(moves))
 	for i, mv := range moves {
-		req[i] = HomeItem{Rule: mv.Seed.Rule, Key: mv.Seed.Key}
+		req[i] = homes.Item{Rule: mv.Seed.Rule, Key: mv.Seed.Key}
 	}
 	// Not cut short by the caller giving up: a fail-open key would start
 	// from a full bucket for the whole fleet.
@@ -107,7 +108,7 @@ func (e *Engine) askHandoff(ctx context.Context, ts *topoState, home string, mov
 // Used answers a key's new home region (Home.Handoff): what the buckets of
 // items, pinned rules' keys that were homed here, count now. Items name a
 // rule and a key; their costs are ignored.
-func (e *Engine) Used(ctx context.Context, items []HomeItem) ([]float64, error) {
+func (e *Engine) Used(ctx context.Context, items []homes.Item) ([]float64, error) {
 	t := e.table.Load()
 	reqs := make([]bucket.Request, len(items))
 	for i, it := range items {

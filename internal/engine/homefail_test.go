@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -24,12 +25,12 @@ type failingHome struct {
 	handoffs int
 }
 
-func (h *failingHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, error) {
+func (h *failingHome) Decide(context.Context, []homes.Item) (bool, []bucket.Decision, error) {
 	h.calls++
 	return false, nil, h.err
 }
-func (h *failingHome) Refund(context.Context, []HomeItem) error { return nil }
-func (h *failingHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
+func (h *failingHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *failingHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	h.handoffs++
 	return nil, h.err
 }
@@ -111,7 +112,7 @@ func TestHomeFailures(t *testing.T) {
 			return ok, it.Decision.Remaining, err
 		},
 	}
-	stale := fmt.Errorf("refused: %w", ErrStaleTopology)
+	stale := fmt.Errorf("refused: %w", homes.ErrStaleTopology)
 	for name, call := range calls {
 		for _, tc := range []struct {
 			name     string
@@ -134,13 +135,13 @@ func TestHomeFailures(t *testing.T) {
 				reload := func() {
 					reloads++
 					if tc.newer {
-						if err := e.SetTopology(newer, map[string]Home{"ap": ap}, nil); err != nil {
+						if err := e.SetTopology(newer, map[string]homes.Home{"ap": ap}, nil); err != nil {
 							t.Error(err)
 						}
 					}
 				}
 				e, err = New(Options{Store: bucket.NewMemory(), Region: "us", Topology: older,
-					Homes: map[string]Home{"eu": eu, "ap": ap}, ReloadTopology: reload, Logger: quietLogger()}, set, prometheus.NewRegistry())
+					Homes: map[string]homes.Home{"eu": eu, "ap": ap}, ReloadTopology: reload, Logger: quietLogger()}, set, prometheus.NewRegistry())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -157,7 +158,7 @@ func TestHomeFailures(t *testing.T) {
 				if wantReloads := int(tc.staleInc); reloads != wantReloads {
 					t.Errorf("topology read again %d times, want %d", reloads, wantReloads)
 				}
-				if got := e.topo.Load().gen; got != tc.wantGen {
+				if got := e.topo.Load().Gen; got != tc.wantGen {
 					t.Errorf("generation in force %d, want %d", got, tc.wantGen)
 				}
 				if got := testutil.ToFloat64(e.m.Stale.WithLabelValues("eu")); got != tc.staleInc {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
@@ -21,7 +22,7 @@ var ErrLeaseHome = errors.New("the region holding the lease did not answer")
 // LeaseHome is a Home that holds the leases of pinned concurrency rules
 // whose keys it homes. Each call names the whole lease id; the home acts on
 // the parts that name it. Errors as for Home: an *request.InvalidError or
-// request.ErrUnknownRule is the home's answer, ErrStaleTopology a refusal of an
+// request.ErrUnknownRule is the home's answer, homes.ErrStaleTopology a refusal of an
 // Acquire routed with an older topology, anything else no answer.
 type LeaseHome interface {
 	AcquireLease(ctx context.Context, leaseID string) (HomeLease, error)
@@ -66,9 +67,9 @@ func heldRules(parts []heldPart) []string {
 }
 
 // acquireAt asks home to hold the leases of id's parts idx (of c.held).
-func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home string, idx []int, id *leaseid.ID) (bool, error) {
+func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *homes.State, home string, idx []int, id *leaseid.ID) (bool, error) {
 	rules := partRules(id, home)
-	h, _ := ts.homes[home].(LeaseHome)
+	h, _ := ts.Homes[home].(LeaseHome)
 	if h == nil {
 		e.countForward(rules, metrics.CallAcquire, metrics.ResultError)
 		return false, errors.New("no lease client for home region " + home)
@@ -106,8 +107,8 @@ func (e *Engine) acquireAt(ctx context.Context, c *Acquire, ts *topoState, home 
 
 // releaseAt gives back the leases home holds for a refused Acquire, on a
 // deadline of its own (the caller may be gone).
-func (e *Engine) releaseAt(ctx context.Context, ts *topoState, home string, id *leaseid.ID) {
-	h, _ := ts.homes[home].(LeaseHome)
+func (e *Engine) releaseAt(ctx context.Context, ts *homes.State, home string, id *leaseid.ID) {
+	h, _ := ts.Homes[home].(LeaseHome)
 	if h == nil {
 		return
 	}
@@ -127,9 +128,9 @@ func (e *Engine) releaseAt(ctx context.Context, ts *topoState, home string, id *
 }
 
 // releaseRemote forwards the Release of parts held in region.
-func (e *Engine) releaseRemote(ctx context.Context, ts *topoState, region, leaseID string, parts []heldPart) (bool, error) {
+func (e *Engine) releaseRemote(ctx context.Context, ts *homes.State, region, leaseID string, parts []heldPart) (bool, error) {
 	rules := heldRules(parts)
-	h, _ := ts.homes[region].(LeaseHome)
+	h, _ := ts.Homes[region].(LeaseHome)
 	if h == nil {
 		e.countForward(rules, metrics.CallRelease, metrics.ResultError)
 		return false, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
@@ -149,9 +150,9 @@ func (e *Engine) releaseRemote(ctx context.Context, ts *topoState, region, lease
 }
 
 // renewRemote forwards the Renew of parts held in region.
-func (e *Engine) renewRemote(ctx context.Context, ts *topoState, region, leaseID string, parts []heldPart) (bool, time.Time, time.Duration, error) {
+func (e *Engine) renewRemote(ctx context.Context, ts *homes.State, region, leaseID string, parts []heldPart) (bool, time.Time, time.Duration, error) {
 	rules := heldRules(parts)
-	h, _ := ts.homes[region].(LeaseHome)
+	h, _ := ts.Homes[region].(LeaseHome)
 	if h == nil {
 		e.countForward(rules, metrics.CallRenew, metrics.ResultError)
 		return false, time.Time{}, 0, fmt.Errorf("%w: no client for region %s", ErrLeaseHome, region)
@@ -201,8 +202,8 @@ type PeerLease struct {
 // region: an Acquire forwarded by region origin, routed with topology
 // generation gen. Each part must be a pinned concurrency rule whose key
 // this region homes; under an older generation one homed elsewhere refuses
-// the Acquire with ErrStaleTopology (nothing held). Errors: an
-// *request.InvalidError of lease_id, request.ErrUnknownRule, ErrStaleTopology,
+// the Acquire with homes.ErrStaleTopology (nothing held). Errors: an
+// *request.InvalidError of lease_id, request.ErrUnknownRule, homes.ErrStaleTopology,
 // ErrUnavailable, ErrOverloaded.
 func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, leaseID string) (*PeerLease, error) {
 	id, err := parseLeaseID(leaseID)
@@ -210,8 +211,8 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 		e.m.Invalid.WithLabelValues("lease_id").Inc()
 		return nil, err
 	}
-	ts := e.useTopology()
-	defer ts.release()
+	ts := e.topo.Use()
+	defer ts.Release()
 	c := &Acquire{Request: request.Request{Table: e.table.Load(), Metrics: e.m, Peer: origin}}
 	for i, p := range id.Parts {
 		if p.Region != e.region {
@@ -230,10 +231,10 @@ func (e *Engine) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 		case slices.ContainsFunc(c.held, func(l *heldLease) bool { return l.Entry == en && l.Key == p.Key }):
 			return nil, request.Invalid("lease_id", "lease_id: rule %s and key given twice", request.Quote(p.Rule))
 		}
-		if ts.topo != nil {
-			if home := ts.topo.Home(p.Key, en.Rule.HomeKeys); home != e.region {
-				if gen < ts.gen {
-					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.gen, gen, request.Quote(p.Rule), home, ErrStaleTopology)
+		if ts.Topo != nil {
+			if home := ts.Topo.Home(p.Key, en.Rule.HomeKeys); home != e.region {
+				if gen < ts.Gen {
+					return nil, fmt.Errorf("topology generation %d here (%d forwarded): rule %s: the key's home is %s: %w", ts.Gen, gen, request.Quote(p.Rule), home, homes.ErrStaleTopology)
 				}
 				return nil, request.Invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", request.Quote(p.Rule), home, e.region)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
@@ -54,11 +55,11 @@ func (h *engineHome) call(name string) error {
 	return h.err
 }
 
-func (h *engineHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, error) {
+func (h *engineHome) Decide(context.Context, []homes.Item) (bool, []bucket.Decision, error) {
 	return false, nil, errors.New("not used")
 }
-func (h *engineHome) Refund(context.Context, []HomeItem) error { return nil }
-func (h *engineHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
+func (h *engineHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *engineHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	return nil, errors.New("not used")
 }
 
@@ -108,7 +109,7 @@ func newPinnedPair(t *testing.T) (us, eu *Engine, toEU *engineHome, usReg *prome
 		t.Fatal(err)
 	}
 	toEU, toUS := &engineHome{origin: "us", gen: 1}, &engineHome{origin: "eu", gen: 1}
-	mk := func(name string, homes map[string]Home, reg prometheus.Registerer) *Engine {
+	mk := func(name string, homes map[string]homes.Home, reg prometheus.Registerer) *Engine {
 		e, err := New(Options{Store: bucket.NewMemory(), Region: name, Topology: topo, Homes: homes, Logger: quietLogger()}, set, reg)
 		if err != nil {
 			t.Fatal(err)
@@ -116,8 +117,8 @@ func newPinnedPair(t *testing.T) (us, eu *Engine, toEU *engineHome, usReg *prome
 		return e
 	}
 	usReg = prometheus.NewRegistry()
-	us = mk("us", map[string]Home{"eu": toEU}, usReg)
-	eu = mk("eu", map[string]Home{"us": toUS}, prometheus.NewRegistry())
+	us = mk("us", map[string]homes.Home{"eu": toEU}, usReg)
+	eu = mk("eu", map[string]homes.Home{"us": toUS}, prometheus.NewRegistry())
 	toEU.e, toUS.e = eu, us
 	return us, eu, toEU, usReg
 }
@@ -174,8 +175,8 @@ func TestPeerAcquireNeverForwardsAgain(t *testing.T) {
 		t.Fatalf("PeerAcquire in us of a key homed in eu: %v, want an *request.InvalidError of lease_id", err)
 	}
 	_, err = us.PeerAcquire(context.Background(), "eu", 0, id.String())
-	if !errors.Is(err, ErrStaleTopology) {
-		t.Fatalf("PeerAcquire routed with an older generation: %v, want ErrStaleTopology", err)
+	if !errors.Is(err, homes.ErrStaleTopology) {
+		t.Fatalf("PeerAcquire routed with an older generation: %v, want homes.ErrStaleTopology", err)
 	}
 	if len(toEU.calls) != 0 {
 		t.Fatalf("us called eu %v for a forwarded acquire", toEU.calls)

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -277,11 +278,11 @@ func (e *Engine) endBatches(local []*request.Item, admitted bool) {
 // concurrency lease) under the topology of ts, or "" for this region: a
 // pinned rule's key homed elsewhere, unless c was forwarded by a peer (a
 // forwarded call is never forwarded again).
-func (e *Engine) homeOf(ts *topoState, c *request.Request, it *request.Item) string {
-	if !it.Entry.Pinned || ts.topo == nil || c.Peer != "" {
+func (e *Engine) homeOf(ts *homes.State, c *request.Request, it *request.Item) string {
+	if !it.Entry.Pinned || ts.Topo == nil || c.Peer != "" {
 		return ""
 	}
-	if home := ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
+	if home := ts.Topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
 		return home
 	}
 	return ""
@@ -294,16 +295,16 @@ func (e *Engine) homeOf(ts *topoState, c *request.Request, it *request.Item) str
 // most once: not when rerouted), and err itself when the home's rules
 // differ from this region's (an invalid request or an unknown rule there):
 // the home's answer stands.
-func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error) error {
-	if errors.Is(err, ErrStaleTopology) {
+func (e *Engine) homeFailed(ts *homes.State, rerouted bool, home string, err error) error {
+	if errors.Is(err, homes.ErrStaleTopology) {
 		e.m.Stale.WithLabelValues(home).Inc()
 		if !rerouted && e.reload != nil {
-			if e.reload(); e.topo.Load().gen > ts.gen {
+			if e.reload(); e.topo.Load().Gen > ts.Gen {
 				return errReroute
 			}
 		}
 		e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
-			"home", home, "generation", ts.gen, "err", err)
+			"home", home, "generation", ts.Gen, "err", err)
 	}
 	var inv *request.InvalidError
 	if errors.As(err, &inv) || errors.Is(err, request.ErrUnknownRule) {
@@ -314,13 +315,13 @@ func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error
 
 // forward asks home to decide its items.
 func (e *Engine) forward(ctx context.Context, c *request.Request, p *plan, home string, its []*request.Item) (bool, error) {
-	h := p.ts.homes[home]
+	h := p.ts.Homes[home]
 	if h == nil {
 		return false, errors.New("no client for home region " + home)
 	}
-	req := make([]HomeItem, len(its))
+	req := make([]homes.Item, len(its))
 	for i, it := range its {
-		req[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, MaxWait: c.MaxWait}
+		req[i] = homes.Item{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, MaxWait: c.MaxWait}
 	}
 	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
 	defer cancel()

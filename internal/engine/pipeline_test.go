@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -83,7 +84,7 @@ type fakeHome struct {
 	refundGate chan struct{}
 }
 
-func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
+func (h *fakeHome) Decide(ctx context.Context, items []homes.Item) (bool, []bucket.Decision, error) {
 	if h.fail.Load() {
 		return false, nil, errors.New("home unreachable")
 	}
@@ -95,7 +96,7 @@ func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket
 	return h.decide(ctx, items)
 }
 
-func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
+func (h *fakeHome) decide(ctx context.Context, items []homes.Item) (bool, []bucket.Decision, error) {
 	c := h.e.NewCheck()
 	c.FromPeer("us-east")
 	var its []*request.Item
@@ -119,7 +120,7 @@ func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket
 	return ok, ds, err
 }
 
-func (h *fakeHome) Refund(ctx context.Context, items []HomeItem) error {
+func (h *fakeHome) Refund(ctx context.Context, items []homes.Item) error {
 	if h.refundGate != nil {
 		<-h.refundGate
 	}
@@ -127,7 +128,7 @@ func (h *fakeHome) Refund(ctx context.Context, items []HomeItem) error {
 	return h.e.Refund(ctx, items)
 }
 
-func (h *fakeHome) Handoff(ctx context.Context, items []HomeItem) ([]float64, error) {
+func (h *fakeHome) Handoff(ctx context.Context, items []homes.Item) ([]float64, error) {
 	if h.fail.Load() {
 		return nil, errors.New("home unreachable")
 	}
@@ -218,7 +219,7 @@ func twoRegionsWith(t *testing.T, src string, west *faultStore, east ...func(*Op
 		t.Fatal(err)
 	}
 	r.home = &fakeHome{e: r.west}
-	opts := Options{Store: r.eastStore, Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": r.home},
+	opts := Options{Store: r.eastStore, Region: "us-east", Topology: topo, Homes: map[string]homes.Home{"eu-west": r.home},
 		FleetSize: func() int { return int(r.fleet.Load()) }, Logger: quietLogger()}
 	for _, f := range east {
 		f(&opts)

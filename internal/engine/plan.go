@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -18,7 +19,7 @@ import (
 // tokens to this instance's lease, this region's store spends by an undo
 // at their instants, an Acquire's leases here and at the keys' homes.
 type plan struct {
-	ts *topoState
+	ts *homes.State
 	// rerouted: the call is routed a second time, after a home refused it
 	// as routed with a stale topology.
 	rerouted bool
@@ -132,7 +133,7 @@ func (e *Engine) run(ctx context.Context, c *request.Request, a *Acquire) (bool,
 		a = nil
 	}
 	for rerouted := false; ; rerouted = true {
-		ts := e.useTopology()
+		ts := e.topo.Use()
 		p := plan{a: a, ts: ts, rerouted: rerouted}
 		allowed, err := e.decideUnder(ctx, c, &p, stages)
 		var l *Lease
@@ -146,7 +147,7 @@ func (e *Engine) run(ctx context.Context, c *request.Request, a *Acquire) (bool,
 				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+1)
 			}
 		}
-		ts.release()
+		ts.Release()
 		if !rerouted && errors.Is(err, errReroute) {
 			continue
 		}
@@ -210,23 +211,23 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 // refund gives back what home spent in its store for items, on a context
 // of its own, after the answer; the topology's connection to the home
 // stays open until it is done.
-func (e *Engine) refund(ctx context.Context, ts *topoState, home string, its []*request.Item) {
+func (e *Engine) refund(ctx context.Context, ts *homes.State, home string, its []*request.Item) {
 	// Only what the home spent in its store: what it decided from its
 	// fallback, or without learning the outcome, has no instant.
-	var items []HomeItem
+	var items []homes.Item
 	for _, it := range its {
 		if it.Decision.At > 0 {
-			items = append(items, HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
+			items = append(items, homes.Item{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
 		}
 	}
-	h := ts.homes[home]
+	h := ts.Homes[home]
 	if len(items) == 0 || h == nil {
 		return
 	}
 	rctx, cancel := e.detached(ctx)
-	ts.users.Add(1) // held by the refund: the connection stays open for it
+	ts.Use() // held by the refund: the connection stays open for it
 	e.refunds.Go(func() {
-		defer ts.release()
+		defer ts.Release()
 		defer cancel()
 		if err := h.Refund(rctx, items); err != nil {
 			e.m.Refunds.WithLabelValues("error").Inc()

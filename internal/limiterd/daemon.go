@@ -36,6 +36,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/admin"
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/fleet"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
@@ -190,11 +191,11 @@ func (d *Daemon) switchTopology(old, next *region.Topology) error {
 	if e == nil {
 		return errors.New("limiterd not started")
 	}
-	homes, dialed, retired, err := d.dialHomes(next)
+	clients, dialed, retired, err := d.dialHomes(next)
 	if err != nil {
 		return err
 	}
-	if err := e.SetTopology(next, homes, func() { closePeers(retired) }); err != nil {
+	if err := e.SetTopology(next, clients, func() { closePeers(retired) }); err != nil {
 		d.peersMu.Lock()
 		for name, pc := range dialed {
 			if d.peers[name] == pc {
@@ -476,7 +477,7 @@ func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, r
 // the handshake's delay on top: behind 100 ms of distance that is the
 // difference between an answer and a fail-closed refusal at the default
 // forward timeout.
-func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home, dialed, retired map[string]*peerConn, err error) {
+func (d *Daemon) dialHomes(topo *region.Topology) (clients map[string]homes.Home, dialed, retired map[string]*peerConn, err error) {
 	creds := insecure.NewCredentials()
 	if d.opts.Region.ForwardTLSCAFile != "" {
 		tc, err := clientTLS(d.opts.Region.ForwardTLSCAFile, d.opts.Server.TLSCertFile, d.opts.Server.TLSKeyFile)
@@ -490,7 +491,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 	if d.peers == nil {
 		d.peers = make(map[string]*peerConn)
 	}
-	homes, dialed, retired = make(map[string]engine.Home), make(map[string]*peerConn), make(map[string]*peerConn)
+	clients, dialed, retired = make(map[string]homes.Home), make(map[string]*peerConn), make(map[string]*peerConn)
 	for _, r := range topo.Regions() {
 		if r.Name == d.opts.Region.Name {
 			continue
@@ -513,7 +514,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 			d.peers[r.Name] = pc
 			dialed[r.Name] = pc
 		}
-		homes[r.Name] = peer.NewClient(pc.cc, d.opts.Region.Name, d.peerSecret).WithGeneration(topo.Generation())
+		clients[r.Name] = peer.NewClient(pc.cc, d.opts.Region.Name, d.peerSecret).WithGeneration(topo.Generation())
 	}
 	for name, pc := range d.peers {
 		if name != d.opts.Region.Name && !topo.Has(name) {
@@ -521,7 +522,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 			delete(d.peers, name)
 		}
 	}
-	return homes, dialed, retired, nil
+	return clients, dialed, retired, nil
 }
 
 // startServers makes the gRPC and HTTP servers and starts serving.

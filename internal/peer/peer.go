@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/secretfile"
@@ -203,19 +204,19 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 // homeItems authorizes origin and reads the items of a Refund or a
 // Handoff: 1 to MaxItems, each with a valid key (the engine checks the
 // rules and costs).
-func (s *Service) homeItems(ctx context.Context, origin string, pis []*limiterv1.PeerItem) ([]engine.HomeItem, error) {
+func (s *Service) homeItems(ctx context.Context, origin string, pis []*limiterv1.PeerItem) ([]homes.Item, error) {
 	if _, err := s.authorize(ctx, origin); err != nil {
 		return nil, err
 	}
 	if n := len(pis); n == 0 || n > MaxItems {
 		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
 	}
-	items := make([]engine.HomeItem, len(pis))
+	items := make([]homes.Item, len(pis))
 	for i, pi := range pis {
 		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
 		}
-		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost(), At: pi.GetSpentAtUs()}
+		items[i] = homes.Item{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost(), At: pi.GetSpentAtUs()}
 	}
 	return items, nil
 }
@@ -246,7 +247,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.PeerAcquireRequest
 		return nil, err
 	}
 	pl, err := s.e.PeerAcquire(ctx, req.GetOriginRegion(), gen, req.GetLeaseId())
-	if errors.Is(err, engine.ErrStaleTopology) {
+	if errors.Is(err, homes.ErrStaleTopology) {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err != nil {
@@ -339,7 +340,7 @@ func (c *Client) outgoing(ctx context.Context) context.Context {
 	return ctx
 }
 
-func items(its []engine.HomeItem) []*limiterv1.PeerItem {
+func items(its []homes.Item) []*limiterv1.PeerItem {
 	out := make([]*limiterv1.PeerItem, len(its))
 	for i, it := range its {
 		out[i] = &limiterv1.PeerItem{RuleId: it.Rule, Key: it.Key, Cost: it.Cost, SpentAtUs: it.At}
@@ -348,7 +349,7 @@ func items(its []engine.HomeItem) []*limiterv1.PeerItem {
 }
 
 // Decide forwards items to the home region.
-func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, error) {
+func (c *Client) Decide(ctx context.Context, its []homes.Item) (bool, []bucket.Decision, error) {
 	req := &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its), TopologyGeneration: c.generation}
 	if len(its) > 0 && its[0].MaxWait > 0 {
 		req.MaxWaitUs = its[0].MaxWait.Microseconds()
@@ -374,13 +375,13 @@ func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []buc
 }
 
 // Refund gives back what Decide spent in the home region's store.
-func (c *Client) Refund(ctx context.Context, its []engine.HomeItem) error {
+func (c *Client) Refund(ctx context.Context, its []homes.Item) error {
 	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its)})
 	return homeError(err)
 }
 
 // Handoff asks a key's old home what the buckets of its items count.
-func (c *Client) Handoff(ctx context.Context, its []engine.HomeItem) ([]float64, error) {
+func (c *Client) Handoff(ctx context.Context, its []homes.Item) ([]float64, error) {
 	resp, err := c.c.Handoff(c.outgoing(ctx), &limiterv1.PeerHandoffRequest{OriginRegion: c.origin, Items: items(its)})
 	if err != nil {
 		return nil, homeError(err)
@@ -452,13 +453,13 @@ func homeError(err error) error {
 	case codes.NotFound:
 		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), request.ErrUnknownRule)
 	case codes.FailedPrecondition:
-		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrStaleTopology)
+		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), homes.ErrStaleTopology)
 	}
 	return err
 }
 
 // Client is the engine's Home and LeaseHome.
 var (
-	_ engine.Home      = (*Client)(nil)
+	_ homes.Home       = (*Client)(nil)
 	_ engine.LeaseHome = (*Client)(nil)
 )

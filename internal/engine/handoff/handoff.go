@@ -3,7 +3,7 @@
 // change of its rule's home_keys (Rehoming) takes its bucket with it: the
 // first check of the key at its new home, within the rule's handoff window
 // after the move (bucket.Limit.HandoffWindow: past it the old bucket is
-// full again), asks the old home what the bucket counts (engine.Home's
+// full again), asks the old home what the bucket counts (homes.Home's
 // Handoff) and seeds this region's bucket with that
 // (bucket.HandoffStore.Seed), once per generation for the region's whole
 // fleet, before it decides. Without it a moved key would start from a full
