@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
@@ -208,7 +209,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acquire := func(rule, key string) *Lease {
+	acquire := func(rule, key string) *concurrency.Lease {
 		t.Helper()
 		ok, l, err := acquireRule(t, e, rule, key)
 		if !ok || err != nil {
@@ -216,7 +217,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 		}
 		return l
 	}
-	var first *Lease
+	var first *concurrency.Lease
 	for i := range inflight.MaxTrackedLeasesPerRule + 10 {
 		l := acquire("flood", fmt.Sprint("k", i))
 		if i == 0 {
@@ -255,7 +256,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(inflight.MaxTrackedLeasesPerRule)) {
 		t.Errorf("want one warning naming the rule and the bound, got:\n%s", logs.String())
 	}
-	if ok, err := e.Release(context.Background(), first.ID); !ok || err != nil {
+	if ok, err := e.Concurrency().Release(context.Background(), first.ID); !ok || err != nil {
 		t.Fatalf("Release: %v, %v", ok, err)
 	}
 	acquire("flood", "again")

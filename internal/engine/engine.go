@@ -63,6 +63,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/denycache"
 	"github.com/limiterd/limiterd/internal/engine/handoff"
 	"github.com/limiterd/limiterd/internal/engine/homes"
@@ -178,12 +179,12 @@ type Engine struct {
 	handoffs handoff.Handoff
 	fleet    func() int
 	spends   SpendRecorder
-	// leaseStore holds the leases of concurrency rules; inflight counts
-	// those this instance granted.
-	leaseStore bucket.LeaseStore
-	inflight   *inflight.Tracker
-	log        *slog.Logger
-	m          *metrics.Metrics
+	// conc holds the leases of concurrency rules; inflight counts those
+	// this instance granted.
+	conc     *concurrency.Leases
+	inflight *inflight.Tracker
+	log      *slog.Logger
+	m        *metrics.Metrics
 	// refunds are the home-region refunds still under way.
 	refunds sync.WaitGroup
 	// resKey keys reservations' MACs; spentRes are those given back.
@@ -233,7 +234,6 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	for name := range opts.Homes {
 		m.Stale.WithLabelValues(name)
 	}
-	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
 	e.inflight = inflight.New(func() []string {
 		var out []string
 		for _, r := range e.table.Load().Set.Rules() {
@@ -243,6 +243,11 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}
 		return out
 	}, m.Untracked, e.log)
+	e.conc = concurrency.New(concurrency.Options{
+		Region: e.region, Store: cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store), Fallback: e.fallback, Fleet: e.fleet,
+		Topology: &e.topo, Table: &e.table, Inflight: e.inflight, Metrics: m, Log: e.log,
+		ForwardTimeout: e.fwdTO, Detached: e.detached, Policy: leasePolicy{e},
+	})
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_lease_keys",

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
@@ -34,9 +35,9 @@ func (h *failingHome) Handoff(context.Context, []homes.Item) ([]float64, error) 
 	h.handoffs++
 	return nil, h.err
 }
-func (h *failingHome) AcquireLease(context.Context, string) (HomeLease, error) {
+func (h *failingHome) AcquireLease(context.Context, string) (concurrency.HomeLease, error) {
 	h.calls++
-	return HomeLease{}, h.err
+	return concurrency.HomeLease{}, h.err
 }
 func (h *failingHome) ReleaseLease(context.Context, string) (bool, error) { return false, h.err }
 func (h *failingHome) RenewLease(context.Context, string) (bool, time.Time, time.Duration, error) {

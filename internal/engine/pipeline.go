@@ -129,7 +129,7 @@ func (e *Engine) route(c *request.Request, p *plan) (bool, error) {
 	// c.Enforce: most checks allocate nothing for it.
 	prefix := 0
 	for i, it := range c.Enforce {
-		home := e.homeOf(p.ts, c, it)
+		home := p.ts.HomeOf(e.region, c, it)
 		leased := home == "" && it.Rule.Lease > 0 && c.MaxWait == 0
 		if home == "" && !leased {
 			if p.local == nil && prefix == i {
@@ -272,20 +272,6 @@ func (e *Engine) endBatches(local []*request.Item, admitted bool) {
 			e.leases.Fetched(it.Rule.ID, it.Key, left)
 		}
 	}
-}
-
-// homeOf is the home region that decides it (a check) or holds it (a
-// concurrency lease) under the topology of ts, or "" for this region: a
-// pinned rule's key homed elsewhere, unless c was forwarded by a peer (a
-// forwarded call is never forwarded again).
-func (e *Engine) homeOf(ts *homes.State, c *request.Request, it *request.Item) string {
-	if !it.Entry.Pinned || ts.Topo == nil || c.Peer != "" {
-		return ""
-	}
-	if home := ts.Topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
-		return home
-	}
-	return ""
 }
 
 // homeFailed says whether err, a home region's failure to answer a call

@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/homes"
-	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -33,16 +33,9 @@ type plan struct {
 	leased []*request.Item
 	local  []*request.Item
 
-	// An Acquire's concurrency rules (acquireStages): its lease id, which
-	// names where each part is held, the indexes into a.held of those
-	// held here, by home region, and whether the leases are held.
-	a          *Acquire
-	id         *leaseid.ID
-	leaseHomes []string
-	byHome     map[string][]int
-	here       []int
-	heldHere   []*heldLease
-	leasesHeld bool
+	// An Acquire's concurrency rules (acquireStages), as their lease
+	// stages hold them.
+	leases concurrency.Hold
 
 	undo []undoStep
 }
@@ -75,11 +68,15 @@ var acquireStages = append([]stage{leaseRouteStage, leaseHomeStage, leaseHereSta
 func (e *Engine) runStage(ctx context.Context, c *request.Request, p *plan, s stage) (bool, error) {
 	switch s {
 	case leaseRouteStage:
-		return e.routeLeases(p)
+		// What the lease stages take they record in the hold, given back
+		// below what the later stages spent.
+		p.push(undoStep{kind: undoLeases})
+		e.conc.Route(p.ts, &p.leases)
+		return true, nil
 	case leaseHomeStage:
-		return e.leasesAtHomes(ctx, p)
+		return e.conc.AtHomes(ctx, p.ts, p.rerouted, &p.leases)
 	case leaseHereStage:
-		return e.leasesHere(ctx, p)
+		return e.conc.Here(ctx, &p.leases)
 	case denyStage:
 		return e.denied(c, p)
 	case routeStage:
@@ -104,10 +101,9 @@ const (
 	// undoStore: this region's store spends reqs of items, undone at the
 	// store's instants.
 	undoStore
-	// undoLeases: the leases held here (held, under the plan's id).
+	// undoLeases: an Acquire's leases, here and at their homes (what its
+	// hold recorded).
 	undoLeases
-	// undoLeaseHome: the leases home holds for the plan's id.
-	undoLeaseHome
 )
 
 type undoStep struct {
@@ -115,7 +111,6 @@ type undoStep struct {
 	home  string
 	items []*request.Item
 	reqs  []bucket.Request
-	held  []*heldLease
 }
 
 func (p *plan) push(s undoStep) { p.undo = append(p.undo, s) }
@@ -125,27 +120,28 @@ func (p *plan) push(s undoStep) { p.undo = append(p.undo, s) }
 // topology and reading the topology again puts a newer one in force
 // (errReroute), what it spent is given back and it is routed again, once,
 // under the newer one.
-func (e *Engine) run(ctx context.Context, c *request.Request, a *Acquire) (bool, *Lease, error) {
+func (e *Engine) run(ctx context.Context, c *request.Request, a *concurrency.Acquire) (bool, *concurrency.Lease, error) {
 	stages := checkStages
-	if a != nil && len(a.held) > 0 {
+	if a != nil && len(a.Leases()) > 0 {
 		stages = acquireStages
 	} else {
 		a = nil
 	}
 	for rerouted := false; ; rerouted = true {
 		ts := e.topo.Use()
-		p := plan{a: a, ts: ts, rerouted: rerouted}
+		p := plan{ts: ts, rerouted: rerouted}
+		if a != nil {
+			p.leases = concurrency.Holding(a)
+		}
 		allowed, err := e.decideUnder(ctx, c, &p, stages)
-		var l *Lease
+		var l *concurrency.Lease
 		switch {
 		case a == nil:
 		case err == nil && allowed:
-			l = e.granted(&p)
-		case p.leasesHeld:
+			l = e.conc.Granted(&p.leases)
+		case p.leases.Held():
 			// The rate rules refused: the leases held were given back.
-			for _, it := range a.held {
-				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+1)
-			}
+			a.GivenBack()
 		}
 		ts.Release()
 		if !rerouted && errors.Is(err, errReroute) {
@@ -200,9 +196,7 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 			}
 			cancel()
 		case undoLeases:
-			e.giveLeasesBack(ctx, s.held, p.id)
-		case undoLeaseHome:
-			e.releaseAt(ctx, p.ts, s.home, p.id)
+			e.conc.Unwind(ctx, p.ts, &p.leases)
 		}
 	}
 	p.undo = p.undo[:0]

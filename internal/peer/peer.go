@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
@@ -246,7 +247,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.PeerAcquireRequest
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	pl, err := s.e.PeerAcquire(ctx, req.GetOriginRegion(), gen, req.GetLeaseId())
+	pl, err := s.e.Concurrency().PeerAcquire(ctx, req.GetOriginRegion(), gen, req.GetLeaseId())
 	if errors.Is(err, homes.ErrStaleTopology) {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
@@ -270,7 +271,7 @@ func (s *Service) Release(ctx context.Context, req *limiterv1.PeerLeaseRequest) 
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	released, err := s.e.PeerRelease(ctx, req.GetLeaseId())
+	released, err := s.e.Concurrency().PeerRelease(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
@@ -282,7 +283,7 @@ func (s *Service) Renew(ctx context.Context, req *limiterv1.PeerLeaseRequest) (*
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	renewed, l, err := s.e.PeerRenew(ctx, req.GetLeaseId())
+	renewed, l, err := s.e.Concurrency().PeerRenew(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
@@ -391,12 +392,12 @@ func (c *Client) Handoff(ctx context.Context, its []homes.Item) ([]float64, erro
 
 // AcquireLease asks the home region to hold the leases of leaseID's parts
 // that name it.
-func (c *Client) AcquireLease(ctx context.Context, leaseID string) (engine.HomeLease, error) {
+func (c *Client) AcquireLease(ctx context.Context, leaseID string) (concurrency.HomeLease, error) {
 	resp, err := c.c.Acquire(c.outgoing(ctx), &limiterv1.PeerAcquireRequest{OriginRegion: c.origin, LeaseId: leaseID, TopologyGeneration: c.generation})
 	if err != nil {
-		return engine.HomeLease{}, leaseError(err)
+		return concurrency.HomeLease{}, leaseError(err)
 	}
-	hl := engine.HomeLease{Allowed: resp.GetAllowed(), Fallback: resp.GetFallback(),
+	hl := concurrency.HomeLease{Allowed: resp.GetAllowed(), Fallback: resp.GetFallback(),
 		Expires: time.UnixMicro(resp.GetExpiresAtUs()), TTL: time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond}
 	for _, st := range resp.GetStatuses() {
 		hl.Decisions = append(hl.Decisions, bucket.Decision{
@@ -460,6 +461,6 @@ func homeError(err error) error {
 
 // Client is the engine's Home and LeaseHome.
 var (
-	_ homes.Home       = (*Client)(nil)
-	_ engine.LeaseHome = (*Client)(nil)
+	_ homes.Home            = (*Client)(nil)
+	_ concurrency.LeaseHome = (*Client)(nil)
 )

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 )
@@ -93,6 +94,20 @@ func NewState(topo *region.Topology, homes map[string]Home) *State {
 		ts.Regions, ts.Gen = len(topo.Names()), topo.Generation()
 	}
 	return ts
+}
+
+// HomeOf is the home region that decides it (a check's) or holds it (a
+// concurrency lease) under ts's topology, or "" for here, region: a
+// pinned rule's key homed elsewhere, unless c was forwarded by a peer (a
+// forwarded call is never forwarded again).
+func (ts *State) HomeOf(region string, c *request.Request, it *request.Item) string {
+	if !it.Entry.Pinned || ts.Topo == nil || c.Peer != "" {
+		return ""
+	}
+	if home := ts.Topo.Home(it.Key, it.Rule.HomeKeys); home != region {
+		return home
+	}
+	return ""
 }
 
 // Use counts ts as used (by a refund under way, say) until Release.
