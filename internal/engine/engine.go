@@ -185,8 +185,9 @@ type Engine struct {
 	inflight *inflight.Tracker
 	log      *slog.Logger
 	m        *metrics.Metrics
-	// refunds are the home-region refunds still under way.
-	refunds sync.WaitGroup
+	// fwd makes the calls to home regions, the refunds still under way
+	// among them.
+	fwd homes.Forwarder
 	// resKey keys reservations' MACs; spentRes are those given back.
 	resKey   []byte
 	spentRes reservation.Spent
@@ -231,6 +232,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}
 	}
 	e.topo.Store(ts)
+	e.fwd = homes.Forwarder{Timeout: e.fwdTO, Detached: e.detached, Refunds: m.Refunds, Log: e.log}
 	for name := range opts.Homes {
 		m.Stale.WithLabelValues(name)
 	}
@@ -466,19 +468,7 @@ func (e *Engine) DrainLeases() []LeftOver {
 }
 
 // Wait waits for the refunds to home regions still under way, or ctx.
-func (e *Engine) Wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		e.refunds.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (e *Engine) Wait(ctx context.Context) error { return e.fwd.Wait(ctx) }
 
 // detached is a context for what must be done whether or not the caller
 // still waits: giving back what a refused check or Acquire took (undos,

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/handoff"
@@ -53,7 +52,7 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) er
 	}
 	var todo []handoff.Move
 	for _, g := range groups {
-		if err := e.askHandoff(ctx, ts, g.From, g.Moves); err != nil {
+		if err := e.fwd.Used(ctx, ts, g.From, g.Moves); err != nil {
 			e.handoffs.Unreachable(g.Moves)
 			its := make([]*request.Item, len(g.Moves))
 			for i, mv := range g.Moves {
@@ -77,32 +76,6 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) er
 		return storeFailure{err}
 	}
 	return nil
-}
-
-// askHandoff asks home, the moves' old home, what their buckets count,
-// within the forward timeout (whatever the caller's deadline), and sets
-// each move's seed.Used (handoff.SetUsed checks the answer).
-func (e *Engine) askHandoff(ctx context.Context, ts *homes.State, home string, moves []handoff.Move) error {
-	h := ts.Homes[home]
-	if h == nil {
-		h = ts.PrevHomes[home] // a region the switch removed
-	}
-	if h == nil {
-		return fmt.Errorf("no client for region %s (not in the topology in force, and this process did not switch from one that had it)", home)
-	}
-	req := make([]homes.Item, len(moves))
-	for i, mv := range moves {
-		req[i] = homes.Item{Rule: mv.Seed.Rule, Key: mv.Seed.Key}
-	}
-	// Not cut short by the caller giving up: a fail-open key would start
-	// from a full bucket for the whole fleet.
-	hctx, cancel := e.detached(ctx)
-	defer cancel()
-	used, err := h.Handoff(hctx, req)
-	if err != nil {
-		return err
-	}
-	return handoff.SetUsed(moves, used)
 }
 
 // Used answers a key's new home region (Home.Handoff): what the buckets of

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -176,7 +175,7 @@ func (e *Engine) route(c *request.Request, p *plan) (bool, error) {
 func (e *Engine) atHomes(ctx context.Context, c *request.Request, p *plan) (bool, error) {
 	for _, home := range p.homes {
 		its := p.remote[home]
-		allowed, err := e.forward(ctx, c, p, home, its)
+		allowed, err := e.fwd.Decide(ctx, p.ts, home, its, c.MaxWait)
 		if err == nil {
 			if !allowed {
 				e.remember(c, its, c.Sent, false)
@@ -297,40 +296,6 @@ func (e *Engine) homeFailed(ts *homes.State, rerouted bool, home string, err err
 		return err
 	}
 	return nil
-}
-
-// forward asks home to decide its items.
-func (e *Engine) forward(ctx context.Context, c *request.Request, p *plan, home string, its []*request.Item) (bool, error) {
-	h := p.ts.Homes[home]
-	if h == nil {
-		return false, errors.New("no client for home region " + home)
-	}
-	req := make([]homes.Item, len(its))
-	for i, it := range its {
-		req[i] = homes.Item{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, MaxWait: c.MaxWait}
-	}
-	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
-	defer cancel()
-	allowed, ds, err := h.Decide(fctx, req)
-	if err != nil && fctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, bucket.ErrOutcomeUnknown) {
-		// The forward ran out of its own time: the home may have decided.
-		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
-	}
-	if err == nil && len(ds) != len(its) {
-		err = errors.New("home region answered for another number of rules")
-	}
-	if err != nil {
-		for _, it := range its {
-			it.Entry.ForwardedFailed.Inc()
-		}
-		return false, err
-	}
-	for i, it := range its {
-		it.Route = request.RouteHome
-		it.Decision = ds[i]
-		it.Decision.Limit = it.Entry.Limit.Capacity
-	}
-	return allowed, nil
 }
 
 // fromLease hands out it.Cost from this instance's lease. When the lease

@@ -178,7 +178,7 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 		s := &p.undo[i]
 		switch s.kind {
 		case undoRefund:
-			e.refund(ctx, p.ts, s.home, s.items)
+			e.fwd.Refund(ctx, p.ts, s.home, s.items)
 		case undoTokens:
 			for _, it := range s.items {
 				e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
@@ -200,34 +200,4 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 		}
 	}
 	p.undo = p.undo[:0]
-}
-
-// refund gives back what home spent in its store for items, on a context
-// of its own, after the answer; the topology's connection to the home
-// stays open until it is done.
-func (e *Engine) refund(ctx context.Context, ts *homes.State, home string, its []*request.Item) {
-	// Only what the home spent in its store: what it decided from its
-	// fallback, or without learning the outcome, has no instant.
-	var items []homes.Item
-	for _, it := range its {
-		if it.Decision.At > 0 {
-			items = append(items, homes.Item{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
-		}
-	}
-	h := ts.Homes[home]
-	if len(items) == 0 || h == nil {
-		return
-	}
-	rctx, cancel := e.detached(ctx)
-	ts.Use() // held by the refund: the connection stays open for it
-	e.refunds.Go(func() {
-		defer ts.Release()
-		defer cancel()
-		if err := h.Refund(rctx, items); err != nil {
-			e.m.Refunds.WithLabelValues("error").Inc()
-			e.log.Warn("home region refund failed: its tokens stay spent", "home", home, "err", err)
-			return
-		}
-		e.m.Refunds.WithLabelValues("ok").Inc()
-	})
 }

@@ -76,10 +76,8 @@ func (l *Leases) acquireAt(ctx context.Context, c *Acquire, ts *homes.State, hom
 	fctx, cancel := context.WithTimeout(ctx, l.fwdTO)
 	defer cancel()
 	hl, err := h.AcquireLease(fctx, id.String())
-	if err != nil && fctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, bucket.ErrOutcomeUnknown) {
-		// The forward ran out of its own time: the home may hold them.
-		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
-	}
+	// Out of its own time, the home may hold them.
+	err = homes.OwnTimeout(ctx, fctx, err)
 	if err == nil && len(hl.Decisions) != len(idx) {
 		err = errors.New("home region answered for another number of leases")
 	}
