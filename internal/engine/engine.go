@@ -261,7 +261,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}, func() float64 { return float64(e.leases.Full()) }),
 	}
 	sizes = append(sizes, e.inflight)
-	sizes = append(sizes, MemoryCollectors(e.fallback, "fallback")...)
+	sizes = append(sizes, metrics.MemoryCollectors(e.fallback, "fallback")...)
 	if e.deny != nil {
 		dc := e.deny
 		sizes = append(sizes, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -278,31 +278,6 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		return nil, err
 	}
 	return e, nil
-}
-
-// MemoryCollectors export the size of an in-process store m (the
-// embedded store or the fallback, as label store says): its buckets, their
-// memory and its cap, and its evictions.
-func MemoryCollectors(m *bucket.Memory, store string) []prometheus.Collector {
-	labels := prometheus.Labels{"store": store}
-	return []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "limiter_memory_buckets", ConstLabels: labels,
-			Help: "Buckets held by an in-process store (embedded: the store of a limiterd without Redis; fallback: fail-open decisions while the store is down), expired ones not yet swept included.",
-		}, func() float64 { return float64(m.Len()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "limiter_memory_bytes", ConstLabels: labels,
-			Help: "Memory of the buckets of an in-process store, as counted for its cap (overhead, key, rule id and log of each).",
-		}, func() float64 { return float64(m.Bytes()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "limiter_memory_max_bytes", ConstLabels: labels,
-			Help: "The cap of limiter_memory_bytes.",
-		}, func() float64 { return float64(m.MaxBytes()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "limiter_memory_evictions_total", ConstLabels: labels,
-			Help: "Unexpired buckets an in-process store dropped at its cap to make room (the key's next check starts from a fresh bucket).",
-		}, func() float64 { return float64(m.Evicted()) }),
-	}
 }
 
 // SetRules puts set in force for every check that starts from now on. A

@@ -37,6 +37,7 @@ import (
 	"github.com/limiterd/limiterd/internal/admin"
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/fleet"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
@@ -411,7 +412,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
 			"store", "memory", "max_bytes", d.opts.Memory.MaxBytes)
 		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.Memory.MaxBytes))
-		for _, c := range engine.MemoryCollectors(m, "embedded") {
+		for _, c := range metrics.MemoryCollectors(m, "embedded") {
 			if err := d.registry.Register(c); err != nil {
 				return nil, err
 			}
