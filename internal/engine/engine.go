@@ -72,6 +72,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/reservation"
+	"github.com/limiterd/limiterd/internal/engine/tally"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -105,13 +106,6 @@ var (
 // errReroute: a home refused the check as routed with a stale topology and
 // a newer one is in force now: the check is routed again, once.
 var errReroute = errors.New("routed with a stale topology")
-
-// SpendRecorder collects the tokens admitted for reconciled rules, for the
-// other regions (gossip.Accumulator). budget is the rule's spend per key
-// past which the key is published at once (rules.Rule.SpendBudget).
-type SpendRecorder interface {
-	Add(rule, key string, cost, budget float64, admittedMicros int64)
-}
 
 // Options configure an Engine. Store is required.
 type Options struct {
@@ -147,7 +141,7 @@ type Options struct {
 	// Leases holds the leases of concurrency rules; nil: Store.
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
-	Spends SpendRecorder
+	Spends tally.SpendRecorder
 	// TopLimitedSize is the counters per rule of the keys refused most
 	// (topkeys; 0: topkeys.DefaultSize; < 0: off).
 	TopLimitedSize int
@@ -178,7 +172,8 @@ type Engine struct {
 	// handoffs seed the buckets of the keys moved here.
 	handoffs handoff.Handoff
 	fleet    func() int
-	spends   SpendRecorder
+	// tally counts decided checks.
+	tally tally.Tally
 	// conc holds the leases of concurrency rules; inflight counts those
 	// this instance granted.
 	conc     *concurrency.Leases
@@ -219,7 +214,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys), top: topkeys.New(opts.TopLimitedSize),
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
 		handoffs: handoff.Handoff{Region: opts.Region, MaxWindow: opts.HandoffMaxWindow, Store: opts.Store, Results: m.Handoffs},
-		fleet:    opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
+		fleet:    opts.FleetSize, log: opts.Logger, m: m,
 		resKey: reservation.Key(opts.ReservationSecret),
 	}
 	ts := homes.NewState(opts.Topology, opts.Homes)
@@ -232,6 +227,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}
 	}
 	e.topo.Store(ts)
+	e.tally = tally.Tally{Metrics: m, Top: e.top, Spends: opts.Spends, Fleet: e.fleet}
 	e.fwd = homes.Forwarder{Timeout: e.fwdTO, Detached: e.detached, Refunds: m.Refunds, Log: e.log}
 	for name := range opts.Homes {
 		m.Stale.WithLabelValues(name)

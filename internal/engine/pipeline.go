@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine/homes"
-	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -62,7 +61,7 @@ func (e *Engine) decideUnder(ctx context.Context, c *request.Request, p *plan, s
 	if err != nil {
 		return false, err
 	}
-	e.count(c, allowed)
+	e.tally.Count(c, allowed)
 	if !allowed {
 		for _, it := range c.Enforce {
 			if !it.Decision.Allowed || it.Route == request.RouteNone {
@@ -543,80 +542,6 @@ func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration,
 		return d.ResetAfter, true
 	}
 	return 0, false
-}
-
-// count updates the metrics of a decided check and records what it
-// admitted for the other regions.
-func (e *Engine) count(c *request.Request, allowed bool) {
-	var now int64 // read once, when a spend is recorded or a refusal counted
-	// Each of the region's instances holds its own unpublished spends: a
-	// key's budget is shared between them, so that the region's together
-	// stay within the rule's. Read with the first spend recorded.
-	share := 0.0
-	for _, it := range c.Enforce {
-		en := it.Entry
-		if c.MaxWait > 0 {
-			// The series of a rule appear with its first paced check:
-			// most rules never pace.
-			switch {
-			case allowed:
-				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultAllowed).Inc()
-				e.m.PacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
-			case !it.Decision.Allowed && it.Route != request.RouteNone:
-				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultLimited).Inc()
-			}
-		}
-		if !allowed {
-			if !it.Decision.Allowed && it.Route != request.RouteNone {
-				if now == 0 {
-					now = time.Now().UnixMicro()
-				}
-				e.top.Add(it.Rule.ID, it.Key, 1, now*1000)
-			}
-			switch {
-			case it.Decision.Allowed || it.Route == request.RouteNone:
-			case it.Route == request.RouteDeny:
-				en.DenyHits.Inc()
-				en.Limited.Inc()
-			case it.Route == request.RouteHome:
-				en.ForwardedLimited.Inc()
-			case it.Route == request.RouteFallback:
-				en.FallbackLimited.Inc()
-			default:
-				en.Limited.Inc()
-			}
-			continue
-		}
-		en.AdmittedCost.Add(it.Cost)
-		spend := it.Cost
-		switch it.Route {
-		case request.RouteHome:
-			en.ForwardedAllowed.Inc()
-			continue // the home region reports its own spends
-		case request.RouteLease:
-			en.Allowed.Inc()
-			en.Leased.Inc()
-			continue // reported when the batch was taken
-		case request.RouteFallback:
-			en.FallbackAllowed.Inc()
-		case request.RouteUnknown:
-			en.Uncertain.Inc()
-		default:
-			en.Allowed.Inc()
-			if it.Batch > 0 {
-				spend = it.Batch
-			}
-		}
-		if en.Reconciled && e.spends != nil {
-			if now == 0 {
-				now = time.Now().UnixMicro()
-			}
-			if share == 0 {
-				share = 1 / float64(max(1, e.fleet()))
-			}
-			e.spends.Add(it.Rule.ID, it.Key, spend, en.SpendBudget*share, now)
-		}
-	}
 }
 
 // shadows checks shadow rules for a request that passed: a refusal is
