@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -177,7 +176,7 @@ func (e *Engine) atHomes(ctx context.Context, c *request.Request, p *plan) (bool
 		allowed, err := e.fwd.Decide(ctx, p.ts, home, its, c.MaxWait)
 		if err == nil {
 			if !allowed {
-				e.remember(c, its, c.Sent, false)
+				e.deny.Remember(c, its, c.Sent, false)
 				return false, nil
 			}
 			p.push(undoStep{kind: undoRefund, home: home, items: its})
@@ -366,7 +365,7 @@ func (e *Engine) fromStore(ctx context.Context, c *request.Request, p *plan, ite
 			it.Decision.Limit = it.Entry.Limit.Capacity
 			all = all && ds[i].Allowed
 		}
-		e.remember(c, items, sent, all)
+		e.deny.Remember(c, items, sent, all)
 		if all {
 			for _, it := range items {
 				if it.Batch > it.Cost {
@@ -400,7 +399,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *request.Request, p *plan,
 		spentReqs = append(spentReqs, reqs[i])
 		refused = refused || !ds[i].Allowed
 	}
-	e.remember(c, decided, c.Sent, false)
+	e.deny.Remember(c, decided, c.Sent, false)
 	if refused {
 		return false, nil
 	}
@@ -488,60 +487,6 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 		all = all && ds[i].Allowed
 	}
 	return all, nil
-}
-
-// remember puts the refusals of items the store or a home region decided
-// in the deny cache; and, when their spends stand (admitted), for allowed
-// ones whose answer shows the next check of the same cost must fail, that
-// denial too. (In a refused check the allowed ones were given back.)
-func (e *Engine) remember(c *request.Request, items []*request.Item, sent int64, admitted bool) {
-	if e.deny == nil {
-		return
-	}
-	for _, it := range items {
-		if it.Route != request.RouteStore && it.Route != request.RouteHome {
-			continue
-		}
-		d := it.Decision
-		retry := d.RetryAfter
-		if d.Allowed && (it.Batch > 0 || !admitted || c.MaxWait > 0) {
-			// The lease holds what the batch left over, or given back;
-			// or a reservation, which says nothing of an unpaced check.
-			continue
-		}
-		if !d.Allowed && c.MaxWait > 0 {
-			// A paced refusal's retry counts from its wait: an unpaced
-			// check of the same cost is refused for the wait longer.
-			retry += c.MaxWait
-		}
-		if d.Allowed {
-			var ok bool
-			if retry, ok = nextDenial(it.Against, d, it.Cost); !ok {
-				continue
-			}
-		}
-		if e.deny.Put(c.Table.Gen, it.Rule.ID, it.Key, it.Cost, sent, retry, d.ResetAfter) {
-			it.Remembered = true
-		}
-	}
-}
-
-// nextDenial tells, from an allowed decision, how long another check of the
-// same cost is sure to be refused: when fewer tokens remain than it costs, a
-// token bucket needs (cost - remaining) / rate, a fixed window its end.
-// Other algorithms report too little to be sure.
-func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration, bool) {
-	if d.Remaining >= cost {
-		return 0, false
-	}
-	switch l.Algorithm {
-	case bucket.TokenBucket:
-		// The store's arithmetic: whole microseconds, rounded up.
-		return time.Duration(math.Ceil((cost-d.Remaining)*1e6/l.RefillPerSecond)) * time.Microsecond, true
-	case bucket.FixedWindow:
-		return d.ResetAfter, true
-	}
-	return 0, false
 }
 
 // shadows checks shadow rules for a request that passed: a refusal is
