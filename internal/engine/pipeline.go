@@ -217,7 +217,7 @@ func (e *Engine) atHomes(ctx context.Context, c *request.Request, p *plan) (bool
 func (e *Engine) fromLeases(ctx context.Context, p *plan) (bool, error) {
 	var tokens []*request.Item
 	for _, it := range p.leased {
-		ok, err := e.fromLease(ctx, it)
+		ok, err := e.leases.Serve(ctx, it, e.deny)
 		switch {
 		case err != nil || !ok:
 			if len(tokens) > 0 {
@@ -254,23 +254,6 @@ func (e *Engine) inStore(ctx context.Context, c *request.Request, p *plan) (bool
 	return false, err
 }
 
-// endBatches ends the lease batches that the items of local took: each
-// adds what it left over when the check was admitted from the store, and
-// wakes the key's checks waiting for it. (decide calls it on each return
-// once a batch may be taken, deferred only after the last append to
-// local, which would otherwise move local to the heap.)
-func (e *Engine) endBatches(local []*request.Item, admitted bool) {
-	for _, it := range local {
-		if it.Batch > 0 {
-			left := 0.0
-			if admitted && it.Route == request.RouteStore {
-				left = it.Batch - it.Cost
-			}
-			e.leases.Fetched(it.Rule.ID, it.Key, left)
-		}
-	}
-}
-
 // homeFailed says whether err, a home region's failure to answer a call
 // made under the topology of ts, decides the call by itself; nil means
 // the rules' on_failure decides. It is errReroute when the home's topology
@@ -294,41 +277,6 @@ func (e *Engine) homeFailed(ts *homes.State, rerouted bool, home string, err err
 		return err
 	}
 	return nil
-}
-
-// fromLease hands out it.Cost from this instance's lease. When the lease
-// runs short and no other check is taking the next batch, it makes this
-// check the one to take it, with the store call of the check (route stays
-// request.RouteNone, batch set); checks that arrive meanwhile wait for that batch.
-func (e *Engine) fromLease(ctx context.Context, it *request.Item) (bool, error) {
-	for {
-		left, ok, wait, fetch := e.leases.Take(it.Rule.ID, it.Key, it.Cost)
-		switch {
-		case ok:
-			it.Route = request.RouteLease
-			it.Decision = bucket.Decision{Allowed: true, Remaining: left, Limit: it.Entry.Limit.Capacity}
-			return true, nil
-		case fetch:
-			it.Batch = max(it.Rule.Lease, it.Cost)
-			return true, nil
-		case wait == nil:
-			// No room for another lease: this check alone, through the store.
-			return true, nil
-		default:
-			select {
-			case <-wait:
-			case <-ctx.Done():
-				return false, ctx.Err()
-			}
-			if e.deny != nil {
-				if retry, reset, hit, _ := e.deny.Get(it.Rule.ID, it.Key, it.Cost); hit {
-					it.Route = request.RouteDeny
-					it.Decision = bucket.Decision{Limit: it.Entry.Limit.Capacity, RetryAfter: retry, ResetAfter: reset}
-					return false, nil
-				}
-			}
-		}
-	}
 }
 
 // fromStore decides items in one store call; when the store fails, the

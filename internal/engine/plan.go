@@ -166,7 +166,7 @@ func (e *Engine) runStages(ctx context.Context, c *request.Request, p *plan, sta
 	}
 	// The lease batches the check took end on every return, once what a
 	// refusal gave back is back: the key's other checks wait for them.
-	e.endBatches(p.local, allowed)
+	e.leases.EndBatches(p.local, allowed)
 	return allowed, err
 }
 
