@@ -183,9 +183,8 @@ type Engine struct {
 	// fwd makes the calls to home regions, the refunds still under way
 	// among them.
 	fwd homes.Forwarder
-	// resKey keys reservations' MACs; spentRes are those given back.
-	resKey   []byte
-	spentRes reservation.Spent
+	// res names paced checks' reservations and gives them back.
+	res *reservation.Book
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -215,7 +214,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
 		handoffs: handoff.Handoff{Region: opts.Region, MaxWindow: opts.HandoffMaxWindow, Store: opts.Store, Results: m.Handoffs},
 		fleet:    opts.FleetSize, log: opts.Logger, m: m,
-		resKey: reservation.Key(opts.ReservationSecret),
+		res: reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
 	}
 	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
