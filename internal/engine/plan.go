@@ -68,15 +68,16 @@ var acquireStages = append([]stage{leaseRouteStage, leaseHomeStage, leaseHereSta
 func (e *Engine) runStage(ctx context.Context, c *request.Request, p *plan, s stage) (bool, error) {
 	switch s {
 	case leaseRouteStage:
-		// What the lease stages take they record in the hold, given back
-		// below what the later stages spent.
-		p.push(undoStep{kind: undoLeases})
 		e.conc.Route(p.ts, &p.leases)
 		return true, nil
 	case leaseHomeStage:
-		return e.conc.AtHomes(ctx, p.ts, p.rerouted, &p.leases)
+		ok, err := e.conc.AtHomes(ctx, p.ts, p.rerouted, &p.leases)
+		p.leasesTaken()
+		return ok, err
 	case leaseHereStage:
-		return e.conc.Here(ctx, &p.leases)
+		ok, err := e.conc.Here(ctx, &p.leases)
+		p.leasesTaken()
+		return ok, err
 	case denyStage:
 		return e.denied(c, p)
 	case routeStage:
@@ -114,6 +115,15 @@ type undoStep struct {
 }
 
 func (p *plan) push(s undoStep) { p.undo = append(p.undo, s) }
+
+// leasesTaken pushes the undo of the lease stages, once they took a lease:
+// what they take they record in the hold, given back below (after) what
+// the later stages spent.
+func (p *plan) leasesTaken() {
+	if len(p.undo) == 0 && p.leases.Taken() {
+		p.push(undoStep{kind: undoLeases})
+	}
+}
 
 // run routes a check (a == nil) or an Acquire under the topology in force
 // and runs its stages. When a home refuses it as routed with a stale

@@ -111,14 +111,12 @@ type Hold struct {
 	here       []int
 	heldHere   []*heldLease
 	held       bool
-	// taken is what the stages took, oldest first: the leases of a home
-	// region, or (home "") those held here.
-	taken []taken
-}
-
-type taken struct {
-	home string
-	here []*heldLease
+	// What the stages took, to be given back: the leases of the homes
+	// whose bits are set (indexes into leaseHomes; at most
+	// leaseid.MaxParts of them), taken in their order, and after them
+	// heldHere when hereTaken.
+	homesTaken uint64
+	hereTaken  bool
 }
 
 // Holding starts the Hold of a.
@@ -128,18 +126,23 @@ func Holding(a *Acquire) Hold { return Hold{a: a} }
 // stages allowed it).
 func (h *Hold) Held() bool { return h.held }
 
+// Taken reports whether the lease stages took leases that Unwind would
+// give back.
+func (h *Hold) Taken() bool { return h.homesTaken != 0 || h.hereTaken }
+
 // Unwind gives back, newest first, what the lease stages of h took: the
 // leases held here, then those held at each home, on contexts of their own
 // (the caller may be gone).
 func (l *Leases) Unwind(ctx context.Context, ts *homes.State, h *Hold) {
-	for i := len(h.taken) - 1; i >= 0; i-- {
-		if t := h.taken[i]; t.home == "" {
-			l.giveLeasesBack(ctx, t.here, h.id)
-		} else {
-			l.releaseAt(ctx, ts, t.home, h.id)
+	if h.hereTaken {
+		l.giveLeasesBack(ctx, h.heldHere, h.id)
+	}
+	for i := len(h.leaseHomes) - 1; i >= 0; i-- {
+		if h.homesTaken&(1<<i) != 0 {
+			l.releaseAt(ctx, ts, h.leaseHomes[i], h.id)
 		}
 	}
-	h.taken = h.taken[:0]
+	h.homesTaken, h.hereTaken = 0, false
 }
 
 // parseLeaseID reads a lease id from a caller. Its errors are an

@@ -44,14 +44,14 @@ func (l *Leases) Route(ts *homes.State, h *Hold) {
 // policy: refused, or held here with this region's share of each limit.
 func (l *Leases) AtHomes(ctx context.Context, ts *homes.State, rerouted bool, h *Hold) (bool, error) {
 	c := h.a
-	for _, home := range h.leaseHomes {
+	for n, home := range h.leaseHomes {
 		allowed, err := l.acquireAt(ctx, c, ts, home, h.byHome[home], h.id)
 		if err == nil {
 			if !allowed {
 				c.notAsked()
 				return false, nil
 			}
-			h.taken = append(h.taken, taken{home: home})
+			h.homesTaken |= 1 << n
 			continue
 		}
 		if ctx.Err() == nil {
@@ -68,7 +68,7 @@ func (l *Leases) AtHomes(ctx context.Context, ts *homes.State, rerouted bool, h 
 		mayHold := ctx.Err() != nil || errors.Is(err, bucket.ErrOutcomeUnknown)
 		if refused, ferr := l.policy.Refused(ctx, its, "home region "+home, err); refused {
 			if mayHold {
-				h.taken = append(h.taken, taken{home: home})
+				h.homesTaken |= 1 << n
 			}
 			return false, ferr
 		}
@@ -96,9 +96,7 @@ func (l *Leases) Here(ctx context.Context, h *Hold) (bool, error) {
 	if err != nil || !allowed {
 		return false, err
 	}
-	if len(h.heldHere) > 0 {
-		h.taken = append(h.taken, taken{here: h.heldHere})
-	}
+	h.hereTaken = len(h.heldHere) > 0
 	h.held = true
 	return true, nil
 }
