@@ -1,52 +1,64 @@
 // Package engine decides checks: it is the one pipeline behind every front
 // door (a check by rule id, by attributes, Envoy's rate limit service,
 // forward-auth, and the checks other regions forward). A front door builds
-// a Check (or, for concurrency rules, an Acquire) from its request, calls
-// Decide (or Acquire), and translates the items' decisions into its answer;
-// the deny cache, leases, home-region forwarding, the store-failure policy
-// and the decision metrics live here and nowhere else.
+// a request.Check (or, for concurrency rules, a concurrency.Acquire) from
+// its request, calls Decide (or Acquire), and translates the items'
+// decisions into its answer; the deny cache, leases, home-region
+// forwarding, the store-failure policy and the decision metrics live in
+// this package and the ones below it, and nowhere else.
 //
-// A call is one plan (plan.go): routed once, under one topology snapshot,
-// its stages run in order, each deciding some items and pushing onto the
-// plan's undo stack what it spent. An Acquire is a check with lease stages
-// in front (acquireStages); a check has the rest (checkStages):
+// A call is one plan (plan.go): routed once, under one topology snapshot
+// (homes.State), its stages run in order, each deciding some items and
+// recording what it spent to be given back. An Acquire is a check with
+// lease stages in front (acquireStages); a check has the rest
+// (checkStages). The plan, the order and the failure policy are this
+// package's; the stages' own work is the packages named on the right:
 //
-//	NewCheck / NewAcquire + Add...        check.go, concurrency.go
+//	NewCheck / NewAcquire + Add...        request, concurrency
 //	        |
 //	        v
-//	[Acquire] route leases: home | here   concurrency.go
-//	[Acquire] leases at the keys' homes   pinnedlease.go      undo: release there
-//	[Acquire] leases here, one store call concurrency.go      undo: release here
+//	[Acquire] route leases: home | here   concurrency (Route)
+//	[Acquire] leases at the keys' homes   concurrency (AtHomes)   undo: release there
+//	[Acquire] leases here, one store call concurrency (Here)      undo: release here
 //	        |
 //	        v
 //	deny cache ---- a denial known ---->  refused, nothing spent
-//	        |                             (internal/engine/denycache)
+//	        |                             pipeline.go, denycache
 //	        v
 //	route: home region | token lease | this region's store
-//	        |                             pipeline.go
+//	        |                             pipeline.go, homes (HomeOf)
 //	        v
-//	home regions (forward)                pipeline.go         undo: refund there
+//	home regions (forward)                homes (Forwarder)       undo: refund there
 //	        v
-//	token leases                          pipeline.go         undo: tokens back
-//	        v                             (internal/engine/lease)
-//	handoff of moved keys                 handoff.go
+//	token leases                          lease (Serve)           undo: tokens back
 //	        v
-//	this region's store, one call         pipeline.go         undo: store undo
+//	handoff of moved keys                 handoff.go, handoff
+//	        v
+//	this region's store, one call         pipeline.go             undo: store undo
 //	        v
 //	shadow rules (refuse nothing)         pipeline.go
+//	        v
+//	counted                               tally
 //
-// A part that fails goes to the one failure policy (onFailure, policy.go):
-// refused, uncertain or decided from a share of the limit. A call is all
-// or nothing: the first stage that refuses or fails ends it, and unwind
-// gives back, newest first, what the earlier stages spent, on contexts of
-// their own (detached): a home region's refund runs on after the answer.
-// A home that refuses a call as routed with a stale topology, when a newer
-// one is in force, makes it unwound and routed again, once.
+// A part that fails goes to the one failure policy (onFailure, policy.go;
+// the lease stages reach it through concurrency.Policy): refused,
+// uncertain or decided from a share of the limit. A call is all or
+// nothing: the first stage that refuses or fails ends it, and unwind gives
+// back, newest first, what the earlier stages spent, on contexts of their
+// own (detached): a home region's refund runs on after the answer. A home
+// that refuses a call as routed with a stale topology, when a newer one is
+// in force, makes it unwound and routed again, once.
 //
-// Sub-packages: denycache (refusals remembered), lease (token batches held
-// by this instance), leaseid (the text of a concurrency lease id),
-// inflight (the leases granted here, for the in-flight gauge),
-// reservation (the name of a paced check's reserved slot) and metrics (the
+// The packages below it, none of which imports it: request (the rule
+// table, a check's items, the errors of building one), concurrency (the
+// concurrency leases: Acquire, its lease stages, a peer's Acquire, Release
+// and Renew), homes (the topology a call is routed under, the clients of
+// the other regions and the calls to them), handoff (the buckets of keys
+// moved to a new home), denycache (refusals remembered), lease (token
+// batches held by this instance), tally (what a decided check counts),
+// reservation (a paced check's reserved slot), leaseid (the text of a
+// concurrency lease id), inflight (the leases granted here, for the
+// in-flight gauge), topkeys (the keys refused most) and metrics (the
 // engine's Prometheus series).
 package engine
 
