@@ -18,9 +18,9 @@ import (
 // Release again reaches it.
 var ErrLeaseHome = errors.New("the region holding the lease did not answer")
 
-// LeaseHome is a Home that holds the leases of pinned concurrency rules
+// LeaseHome is a homes.Home that holds the leases of pinned concurrency rules
 // whose keys it homes. Each call names the whole lease id; the home acts on
-// the parts that name it. Errors as for Home: an *request.InvalidError or
+// the parts that name it. Errors as for homes.Home: an *request.InvalidError or
 // request.ErrUnknownRule is the home's answer, homes.ErrStaleTopology a refusal of an
 // Acquire routed with an older topology, anything else no answer.
 type LeaseHome interface {

@@ -103,10 +103,10 @@ type Request struct {
 	MaxWait time.Duration
 }
 
-// Check is one request's rate rules, decided together by Engine.Decide.
-// Build it with Engine.NewCheck and its Add methods; it uses the rules in
+// Check is one request's rate rules, decided together by engine.Engine.Decide.
+// Build it with engine.Engine.NewCheck and its Add methods; it uses the rules in
 // force when it was made, throughout. A concurrency rule is refused (see
-// Acquire). Not safe for concurrent use.
+// concurrency.Acquire). Not safe for concurrent use.
 type Check struct {
 	Request
 }
