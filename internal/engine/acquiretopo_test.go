@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -60,7 +61,7 @@ func TestAcquireRoutedUnderOneTopology(t *testing.T) {
 	}
 	w.euHome.e = w.eu
 	store := &switchingStore{Memory: w.usStore, w: w}
-	us, err := New(Options{Store: w.usStore, Leases: store, Region: "us", Topology: w.older, Homes: map[string]Home{"eu": w.euHome},
+	us, err := New(Options{Store: w.usStore, Leases: store, Region: "us", Topology: w.older, Homes: map[string]homes.Home{"eu": w.euHome},
 		Logger: quietLogger()}, set, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

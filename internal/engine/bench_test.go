@@ -15,7 +15,7 @@ func BenchmarkDecide(b *testing.B) {
 	b.Run("rule", func(b *testing.B) {
 		b.ReportAllocs()
 		// The least cost the rule takes: millions of checks never empty it.
-		cost := e.table.Load().byID["flood"].limit.MinCost()
+		cost := e.table.Load().ByID["flood"].Limit.MinCost()
 		for b.Loop() {
 			c := e.NewCheck()
 			if _, err := c.AddRule("flood", "k", cost); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/rules"
@@ -135,52 +136,6 @@ func TestFallbackBounded(t *testing.T) {
 	}
 }
 
-// TestAttributeBounds: a check's attributes over their bounds are refused
-// as invalid, naming the attribute, whatever the front door, and at the
-// bounds they are decided.
-func TestAttributeBounds(t *testing.T) {
-	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: r\n    capacity: 10\n    refill_per_second: 1\n    match: {path: /users/*/orders}\n    key_by: user\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Options{Store: bucket.NewMemory()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
-	extra := func(n int) map[string]string {
-		m := map[string]string{}
-		for i := range n {
-			m[fmt.Sprint("a", i)] = "v"
-		}
-		return m
-	}
-	long := strings.Repeat("x", MaxAttributeBytes+1)
-	for _, c := range []struct {
-		name string
-		a    rules.Attributes
-		want string // "" = decided
-	}{
-		{"at the bounds", rules.Attributes{User: "u", Path: "/users/" + strings.Repeat("x", MaxAttributeBytes-14) + "/orders", Extra: extra(MaxExtraAttributes)}, ""},
-		{"a long path", rules.Attributes{User: "u", Path: "/users/" + long + "/orders"}, "attributes.path: "},
-		{"a long plan", rules.Attributes{User: "u", Plan: long}, "attributes.plan: "},
-		{"too many extra", rules.Attributes{User: "u", Extra: extra(MaxExtraAttributes + 1)}, "attributes.extra: 33 entries"},
-		{"a long extra value", rules.Attributes{User: "u", Extra: map[string]string{"k": long}}, `attributes.extra["k"]`},
-		{"a long extra name", rules.Attributes{User: "u", Extra: map[string]string{long: "v"}}, `attributes.extra["xxxx`},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			chk := e.NewCheck()
-			_, _, err := chk.AddAttributes(&c.a, 1)
-			var inv *InvalidError
-			switch {
-			case c.want == "" && err != nil:
-				t.Fatalf("refused: %v", err)
-			case c.want != "" && (!errors.As(err, &inv) || inv.Field != "attributes" || !strings.HasPrefix(err.Error(), c.want)):
-				t.Fatalf("err = %v, want an invalid attributes error starting %q", err, c.want)
-			}
-		})
-	}
-}
-
 // TestTrackedLeasesBoundPerRule: an instance tracks at most
 // inflight.MaxTrackedLeasesPerRule leases of one rule for the in-flight gauge. Past
 // it the Acquire is still allowed (the lease is held in the store; a flood
@@ -207,7 +162,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acquire := func(rule, key string) *Lease {
+	acquire := func(rule, key string) *concurrency.Lease {
 		t.Helper()
 		ok, l, err := acquireRule(t, e, rule, key)
 		if !ok || err != nil {
@@ -215,7 +170,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 		}
 		return l
 	}
-	var first *Lease
+	var first *concurrency.Lease
 	for i := range inflight.MaxTrackedLeasesPerRule + 10 {
 		l := acquire("flood", fmt.Sprint("k", i))
 		if i == 0 {
@@ -254,7 +209,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(inflight.MaxTrackedLeasesPerRule)) {
 		t.Errorf("want one warning naming the rule and the bound, got:\n%s", logs.String())
 	}
-	if ok, err := e.Release(context.Background(), first.ID); !ok || err != nil {
+	if ok, err := e.Concurrency().Release(context.Background(), first.ID); !ok || err != nil {
 		t.Fatalf("Release: %v, %v", ok, err)
 	}
 	acquire("flood", "again")

@@ -10,7 +10,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -51,7 +53,7 @@ func newLeaseEngine(t *testing.T) (*Engine, *faultStore, *prometheus.Registry) {
 	return e, store, reg
 }
 
-func acquireAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *Lease, *Acquire, error) {
+func acquireAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *concurrency.Lease, *concurrency.Acquire, error) {
 	t.Helper()
 	c := e.NewAcquire()
 	if _, _, err := c.AddAttributes(a, 1); err != nil {
@@ -64,7 +66,7 @@ func acquireAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *Lease, *
 func TestAcquireReleaseRenew(t *testing.T) {
 	e, _, _ := newLeaseEngine(t)
 	ctx := context.Background()
-	acquire := func() (bool, *Lease) {
+	acquire := func() (bool, *concurrency.Lease) {
 		c := e.NewAcquire()
 		if _, err := c.AddRule("reports", "user:ann", 0); err != nil {
 			t.Fatal(err)
@@ -87,15 +89,15 @@ func TestAcquireReleaseRenew(t *testing.T) {
 	if l1.TTL != time.Second || time.Until(l1.Expires) > time.Second || time.Until(l1.Expires) < 900*time.Millisecond {
 		t.Fatalf("lease %+v", l1)
 	}
-	if ok, l, err := e.Renew(ctx, l1.ID); !ok || err != nil || !l.Expires.After(l1.Expires.Add(-time.Millisecond)) {
+	if ok, l, err := e.Concurrency().Renew(ctx, l1.ID); !ok || err != nil || !l.Expires.After(l1.Expires.Add(-time.Millisecond)) {
 		t.Fatalf("renew = %v, %+v, %v", ok, l, err)
 	}
 	for i, want := range []bool{true, false} {
-		if got, err := e.Release(ctx, l1.ID); got != want || err != nil {
+		if got, err := e.Concurrency().Release(ctx, l1.ID); got != want || err != nil {
 			t.Fatalf("release %d = %v, %v; want %v (idempotent)", i, got, err, want)
 		}
 	}
-	if ok, _, err := e.Renew(ctx, l1.ID); ok || err != nil {
+	if ok, _, err := e.Concurrency().Renew(ctx, l1.ID); ok || err != nil {
 		t.Fatalf("renew of a released lease = %v, %v; want gone", ok, err)
 	}
 	if ok, _ := acquire(); !ok {
@@ -110,7 +112,7 @@ func TestAcquireMixedAllOrNothing(t *testing.T) {
 	e, _, _ := newLeaseEngine(t)
 	ctx := context.Background()
 	a := &rules.Attributes{User: "bob", Path: "/reports/1"}
-	var leases []*Lease
+	var leases []*concurrency.Lease
 	for range 2 {
 		ok, l, _, err := acquireAttrs(t, e, a)
 		if !ok || err != nil || l == nil {
@@ -123,15 +125,15 @@ func TestAcquireMixedAllOrNothing(t *testing.T) {
 	if ok || err != nil || c.Leases()[0].Decision.Allowed {
 		t.Fatalf("third acquire = %v, %v; want refused by the concurrency rule", ok, err)
 	}
-	_, _ = e.Release(ctx, leases[0].ID)
+	_, _ = e.Concurrency().Release(ctx, leases[0].ID)
 	// The last token is still there (the refusal spent none): spend it;
 	// then the rate rule refuses, and no lease is held.
 	if ok, l, _, err := acquireAttrs(t, e, a); !ok || err != nil {
 		t.Fatalf("acquire = %v, %v", ok, err)
 	} else {
-		_, _ = e.Release(ctx, l.ID)
+		_, _ = e.Concurrency().Release(ctx, l.ID)
 	}
-	_, _ = e.Release(ctx, leases[1].ID)
+	_, _ = e.Concurrency().Release(ctx, leases[1].ID)
 	ok, l, c, err := acquireAttrs(t, e, a)
 	if ok || err != nil || l != nil {
 		t.Fatalf("acquire with the rate rule empty = %v, %v, %v; want refused", ok, l, err)
@@ -155,16 +157,16 @@ func TestCheckOfAConcurrencyRuleIsInvalid(t *testing.T) {
 	e, _, _ := newLeaseEngine(t)
 	c := e.NewCheck()
 	_, err := c.AddRule("reports", "k", 0)
-	var inv *InvalidError
-	if !errors.As(err, &inv) || inv.Field != "rule_id" || !errors.Is(err, ErrConcurrencyRule) || !strings.Contains(err.Error(), `"reports"`) {
+	var inv *request.InvalidError
+	if !errors.As(err, &inv) || inv.Field != "rule_id" || !errors.Is(err, request.ErrConcurrencyRule) || !strings.Contains(err.Error(), `"reports"`) {
 		t.Fatalf("Check of a concurrency rule: %v", err)
 	}
 	_, _, err = e.NewCheck().AddAttributes(&rules.Attributes{User: "u", Path: "/reports/x"}, 1)
-	if !errors.As(err, &inv) || inv.Field != "attributes" || !errors.Is(err, ErrConcurrencyRule) {
+	if !errors.As(err, &inv) || inv.Field != "attributes" || !errors.Is(err, request.ErrConcurrencyRule) {
 		t.Fatalf("Check by attributes matching a concurrency rule: %v", err)
 	}
 	_, err = e.NewAcquire().AddRule("api", "k", 0)
-	if !errors.As(err, &inv) || inv.Field != "rule_id" || !errors.Is(err, ErrNotConcurrency) {
+	if !errors.As(err, &inv) || inv.Field != "rule_id" || !errors.Is(err, concurrency.ErrNotConcurrency) {
 		t.Fatalf("Acquire of a rate rule by id: %v", err)
 	}
 	_, err = e.NewAcquire().AddRule("reports", "k", 2)
@@ -184,7 +186,7 @@ func TestLeaseIDValidation(t *testing.T) {
 	if err != nil || l == nil {
 		t.Fatal(err)
 	}
-	real, _ := parseLeaseID(l.ID)
+	real, _ := leaseid.Parse(l.ID)
 	forged := *real
 	forged.Nonce[0] ^= 1
 	otherRule := *real
@@ -209,11 +211,11 @@ func TestLeaseIDValidation(t *testing.T) {
 		{"forged nonce", forged.String(), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			released, err := e.Release(ctx, tt.id)
-			var inv *InvalidError
+			released, err := e.Concurrency().Release(ctx, tt.id)
+			var inv *request.InvalidError
 			if tt.invalid {
 				if !errors.As(err, &inv) || inv.Field != "lease_id" {
-					t.Fatalf("Release(%q) = %v, %v; want an *InvalidError of lease_id", tt.id, released, err)
+					t.Fatalf("Release(%q) = %v, %v; want an *request.InvalidError of lease_id", tt.id, released, err)
 				}
 				return
 			}
@@ -223,7 +225,7 @@ func TestLeaseIDValidation(t *testing.T) {
 		})
 	}
 	// The real lease is still held.
-	if ok, _, err := e.Renew(ctx, l.ID); !ok || err != nil {
+	if ok, _, err := e.Concurrency().Renew(ctx, l.ID); !ok || err != nil {
 		t.Fatalf("the real lease after the forgeries: %v, %v", ok, err)
 	}
 }
@@ -240,7 +242,7 @@ func TestAcquireStoreFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	ok, l, err := e.Acquire(ctx, c)
-	if !ok || err != nil || c.Leases()[0].route != routeFallback {
+	if !ok || err != nil || c.Leases()[0].Route != request.RouteFallback {
 		t.Fatalf("fail-open acquire with the store down = %v, %v", ok, err)
 	}
 	c = e.NewAcquire()
@@ -251,7 +253,7 @@ func TestAcquireStoreFailure(t *testing.T) {
 		t.Fatalf("fail-closed acquire with the store down: %v, want ErrUnavailable", err)
 	}
 	store.setFail(nil)
-	if released, err := e.Release(ctx, l.ID); !released || err != nil {
+	if released, err := e.Concurrency().Release(ctx, l.ID); !released || err != nil {
 		t.Fatalf("release of the fallback lease = %v, %v", released, err)
 	}
 }

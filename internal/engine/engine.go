@@ -1,52 +1,64 @@
 // Package engine decides checks: it is the one pipeline behind every front
 // door (a check by rule id, by attributes, Envoy's rate limit service,
 // forward-auth, and the checks other regions forward). A front door builds
-// a Check (or, for concurrency rules, an Acquire) from its request, calls
-// Decide (or Acquire), and translates the items' decisions into its answer;
-// the deny cache, leases, home-region forwarding, the store-failure policy
-// and the decision metrics live here and nowhere else.
+// a request.Check (or, for concurrency rules, a concurrency.Acquire) from
+// its request, calls Decide (or Acquire), and translates the items'
+// decisions into its answer; the deny cache, leases, home-region
+// forwarding, the store-failure policy and the decision metrics live in
+// this package and the ones below it, and nowhere else.
 //
-// A call is one plan (plan.go): routed once, under one topology snapshot,
-// its stages run in order, each deciding some items and pushing onto the
-// plan's undo stack what it spent. An Acquire is a check with lease stages
-// in front (acquireStages); a check has the rest (checkStages):
+// A call is one plan (plan.go): routed once, under one topology snapshot
+// (homes.State), its stages run in order, each deciding some items and
+// recording what it spent to be given back. An Acquire is a check with
+// lease stages in front (acquireStages); a check has the rest
+// (checkStages). The plan, the order and the failure policy are this
+// package's; the stages' own work is the packages named on the right:
 //
-//	NewCheck / NewAcquire + Add...        check.go, concurrency.go
+//	NewCheck / NewAcquire + Add...        request, concurrency
 //	        |
 //	        v
-//	[Acquire] route leases: home | here   concurrency.go
-//	[Acquire] leases at the keys' homes   pinnedlease.go      undo: release there
-//	[Acquire] leases here, one store call concurrency.go      undo: release here
+//	[Acquire] route leases: home | here   concurrency (Route)
+//	[Acquire] leases at the keys' homes   concurrency (AtHomes)   undo: release there
+//	[Acquire] leases here, one store call concurrency (Here)      undo: release here
 //	        |
 //	        v
 //	deny cache ---- a denial known ---->  refused, nothing spent
-//	        |                             (internal/engine/denycache)
+//	        |                             pipeline.go, denycache
 //	        v
 //	route: home region | token lease | this region's store
-//	        |                             pipeline.go
+//	        |                             pipeline.go, homes (HomeOf)
 //	        v
-//	home regions (forward)                pipeline.go         undo: refund there
+//	home regions (forward)                homes (Forwarder)       undo: refund there
 //	        v
-//	token leases                          pipeline.go         undo: tokens back
-//	        v                             (internal/engine/lease)
-//	handoff of moved keys                 handoff.go
+//	token leases                          lease (Serve)           undo: tokens back
 //	        v
-//	this region's store, one call         pipeline.go         undo: store undo
+//	handoff of moved keys                 handoff.go, handoff
+//	        v
+//	this region's store, one call         pipeline.go             undo: store undo
 //	        v
 //	shadow rules (refuse nothing)         pipeline.go
+//	        v
+//	counted                               tally
 //
-// A part that fails goes to the one failure policy (onFailure, policy.go):
-// refused, uncertain or decided from a share of the limit. A call is all
-// or nothing: the first stage that refuses or fails ends it, and unwind
-// gives back, newest first, what the earlier stages spent, on contexts of
-// their own (detached): a home region's refund runs on after the answer.
-// A home that refuses a call as routed with a stale topology, when a newer
-// one is in force, makes it unwound and routed again, once.
+// A part that fails goes to the one failure policy (onFailure, policy.go;
+// the lease stages reach it through concurrency.Policy): refused,
+// uncertain or decided from a share of the limit. A call is all or
+// nothing: the first stage that refuses or fails ends it, and unwind gives
+// back, newest first, what the earlier stages spent, on contexts of their
+// own (detached): a home region's refund runs on after the answer. A home
+// that refuses a call as routed with a stale topology, when a newer one is
+// in force, makes it unwound and routed again, once.
 //
-// Sub-packages: denycache (refusals remembered), lease (token batches held
-// by this instance), leaseid (the text of a concurrency lease id),
-// inflight (the leases granted here, for the in-flight gauge),
-// reservation (the name of a paced check's reserved slot) and metrics (the
+// The packages below it, none of which imports it: request (the rule
+// table, a check's items, the errors of building one), concurrency (the
+// concurrency leases: Acquire, its lease stages, a peer's Acquire, Release
+// and Renew), homes (the topology a call is routed under, the clients of
+// the other regions and the calls to them), handoff (the buckets of keys
+// moved to a new home), denycache (refusals remembered), lease (token
+// batches held by this instance), tally (what a decided check counts),
+// reservation (a paced check's reserved slot), leaseid (the text of a
+// concurrency lease id), inflight (the leases granted here, for the
+// in-flight gauge), topkeys (the keys refused most) and metrics (the
 // engine's Prometheus series).
 package engine
 
@@ -56,7 +68,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -64,11 +75,16 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/denycache"
+	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/inflight"
 	"github.com/limiterd/limiterd/internal/engine/lease"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/reservation"
+	"github.com/limiterd/limiterd/internal/engine/tally"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -85,91 +101,23 @@ const (
 	// DefaultFallbackMaxBytes bounds the fallback's buckets: about 340k
 	// token buckets of 20-byte keys.
 	DefaultFallbackMaxBytes = 64 << 20
-	// MaxItems bounds the enforced rules of one check (and again its
-	// shadow rules): what one request may cost the store.
-	MaxItems = 64
 )
 
-// Errors of Decide and of building a check. Front doors test them with
-// errors.Is and errors.As and translate them into their own statuses.
+// Errors of Decide (those of building a check are the request package's).
+// Front doors test them with errors.Is and errors.As and translate them
+// into their own statuses.
 var (
-	// ErrUnknownRule: a check by rule id names no rule in force.
-	ErrUnknownRule = errors.New("unknown rule")
 	// ErrUnavailable: a fail-closed rule could not be decided (its store,
 	// or its key's home region, did not answer).
 	ErrUnavailable = errors.New("rule undecided and it fails closed")
 	// ErrOverloaded: the check waited in this process too long for the
 	// store; nothing was spent. It says limiterd is busy, not the store.
 	ErrOverloaded = errors.New("overloaded: the check waited too long to reach the store")
-	// ErrStaleTopology: a Home refused a forward because its topology is
-	// newer than the one the check was routed with and homes a key
-	// elsewhere; it decided nothing.
-	ErrStaleTopology = errors.New("the home region's topology is newer and homes the key elsewhere")
 )
 
 // errReroute: a home refused the check as routed with a stale topology and
 // a newer one is in force now: the check is routed again, once.
 var errReroute = errors.New("routed with a stale topology")
-
-// InvalidError is a check refused as invalid. Field names the request field
-// at fault: rule_id, key, cost or attributes.
-type InvalidError struct {
-	Field string
-	Err   error
-}
-
-// Error is the cause's message, which starts with the path of the field
-// (rule_id, key, cost, attributes.ip, descriptors[1].entries, ...).
-func (e *InvalidError) Error() string { return e.Err.Error() }
-
-// Unwrap returns the cause (bucket.ErrInvalidCost, bucket.ErrInvalidKey, ...).
-func (e *InvalidError) Unwrap() error { return e.Err }
-
-// invalid is an *InvalidError of field whose message is format, which
-// must start with the field's path.
-func invalid(field string, format string, args ...any) *InvalidError {
-	return &InvalidError{Field: field, Err: fmt.Errorf(format, args...)}
-}
-
-// Home is another region's limiterd, for the rules pinned to a key's home
-// region. Errors: an *InvalidError or ErrUnknownRule when the home refused
-// the items as invalid (its answer stands); any other error means it did
-// not answer, and the rules' on_failure decides.
-type Home interface {
-	// Decide decides items in the home region, all or nothing; it returns
-	// one decision per item, whose At is the instant the home's store
-	// spent it at, or 0 when the home spent nothing in its store (it
-	// decided from its fallback, or did not learn the outcome).
-	Decide(ctx context.Context, items []HomeItem) (allowed bool, ds []bucket.Decision, err error)
-	// Refund gives back what an allowed Decide spent in the home's
-	// store: the items whose decision had an At, each with it.
-	Refund(ctx context.Context, items []HomeItem) error
-	// Handoff asks a region that was the home of items' keys before a
-	// topology switch what their buckets count now (Engine.Used there),
-	// one count per item; the items' costs are not used.
-	Handoff(ctx context.Context, items []HomeItem) ([]float64, error)
-}
-
-// HomeItem is one rule of a check forwarded to its key's home region.
-type HomeItem struct {
-	Rule string
-	Key  string
-	Cost float64
-	// MaxWait paces the forwarded check (Check.Pace): the same for every
-	// item; the home reserves them at one instant and answers its wait in
-	// the decisions.
-	MaxWait time.Duration
-	// At, in a Refund, is the instant the home's store spent the item at
-	// (its Decide's bucket.Decision.At).
-	At int64
-}
-
-// SpendRecorder collects the tokens admitted for reconciled rules, for the
-// other regions (gossip.Accumulator). budget is the rule's spend per key
-// past which the key is published at once (rules.Rule.SpendBudget).
-type SpendRecorder interface {
-	Add(rule, key string, cost, budget float64, admittedMicros int64)
-}
 
 // Options configure an Engine. Store is required.
 type Options struct {
@@ -179,7 +127,7 @@ type Options struct {
 	// rules' keys have as homes, reached through Homes (one per other region).
 	Region   string
 	Topology *region.Topology
-	Homes    map[string]Home
+	Homes    map[string]homes.Home
 	// ReloadTopology, when set, reads the topology again (and puts a newer
 	// one in force through SetTopology before it returns); it is called when
 	// a home refuses a forward as routed with a stale topology.
@@ -205,7 +153,7 @@ type Options struct {
 	// Leases holds the leases of concurrency rules; nil: Store.
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
-	Spends SpendRecorder
+	Spends tally.SpendRecorder
 	// TopLimitedSize is the counters per rule of the keys refused most
 	// (topkeys; 0: topkeys.DefaultSize; < 0: off).
 	TopLimitedSize int
@@ -222,7 +170,7 @@ type Options struct {
 type Engine struct {
 	store    bucket.Backend
 	fallback *bucket.Memory
-	table    atomic.Pointer[table]
+	table    atomic.Pointer[request.Table]
 	gen      atomic.Uint64
 	rulesMu  sync.Mutex
 	deny     *denycache.Cache
@@ -230,24 +178,25 @@ type Engine struct {
 	// top counts the keys each rule refused (shadow rules: would have).
 	top    *topkeys.Tracker
 	region string
-	topo   atomic.Pointer[topoState]
+	topo   homes.Current
 	reload func()
 	fwdTO  time.Duration
-	// handoffMax caps the rules' handoff windows (0: none).
-	handoffMax time.Duration
-	fleet      func() int
-	spends     SpendRecorder
-	// leaseStore holds the leases of concurrency rules; inflight counts
-	// those this instance granted.
-	leaseStore bucket.LeaseStore
-	inflight   *inflight.Tracker
-	log        *slog.Logger
-	m          *metrics.Metrics
-	// refunds are the home-region refunds still under way.
-	refunds sync.WaitGroup
-	// resKey keys reservations' MACs; spentRes are those given back.
-	resKey   []byte
-	spentRes reservation.Spent
+	// handoffs seed the buckets of the keys moved here.
+	handoffs handoff.Handoff
+	fleet    func() int
+	// tally counts decided checks.
+	tally tally.Tally
+	// conc holds the leases of concurrency rules; inflight counts those
+	// this instance granted.
+	conc     *concurrency.Leases
+	inflight *inflight.Tracker
+	log      *slog.Logger
+	m        *metrics.Metrics
+	// fwd makes the calls to home regions, the refunds still under way
+	// among them.
+	fwd homes.Forwarder
+	// res names paced checks' reservations and gives them back.
+	res *reservation.Book
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -274,33 +223,40 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	e := &Engine{
 		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys), top: topkeys.New(opts.TopLimitedSize),
-		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout, handoffMax: opts.HandoffMaxWindow,
-		fleet: opts.FleetSize, spends: opts.Spends, log: opts.Logger, m: m,
-		resKey: reservation.Key(opts.ReservationSecret),
+		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
+		handoffs: handoff.Handoff{Region: opts.Region, MaxWindow: opts.HandoffMaxWindow, Store: opts.Store, Results: m.Handoffs},
+		fleet:    opts.FleetSize, log: opts.Logger, m: m,
+		res: reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
 	}
-	ts := newTopoState(opts.Topology, opts.Homes)
+	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
 		if prev := opts.Topology.Previous(); prev != nil {
 			// Started on a topology that names the one before it: the
 			// keys it moved here take their buckets from their old homes,
 			// within their windows from its effective_at.
-			ts.prev, ts.since = prev, opts.Topology.EffectiveAt()
+			ts.Switch.Prev, ts.Switch.Since = prev, opts.Topology.EffectiveAt()
 		}
 	}
 	e.topo.Store(ts)
+	e.tally = tally.Tally{Metrics: m, Top: e.top, Spends: opts.Spends, Fleet: e.fleet}
+	e.fwd = homes.Forwarder{Timeout: e.fwdTO, Detached: e.detached, Refunds: m.Refunds, Log: e.log}
 	for name := range opts.Homes {
 		m.Stale.WithLabelValues(name)
 	}
-	e.leaseStore = cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store)
 	e.inflight = inflight.New(func() []string {
 		var out []string
-		for _, r := range e.table.Load().set.Rules() {
+		for _, r := range e.table.Load().Set.Rules() {
 			if r.Concurrent() {
 				out = append(out, r.ID)
 			}
 		}
 		return out
 	}, m.Untracked, e.log)
+	e.conc = concurrency.New(concurrency.Options{
+		Region: e.region, Store: cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store), Fallback: e.fallback, Fleet: e.fleet,
+		Topology: &e.topo, Table: &e.table, Inflight: e.inflight, Metrics: m, Log: e.log,
+		ForwardTimeout: e.fwdTO, Detached: e.detached, Policy: leasePolicy{e},
+	})
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "limiter_lease_keys",
@@ -312,7 +268,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}, func() float64 { return float64(e.leases.Full()) }),
 	}
 	sizes = append(sizes, e.inflight)
-	sizes = append(sizes, MemoryCollectors(e.fallback, "fallback")...)
+	sizes = append(sizes, metrics.MemoryCollectors(e.fallback, "fallback")...)
 	if e.deny != nil {
 		dc := e.deny
 		sizes = append(sizes, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -331,31 +287,6 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	return e, nil
 }
 
-// MemoryCollectors export the size of an in-process store m (the
-// embedded store or the fallback, as label store says): its buckets, their
-// memory and its cap, and its evictions.
-func MemoryCollectors(m *bucket.Memory, store string) []prometheus.Collector {
-	labels := prometheus.Labels{"store": store}
-	return []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "limiter_memory_buckets", ConstLabels: labels,
-			Help: "Buckets held by an in-process store (embedded: the store of a limiterd without Redis; fallback: fail-open decisions while the store is down), expired ones not yet swept included.",
-		}, func() float64 { return float64(m.Len()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "limiter_memory_bytes", ConstLabels: labels,
-			Help: "Memory of the buckets of an in-process store, as counted for its cap (overhead, key, rule id and log of each).",
-		}, func() float64 { return float64(m.Bytes()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "limiter_memory_max_bytes", ConstLabels: labels,
-			Help: "The cap of limiter_memory_bytes.",
-		}, func() float64 { return float64(m.MaxBytes()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "limiter_memory_evictions_total", ConstLabels: labels,
-			Help: "Unexpired buckets an in-process store dropped at its cap to make room (the key's next check starts from a fresh bucket).",
-		}, func() float64 { return float64(m.Evicted()) }),
-	}
-}
-
 // SetRules puts set in force for every check that starts from now on. A
 // set whose pinned rules name a home region the topology lacks is refused
 // (the rules in force stay). Denials remembered under the old rules are
@@ -364,14 +295,27 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
 	ts := e.topo.Load()
-	if err := validateHomes(ts.topo, set); err != nil {
+	if err := validateHomes(ts.Topo, set); err != nil {
 		return err
 	}
-	e.install(set, ts.regions)
+	e.install(set, ts.Regions)
 	// The refused keys of rules that are gone go with them.
 	e.top.Forget(func(id string) bool { return set.Get(id) != nil })
 	return nil
 }
+
+// Rules is the rule set checks starting now are decided with.
+func (e *Engine) Rules() *rules.Set { return e.table.Load().Set }
+
+// NewCheck starts a check under the rules in force now.
+func (e *Engine) NewCheck() *request.Check { return request.NewCheck(e.table.Load(), e.m) }
+
+// Invalid counts a request a front door refused as invalid before its
+// check was built, by the field at fault (rule_id, key, cost, attributes).
+func (e *Engine) Invalid(field string) { e.m.Invalid.WithLabelValues(field).Inc() }
+
+// Observe records the time a front door took to answer one check.
+func (e *Engine) Observe(seconds float64) { e.m.Duration.Observe(seconds) }
 
 // TopLimited returns the k keys the rule refused most in the last one to
 // two topkeys.Window (a shadow rule: would have refused), most first.
@@ -410,126 +354,70 @@ func validateHomes(topo *region.Topology, set *rules.Set) error {
 // previous_regions when it names them, else those of the topology it
 // replaces; when that removes a region, retired waits for the longest
 // handoff window too (or StopHandoffs).
-func (e *Engine) SetTopology(topo *region.Topology, homes map[string]Home, retired func()) error {
+func (e *Engine) SetTopology(topo *region.Topology, clients map[string]homes.Home, retired func()) error {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
-	set := e.table.Load().set
+	set := e.table.Load().Set
 	if err := validateHomes(topo, set); err != nil {
 		return err
 	}
-	for name := range homes {
+	for name := range clients {
 		e.m.Stale.WithLabelValues(name)
 	}
-	ts := newTopoState(topo, homes)
+	ts := homes.NewState(topo, clients)
 	cur := e.topo.Load()
 	if topo != nil {
 		if prev := topo.Previous(); prev != nil {
 			// The file names the regions before it: every process hands
 			// off the same keys, within windows from the same instant.
-			ts.prev, ts.since = prev, topo.EffectiveAt()
-		} else if cur.topo != nil {
-			ts.prev, ts.since = cur.topo, time.Now()
+			ts.Switch.Prev, ts.Switch.Since = prev, topo.EffectiveAt()
+		} else if cur.Topo != nil {
+			ts.Switch.Prev, ts.Switch.Since = cur.Topo, time.Now()
 		}
 	}
-	if ts.prev != nil {
+	if ts.Switch.Prev != nil {
 		// The keys this switch moves here take their buckets from their
 		// old homes, a region it removes included: cur, with its clients,
 		// stays in use for the longest handoff window.
-		ts.prevHomes = cur.homes
-		w, rule := e.longestHandoff(set)
-		if w > 0 && removesRegion(ts.prev, topo) && cur.topo != nil {
-			cur.users.Add(1)
-			ts.prevState = cur
-			ts.holdPrev = time.AfterFunc(w, cur.release)
+		ts.PrevHomes = cur.Homes
+		w, rule := e.handoffs.Longest(set)
+		if w > 0 && removesRegion(ts.Switch.Prev, topo) && cur.Topo != nil {
+			ts.HoldPrevious(cur, w)
 		}
 		if w > 0 {
 			e.log.Info("keys this topology moves here take their old homes' buckets until the longest handoff window has passed",
-				"generation", topo.Generation(), "previous_regions", ts.prev.Names(), "until", ts.since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
+				"generation", topo.Generation(), "previous_regions", ts.Switch.Prev.Names(), "until", ts.Switch.Since.Add(w).UTC().Format(time.RFC3339), "rule", rule)
 		}
 	}
 	old := e.topo.Swap(ts)
-	if old.holdPrev != nil && old.holdPrev.Stop() {
-		// The topology before old is not asked any more.
-		old.prevRelease()
-	}
-	e.install(set, ts.regions)
-	old.retire(retired)
+	// The topology before old is not asked any more.
+	old.StopHolding()
+	e.install(set, ts.Regions)
+	old.Retire(retired)
 	return nil
 }
 
 // Topology is the topology checks starting now are routed with.
-func (e *Engine) Topology() *region.Topology { return e.topo.Load().topo }
+func (e *Engine) Topology() *region.Topology { return e.topo.Load().Topo }
 
 // install puts set in force, decided with regions' shares. Called with
 // rulesMu held.
 func (e *Engine) install(set *rules.Set, regions int) {
 	gen := e.gen.Add(1)
 	old := e.table.Load()
-	t := newTable(set, gen, regions, e.m, old)
+	t := request.NewTable(set, gen, regions, e.m, old)
 	e.table.Store(t)
 	if e.deny != nil {
 		e.deny.Reset(gen)
 	}
 	if old != nil {
-		for id := range old.byID {
-			if t.byID[id] == nil {
+		for id := range old.ByID {
+			if t.ByID[id] == nil {
 				e.m.Forget(id)
 			}
 		}
 	}
 }
-
-// topoState is a topology checks are routed with and the Homes of its other
-// regions, with the count of the checks and refunds using it.
-type topoState struct {
-	topo *region.Topology // nil: no topology
-	gen  uint64
-	// prev is the topology in force before this one, since when this one
-	// is (nil: the first of this process), and seeded the keys it moved
-	// here whose buckets were seeded from their old homes (see handoff).
-	prev   *region.Topology
-	since  time.Time
-	seeded seededKeys
-	// prevHomes are the clients of prev's regions, for those this
-	// topology removed; holdPrev, when set, keeps prevState (prev's own
-	// state, its clients with it) in use until the longest handoff window
-	// has passed.
-	prevHomes map[string]Home
-	holdPrev  *time.Timer
-	prevState *topoState
-	homes     map[string]Home
-	regions   int
-	users     atomic.Int64
-	retired   atomic.Bool
-	onIdle    func()
-	idle      sync.Once
-}
-
-func newTopoState(topo *region.Topology, homes map[string]Home) *topoState {
-	ts := &topoState{topo: topo, homes: homes, regions: 1}
-	if topo != nil {
-		ts.regions, ts.gen = len(topo.Names()), topo.Generation()
-	}
-	return ts
-}
-
-// useTopology returns the topology in force, counted as used until its
-// release. The second look tells a state retired meanwhile: its count was
-// seen by retire before it was taken here, so it is not used.
-func (e *Engine) useTopology() *topoState {
-	for {
-		ts := e.topo.Load()
-		ts.users.Add(1)
-		if e.topo.Load() == ts {
-			return ts
-		}
-		ts.release()
-	}
-}
-
-// prevRelease gives back the use of the state before ts that holdPrev
-// kept, once its timer was stopped.
-func (ts *topoState) prevRelease() { ts.prevState.release() }
 
 // StopHandoffs gives up the handoff windows still open: the previous
 // topology's clients are released (and closed by its retire callback) now,
@@ -537,30 +425,7 @@ func (ts *topoState) prevRelease() { ts.prevState.release() }
 func (e *Engine) StopHandoffs() {
 	e.rulesMu.Lock()
 	defer e.rulesMu.Unlock()
-	if ts := e.topo.Load(); ts.holdPrev != nil && ts.holdPrev.Stop() {
-		ts.prevRelease()
-	}
-}
-
-func (ts *topoState) release() {
-	if ts.users.Add(-1) == 0 && ts.retired.Load() {
-		ts.idle.Do(ts.runIdle)
-	}
-}
-
-// retire marks ts replaced; f runs once no check or refund uses it.
-func (ts *topoState) retire(f func()) {
-	ts.onIdle = f
-	ts.retired.Store(true)
-	if ts.users.Load() == 0 {
-		ts.idle.Do(ts.runIdle)
-	}
-}
-
-func (ts *topoState) runIdle() {
-	if ts.onIdle != nil {
-		ts.onIdle()
-	}
+	e.topo.Load().StopHolding()
 }
 
 // LeftOver is what a lease still holds at shutdown.
@@ -577,27 +442,15 @@ func (e *Engine) DrainLeases() []LeftOver {
 	t := e.table.Load()
 	var out []LeftOver
 	for _, l := range e.leases.Drain() {
-		if en := t.byID[l.Rule]; en != nil {
-			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.limit, Tokens: l.Tokens})
+		if en := t.ByID[l.Rule]; en != nil {
+			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.Limit, Tokens: l.Tokens})
 		}
 	}
 	return out
 }
 
 // Wait waits for the refunds to home regions still under way, or ctx.
-func (e *Engine) Wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() {
-		e.refunds.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func (e *Engine) Wait(ctx context.Context) error { return e.fwd.Wait(ctx) }
 
 // detached is a context for what must be done whether or not the caller
 // still waits: giving back what a refused check or Acquire took (undos,
@@ -608,67 +461,27 @@ func (e *Engine) detached(ctx context.Context) (context.Context, context.CancelF
 	return context.WithTimeout(context.WithoutCancel(ctx), max(ReleaseTimeout, e.fwdTO))
 }
 
-// share is one of n equal parts of l, for fail-open decisions, for
-// requests of cost, at most the rule's capacity (for a share made ahead of
-// any request, 1 or the capacity when smaller): 1/n of the
-// rate, and of the capacity while that holds at least cost. A smaller part
-// is shared by time instead, so that n instances together still admit the
-// limit's rate: a window rule holds cost in a window n·cost/capacity times
-// as long (a sliding log of 3 a minute over 10 instances: 1 each per 200
-// s, not 1 each a minute); a token bucket or GCRA holds a burst of cost,
-// refilling at 1/n of the rate.
-func share(l bucket.Limit, n int, cost float64) bucket.Limit {
-	if n <= 1 {
-		return l
-	}
-	part := l.Capacity / float64(n)
-	if l.Algorithm == bucket.SlidingLog {
-		part, cost = math.Floor(part), math.Max(math.Ceil(cost), 1)
-	}
-	switch l.Algorithm {
-	case bucket.TokenBucket, bucket.GCRA:
-		l.RefillPerSecond /= float64(n)
-		l.Capacity = math.Max(part, cost)
-	default:
-		if part >= cost {
-			l.Capacity = part
-			break
-		}
-		l.Window = time.Duration(math.Ceil(float64(l.Window) * float64(n) * cost / l.Capacity))
-		l.Capacity = cost
-	}
-	return l
-}
-
-// SustainedRate is a limit's long-run tokens per second.
-func SustainedRate(l bucket.Limit) float64 {
-	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
-		return l.RefillPerSecond
-	}
-	return l.Capacity / l.Window.Seconds()
-}
-
 // Refund gives back what an allowed Decide of a peer region's check spent
 // in this region's store, the keys' home (the Peer service's Refund): each
 // item at the instant its decision's At named. Items of rules no longer in
 // force are skipped; costs are normalized against the rule as Decide did.
-func (e *Engine) Refund(ctx context.Context, items []HomeItem) error {
+func (e *Engine) Refund(ctx context.Context, items []homes.Item) error {
 	t := e.table.Load()
 	reqs := make([]bucket.Request, 0, len(items))
 	ats := make([]int64, 0, len(items))
 	for i, it := range items {
-		en := t.byID[it.Rule]
+		en := t.ByID[it.Rule]
 		if en == nil {
 			continue
 		}
-		cost, err := en.limit.NormalizeCost(it.Cost)
+		cost, err := en.Limit.NormalizeCost(it.Cost)
 		if err != nil {
-			return &InvalidError{Field: fmt.Sprintf("items[%d].cost", i), Err: err}
+			return &request.InvalidError{Field: fmt.Sprintf("items[%d].cost", i), Err: err}
 		}
 		if it.At <= 0 {
-			return invalid(fmt.Sprintf("items[%d].spent_at_us", i), "items[%d].spent_at_us: %d: want the instant the item was spent at (µs since the Unix epoch, > 0)", i, it.At)
+			return request.Invalid(fmt.Sprintf("items[%d].spent_at_us", i), "items[%d].spent_at_us: %d: want the instant the item was spent at (µs since the Unix epoch, > 0)", i, it.At)
 		}
-		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.limit, Cost: cost})
+		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.Limit, Cost: cost})
 		ats = append(ats, it.At)
 	}
 	if len(reqs) == 0 {
@@ -702,4 +515,14 @@ func undoAt(ctx context.Context, u bucket.Undoer, reqs []bucket.Request, ats []i
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// removesRegion reports whether next lacks a region of cur.
+func removesRegion(cur, next *region.Topology) bool {
+	for _, n := range cur.Names() {
+		if !next.Has(n) {
+			return true
+		}
+	}
+	return false
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -36,7 +37,7 @@ func newMemoryEngine(t testing.TB, file string, mutate ...func(*Options)) (*Engi
 }
 
 // FuzzCheck: any check by rule id is either decided with sane numbers or
-// refused with an *InvalidError naming rule_id, key or cost; it never
+// refused with an *request.InvalidError naming rule_id, key or cost; it never
 // panics and never spends on an invalid request.
 func FuzzCheck(f *testing.F) {
 	e, _ := newMemoryEngine(f, "testdata/rules.yml")
@@ -50,12 +51,12 @@ func FuzzCheck(f *testing.F) {
 		c := e.NewCheck()
 		it, err := c.AddRule(rule, key, cost)
 		if err != nil {
-			var inv *InvalidError
+			var inv *request.InvalidError
 			if !errors.As(err, &inv) || (inv.Field != "rule_id" && inv.Field != "key" && inv.Field != "cost") {
-				t.Fatalf("AddRule(%q, %q, %v): %v, want an *InvalidError naming rule_id, key or cost", rule, key, cost, err)
+				t.Fatalf("AddRule(%q, %q, %v): %v, want an *request.InvalidError naming rule_id, key or cost", rule, key, cost, err)
 			}
-			if (inv.Field == "rule_id") != errors.Is(err, ErrUnknownRule) {
-				t.Fatalf("AddRule(%q): rule_id error %v does not wrap ErrUnknownRule", rule, err)
+			if (inv.Field == "rule_id") != errors.Is(err, request.ErrUnknownRule) {
+				t.Fatalf("AddRule(%q): rule_id error %v does not wrap request.ErrUnknownRule", rule, err)
 			}
 			return
 		}

@@ -12,7 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -95,7 +98,7 @@ func newHandoffWorld(t testing.TB) *handoffWorld {
 // usEngine is an instance of us on us's store, started on topo.
 func (w *handoffWorld) usEngine(reg *prometheus.Registry, topo *region.Topology) *Engine {
 	w.t.Helper()
-	e, err := New(Options{Store: w.usStore, Region: "us", Topology: topo, Homes: map[string]Home{"eu": w.euHome},
+	e, err := New(Options{Store: w.usStore, Region: "us", Topology: topo, Homes: map[string]homes.Home{"eu": w.euHome},
 		Logger: quietLogger()}, w.set, reg)
 	if err != nil {
 		w.t.Fatal(err)
@@ -106,7 +109,7 @@ func (w *handoffWorld) usEngine(reg *prometheus.Registry, topo *region.Topology)
 // switchTo puts newer (us alone) in force in e.
 func (w *handoffWorld) switchTo(e *Engine) {
 	w.t.Helper()
-	if err := e.SetTopology(w.newer, map[string]Home{}, func() { w.retired.Add(1) }); err != nil {
+	if err := e.SetTopology(w.newer, map[string]homes.Home{}, func() { w.retired.Add(1) }); err != nil {
 		w.t.Fatal(err)
 	}
 }
@@ -231,7 +234,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 		}
 		// Past the handoff window, a moved key starts full: eu's bucket
 		// would be full again by then.
-		w.us.topo.Load().since = time.Now().Add(-w.set.Get("closed").Bucket().HandoffWindow())
+		w.us.topo.Load().Switch.Since = time.Now().Add(-w.set.Get("closed").Bucket().HandoffWindow())
 		w.euHome.fail.Store(true) // never asked
 		if n, err := admit(t, w.us, "closed", k2); n != 10 || err != nil {
 			t.Fatalf("past the window: admitted %d (%v), want 10", n, err)
@@ -298,7 +301,7 @@ func TestHandoffAtSwitch(t *testing.T) {
 	})
 }
 
-// TestHandoffKeysBound: a process remembers at most MaxHandoffKeys moved
+// TestHandoffKeysBound: a process remembers at most handoff.MaxKeys moved
 // keys as seeded; past that, a moved key is still handed off once, and its
 // later checks ask the store (Seeded) instead of the memory.
 func TestHandoffKeysBound(t *testing.T) {
@@ -307,16 +310,16 @@ func TestHandoffKeysBound(t *testing.T) {
 	spend(t, w.eu, "open", key, 6)
 	w.switchTo(w.us)
 	ts := w.us.topo.Load()
-	for i := range MaxHandoffKeys + 10 {
-		ts.seeded.add("open", fmt.Sprintf("filler:%d", i))
+	for i := range handoff.MaxKeys + 10 {
+		ts.Switch.Seeded.Add("open", fmt.Sprintf("filler:%d", i))
 	}
-	if n := len(ts.seeded.keys); n != MaxHandoffKeys {
-		t.Fatalf("%d keys remembered, want the bound %d", n, MaxHandoffKeys)
+	if n := ts.Switch.Seeded.Len(); n != handoff.MaxKeys {
+		t.Fatalf("%d keys remembered, want the bound %d", n, handoff.MaxKeys)
 	}
 	if n, err := admit(t, w.us, "open", key); n != 4 || err != nil {
 		t.Fatalf("a moved key past the bound: admitted %d (%v), want 4", n, err)
 	}
-	if ts.seeded.has("open", key) {
+	if ts.Switch.Seeded.Has("open", key) {
 		t.Fatal("a key past the bound remembered")
 	}
 	if got := handoffCount(w.us, metrics.HandoffSeeded); got != 1 {
@@ -335,7 +338,7 @@ type answerHome struct {
 	used []float64
 }
 
-func (h *answerHome) Handoff(context.Context, []HomeItem) ([]float64, error) { return h.used, nil }
+func (h *answerHome) Handoff(context.Context, []homes.Item) ([]float64, error) { return h.used, nil }
 
 // TestHandoffBadAnswers: an old home's answer that is not one finite count
 // per key, within what a bucket can hold, is not taken: the key is handed
@@ -345,12 +348,12 @@ func TestHandoffBadAnswers(t *testing.T) {
 		t.Run(fmt.Sprint(used), func(t *testing.T) {
 			w := newHandoffWorld(t)
 			bad := &answerHome{used: used}
-			us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]Home{"eu": bad},
+			us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]homes.Home{"eu": bad},
 				Logger: quietLogger()}, w.set, prometheus.NewRegistry())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+			if err := us.SetTopology(w.newer, map[string]homes.Home{}, nil); err != nil {
 				t.Fatal(err)
 			}
 			key := w.movedKey(0)
@@ -368,7 +371,7 @@ func TestHandoffBadAnswers(t *testing.T) {
 // is done, as a gRPC call does.
 type ctxHome struct{ fakeHome }
 
-func (h *ctxHome) Handoff(ctx context.Context, items []HomeItem) ([]float64, error) {
+func (h *ctxHome) Handoff(ctx context.Context, items []homes.Item) ([]float64, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -383,12 +386,12 @@ func TestHandoffOutlivesItsCaller(t *testing.T) {
 	key := w.movedKey(0)
 	spend(t, w.eu, "open", key, 6)
 	home := &ctxHome{fakeHome{e: w.eu}}
-	us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]Home{"eu": home},
+	us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]homes.Home{"eu": home},
 		Logger: quietLogger()}, w.set, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+	if err := us.SetTopology(w.newer, map[string]homes.Home{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -427,12 +430,12 @@ func TestHandoffStoreFails(t *testing.T) {
 	spend(t, w.eu, "closed", key, 6)
 	store := &seedFailStore{Memory: bucket.NewMemory()}
 	reg := prometheus.NewRegistry()
-	us, err := New(Options{Store: store, Region: "us", Topology: w.older, Homes: map[string]Home{"eu": w.euHome},
+	us, err := New(Options{Store: store, Region: "us", Topology: w.older, Homes: map[string]homes.Home{"eu": w.euHome},
 		Logger: quietLogger()}, w.set, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+	if err := us.SetTopology(w.newer, map[string]homes.Home{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	store.fail.Store(true)
@@ -441,8 +444,8 @@ func TestHandoffStoreFails(t *testing.T) {
 	}
 	c := us.NewCheck()
 	it, _ := c.AddRule("open", key, 1)
-	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.route != routeFallback {
-		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.route)
+	if ok, err := us.Decide(context.Background(), c); !ok || err != nil || it.Route != request.RouteFallback {
+		t.Fatalf("fail-open, the store failing the seed: %v, %v, route %v; want allowed from the fallback", ok, err, it.Route)
 	}
 	if got := handoffCount(us, metrics.HandoffStoreError); got != 2 {
 		t.Errorf("handoffs store_error %v, want 2", got)
@@ -518,7 +521,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	euHome := &fakeHome{e: eu}
 	store := bucket.NewMemory()
 	usEngine := func() *Engine {
-		e, err := New(Options{Store: store, Region: "us", Topology: topo, Homes: map[string]Home{"eu": euHome}, Logger: quietLogger()},
+		e, err := New(Options{Store: store, Region: "us", Topology: topo, Homes: map[string]homes.Home{"eu": euHome}, Logger: quietLogger()},
 			rulesWith("acme: eu", 10), prometheus.NewRegistry())
 		if err != nil {
 			t.Fatal(err)
@@ -560,7 +563,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if err := us.SetRules(rulesWith("acme: us", 12)); err != nil {
 		t.Fatal(err)
 	}
-	if rh := us.table.Load().byID["vip"].rehome; rh == nil || rh.origin != homesDigest(map[string]string{"acme": "us"}) {
+	if rh := us.table.Load().ByID["vip"].Rehome; rh == nil || rh.Origin != handoff.Origin(map[string]string{"acme": "us"}) {
 		t.Fatalf("the rehoming after a change keeping home_keys: %+v", rh)
 	}
 	if n, err := admit(t, us, "vip", "acme"); n != 2 || err != nil {
@@ -580,7 +583,7 @@ func TestHandoffAtRehome(t *testing.T) {
 	if err := us.SetRules(later); err != nil {
 		t.Fatal(err)
 	}
-	us.table.Load().byID["vip"].rehome.since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
+	us.table.Load().ByID["vip"].Rehome.Since = time.Now().Add(-later.Get("vip").Bucket().HandoffWindow())
 	if n, err := admit(t, us, "vip", bolt); n != 12 || err != nil {
 		t.Fatalf("past the window: admitted %d (%v), want 12", n, err)
 	}
@@ -596,29 +599,33 @@ func TestHandoffMaxWindow(t *testing.T) {
 	w := newHandoffWorld(t)
 	key := w.movedKey(0)
 	spend(t, w.eu, "open", key, 6)
-	us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]Home{"eu": w.euHome},
+	us, err := New(Options{Store: bucket.NewMemory(), Region: "us", Topology: w.older, Homes: map[string]homes.Home{"eu": w.euHome},
 		HandoffMaxWindow: time.Minute, Logger: quietLogger()}, w.set, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := us.SetTopology(w.newer, map[string]Home{}, nil); err != nil {
+	var retired atomic.Int64
+	if err := us.SetTopology(w.newer, map[string]homes.Home{}, func() { retired.Add(1) }); err != nil {
 		t.Fatal(err)
 	}
 	ts := us.topo.Load()
-	if ts.holdPrev == nil {
+	if retired.Load() != 0 {
 		t.Fatal("the removed region's connection not held")
 	}
 	// The rule's own window is about 5.5 hours: one minute past the
 	// switch is past the cap.
-	ts.since = time.Now().Add(-time.Minute)
+	ts.Switch.Since = time.Now().Add(-time.Minute)
 	if n, err := admit(t, us, "open", key); n != 10 || err != nil {
 		t.Fatalf("past the cap: admitted %d (%v), want 10 (a full bucket)", n, err)
 	}
 	if got := handoffCount(us, metrics.HandoffSeeded) + handoffCount(us, metrics.HandoffUnreachable); got != 0 {
 		t.Errorf("handoffs past the cap: %v, want none", got)
 	}
-	if w, _ := us.longestHandoff(w.set); w != time.Minute {
+	if w, _ := us.handoffs.Longest(w.set); w != time.Minute {
 		t.Errorf("longest handoff window %v, want the cap (1m)", w)
 	}
 	us.StopHandoffs()
+	if got := retired.Load(); got != 1 {
+		t.Errorf("the older topology retired %d times after StopHandoffs, want 1", got)
+	}
 }

@@ -10,6 +10,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
+	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -23,18 +26,18 @@ type failingHome struct {
 	handoffs int
 }
 
-func (h *failingHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, error) {
+func (h *failingHome) Decide(context.Context, []homes.Item) (bool, []bucket.Decision, error) {
 	h.calls++
 	return false, nil, h.err
 }
-func (h *failingHome) Refund(context.Context, []HomeItem) error { return nil }
-func (h *failingHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
+func (h *failingHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *failingHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	h.handoffs++
 	return nil, h.err
 }
-func (h *failingHome) AcquireLease(context.Context, string) (HomeLease, error) {
+func (h *failingHome) AcquireLease(context.Context, string) (concurrency.HomeLease, error) {
 	h.calls++
-	return HomeLease{}, h.err
+	return concurrency.HomeLease{}, h.err
 }
 func (h *failingHome) ReleaseLease(context.Context, string) (bool, error) { return false, h.err }
 func (h *failingHome) RenewLease(context.Context, string) (bool, time.Time, time.Duration, error) {
@@ -110,7 +113,7 @@ func TestHomeFailures(t *testing.T) {
 			return ok, it.Decision.Remaining, err
 		},
 	}
-	stale := fmt.Errorf("refused: %w", ErrStaleTopology)
+	stale := fmt.Errorf("refused: %w", homes.ErrStaleTopology)
 	for name, call := range calls {
 		for _, tc := range []struct {
 			name     string
@@ -124,7 +127,7 @@ func TestHomeFailures(t *testing.T) {
 		}{
 			{"stale, newer file", stale, true, true, true, nil, 2, 1},
 			{"stale, no newer file", stale, false, true, false, nil, 1, 1},
-			{"unknown rule at the home", fmt.Errorf("home: %w", ErrUnknownRule), true, false, false, ErrUnknownRule, 1, 0},
+			{"unknown rule at the home", fmt.Errorf("home: %w", request.ErrUnknownRule), true, false, false, request.ErrUnknownRule, 1, 0},
 		} {
 			t.Run(name+"/"+tc.name, func(t *testing.T) {
 				eu, ap := &failingHome{err: tc.err}, &failingHome{err: errors.New("not called")}
@@ -133,13 +136,13 @@ func TestHomeFailures(t *testing.T) {
 				reload := func() {
 					reloads++
 					if tc.newer {
-						if err := e.SetTopology(newer, map[string]Home{"ap": ap}, nil); err != nil {
+						if err := e.SetTopology(newer, map[string]homes.Home{"ap": ap}, nil); err != nil {
 							t.Error(err)
 						}
 					}
 				}
 				e, err = New(Options{Store: bucket.NewMemory(), Region: "us", Topology: older,
-					Homes: map[string]Home{"eu": eu, "ap": ap}, ReloadTopology: reload, Logger: quietLogger()}, set, prometheus.NewRegistry())
+					Homes: map[string]homes.Home{"eu": eu, "ap": ap}, ReloadTopology: reload, Logger: quietLogger()}, set, prometheus.NewRegistry())
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -156,7 +159,7 @@ func TestHomeFailures(t *testing.T) {
 				if wantReloads := int(tc.staleInc); reloads != wantReloads {
 					t.Errorf("topology read again %d times, want %d", reloads, wantReloads)
 				}
-				if got := e.topo.Load().gen; got != tc.wantGen {
+				if got := e.topo.Load().Gen; got != tc.wantGen {
 					t.Errorf("generation in force %d, want %d", got, tc.wantGen)
 				}
 				if got := testutil.ToFloat64(e.m.Stale.WithLabelValues("eu")); got != tc.staleInc {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -60,7 +61,7 @@ func paceEngine(t *testing.T) (*Engine, *faultStore, *prometheus.Registry) {
 }
 
 // pacedCheck checks rule and key, paced by maxWait (0: not paced).
-func pacedCheck(t *testing.T, e *Engine, rule, key string, maxWait time.Duration) (bool, *Item) {
+func pacedCheck(t *testing.T, e *Engine, rule, key string, maxWait time.Duration) (bool, *request.Item) {
 	t.Helper()
 	c := e.NewCheck()
 	it, err := c.AddRule(rule, key, 1)
@@ -126,8 +127,8 @@ func TestPacedMaxWaitZeroIsUnpaced(t *testing.T) {
 			t.Fatal(err)
 		}
 		okB, err := b.Decide(context.Background(), c)
-		if err != nil || okA != okB || itA.route != itB.route || itA.Decision.Allowed != itB.Decision.Allowed {
-			t.Fatalf("check %d: paced(0) %v %v, unpaced %v %v", i, okA, itA.route, okB, itB.route)
+		if err != nil || okA != okB || itA.Route != itB.Route || itA.Decision.Allowed != itB.Decision.Allowed {
+			t.Fatalf("check %d: paced(0) %v %v, unpaced %v %v", i, okA, itA.Route, okB, itB.Route)
 		}
 	}
 }
@@ -139,8 +140,8 @@ func TestPacedLeaseRuleGoesToTheStore(t *testing.T) {
 	before := store.calls.Load()
 	for range 3 {
 		ok, it := pacedCheck(t, e, "pace-leased", "k", time.Second)
-		if !ok || it.route != routeStore || it.batch != 0 {
-			t.Fatalf("paced lease rule: %v route %v batch %v", ok, it.route, it.batch)
+		if !ok || it.Route != request.RouteStore || it.Batch != 0 {
+			t.Fatalf("paced lease rule: %v route %v batch %v", ok, it.Route, it.Batch)
 		}
 	}
 	if n := store.calls.Load() - before; n != 3 {
@@ -157,13 +158,13 @@ func TestPaceInvalid(t *testing.T) {
 	e, _, _ := paceEngine(t)
 	for _, tc := range []struct {
 		name    string
-		add     func(c *Check) error
+		add     func(c *request.Check) error
 		maxWait time.Duration
 	}{
-		{"negative", func(c *Check) error { _, err := c.AddRule("pace", "k", 1); return err }, -time.Millisecond},
-		{"above the most", func(c *Check) error { _, err := c.AddRule("pace", "k", 1); return err }, bucket.MaxWait + time.Millisecond},
-		{"a window rule", func(c *Check) error { _, err := c.AddRule("window", "k", 1); return err }, time.Second},
-		{"several keys", func(c *Check) error {
+		{"negative", func(c *request.Check) error { _, err := c.AddRule("pace", "k", 1); return err }, -time.Millisecond},
+		{"above the most", func(c *request.Check) error { _, err := c.AddRule("pace", "k", 1); return err }, bucket.MaxWait + time.Millisecond},
+		{"a window rule", func(c *request.Check) error { _, err := c.AddRule("window", "k", 1); return err }, time.Second},
+		{"several keys", func(c *request.Check) error {
 			_, _, err := c.AddAttributes(&rules.Attributes{Path: "/two", User: "u", APIKey: "a"}, 1)
 			return err
 		}, time.Second},
@@ -174,7 +175,7 @@ func TestPaceInvalid(t *testing.T) {
 				t.Fatal(err)
 			}
 			err := c.Pace(tc.maxWait)
-			var inv *InvalidError
+			var inv *request.InvalidError
 			if !errors.As(err, &inv) || inv.Field != "max_wait_ms" || !errors.Is(err, bucket.ErrInvalidWait) {
 				t.Fatalf("Pace(%v) = %v, want an InvalidError of max_wait_ms", tc.maxWait, err)
 			}
@@ -206,7 +207,7 @@ func TestCancelReservation(t *testing.T) {
 	if _, next := pacedCheck(t, e, "pace", "k", 5*time.Second); next.Decision.Wait > 2*time.Second {
 		t.Fatalf("next caller waits %v, want the slot given back (2s out, not 3s)", next.Decision.Wait)
 	}
-	var inv *InvalidError
+	var inv *request.InvalidError
 	if _, err := e.CancelReservation(ctx, "r1.nonsense"); !errors.As(err, &inv) || inv.Field != "reservation" {
 		t.Fatalf("malformed reservation: %v", err)
 	}
@@ -219,8 +220,8 @@ func TestPacedPinnedRule(t *testing.T) {
 	west, east := r.west, r.east
 	pacedCheck(t, east, "pinned", "far", 0)
 	ok, it := pacedCheck(t, east, "pinned", "far", 2*time.Second)
-	if !ok || it.route != routeHome || it.Decision.Wait <= 900*time.Millisecond || it.Decision.Wait > time.Second {
-		t.Fatalf("paced pinned check: %v route %v %+v, want the home's slot about 1s out", ok, it.route, it.Decision)
+	if !ok || it.Route != request.RouteHome || it.Decision.Wait <= 900*time.Millisecond || it.Decision.Wait > time.Second {
+		t.Fatalf("paced pinned check: %v route %v %+v, want the home's slot about 1s out", ok, it.Route, it.Decision)
 	}
 	if east.Reservation(it) != "" {
 		t.Fatal("a reservation of another region's store is named")
@@ -248,16 +249,16 @@ func TestPacedFallback(t *testing.T) {
 			store.setFail(tc.err)
 			ok, it := pacedCheck(t, e, "pace", "k", 0)
 			if errors.Is(tc.err, bucket.ErrOutcomeUnknown) {
-				if !ok || it.route != routeUnknown {
-					t.Fatalf("unpaced, outcome unknown: %v route %v, want allowed uncertain", ok, it.route)
+				if !ok || it.Route != request.RouteUnknown {
+					t.Fatalf("unpaced, outcome unknown: %v route %v, want allowed uncertain", ok, it.Route)
 				}
 			}
 			// Paced: the fallback's first slot is now, its second 1 s out.
-			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait != 0 {
-				t.Fatalf("first paced check: %v route %v %+v", ok, it.route, it.Decision)
+			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.Route != request.RouteFallback || it.Decision.Wait != 0 {
+				t.Fatalf("first paced check: %v route %v %+v", ok, it.Route, it.Decision)
 			}
-			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.route != routeFallback || it.Decision.Wait <= 900*time.Millisecond {
-				t.Fatalf("second paced check: %v route %v %+v, want the fallback's next slot", ok, it.route, it.Decision)
+			if ok, it = pacedCheck(t, e, "pace", "p", 2*time.Second); !ok || it.Route != request.RouteFallback || it.Decision.Wait <= 900*time.Millisecond {
+				t.Fatalf("second paced check: %v route %v %+v, want the fallback's next slot", ok, it.Route, it.Decision)
 			}
 			if e.Reservation(it) != "" {
 				t.Fatal("a fallback reservation is named for CancelReservation")
@@ -296,7 +297,7 @@ func TestPacedForwardOutcomeUnknown(t *testing.T) {
 		if !ok {
 			t.Fatalf("check %d refused: %+v", i, it.Decision)
 		}
-		if it.route == routeUnknown {
+		if it.Route == request.RouteUnknown {
 			t.Fatalf("check %d allowed with route unknown and wait %v: the home may have reserved a later slot", i, it.Decision.Wait)
 		}
 		// Each slot counts from the first check; the forwards' timeouts
@@ -333,7 +334,7 @@ func TestReservationIsBoundAndSingleUse(t *testing.T) {
 		parts := strings.Split(r, ".")
 		parts[3] = "5" // the capacity, not the 1 spent
 		back, err := e.CancelReservation(ctx, strings.Join(parts, "."))
-		var inv *InvalidError
+		var inv *request.InvalidError
 		if !errors.As(err, &inv) || inv.Field != "reservation" {
 			t.Fatalf("forged cost: given back %v, %v; want an InvalidError naming reservation", back, err)
 		}
@@ -378,7 +379,7 @@ func TestReservationIsBoundAndSingleUse(t *testing.T) {
 		pacedCheck(t, a, "pace", "k", 0)
 		_, it := pacedCheck(t, a, "pace", "k", 5*time.Second)
 		r := a.Reservation(it)
-		var inv *InvalidError
+		var inv *request.InvalidError
 		if back, err := own.CancelReservation(ctx, r); !errors.As(err, &inv) || inv.Field != "reservation" {
 			t.Fatalf("another key's reservation: %v, %v; want an InvalidError naming reservation", back, err)
 		}

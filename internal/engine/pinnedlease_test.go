@@ -11,8 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
+	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -53,23 +56,23 @@ func (h *engineHome) call(name string) error {
 	return h.err
 }
 
-func (h *engineHome) Decide(context.Context, []HomeItem) (bool, []bucket.Decision, error) {
+func (h *engineHome) Decide(context.Context, []homes.Item) (bool, []bucket.Decision, error) {
 	return false, nil, errors.New("not used")
 }
-func (h *engineHome) Refund(context.Context, []HomeItem) error { return nil }
-func (h *engineHome) Handoff(context.Context, []HomeItem) ([]float64, error) {
+func (h *engineHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *engineHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	return nil, errors.New("not used")
 }
 
-func (h *engineHome) AcquireLease(ctx context.Context, id string) (HomeLease, error) {
+func (h *engineHome) AcquireLease(ctx context.Context, id string) (concurrency.HomeLease, error) {
 	if err := h.call(metrics.CallAcquire); err != nil {
-		return HomeLease{}, err
+		return concurrency.HomeLease{}, err
 	}
-	pl, err := h.e.PeerAcquire(ctx, h.origin, h.gen, id)
+	pl, err := h.e.Concurrency().PeerAcquire(ctx, h.origin, h.gen, id)
 	if err != nil {
-		return HomeLease{}, err
+		return concurrency.HomeLease{}, err
 	}
-	hl := HomeLease{Allowed: pl.Allowed, Expires: pl.Expires, TTL: pl.TTL, Fallback: pl.Fallback}
+	hl := concurrency.HomeLease{Allowed: pl.Allowed, Expires: pl.Expires, TTL: pl.TTL, Fallback: pl.Fallback}
 	for _, it := range pl.Items {
 		hl.Decisions = append(hl.Decisions, it.Decision)
 	}
@@ -80,14 +83,14 @@ func (h *engineHome) ReleaseLease(ctx context.Context, id string) (bool, error) 
 	if err := h.call(metrics.CallRelease); err != nil {
 		return false, err
 	}
-	return h.e.PeerRelease(ctx, id)
+	return h.e.Concurrency().PeerRelease(ctx, id)
 }
 
 func (h *engineHome) RenewLease(ctx context.Context, id string) (bool, time.Time, time.Duration, error) {
 	if err := h.call(metrics.CallRenew); err != nil {
 		return false, time.Time{}, 0, err
 	}
-	ok, l, err := h.e.PeerRenew(ctx, id)
+	ok, l, err := h.e.Concurrency().PeerRenew(ctx, id)
 	if err != nil || !ok {
 		return false, time.Time{}, 0, err
 	}
@@ -107,7 +110,7 @@ func newPinnedPair(t *testing.T) (us, eu *Engine, toEU *engineHome, usReg *prome
 		t.Fatal(err)
 	}
 	toEU, toUS := &engineHome{origin: "us", gen: 1}, &engineHome{origin: "eu", gen: 1}
-	mk := func(name string, homes map[string]Home, reg prometheus.Registerer) *Engine {
+	mk := func(name string, homes map[string]homes.Home, reg prometheus.Registerer) *Engine {
 		e, err := New(Options{Store: bucket.NewMemory(), Region: name, Topology: topo, Homes: homes, Logger: quietLogger()}, set, reg)
 		if err != nil {
 			t.Fatal(err)
@@ -115,13 +118,13 @@ func newPinnedPair(t *testing.T) (us, eu *Engine, toEU *engineHome, usReg *prome
 		return e
 	}
 	usReg = prometheus.NewRegistry()
-	us = mk("us", map[string]Home{"eu": toEU}, usReg)
-	eu = mk("eu", map[string]Home{"us": toUS}, prometheus.NewRegistry())
+	us = mk("us", map[string]homes.Home{"eu": toEU}, usReg)
+	eu = mk("eu", map[string]homes.Home{"us": toUS}, prometheus.NewRegistry())
 	toEU.e, toUS.e = eu, us
 	return us, eu, toEU, usReg
 }
 
-func acquireRule(t *testing.T, e *Engine, rule, key string) (bool, *Lease, error) {
+func acquireRule(t *testing.T, e *Engine, rule, key string) (bool, *concurrency.Lease, error) {
 	t.Helper()
 	c := e.NewAcquire()
 	if _, err := c.AddRule(rule, key, 0); err != nil {
@@ -144,20 +147,20 @@ func TestPinnedLeaseHeldAtHome(t *testing.T) {
 	if ok, _, err := acquireRule(t, us, "pin", "k"); ok || err != nil {
 		t.Fatalf("a third acquire through us: %v, %v; want refused at the home", ok, err)
 	}
-	id, _ := parseLeaseID(l1.ID)
+	id, _ := leaseid.Parse(l1.ID)
 	if id.Parts[0].Region != "eu" || id.Parts[0].Flags != 0 {
 		t.Fatalf("lease id part %+v, want held in eu", id.Parts[0])
 	}
-	if ok, l, err := eu.Renew(ctx, l1.ID); !ok || err != nil || l.TTL != 10*time.Second {
+	if ok, l, err := eu.Concurrency().Renew(ctx, l1.ID); !ok || err != nil || l.TTL != 10*time.Second {
 		t.Fatalf("Renew through eu of a lease taken through us: %v, %v, %v", ok, l, err)
 	}
-	if ok, err := eu.Release(ctx, l1.ID); !ok || err != nil {
+	if ok, err := eu.Concurrency().Release(ctx, l1.ID); !ok || err != nil {
 		t.Fatalf("Release through eu: %v, %v", ok, err)
 	}
-	if ok, err := us.Release(ctx, l2.ID); !ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l2.ID); !ok || err != nil {
 		t.Fatalf("Release through us of a lease taken in eu: %v, %v", ok, err)
 	}
-	if ok, err := us.Release(ctx, l2.ID); ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l2.ID); ok || err != nil {
 		t.Fatalf("a second Release: %v, %v; want not released", ok, err)
 	}
 }
@@ -167,20 +170,20 @@ func TestPinnedLeaseHeldAtHome(t *testing.T) {
 func TestPeerAcquireNeverForwardsAgain(t *testing.T) {
 	us, _, toEU, _ := newPinnedPair(t)
 	id := leaseid.New("eu", 1, []leaseid.Part{{Rule: "pin", Key: "k", Region: "us"}})
-	_, err := us.PeerAcquire(context.Background(), "eu", 1, id.String())
-	var inv *InvalidError
+	_, err := us.Concurrency().PeerAcquire(context.Background(), "eu", 1, id.String())
+	var inv *request.InvalidError
 	if !errors.As(err, &inv) || inv.Field != "lease_id" {
-		t.Fatalf("PeerAcquire in us of a key homed in eu: %v, want an *InvalidError of lease_id", err)
+		t.Fatalf("PeerAcquire in us of a key homed in eu: %v, want an *request.InvalidError of lease_id", err)
 	}
-	_, err = us.PeerAcquire(context.Background(), "eu", 0, id.String())
-	if !errors.Is(err, ErrStaleTopology) {
-		t.Fatalf("PeerAcquire routed with an older generation: %v, want ErrStaleTopology", err)
+	_, err = us.Concurrency().PeerAcquire(context.Background(), "eu", 0, id.String())
+	if !errors.Is(err, homes.ErrStaleTopology) {
+		t.Fatalf("PeerAcquire routed with an older generation: %v, want homes.ErrStaleTopology", err)
 	}
 	if len(toEU.calls) != 0 {
 		t.Fatalf("us called eu %v for a forwarded acquire", toEU.calls)
 	}
 	local := leaseid.New("eu", 1, []leaseid.Part{{Rule: "local", Key: "k", Region: "us"}})
-	if _, err := us.PeerAcquire(context.Background(), "eu", 1, local.String()); !errors.As(err, &inv) {
+	if _, err := us.Concurrency().PeerAcquire(context.Background(), "eu", 1, local.String()); !errors.As(err, &inv) {
 		t.Fatalf("PeerAcquire of a local rule: %v, want invalid", err)
 	}
 }
@@ -198,14 +201,14 @@ func TestPinnedLeaseHomeNoAnswer(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("Acquire with the home down: %v, %v", ok, err)
 	}
-	id, _ := parseLeaseID(l.ID)
+	id, _ := leaseid.Parse(l.ID)
 	if p := id.Parts[0]; p.Region != "us" || p.Flags != leaseid.Regional {
 		t.Fatalf("fallback lease part %+v, want held in us, regional", p)
 	}
 	if ok, _, _ := acquireRule(t, us, "pin", "k"); ok {
 		t.Fatal("a second fallback lease past this region's share of 1")
 	}
-	if ok, _, err := us.Renew(ctx, l.ID); ok || err != nil {
+	if ok, _, err := us.Concurrency().Renew(ctx, l.ID); ok || err != nil {
 		t.Fatalf("Renew of a region's share: %v, %v; want not renewed", ok, err)
 	}
 	if ok, _, _ := acquireRule(t, us, "pin", "k"); !ok {
@@ -265,17 +268,17 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("Acquire: %v, %v", ok, err)
 	}
-	real, _ := parseLeaseID(l.ID)
+	real, _ := leaseid.Parse(l.ID)
 	forged := *real
 	forged.Parts = []leaseid.Part{{Rule: "local", Key: "m", Region: "eu"}}
 	notInvalid := 0
 	for range 500 {
-		var inv *InvalidError
-		released, err := us.Release(ctx, forged.String())
+		var inv *request.InvalidError
+		released, err := us.Concurrency().Release(ctx, forged.String())
 		if !errors.As(err, &inv) || inv.Field != "lease_id" || released {
 			notInvalid++
 		}
-		renewed, _, err := us.Renew(ctx, forged.String())
+		renewed, _, err := us.Concurrency().Renew(ctx, forged.String())
 		if !errors.As(err, &inv) || inv.Field != "lease_id" || renewed {
 			notInvalid++
 		}
@@ -284,7 +287,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 		t.Fatalf("500 Releases and 500 Renews of a local lease said to be held in eu: %d not refused as invalid lease_id, calls to eu %v; want all refused, no call",
 			notInvalid, toEU.calls)
 	}
-	if ok, err := us.Release(ctx, l.ID); !ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l.ID); !ok || err != nil {
 		t.Fatalf("Release of the real lease: %v, %v", ok, err)
 	}
 
@@ -301,7 +304,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("mixed Acquire: %v, %v", ok, err)
 	}
-	if ok, err := eu.Release(ctx, mixed.ID); !ok || err != nil {
+	if ok, err := eu.Concurrency().Release(ctx, mixed.ID); !ok || err != nil {
 		t.Fatalf("Release through eu of a mixed lease taken through us: %v, %v", ok, err)
 	}
 	for i := range 5 {

@@ -3,13 +3,12 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
 
-	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -21,7 +20,7 @@ const shadowLogRate = 0.01
 // Afterwards every item has a Decision. A refusal is a decision: allowed
 // false and a nil error. Errors: ErrUnavailable when a fail-closed rule
 // could not be decided, ErrOverloaded, the context's error, or the home
-// region's *InvalidError or ErrUnknownRule for a pinned rule.
+// region's *request.InvalidError or request.ErrUnknownRule for a pinned rule.
 //
 // The order: the deny cache (a denial already known refuses at once,
 // spending nothing); the rules pinned to another home region, forwarded
@@ -34,8 +33,8 @@ const shadowLogRate = 0.01
 // refuses it as routed with a stale topology and reading the topology again
 // puts a newer one in force, it is routed again with that one, once (see
 // plan and run).
-func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
-	allowed, _, err := e.run(ctx, &c.request, nil)
+func (e *Engine) Decide(ctx context.Context, c *request.Check) (bool, error) {
+	allowed, _, err := e.run(ctx, &c.Request, nil)
 	return allowed, err
 }
 
@@ -45,14 +44,14 @@ func (e *Engine) Decide(ctx context.Context, c *Check) (bool, error) {
 // check's shadow rules are checked. Its errReroute says a home refused the
 // call as stale and a newer topology is in force: the caller routes it
 // again.
-func (e *Engine) decideUnder(ctx context.Context, c *request, p *plan, stages []stage) (bool, error) {
-	for _, it := range c.enforce {
-		it.probe, it.remembered = false, false
+func (e *Engine) decideUnder(ctx context.Context, c *request.Request, p *plan, stages []stage) (bool, error) {
+	for _, it := range c.Enforce {
+		it.Probe, it.Remembered = false, false
 	}
 	allowed, err := e.runStages(ctx, c, p, stages)
 	if e.deny != nil {
-		for _, it := range c.enforce {
-			if it.probe && !it.remembered {
+		for _, it := range c.Enforce {
+			if it.Probe && !it.Remembered {
 				// The probe's answer leaves the key free to ask the store.
 				e.deny.Forget(it.Rule.ID, it.Key)
 			}
@@ -61,17 +60,17 @@ func (e *Engine) decideUnder(ctx context.Context, c *request, p *plan, stages []
 	if err != nil {
 		return false, err
 	}
-	e.count(c, allowed)
+	e.tally.Count(c, allowed)
 	if !allowed {
-		for _, it := range c.enforce {
-			if !it.Decision.Allowed || it.route == routeNone {
+		for _, it := range c.Enforce {
+			if !it.Decision.Allowed || it.Route == request.RouteNone {
 				continue
 			}
 			if it.Decision.Remaining < it.Decision.Limit {
 				// Its spend was given back.
 				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+it.Cost)
 			}
-			if e.deny != nil && it.route != routeFallback {
+			if e.deny != nil && it.Route != request.RouteFallback {
 				// Given back: a denial another check left meanwhile may
 				// not hold any more.
 				e.deny.Forget(it.Rule.ID, it.Key)
@@ -79,56 +78,56 @@ func (e *Engine) decideUnder(ctx context.Context, c *request, p *plan, stages []
 		}
 		return false, nil
 	}
-	e.shadows(ctx, c.shadow)
+	e.shadows(ctx, c.Shadow)
 	return true, nil
 }
 
 // denied starts the check's rate rules afresh and refuses the check when
 // a denial of one of them is already known (a check routed again asked the
 // deny cache the first time).
-func (e *Engine) denied(c *request, p *plan) (bool, error) {
-	for _, it := range c.enforce {
-		it.Decision = bucket.Decision{Allowed: true, Remaining: it.e.limit.Capacity, Limit: it.e.limit.Capacity}
-		it.route, it.limit, it.batch = routeNone, it.e.limit, 0
+func (e *Engine) denied(c *request.Request, p *plan) (bool, error) {
+	for _, it := range c.Enforce {
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Entry.Limit.Capacity, Limit: it.Entry.Limit.Capacity}
+		it.Route, it.Against, it.Batch = request.RouteNone, it.Entry.Limit, 0
 	}
-	if e.deny == nil || p.rerouted || len(c.enforce) == 0 {
+	if e.deny == nil || p.rerouted || len(c.Enforce) == 0 {
 		return true, nil
 	}
 	refused := false
-	for _, it := range c.enforce {
+	for _, it := range c.Enforce {
 		var retry, reset time.Duration
 		var hit, probe bool
-		if c.maxWait > 0 {
+		if c.MaxWait > 0 {
 			// Refused here only when its slot cannot come within its
 			// wait (see denycache.GetBeyond).
-			retry, reset, hit = e.deny.GetBeyond(it.Rule.ID, it.Key, it.Cost, c.maxWait)
+			retry, reset, hit = e.deny.GetBeyond(it.Rule.ID, it.Key, it.Cost, c.MaxWait)
 		} else {
 			retry, reset, hit, probe = e.deny.Get(it.Rule.ID, it.Key, it.Cost)
 		}
-		it.probe = probe
+		it.Probe = probe
 		if hit {
-			it.route = routeDeny
-			it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
+			it.Route = request.RouteDeny
+			it.Decision = bucket.Decision{Limit: it.Entry.Limit.Capacity, RetryAfter: retry, ResetAfter: reset}
 			refused = true
 		}
 	}
 	if refused {
 		return false, nil
 	}
-	c.sent = e.deny.Now()
+	c.Sent = e.deny.Now()
 	return true, nil
 }
 
 // route puts each rate rule where it is decided: a pinned rule homed
 // elsewhere at its home region, a rule with token leases at this
 // instance's lease, the rest in this region's store.
-func (e *Engine) route(c *request, p *plan) (bool, error) {
+func (e *Engine) route(c *request.Request, p *plan) (bool, error) {
 	// While every rule so far is decided here, local is the prefix of
-	// c.enforce: most checks allocate nothing for it.
+	// c.Enforce: most checks allocate nothing for it.
 	prefix := 0
-	for i, it := range c.enforce {
-		home := e.homeOf(p.ts, c, it)
-		leased := home == "" && it.Rule.Lease > 0 && c.maxWait == 0
+	for i, it := range c.Enforce {
+		home := p.ts.HomeOf(e.region, c, it)
+		leased := home == "" && it.Rule.Lease > 0 && c.MaxWait == 0
 		if home == "" && !leased {
 			if p.local == nil && prefix == i {
 				prefix++
@@ -138,11 +137,11 @@ func (e *Engine) route(c *request, p *plan) (bool, error) {
 			continue
 		}
 		if p.local == nil {
-			p.local = append(make([]*Item, 0, len(c.enforce)), c.enforce[:prefix]...)
+			p.local = append(make([]*request.Item, 0, len(c.Enforce)), c.Enforce[:prefix]...)
 		}
 		if home != "" {
 			if p.remote == nil {
-				p.remote = make(map[string][]*Item)
+				p.remote = make(map[string][]*request.Item)
 			}
 			if p.remote[home] == nil {
 				p.homes = append(p.homes, home)
@@ -156,14 +155,14 @@ func (e *Engine) route(c *request, p *plan) (bool, error) {
 	}
 	if p.local == nil {
 		// Full: a later append copies.
-		p.local = c.enforce[:prefix:prefix]
+		p.local = c.Enforce[:prefix:prefix]
 	}
 	slices.Sort(p.homes)
-	if c.maxWait > 0 && len(p.homes) > 0 && (len(p.homes) > 1 || len(p.local) > 0) {
+	if c.MaxWait > 0 && len(p.homes) > 0 && (len(p.homes) > 1 || len(p.local) > 0) {
 		// One instant for every rule needs one place that decides them.
 		home := p.homes[0]
-		return false, invalid("max_wait_ms", "max_wait_ms: %w: the check's rules are decided in different regions (rule %s is pinned to %s), which cannot reserve one instant",
-			bucket.ErrInvalidWait, quote(p.remote[home][0].Rule.ID), home)
+		return false, request.Invalid("max_wait_ms", "max_wait_ms: %w: the check's rules are decided in different regions (rule %s is pinned to %s), which cannot reserve one instant",
+			bucket.ErrInvalidWait, request.Quote(p.remote[home][0].Rule.ID), home)
 	}
 	return true, nil
 }
@@ -171,13 +170,13 @@ func (e *Engine) route(c *request, p *plan) (bool, error) {
 // atHomes forwards the pinned rules to their home regions, one call
 // each. A home's failure goes to the failure policy: refused, uncertain,
 // or decided here (with the rest, from this region's share).
-func (e *Engine) atHomes(ctx context.Context, c *request, p *plan) (bool, error) {
+func (e *Engine) atHomes(ctx context.Context, c *request.Request, p *plan) (bool, error) {
 	for _, home := range p.homes {
 		its := p.remote[home]
-		allowed, err := e.forward(ctx, c, p, home, its)
+		allowed, err := e.fwd.Decide(ctx, p.ts, home, its, c.MaxWait)
 		if err == nil {
 			if !allowed {
-				e.remember(c, its, c.sent, false)
+				e.deny.Remember(c, its, c.Sent, false)
 				return false, nil
 			}
 			p.push(undoStep{kind: undoRefund, home: home, items: its})
@@ -192,20 +191,20 @@ func (e *Engine) atHomes(ctx context.Context, c *request, p *plan) (bool, error)
 		// have reserved a slot up to its wait out, and sending now could go
 		// above the rate. It is paced here with this region's share, as
 		// below; it may count twice, which only slows it.)
-		v, err := e.onFailure(ctx, failure{items: its, where: "home region " + home, paced: c.maxWait > 0}, err)
+		v, err := e.onFailure(ctx, failure{items: its, where: "home region " + home, paced: c.MaxWait > 0}, err)
 		switch v {
 		case refused:
 			return false, err
 		case uncertain:
 			for _, it := range its {
-				it.route = routeUnknown
-				it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
+				it.Route = request.RouteUnknown
+				it.Decision = bucket.Decision{Allowed: true, Limit: it.Entry.Limit.Capacity}
 			}
 			continue
 		}
 		// Fail open: decide here with this region's share of the limit.
 		for _, it := range its {
-			it.limit = it.e.regional
+			it.Against = it.Entry.Regional
 			p.local = append(p.local, it)
 		}
 	}
@@ -216,16 +215,16 @@ func (e *Engine) atHomes(ctx context.Context, c *request, p *plan) (bool, error)
 // instance holds, or makes this check take the next batch with the rest
 // in the store call.
 func (e *Engine) fromLeases(ctx context.Context, p *plan) (bool, error) {
-	var tokens []*Item
+	var tokens []*request.Item
 	for _, it := range p.leased {
-		ok, err := e.fromLease(ctx, it)
+		ok, err := e.leases.Serve(ctx, it, e.deny)
 		switch {
 		case err != nil || !ok:
 			if len(tokens) > 0 {
 				p.push(undoStep{kind: undoTokens, items: tokens})
 			}
 			return false, err
-		case it.route == routeLease:
+		case it.Route == request.RouteLease:
 			tokens = append(tokens, it)
 		default:
 			// This check takes the next batch, with the rest.
@@ -240,7 +239,7 @@ func (e *Engine) fromLeases(ctx context.Context, p *plan) (bool, error) {
 
 // inStore decides the rest in this region's store, in one call, after
 // the keys a topology switch moved here took their old homes' buckets.
-func (e *Engine) inStore(ctx context.Context, c *request, p *plan) (bool, error) {
+func (e *Engine) inStore(ctx context.Context, c *request.Request, p *plan) (bool, error) {
 	if len(p.local) == 0 {
 		return true, nil
 	}
@@ -255,37 +254,6 @@ func (e *Engine) inStore(ctx context.Context, c *request, p *plan) (bool, error)
 	return false, err
 }
 
-// endBatches ends the lease batches that the items of local took: each
-// adds what it left over when the check was admitted from the store, and
-// wakes the key's checks waiting for it. (decide calls it on each return
-// once a batch may be taken, deferred only after the last append to
-// local, which would otherwise move local to the heap.)
-func (e *Engine) endBatches(local []*Item, admitted bool) {
-	for _, it := range local {
-		if it.batch > 0 {
-			left := 0.0
-			if admitted && it.route == routeStore {
-				left = it.batch - it.Cost
-			}
-			e.leases.Fetched(it.Rule.ID, it.Key, left)
-		}
-	}
-}
-
-// homeOf is the home region that decides it (a check) or holds it (a
-// concurrency lease) under the topology of ts, or "" for this region: a
-// pinned rule's key homed elsewhere, unless c was forwarded by a peer (a
-// forwarded call is never forwarded again).
-func (e *Engine) homeOf(ts *topoState, c *request, it *Item) string {
-	if !it.e.pinned || ts.topo == nil || c.peer != "" {
-		return ""
-	}
-	if home := ts.topo.Home(it.Key, it.Rule.HomeKeys); home != e.region {
-		return home
-	}
-	return ""
-}
-
 // homeFailed says whether err, a home region's failure to answer a call
 // made under the topology of ts, decides the call by itself; nil means
 // the rules' on_failure decides. It is errReroute when the home's topology
@@ -293,97 +261,28 @@ func (e *Engine) homeOf(ts *topoState, c *request, it *Item) string {
 // most once: not when rerouted), and err itself when the home's rules
 // differ from this region's (an invalid request or an unknown rule there):
 // the home's answer stands.
-func (e *Engine) homeFailed(ts *topoState, rerouted bool, home string, err error) error {
-	if errors.Is(err, ErrStaleTopology) {
+func (e *Engine) homeFailed(ts *homes.State, rerouted bool, home string, err error) error {
+	if errors.Is(err, homes.ErrStaleTopology) {
 		e.m.Stale.WithLabelValues(home).Inc()
 		if !rerouted && e.reload != nil {
-			if e.reload(); e.topo.Load().gen > ts.gen {
+			if e.reload(); e.topo.Load().Gen > ts.Gen {
 				return errReroute
 			}
 		}
 		e.log.Warn("home region's topology is newer and this file has no newer one: the rules' on_failure decides",
-			"home", home, "generation", ts.gen, "err", err)
+			"home", home, "generation", ts.Gen, "err", err)
 	}
-	var inv *InvalidError
-	if errors.As(err, &inv) || errors.Is(err, ErrUnknownRule) {
+	var inv *request.InvalidError
+	if errors.As(err, &inv) || errors.Is(err, request.ErrUnknownRule) {
 		return err
 	}
 	return nil
 }
 
-// forward asks home to decide its items.
-func (e *Engine) forward(ctx context.Context, c *request, p *plan, home string, its []*Item) (bool, error) {
-	h := p.ts.homes[home]
-	if h == nil {
-		return false, errors.New("no client for home region " + home)
-	}
-	req := make([]HomeItem, len(its))
-	for i, it := range its {
-		req[i] = HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, MaxWait: c.maxWait}
-	}
-	fctx, cancel := context.WithTimeout(ctx, e.fwdTO)
-	defer cancel()
-	allowed, ds, err := h.Decide(fctx, req)
-	if err != nil && fctx.Err() != nil && ctx.Err() == nil && !errors.Is(err, bucket.ErrOutcomeUnknown) {
-		// The forward ran out of its own time: the home may have decided.
-		err = fmt.Errorf("%w: %w", bucket.ErrOutcomeUnknown, err)
-	}
-	if err == nil && len(ds) != len(its) {
-		err = errors.New("home region answered for another number of rules")
-	}
-	if err != nil {
-		for _, it := range its {
-			it.e.forwardedFailed.Inc()
-		}
-		return false, err
-	}
-	for i, it := range its {
-		it.route = routeHome
-		it.Decision = ds[i]
-		it.Decision.Limit = it.e.limit.Capacity
-	}
-	return allowed, nil
-}
-
-// fromLease hands out it.Cost from this instance's lease. When the lease
-// runs short and no other check is taking the next batch, it makes this
-// check the one to take it, with the store call of the check (route stays
-// routeNone, batch set); checks that arrive meanwhile wait for that batch.
-func (e *Engine) fromLease(ctx context.Context, it *Item) (bool, error) {
-	for {
-		left, ok, wait, fetch := e.leases.Take(it.Rule.ID, it.Key, it.Cost)
-		switch {
-		case ok:
-			it.route = routeLease
-			it.Decision = bucket.Decision{Allowed: true, Remaining: left, Limit: it.e.limit.Capacity}
-			return true, nil
-		case fetch:
-			it.batch = max(it.Rule.Lease, it.Cost)
-			return true, nil
-		case wait == nil:
-			// No room for another lease: this check alone, through the store.
-			return true, nil
-		default:
-			select {
-			case <-wait:
-			case <-ctx.Done():
-				return false, ctx.Err()
-			}
-			if e.deny != nil {
-				if retry, reset, hit, _ := e.deny.Get(it.Rule.ID, it.Key, it.Cost); hit {
-					it.route = routeDeny
-					it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: retry, ResetAfter: reset}
-					return false, nil
-				}
-			}
-		}
-	}
-}
-
 // fromStore decides items in one store call; when the store fails, the
 // rules' on_failure decides.
-func (e *Engine) fromStore(ctx context.Context, c *request, p *plan, items []*Item) (bool, error) {
-	sent := c.sent
+func (e *Engine) fromStore(ctx context.Context, c *request.Request, p *plan, items []*request.Item) (bool, error) {
+	sent := c.Sent
 	reqs := storeRequests(c, items)
 	ds, err := e.takeAll(ctx, reqs)
 	if err == nil && !allAllowed(ds) {
@@ -391,8 +290,8 @@ func (e *Engine) fromStore(ctx context.Context, c *request, p *plan, items []*It
 		// check's own costs.
 		retry := false
 		for i, it := range items {
-			if it.batch > it.Cost && !ds[i].Allowed {
-				reqs[i].Cost, it.batch, retry = it.Cost, it.Cost, true
+			if it.Batch > it.Cost && !ds[i].Allowed {
+				reqs[i].Cost, it.Batch, retry = it.Cost, it.Cost, true
 			}
 		}
 		if retry {
@@ -410,16 +309,16 @@ func (e *Engine) fromStore(ctx context.Context, c *request, p *plan, items []*It
 	if err == nil {
 		all := true
 		for i, it := range items {
-			it.route, it.Decision = routeStore, ds[i]
-			it.Decision.Limit = it.e.limit.Capacity
+			it.Route, it.Decision = request.RouteStore, ds[i]
+			it.Decision.Limit = it.Entry.Limit.Capacity
 			all = all && ds[i].Allowed
 		}
-		e.remember(c, items, sent, all)
+		e.deny.Remember(c, items, sent, all)
 		if all {
 			for _, it := range items {
-				if it.batch > it.Cost {
+				if it.Batch > it.Cost {
 					// What the batch leaves over is this instance's.
-					it.Decision.Remaining += it.batch - it.Cost
+					it.Decision.Remaining += it.Batch - it.Cost
 				}
 			}
 		}
@@ -432,8 +331,8 @@ func (e *Engine) fromStore(ctx context.Context, c *request, p *plan, items []*It
 // others. A refusal among the decided ones refuses the check (the store gave
 // back what the others spent). Otherwise the decided ones stay spent, with
 // their undo pushed, and storeFailed decides the rest.
-func (e *Engine) partlyDecided(ctx context.Context, c *request, p *plan, items []*Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError) (bool, error) {
-	var decided, failed []*Item
+func (e *Engine) partlyDecided(ctx context.Context, c *request.Request, p *plan, items []*request.Item, reqs []bucket.Request, ds []bucket.Decision, me *bucket.MultiError) (bool, error) {
+	var decided, failed []*request.Item
 	var failedReqs, spentReqs []bucket.Request
 	refused := false
 	for i, it := range items {
@@ -442,13 +341,13 @@ func (e *Engine) partlyDecided(ctx context.Context, c *request, p *plan, items [
 			failedReqs = append(failedReqs, reqs[i])
 			continue
 		}
-		it.route, it.Decision = routeStore, ds[i]
-		it.Decision.Limit = it.e.limit.Capacity
+		it.Route, it.Decision = request.RouteStore, ds[i]
+		it.Decision.Limit = it.Entry.Limit.Capacity
 		decided = append(decided, it)
 		spentReqs = append(spentReqs, reqs[i])
 		refused = refused || !ds[i].Allowed
 	}
-	e.remember(c, decided, c.sent, false)
+	e.deny.Remember(c, decided, c.Sent, false)
 	if refused {
 		return false, nil
 	}
@@ -491,46 +390,46 @@ func allAllowed(ds []bucket.Decision) bool {
 // only slows it. The fallback paces with its share, within the same wait.
 // storeRequests are the store's requests of c's items: each its cost, or
 // the lease batch it takes.
-func storeRequests(c *request, items []*Item) []bucket.Request {
+func storeRequests(c *request.Request, items []*request.Item) []bucket.Request {
 	reqs := make([]bucket.Request, len(items))
 	for i, it := range items {
 		cost := it.Cost
-		if it.batch > 0 {
-			cost = it.batch
+		if it.Batch > 0 {
+			cost = it.Batch
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.limit, Cost: cost, MaxWait: c.maxWait}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Against, Cost: cost, MaxWait: c.MaxWait}
 	}
 	return reqs
 }
 
-func (e *Engine) storeFailed(ctx context.Context, c *request, items []*Item, reqs []bucket.Request, err error) (bool, error) {
-	switch v, err := e.onFailure(ctx, failure{items: items, where: "store", paced: c.maxWait > 0}, err); v {
+func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*request.Item, reqs []bucket.Request, err error) (bool, error) {
+	switch v, err := e.onFailure(ctx, failure{items: items, where: "store", paced: c.MaxWait > 0}, err); v {
 	case refused:
 		return false, err
 	case uncertain:
 		for _, it := range items {
-			it.route = routeUnknown
-			it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
+			it.Route = request.RouteUnknown
+			it.Decision = bucket.Decision{Allowed: true, Limit: it.Entry.Limit.Capacity}
 		}
 		return true, nil
 	}
 	fleet := max(e.fleet(), 1)
 	for i, it := range items {
-		it.route = routeFallback
-		lim := share(it.limit, fleet, it.Cost)
+		it.Route = request.RouteFallback
+		lim := request.Share(it.Against, fleet, it.Cost)
 		cost, cerr := lim.NormalizeCost(it.Cost)
 		if cerr != nil {
 			// More than this instance's share: refuse here.
-			it.Decision = bucket.Decision{Limit: it.e.limit.Capacity, RetryAfter: time.Second}
+			it.Decision = bucket.Decision{Limit: it.Entry.Limit.Capacity, RetryAfter: time.Second}
 			return false, nil
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost, MaxWait: c.maxWait}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost, MaxWait: c.MaxWait}
 	}
 	ds, _ := e.fallback.TakeAll(ctx, reqs)
 	all := true
 	for i, it := range items {
 		it.Decision = ds[i]
-		it.Decision.Limit = it.e.limit.Capacity
+		it.Decision.Limit = it.Entry.Limit.Capacity
 		// The store's reservations and spends only are given back.
 		it.Decision.Reservation, it.Decision.At = 0, 0
 		all = all && ds[i].Allowed
@@ -538,150 +437,22 @@ func (e *Engine) storeFailed(ctx context.Context, c *request, items []*Item, req
 	return all, nil
 }
 
-// remember puts the refusals of items the store or a home region decided
-// in the deny cache; and, when their spends stand (admitted), for allowed
-// ones whose answer shows the next check of the same cost must fail, that
-// denial too. (In a refused check the allowed ones were given back.)
-func (e *Engine) remember(c *request, items []*Item, sent int64, admitted bool) {
-	if e.deny == nil {
-		return
-	}
-	for _, it := range items {
-		if it.route != routeStore && it.route != routeHome {
-			continue
-		}
-		d := it.Decision
-		retry := d.RetryAfter
-		if d.Allowed && (it.batch > 0 || !admitted || c.maxWait > 0) {
-			// The lease holds what the batch left over, or given back;
-			// or a reservation, which says nothing of an unpaced check.
-			continue
-		}
-		if !d.Allowed && c.maxWait > 0 {
-			// A paced refusal's retry counts from its wait: an unpaced
-			// check of the same cost is refused for the wait longer.
-			retry += c.maxWait
-		}
-		if d.Allowed {
-			var ok bool
-			if retry, ok = nextDenial(it.limit, d, it.Cost); !ok {
-				continue
-			}
-		}
-		if e.deny.Put(c.t.gen, it.Rule.ID, it.Key, it.Cost, sent, retry, d.ResetAfter) {
-			it.remembered = true
-		}
-	}
-}
-
-// nextDenial tells, from an allowed decision, how long another check of the
-// same cost is sure to be refused: when fewer tokens remain than it costs, a
-// token bucket needs (cost - remaining) / rate, a fixed window its end.
-// Other algorithms report too little to be sure.
-func nextDenial(l bucket.Limit, d bucket.Decision, cost float64) (time.Duration, bool) {
-	if d.Remaining >= cost {
-		return 0, false
-	}
-	switch l.Algorithm {
-	case bucket.TokenBucket:
-		// The store's arithmetic: whole microseconds, rounded up.
-		return time.Duration(math.Ceil((cost-d.Remaining)*1e6/l.RefillPerSecond)) * time.Microsecond, true
-	case bucket.FixedWindow:
-		return d.ResetAfter, true
-	}
-	return 0, false
-}
-
-// count updates the metrics of a decided check and records what it
-// admitted for the other regions.
-func (e *Engine) count(c *request, allowed bool) {
-	var now int64 // read once, when a spend is recorded or a refusal counted
-	// Each of the region's instances holds its own unpublished spends: a
-	// key's budget is shared between them, so that the region's together
-	// stay within the rule's. Read with the first spend recorded.
-	share := 0.0
-	for _, it := range c.enforce {
-		en := it.e
-		if c.maxWait > 0 {
-			// The series of a rule appear with its first paced check:
-			// most rules never pace.
-			switch {
-			case allowed:
-				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultAllowed).Inc()
-				e.m.PacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
-			case !it.Decision.Allowed && it.route != routeNone:
-				e.m.Paced.WithLabelValues(it.Rule.ID, metrics.ResultLimited).Inc()
-			}
-		}
-		if !allowed {
-			if !it.Decision.Allowed && it.route != routeNone {
-				if now == 0 {
-					now = time.Now().UnixMicro()
-				}
-				e.top.Add(it.Rule.ID, it.Key, 1, now*1000)
-			}
-			switch {
-			case it.Decision.Allowed || it.route == routeNone:
-			case it.route == routeDeny:
-				en.denyHits.Inc()
-				en.limited.Inc()
-			case it.route == routeHome:
-				en.forwardedLimited.Inc()
-			case it.route == routeFallback:
-				en.fallbackLimited.Inc()
-			default:
-				en.limited.Inc()
-			}
-			continue
-		}
-		en.admittedCost.Add(it.Cost)
-		spend := it.Cost
-		switch it.route {
-		case routeHome:
-			en.forwardedAllowed.Inc()
-			continue // the home region reports its own spends
-		case routeLease:
-			en.allowed.Inc()
-			en.leased.Inc()
-			continue // reported when the batch was taken
-		case routeFallback:
-			en.fallbackAllowed.Inc()
-		case routeUnknown:
-			en.uncertain.Inc()
-		default:
-			en.allowed.Inc()
-			if it.batch > 0 {
-				spend = it.batch
-			}
-		}
-		if en.reconciled && e.spends != nil {
-			if now == 0 {
-				now = time.Now().UnixMicro()
-			}
-			if share == 0 {
-				share = 1 / float64(max(1, e.fleet()))
-			}
-			e.spends.Add(it.Rule.ID, it.Key, spend, en.spendBudget*share, now)
-		}
-	}
-}
-
 // shadows checks shadow rules for a request that passed: a refusal is
 // counted and sampled to the log, and refuses nothing.
-func (e *Engine) shadows(ctx context.Context, items []*Item) {
+func (e *Engine) shadows(ctx context.Context, items []*request.Item) {
 	for _, it := range items {
-		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.e.limit, Cost: it.Cost})
+		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Entry.Limit, Cost: it.Cost})
 		if err != nil {
-			it.Decision = bucket.Decision{Allowed: true, Limit: it.e.limit.Capacity}
+			it.Decision = bucket.Decision{Allowed: true, Limit: it.Entry.Limit.Capacity}
 			continue
 		}
 		it.Decision = d
-		it.Decision.Limit = it.e.limit.Capacity
+		it.Decision.Limit = it.Entry.Limit.Capacity
 		if d.Allowed {
-			it.e.shadowAllowed.Inc()
+			it.Entry.ShadowAllowed.Inc()
 			continue
 		}
-		it.e.shadowLimited.Inc()
+		it.Entry.ShadowLimited.Inc()
 		e.top.Add(it.Rule.ID, it.Key, 1, time.Now().UnixNano())
 		if rand.Float64() < shadowLogRate {
 			e.log.Info("shadow rule would have refused (1% of them logged)", "rule", it.Rule.ID, "retry_after", d.RetryAfter)

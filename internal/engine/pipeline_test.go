@@ -11,6 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -82,7 +84,7 @@ type fakeHome struct {
 	refundGate chan struct{}
 }
 
-func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
+func (h *fakeHome) Decide(ctx context.Context, items []homes.Item) (bool, []bucket.Decision, error) {
 	if h.fail.Load() {
 		return false, nil, errors.New("home unreachable")
 	}
@@ -94,10 +96,10 @@ func (h *fakeHome) Decide(ctx context.Context, items []HomeItem) (bool, []bucket
 	return h.decide(ctx, items)
 }
 
-func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket.Decision, error) {
+func (h *fakeHome) decide(ctx context.Context, items []homes.Item) (bool, []bucket.Decision, error) {
 	c := h.e.NewCheck()
 	c.FromPeer("us-east")
-	var its []*Item
+	var its []*request.Item
 	for _, hi := range items {
 		it, err := c.AddRule(hi.Rule, hi.Key, hi.Cost)
 		if err != nil {
@@ -118,7 +120,7 @@ func (h *fakeHome) decide(ctx context.Context, items []HomeItem) (bool, []bucket
 	return ok, ds, err
 }
 
-func (h *fakeHome) Refund(ctx context.Context, items []HomeItem) error {
+func (h *fakeHome) Refund(ctx context.Context, items []homes.Item) error {
 	if h.refundGate != nil {
 		<-h.refundGate
 	}
@@ -126,7 +128,7 @@ func (h *fakeHome) Refund(ctx context.Context, items []HomeItem) error {
 	return h.e.Refund(ctx, items)
 }
 
-func (h *fakeHome) Handoff(ctx context.Context, items []HomeItem) ([]float64, error) {
+func (h *fakeHome) Handoff(ctx context.Context, items []homes.Item) ([]float64, error) {
 	if h.fail.Load() {
 		return nil, errors.New("home unreachable")
 	}
@@ -217,7 +219,7 @@ func twoRegionsWith(t *testing.T, src string, west *faultStore, east ...func(*Op
 		t.Fatal(err)
 	}
 	r.home = &fakeHome{e: r.west}
-	opts := Options{Store: r.eastStore, Region: "us-east", Topology: topo, Homes: map[string]Home{"eu-west": r.home},
+	opts := Options{Store: r.eastStore, Region: "us-east", Topology: topo, Homes: map[string]homes.Home{"eu-west": r.home},
 		FleetSize: func() int { return int(r.fleet.Load()) }, Logger: quietLogger()}
 	for _, f := range east {
 		f(&opts)
@@ -229,7 +231,7 @@ func twoRegionsWith(t *testing.T, src string, west *faultStore, east ...func(*Op
 	return r
 }
 
-func checkAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *Check, error) {
+func checkAttrs(t *testing.T, e *Engine, a *rules.Attributes) (bool, *request.Check, error) {
 	t.Helper()
 	c := e.NewCheck()
 	if _, _, err := c.AddAttributes(a, 1); err != nil {
@@ -330,10 +332,10 @@ func TestOutcomeUnknownIsNotDecidedAgain(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("open rule, outcome unknown = %v, %v; want allowed", ok, err)
 	}
-	if it.route != routeUnknown || r.east.fallback.Len() != 0 {
-		t.Fatalf("route %v, fallback buckets %d: want it not decided by the fallback", it.route, r.east.fallback.Len())
+	if it.Route != request.RouteUnknown || r.east.fallback.Len() != 0 {
+		t.Fatalf("route %v, fallback buckets %d: want it not decided by the fallback", it.Route, r.east.fallback.Len())
 	}
-	if got := testutil.ToFloat64(it.e.uncertain); got != 1 {
+	if got := testutil.ToFloat64(it.Entry.Uncertain); got != 1 {
 		t.Errorf("uncertain_allowed = %v, want 1", got)
 	}
 	c = r.east.NewCheck()
@@ -563,8 +565,8 @@ func TestProbeOnEveryPath(t *testing.T) {
 	_, _, _ = checkAttrs(t, r.east, a)
 	_, _, _ = checkAttrs(t, r.east, a) // refused by pair-b: a denial, for a long time
 	// Make the denial expire now.
-	r.east.deny.Reset(r.east.table.Load().gen)
-	r.east.deny.Put(r.east.table.Load().gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
+	r.east.deny.Reset(r.east.table.Load().Gen)
+	r.east.deny.Put(r.east.table.Load().Gen, "pair-b", "api_key:pk", 1, r.east.deny.Now(), time.Millisecond, time.Millisecond)
 	time.Sleep(2 * time.Millisecond)
 	before := r.eastStore.calls.Load()
 	var wg sync.WaitGroup
@@ -599,8 +601,8 @@ func TestForwardTimeoutIsNotDecidedAgain(t *testing.T) {
 		t.Fatalf("fail-open pinned rule, forward timed out = %v, %v; want allowed", ok, err)
 	}
 	for _, it := range c.Enforced() {
-		if it.Rule.ID == "pinned" && it.route != routeUnknown {
-			t.Errorf("pinned rule decided by route %v, want unknown (not the fallback)", it.route)
+		if it.Rule.ID == "pinned" && it.Route != request.RouteUnknown {
+			t.Errorf("pinned rule decided by route %v, want unknown (not the fallback)", it.Route)
 		}
 	}
 	if got := r.eastStore.Memory.Len() + r.east.fallback.Len(); got != 0 {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 
-	"github.com/limiterd/limiterd/internal/engine/leaseid"
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
+	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -17,7 +19,7 @@ import (
 // tokens to this instance's lease, this region's store spends by an undo
 // at their instants, an Acquire's leases here and at the keys' homes.
 type plan struct {
-	ts *topoState
+	ts *homes.State
 	// rerouted: the call is routed a second time, after a home refused it
 	// as routed with a stale topology.
 	rerouted bool
@@ -27,20 +29,13 @@ type plan struct {
 	// token leases; this region's store (with those whose home failed
 	// open, and lease batches taken).
 	homes  []string
-	remote map[string][]*Item
-	leased []*Item
-	local  []*Item
+	remote map[string][]*request.Item
+	leased []*request.Item
+	local  []*request.Item
 
-	// An Acquire's concurrency rules (acquireStages): its lease id, which
-	// names where each part is held, the indexes into a.held of those
-	// held here, by home region, and whether the leases are held.
-	a          *Acquire
-	id         *leaseid.ID
-	leaseHomes []string
-	byHome     map[string][]int
-	here       []int
-	heldHere   []*heldLease
-	leasesHeld bool
+	// An Acquire's concurrency rules (acquireStages), as their lease
+	// stages hold them.
+	leases concurrency.Hold
 
 	undo []undoStep
 }
@@ -70,14 +65,19 @@ var checkStages = []stage{denyStage, routeStage, homeStage, tokenLeaseStage, sto
 // keys' homes and then here, then its rate rules as a check's.
 var acquireStages = append([]stage{leaseRouteStage, leaseHomeStage, leaseHereStage}, checkStages...)
 
-func (e *Engine) runStage(ctx context.Context, c *request, p *plan, s stage) (bool, error) {
+func (e *Engine) runStage(ctx context.Context, c *request.Request, p *plan, s stage) (bool, error) {
 	switch s {
 	case leaseRouteStage:
-		return e.routeLeases(p)
+		e.conc.Route(p.ts, &p.leases)
+		return true, nil
 	case leaseHomeStage:
-		return e.leasesAtHomes(ctx, p)
+		ok, err := e.conc.AtHomes(ctx, p.ts, p.rerouted, &p.leases)
+		p.leasesTaken()
+		return ok, err
 	case leaseHereStage:
-		return e.leasesHere(ctx, p)
+		ok, err := e.conc.Here(ctx, &p.leases)
+		p.leasesTaken()
+		return ok, err
 	case denyStage:
 		return e.denied(c, p)
 	case routeStage:
@@ -102,50 +102,58 @@ const (
 	// undoStore: this region's store spends reqs of items, undone at the
 	// store's instants.
 	undoStore
-	// undoLeases: the leases held here (held, under the plan's id).
+	// undoLeases: an Acquire's leases, here and at their homes (what its
+	// hold recorded).
 	undoLeases
-	// undoLeaseHome: the leases home holds for the plan's id.
-	undoLeaseHome
 )
 
 type undoStep struct {
 	kind  undoKind
 	home  string
-	items []*Item
+	items []*request.Item
 	reqs  []bucket.Request
-	held  []*heldLease
 }
 
 func (p *plan) push(s undoStep) { p.undo = append(p.undo, s) }
+
+// leasesTaken pushes the undo of the lease stages, once they took a lease:
+// what they take they record in the hold, given back below (after) what
+// the later stages spent.
+func (p *plan) leasesTaken() {
+	if len(p.undo) == 0 && p.leases.Taken() {
+		p.push(undoStep{kind: undoLeases})
+	}
+}
 
 // run routes a check (a == nil) or an Acquire under the topology in force
 // and runs its stages. When a home refuses it as routed with a stale
 // topology and reading the topology again puts a newer one in force
 // (errReroute), what it spent is given back and it is routed again, once,
 // under the newer one.
-func (e *Engine) run(ctx context.Context, c *request, a *Acquire) (bool, *Lease, error) {
+func (e *Engine) run(ctx context.Context, c *request.Request, a *concurrency.Acquire) (bool, *concurrency.Lease, error) {
 	stages := checkStages
-	if a != nil && len(a.held) > 0 {
+	if a != nil && len(a.Leases()) > 0 {
 		stages = acquireStages
 	} else {
 		a = nil
 	}
 	for rerouted := false; ; rerouted = true {
-		ts := e.useTopology()
-		p := plan{a: a, ts: ts, rerouted: rerouted}
+		ts := e.topo.Use()
+		p := plan{ts: ts, rerouted: rerouted}
+		if a != nil {
+			p.leases = concurrency.Holding(a)
+		}
 		allowed, err := e.decideUnder(ctx, c, &p, stages)
-		var l *Lease
+		var l *concurrency.Lease
 		switch {
 		case a == nil:
 		case err == nil && allowed:
-			l = e.granted(&p)
-		case p.leasesHeld:
+			l = e.conc.Granted(&p.leases)
+		case p.leases.Held():
 			// The rate rules refused: the leases held were given back.
-			for _, it := range a.held {
-				it.Decision.Remaining = min(it.Decision.Limit, it.Decision.Remaining+1)
-			}
+			a.GivenBack()
 		}
-		ts.release()
+		ts.Release()
 		if !rerouted && errors.Is(err, errReroute) {
 			continue
 		}
@@ -155,7 +163,7 @@ func (e *Engine) run(ctx context.Context, c *request, a *Acquire) (bool, *Lease,
 
 // runStages runs stages in order until one refuses or fails; then it
 // gives back what the earlier ones spent.
-func (e *Engine) runStages(ctx context.Context, c *request, p *plan, stages []stage) (bool, error) {
+func (e *Engine) runStages(ctx context.Context, c *request.Request, p *plan, stages []stage) (bool, error) {
 	allowed, err := true, error(nil)
 	for _, st := range stages {
 		if allowed, err = e.runStage(ctx, c, p, st); err != nil || !allowed {
@@ -168,7 +176,7 @@ func (e *Engine) runStages(ctx context.Context, c *request, p *plan, stages []st
 	}
 	// The lease batches the check took end on every return, once what a
 	// refusal gave back is back: the key's other checks wait for them.
-	e.endBatches(p.local, allowed)
+	e.leases.EndBatches(p.local, allowed)
 	return allowed, err
 }
 
@@ -180,7 +188,7 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 		s := &p.undo[i]
 		switch s.kind {
 		case undoRefund:
-			e.refund(ctx, p.ts, s.home, s.items)
+			e.fwd.Refund(ctx, p.ts, s.home, s.items)
 		case undoTokens:
 			for _, it := range s.items {
 				e.leases.GiveBack(it.Rule.ID, it.Key, it.Cost)
@@ -198,40 +206,8 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 			}
 			cancel()
 		case undoLeases:
-			e.giveLeasesBack(ctx, s.held, p.id)
-		case undoLeaseHome:
-			e.releaseAt(ctx, p.ts, s.home, p.id)
+			e.conc.Unwind(ctx, p.ts, &p.leases)
 		}
 	}
 	p.undo = p.undo[:0]
-}
-
-// refund gives back what home spent in its store for items, on a context
-// of its own, after the answer; the topology's connection to the home
-// stays open until it is done.
-func (e *Engine) refund(ctx context.Context, ts *topoState, home string, its []*Item) {
-	// Only what the home spent in its store: what it decided from its
-	// fallback, or without learning the outcome, has no instant.
-	var items []HomeItem
-	for _, it := range its {
-		if it.Decision.At > 0 {
-			items = append(items, HomeItem{Rule: it.Rule.ID, Key: it.Key, Cost: it.Cost, At: it.Decision.At})
-		}
-	}
-	h := ts.homes[home]
-	if len(items) == 0 || h == nil {
-		return
-	}
-	rctx, cancel := e.detached(ctx)
-	ts.users.Add(1) // held by the refund: the connection stays open for it
-	e.refunds.Go(func() {
-		defer ts.release()
-		defer cancel()
-		if err := h.Refund(rctx, items); err != nil {
-			e.m.Refunds.WithLabelValues("error").Inc()
-			e.log.Warn("home region refund failed: its tokens stay spent", "home", home, "err", err)
-			return
-		}
-		e.m.Refunds.WithLabelValues("ok").Inc()
-	})
 }

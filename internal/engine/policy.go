@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -27,7 +28,7 @@ const (
 // leases (an Acquire's concurrency rules) or a paced check, neither of
 // which an unknown outcome settles.
 type failure struct {
-	items []*Item
+	items []*request.Item
 	where string
 	lease bool
 	paced bool
@@ -56,7 +57,7 @@ func (e *Engine) onFailure(ctx context.Context, f failure, err error) (verdict, 
 	if ctx.Err() != nil {
 		if !f.lease {
 			for _, it := range f.items {
-				it.e.failed.Inc()
+				it.Entry.Failed.Inc()
 			}
 		}
 		return refused, ctx.Err()
@@ -66,13 +67,13 @@ func (e *Engine) onFailure(ctx context.Context, f failure, err error) (verdict, 
 		return refused, ErrOverloaded
 	}
 	for _, it := range f.items {
-		if !it.e.closed {
+		if !it.Entry.Closed {
 			continue
 		}
 		if f.lease {
-			it.e.lease[metrics.EventError].Inc()
+			it.Entry.Lease[metrics.EventError].Inc()
 		} else {
-			it.e.failed.Inc()
+			it.Entry.Failed.Inc()
 		}
 		e.log.Warn(f.where+" failed: fail-closed rule refused", "rule", it.Rule.ID, "err", err)
 		return refused, ErrUnavailable

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -33,7 +34,7 @@ func TestFailurePolicy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	item := func(rule string) *Item {
+	item := func(rule string) *request.Item {
 		c := e.NewCheck()
 		it, err := c.AddRule(rule, "k", 1)
 		if err != nil {
@@ -68,12 +69,12 @@ func TestFailurePolicy(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			it := item(tt.rule)
-			failed := testutil.ToFloat64(it.e.failed)
-			v, err := e.onFailure(tt.ctx, failure{items: []*Item{it}, where: "store", lease: tt.lease, paced: tt.paced}, tt.err)
+			failed := testutil.ToFloat64(it.Entry.Failed)
+			v, err := e.onFailure(tt.ctx, failure{items: []*request.Item{it}, where: "store", lease: tt.lease, paced: tt.paced}, tt.err)
 			if v != tt.want || !errors.Is(err, tt.wantErr) || (tt.wantErr == nil) != (err == nil) {
 				t.Fatalf("onFailure = %v, %v; want %v, %v", v, err, tt.want, tt.wantErr)
 			}
-			counted := testutil.ToFloat64(it.e.failed) - failed
+			counted := testutil.ToFloat64(it.Entry.Failed) - failed
 			if wantCounted := v == refused && !errors.Is(err, ErrOverloaded); counted != map[bool]float64{true: 1}[wantCounted] {
 				t.Fatalf("counted failed %v times", counted)
 			}

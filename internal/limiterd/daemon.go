@@ -37,6 +37,8 @@ import (
 
 	"github.com/limiterd/limiterd/internal/admin"
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/fleet"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
@@ -191,11 +193,11 @@ func (d *Daemon) switchTopology(old, next *region.Topology) error {
 	if e == nil {
 		return errors.New("limiterd not started")
 	}
-	homes, dialed, retired, err := d.dialHomes(next)
+	clients, dialed, retired, err := d.dialHomes(next)
 	if err != nil {
 		return err
 	}
-	if err := e.SetTopology(next, homes, func() { closePeers(retired) }); err != nil {
+	if err := e.SetTopology(next, clients, func() { closePeers(retired) }); err != nil {
 		d.peersMu.Lock()
 		for name, pc := range dialed {
 			if d.peers[name] == pc {
@@ -411,7 +413,7 @@ func (d *Daemon) startStore(ctx context.Context) (bucket.Backend, error) {
 		d.log.Info("no --redis.addrs: running on the embedded in-memory store; limits are not shared with other instances",
 			"store", "memory", "max_bytes", d.opts.Memory.MaxBytes)
 		m := bucket.NewMemory(bucket.WithMaxBytes(d.opts.Memory.MaxBytes))
-		for _, c := range engine.MemoryCollectors(m, "embedded") {
+		for _, c := range metrics.MemoryCollectors(m, "embedded") {
 			if err := d.registry.Register(c); err != nil {
 				return nil, err
 			}
@@ -477,7 +479,7 @@ func newPublisher(nc *nats.Conn, o Options, instance string, log *slog.Logger, r
 // the handshake's delay on top: behind 100 ms of distance that is the
 // difference between an answer and a fail-closed refusal at the default
 // forward timeout.
-func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home, dialed, retired map[string]*peerConn, err error) {
+func (d *Daemon) dialHomes(topo *region.Topology) (clients map[string]homes.Home, dialed, retired map[string]*peerConn, err error) {
 	creds := insecure.NewCredentials()
 	if d.opts.Region.ForwardTLSCAFile != "" {
 		tc, err := clientTLS(d.opts.Region.ForwardTLSCAFile, d.opts.Server.TLSCertFile, d.opts.Server.TLSKeyFile)
@@ -491,7 +493,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 	if d.peers == nil {
 		d.peers = make(map[string]*peerConn)
 	}
-	homes, dialed, retired = make(map[string]engine.Home), make(map[string]*peerConn), make(map[string]*peerConn)
+	clients, dialed, retired = make(map[string]homes.Home), make(map[string]*peerConn), make(map[string]*peerConn)
 	for _, r := range topo.Regions() {
 		if r.Name == d.opts.Region.Name {
 			continue
@@ -515,7 +517,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 			d.peers[r.Name] = pc
 			dialed[r.Name] = pc
 		}
-		homes[r.Name] = peer.NewClient(pc.cc, d.opts.Region.Name, d.peerSecret).WithGeneration(topo.Generation())
+		clients[r.Name] = peer.NewClient(pc.cc, d.opts.Region.Name, d.peerSecret).WithGeneration(topo.Generation())
 	}
 	for name, pc := range d.peers {
 		if name != d.opts.Region.Name && !topo.Has(name) {
@@ -523,7 +525,7 @@ func (d *Daemon) dialHomes(topo *region.Topology) (homes map[string]engine.Home,
 			delete(d.peers, name)
 		}
 	}
-	return homes, dialed, retired, nil
+	return clients, dialed, retired, nil
 }
 
 // peerBackoff paces the reconnects to another region's limiterd. A

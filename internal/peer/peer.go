@@ -26,6 +26,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
+	"github.com/limiterd/limiterd/internal/engine/homes"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/tlsconf"
@@ -109,7 +112,7 @@ func NewService(e *engine.Engine, self string, topo Topologies, auth Auth, reg p
 }
 
 // MaxItems bounds the items of one Peer request.
-const MaxItems = engine.MaxItems
+const MaxItems = request.MaxItems
 
 // authorize admits an authenticated peer whose origin is a region of the
 // topology in force, or of the one pending (a region that switched a little
@@ -158,7 +161,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 	}
 	c := s.e.NewCheck()
 	c.FromPeer(req.GetOriginRegion())
-	items := make([]*engine.Item, len(req.GetItems()))
+	items := make([]*request.Item, len(req.GetItems()))
 	for i, pi := range req.GetItems() {
 		it, err := c.AddRule(pi.GetRuleId(), pi.GetKey(), pi.GetCost())
 		if err != nil {
@@ -189,7 +192,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 	resp := &limiterv1.PeerDecideResponse{Allowed: allowed}
 	for _, it := range items {
 		resp.Statuses = append(resp.Statuses, checkapi.RuleStatus(it))
-		// Set only for what this region's store spent (engine.Item).
+		// Set only for what this region's store spent (request.Item).
 		resp.SpentAtUs = append(resp.SpentAtUs, it.Decision.At)
 	}
 	if allowed && c.MaxWait() > 0 {
@@ -202,19 +205,19 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.PeerDecideRequest) 
 // homeItems authorizes origin and reads the items of a Refund or a
 // Handoff: 1 to MaxItems, each with a valid key (the engine checks the
 // rules and costs).
-func (s *Service) homeItems(ctx context.Context, origin string, pis []*limiterv1.PeerItem) ([]engine.HomeItem, error) {
+func (s *Service) homeItems(ctx context.Context, origin string, pis []*limiterv1.PeerItem) ([]homes.Item, error) {
 	if _, err := s.authorize(ctx, origin); err != nil {
 		return nil, err
 	}
 	if n := len(pis); n == 0 || n > MaxItems {
 		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, MaxItems)
 	}
-	items := make([]engine.HomeItem, len(pis))
+	items := make([]homes.Item, len(pis))
 	for i, pi := range pis {
 		if err := bucket.ValidateKey(pi.GetKey()); err != nil {
 			return nil, status.Errorf(codes.InvalidArgument, "items[%d].key: %v", i, err)
 		}
-		items[i] = engine.HomeItem{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost(), At: pi.GetSpentAtUs()}
+		items[i] = homes.Item{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost(), At: pi.GetSpentAtUs()}
 	}
 	return items, nil
 }
@@ -244,8 +247,8 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.PeerAcquireRequest
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	pl, err := s.e.PeerAcquire(ctx, req.GetOriginRegion(), gen, req.GetLeaseId())
-	if errors.Is(err, engine.ErrStaleTopology) {
+	pl, err := s.e.Concurrency().PeerAcquire(ctx, req.GetOriginRegion(), gen, req.GetLeaseId())
+	if errors.Is(err, homes.ErrStaleTopology) {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	if err != nil {
@@ -268,7 +271,7 @@ func (s *Service) Release(ctx context.Context, req *limiterv1.PeerLeaseRequest) 
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	released, err := s.e.PeerRelease(ctx, req.GetLeaseId())
+	released, err := s.e.Concurrency().PeerRelease(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
@@ -280,7 +283,7 @@ func (s *Service) Renew(ctx context.Context, req *limiterv1.PeerLeaseRequest) (*
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	renewed, l, err := s.e.PeerRenew(ctx, req.GetLeaseId())
+	renewed, l, err := s.e.Concurrency().PeerRenew(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
@@ -338,7 +341,7 @@ func (c *Client) outgoing(ctx context.Context) context.Context {
 	return ctx
 }
 
-func items(its []engine.HomeItem) []*limiterv1.PeerItem {
+func items(its []homes.Item) []*limiterv1.PeerItem {
 	out := make([]*limiterv1.PeerItem, len(its))
 	for i, it := range its {
 		out[i] = &limiterv1.PeerItem{RuleId: it.Rule, Key: it.Key, Cost: it.Cost, SpentAtUs: it.At}
@@ -347,7 +350,7 @@ func items(its []engine.HomeItem) []*limiterv1.PeerItem {
 }
 
 // Decide forwards items to the home region.
-func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []bucket.Decision, error) {
+func (c *Client) Decide(ctx context.Context, its []homes.Item) (bool, []bucket.Decision, error) {
 	req := &limiterv1.PeerDecideRequest{OriginRegion: c.origin, Items: items(its), TopologyGeneration: c.generation}
 	if len(its) > 0 && its[0].MaxWait > 0 {
 		req.MaxWaitUs = its[0].MaxWait.Microseconds()
@@ -373,13 +376,13 @@ func (c *Client) Decide(ctx context.Context, its []engine.HomeItem) (bool, []buc
 }
 
 // Refund gives back what Decide spent in the home region's store.
-func (c *Client) Refund(ctx context.Context, its []engine.HomeItem) error {
+func (c *Client) Refund(ctx context.Context, its []homes.Item) error {
 	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its)})
 	return homeError(err)
 }
 
 // Handoff asks a key's old home what the buckets of its items count.
-func (c *Client) Handoff(ctx context.Context, its []engine.HomeItem) ([]float64, error) {
+func (c *Client) Handoff(ctx context.Context, its []homes.Item) ([]float64, error) {
 	resp, err := c.c.Handoff(c.outgoing(ctx), &limiterv1.PeerHandoffRequest{OriginRegion: c.origin, Items: items(its)})
 	if err != nil {
 		return nil, homeError(err)
@@ -389,12 +392,12 @@ func (c *Client) Handoff(ctx context.Context, its []engine.HomeItem) ([]float64,
 
 // AcquireLease asks the home region to hold the leases of leaseID's parts
 // that name it.
-func (c *Client) AcquireLease(ctx context.Context, leaseID string) (engine.HomeLease, error) {
+func (c *Client) AcquireLease(ctx context.Context, leaseID string) (concurrency.HomeLease, error) {
 	resp, err := c.c.Acquire(c.outgoing(ctx), &limiterv1.PeerAcquireRequest{OriginRegion: c.origin, LeaseId: leaseID, TopologyGeneration: c.generation})
 	if err != nil {
-		return engine.HomeLease{}, leaseError(err)
+		return concurrency.HomeLease{}, leaseError(err)
 	}
-	hl := engine.HomeLease{Allowed: resp.GetAllowed(), Fallback: resp.GetFallback(),
+	hl := concurrency.HomeLease{Allowed: resp.GetAllowed(), Fallback: resp.GetFallback(),
 		Expires: time.UnixMicro(resp.GetExpiresAtUs()), TTL: time.Duration(resp.GetLeaseTtlMs()) * time.Millisecond}
 	for _, st := range resp.GetStatuses() {
 		hl.Decisions = append(hl.Decisions, bucket.Decision{
@@ -431,7 +434,7 @@ func (c *Client) RenewLease(ctx context.Context, leaseID string) (bool, time.Tim
 // invalid lease id names lease_id.
 func leaseError(err error) error {
 	if status.Code(err) == codes.InvalidArgument {
-		return &engine.InvalidError{Field: "lease_id", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
+		return &request.InvalidError{Field: "lease_id", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
 	}
 	return homeError(err)
 }
@@ -447,17 +450,17 @@ func homeError(err error) error {
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("home region: %w: %w", bucket.ErrOutcomeUnknown, err)
 	case codes.InvalidArgument:
-		return &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
+		return &request.InvalidError{Field: "attributes", Err: fmt.Errorf("home region: %s", status.Convert(err).Message())}
 	case codes.NotFound:
-		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrUnknownRule)
+		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), request.ErrUnknownRule)
 	case codes.FailedPrecondition:
-		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), engine.ErrStaleTopology)
+		return fmt.Errorf("home region: %s: %w", status.Convert(err).Message(), homes.ErrStaleTopology)
 	}
 	return err
 }
 
 // Client is the engine's Home and LeaseHome.
 var (
-	_ engine.Home      = (*Client)(nil)
-	_ engine.LeaseHome = (*Client)(nil)
+	_ homes.Home            = (*Client)(nil)
+	_ concurrency.LeaseHome = (*Client)(nil)
 )

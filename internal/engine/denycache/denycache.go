@@ -1,6 +1,7 @@
 // Package denycache remembers refusals until their retry time, so that a
 // key flooding far over its limit costs the store one call per retry
-// interval, not one per check.
+// interval, not one per check. Remember reads what a check's decisions
+// leave to remember.
 package denycache
 
 import (

@@ -1,5 +1,6 @@
 // Package lease holds the tokens an instance took from shared buckets in
-// batches and has not handed out yet.
+// batches and has not handed out yet, and serves a check's items from them
+// (Serve, EndBatches): the engine's token lease stage.
 package lease
 
 import (

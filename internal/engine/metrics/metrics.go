@@ -205,3 +205,36 @@ func newHandoffMetric() *prometheus.CounterVec {
 		Help: "Pinned rules' keys moved here by a topology switch or a change of the rule's home_keys, at their first check within the rule's handoff window, by result: seeded (this instance took the old home's count), already (another instance of the region had), unreachable (the old home did not answer: a fail-open rule's key starts from a full bucket, a fail-closed rule refuses the check), store_error (this region's store failed: the check is decided as on a store failure, and the next one tries again).",
 	}, []string{"result"})
 }
+
+// Memory is an in-process store's size, as bucket.Memory reports it.
+type Memory interface {
+	Len() int
+	Bytes() int64
+	MaxBytes() int64
+	Evicted() uint64
+}
+
+// MemoryCollectors export the size of an in-process store m (the
+// embedded store or the fallback, as label store says): its buckets, their
+// memory and its cap, and its evictions.
+func MemoryCollectors(m Memory, store string) []prometheus.Collector {
+	labels := prometheus.Labels{"store": store}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_memory_buckets", ConstLabels: labels,
+			Help: "Buckets held by an in-process store (embedded: the store of a limiterd without Redis; fallback: fail-open decisions while the store is down), expired ones not yet swept included.",
+		}, func() float64 { return float64(m.Len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_memory_bytes", ConstLabels: labels,
+			Help: "Memory of the buckets of an in-process store, as counted for its cap (overhead, key, rule id and log of each).",
+		}, func() float64 { return float64(m.Bytes()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "limiter_memory_max_bytes", ConstLabels: labels,
+			Help: "The cap of limiter_memory_bytes.",
+		}, func() float64 { return float64(m.MaxBytes()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "limiter_memory_evictions_total", ConstLabels: labels,
+			Help: "Unexpired buckets an in-process store dropped at its cap to make room (the key's next check starts from a fresh bucket).",
+		}, func() float64 { return float64(m.Evicted()) }),
+	}
+}

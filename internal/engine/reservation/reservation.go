@@ -9,7 +9,8 @@
 // they leave the bucket in the same state (a reservation given back, then
 // another of the same cost), and an engine gives back each name at most
 // once (Spent). The store gives back only the latest reservation of a
-// bucket (see bucket.Unreserver).
+// bucket (see bucket.Unreserver). A Book names an engine's reservations
+// and gives them back.
 package reservation
 
 import (

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -46,7 +47,7 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 	if a := req.GetAttributes(); a != nil {
 		if req.GetRuleId() != "" || req.GetKey() != "" {
 			s.e.Invalid("attributes")
-			return nil, &engine.InvalidError{Field: "attributes", Err: errAttributesAlone}
+			return nil, &request.InvalidError{Field: "attributes", Err: errAttributesAlone}
 		}
 		enforce, shadow, err := c.AddAttributes(Attributes(a), req.GetCost())
 		if err != nil {
@@ -74,9 +75,9 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 	}
 	if it.Rule.Shadow {
 		// A check of a shadow rule by its id: its verdict, refusing nothing.
-		return Response([]*engine.Item{it}, nil, true, false), nil
+		return Response([]*request.Item{it}, nil, true, false), nil
 	}
-	resp := Response([]*engine.Item{it}, nil, allowed, false)
+	resp := Response([]*request.Item{it}, nil, allowed, false)
 	if allowed && c.MaxWait() > 0 {
 		resp.Reservation = s.e.Reservation(it)
 	}
@@ -84,13 +85,13 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 }
 
 // pace makes c paced by max_wait_ms (0: not paced).
-func (s *Service) pace(c *engine.Check, ms int64) error {
+func (s *Service) pace(c *request.Check, ms int64) error {
 	if ms == 0 {
 		return nil
 	}
 	if most := bucket.MaxWait.Milliseconds(); ms < 0 || ms > most {
 		s.e.Invalid("max_wait_ms")
-		return &engine.InvalidError{Field: "max_wait_ms",
+		return &request.InvalidError{Field: "max_wait_ms",
 			Err: fmt.Errorf("max_wait_ms: %w: must be 0 to %d, got %d", bucket.ErrInvalidWait, most, ms)}
 	}
 	return c.Pace(time.Duration(ms) * time.Millisecond)
@@ -119,21 +120,21 @@ func Attributes(a *limiterv1.Attributes) *rules.Attributes {
 // Response reports a check: the deciding rule (the refusal with the longest
 // retry, or the rule with the least left for its limit) and, with statuses,
 // every rule's status, shadow rules included.
-func Response(enforce, shadow []*engine.Item, allowed, statuses bool) *limiterv1.CheckResponse {
+func Response(enforce, shadow []*request.Item, allowed, statuses bool) *limiterv1.CheckResponse {
 	resp := &limiterv1.CheckResponse{Allowed: allowed}
-	if top := engine.MostRestrictive(enforce); top != nil {
+	if top := request.MostRestrictive(enforce); top != nil {
 		d := top.Decision
 		resp.Remaining, resp.Limit = d.Remaining, d.Limit
-		resp.RetryAfterMs, resp.ResetAfterMs = engine.CeilMillis(d.RetryAfter), engine.CeilMillis(d.ResetAfter)
+		resp.RetryAfterMs, resp.ResetAfterMs = request.CeilMillis(d.RetryAfter), request.CeilMillis(d.ResetAfter)
 		resp.RuleId, resp.WindowMs = top.Rule.ID, top.WindowMillis()
 		if allowed {
-			resp.WaitMs = engine.CeilMillis(d.Wait)
+			resp.WaitMs = request.CeilMillis(d.Wait)
 		}
-	} else if top := engine.MostRestrictive(shadow); top != nil && !statuses {
+	} else if top := request.MostRestrictive(shadow); top != nil && !statuses {
 		resp.RuleId = top.Rule.ID
 	}
 	if statuses {
-		for _, list := range [][]*engine.Item{enforce, shadow} {
+		for _, list := range [][]*request.Item{enforce, shadow} {
 			for _, it := range list {
 				resp.Statuses = append(resp.Statuses, RuleStatus(it))
 			}
@@ -143,12 +144,12 @@ func Response(enforce, shadow []*engine.Item, allowed, statuses bool) *limiterv1
 }
 
 // RuleStatus is one item's decision as limiter.v1 reports it.
-func RuleStatus(it *engine.Item) *limiterv1.RuleStatus {
+func RuleStatus(it *request.Item) *limiterv1.RuleStatus {
 	d := it.Decision
 	return &limiterv1.RuleStatus{
 		RuleId: it.Rule.ID, Allowed: d.Allowed, Remaining: d.Remaining, Limit: d.Limit,
-		RetryAfterMs: engine.CeilMillis(d.RetryAfter), ResetAfterMs: engine.CeilMillis(d.ResetAfter),
-		WindowMs: it.WindowMillis(), Shadow: it.Rule.Shadow, WaitMs: engine.CeilMillis(d.Wait),
+		RetryAfterMs: request.CeilMillis(d.RetryAfter), ResetAfterMs: request.CeilMillis(d.ResetAfter),
+		WindowMs: it.WindowMillis(), Shadow: it.Rule.Shadow, WaitMs: request.CeilMillis(d.Wait),
 	}
 }
 
@@ -161,9 +162,9 @@ func Status(err error) error {
 	if st, ok := leaseStatus(err); ok {
 		return st
 	}
-	var inv *engine.InvalidError
+	var inv *request.InvalidError
 	switch {
-	case errors.Is(err, engine.ErrUnknownRule):
+	case errors.Is(err, request.ErrUnknownRule):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, err.Error())

@@ -8,7 +8,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -22,7 +23,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 	if a := req.GetAttributes(); a != nil {
 		if req.GetRuleId() != "" || req.GetKey() != "" {
 			s.e.Invalid("attributes")
-			return nil, Status(&engine.InvalidError{Field: "attributes", Err: errAttributesAlone})
+			return nil, Status(&request.InvalidError{Field: "attributes", Err: errAttributesAlone})
 		}
 		if _, _, err := c.AddAttributes(Attributes(a), req.GetCost()); err != nil {
 			return nil, Status(err)
@@ -35,7 +36,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 	if err != nil {
 		return nil, Status(err)
 	}
-	items := append(append([]*engine.Item(nil), c.Leases()...), c.Enforced()...)
+	items := append(append([]*request.Item(nil), c.Leases()...), c.Enforced()...)
 	check := Response(items, c.Shadows(), allowed, statuses)
 	resp := &limiterv1.AcquireResponse{
 		Allowed: allowed, RetryAfterMs: check.RetryAfterMs, RuleId: check.RuleId,
@@ -49,7 +50,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 
 // Release gives a lease back; an unknown or expired one is no error.
 func (s *Service) Release(ctx context.Context, req *limiterv1.ReleaseRequest) (*limiterv1.ReleaseResponse, error) {
-	released, err := s.e.Release(ctx, req.GetLeaseId())
+	released, err := s.e.Concurrency().Release(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, Status(err)
 	}
@@ -58,7 +59,7 @@ func (s *Service) Release(ctx context.Context, req *limiterv1.ReleaseRequest) (*
 
 // Renew extends a lease; renewed false says it is gone.
 func (s *Service) Renew(ctx context.Context, req *limiterv1.RenewRequest) (*limiterv1.RenewResponse, error) {
-	renewed, l, err := s.e.Renew(ctx, req.GetLeaseId())
+	renewed, l, err := s.e.Concurrency().Renew(ctx, req.GetLeaseId())
 	if err != nil {
 		return nil, Status(err)
 	}
@@ -73,7 +74,7 @@ func (s *Service) Renew(ctx context.Context, req *limiterv1.RenewRequest) (*limi
 // lease, that did not answer: UNAVAILABLE, since the lease may still be
 // held (it expires on its own) and a Release again is safe.
 func leaseStatus(err error) (error, bool) {
-	if errors.Is(err, engine.ErrLeaseStore) || errors.Is(err, engine.ErrLeaseHome) {
+	if errors.Is(err, concurrency.ErrLeaseStore) || errors.Is(err, concurrency.ErrLeaseHome) {
 		return status.Error(codes.Unavailable, err.Error()), true
 	}
 	return nil, false

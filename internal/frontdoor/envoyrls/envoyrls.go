@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/rules"
 )
@@ -57,7 +58,7 @@ import (
 // current_limit, limit_remaining (rounded down) and duration_until_reset are
 // those of its most restrictive rule (the refusal with the longest retry, or
 // the rule with the least left for its limit). current_limit is named by the
-// rule's id; its unit is the rule's window (see engine.WindowMillis) when that is
+// rule's id; its unit is the rule's window (see request.WindowMillis) when that is
 // a second, a minute, an hour or a day, otherwise the limit over the window
 // scaled to a per-second rate, or per minute, hour or day when that rate
 // rounds to less than 1. overall_code is OVER_LIMIT when any descriptor is,
@@ -141,7 +142,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 // them), and each descriptor's enforced rules.
 type scratch struct {
 	extra map[string]string
-	sets  [][]*engine.Item
+	sets  [][]*request.Item
 }
 
 func (s *Service) getScratch() *scratch {
@@ -162,7 +163,7 @@ func (s *Service) putScratch(sc *scratch) {
 func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if req.GetDomain() == "" {
 		s.e.Invalid("attributes")
-		return nil, &engine.InvalidError{Field: "attributes", Err: errNoDomain}
+		return nil, &request.InvalidError{Field: "attributes", Err: errNoDomain}
 	}
 	descs := req.GetDescriptors()
 	if len(descs) == 0 {
@@ -170,7 +171,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	}
 	if n := len(descs); n > MaxDescriptors {
 		s.e.Invalid("attributes")
-		return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors: %d descriptors, the most is %d", n, MaxDescriptors)}
+		return nil, &request.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors: %d descriptors, the most is %d", n, MaxDescriptors)}
 	}
 	cost := float64(req.GetHitsAddend())
 	if cost == 0 {
@@ -184,11 +185,11 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		descCost, err := envoyAttributes(&a, desc, cost)
 		if err != nil {
 			s.e.Invalid("attributes")
-			return nil, &engine.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
+			return nil, &request.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
 		}
 		set, _, err := c.AddAttributes(&a, descCost)
 		if err != nil {
-			var inv *engine.InvalidError
+			var inv *request.InvalidError
 			if errors.As(err, &inv) {
 				inv.Err = fmt.Errorf("descriptors[%d]: %w", i, inv.Err)
 				return nil, inv
@@ -207,7 +208,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	}
 	if s.opts.QuotaHeaders {
 		all := c.Enforced()
-		resp.ResponseHeadersToAdd = quotaHeaders(all, engine.MostRestrictive(all), allowed, time.Now())
+		resp.ResponseHeadersToAdd = quotaHeaders(all, request.MostRestrictive(all), allowed, time.Now())
 	}
 	return resp, nil
 }
@@ -273,14 +274,14 @@ type statusMem struct {
 // answer is the response with one status per descriptor, each by its most
 // restrictive rule, overall code OK; its statuses take three allocations
 // whatever their number.
-func answer(sets [][]*engine.Item) *rlsv3.RateLimitResponse {
+func answer(sets [][]*request.Item) *rlsv3.RateLimitResponse {
 	mem := make([]statusMem, len(sets))
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK, Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(sets))}
 	for i, set := range sets {
 		m := &mem[i]
 		resp.Statuses[i] = &m.st
 		m.st.Code = rlsv3.RateLimitResponse_OK
-		top := engine.MostRestrictive(set)
+		top := request.MostRestrictive(set)
 		if top == nil {
 			continue
 		}
@@ -293,7 +294,7 @@ func answer(sets [][]*engine.Item) *rlsv3.RateLimitResponse {
 		m.st.CurrentLimit = &m.limit
 		m.st.LimitRemaining = clampUint32(math.Floor(d.Remaining))
 		// As durationpb.New.
-		reset := time.Duration(engine.CeilMillis(d.ResetAfter)) * time.Millisecond
+		reset := time.Duration(request.CeilMillis(d.ResetAfter)) * time.Millisecond
 		m.reset.Seconds, m.reset.Nanos = int64(reset/time.Second), int32(reset%time.Second)
 		m.st.DurationUntilReset = &m.reset
 	}

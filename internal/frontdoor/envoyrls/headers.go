@@ -7,7 +7,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
-	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 )
 
 // The quota headers as Envoy gets them: the names of pkg/httplimit in
@@ -30,12 +30,12 @@ const (
 // there are none. Their values are written into one string, and the
 // headers into one slice: a few allocations whatever the rules.
 // TestQuotaHeadersAsSetHeaders holds the two to the same bytes.
-func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.Time) []*corev3.HeaderValue {
+func quotaHeaders(all []*request.Item, top *request.Item, allowed bool, now time.Time) []*corev3.HeaderValue {
 	if top == nil {
 		return nil
 	}
 	d := top.Decision
-	retryMs := engine.CeilMillis(d.RetryAfter)
+	retryMs := request.CeilMillis(d.RetryAfter)
 	if !(d.Limit > 0) {
 		if allowed {
 			return nil
@@ -43,7 +43,7 @@ func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.T
 		return headerValues([]string{hRetryAfter}, strconv.FormatInt(max(quota.CeilSeconds(retryMs), 1), 10), []int{0})
 	}
 	limit, remaining := quota.FloorInt(d.Limit), quota.FloorInt(d.Remaining)
-	resetMs := engine.CeilMillis(d.ResetAfter)
+	resetMs := request.CeilMillis(d.ResetAfter)
 	if !allowed {
 		resetMs = max(resetMs, retryMs, 1)
 	}
@@ -69,9 +69,9 @@ func quotaHeaders(all []*engine.Item, top *engine.Item, allowed bool, now time.T
 			buf = append(buf, ", "...)
 		}
 		listed = true
-		ms := engine.CeilMillis(it.Decision.ResetAfter)
+		ms := request.CeilMillis(it.Decision.ResetAfter)
 		if !it.Decision.Allowed {
-			ms = max(ms, engine.CeilMillis(it.Decision.RetryAfter), 1)
+			ms = max(ms, request.CeilMillis(it.Decision.RetryAfter), 1)
 		}
 		buf = appendState(buf, it.Rule.ID, quota.FloorInt(it.Decision.Remaining), quota.CeilSeconds(ms))
 	}

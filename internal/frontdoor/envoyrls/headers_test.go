@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -65,11 +66,11 @@ const headerRules = `rules:
 // setHeadersEnvoy is how the quota headers were made before quotaHeaders:
 // httplimit.SetHeaders into an http.Header, then names in lower case,
 // sorted.
-func setHeadersEnvoy(all []*engine.Item, top *engine.Item, allowed bool, now time.Time) []*corev3.HeaderValue {
+func setHeadersEnvoy(all []*request.Item, top *request.Item, allowed bool, now time.Time) []*corev3.HeaderValue {
 	if top == nil {
 		return nil
 	}
-	quota := checkapi.Response([]*engine.Item{top}, nil, allowed, false)
+	quota := checkapi.Response([]*request.Item{top}, nil, allowed, false)
 	for _, it := range all {
 		quota.Statuses = append(quota.Statuses, checkapi.RuleStatus(it))
 	}
@@ -119,8 +120,8 @@ func TestQuotaHeadersAsSetHeaders(t *testing.T) {
 		refused = refused || !allowed
 		several = several || len(all) > 1
 		for _, now := range nows {
-			got := quotaHeaders(all, engine.MostRestrictive(all), allowed, now)
-			want := setHeadersEnvoy(all, engine.MostRestrictive(all), allowed, now)
+			got := quotaHeaders(all, request.MostRestrictive(all), allowed, now)
+			want := setHeadersEnvoy(all, request.MostRestrictive(all), allowed, now)
 			if len(got) != len(want) {
 				t.Fatalf("step %d (%s, allowed %v): %d headers %v, SetHeaders writes %d: %v", i, st.key, allowed, len(got), got, len(want), want)
 			}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/pkg/httplimit"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -224,9 +225,9 @@ func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
 		}
 		resp, err := svc.Decide(r.Context(), &limiterv1.CheckRequest{Attributes: a})
 		if err != nil {
-			var inv *engine.InvalidError
+			var inv *request.InvalidError
 			switch {
-			case errors.Is(err, engine.ErrConcurrencyRule):
+			case errors.Is(err, request.ErrConcurrencyRule):
 				// The rule file is not wrong; serving it here would be:
 				// nginx and Traefik never say when a request ends, so a
 				// lease taken here could never be released.

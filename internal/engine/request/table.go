@@ -1,0 +1,161 @@
+package request
+
+import (
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/limiterd/limiterd/internal/engine/handoff"
+	"github.com/limiterd/limiterd/internal/engine/inflight"
+	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// Entry is a rule in force with what the engine's stages need
+// precomputed.
+type Entry struct {
+	Rule *rules.Rule
+	// Limit is the rule's limit; Regional a region's share of a pinned
+	// rule, for when the key's home region cannot answer.
+	Limit, Regional bucket.Limit
+	Reconciled      bool
+	// SpendBudget is the rule's SpendBudget, for the engine's
+	// SpendRecorder.
+	SpendBudget float64
+	Pinned      bool
+	Closed      bool
+	// The rule's counters, by result.
+	Allowed, Limited, Failed, FallbackAllowed, FallbackLimited, Uncertain prometheus.Counter
+	ShadowAllowed, ShadowLimited                                          prometheus.Counter
+	// AdmittedCost sums the tokens admitted here, for global dashboards.
+	AdmittedCost prometheus.Counter
+	// DenyHits count checks refused by the deny cache; Leased those
+	// admitted from this instance's lease.
+	DenyHits, Leased prometheus.Counter
+	// Leases is a concurrency rule's limit, RegionalLeases a region's
+	// share of a pinned one (its key's home did not answer); Lease its
+	// lease counters, by event.
+	Leases, RegionalLeases bucket.LeaseLimit
+	Lease                  map[string]prometheus.Counter
+	// Tracked is a concurrency rule's counters for the in-flight gauge.
+	Tracked *inflight.Rule
+	// Forwarded count checks answered by a key's home region.
+	ForwardedAllowed, ForwardedLimited, ForwardedFailed prometheus.Counter
+	// Rehome is the last change of a pinned rule's home_keys, whose moved
+	// keys take their old homes' buckets (see the handoff package); nil:
+	// none.
+	Rehome *handoff.Rehoming
+}
+
+// Table is an immutable rule set ready for the engine's stages: its rules
+// by id, generation Gen, decided with the shares of Regions regions.
+type Table struct {
+	Set     *rules.Set
+	Gen     uint64
+	Regions int
+	ByID    map[string]*Entry
+}
+
+// NewTable makes the table of set. An entry of old whose rule is the same
+// (the same *rules.Rule: the rules source keeps the rules that did not
+// change) is taken over as it is, so a change of one rule costs one entry,
+// not a metric lookup per rule and result.
+func NewTable(set *rules.Set, gen uint64, regions int, m *metrics.Metrics, old *Table) *Table {
+	d, f := m.Decisions, m.Forwarded
+	t := &Table{Set: set, Gen: gen, Regions: regions, ByID: make(map[string]*Entry, len(set.Rules()))}
+	for _, r := range set.Rules() {
+		var rehome *handoff.Rehoming
+		if old != nil {
+			if en := old.ByID[r.ID]; en != nil {
+				if en.Rule == r && old.Regions == regions {
+					t.ByID[r.ID] = en
+					continue
+				}
+				rehome = handoff.Rehomed(en.Rule, en.Rehome, r)
+			}
+		}
+		lim := r.Bucket()
+		m.RuleLimit.WithLabelValues(r.ID).Set(lim.Capacity)
+		if !r.Concurrent() {
+			m.RuleRate.WithLabelValues(r.ID).Set(SustainedRate(lim))
+		}
+		id := r.ID
+		var lease map[string]prometheus.Counter
+		if r.Concurrent() {
+			lease = make(map[string]prometheus.Counter, len(metrics.LeaseEvents))
+			for _, ev := range metrics.LeaseEvents {
+				lease[ev] = m.Leases.WithLabelValues(id, ev)
+			}
+			if r.Pinned() {
+				for call, results := range metrics.ForwardedLeaseResults {
+					for _, res := range results {
+						m.ForwardedLeases.WithLabelValues(id, call, res)
+					}
+				}
+			}
+		}
+		var tracked *inflight.Rule
+		if lease != nil {
+			tracked = &inflight.Rule{ID: id, Expired: lease[metrics.EventExpired], Untracked: lease[metrics.EventUntracked]}
+		}
+		t.ByID[id] = &Entry{
+			Leases: r.Leases(), RegionalLeases: r.Leases().Share(regions), Lease: lease, Tracked: tracked,
+			Rule: r, Limit: lim, Regional: Share(lim, regions, min(1, lim.Capacity)),
+			Reconciled: r.Reconciled(), SpendBudget: r.SpendBudget(), Pinned: r.Pinned(), Closed: r.OnFailure == rules.FailClosed,
+			Allowed: d.WithLabelValues(id, metrics.ResultAllowed), Limited: d.WithLabelValues(id, metrics.ResultLimited),
+			Failed:          d.WithLabelValues(id, metrics.ResultError),
+			FallbackAllowed: d.WithLabelValues(id, metrics.ResultFallbackAllowed), FallbackLimited: d.WithLabelValues(id, metrics.ResultFallbackLimited),
+			Uncertain:     d.WithLabelValues(id, metrics.ResultUncertainAllowed),
+			ShadowAllowed: d.WithLabelValues(id, metrics.ResultShadowAllowed), ShadowLimited: d.WithLabelValues(id, metrics.ResultShadowLimited),
+			AdmittedCost: m.AdmittedCost.WithLabelValues(id),
+			DenyHits:     m.DenyHits.WithLabelValues(id), Leased: m.Leased.WithLabelValues(id),
+			ForwardedAllowed: f.WithLabelValues(id, metrics.ResultAllowed), ForwardedLimited: f.WithLabelValues(id, metrics.ResultLimited),
+			ForwardedFailed: f.WithLabelValues(id, metrics.ResultError),
+			Rehome:          rehome,
+		}
+
+	}
+	return t
+}
+
+// Share is one of n equal parts of l, for fail-open decisions, for
+// requests of cost, at most the rule's capacity (for a share made ahead of
+// any request, 1 or the capacity when smaller): 1/n of the
+// rate, and of the capacity while that holds at least cost. A smaller part
+// is shared by time instead, so that n instances together still admit the
+// limit's rate: a window rule holds cost in a window n·cost/capacity times
+// as long (a sliding log of 3 a minute over 10 instances: 1 each per 200
+// s, not 1 each a minute); a token bucket or GCRA holds a burst of cost,
+// refilling at 1/n of the rate.
+func Share(l bucket.Limit, n int, cost float64) bucket.Limit {
+	if n <= 1 {
+		return l
+	}
+	part := l.Capacity / float64(n)
+	if l.Algorithm == bucket.SlidingLog {
+		part, cost = math.Floor(part), math.Max(math.Ceil(cost), 1)
+	}
+	switch l.Algorithm {
+	case bucket.TokenBucket, bucket.GCRA:
+		l.RefillPerSecond /= float64(n)
+		l.Capacity = math.Max(part, cost)
+	default:
+		if part >= cost {
+			l.Capacity = part
+			break
+		}
+		l.Window = time.Duration(math.Ceil(float64(l.Window) * float64(n) * cost / l.Capacity))
+		l.Capacity = cost
+	}
+	return l
+}
+
+// SustainedRate is a limit's long-run tokens per second.
+func SustainedRate(l bucket.Limit) float64 {
+	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
+		return l.RefillPerSecond
+	}
+	return l.Capacity / l.Window.Seconds()
+}

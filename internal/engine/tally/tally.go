@@ -1,0 +1,107 @@
+// Package tally counts what the engine decided: each rule's decisions by
+// where they were decided (this region's store, a home region, a token
+// lease, the fallback, the deny cache), paced checks and their waits, the
+// keys refused most (topkeys), and the spends reconciled rules admitted,
+// for the other regions (SpendRecorder). The engine counts each check
+// once it is decided (Tally.Count).
+package tally
+
+import (
+	"time"
+
+	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
+)
+
+// SpendRecorder collects the tokens admitted for reconciled rules, for the
+// other regions (gossip.Accumulator). budget is the rule's spend per key
+// past which the key is published at once (rules.Rule.SpendBudget).
+type SpendRecorder interface {
+	Add(rule, key string, cost, budget float64, admittedMicros int64)
+}
+
+// Tally counts decided checks. Metrics, Top and Fleet are required;
+// Spends, when nil, records nothing.
+type Tally struct {
+	Metrics *metrics.Metrics
+	Top     *topkeys.Tracker
+	Spends  SpendRecorder
+	// Fleet returns the live number of instances in this region: each
+	// holds its share of a key's spend budget.
+	Fleet func() int
+}
+
+// Count updates the metrics of c, decided (allowed or not), and records
+// what it admitted for the other regions.
+func (t *Tally) Count(c *request.Request, allowed bool) {
+	var now int64 // read once, when a spend is recorded or a refusal counted
+	// Each of the region's instances holds its own unpublished spends: a
+	// key's budget is shared between them, so that the region's together
+	// stay within the rule's. Read with the first spend recorded.
+	share := 0.0
+	for _, it := range c.Enforce {
+		en := it.Entry
+		if c.MaxWait > 0 {
+			// The series of a rule appear with its first paced check:
+			// most rules never pace.
+			switch {
+			case allowed:
+				t.Metrics.Paced.WithLabelValues(it.Rule.ID, metrics.ResultAllowed).Inc()
+				t.Metrics.PacedWait.WithLabelValues(it.Rule.ID).Observe(it.Decision.Wait.Seconds())
+			case !it.Decision.Allowed && it.Route != request.RouteNone:
+				t.Metrics.Paced.WithLabelValues(it.Rule.ID, metrics.ResultLimited).Inc()
+			}
+		}
+		if !allowed {
+			if !it.Decision.Allowed && it.Route != request.RouteNone {
+				if now == 0 {
+					now = time.Now().UnixMicro()
+				}
+				t.Top.Add(it.Rule.ID, it.Key, 1, now*1000)
+			}
+			switch {
+			case it.Decision.Allowed || it.Route == request.RouteNone:
+			case it.Route == request.RouteDeny:
+				en.DenyHits.Inc()
+				en.Limited.Inc()
+			case it.Route == request.RouteHome:
+				en.ForwardedLimited.Inc()
+			case it.Route == request.RouteFallback:
+				en.FallbackLimited.Inc()
+			default:
+				en.Limited.Inc()
+			}
+			continue
+		}
+		en.AdmittedCost.Add(it.Cost)
+		spend := it.Cost
+		switch it.Route {
+		case request.RouteHome:
+			en.ForwardedAllowed.Inc()
+			continue // the home region reports its own spends
+		case request.RouteLease:
+			en.Allowed.Inc()
+			en.Leased.Inc()
+			continue // reported when the batch was taken
+		case request.RouteFallback:
+			en.FallbackAllowed.Inc()
+		case request.RouteUnknown:
+			en.Uncertain.Inc()
+		default:
+			en.Allowed.Inc()
+			if it.Batch > 0 {
+				spend = it.Batch
+			}
+		}
+		if en.Reconciled && t.Spends != nil {
+			if now == 0 {
+				now = time.Now().UnixMicro()
+			}
+			if share == 0 {
+				share = 1 / float64(max(1, t.Fleet()))
+			}
+			t.Spends.Add(it.Rule.ID, it.Key, spend, en.SpendBudget*share, now)
+		}
+	}
+}
