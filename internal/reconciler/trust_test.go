@@ -202,13 +202,13 @@ func TestForgedSpendsRefused(t *testing.T) {
 	}
 	// What a subject's own publisher can still send: another region's name.
 	s.publish("limiterd-us-east", gossip.LocalSubject("us-east"), forged, "")
-	s.publish("reconciler-us-east", gossip.RelaySubject("us-east"), forged, "")
+	s.publish("reconciler-us-east", gossip.PartitionSubject("us-east", 0), forged, "")
 
 	s.send("us-east", "k", 2)
 	s.send("eu-west", "k", 3)
 	s.converge("k", 5)
-	// The relayed one comes on the unpartitioned subject, whose consumer
-	// is not in order with the partitions' that carried k.
+	// The relayed one comes on partition 0, in order with k's spends only
+	// when k is in partition 0.
 	rejected := func() float64 {
 		n := 0.0
 		for _, name := range stackRegions {
@@ -250,13 +250,13 @@ func TestReplayNotDebitedTwice(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	first := batch(t, "us-east", "replayer", 1, "r", 7)
-	subject := gossip.RelaySubject("us-east")
+	subject := gossip.PartitionSubject("us-east", 0)
 	s.publish("reconciler-us-east", subject, first, "replayer-1-0")
 	s.waitCount("eu-west", "r", 7)
 
 	s.publish("reconciler-us-east", subject, first, "")
 	s.publish("reconciler-us-east", subject, first, "replayer-1-0-after-the-window")
-	// The next flush, applied after the replays (one source in order).
+	// The next flush, applied after the replays (one partition in order).
 	s.publish("reconciler-us-east", subject, batch(t, "us-east", "replayer", 2, "r", 1), "replayer-2-0")
 	s.waitCount("eu-west", "r", 8)
 
@@ -264,7 +264,9 @@ func TestReplayNotDebitedTwice(t *testing.T) {
 	if got := testutil.ToFloat64(rec.m.apply.Replays.WithLabelValues("us-east")); got != 2 {
 		t.Errorf("replays counted: %v, want 2", got)
 	}
-	ttl, err := s.regions["eu-west"].redis.PTTL(context.Background(), redisstore.MessageKey("us-east", "replayer", 1, 0)).Result()
+	// The record of a partition's message is kept under the region and the
+	// partition.
+	ttl, err := s.regions["eu-west"].redis.PTTL(context.Background(), redisstore.MessageKey("us-east.0", "replayer", 1, 0)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
