@@ -182,20 +182,25 @@ func TestRulesBucketOnlyAdminWrites(t *testing.T) {
 }
 
 // TestForgedSpendsRefused: a limiterd's identity of us-east cannot publish
-// a spend of eu-west (on either of its subjects) nor relayed spends, and a
-// batch naming another region than its subject's is terminated by the
-// reconciler: the key is debited only with what was admitted.
+// a spend of eu-west (on either of its subjects) nor relayed spends, a
+// reconciler's only its own region's partitions, and a batch naming
+// another region than its subject's is terminated by the reconciler: the
+// key is debited only with what was admitted.
 func TestForgedSpendsRefused(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	forged := batch(t, "eu-west", "forger", 1, "k", 1000)
-	for _, subject := range []string{gossip.RelaySubject("eu-west"), gossip.LocalSubject("eu-west"), gossip.RelaySubject("us-east")} {
+	for _, subject := range []string{gossip.PartitionSubject("eu-west", 0), gossip.LocalSubject("eu-west"), gossip.PartitionSubject("us-east", 0)} {
 		if !s.refused("limiterd-us-east", subject, forged) {
 			t.Errorf("limiterd-us-east published on %s", subject)
 		}
 	}
-	if !s.refused("reconciler-us-east", gossip.RelaySubject("eu-west"), forged) {
-		t.Errorf("reconciler-us-east published on %s", gossip.RelaySubject("eu-west"))
+	// Another region's partition, or its own region's subject without a
+	// partition (no stream holds it, no consumer reads it).
+	for _, subject := range []string{gossip.PartitionSubject("eu-west", 0), gossip.RelaySubjectPrefix + "us-east"} {
+		if !s.refused("reconciler-us-east", subject, forged) {
+			t.Errorf("reconciler-us-east published on %s", subject)
+		}
 	}
 	if !s.refused("reconciler-us-east", gossip.LocalSubject("us-east"), forged) {
 		t.Errorf("reconciler-us-east published on %s", gossip.LocalSubject("us-east"))
