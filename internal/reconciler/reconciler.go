@@ -659,7 +659,8 @@ type source struct {
 	retryStream apply.RetryStream
 }
 
-// applied is src as the applier reads it from the inbound stream.
+// applied is src as the applier reads it: its retry entries, each naming
+// its partition, or (partition) one partition of its inbound messages.
 func (src *source) applied() apply.Source {
 	return apply.Source{Name: src.name, Epoch: src.epoch, Retry: src.retryStream}
 }
@@ -667,7 +668,7 @@ func (src *source) applied() apply.Source {
 // partition is src's partition p as the applier reads it.
 func (src *source) partition(p int) apply.Source {
 	as := src.applied()
-	as.Partitioned, as.Partition = true, p
+	as.Partition = p
 	return as
 }
 
