@@ -254,9 +254,9 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if err != nil {
 				return err.Error()
 			}
-			var got uint64 // its unpartitioned subject's and its partitions'
+			var got uint64 // its partitions'
 			for subject, n := range info.State.Subjects {
-				if subject == gossip.RelaySubject(src) || strings.HasPrefix(subject, gossip.RelaySubject(src)+".") {
+				if strings.HasPrefix(subject, gossip.RelaySubjectPrefix+src+".") {
 					got += n
 				}
 			}
@@ -539,18 +539,16 @@ func (s *stack) replay(t *testing.T) {
 	}
 	b, _ := gossip.Decode(data, 1<<20)
 	rc := s.regions[dst].rc
-	// The records of the flush part: unpartitioned, and the partition's
-	// (its source is "region.p", the subject's last token).
-	recSrc := []string{src}
-	if p, ok := strings.CutPrefix(subject, gossip.RelaySubject(src)+"."); ok {
-		recSrc = append(recSrc, src+"."+p)
+	// The records of the flush part: the partition's (its source is
+	// "region.p", the subject's last token).
+	p, ok := strings.CutPrefix(subject, gossip.RelaySubjectPrefix+src+".")
+	if !ok {
+		t.Fatalf("replay: flush read on %s, not a partition's subject of %s", subject, src)
 	}
-	var keys []string
-	for _, rs := range recSrc {
-		keys = append(keys, redisstore.MessageKey(rs, b.GetInstance(), b.GetSequence(), b.GetPart()))
-		for i := 1; i <= 32; i++ {
-			keys = append(keys, redisstore.MessageKey(rs, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
-		}
+	rs := src + "." + p
+	keys := []string{redisstore.MessageKey(rs, b.GetInstance(), b.GetSequence(), b.GetPart())}
+	for i := 1; i <= 32; i++ {
+		keys = append(keys, redisstore.MessageKey(rs, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
 	}
 	for _, k := range keys {
 		if err := rc.Del(ctx, k).Err(); err != nil {
