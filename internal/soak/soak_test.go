@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 
+	"github.com/limiterd/limiterd/internal/reconciler"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -268,11 +269,12 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if src == name {
 				continue
 			}
-			// The unpartitioned consumer and one per partition.
-			prefix, seen := "apply-"+name+"-from-"+src, 0
+			// One per partition (the reconcilers run with the default
+			// --apply.partitions).
+			prefix, seen := "apply-"+name+"-from-"+src+"-p", 0
 			cs := in.ListConsumers(ctx)
 			for ci := range cs.Info() {
-				if ci.Name != prefix && !strings.HasPrefix(ci.Name, prefix+"-p") {
+				if !strings.HasPrefix(ci.Name, prefix) {
 					continue
 				}
 				seen++
@@ -283,8 +285,8 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if err := cs.Err(); err != nil {
 				return fmt.Sprintf("consumers of %s: %v", gossip.InStream(name), err)
 			}
-			if seen < 2 {
-				return fmt.Sprintf("%s: %d apply consumers of %s, want its unpartitioned one and its partitions'", gossip.InStream(name), seen, src)
+			if seen != reconciler.DefaultPartitions {
+				return fmt.Sprintf("%s: %d apply consumers of %s, want one per partition (%d)", gossip.InStream(name), seen, src, reconciler.DefaultPartitions)
 			}
 		}
 	}
