@@ -5,8 +5,8 @@
 // authorization block (Config) and writes each identity's seed (Write).
 //
 // What the permissions guarantee: a region's flushes (limiter.local.<r>)
-// come only from its limiterd, its relayed spends (limiter.relay.<r>, and
-// limiter.relay.<r>.<partition>) and
+// come only from its limiterd, its relayed spends
+// (limiter.relay.<r>.<partition>) and
 // its retries (limiter.retry.<r>.>) only from its reconciler, and rules
 // only from the admin writer; a reconciler creates and updates
 // only its own region's streams; no daemon may delete, purge or (limiterd)
@@ -136,7 +136,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		}
 	case RoleReconciler:
 		local, spends, in, retry := gossip.LocalStream(self), gossip.RegionStream(self), gossip.InStream(self), gossip.RetryStream(self)
-		pub := []string{gossip.RelaySubject(self), gossip.PartitionSubjects(self), gossip.RetrySubjectPrefix + self + ".>"}
+		pub := []string{gossip.PartitionSubjects(self), gossip.RetrySubjectPrefix + self + ".>"}
 		for _, stream := range []string{local, spends, in, retry} {
 			pub = append(pub, api+"STREAM.INFO."+stream, api+"STREAM.CREATE."+stream, api+"STREAM.UPDATE."+stream)
 		}
@@ -150,12 +150,11 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				// stream may be set up again now; and a message get by
 				// start time finds the sequence a source added starts at.
 				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src), api+"STREAM.MSG.GET."+gossip.RegionStream(src))
-				apply := "apply-" + self + "-from-" + src
-				pub = append(pub, consumer(in, apply, gossip.RelaySubject(src))...)
 				// One in-order consumer per partition, as many as any
 				// --apply.partitions allows.
 				for p := range gossip.MaxPartitions {
-					pub = append(pub, consumer(in, apply+"-p"+strconv.Itoa(p), gossip.PartitionSubject(src, p))...)
+					apply := "apply-" + self + "-from-" + src + "-p" + strconv.Itoa(p)
+					pub = append(pub, consumer(in, apply, gossip.PartitionSubject(src, p))...)
 				}
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)
 			}

@@ -3,6 +3,7 @@ package natsauth_test
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/natsauth"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
 func TestGenerateRefusesBadRegions(t *testing.T) {
@@ -129,6 +131,35 @@ func TestReconcilerLooksUpOtherSpendsStreams(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestReconcilerRelaysPartitionsOnly: a reconciler publishes its region's
+// spends on the partitions' subjects alone, and each apply consumer it may
+// make on its inbound stream reads one partition of one other region.
+func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
+	p := natsauth.PermissionsFor(natsauth.RoleReconciler, "us-east", []string{"us-east", "eu-west", "ap-south"})
+	if !slices.Contains(p.PublishAllow, "limiter.relay.us-east.*") {
+		t.Error("reconciler of us-east may not publish its partitions' subjects")
+	}
+	if slices.Contains(p.PublishAllow, "limiter.relay.us-east") {
+		t.Error("reconciler of us-east may publish limiter.relay.us-east, no partition's subject")
+	}
+	applies := regexp.MustCompile(`^\$JS\.API\.CONSUMER\.CREATE\.LIMITER_IN_US_EAST\.apply-us-east-from-(eu-west|ap-south)-p([0-9]+)\.limiter\.relay\.(eu-west|ap-south)\.([0-9]+)$`)
+	n := 0
+	for _, s := range p.PublishAllow {
+		if !strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.") {
+			continue
+		}
+		m := applies.FindStringSubmatch(s)
+		if m == nil || m[1] != m[3] || m[2] != m[4] {
+			t.Errorf("reconciler of us-east may make %s, not one partition's apply consumer", s)
+			continue
+		}
+		n++
+	}
+	if want := 2 * gossip.MaxPartitions; n != want {
+		t.Errorf("reconciler of us-east may make %d apply consumers, want %d (2 regions x %d partitions)", n, want, gossip.MaxPartitions)
 	}
 }
 

@@ -284,12 +284,14 @@ func (s *stack) streamReport(region string) string {
 		if from == region {
 			continue
 		}
-		if c, err := js.Consumer(ctx, info.Config.Name, applyConsumer(region, from)); err != nil {
-			fmt.Fprintf(&b, "; consumer from %s: %v", from, err)
-		} else {
-			ci := c.CachedInfo()
-			fmt.Fprintf(&b, "; consumer from %s: delivered %d, ack floor %d, pending %d, ack pending %d", from,
-				ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending)
+		for p := range DefaultPartitions {
+			if c, err := js.Consumer(ctx, info.Config.Name, partitionConsumer(region, from, p)); err != nil {
+				fmt.Fprintf(&b, "; consumer from %s p%d: %v", from, p, err)
+			} else {
+				ci := c.CachedInfo()
+				fmt.Fprintf(&b, "; consumer from %s p%d: delivered %d, ack floor %d, pending %d, ack pending %d", from, p,
+					ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending)
+			}
 		}
 		if src, err := js.Stream(ctx, gossip.RegionStream(from)); err != nil {
 			fmt.Fprintf(&b, "; stream %s: %v", gossip.RegionStream(from), err)
@@ -504,16 +506,19 @@ func TestPinned(t *testing.T) {
 }
 
 // TestMalformedMessages: garbage and a batch on another region's subject
-// are counted and terminated, a batch's invalid entry is counted and
-// skipped; the streams move on and valid spends still apply exactly once.
+// (local, or a partition's) are counted and terminated, a batch's invalid
+// entry is counted and skipped; the streams move on and valid spends still
+// apply exactly once.
 func TestMalformedMessages(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	// Each subject's own publisher sends the bad messages: nobody else may.
 	publishers := map[string]jetstream.JetStream{}
+	// Partition 0 of each region, whichever partition k is in.
+	usEast, euWest := gossip.PartitionSubject("us-east", 0), gossip.PartitionSubject("eu-west", 0)
 	for subject, name := range map[string]string{
-		gossip.RelaySubject("us-east"): "reconciler-us-east",
-		gossip.RelaySubject("eu-west"): "reconciler-eu-west",
+		usEast:                         "reconciler-us-east",
+		euWest:                         "reconciler-eu-west",
 		gossip.LocalSubject("us-east"): "limiterd-us-east",
 	} {
 		js, err := jetstream.New(s.connectAs(name))
@@ -528,16 +533,16 @@ func TestMalformedMessages(t *testing.T) {
 	invalid, _ := proto.Marshal(&gossipv1.SpendBatch{Region: "eu-west", Instance: "x", Parts: 1, FirstAdmittedUnixMicros: 1,
 		FlushedUnixMicros: 1, Spends: []*gossipv1.Spend{{RuleId: "quota", Key: "k", Cost: math.Inf(1)}}})
 	for subject, data := range map[string][]byte{
-		gossip.RelaySubject("us-east"): []byte("not a protobuf \xff\xff"),
-		gossip.RelaySubject("eu-west"): invalid,
+		usEast:                         []byte("not a protobuf \xff\xff"),
+		euWest:                         invalid,
 		gossip.LocalSubject("us-east"): misaddressed[0],
 	} {
 		if _, err := publishers[subject].Publish(ctx, subject, data); err != nil {
 			t.Fatalf("publish to %s: %v", subject, err)
 		}
 	}
-	// The misaddressed batch again, on us-east's spends subject.
-	if _, err := publishers[gossip.RelaySubject("us-east")].Publish(ctx, gossip.RelaySubject("us-east"), misaddressed[0]); err != nil {
+	// The misaddressed batch again, on a partition of us-east's spends.
+	if _, err := publishers[usEast].Publish(ctx, usEast, misaddressed[0]); err != nil {
 		t.Fatal(err)
 	}
 	s.send("us-east", "k", 3)
@@ -553,8 +558,8 @@ func TestMalformedMessages(t *testing.T) {
 	invalidSkipped := func() float64 {
 		return testutil.ToFloat64(s.regions["us-east"].recs[0].m.apply.Invalid.WithLabelValues("eu-west"))
 	}
-	// The bad messages on the unpartitioned subjects are read by their own
-	// consumers, not in order with the partitions' that carried k.
+	// The bad messages on partition 0 are read in order with k's spends
+	// only when k is in partition 0.
 	testenv.WaitFor(t, "the bad messages read", func() bool { return rejected() >= 3 && invalidSkipped() >= 1 })
 	// The batch with one infinite cost is not refused whole: that entry is.
 	if got := rejected(); got != 3 {

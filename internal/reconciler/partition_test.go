@@ -20,10 +20,9 @@ import (
 // TestPartitionsApplyInParallel: two reconcilers of eu-west apply the
 // partitions of us-east's spends side by side, and every spend is applied
 // exactly once (each key's count is the sum sent), although one of them
-// dies mid-run between applying messages and acknowledging them, a
+// dies mid-run between applying messages and acknowledging them, and a
 // partition message is replayed (the same flush part published again as a
-// new stream message), and an unpartitioned relay of an earlier release
-// publishes some of the same keys meanwhile.
+// new stream message).
 func TestPartitionsApplyInParallel(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	s.startReconciler("us-east")
@@ -86,13 +85,7 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 		if err != nil || len(data) != 1 {
 			t.Fatalf("split: %d parts, %v", len(data), err)
 		}
-		subject := gossip.LocalSubject("us-east")
-		pub := js
-		if f%10 == 9 {
-			// As a relay of an earlier release: the flush unpartitioned.
-			subject, pub = gossip.RelaySubject("us-east"), relay
-		}
-		if _, err := pub.Publish(ctx, subject, data[0], jetstream.WithMsgID(fmt.Sprintf("load-%d", f))); err != nil {
+		if _, err := js.Publish(ctx, gossip.LocalSubject("us-east"), data[0], jetstream.WithMsgID(fmt.Sprintf("load-%d", f))); err != nil {
 			t.Fatal(err)
 		}
 		if f == 0 {

@@ -5,21 +5,20 @@
 //
 // Concurrency: one relay loop, and per other region one apply loop per
 // partition (gossip.PartitionSubject: the relay splits each flush by key
-// into Options.Partitions), one for its unpartitioned spends of earlier
-// releases, and one retry loop. Each apply loop reads a durable consumer
-// that delivers one message at a time, in stream order, so each partition
-// of a region's spends is applied in sequence, and the partitions side by
-// side; that order, and a client's marker per partition, are what let the
-// debit script tell a redelivery from a new message. A client whose Redis
-// node fails is not waited for: its debits go to the retry stream, in
-// order, under a subject of its slot's bucket, and until that bucket's
-// retries are applied every later debit of a client of the bucket follows
-// them there; the retry loop applies them in the same order with the same
-// markers. Several reconcilers of one region share the durable consumers:
-// the partitions are spread over them, and when one dies its
-// unacknowledged messages go to others after the ack wait. A topology
-// switch that removes a region stops all of its loops, and waits for them,
-// before the new topology is in force.
+// into Options.Partitions) and one retry loop. Each apply loop reads a
+// durable consumer that delivers one message at a time, in stream order, so
+// each partition of a region's spends is applied in sequence, and the
+// partitions side by side; that order, and a client's marker per partition,
+// are what let the debit script tell a redelivery from a new message. A
+// client whose Redis node fails is not waited for: its debits go to the
+// retry stream, in order, under a subject of its slot's bucket, and until
+// that bucket's retries are applied every later debit of a client of the
+// bucket follows them there; the retry loop applies them in the same order
+// with the same markers. Several reconcilers of one region share the durable
+// consumers: the partitions are spread over them, and when one dies its
+// unacknowledged messages go to others after the ack wait. A topology switch
+// that removes a region stops all of its loops, and waits for them, before
+// the new topology is in force.
 // Package apply applies each message and each retry entry, and package
 // streamsrc follows the inbound stream's sources; this package sets up
 // the streams and consumers, runs the loops and follows the topology.
@@ -376,7 +375,6 @@ func (r *Reconciler) startLoops(ctx context.Context, src *source) {
 	for p, c := range src.parts {
 		l.wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
 	}
-	l.wg.Go(func() { r.applyLoop(sctx, src.applied(), src.apply) })
 	l.wg.Go(func() { r.retryLoop(sctx, src) })
 }
 
@@ -652,10 +650,8 @@ func (st *streams) find(name string) *source {
 type source struct {
 	name string
 	// parts read each partition of the source's spends in this region's
-	// inbound stream, whose creation (µs) is epoch; apply reads what the
-	// source relayed unpartitioned (earlier releases).
+	// inbound stream, whose creation (µs) is epoch.
 	parts []jetstream.Consumer
-	apply jetstream.Consumer
 	epoch int64
 	// retry reads this region's debits of the source to apply again, from
 	// the retry stream, whose counts retryStream reads.
@@ -663,7 +659,8 @@ type source struct {
 	retryStream apply.RetryStream
 }
 
-// applied is src as the applier reads it from the inbound stream.
+// applied is src as the applier reads it: its retry entries, each naming
+// its partition, or (partition) one partition of its inbound messages.
 func (src *source) applied() apply.Source {
 	return apply.Source{Name: src.name, Epoch: src.epoch, Retry: src.retryStream}
 }
@@ -671,7 +668,7 @@ func (src *source) applied() apply.Source {
 // partition is src's partition p as the applier reads it.
 func (src *source) partition(p int) apply.Source {
 	as := src.applied()
-	as.Partitioned, as.Partition = true, p
+	as.Partition = p
 	return as
 }
 
@@ -711,9 +708,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	local := r.streamConfig(gossip.LocalStream(self), jetstream.WorkQueuePolicy)
 	local.Subjects = []string{gossip.LocalSubject(self)}
 	spends := r.streamConfig(gossip.RegionStream(self), jetstream.LimitsPolicy)
-	// The unpartitioned subject of earlier releases stays, so that a relay
-	// of one of them during an upgrade still publishes.
-	spends.Subjects = []string{gossip.RelaySubject(self), gossip.PartitionSubjects(self)}
+	spends.Subjects = []string{gossip.PartitionSubjects(self)}
 	in := r.streamConfig(gossip.InStream(self), jetstream.LimitsPolicy)
 	retry := r.streamConfig(gossip.RetryStream(self), jetstream.WorkQueuePolicy)
 	retry.Subjects = []string{gossip.RetrySubjectPrefix + self + ".>"}
@@ -764,61 +759,35 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			have[src.Name+" "+src.FilterSubject] = true
 		}
 	}
-	// Each other region's spends stream is sourced twice: its partitions'
-	// subjects, and the unpartitioned subject of earlier releases, which
-	// it holds while it or its relays are not upgraded yet. The partitions
-	// added to an inbound stream that has the unpartitioned source (an
-	// upgrade) are sourced from the first message the stream holds: none
-	// was sourced here, and the source region may have been upgraded first.
+	// Each other region's spends stream is sourced once, filtered to its
+	// partitions' subjects.
 	var newSources []string
 	g, gctx = errgroup.WithContext(ctx)
 	for _, src := range sources {
-		fresh := false
-		// The sources of src to start from a time: see below.
-		var fromTime []*jetstream.StreamSource
-		for _, filter := range []string{gossip.RelaySubject(src), gossip.PartitionSubjects(src)} {
-			name := gossip.RegionStream(src)
-			if have[name+" "+filter] {
-				continue
-			}
-			from := &since
-			if exists {
-				from = r.sourceStart(added[src])
-			}
-			ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
-			if filter != gossip.RelaySubject(src) && have[name+" "+gossip.RelaySubject(src)] {
-				ss.OptStartTime, ss.OptStartSeq = nil, 1
-			}
-			if ss.OptStartTime != nil {
-				fromTime = append(fromTime, ss)
-			}
-			in.Sources = append(in.Sources, ss)
-			fresh = true
-		}
-		if fresh {
-			newSources = append(newSources, src)
-		}
-		if len(fromTime) == 0 {
+		name, filter := gossip.RegionStream(src), gossip.PartitionSubjects(src)
+		if have[name+" "+filter] {
 			continue
 		}
+		from := &since
+		if exists {
+			from = r.sourceStart(added[src])
+		}
+		ss := &jetstream.StreamSource{Name: name, FilterSubject: filter, OptStartTime: from}
+		in.Sources = append(in.Sources, ss)
+		newSources = append(newSources, src)
 		// Sourced from a time, the server sources from the inbound
 		// stream's last message instead when that is later, as it first
 		// succeeds (trySetupSourceConsumer): another source's message
 		// landing before this one is set up would make it skip what its
 		// stream got since from. So the source starts at the sequence of
-		// its stream's first message since from, asked once for both of
-		// src's sources (a round trip to that region), and of every
-		// source region side by side.
+		// its stream's first message since from, asked of every source
+		// region side by side (a round trip to each).
 		g.Go(func() error {
-			from := *fromTime[0].OptStartTime
-			seq, ok := streamsrc.FirstSeqSince(gctx, r.nc, r.js, gossip.RegionStream(src), from)
-			for _, ss := range fromTime {
-				if ok {
-					ss.OptStartTime, ss.OptStartSeq = nil, seq
-				} else {
-					r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
-						"source", src, "filter", ss.FilterSubject, "since", from)
-				}
+			if seq, ok := streamsrc.FirstSeqSince(gctx, r.nc, r.js, name, *from); ok {
+				ss.OptStartTime, ss.OptStartSeq = nil, seq
+			} else {
+				r.log.Warn("spends stream not asked where to source it from: sourced from a time, its spends until the source is set up may be skipped",
+					"source", src, "filter", filter, "since", *from)
 			}
 			return nil
 		})
@@ -833,7 +802,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	// The consumers are made side by side. Each create, even of a
 	// consumer that exists as asked, is a proposal to the JetStream meta
 	// leader, which on a supercluster may be in another region: made one
-	// after another (ten per source at 8 partitions) they took a WAN round
+	// after another (nine per source at 8 partitions) they took a WAN round
 	// trip or two each, and under load outlasted the set-up's timeout,
 	// after which the set-up began again with as many.
 	g, gctx = errgroup.WithContext(ctx)
@@ -865,15 +834,12 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			MaxAckPending: 1,
 			MaxDeliver:    -1,
 		}
-		c := inOrder
-		c.Durable, c.FilterSubject = applyConsumer(self, name), gossip.RelaySubject(name)
-		create(&src.apply, in.Name, c)
 		for p := range src.parts {
 			c := inOrder
 			c.Durable, c.FilterSubject = partitionConsumer(self, name, p), gossip.PartitionSubject(name, p)
 			create(&src.parts[p], in.Name, c)
 		}
-		c = inOrder
+		c := inOrder
 		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
 		create(&src.retry, retry.Name, c)
 		st.sources = append(st.sources, src)
@@ -916,12 +882,11 @@ func (r *Reconciler) sourceStart(added time.Time) *time.Time {
 // at once.
 const maxConsumerCreates = 32
 
-func applyConsumer(self, src string) string { return "apply-" + self + "-from-" + src }
 func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
 
 // partitionConsumer is the apply consumer of partition p of src's spends.
 func partitionConsumer(self, src string, p int) string {
-	return applyConsumer(self, src) + "-p" + strconv.Itoa(p)
+	return "apply-" + self + "-from-" + src + "-p" + strconv.Itoa(p)
 }
 
 // relayLoop forwards this region's limiterd flushes to the region's spends
@@ -996,7 +961,7 @@ func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts []
 }
 
 // applyLoop applies the spends c reads, one message at a time, in order:
-// one partition of a source's, or its unpartitioned ones.
+// one partition of a source's.
 func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream.Consumer) {
 	for ctx.Err() == nil {
 		// The consumer delivers one message at a time whatever the batch
@@ -1097,7 +1062,7 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 		missing = missing || gone(listErr)
 		for _, src := range st.current() {
 			var n float64
-			for _, c := range append([]jetstream.Consumer{src.apply}, src.parts...) {
+			for _, c := range src.parts {
 				if listErr != nil {
 					break
 				}

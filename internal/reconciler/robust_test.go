@@ -38,9 +38,9 @@ func TestOversizedSpendSkipped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	subject := gossip.RelaySubject("us-east")
+	subject := gossip.PartitionSubject("us-east", 0)
 	s.publish("reconciler-us-east", subject, data, "big-1-0")
-	// A later message of the same source, applied after it (in order).
+	// A later message of the same partition, applied after it (in order).
 	s.publish("reconciler-us-east", subject, batch(t, "us-east", "big", 2, "after", 1), "big-2-0")
 	s.waitCount("eu-west", "after", 1)
 	for key, want := range map[string]float64{"good-1": 3, "good-2": 4, "huge": 0} {

@@ -91,13 +91,15 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 				if src == r {
 					continue
 				}
-				c, err := st.Consumer(context.Background(), applyConsumer(r, src))
-				if err != nil {
-					t.Logf("  consumer %s: %v", applyConsumer(r, src), err)
-					continue
+				for p := range DefaultPartitions {
+					c, err := st.Consumer(context.Background(), partitionConsumer(r, src, p))
+					if err != nil {
+						t.Logf("  consumer %s: %v", partitionConsumer(r, src, p), err)
+						continue
+					}
+					ci := c.CachedInfo()
+					t.Logf("  consumer %s: delivered %+v ack floor %+v pending %d ack pending %d", ci.Name, ci.Delivered, ci.AckFloor, ci.NumPending, ci.NumAckPending)
 				}
-				ci := c.CachedInfo()
-				t.Logf("  consumer %s: delivered %+v ack floor %+v pending %d ack pending %d", ci.Name, ci.Delivered, ci.AckFloor, ci.NumPending, ci.NumAckPending)
 			}
 		}
 	})

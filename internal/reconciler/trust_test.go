@@ -182,33 +182,38 @@ func TestRulesBucketOnlyAdminWrites(t *testing.T) {
 }
 
 // TestForgedSpendsRefused: a limiterd's identity of us-east cannot publish
-// a spend of eu-west (on either of its subjects) nor relayed spends, and a
-// batch naming another region than its subject's is terminated by the
-// reconciler: the key is debited only with what was admitted.
+// a spend of eu-west (on either of its subjects) nor relayed spends, a
+// reconciler's only its own region's partitions, and a batch naming
+// another region than its subject's is terminated by the reconciler: the
+// key is debited only with what was admitted.
 func TestForgedSpendsRefused(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	forged := batch(t, "eu-west", "forger", 1, "k", 1000)
-	for _, subject := range []string{gossip.RelaySubject("eu-west"), gossip.LocalSubject("eu-west"), gossip.RelaySubject("us-east")} {
+	for _, subject := range []string{gossip.PartitionSubject("eu-west", 0), gossip.LocalSubject("eu-west"), gossip.PartitionSubject("us-east", 0)} {
 		if !s.refused("limiterd-us-east", subject, forged) {
 			t.Errorf("limiterd-us-east published on %s", subject)
 		}
 	}
-	if !s.refused("reconciler-us-east", gossip.RelaySubject("eu-west"), forged) {
-		t.Errorf("reconciler-us-east published on %s", gossip.RelaySubject("eu-west"))
+	// Another region's partition, or its own region's subject without a
+	// partition (no stream holds it, no consumer reads it).
+	for _, subject := range []string{gossip.PartitionSubject("eu-west", 0), gossip.RelaySubjectPrefix + "us-east"} {
+		if !s.refused("reconciler-us-east", subject, forged) {
+			t.Errorf("reconciler-us-east published on %s", subject)
+		}
 	}
 	if !s.refused("reconciler-us-east", gossip.LocalSubject("us-east"), forged) {
 		t.Errorf("reconciler-us-east published on %s", gossip.LocalSubject("us-east"))
 	}
 	// What a subject's own publisher can still send: another region's name.
 	s.publish("limiterd-us-east", gossip.LocalSubject("us-east"), forged, "")
-	s.publish("reconciler-us-east", gossip.RelaySubject("us-east"), forged, "")
+	s.publish("reconciler-us-east", gossip.PartitionSubject("us-east", 0), forged, "")
 
 	s.send("us-east", "k", 2)
 	s.send("eu-west", "k", 3)
 	s.converge("k", 5)
-	// The relayed one comes on the unpartitioned subject, whose consumer
-	// is not in order with the partitions' that carried k.
+	// The relayed one comes on partition 0, in order with k's spends only
+	// when k is in partition 0.
 	rejected := func() float64 {
 		n := 0.0
 		for _, name := range stackRegions {
@@ -250,13 +255,13 @@ func TestReplayNotDebitedTwice(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 1)
 	first := batch(t, "us-east", "replayer", 1, "r", 7)
-	subject := gossip.RelaySubject("us-east")
+	subject := gossip.PartitionSubject("us-east", 0)
 	s.publish("reconciler-us-east", subject, first, "replayer-1-0")
 	s.waitCount("eu-west", "r", 7)
 
 	s.publish("reconciler-us-east", subject, first, "")
 	s.publish("reconciler-us-east", subject, first, "replayer-1-0-after-the-window")
-	// The next flush, applied after the replays (one source in order).
+	// The next flush, applied after the replays (one partition in order).
 	s.publish("reconciler-us-east", subject, batch(t, "us-east", "replayer", 2, "r", 1), "replayer-2-0")
 	s.waitCount("eu-west", "r", 8)
 
@@ -264,7 +269,9 @@ func TestReplayNotDebitedTwice(t *testing.T) {
 	if got := testutil.ToFloat64(rec.m.apply.Replays.WithLabelValues("us-east")); got != 2 {
 		t.Errorf("replays counted: %v, want 2", got)
 	}
-	ttl, err := s.regions["eu-west"].redis.PTTL(context.Background(), redisstore.MessageKey("us-east", "replayer", 1, 0)).Result()
+	// The record of a partition's message is kept under the region and the
+	// partition.
+	ttl, err := s.regions["eu-west"].redis.PTTL(context.Background(), redisstore.MessageKey("us-east.0", "replayer", 1, 0)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,7 +161,7 @@ func TestScriptArithmetic(t *testing.T) {
 		lim := bucket.Limit{Algorithm: alg, Capacity: 10, RefillPerSecond: 100}
 		key := Key("huge-"+string(alg), "c")
 		a := scriptArgs(lim, 1e12)
-		if err := debit.Run(context.Background(), client, []string{StreamMarkerKey("c", "huge-"+string(alg)), key},
+		if err := debit.Run(context.Background(), client, []string{PartitionMarkerKey("c", "huge-"+string(alg), 0), key},
 			"1", "60000", "7", string(alg), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Err(); err != nil {
 			t.Fatal(err)
 		}

@@ -114,7 +114,7 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 	// steps that call Redis without moving the clock).
 	now := start
 	key := Key("conf-"+name, "client")
-	marker := StreamMarkerKey("client", "r-"+name)
+	marker := PartitionMarkerKey("client", "r-"+name, 0)
 	var st bucket.State
 	var run conformanceRun
 	var retry int64

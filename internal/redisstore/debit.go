@@ -30,22 +30,16 @@ type ClientDebits struct {
 	Debits []Debit
 }
 
-// StreamMarkerKey is the key that records the position ("<epoch> <seq>") of
-// the last message of region src applied to the buckets of key from this
-// region's inbound stream. It shares the buckets' hash tag, so one script
-// checks it and debits them; no rule id starts with '~'.
-func StreamMarkerKey(key, src string) string {
-	return Key(Position{Epoch: 1}.markerRule(src), key)
-}
-
 // PartitionMarkerKey is the key that records the position ("<epoch> <seq>")
 // of the last message of partition p of region src applied to the buckets
-// of key from this region's inbound stream. A key changes partition only
-// when the partition count does; a marker per partition keeps each
-// partition's order its own, so a message of the old partition applied
-// after one of the new is still applied. No region name holds '.'.
+// of key from this region's inbound stream. It shares the buckets' hash
+// tag, so one script checks it and debits them; no rule id starts with '~'.
+// A key changes partition only when the partition count does; a marker per
+// partition keeps each partition's order its own, so a message of the old
+// partition applied after one of the new is still applied. No region name
+// holds '.'.
 func PartitionMarkerKey(key, src string, p int) string {
-	return Key(Position{Epoch: 1, Partitioned: true, Partition: p}.markerRule(src), key)
+	return Key(Position{Partition: p}.markerRule(src), key)
 }
 
 // Position is a message's place in the stream it is applied from.
@@ -56,12 +50,10 @@ type Position struct {
 	Epoch int64
 	// Seq is the message's stream sequence.
 	Seq uint64
-	// Partitioned says the message came on partition Partition's subject
-	// of the inbound stream (not on the unpartitioned subject of earlier
-	// releases): each partition has its own markers, since the partitions
-	// are applied side by side, not in one stream order.
-	Partitioned bool
-	Partition   int
+	// Partition is the partition of the source's spends whose subject the
+	// message came on: each partition has its own markers, since the
+	// partitions are applied side by side, not in one stream order.
+	Partition int
 }
 
 // String is the position as a flush's record holds it.
@@ -70,13 +62,9 @@ func (p Position) String() string {
 }
 
 // markerRule is what stands for a rule in the marker keys of src at p
-// (PartitionMarkerKey, StreamMarkerKey): the marker of key is
-// Key(p.markerRule(src), key).
+// (PartitionMarkerKey): the marker of key is Key(p.markerRule(src), key).
 func (p Position) markerRule(src string) string {
-	if p.Partitioned {
-		return "~in:" + src + "." + strconv.Itoa(p.Partition)
-	}
-	return "~in:" + src
+	return "~in:" + src + "." + strconv.Itoa(p.Partition)
 }
 
 // MessageKey is the key that records the first stream position of the

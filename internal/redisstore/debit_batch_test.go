@@ -167,7 +167,7 @@ func TestDebitBatchScript(t *testing.T) {
 		var want []any
 		for i := range clients {
 			c := buckets("one", i)[0]
-			keys, args := debitArgs(StreamMarkerKey(c.Key, "eu"), seq, "60000", epoch, c, limitArgs{})
+			keys, args := debitArgs(PartitionMarkerKey(c.Key, "eu", 0), seq, "60000", epoch, c, limitArgs{})
 			out, err := one.Run(ctx, rc, keys, append(args, at)...).Slice()
 			if err != nil {
 				t.Fatalf("step %d: one-client script: %v", step, err)
@@ -178,7 +178,7 @@ func TestDebitBatchScript(t *testing.T) {
 		var chunk []int
 		for i := range clients {
 			c := buckets("batch", i)[0]
-			keys, args := debitArgs(StreamMarkerKey(c.Key, "eu"), seq, "60000", epoch, c, limitArgs{})
+			keys, args := debitArgs(PartitionMarkerKey(c.Key, "eu", 0), seq, "60000", epoch, c, limitArgs{})
 			calls = append(calls, pipeline.Call{Keys: keys, Args: args})
 			chunk = append(chunk, i)
 		}
@@ -197,7 +197,7 @@ func TestDebitBatchScript(t *testing.T) {
 		}
 		for i := range clients {
 			a, b := buckets("one", i)[0], buckets("batch", i)[0]
-			keys := [][2]string{{StreamMarkerKey(a.Key, "eu"), StreamMarkerKey(b.Key, "eu")}}
+			keys := [][2]string{{PartitionMarkerKey(a.Key, "eu", 0), PartitionMarkerKey(b.Key, "eu", 0)}}
 			for j := range a.Debits {
 				keys = append(keys, [2]string{Key(a.Debits[j].Rule, a.Key), Key(b.Debits[j].Rule, b.Key)})
 			}
@@ -428,7 +428,7 @@ func TestApplyDebitsFallback(t *testing.T) {
 		var from, to string
 		var moved int // the second client of the first one's node
 		for i, cl := range clients {
-			n, err := cc.MasterForKey(ctx, StreamMarkerKey(cl.Key, "eu"))
+			n, err := cc.MasterForKey(ctx, PartitionMarkerKey(cl.Key, "eu", 0))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc/codes"
 
+	"github.com/limiterd/limiterd/internal/reconciler"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -254,9 +255,9 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if err != nil {
 				return err.Error()
 			}
-			var got uint64 // its unpartitioned subject's and its partitions'
+			var got uint64 // its partitions'
 			for subject, n := range info.State.Subjects {
-				if subject == gossip.RelaySubject(src) || strings.HasPrefix(subject, gossip.RelaySubject(src)+".") {
+				if strings.HasPrefix(subject, gossip.RelaySubjectPrefix+src+".") {
 					got += n
 				}
 			}
@@ -268,11 +269,12 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if src == name {
 				continue
 			}
-			// The unpartitioned consumer and one per partition.
-			prefix, seen := "apply-"+name+"-from-"+src, 0
+			// One per partition (the reconcilers run with the default
+			// --apply.partitions).
+			prefix, seen := "apply-"+name+"-from-"+src+"-p", 0
 			cs := in.ListConsumers(ctx)
 			for ci := range cs.Info() {
-				if ci.Name != prefix && !strings.HasPrefix(ci.Name, prefix+"-p") {
+				if !strings.HasPrefix(ci.Name, prefix) {
 					continue
 				}
 				seen++
@@ -283,8 +285,8 @@ func (s *stack) pending(js jetstream.JetStream) string {
 			if err := cs.Err(); err != nil {
 				return fmt.Sprintf("consumers of %s: %v", gossip.InStream(name), err)
 			}
-			if seen < 2 {
-				return fmt.Sprintf("%s: %d apply consumers of %s, want its unpartitioned one and its partitions'", gossip.InStream(name), seen, src)
+			if seen != reconciler.DefaultPartitions {
+				return fmt.Sprintf("%s: %d apply consumers of %s, want one per partition (%d)", gossip.InStream(name), seen, src, reconciler.DefaultPartitions)
 			}
 		}
 	}
@@ -539,18 +541,16 @@ func (s *stack) replay(t *testing.T) {
 	}
 	b, _ := gossip.Decode(data, 1<<20)
 	rc := s.regions[dst].rc
-	// The records of the flush part: unpartitioned, and the partition's
-	// (its source is "region.p", the subject's last token).
-	recSrc := []string{src}
-	if p, ok := strings.CutPrefix(subject, gossip.RelaySubject(src)+"."); ok {
-		recSrc = append(recSrc, src+"."+p)
+	// The records of the flush part: the partition's (its source is
+	// "region.p", the subject's last token).
+	p, ok := strings.CutPrefix(subject, gossip.RelaySubjectPrefix+src+".")
+	if !ok {
+		t.Fatalf("replay: flush read on %s, not a partition's subject of %s", subject, src)
 	}
-	var keys []string
-	for _, rs := range recSrc {
-		keys = append(keys, redisstore.MessageKey(rs, b.GetInstance(), b.GetSequence(), b.GetPart()))
-		for i := 1; i <= 32; i++ {
-			keys = append(keys, redisstore.MessageKey(rs, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
-		}
+	rs := src + "." + p
+	keys := []string{redisstore.MessageKey(rs, b.GetInstance(), b.GetSequence(), b.GetPart())}
+	for i := 1; i <= 32; i++ {
+		keys = append(keys, redisstore.MessageKey(rs, b.GetInstance()+"/"+strconv.Itoa(i), b.GetSequence(), b.GetPart()))
 	}
 	for _, k := range keys {
 		if err := rc.Del(ctx, k).Err(); err != nil {

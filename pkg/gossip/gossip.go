@@ -41,8 +41,9 @@ const (
 const (
 	// RegionStreamPrefix + REGION (upper case) is a region's spends stream.
 	RegionStreamPrefix = "LIMITER_SPENDS_"
-	// RelaySubjectPrefix + region is the subject of a region's relayed
-	// spends, held by its spends stream.
+	// RelaySubjectPrefix + region + "." + partition is the subject of a
+	// partition of a region's relayed spends, held by its spends stream
+	// (PartitionSubject).
 	RelaySubjectPrefix = "limiter.relay."
 	// InStreamPrefix + REGION is the stream a region applies from: every
 	// other region's spends stream, sourced.
@@ -58,9 +59,6 @@ const (
 	// LocalSubjectPrefix + region is the subject limiterd publishes to.
 	LocalSubjectPrefix = "limiter.local."
 )
-
-// RelaySubject is the subject of region's relayed spends.
-func RelaySubject(region string) string { return RelaySubjectPrefix + region }
 
 // LocalSubject is the subject of region's limiterd flushes.
 func LocalSubject(region string) string { return LocalSubjectPrefix + region }

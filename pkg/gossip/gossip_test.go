@@ -193,7 +193,8 @@ func TestDecodeEntriesSkipsBadEntries(t *testing.T) {
 func TestNames(t *testing.T) {
 	for got, want := range map[string]string{
 		RegionStream("eu-west"): "LIMITER_SPENDS_EU_WEST", InStream("ap-south"): "LIMITER_IN_AP_SOUTH",
-		RetryStream("us-east"): "LIMITER_RETRY_US_EAST", RelaySubject("us-east"): "limiter.relay.us-east",
+		RetryStream("us-east"): "LIMITER_RETRY_US_EAST", PartitionSubject("us-east", 3): "limiter.relay.us-east.3",
+		PartitionSubjects("us-east"):        "limiter.relay.us-east.*",
 		RetrySubjects("eu-west", "us-east"): "limiter.retry.eu-west.us-east.>",
 	} {
 		if got != want {
@@ -203,7 +204,7 @@ func TestNames(t *testing.T) {
 	if got := LocalStream("eu-west-2"); got != "LIMITER_LOCAL_EU_WEST_2" {
 		t.Fatalf("LocalStream = %q", got)
 	}
-	if RelaySubject("us-east") != "limiter.relay.us-east" || LocalSubject("us-east") != "limiter.local.us-east" {
+	if PartitionSubject("us-east", 0) != "limiter.relay.us-east.0" || LocalSubject("us-east") != "limiter.local.us-east" {
 		t.Fatal("subjects changed")
 	}
 }

@@ -26,14 +26,14 @@ const (
 )
 
 // PartitionSubject is the subject of partition p of region's relayed
-// spends: RelaySubject(region) + "." + p.
+// spends: RelaySubjectPrefix + region + "." + p.
 func PartitionSubject(region string, p int) string {
-	return RelaySubject(region) + "." + strconv.Itoa(p)
+	return RelaySubjectPrefix + region + "." + strconv.Itoa(p)
 }
 
 // PartitionSubjects is the subject filter of every partition of region's
-// relayed spends (not the unpartitioned RelaySubject of earlier releases).
-func PartitionSubjects(region string) string { return RelaySubject(region) + ".*" }
+// relayed spends.
+func PartitionSubjects(region string) string { return RelaySubjectPrefix + region + ".*" }
 
 // PartitionOf is the partition of key among n (FNV-1a of the key, mod n).
 func PartitionOf(key string, n int) int {

@@ -82,28 +82,24 @@ type Source struct {
 	// Epoch is the creation (µs) of the inbound stream the messages come
 	// from: with a message's stream sequence, its position.
 	Epoch int64
-	// Partitioned: the consumer reads partition Partition of the source's
-	// spends (gossip.PartitionSubject), not the unpartitioned subject of
-	// earlier releases. Each partition has its own markers and records.
-	Partitioned bool
-	Partition   int
+	// Partition is the partition of the source's spends the consumer reads
+	// (gossip.PartitionSubject). Each partition has its own markers and
+	// records.
+	Partition int
 	// Retry is this region's retry stream.
 	Retry RetryStream
 }
 
 // position is the position of the message at stream sequence seq.
 func (src Source) position(seq uint64) redisstore.Position {
-	return redisstore.Position{Epoch: src.Epoch, Seq: seq, Partitioned: src.Partitioned, Partition: src.Partition}
+	return redisstore.Position{Epoch: src.Epoch, Seq: seq, Partition: src.Partition}
 }
 
-// recordSource is what a flush's record of src is kept under: the region,
-// or for a partition the region and the partition ("us-east.3"; no region
-// name holds '.'), since the relay splits one flush part into one message
-// per partition, each with the flush's name, each to be applied once.
-func recordSource(src string, partitioned bool, p int) string {
-	if !partitioned {
-		return src
-	}
+// recordSource is what a flush's record of partition p of src is kept
+// under: the region and the partition ("us-east.3"; no region name holds
+// '.'), since the relay splits one flush part into one message per
+// partition, each with the flush's name, each to be applied once.
+func recordSource(src string, p int) string {
 	return src + "." + strconv.Itoa(p)
 }
 
@@ -163,15 +159,12 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
-	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
-	if src.Partitioned {
-		entry.Partition = &src.Partition
-	}
+	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, Partition: &pos.Partition, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
 	// A flush is applied once by its name, (instance, sequence, part),
 	// not only by its stream position: the same bytes published again are
 	// a new stream message that the clients' markers would take for a new
 	// flush.
-	first, err := a.store.FirstSeen(actx, recordSource(src.Name, src.Partitioned, src.Partition), b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
+	first, err := a.store.FirstSeen(actx, recordSource(src.Name, src.Partition), b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
 	switch {
 	case errors.Is(err, redisstore.ErrNotRecorded):
 		// Both copies of the record are on nodes that are down: every
@@ -202,7 +195,7 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	if len(pending) > 0 {
 		direct = nil
 		for _, c := range clients {
-			if pending[bucketOf(c.Key, src.Name)] {
+			if pending[bucketOf(c.Key)] {
 				waiting = append(waiting, c)
 			} else {
 				direct = append(direct, c)

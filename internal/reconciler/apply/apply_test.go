@@ -55,15 +55,17 @@ func (m *fakeMsg) Term() error                      { m.settled = "term"; return
 // fakeStore answers FirstSeen with first (the position itself when
 // empty) and fails the debits of the keys in fail.
 type fakeStore struct {
-	first      string
-	firstErr   error
-	fail       map[string]bool
-	applied    []redisstore.ClientDebits
-	recordedAt redisstore.Position
+	first       string
+	firstErr    error
+	fail        map[string]bool
+	applied     []redisstore.ClientDebits
+	recordedAt  redisstore.Position
+	recordedSrc string
+	appliedAt   redisstore.Position
 }
 
-func (s *fakeStore) FirstSeen(_ context.Context, _, _ string, _ uint64, _ uint32, pos redisstore.Position, _ time.Duration) (string, error) {
-	s.recordedAt = pos
+func (s *fakeStore) FirstSeen(_ context.Context, src, _ string, _ uint64, _ uint32, pos redisstore.Position, _ time.Duration) (string, error) {
+	s.recordedAt, s.recordedSrc = pos, src
 	if s.firstErr != nil {
 		return "", s.firstErr
 	}
@@ -73,7 +75,8 @@ func (s *fakeStore) FirstSeen(_ context.Context, _, _ string, _ uint64, _ uint32
 	return pos.String(), nil
 }
 
-func (s *fakeStore) ApplyDebits(_ context.Context, _ string, _ redisstore.Position, _ time.Duration, clients []redisstore.ClientDebits) (redisstore.DebitResult, error) {
+func (s *fakeStore) ApplyDebits(_ context.Context, _ string, pos redisstore.Position, _ time.Duration, clients []redisstore.ClientDebits) (redisstore.DebitResult, error) {
+	s.appliedAt = pos
 	var res redisstore.DebitResult
 	for i, c := range clients {
 		if s.fail[c.Key] {
@@ -146,7 +149,7 @@ func spendBatch(t *testing.T, region string, spends ...*gossipv1.Spend) []byte {
 }
 
 func TestApply(t *testing.T) {
-	usEast := Source{Name: "us-east", Epoch: 42}
+	usEast := Source{Name: "us-east", Epoch: 42, Partition: 2}
 	tests := []struct {
 		name    string
 		store   *fakeStore
@@ -207,13 +210,21 @@ func TestApply(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					if e.Epoch != 42 || e.Seq != 9 {
-						t.Errorf("retry entry at %d-%d, want 42-9", e.Epoch, e.Seq)
+					if e.Epoch != 42 || e.Seq != 9 || *e.Partition != 2 {
+						t.Errorf("retry entry at %d-%d of partition %d, want 42-9 of 2", e.Epoch, e.Seq, *e.Partition)
 					}
 					for _, c := range e.Clients {
 						deferred = append(deferred, c.Key)
 					}
 				}
+			}
+			// The partition's record and markers.
+			want := redisstore.Position{Epoch: 42, Seq: 9, Partition: 2}
+			if tt.store.recordedSrc != "" && (tt.store.recordedSrc != "us-east.2" || tt.store.recordedAt != want) {
+				t.Errorf("recorded at %+v of %q, want %+v of us-east.2", tt.store.recordedAt, tt.store.recordedSrc, want)
+			}
+			if len(tt.store.applied) > 0 && tt.store.appliedAt != want {
+				t.Errorf("applied at %+v, want %+v", tt.store.appliedAt, want)
 			}
 			slices.Sort(deferred)
 			if !slices.Equal(deferred, tt.deferred) {
@@ -261,9 +272,9 @@ func TestApplyWaitsBehindRetries(t *testing.T) {
 	js := &fakeJS{}
 	a, _, _ := newTestApplier(t, store, js)
 	waiting := "w"
-	js.published = map[string][][]byte{a.retrySubject("us-east", bucketOf(waiting, "us-east")): {[]byte("{}")}}
+	js.published = map[string][][]byte{a.retrySubject("us-east", bucketOf(waiting)): {[]byte("{}")}}
 	other := "o"
-	for i := 0; bucketOf(other, "us-east") == bucketOf(waiting, "us-east"); i++ {
+	for i := 0; bucketOf(other) == bucketOf(waiting); i++ {
 		other = strings.Repeat("o", i+2)
 	}
 	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: waiting, Cost: 1},
@@ -272,7 +283,7 @@ func TestApplyWaitsBehindRetries(t *testing.T) {
 	if len(store.applied) != 1 || store.applied[0].Key != other {
 		t.Errorf("applied %+v, want only %s", store.applied, other)
 	}
-	entries := js.published[a.retrySubject("us-east", bucketOf(waiting, "us-east"))]
+	entries := js.published[a.retrySubject("us-east", bucketOf(waiting))]
 	if len(entries) != 2 {
 		t.Fatalf("%d entries in the bucket, want the waiting one and %s's", len(entries), waiting)
 	}

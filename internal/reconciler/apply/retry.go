@@ -38,10 +38,10 @@ import (
 // retryBuckets is the number of buckets of hash slots.
 const retryBuckets = 256
 
-// bucketOf is the bucket of the hash slot of key's marker for src (and of
-// every bucket of key).
-func bucketOf(key, src string) int {
-	return redisstore.Slot(redisstore.StreamMarkerKey(key, src)) * retryBuckets / 16384
+// bucketOf is the bucket of the hash slot of key's buckets and markers:
+// the slot of their hash tag, the whole key (redisstore.Key).
+func bucketOf(key string) int {
+	return redisstore.Slot(redisstore.Key("", key)) * retryBuckets / 16384
 }
 
 // retryEntry is one message's debits of the clients of one bucket, to apply
@@ -52,9 +52,9 @@ type retryEntry struct {
 	Epoch         int64  `json:"epoch"`
 	Seq           uint64 `json:"seq"`
 	FirstAdmitted int64  `json:"first_admitted_unix_micros"`
-	// Partition, when set, is the partition the message came on: its
-	// markers and record are the partition's.
-	Partition *int `json:"partition,omitempty"`
+	// Partition is the partition the message came on: its markers and
+	// record are the partition's. It must be set.
+	Partition *int `json:"partition"`
 	// Flush, when set, is the name of the message's flush, whose record
 	// could not be written: the retry writes it before applying.
 	Flush   *flushName    `json:"flush,omitempty"`
@@ -98,7 +98,9 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 		return nil, fmt.Errorf("%w: first_admitted_unix_micros: must be set", errInvalidRetry)
 	case len(e.Clients) == 0 || len(e.Clients) > gossip.MaxSpendsPerBatch:
 		return nil, fmt.Errorf("%w: clients: %d, want 1 to %d", errInvalidRetry, len(e.Clients), gossip.MaxSpendsPerBatch)
-	case e.Partition != nil && (*e.Partition < 0 || *e.Partition >= gossip.MaxPartitions):
+	case e.Partition == nil:
+		return nil, fmt.Errorf("%w: partition: must be set", errInvalidRetry)
+	case *e.Partition < 0 || *e.Partition >= gossip.MaxPartitions:
 		return nil, fmt.Errorf("%w: partition: must be 0 to %d, got %d", errInvalidRetry, gossip.MaxPartitions-1, *e.Partition)
 	case e.Flush != nil && (e.Flush.Instance == "" || len(e.Flush.Instance) > 128):
 		return nil, fmt.Errorf("%w: flush.instance: must be 1 to 128 bytes", errInvalidRetry)
@@ -128,7 +130,7 @@ func (a *Applier) publishRetries(ctx context.Context, entry retryEntry, clients 
 	byBucket := map[int][]retryClient{}
 	var order []int
 	for _, c := range clients {
-		b := bucketOf(c.Key, entry.Source)
+		b := bucketOf(c.Key)
 		if _, ok := byBucket[b]; !ok {
 			order = append(order, b)
 		}
@@ -247,14 +249,11 @@ func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
 		a.Reject(msg, "retry "+src.Name, err)
 		return
 	}
-	pos := redisstore.Position{Epoch: e.Epoch, Seq: e.Seq}
-	if e.Partition != nil {
-		pos.Partitioned, pos.Partition = true, *e.Partition
-	}
+	pos := redisstore.Position{Epoch: e.Epoch, Seq: e.Seq, Partition: *e.Partition}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
 	if f := e.Flush; f != nil {
-		first, err := a.store.FirstSeen(actx, recordSource(src.Name, pos.Partitioned, pos.Partition), f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
+		first, err := a.store.FirstSeen(actx, recordSource(src.Name, pos.Partition), f.Instance, f.Sequence, f.Part, pos, a.recordTTL())
 		if err != nil {
 			a.log.Warn("retry: message not recorded, will retry", "source", src.Name, "seq", e.Seq, "err", err)
 			msg.NakWithDelay(time.Second)

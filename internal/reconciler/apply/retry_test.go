@@ -12,7 +12,7 @@ import (
 )
 
 func TestDecodeRetry(t *testing.T) {
-	const good = `{"source":"us-east","epoch":5,"seq":9,"first_admitted_unix_micros":1,"clients":[{"key":"k","debits":[{"rule":"quota","amount":2}]}]}`
+	const good = `{"source":"us-east","epoch":5,"seq":9,"partition":3,"first_admitted_unix_micros":1,"clients":[{"key":"k","debits":[{"rule":"quota","amount":2}]}]}`
 	tests := []struct {
 		name, data string
 		ok         bool
@@ -24,8 +24,12 @@ func TestDecodeRetry(t *testing.T) {
 		{"another source", strings.Replace(good, `"us-east"`, `"ap-south"`, 1), false},
 		{"no epoch", strings.Replace(good, `"epoch":5`, `"epoch":0`, 1), false},
 		{"no seq", strings.Replace(good, `"seq":9`, `"seq":0`, 1), false},
+		{"no partition", strings.Replace(good, `"partition":3,`, ``, 1), false},
+		{"null partition", strings.Replace(good, `"partition":3`, `"partition":null`, 1), false},
+		{"negative partition", strings.Replace(good, `"partition":3`, `"partition":-1`, 1), false},
+		{"partition out of range", strings.Replace(good, `"partition":3`, `"partition":32`, 1), false},
 		{"no first admission", strings.Replace(good, `"first_admitted_unix_micros":1`, `"first_admitted_unix_micros":0`, 1), false},
-		{"no clients", `{"source":"us-east","epoch":5,"seq":9,"first_admitted_unix_micros":1,"clients":[]}`, false},
+		{"no clients", `{"source":"us-east","epoch":5,"seq":9,"partition":3,"first_admitted_unix_micros":1,"clients":[]}`, false},
 		{"flush without instance", strings.Replace(good, `"clients"`, `"flush":{"instance":"","sequence":1,"part":0},"clients"`, 1), false},
 		{"client without debits", strings.Replace(good, `"debits":[{"rule":"quota","amount":2}]`, `"debits":[]`, 1), false},
 		{"zero amount", strings.Replace(good, `"amount":2`, `"amount":0`, 1), false},
@@ -39,7 +43,7 @@ func TestDecodeRetry(t *testing.T) {
 				if err != nil {
 					t.Fatalf("decodeRetry: %v", err)
 				}
-				if e.Seq != 9 || len(e.Clients) != 1 {
+				if e.Seq != 9 || *e.Partition != 3 || len(e.Clients) != 1 {
 					t.Errorf("decoded %+v", e)
 				}
 				return
@@ -62,9 +66,10 @@ func TestPublishRetriesByBucket(t *testing.T) {
 	for i := 0; len(clients) < 20; i++ {
 		key := strings.Repeat("k", i+1)
 		clients = append(clients, redisstore.ClientDebits{Key: key, Debits: []redisstore.Debit{{Rule: "quota", Amount: float64(i + 1)}}})
-		buckets[bucketOf(key, "us-east")]++
+		buckets[bucketOf(key)]++
 	}
-	entry := retryEntry{Source: "us-east", Epoch: 3, Seq: 4, FirstAdmitted: 1}
+	p := 5
+	entry := retryEntry{Source: "us-east", Epoch: 3, Seq: 4, Partition: &p, FirstAdmitted: 1}
 	if err := a.publishRetries(context.Background(), entry, clients); err != nil {
 		t.Fatal(err)
 	}
@@ -80,12 +85,15 @@ func TestPublishRetriesByBucket(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if *e.Partition != p {
+			t.Errorf("bucket %d: entry of partition %d, want %d", b, *e.Partition, p)
+		}
 		if len(e.Clients) != n {
 			t.Errorf("bucket %d: %d clients, want %d", b, len(e.Clients), n)
 		}
 		for _, c := range e.Clients {
-			if bucketOf(c.Key, "us-east") != b {
-				t.Errorf("client %s in bucket %d's entry, its bucket is %d", c.Key, b, bucketOf(c.Key, "us-east"))
+			if bucketOf(c.Key) != b {
+				t.Errorf("client %s in bucket %d's entry, its bucket is %d", c.Key, b, bucketOf(c.Key))
 			}
 		}
 	}
@@ -107,7 +115,7 @@ func TestPublishRetriesByBucket(t *testing.T) {
 // one whose flush was applied from another message is skipped; one that
 // fails again is asked for later; garbage is rejected.
 func TestRetry(t *testing.T) {
-	const entry = `{"source":"us-east","epoch":5,"seq":9,"first_admitted_unix_micros":1,"flush":{"instance":"i","sequence":1,"part":0},"clients":[{"key":"k","debits":[{"rule":"quota","amount":2}]}]}`
+	const entry = `{"source":"us-east","epoch":5,"seq":9,"partition":3,"first_admitted_unix_micros":1,"flush":{"instance":"i","sequence":1,"part":0},"clients":[{"key":"k","debits":[{"rule":"quota","amount":2}]}]}`
 	tests := []struct {
 		name                      string
 		store                     *fakeStore
@@ -127,8 +135,14 @@ func TestRetry(t *testing.T) {
 			if msg.settled != tt.settled {
 				t.Errorf("settled %q, want %q", msg.settled, tt.settled)
 			}
-			if tt.data == entry && tt.store.recordedAt != (redisstore.Position{Epoch: 5, Seq: 9}) {
-				t.Errorf("recorded at %v, want the message's position 5-9", tt.store.recordedAt)
+			// The message's position and partition: its record and markers
+			// are the partition's.
+			want := redisstore.Position{Epoch: 5, Seq: 9, Partition: 3}
+			if tt.data == entry && (tt.store.recordedAt != want || tt.store.recordedSrc != "us-east.3") {
+				t.Errorf("recorded at %+v of %q, want the message's position %+v of us-east.3", tt.store.recordedAt, tt.store.recordedSrc, want)
+			}
+			if tt.data == entry && tt.store.appliedAt != (redisstore.Position{}) && tt.store.appliedAt != want {
+				t.Errorf("applied at %+v, want the message's position %+v", tt.store.appliedAt, want)
 			}
 			if got := testutil.ToFloat64(m.Retried.WithLabelValues("us-east")); got != tt.retried {
 				t.Errorf("retried = %v, want %v", got, tt.retried)
@@ -140,5 +154,18 @@ func TestRetry(t *testing.T) {
 				t.Errorf("rejected = %v, want %v", got, tt.rejects)
 			}
 		})
+	}
+}
+
+// TestBucketOfKey: a key's retry bucket is that of the hash slot of its
+// buckets and of its markers of every source and partition.
+func TestBucketOfKey(t *testing.T) {
+	for _, key := range []string{"k", "user:42", "{tagged}rest", "a{b}c", "%7B", "}{"} {
+		b := bucketOf(key)
+		for _, other := range []string{redisstore.Key("quota", key), redisstore.PartitionMarkerKey(key, "us-east", 0), redisstore.PartitionMarkerKey(key, "eu-west", 7)} {
+			if got := redisstore.Slot(other) * retryBuckets / 16384; got != b {
+				t.Errorf("%q: bucket %d, but %q is in bucket %d", key, b, other, got)
+			}
+		}
 	}
 }

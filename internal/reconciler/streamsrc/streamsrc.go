@@ -1,5 +1,5 @@
 // Package streamsrc follows the sources of a region's inbound stream, one
-// per other region's spends stream and subject: where a new one starts
+// per other region's spends stream: where a new one starts
 // (FirstSeqSince), and a watch that resets those stalled (Watcher).
 //
 // nats-server (v2.15) sources each other region's spends stream through a
@@ -180,35 +180,30 @@ func (w *Watcher) checkSources(ctx context.Context, states map[string]*sourceSta
 	info := stream.CachedInfo()
 	now := time.Now()
 	for _, name := range w.Regions() {
-		// Two sources per region (its partitions, and its unpartitioned
-		// spends of earlier releases), watched alike; the gauge is the
-		// longer quiet.
+		s := states[name]
+		if s == nil {
+			s = &sourceState{}
+			states[name] = s
+		}
 		var quiet time.Duration
-		for _, filter := range []string{gossip.RelaySubject(name), gossip.PartitionSubjects(name)} {
-			s := states[filter]
-			if s == nil {
-				s = &sourceState{}
-				states[filter] = s
-			}
-			si, cfg := SourceOf(info, name, filter)
-			if cfg == nil {
-				w.sourceMissing(ctx, name, s, now)
-				continue
-			}
+		si, cfg := SourceOf(info, name)
+		switch {
+		case cfg == nil:
+			w.sourceMissing(ctx, name, s, now)
+		case si == nil:
+			s.cfg, s.missing = cfg, time.Time{} // not led by a server that reports it yet
+		default:
 			s.cfg, s.missing = cfg, time.Time{}
-			if si == nil {
-				continue // not led by a server that reports it yet
-			}
-			quiet = max(quiet, w.checkSource(ctx, name, si, s, now))
+			quiet = w.checkSource(ctx, name, si, s, now)
 		}
 		w.Active.WithLabelValues(name).Set(quiet.Seconds())
 	}
 }
 
 // SourceOf is the info and the configuration of the source of region's
-// spends stream filtered to filter in info.
-func SourceOf(info *jetstream.StreamInfo, region, filter string) (*jetstream.StreamSourceInfo, *jetstream.StreamSource) {
-	stream := gossip.RegionStream(region)
+// spends stream (filtered to its partitions' subjects) in info.
+func SourceOf(info *jetstream.StreamInfo, region string) (*jetstream.StreamSourceInfo, *jetstream.StreamSource) {
+	stream, filter := gossip.RegionStream(region), gossip.PartitionSubjects(region)
 	var si *jetstream.StreamSourceInfo
 	for _, x := range info.Sources {
 		if x.Name == stream && x.FilterSubject == filter {
