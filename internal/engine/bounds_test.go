@@ -269,18 +269,20 @@ func (b *budgetRecorder) Add(_, _ string, _, budget float64, _ int64) {
 // TestSpendBudgetSharedByTheFleet: each instance of a region holds its own
 // unpublished spends, so a key's budget (max_overshoot × capacity) is
 // divided by the region's live instance count; otherwise N instances
-// could hold N budgets of one key unpublished.
+// could hold N budgets of one key unpublished. With key affinity (each
+// key's checks come to one instance) the instance holds the whole budget.
 func TestSpendBudgetSharedByTheFleet(t *testing.T) {
 	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: r\n    capacity: 100\n    refill_per_second: 10\n    max_overshoot: 0.2\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		fleet int
-		want  float64
-	}{{0, 20}, {1, 20}, {4, 5}} {
+		fleet    int
+		affinity bool
+		want     float64
+	}{{0, false, 20}, {1, false, 20}, {4, false, 5}, {4, true, 20}} {
 		rec := &budgetRecorder{}
-		opts := Options{Store: bucket.NewMemory(), Spends: rec}
+		opts := Options{Store: bucket.NewMemory(), Spends: rec, KeyAffinity: tc.affinity}
 		if tc.fleet > 0 {
 			opts.FleetSize = func() int { return tc.fleet }
 		}

@@ -154,6 +154,10 @@ type Options struct {
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends tally.SpendRecorder
+	// KeyAffinity says the gateways send each key to one instance of the
+	// region: its spends are held in one place, so this instance holds a
+	// key's whole spend budget, not its share (the budget / FleetSize()).
+	KeyAffinity bool
 	// TopLimitedSize is the counters per rule of the keys refused most
 	// (topkeys; 0: topkeys.DefaultSize; < 0: off).
 	TopLimitedSize int
@@ -238,7 +242,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}
 	}
 	e.topo.Store(ts)
-	e.tally = tally.Tally{Metrics: m, Top: e.top, Spends: opts.Spends, Fleet: e.fleet}
+	e.tally = tally.Tally{Metrics: m, Top: e.top, Spends: opts.Spends, Fleet: e.fleet, KeyAffinity: opts.KeyAffinity}
 	e.fwd = homes.Forwarder{Timeout: e.fwdTO, Detached: e.detached, Refunds: m.Refunds, Log: e.log}
 	for name := range opts.Homes {
 		m.Stale.WithLabelValues(name)

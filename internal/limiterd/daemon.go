@@ -293,7 +293,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	eopts := engine.Options{
 		Store: store, Region: d.opts.Region.Name, ForwardTimeout: d.opts.Region.ForwardTimeout, HandoffMaxWindow: d.opts.Region.HandoffMaxWindow,
 		DenyCacheSize: cmp.Or(d.opts.Memory.DenyCacheSize, -1), FallbackMaxBytes: d.opts.Memory.FallbackMaxBytes, MaxLeaseKeys: d.opts.Memory.MaxLeaseKeys,
-		FleetSize: d.fleet.Size, TopLimitedSize: cmp.Or(d.opts.Memory.TopLimitedSize, -1), Logger: d.log,
+		FleetSize: d.fleet.Size, KeyAffinity: d.opts.NATS.GossipKeyAffinity, TopLimitedSize: cmp.Or(d.opts.Memory.TopLimitedSize, -1), Logger: d.log,
 	}
 	var spends interface {
 		Run(context.Context)

@@ -243,6 +243,11 @@ type NATSOptions struct {
 	// rule's budget waits past its interval before it is published. 0: it
 	// waits for none.
 	GossipMaxDefer time.Duration
+	// GossipKeyAffinity says the gateways send each key to one limiterd of
+	// the region (a hash of the key): each instance then holds a key's
+	// whole spend budget before publishing it, not the budget / the fleet
+	// size. Claimed falsely, a region may hold a budget per instance.
+	GossipKeyAffinity bool
 	// GossipSpoolDir, when set, keeps the spends not yet published on disk
 	// while NATS is unreachable, so a crash loses at most one interval.
 	GossipSpoolDir string
@@ -255,6 +260,7 @@ func (n *NATSOptions) RegisterFlags(fs *flag.FlagSet) {
 	n.Auth.RegisterFlags(fs, natsconn.FlagPrefix, true)
 	fs.DurationVar(&n.GossipInterval, "gossip.interval", d.GossipInterval, "how often admitted spends are flushed to the reconcilers")
 	fs.DurationVar(&n.GossipMaxDefer, "gossip.max-defer", d.GossipMaxDefer, "longest a key whose unpublished spend stays under its rule's budget (max_overshoot × capacity) waits past its interval before it is published, in whole intervals; 0: off, every key at its interval")
+	fs.BoolVar(&n.GossipKeyAffinity, "gossip.key-affinity", d.GossipKeyAffinity, "the gateways send each key to one limiterd of the region (by a hash of the key): each instance holds a key's whole spend budget before publishing it, not its share (budget / fleet size)")
 	fs.StringVar(&n.GossipSpoolDir, "gossip.spool-dir", d.GossipSpoolDir, "directory keeping unpublished spends on disk while NATS is unreachable (a crash then loses at most one interval)")
 }
 

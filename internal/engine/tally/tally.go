@@ -30,6 +30,9 @@ type Tally struct {
 	// Fleet returns the live number of instances in this region: each
 	// holds its share of a key's spend budget.
 	Fleet func() int
+	// KeyAffinity: each key's checks come to one instance, which holds the
+	// key's whole budget (Fleet is not read).
+	KeyAffinity bool
 }
 
 // Count updates the metrics of c, decided (allowed or not), and records
@@ -38,7 +41,8 @@ func (t *Tally) Count(c *request.Request, allowed bool) {
 	var now int64 // read once, when a spend is recorded or a refusal counted
 	// Each of the region's instances holds its own unpublished spends: a
 	// key's budget is shared between them, so that the region's together
-	// stay within the rule's. Read with the first spend recorded.
+	// stay within the rule's, unless each key comes to one instance
+	// (KeyAffinity). Read with the first spend recorded.
 	share := 0.0
 	for _, it := range c.Enforce {
 		en := it.Entry
@@ -99,7 +103,10 @@ func (t *Tally) Count(c *request.Request, allowed bool) {
 				now = time.Now().UnixMicro()
 			}
 			if share == 0 {
-				share = 1 / float64(max(1, t.Fleet()))
+				share = 1
+				if !t.KeyAffinity {
+					share = 1 / float64(max(1, t.Fleet()))
+				}
 			}
 			t.Spends.Add(it.Rule.ID, it.Key, spend, en.SpendBudget*share, now)
 		}
