@@ -27,6 +27,7 @@ var (
 	flagMaxDefer   = flag.Duration("scale.max-defer", spendpub.DefaultMaxDefer, "--gossip.max-defer of the publishers (0: off)")
 	flagWAN        = flag.String("scale.wan", "0", "one-way delay between every two regions: 0, a duration up to 1s, or spread (50 ms between neighbours in the list to 150 ms between its ends)")
 	flagPrimaries  = flag.Int("scale.primaries", 1, "Redis primaries per region, 1 to 6")
+	flagAffinity   = flag.Bool("scale.affinity", false, "each client's checks go to one publisher (a hash of the key), which holds the client's whole budget, as limiterd with --gossip.key-affinity; false: to one at random, each holding budget / publishers")
 	flagCheckCalls = flag.Int("scale.check-calls", 20_000, "check scripts run on the first region's Redis to measure what a check costs it, 1,000 to 1,000,000")
 )
 
@@ -34,6 +35,7 @@ var (
 type config struct {
 	regions, keys, rate, publishers, primaries, checkCalls int
 	zipf                                                   float64
+	affinity                                               bool
 	duration, warmup, interval, maxDefer                   time.Duration
 	wan                                                    string
 }
@@ -43,7 +45,7 @@ func configFromFlags() config {
 		regions: *flagRegions, keys: *flagKeys, rate: *flagRate, publishers: *flagPublishers,
 		primaries: *flagPrimaries, checkCalls: *flagCheckCalls, zipf: *flagZipf,
 		duration: *flagDuration, warmup: *flagWarmup, interval: *flagInterval, maxDefer: *flagMaxDefer,
-		wan: *flagWAN,
+		wan: *flagWAN, affinity: *flagAffinity,
 	}
 }
 

@@ -3,6 +3,7 @@ package scale
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math"
@@ -343,8 +344,9 @@ func (r *region) seen(data []byte) {
 	}
 }
 
-// check is one admitted check of key given to publisher i.
-func (r *region) check(key string, i, publishers int) {
+// check is one admitted check of key given to publisher i, which holds
+// share of the key's budget.
+func (r *region) check(key string, i, publishers int, share float64) {
 	r.mu.Lock()
 	u := r.unpub[key]
 	if u == nil {
@@ -364,14 +366,15 @@ func (r *region) check(key string, i, publishers int) {
 		r.seenChecks++
 	}
 	r.mu.Unlock()
-	// As limiterd does, each publisher holds its share of the budget.
-	r.pubs[i].Accumulator().Add(ruleID, key, 1, budget/float64(publishers), time.Now().UnixMicro())
+	r.pubs[i].Accumulator().Add(ruleID, key, 1, budget*share, time.Now().UnixMicro())
 	r.checks.Add(1)
 }
 
 // traffic makes the region's admitted checks at the configured rate, in
 // ticks of 10 ms, clients drawn from the Zipf population, each check given
-// to one of the region's publishers at random, until ctx ends.
+// to one of the region's publishers at random, holding its share of the
+// budget as limiterd does, or with affinity to the publisher its key
+// hashes to, holding the whole budget, until ctx ends.
 func (m *model) traffic(ctx context.Context, r *region, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 0x5ca1e))
 	zipf := newZipf(rng, m.cfg.zipf, m.cfg.keys)
@@ -387,10 +390,23 @@ func (m *model) traffic(ctx context.Context, r *region, seed uint64) {
 		case now := <-tk.C:
 			due := int(float64(m.cfg.rate) * now.Sub(start).Seconds())
 			for ; done < due; done++ {
-				r.check("c"+strconv.FormatUint(zipf(), 10), rng.IntN(len(r.pubs)), len(r.pubs))
+				key := "c" + strconv.FormatUint(zipf(), 10)
+				n := len(r.pubs)
+				if m.cfg.affinity {
+					r.check(key, int(fnv32(key)%uint32(n)), n, 1)
+				} else {
+					r.check(key, rng.IntN(n), n, 1/float64(n))
+				}
 			}
 		}
 	}
+}
+
+// fnv32 is the FNV-1a hash of key: a gateway's choice of instance by key.
+func fnv32(key string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(key))
+	return h.Sum32()
 }
 
 // newZipf draws ranks in [0, n) with P(k) ∝ 1/(k+1)^s.
@@ -668,8 +684,8 @@ func (m *model) report(before, after map[string]snapshot, idle map[string]float6
 	t := m.t
 	var b strings.Builder
 	c := m.cfg
-	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region, interval %v, max-defer %v, wan %s, %d Redis primaries per region; %v measured after %v\n",
-		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.interval, c.maxDefer, c.wan, c.primaries, c.duration, c.warmup)
+	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region (key affinity %v), interval %v, max-defer %v, wan %s, %d Redis primaries per region; %v measured after %v\n",
+		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.affinity, c.interval, c.maxDefer, c.wan, c.primaries, c.duration, c.warmup)
 	fmt.Fprintf(&b, "a check costs Redis %.1f µs (the token bucket script, %d calls, 64 callers)\n", checkUS, c.checkCalls)
 	b.WriteString("| region | checks/s | entries/s | checks per entry | debits/s applied | scripts/s | Redis ms/s (idle) | checks' Redis ms/s | reconciliation / checks | at the published rate | Redis µs per debit | reconciler ms/s | reconciler µs per debit | NATS ms/s | msgs/s per link | bytes/s per link | lag p50 | lag p99 | held max (budgets) | checks over budget |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
