@@ -504,11 +504,11 @@ func TestPromQLMetricsExported(t *testing.T) {
 	ctx := context.Background()
 	recs := map[string]*reconciler.Reconciler{}
 	for _, name := range []string{"us-east", "eu-west"} {
-		r, err := reconciler.New(reconciler.Options{
-			Region: name, TopologyFile: topology, RulesFile: rulesFile, NATSURL: nats.URL(),
-			Redis: redisstore.Conn{Addrs: cluster.Addrs()}, Interval: 100 * time.Millisecond, AckWait: time.Second,
-			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: quiet.With("reconciler", name),
-		})
+		o := reconciler.DefaultOptions()
+		o.Region, o.TopologyFile, o.RulesFile, o.NATSURL = name, topology, rulesFile, nats.URL()
+		o.Redis, o.Interval, o.AckWait = redisstore.Conn{Addrs: cluster.Addrs()}, 100*time.Millisecond, time.Second
+		o.StreamMaxBytes, o.HTTPAddress, o.Logger = 64<<20, "127.0.0.1:0", quiet.With("reconciler", name)
+		r, err := reconciler.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -90,11 +90,11 @@ func TestStackNATSIdentities(t *testing.T) {
 	lims := map[string]*limiterd.Daemon{}
 	for _, r := range regions {
 		node := redistest.NewNode(t)
-		rec, err := reconciler.New(reconciler.Options{
-			Region: r, TopologyFile: topoFile, RulesFile: rulesFile, NATSURL: ns.URL(), Redis: redisstore.Conn{Addrs: []string{node.Addr()}},
-			NATSAuth: natsconn.Auth{NkeySeedFile: seed("reconciler-" + r)}, Interval: 200 * time.Millisecond,
-			StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0", Logger: log.With("daemon", "reconciler-"+r),
-		})
+		ro := reconciler.DefaultOptions()
+		ro.Region, ro.TopologyFile, ro.RulesFile, ro.NATSURL = r, topoFile, rulesFile, ns.URL()
+		ro.Redis, ro.NATSAuth = redisstore.Conn{Addrs: []string{node.Addr()}}, natsconn.Auth{NkeySeedFile: seed("reconciler-" + r)}
+		ro.Interval, ro.StreamMaxBytes, ro.HTTPAddress, ro.Logger = 200*time.Millisecond, 64<<20, "127.0.0.1:0", log.With("daemon", "reconciler-"+r)
+		rec, err := reconciler.New(ro)
 		if err != nil {
 			t.Fatal(err)
 		}

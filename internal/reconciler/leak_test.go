@@ -42,8 +42,9 @@ func TestStartFailuresLeakNothing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			ignore := goleak.IgnoreCurrent()
-			opts := Options{Region: "us-east", TopologyFile: filepath.Join(dir, "topology.yml"), RulesFile: filepath.Join(dir, "rules.yml"),
-				NATSURL: nats.URL(), Redis: redisstore.Conn{Addrs: cluster.Addrs()}, HTTPAddress: "127.0.0.1:0", Logger: quiet()}
+			opts := DefaultOptions()
+			opts.Region, opts.TopologyFile, opts.RulesFile = "us-east", filepath.Join(dir, "topology.yml"), filepath.Join(dir, "rules.yml")
+			opts.NATSURL, opts.Redis, opts.HTTPAddress, opts.Logger = nats.URL(), redisstore.Conn{Addrs: cluster.Addrs()}, "127.0.0.1:0", quiet()
 			tt.mutate(&opts)
 			r, err := New(opts)
 			if err != nil {

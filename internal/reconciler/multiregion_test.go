@@ -599,8 +599,10 @@ func TestBadOptions(t *testing.T) {
 	writeFile(t, dir, "rules.yml", quotaRules)
 	writeFile(t, dir, "topology.yml", "regions:\n  - name: us-east\n    limiter_address: 127.0.0.1:1\n")
 	good := func() Options {
-		return Options{Region: "us-east", TopologyFile: filepath.Join(dir, "topology.yml"), RulesFile: filepath.Join(dir, "rules.yml"),
-			NATSURL: "nats://127.0.0.1:1", Redis: redisstore.Conn{Addrs: []string{"127.0.0.1:1"}}, Logger: quiet()}
+		o := DefaultOptions()
+		o.Region, o.TopologyFile, o.RulesFile = "us-east", filepath.Join(dir, "topology.yml"), filepath.Join(dir, "rules.yml")
+		o.NATSURL, o.Redis, o.Logger = "nats://127.0.0.1:1", redisstore.Conn{Addrs: []string{"127.0.0.1:1"}}, quiet()
+		return o
 	}
 	if _, err := New(good()); err != nil {
 		t.Fatalf("good options: %v", err)

@@ -173,10 +173,10 @@ func TestPartitionsFlag(t *testing.T) {
 		name  string
 		n     int
 		valid bool
-	}{{"default", 0, true}, {"one", 1, true}, {"most", gossip.MaxPartitions, true}, {"negative", -1, false}, {"too many", gossip.MaxPartitions + 1, false}} {
+	}{{"default", DefaultPartitions, true}, {"one", 1, true}, {"most", gossip.MaxPartitions, true}, {"zero", 0, false}, {"negative", -1, false}, {"too many", gossip.MaxPartitions + 1, false}} {
 		t.Run(tt.name, func(t *testing.T) {
-			o := Options{Partitions: tt.n}
-			o.setDefaults()
+			o := DefaultOptions()
+			o.Partitions = tt.n
 			err := o.validate()
 			if got := err != nil && strings.Contains(err.Error(), "--apply.partitions: "); got == tt.valid {
 				t.Errorf("partitions %d: %v", tt.n, err)

@@ -86,7 +86,7 @@ type Options struct {
 	NATSAuth natsconn.Auth
 	// Redis is this region's store, reached as limiterd reaches it.
 	Redis redisstore.Conn
-	// MaxRules caps the rules in force (0: rulesource.DefaultMaxRules).
+	// MaxRules caps the rules in force.
 	MaxRules int
 	// Interval is the longest a loop waits for a message before it looks
 	// again; limiterd flushes at its own --gossip.interval.
@@ -168,36 +168,20 @@ type Reconciler struct {
 	beforeSourceAdded func(ctx context.Context, added []string)
 }
 
-func (o *Options) setDefaults() {
-	if o.Interval == 0 {
-		o.Interval = gossip.DefaultInterval
-	}
-	if o.AckWait == 0 {
-		o.AckWait = DefaultAckWait
-	}
-	if o.StreamMaxAge == 0 {
-		o.StreamMaxAge = DefaultStreamMaxAge
-	}
-	if o.StreamMaxBytes == 0 {
-		o.StreamMaxBytes = DefaultStreamMaxBytes
-	}
-	if o.StreamReplicas == 0 {
-		o.StreamReplicas = 1
-	}
-	if o.MaxMessageBytes == 0 {
-		o.MaxMessageBytes = gossip.DefaultMaxMessageBytes
-	}
-	if o.Partitions == 0 {
-		o.Partitions = DefaultPartitions
-	}
-	if o.HTTPAddress == "" {
-		o.HTTPAddress = DefaultHTTPAddress
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
+// DefaultOptions are the reconciler's defaults, the one place they are
+// written: the flags' defaults are read from them, and Options given to New
+// start from them (New fills no zero field but Logger).
+func DefaultOptions() Options {
+	return Options{
+		TopologyPoll: topowatch.DefaultPoll, MaxRules: rulesource.DefaultMaxRules, NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix},
+		Interval: gossip.DefaultInterval, AckWait: DefaultAckWait,
+		StreamMaxAge: DefaultStreamMaxAge, StreamMaxBytes: DefaultStreamMaxBytes, StreamReplicas: 1,
+		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, HTTPAddress: DefaultHTTPAddress,
 	}
 }
 
+// validate reports every bad field at once, each naming its flag, and
+// changes nothing.
 func (o *Options) validate() error {
 	var errs []error
 	if err := region.ValidateName(o.Region); err != nil {
@@ -213,6 +197,9 @@ func (o *Options) validate() error {
 	}
 	if err := o.NATSAuth.Validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if o.HTTPAddress == "" {
+		errs = append(errs, errors.New("--http.listen-address: required"))
 	}
 	if o.TopologyPoll < 0 || (o.TopologyPoll > 0 && (o.TopologyPoll < topowatch.MinPoll || o.TopologyPoll > topowatch.MaxPoll)) {
 		errs = append(errs, fmt.Errorf("--region.topology-poll: must be in [%v, %v], got %v", topowatch.MinPoll, topowatch.MaxPoll, o.TopologyPoll))
@@ -232,7 +219,7 @@ func (o *Options) validate() error {
 	if o.StreamReplicas < 1 || o.StreamReplicas > 5 {
 		errs = append(errs, fmt.Errorf("--stream.replicas: must be 1 to 5, got %d", o.StreamReplicas))
 	}
-	if o.MaxRules < 0 || o.MaxRules > rulesource.MaxMaxRules {
+	if o.MaxRules < 1 || o.MaxRules > rulesource.MaxMaxRules {
 		errs = append(errs, fmt.Errorf("--rules.max-rules: must be 1 to %d, got %d", rulesource.MaxMaxRules, o.MaxRules))
 	}
 	if o.MaxMessageBytes < 4<<10 || o.MaxMessageBytes > 8<<20 {
@@ -244,11 +231,14 @@ func (o *Options) validate() error {
 	return errors.Join(errs...)
 }
 
-// New validates opts and loads the rules and the topology.
+// New validates opts, which start from DefaultOptions, and loads the rules
+// and the topology. A nil Logger is slog.Default().
 func New(opts Options) (*Reconciler, error) {
-	opts.setDefaults()
 	if err := opts.validate(); err != nil {
 		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
 	}
 	reg := prometheus.NewRegistry()
 	r := &Reconciler{opts: opts, log: opts.Logger.With("region", opts.Region), added: map[string]time.Time{}, loops: map[string]*sourceLoops{}, topoChanged: make(chan struct{}, 1)}

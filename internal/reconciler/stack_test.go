@@ -254,13 +254,13 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 }
 
 func (s *stack) reconcilerOptions(region string) Options {
-	return Options{
-		Region: region, TopologyFile: s.topologyFile(region), TopologyPoll: 100 * time.Millisecond, RulesFile: filepath.Join(s.dir, "rules.yml"),
-		NATSURL: s.natsURL(region), Redis: redisstore.Conn{Addrs: s.regions[region].cluster.Addrs()}, Interval: s.interval, StreamReplicas: s.replicas,
-		AckWait: time.Second, StreamMaxBytes: 64 << 20, HTTPAddress: "127.0.0.1:0",
-		NATSAuth: s.auth("reconciler-" + region),
-		Logger:   quiet().With("component", "reconciler", "region", region),
-	}
+	o := DefaultOptions()
+	o.Region, o.TopologyFile, o.TopologyPoll, o.RulesFile = region, s.topologyFile(region), 100*time.Millisecond, filepath.Join(s.dir, "rules.yml")
+	o.NATSURL, o.Redis, o.Interval, o.StreamReplicas = s.natsURL(region), redisstore.Conn{Addrs: s.regions[region].cluster.Addrs()}, s.interval, s.replicas
+	o.AckWait, o.StreamMaxBytes, o.HTTPAddress = time.Second, 64<<20, "127.0.0.1:0"
+	o.NATSAuth = s.auth("reconciler-" + region)
+	o.Logger = quiet().With("component", "reconciler", "region", region)
+	return o
 }
 
 // topology is a topology file of generation gen over regions, effective at

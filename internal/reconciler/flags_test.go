@@ -1,0 +1,44 @@
+package reconciler
+
+import (
+	"flag"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// TestFlagDefaults: the flags parsed with no arguments are DefaultOptions,
+// the one place the defaults are written; validate reports each missing
+// required flag and the zero values a flag cannot take, and changes
+// nothing.
+func TestFlagDefaults(t *testing.T) {
+	var o Options
+	fs := flag.NewFlagSet("reconciler", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	o.RegisterFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(o, DefaultOptions()) {
+		t.Fatalf("flags with no arguments:\n%+v\nDefaultOptions:\n%+v", o, DefaultOptions())
+	}
+	before := o
+	err := o.validate()
+	if !reflect.DeepEqual(o, before) {
+		t.Fatalf("validate changed its input:\n%+v\nto\n%+v", before, o)
+	}
+	for _, f := range []string{"--region:", "--region.topology-file: required", "--rules.file: required", "--nats.url: required", "--redis.addrs: required"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("defaults without the required flags: %v; want it to name %s", err, f)
+		}
+	}
+	var zero Options
+	err = zero.validate()
+	for _, f := range []string{"--gossip.interval:", "--gossip.ack-wait:", "--stream.max-age:", "--stream.max-bytes:", "--stream.replicas:",
+		"--rules.max-rules:", "--gossip.max-message-bytes:", "--apply.partitions:", "--http.listen-address: required"} {
+		if err == nil || !strings.Contains(err.Error(), f) {
+			t.Errorf("zero Options: %v; want it to name %s", err, f)
+		}
+	}
+}
