@@ -38,7 +38,7 @@ type stack struct {
 	names    []string
 	nats     *natstest.Server       // nil on a supercluster
 	super    *natstest.Supercluster // nil on one server
-	replicas int                    // of the streams (--stream.replicas)
+	replicas int                    // of the streams (--stream.replicas), 1 unless a supercluster sets it
 	dir      string
 	authDir  string // the identities' seeds (natsauth.Write)
 	interval time.Duration
@@ -170,7 +170,7 @@ func buildStackTopo(t testing.TB, names []string, topos map[string][]string, rul
 // do not exist yet.
 func buildStackLate(t testing.TB, names []string, topos map[string][]string, late []string, rulesYAML string, interval time.Duration, reconcilers int, startNATS func(*stack, ...natstest.Option)) *stack {
 	t.Helper()
-	s := &stack{t: t, names: names, dir: t.TempDir(), interval: interval, regions: map[string]*regionStack{}}
+	s := &stack{t: t, names: names, dir: t.TempDir(), interval: interval, replicas: 1, regions: map[string]*regionStack{}}
 	s.authDir = filepath.Join(s.dir, "auth")
 	ids, err := natsauth.Write(s.authDir, names)
 	if err != nil {
