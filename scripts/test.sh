@@ -9,8 +9,11 @@
 #     then internal/limiterd but its tests of phase 2, then every
 #     `go test -bench` command the docs quote, once (-benchtime 1x -short,
 #     two at a time; scripts/docbench_test.go, so that a figure's command
-#     that no longer runs fails here); beside them every other package but those of
-#     phase 2;
+#     that no longer runs fails here); beside them every other package but
+#     those of phase 2, in two more streams: the long ones (the local
+#     stack's bring-ups, the image build, the NATS clusters) and the rest.
+#     Phase 1 waits more than it computes (load 1.3-4 on 2 cores with two
+#     streams), so a third cuts its wall time to about the longest stream;
 #  2. what is measured under its own load, one package at a time and
 #     alone: the tests of internal/limiterd named in limiterd_alone
 #     (exactly 10 of 50 client processes on busy cores, the model tests,
@@ -30,6 +33,8 @@ flags=(-race -count=1 -p 1 -timeout 20m)
 
 alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
+# Phase 1's longest other packages, in a stream of their own.
+long=(./scripts ./internal/ociimage ./internal/testenv/natstest)
 # The tests of internal/limiterd whose guarantees are measured under their
 # own load; its others run in phase 1. scripts/testsh_test.go checks that
 # each is a test of the package.
@@ -47,7 +52,7 @@ others=()
 for p in $("$GO" list ./...); do
 	p=./${p#"$mod"/}
 	[ "$p" = "./$mod" ] && p=.
-	case " ${alone[*]} ${waiting[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
+	case " ${alone[*]} ${waiting[*]} ${long[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
 	others+=("$p")
 done
 
@@ -92,16 +97,18 @@ start=$SECONDS
 	exit "$rc"
 } >"$logs/waiting.log" 2>&1 &
 pids+=($!)
+"$GO" test "${flags[@]}" "${long[@]}" >"$logs/long.log" 2>&1 &
+pids+=($!)
 "$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
 pids+=($!)
-for i in 0 1; do
+for i in 0 1 2; do
 	rc=0
 	wait "${pids[$i]}" || rc=$?
 	[ "$rc" -eq 0 ] || failed=1
 done
 pids=()
-cat "$logs/others.log" "$logs/waiting.log"
-echo "test: phase 1 (${waiting[*]}, ./internal/limiterd but ${#limiterd_alone[@]} tests and the docs' benchmarks beside $((${#others[@]})) other packages) in $((SECONDS - start)) s"
+cat "$logs/others.log" "$logs/long.log" "$logs/waiting.log"
+echo "test: phase 1 (${waiting[*]}, ./internal/limiterd but ${#limiterd_alone[@]} tests and the docs' benchmarks beside ${long[*]} and $((${#others[@]})) other packages) in $((SECONDS - start)) s"
 t1=$SECONDS
 # The other packages first: what phase 1 started has ended by then (the
 # pacers' proof, first, failed twice on a fresh clone right after it).
