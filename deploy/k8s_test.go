@@ -70,6 +70,7 @@ var kinds = map[string]struct {
 	"PodDisruptionBudget":     {"policy/v1", func() any { return new(policyv1.PodDisruptionBudget) }},
 	"NetworkPolicy":           {"networking.k8s.io/v1", func() any { return new(networkingv1.NetworkPolicy) }},
 	"ServiceMonitor":          {"monitoring.coreos.com/v1", func() any { return new(monitoringv1.ServiceMonitor) }},
+	"PrometheusRule":          {"monitoring.coreos.com/v1", func() any { return new(monitoringv1.PrometheusRule) }},
 }
 
 // decodeStrict decodes one object's JSON into v, rejecting unknown fields
@@ -112,8 +113,22 @@ func kustomizeBuild(dir string) (*built, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kustomize build %s: %w", dir, err)
 	}
-	b := &built{
-		name:            filepath.Base(dir),
+	b := newBuilt(filepath.Base(dir))
+	for _, r := range m.Resources() {
+		data, err := r.MarshalJSON()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %s %s: %w", dir, r.GetKind(), r.GetName(), err)
+		}
+		if err := b.add(r.GetKind(), r.GetApiVersion(), r.GetName(), data); err != nil {
+			return nil, fmt.Errorf("%s: %w", dir, err)
+		}
+	}
+	return b, nil
+}
+
+func newBuilt(name string) *built {
+	return &built{
+		name:            name,
 		deployments:     map[string]*appsv1.Deployment{},
 		services:        map[string]*corev1.Service{},
 		configMaps:      map[string]*corev1.ConfigMap{},
@@ -122,42 +137,40 @@ func kustomizeBuild(dir string) (*built, error) {
 		netpols:         map[string]*networkingv1.NetworkPolicy{},
 		serviceMonitors: map[string]*monitoringv1.ServiceMonitor{},
 	}
-	for _, r := range m.Resources() {
-		kind, name := r.GetKind(), r.GetName()
-		k, ok := kinds[kind]
-		if !ok {
-			return nil, fmt.Errorf("%s: %s %s: a kind this test does not know; add it to kinds with its Go type", dir, kind, name)
-		}
-		if got := r.GetApiVersion(); got != k.apiVersion {
-			return nil, fmt.Errorf("%s: %s %s: apiVersion %q, want %q", dir, kind, name, got, k.apiVersion)
-		}
-		data, err := r.MarshalJSON()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %s %s: %w", dir, kind, name, err)
-		}
-		v := k.new()
-		if err := decodeStrict(data, v); err != nil {
-			return nil, fmt.Errorf("%s: %s %s: strict decode into %T: %w", dir, kind, name, v, err)
-		}
-		b.objs = append(b.objs, v)
-		switch o := v.(type) {
-		case *appsv1.Deployment:
-			b.deployments[name] = o
-		case *corev1.Service:
-			b.services[name] = o
-		case *corev1.ConfigMap:
-			b.configMaps[name] = o
-		case *autoscalingv2.HorizontalPodAutoscaler:
-			b.hpas[name] = o
-		case *policyv1.PodDisruptionBudget:
-			b.pdbs[name] = o
-		case *networkingv1.NetworkPolicy:
-			b.netpols[name] = o
-		case *monitoringv1.ServiceMonitor:
-			b.serviceMonitors[name] = o
-		}
+}
+
+// add decodes one object's JSON strictly into its Kubernetes type and
+// files it under its kind.
+func (b *built) add(kind, apiVersion, name string, data []byte) error {
+	k, ok := kinds[kind]
+	if !ok {
+		return fmt.Errorf("%s %s: a kind this test does not know; add it to kinds with its Go type", kind, name)
 	}
-	return b, nil
+	if apiVersion != k.apiVersion {
+		return fmt.Errorf("%s %s: apiVersion %q, want %q", kind, name, apiVersion, k.apiVersion)
+	}
+	v := k.new()
+	if err := decodeStrict(data, v); err != nil {
+		return fmt.Errorf("%s %s: strict decode into %T: %w", kind, name, v, err)
+	}
+	b.objs = append(b.objs, v)
+	switch o := v.(type) {
+	case *appsv1.Deployment:
+		b.deployments[name] = o
+	case *corev1.Service:
+		b.services[name] = o
+	case *corev1.ConfigMap:
+		b.configMaps[name] = o
+	case *autoscalingv2.HorizontalPodAutoscaler:
+		b.hpas[name] = o
+	case *policyv1.PodDisruptionBudget:
+		b.pdbs[name] = o
+	case *networkingv1.NetworkPolicy:
+		b.netpols[name] = o
+	case *monitoringv1.ServiceMonitor:
+		b.serviceMonitors[name] = o
+	}
+	return nil
 }
 
 // overlayDirs lists the overlays; there must be at least two regions.
