@@ -1,0 +1,166 @@
+package tally
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
+	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// spend is one SpendRecorder.Add.
+type spend struct {
+	rule, key    string
+	cost, budget float64
+}
+
+type recorder struct{ got []spend }
+
+func (r *recorder) Add(rule, key string, cost, budget float64, admittedMicros int64) {
+	r.got = append(r.got, spend{rule, key, cost, budget})
+}
+
+// newTally returns a Tally over the rules of yaml, its table and its
+// recorder, with fleet instances in the region.
+func newTally(t *testing.T, yaml string, fleet int, affinity bool) (*Tally, *request.Table, *recorder) {
+	t.Helper()
+	m, err := metrics.New(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rules.Parse("rules.yml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	return &Tally{Metrics: m, Top: topkeys.New(64), Spends: rec, Fleet: func() int { return fleet }, KeyAffinity: affinity},
+		request.NewTable(set, 1, 1, m, nil), rec
+}
+
+const tallyRules = `rules:
+  - id: api
+    capacity: 100
+    refill_per_second: 10
+  - id: local
+    capacity: 100
+    refill_per_second: 10
+    reconcile: false
+`
+
+func item(tb *request.Table, rule, key string, cost float64, route request.Route, allowed bool) *request.Item {
+	en := tb.ByID[rule]
+	return &request.Item{Rule: en.Rule, Key: key, Cost: cost, Entry: en, Route: route, Decision: bucket.Decision{Allowed: allowed}}
+}
+
+// TestCountRecordsSpends: an admitted check of a reconciled rule records
+// its cost with the instance's share of the rule's budget (the rule's
+// whole budget with key affinity); a check decided elsewhere (a home
+// region, a lease taken earlier) or of a rule not reconciled records
+// nothing; a batch taken from the store records the batch.
+func TestCountRecordsSpends(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		fleet    int
+		affinity bool
+		budget   float64
+	}{
+		{"alone", 1, false, 10},
+		{"fleet of 4", 4, false, 2.5},
+		{"fleet of 4, key affinity", 4, true, 10},
+		{"fleet unknown", 0, false, 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ta, tb, rec := newTally(t, tallyRules, c.fleet, c.affinity)
+			batch := item(tb, "api", "b", 1, request.RouteStore, true)
+			batch.Batch = 5
+			req := &request.Request{Table: tb, Metrics: ta.Metrics, Enforce: []*request.Item{
+				item(tb, "api", "a", 2, request.RouteStore, true),
+				item(tb, "api", "home", 1, request.RouteHome, true),
+				item(tb, "api", "lease", 1, request.RouteLease, true),
+				item(tb, "local", "a", 3, request.RouteStore, true),
+				batch,
+				item(tb, "api", "fallback", 1, request.RouteFallback, true),
+			}}
+			ta.Count(req, true)
+			want := []spend{{"api", "a", 2, c.budget}, {"api", "b", 5, c.budget}, {"api", "fallback", 1, c.budget}}
+			if len(rec.got) != len(want) {
+				t.Fatalf("recorded %v, want %v", rec.got, want)
+			}
+			for i := range want {
+				if rec.got[i] != want[i] {
+					t.Errorf("spend %d: %+v, want %+v", i, rec.got[i], want[i])
+				}
+			}
+			en := tb.ByID["api"]
+			for name, c := range map[string]struct {
+				counter prometheus.Counter
+				want    float64
+			}{
+				"allowed":           {en.Allowed, 3}, // a, lease, b
+				"leased":            {en.Leased, 1},
+				"forwarded allowed": {en.ForwardedAllowed, 1},
+				"fallback allowed":  {en.FallbackAllowed, 1},
+				"admitted cost":     {en.AdmittedCost, 2 + 1 + 1 + 1 + 1},
+			} {
+				if got := testutil.ToFloat64(c.counter); got != c.want {
+					t.Errorf("%s: %v, want %v", name, got, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestCountRefusals: a refused check counts each rule that refused it by
+// where it was decided and adds its key to the rule's top refused keys;
+// the rules that allowed it or were not reached count nothing and record
+// no spend.
+func TestCountRefusals(t *testing.T) {
+	ta, tb, rec := newTally(t, tallyRules, 1, false)
+	req := &request.Request{Table: tb, Metrics: ta.Metrics, Enforce: []*request.Item{
+		item(tb, "api", "store", 1, request.RouteStore, false),
+		item(tb, "api", "deny", 1, request.RouteDeny, false),
+		item(tb, "api", "home", 1, request.RouteHome, false),
+		item(tb, "api", "fallback", 1, request.RouteFallback, false),
+		item(tb, "local", "allowed", 1, request.RouteStore, true),
+		item(tb, "local", "unreached", 1, request.RouteNone, false),
+	}}
+	ta.Count(req, false)
+	if len(rec.got) != 0 {
+		t.Errorf("a refused check recorded spends %v", rec.got)
+	}
+	en := tb.ByID["api"]
+	for name, c := range map[string]struct {
+		counter prometheus.Counter
+		want    float64
+	}{
+		"limited":           {en.Limited, 2}, // the store's and the deny cache's
+		"deny hits":         {en.DenyHits, 1},
+		"forwarded limited": {en.ForwardedLimited, 1},
+		"fallback limited":  {en.FallbackLimited, 1},
+		"admitted cost":     {en.AdmittedCost, 0},
+		"local allowed":     {tb.ByID["local"].Allowed, 0},
+	} {
+		if got := testutil.ToFloat64(c.counter); got != c.want {
+			t.Errorf("%s: %v, want %v", name, got, c.want)
+		}
+	}
+	now := time.Now().UnixNano()
+	if got := ta.Top.Rules(now); !slices.Equal(got, []string{"api"}) {
+		t.Errorf("rules with refused keys %v, want [api]", got)
+	}
+	var keys []string
+	for _, e := range ta.Top.Top("api", 10, now) {
+		keys = append(keys, e.Key)
+	}
+	slices.Sort(keys)
+	if want := []string{"deny", "fallback", "home", "store"}; !slices.Equal(keys, want) {
+		t.Errorf("top refused keys of api %v, want %v", keys, want)
+	}
+}
