@@ -259,7 +259,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	e.conc = concurrency.New(concurrency.Options{
 		Region: e.region, Store: cmp.Or[bucket.LeaseStore](opts.Leases, opts.Store), Fallback: e.fallback, Fleet: e.fleet,
 		Topology: &e.topo, Table: &e.table, Inflight: e.inflight, Metrics: m, Log: e.log,
-		ForwardTimeout: e.fwdTO, Detached: e.detached, Policy: leasePolicy{e},
+		ForwardTimeout: e.fwdTO, Detached: e.detached, Policy: leasePolicy{e}, Top: e.top,
 	})
 	sizes := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

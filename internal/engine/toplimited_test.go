@@ -95,3 +95,37 @@ func TestTopLimited(t *testing.T) {
 		t.Fatal("TopLimitedSize -1 still counts")
 	}
 }
+
+// TestTopLimitedLeases: a concurrency rule's refused Acquires count their
+// keys too, and its admitted ones do not.
+func TestTopLimitedLeases(t *testing.T) {
+	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: jobs\n    algorithm: concurrency\n    limit: 2\n    lease_ttl: 1m\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Store: bucket.NewMemory()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func(key string) bool {
+		c := e.NewAcquire()
+		if _, err := c.AddRule("jobs", key, 0); err != nil {
+			t.Fatal(err)
+		}
+		ok, _, err := e.Acquire(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	for i := range 5 {
+		if ok := acquire("busy"); ok != (i < 2) {
+			t.Fatalf("acquire %d of busy: allowed %v", i, ok)
+		}
+	}
+	acquire("idle")
+	got := e.TopLimited("jobs", 10)
+	if len(got) != 1 || got[0] != (topkeys.Entry{Key: "busy", Count: 3}) {
+		t.Fatalf("TopLimited(jobs) = %v, want busy 3", got)
+	}
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/leaseid"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -72,6 +73,8 @@ type Options struct {
 	// own).
 	Detached func(context.Context) (context.Context, context.CancelFunc)
 	Policy   Policy
+	// Top counts the keys each rule refuses (Admin/TopLimited); nil: none.
+	Top *topkeys.Tracker
 }
 
 // Leases holds the leases of concurrency rules for one engine. Make it
@@ -89,13 +92,20 @@ type Leases struct {
 	fwdTO    time.Duration
 	detached func(context.Context) (context.Context, context.CancelFunc)
 	policy   Policy
+	top      *topkeys.Tracker
 }
 
 // New makes the Leases of opts.
 func New(opts Options) *Leases {
 	return &Leases{region: opts.Region, store: opts.Store, fallback: opts.Fallback, fleet: opts.Fleet,
 		topo: opts.Topology, table: opts.Table, inflight: opts.Inflight, m: opts.Metrics, log: opts.Log,
-		fwdTO: opts.ForwardTimeout, detached: opts.Detached, policy: opts.Policy}
+		fwdTO: opts.ForwardTimeout, detached: opts.Detached, policy: opts.Policy, top: opts.Top}
+}
+
+// refused counts the lease of it refused, by the store or its home region.
+func (l *Leases) refused(it *request.Item) {
+	it.Entry.Lease[metrics.EventRefused].Inc()
+	l.top.Add(it.Rule.ID, it.Key, 1, time.Now().UnixNano())
 }
 
 // Hold is an Acquire's leases as its call holds them: its lease id, which

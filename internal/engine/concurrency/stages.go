@@ -167,7 +167,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 			if me.Errs[i] == nil && !ds[i].Allowed {
 				it.Route = request.RouteStore
 				it.Decision = bucket.Decision{Limit: float64(it.Entry.Leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
-				it.Entry.Lease[metrics.EventRefused].Inc()
+				l.refused(it.Item)
 				c.notAsked()
 				return false, nil
 			}
@@ -201,7 +201,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 			Limit: float64(it.Entry.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
 		if !d.Allowed {
 			all = false
-			it.Entry.Lease[metrics.EventRefused].Inc()
+			l.refused(it.Item)
 		}
 	}
 	if !all {
