@@ -3,6 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/homes"
@@ -57,6 +61,14 @@ const (
 	tokenLeaseStage
 	storeStage
 )
+
+// stageNames name the stages in a trace's events.
+var stageNames = [...]string{
+	leaseRouteStage: "lease route", leaseHomeStage: "lease at home", leaseHereStage: "lease here",
+	denyStage: "deny cache", routeStage: "route", homeStage: "home regions", tokenLeaseStage: "token lease", storeStage: "store",
+}
+
+func (s stage) String() string { return stageNames[s] }
 
 // checkStages are a check's stages, in order (see Decide).
 var checkStages = []stage{denyStage, routeStage, homeStage, tokenLeaseStage, storeStage}
@@ -165,14 +177,33 @@ func (e *Engine) run(ctx context.Context, c *request.Request, a *concurrency.Acq
 // gives back what the earlier ones spent.
 func (e *Engine) runStages(ctx context.Context, c *request.Request, p *plan, stages []stage) (bool, error) {
 	allowed, err := true, error(nil)
+	// A sampled call's span (see internal/tracing) gets an event per
+	// stage, with its time; the rest pay for one context lookup.
+	span := trace.SpanFromContext(ctx)
+	traced := span.IsRecording()
+	var began time.Time
 	for _, st := range stages {
-		if allowed, err = e.runStage(ctx, c, p, st); err != nil || !allowed {
+		if traced {
+			began = time.Now()
+		}
+		allowed, err = e.runStage(ctx, c, p, st)
+		if traced {
+			stageEvent(span, st, began, allowed, err)
+		}
+		if err != nil || !allowed {
 			allowed = false
 			break
 		}
 	}
 	if !allowed {
+		if traced {
+			began = time.Now()
+		}
 		e.unwind(ctx, p)
+		if traced && len(p.undo) > 0 {
+			span.AddEvent("undo", trace.WithAttributes(attribute.Int("steps", len(p.undo)),
+				attribute.Int64("duration_us", time.Since(began).Microseconds())))
+		}
 	}
 	// The lease batches the check took end on every return, once what a
 	// refusal gave back is back: the key's other checks wait for them.
@@ -210,4 +241,13 @@ func (e *Engine) unwind(ctx context.Context, p *plan) {
 		}
 	}
 	p.undo = p.undo[:0]
+}
+
+// stageEvent records stage st of a traced call, begun at began.
+func stageEvent(span trace.Span, st stage, began time.Time, allowed bool, err error) {
+	attrs := []attribute.KeyValue{attribute.Int64("duration_us", time.Since(began).Microseconds()), attribute.Bool("go_on", allowed && err == nil)}
+	if err != nil {
+		attrs = append(attrs, attribute.String("error", err.Error()))
+	}
+	span.AddEvent(st.String(), trace.WithAttributes(attrs...))
 }

@@ -56,6 +56,7 @@ import (
 	"github.com/limiterd/limiterd/internal/tlsconf"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/internal/topshare"
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -63,8 +64,10 @@ import (
 
 // Daemon is one limiterd. Make it with New, then Start and Stop it once.
 type Daemon struct {
-	opts     Options
-	log      *slog.Logger
+	opts Options
+	log  *slog.Logger
+	// tracer traces the gRPC calls served and sent; nil: tracing off.
+	tracer   *tracing.Tracer
 	registry *prometheus.Registry
 	rules    *rulesource.Source
 	// topo watches --region.topology-file; nil without one.
@@ -111,9 +114,9 @@ func New(opts Options) (*Daemon, error) {
 	}
 	reg := prometheus.NewRegistry()
 	d := &Daemon{opts: opts, log: opts.Logger.With("region", opts.Region.Name), registry: reg, served: make(chan error, 3)}
+	var err error
 	var validate func(*rules.Rule) error
 	if opts.Region.TopologyFile != "" {
-		var err error
 		if d.topo, err = topowatch.New(topowatch.Options{File: opts.Region.TopologyFile, Region: opts.Region.Name, Poll: opts.Region.TopologyPoll,
 			Validate: d.validateTopology, OnSwitch: d.switchTopology, Logger: d.log}, reg); err != nil {
 			if errors.Is(err, topowatch.ErrOwnRegionMissing) {
@@ -277,6 +280,15 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.stopAll()
 		}
 	}()
+	if d.tracer, err = tracing.Start(d.opts.Tracing, "limiterd", d.opts.Region.Name, d.opts.Region.Instance); err != nil {
+		return err
+	}
+	// Last of all at a stop: the spans of the last calls go out.
+	d.onStop(func() {
+		if err := d.tracer.Shutdown(2 * time.Second); err != nil {
+			d.log.Warn("spans not sent at shutdown", "err", err)
+		}
+	})
 	store, err := d.startStore(ctx)
 	if err != nil {
 		return err
@@ -500,8 +512,8 @@ func (d *Daemon) dialHomes(topo *region.Topology) (clients map[string]homes.Home
 		}
 		pc := d.peers[r.Name]
 		if pc == nil || pc.addr != r.LimiterAddress {
-			cc, err := grpc.NewClient(r.LimiterAddress, grpc.WithTransportCredentials(creds), grpc.WithIdleTimeout(0),
-				grpc.WithConnectParams(grpc.ConnectParams{Backoff: peerBackoff, MinConnectTimeout: peerConnectTimeout}))
+			cc, err := grpc.NewClient(r.LimiterAddress, append(d.tracer.DialOptions(), grpc.WithTransportCredentials(creds), grpc.WithIdleTimeout(0),
+				grpc.WithConnectParams(grpc.ConnectParams{Backoff: peerBackoff, MinConnectTimeout: peerConnectTimeout}))...)
 			if err != nil {
 				for name, pc := range dialed {
 					delete(d.peers, name)
@@ -573,6 +585,9 @@ func (d *Daemon) startServers() error {
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: grpcKeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: grpcMaxConnectionIdle,
 			MaxConnectionAge: grpcMaxConnectionAge, MaxConnectionAgeGrace: grpcMaxConnectionGrace}))
+	if h := d.tracer.ServerHandler(); h != nil {
+		gopts = append(gopts, grpc.StatsHandler(h))
+	}
 	d.grpcServer = grpc.NewServer(gopts...)
 	limiterv1.RegisterLimiterServer(d.grpcServer, d.check)
 	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine, envoyrls.Options{QuotaHeaders: d.opts.Server.EnvoyQuotaHeaders}))

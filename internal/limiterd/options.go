@@ -17,6 +17,7 @@ import (
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/internal/topowatch"
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
@@ -88,6 +89,8 @@ type Options struct {
 	// ForwardAuth serves GET /forward-auth for nginx auth_request and
 	// Traefik forwardAuth (package forwardauth).
 	ForwardAuth forwardauth.Config
+	// Tracing sends spans to an OpenTelemetry collector; off by default.
+	Tracing tracing.Options
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -111,6 +114,7 @@ func DefaultOptions() Options {
 			GossipInterval: gossip.DefaultInterval, GossipMaxDefer: spendpub.DefaultMaxDefer},
 		Admin:       AdminOptions{NATSAuth: natsconn.Auth{Prefix: natsconn.AdminFlagPrefix}},
 		ForwardAuth: forwardauth.DefaultConfig(),
+		Tracing:     tracing.Default(),
 	}
 }
 
@@ -126,6 +130,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	o.NATS.RegisterFlags(fs)
 	o.Admin.RegisterFlags(fs)
 	o.ForwardAuth.RegisterFlags(fs)
+	o.Tracing.RegisterFlags(fs)
 }
 
 // derived is o with the defaults that depend on the process (Instance,
@@ -148,7 +153,7 @@ func (o Options) derived() Options {
 // CA, NATS credentials a URL). It changes nothing.
 func (o *Options) validate() error {
 	e := flagErrs{o.Server.Validate(), o.Memory.Validate(), o.Rules.Validate(), o.Region.Validate(),
-		o.NATS.Validate(), o.Admin.Validate(), o.Redis.Validate(), o.ForwardAuth.Validate()}
+		o.NATS.Validate(), o.Admin.Validate(), o.Redis.Validate(), o.ForwardAuth.Validate(), o.Tracing.Validate()}
 	if len(o.Redis.Addrs) > 0 {
 		e = append(e, o.RedisTuning.Validate())
 	}

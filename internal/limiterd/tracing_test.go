@@ -1,0 +1,174 @@
+package limiterd
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+
+	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/tracing"
+	"github.com/limiterd/limiterd/pkg/region"
+	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
+)
+
+// receiver is an OTLP/gRPC trace collector in the test's process: it
+// keeps every span it is sent, with its resource's attributes.
+type receiver struct {
+	coltracepb.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []receivedSpan
+}
+
+type receivedSpan struct {
+	service, region string
+	span            *tracepb.Span
+}
+
+func (r *receiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, rs := range req.GetResourceSpans() {
+		attrs := map[string]string{}
+		for _, kv := range rs.GetResource().GetAttributes() {
+			attrs[kv.GetKey()] = kv.GetValue().GetStringValue()
+		}
+		for _, ss := range rs.GetScopeSpans() {
+			for _, s := range ss.GetSpans() {
+				r.spans = append(r.spans, receivedSpan{attrs["service.name"], attrs["cloud.region"], s})
+			}
+		}
+	}
+	return &coltracepb.ExportTraceServiceResponse{}, nil
+}
+
+func (r *receiver) all() []receivedSpan {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.spans)
+}
+
+func startReceiver(t *testing.T) (*receiver, string) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &receiver{}
+	srv := grpc.NewServer()
+	coltracepb.RegisterTraceServiceServer(srv, r)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return r, lis.Addr().String()
+}
+
+// TestTraceAcrossRegions: with tracing on, a check of a pinned rule sent
+// to a region that is not its key's home is one trace over both limiterd:
+// the Check served in a, the Peer/Decide it sent, and that call served at
+// the home b, whose span is a child of a's. a's Check span carries an
+// event per stage of the check. With tracing off nothing is sent.
+func TestTraceAcrossRegions(t *testing.T) {
+	recv, endpoint := startReceiver(t)
+	dir := t.TempDir()
+	rulesFile := filepath.Join(dir, "rules.yml")
+	if err := os.WriteFile(rulesFile, []byte(pinRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	addrs := map[string]string{"a": testenv.FreeAddr(t), "b": testenv.FreeAddr(t)}
+	topoFile := filepath.Join(dir, "topology.yml")
+	topoText := topoYAML(1, time.Time{}, addrs, "a", "b")
+	if err := os.WriteFile(topoFile, []byte(topoText), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	topo, err := region.Parse("topology.yml", []byte(topoText))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprint("user:", i); topo.Home(k, nil) == "b" {
+			key = k
+		}
+	}
+	secret := testenv.SecretFile(t)
+	start := func(name string, tr tracing.Options) *Daemon {
+		return startDaemon(t, nil, func(o *Options) {
+			o.Region.Name, o.Region.TopologyFile, o.Region.PeerSecretFile, o.Rules.File = name, topoFile, secret, rulesFile
+			o.Server.GRPCAddress, o.Tracing = addrs[name], tr
+		})
+	}
+	on := tracing.Options{Endpoint: endpoint, Insecure: true, SampleRatio: 1}
+	a, b := start("a", on), start("b", on)
+	s := &topoStack{t: t, regions: map[string]*topoRegion{"a": {name: "a", d: a}, "b": {name: "b", d: b}}}
+	s.waitPeers()
+	client := limiterv1.NewLimiterClient(dial(t, a.GRPCAddr()))
+	resp, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "pin", Key: key})
+	if err != nil || !resp.GetAllowed() {
+		t.Fatalf("check of %s (home b) through a: %v, %v", key, resp, err)
+	}
+	// Stopping sends what is buffered.
+	for _, d := range []*Daemon{a, b} {
+		if err := d.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spans := recv.all()
+	find := func(region, name string, kind tracepb.Span_SpanKind) *tracepb.Span {
+		for _, s := range spans {
+			if s.service == "limiterd" && s.region == region && s.span.GetName() == name && s.span.GetKind() == kind {
+				return s.span
+			}
+		}
+		var got []string
+		for _, s := range spans {
+			got = append(got, fmt.Sprintf("%s/%s %s %v", s.service, s.region, s.span.GetName(), s.span.GetKind()))
+		}
+		t.Fatalf("no %v span %s from limiterd in %s; received %q", kind, name, region, got)
+		return nil
+	}
+	check := find("a", "limiter.v1.Limiter/Check", tracepb.Span_SPAN_KIND_SERVER)
+	sent := find("a", "limiter.v1.Peer/Decide", tracepb.Span_SPAN_KIND_CLIENT)
+	served := find("b", "limiter.v1.Peer/Decide", tracepb.Span_SPAN_KIND_SERVER)
+	trace := hex.EncodeToString(check.GetTraceId())
+	for _, s := range []*tracepb.Span{sent, served} {
+		if got := hex.EncodeToString(s.GetTraceId()); got != trace {
+			t.Errorf("span %s in trace %s, the check's is %s", s.GetName(), got, trace)
+		}
+	}
+	if !slices.Equal(sent.GetParentSpanId(), check.GetSpanId()) || !slices.Equal(served.GetParentSpanId(), sent.GetSpanId()) {
+		t.Error("the spans do not chain: Check in a, then Peer/Decide sent by a, then served by b")
+	}
+	var events []string
+	for _, e := range check.GetEvents() {
+		events = append(events, e.GetName())
+	}
+	for _, want := range []string{"deny cache", "route", "home regions"} {
+		if !slices.Contains(events, want) {
+			t.Errorf("the check's span has events %q, none %q", events, want)
+		}
+	}
+
+	// Off: a daemon without an endpoint sends nothing.
+	n := len(recv.all())
+	addrs["a"] = testenv.FreeAddr(t)
+	off := startDaemon(t, nil, func(o *Options) { o.Rules.File = rulesFile; o.Tracing.Endpoint = "" })
+	if _, err := limiterv1.NewLimiterClient(dial(t, off.GRPCAddr())).Check(context.Background(), &limiterv1.CheckRequest{RuleId: "pin", Key: key}); err != nil {
+		t.Fatal(err)
+	}
+	if err := off.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(recv.all()); got != n {
+		t.Errorf("tracing off: %d spans sent", got-n)
+	}
+}
