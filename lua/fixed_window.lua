@@ -20,9 +20,8 @@ end
 -- window the key holds, read at that window's start (window_now). Returns
 -- the count, whether the key holds no such window, its index and the
 -- instant read at.
-local function fixed_window_at(key, w, now)
+local function fixed_window_of(v, w, now)
   local idx = window_index(now, w)
-  local v = read_string(key)
   if v then
     local a, b = string.match(v, '^(%d+) (%S+)$')
     a = tonumber(a)
@@ -31,6 +30,10 @@ local function fixed_window_at(key, w, now)
     end
   end
   return 0, true, idx, now
+end
+
+local function fixed_window_at(key, w, now)
+  return fixed_window_of(read_string(key), w, now)
 end
 
 local function fixed_window_write(key, idx, w, count, fresh)
@@ -54,4 +57,20 @@ local function fixed_window(key, cap, w, cost, now)
     end
   end
   return 0, string.format('%.17g', math.max(micro(cap - count), 0)), ends, ends, nil
+end
+
+-- What a check of cost would see now (usage.lua), changing nothing; the
+-- window is clear (reset 0) when it counts nothing.
+local function fixed_window_usage(key, cap, w, cost, now)
+  local count, _, idx
+  count, _, idx, now = fixed_window_of((peek_string(key)), w, now)
+  cap, cost = micro(cap), window_cost(cost)
+  local ends = (idx + 1) * w - now
+  local reset = 0
+  if count > 0 then reset = ends end
+  local left = string.format('%.17g', math.max(micro(cap - count), 0))
+  if micro(count + cost) <= cap then
+    return 1, left, 0, reset
+  end
+  return 0, left, ends, reset
 end

@@ -42,9 +42,10 @@ end
 -- reads the same, so the key waits at most (cost + capacity) / rate + 10 s
 -- of the new rule and its debt refills from there. Also returns the
 -- capacity's duration. Mirrors Limit.clampDebt in pkg/bucket.
-local function bucket_debt(key, cap, rate, now)
+-- bucket_debt_of reads the state v (a string, or nil) and writes nothing:
+-- it also returns whether v was beyond the bound.
+local function bucket_debt_of(v, cap, rate, now)
   local full = spend_ns(cap, rate)
-  local v = read_string(key)
   local d = 0
   if v then
     local us, ns
@@ -63,10 +64,27 @@ local function bucket_debt(key, cap, rate, now)
   end
   local most = 2 * full + DEBT_HORIZON_US * 1000
   if d > most then
-    d = most
-    bucket_write(key, now, d)
+    return most, full, true
   end
+  return d, full, false
+end
+
+-- bucket_debt reads key, and writes the bound back when it was beyond.
+local function bucket_debt(key, cap, rate, now)
+  local d, full, clamped = bucket_debt_of(read_string(key), cap, rate, now)
+  if clamped then bucket_write(key, now, d) end
   return d, full
+end
+
+-- What a check of cost would see now (usage.lua), changing nothing: the
+-- debt is read clamped, and not written back.
+local function instant_usage(key, cap, rate, cost, now)
+  local d, full = bucket_debt_of((peek_string(key)), cap, rate, now)
+  local s = spend_ns(cost, rate)
+  if d + s <= full then
+    return 1, d, 0, (d + 999) / 1000
+  end
+  return 0, d, (d + s - full + 999) / 1000, (d + 999) / 1000
 end
 
 -- The check of a token bucket or GCRA (token_bucket.lua, gcra.lua): a

@@ -12,15 +12,20 @@
 -- max(limit, limit * 10 s / window).
 local DEBT_HORIZON_US = 10000000
 
+-- The value of key as a string, or nil, changing nothing; and whether
+-- the key holds another type.
+local function peek_string(key)
+  local v = redis.pcall('GET', key)
+  if type(v) == 'table' then return nil, true end
+  if not v then return nil, false end
+  return v, false
+end
+
 -- The value of key as a string, or nil. A key of another type (a rule
 -- changed algorithm) is deleted and reads as absent.
 local function read_string(key)
-  local v = redis.pcall('GET', key)
-  if type(v) == 'table' then
-    redis.call('DEL', key)
-    return nil
-  end
-  if not v then return nil end
+  local v, other = peek_string(key)
+  if other then redis.call('DEL', key) end
   return v
 end
 

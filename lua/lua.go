@@ -94,6 +94,16 @@ func Seen() string { return mustRead("seen") }
 // nothing (see multi_main.lua).
 func Multi(clock Clock) string { return withAll(clock, "multi_main") }
 
+// Usage returns the script that reads what a check of several rules would
+// see now, changing nothing (see usage.lua).
+func Usage(clock Clock) string { return withAll(clock, "usage") }
+
+// LeaseUsage returns the script that reads the leases of concurrency rules
+// held now, changing nothing (see lease_usage.lua).
+func LeaseUsage(clock Clock) string {
+	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("lease_usage")
+}
+
 // Undo returns the script that gives back the spends of an all-or-nothing
 // check refused by another client slot (see undo.lua).
 func Undo(clock Clock) string { return withAll(clock, "undo") }

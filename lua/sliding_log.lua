@@ -52,3 +52,21 @@ local function sliding_log(key, cap, w, cost, now)
   local oldest = redis.call('ZRANGE', key, i, i, 'WITHSCORES')
   return 0, math.max(cap - n, 0), math.max(tonumber(oldest[2]) + w - now, 1), newest + w - now, nil
 end
+
+-- What a check of cost would see now (usage.lua), changing nothing: the
+-- entries one window old or older are counted out, not trimmed.
+local function sliding_log_usage(key, cap, w, cost, now)
+  local after = '(' .. fmt_int(now - w)
+  local n = redis.pcall('ZCOUNT', key, after, '+inf')
+  if type(n) ~= 'number' then n = 0 end
+  local reset = 0
+  if n > 0 then
+    local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    reset = tonumber(last[2]) + w - now
+  end
+  if n + cost <= cap then
+    return 1, cap - n, 0, reset
+  end
+  local oldest = redis.call('ZRANGEBYSCORE', key, after, '+inf', 'WITHSCORES', 'LIMIT', fmt_int(n + cost - cap - 1), 1)
+  return 0, math.max(cap - n, 0), math.max(tonumber(oldest[2]) + w - now, 1), reset
+end

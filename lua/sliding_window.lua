@@ -23,9 +23,8 @@ end
 -- later window the key holds, read at that window's start (window_now).
 -- Returns the current and previous counts, the window's index and the
 -- instant read at.
-local function sliding_window_at(key, w, now)
+local function sliding_window_of(v, w, now)
   local idx = window_index(now, w)
-  local v = read_string(key)
   if v then
     local a, b, c = string.match(v, '^(%d+) (%S+) (%S+)$')
     a = tonumber(a)
@@ -36,6 +35,28 @@ local function sliding_window_at(key, w, now)
     end
   end
   return 0, 0, idx, now
+end
+
+local function sliding_window_at(key, w, now)
+  return sliding_window_of(read_string(key), w, now)
+end
+
+-- A refusal's retry (µs from now) and the reset of counts cur and prev of
+-- window idx read at now, for cost under cap.
+local function sliding_window_refusal(cur, prev, idx, w, cap, cost, now)
+  local at
+  if micro(cur + cost) <= cap then
+    at = idx * w + math.ceil((1 - (cap - cost - cur) / prev) * w)
+  else
+    at = (idx + 1) * w + math.ceil((1 - (cap - cost) / cur) * w)
+  end
+  local reset = 0
+  if cur > 0 then
+    reset = (idx + 2) * w - now
+  elseif prev > 0 then
+    reset = (idx + 1) * w - now
+  end
+  return math.max(at - now, 1), reset
 end
 
 local function sliding_window_write(key, idx, w, cur, prev, now)
@@ -55,17 +76,21 @@ local function sliding_window(key, cap, w, cost, now)
       sliding_window_write(key, idx, w, micro(cur + cost), prev, now)
     end
   end
-  local at
-  if micro(cur + cost) <= cap then
-    at = idx * w + math.ceil((1 - (cap - cost - cur) / prev) * w)
-  else
-    at = (idx + 1) * w + math.ceil((1 - (cap - cost) / cur) * w)
+  local retry, reset = sliding_window_refusal(cur, prev, idx, w, cap, cost, now)
+  return 0, string.format('%.17g', math.max(micro(cap - est), 0)), retry, reset, nil
+end
+
+-- What a check of cost would see now (usage.lua), changing nothing.
+local function sliding_window_usage(key, cap, w, cost, now)
+  local cur, prev, idx
+  cur, prev, idx, now = sliding_window_of((peek_string(key)), w, now)
+  local f = (now - idx * w) / w
+  cap, cost = micro(cap), window_cost(cost)
+  local est = prev * (1 - f) + cur
+  local left = string.format('%.17g', math.max(micro(cap - est), 0))
+  local retry, reset = sliding_window_refusal(cur, prev, idx, w, cap, cost, now)
+  if micro(est + cost) <= cap then
+    return 1, left, 0, reset
   end
-  local reset = 0
-  if cur > 0 then
-    reset = (idx + 2) * w - now
-  elseif prev > 0 then
-    reset = (idx + 1) * w - now
-  end
-  return 0, string.format('%.17g', math.max(micro(cap - est), 0)), math.max(at - now, 1), reset, nil
+  return 0, left, retry, reset
 end

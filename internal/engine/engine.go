@@ -86,6 +86,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/reservation"
 	"github.com/limiterd/limiterd/internal/engine/tally"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
+	"github.com/limiterd/limiterd/internal/engine/usage"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	"github.com/limiterd/limiterd/pkg/region"
@@ -310,6 +311,16 @@ func (e *Engine) SetRules(set *rules.Set) error {
 
 // Rules is the rule set checks starting now are decided with.
 func (e *Engine) Rules() *rules.Set { return e.table.Load().Set }
+
+// NewUsage starts a usage request under the rules in force.
+func (e *Engine) NewUsage() *usage.Request { return usage.NewRequest(e.table.Load(), e.m) }
+
+// Usage reads what a check of u's rules would see now (see the usage package).
+func (e *Engine) Usage(ctx context.Context, u *usage.Request) error {
+	ts := e.topo.Use()
+	defer ts.Release()
+	return (&usage.Reader{Store: e.store, Region: e.region, Timeout: e.fwdTO}).Read(ctx, ts, u)
+}
 
 // NewCheck starts a check under the rules in force now.
 func (e *Engine) NewCheck() *request.Check { return request.NewCheck(e.table.Load(), e.m) }

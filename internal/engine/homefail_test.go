@@ -31,6 +31,9 @@ func (h *failingHome) Decide(context.Context, []homes.Item) (bool, []bucket.Deci
 	return false, nil, h.err
 }
 func (h *failingHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *failingHome) Usage(context.Context, []homes.Item) ([]bucket.Decision, error) {
+	return nil, h.err
+}
 func (h *failingHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	h.handoffs++
 	return nil, h.err

@@ -60,6 +60,10 @@ func (h *engineHome) Decide(context.Context, []homes.Item) (bool, []bucket.Decis
 	return false, nil, errors.New("not used")
 }
 func (h *engineHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *engineHome) Usage(ctx context.Context, items []homes.Item) ([]bucket.Decision, error) {
+	return peerUsage(ctx, h.e, h.origin, items)
+}
+
 func (h *engineHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	return nil, errors.New("not used")
 }

@@ -128,6 +128,13 @@ func (h *fakeHome) Refund(ctx context.Context, items []homes.Item) error {
 	return h.e.Refund(ctx, items)
 }
 
+func (h *fakeHome) Usage(ctx context.Context, items []homes.Item) ([]bucket.Decision, error) {
+	if h.fail.Load() {
+		return nil, errors.New("home unreachable")
+	}
+	return peerUsage(ctx, h.e, "us", items)
+}
+
 func (h *fakeHome) Handoff(ctx context.Context, items []homes.Item) ([]float64, error) {
 	if h.fail.Load() {
 		return nil, errors.New("home unreachable")

@@ -612,9 +612,9 @@ func (d *Daemon) startServers() error {
 		d.log.Warn("the admin token travels in clear: the HTTP listener is plaintext on a non-loopback address; set --http.tls-cert-file and --http.tls-key-file",
 			"http", d.opts.Server.HTTPAddress)
 	}
-	var fa http.Handler
+	var fa, usage http.Handler
 	if d.opts.ForwardAuth.Serving() {
-		if fa, err = d.forwardAuthHandler(); err != nil {
+		if fa, usage, err = d.forwardAuthHandlers(); err != nil {
 			return err
 		}
 	}
@@ -632,6 +632,10 @@ func (d *Daemon) startServers() error {
 	}
 	if fa != nil && d.opts.ForwardAuth.Address == "" {
 		mux.Handle(forwardauth.Path, fa)
+	}
+	if usage != nil {
+		// On the HTTP listener, wherever forward-auth is.
+		mux.Handle(forwardauth.UsagePath, usage)
 	}
 	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.Server.HTTPAddress, mux, httpTLS); err != nil {
 		return err
@@ -693,25 +697,27 @@ func (d *Daemon) serveHTTP(flag, addr string, h http.Handler, tc *tls.Config) (n
 	return lis, srv, nil
 }
 
-// forwardAuthHandler is /forward-auth, behind the shared secret when
-// --forward-auth.secret-file is set; refusals are counted.
-func (d *Daemon) forwardAuthHandler() (http.Handler, error) {
-	h := forwardauth.Handler(d.opts.ForwardAuth.Headers, d.check, d.log)
+// forwardAuthHandlers are /forward-auth and /v1/usage, both behind the
+// shared secret when --forward-auth.secret-file is set; refusals are
+// counted.
+func (d *Daemon) forwardAuthHandlers() (fa, usage http.Handler, err error) {
+	fa = forwardauth.Handler(d.opts.ForwardAuth.Headers, d.check, d.log)
+	usage = forwardauth.UsageHandler(d.check, d.log)
 	if d.opts.ForwardAuth.SecretFile == "" {
-		return h, nil
+		return fa, usage, nil
 	}
 	secret, err := secretfile.Read("--forward-auth.secret-file", d.opts.ForwardAuth.SecretFile, forwardauth.MinSecretLen, d.log)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	refused := prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "limiter_forward_auth_unauthenticated_total",
 		Help: "Forward-auth requests refused (401) for lacking the secret of --forward-auth.secret-file.",
 	})
 	if err := d.registry.Register(refused); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return forwardauth.RequireSecret(secret, refused.Inc, h), nil
+	return forwardauth.RequireSecret(secret, refused.Inc, fa), forwardauth.RequireSecret(secret, refused.Inc, usage), nil
 }
 
 // loopbackOnly reports whether a listen address binds loopback only.

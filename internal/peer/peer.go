@@ -29,6 +29,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/engine/usage"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
 	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/tlsconf"
@@ -310,6 +311,36 @@ func (s *Service) Handoff(ctx context.Context, req *limiterv1.PeerHandoffRequest
 	return &limiterv1.PeerHandoffResponse{Used: used}, nil
 }
 
+// Usage answers what a check of items, whose keys are homed here, would
+// see now, changing nothing.
+func (s *Service) Usage(ctx context.Context, req *limiterv1.PeerUsageRequest) (*limiterv1.PeerUsageResponse, error) {
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	if n := len(req.GetItems()); n == 0 || n > usage.MaxItems {
+		return nil, status.Errorf(codes.InvalidArgument, "items: %d items, want 1 to %d", n, usage.MaxItems)
+	}
+	items := make([]homes.Item, len(req.GetItems()))
+	for i, pi := range req.GetItems() {
+		items[i] = homes.Item{Rule: pi.GetRuleId(), Key: pi.GetKey(), Cost: pi.GetCost()}
+	}
+	u := s.e.NewUsage()
+	u.FromPeer(req.GetOriginRegion())
+	if err := u.AddItems(items); err != nil {
+		return nil, checkapi.Status(err)
+	}
+	if err := s.e.Usage(ctx, u); err != nil {
+		return nil, checkapi.Status(err)
+	}
+	ds := u.Decisions()
+	resp := &limiterv1.PeerUsageResponse{Statuses: make([]*limiterv1.RuleStatus, len(ds))}
+	for i, d := range ds {
+		resp.Statuses[i] = &limiterv1.RuleStatus{RuleId: items[i].Rule, Allowed: d.Allowed, Remaining: d.Remaining, Limit: d.Limit,
+			RetryAfterMs: request.CeilMillis(d.RetryAfter), ResetAfterMs: request.CeilMillis(d.ResetAfter)}
+	}
+	return resp, nil
+}
+
 // Client is another region's limiterd, as the engine's Home (and
 // LeaseHome).
 type Client struct {
@@ -388,6 +419,23 @@ func (c *Client) Handoff(ctx context.Context, its []homes.Item) ([]float64, erro
 		return nil, homeError(err)
 	}
 	return resp.GetUsed(), nil
+}
+
+// Usage asks the home region what a check of its items would see there.
+func (c *Client) Usage(ctx context.Context, its []homes.Item) ([]bucket.Decision, error) {
+	resp, err := c.c.Usage(c.outgoing(ctx), &limiterv1.PeerUsageRequest{OriginRegion: c.origin, Items: items(its)})
+	if err != nil {
+		return nil, homeError(err)
+	}
+	ds := make([]bucket.Decision, len(resp.GetStatuses()))
+	for i, st := range resp.GetStatuses() {
+		ds[i] = bucket.Decision{
+			Allowed: st.GetAllowed(), Remaining: st.GetRemaining(), Limit: st.GetLimit(),
+			RetryAfter: time.Duration(st.GetRetryAfterMs()) * time.Millisecond,
+			ResetAfter: time.Duration(st.GetResetAfterMs()) * time.Millisecond,
+		}
+	}
+	return ds, nil
 }
 
 // AcquireLease asks the home region to hold the leases of leaseID's parts

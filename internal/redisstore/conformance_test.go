@@ -65,7 +65,9 @@ type conformance struct {
 	undo   *redis.Script
 	// handoff reads and seeds buckets as a key's old and new homes do.
 	handoff *redis.Script
-	seq     int
+	// usage reads what a check would see, changing nothing.
+	usage *redis.Script
+	seq   int
 }
 
 func newConformance(t *testing.T) *conformance {
@@ -74,12 +76,13 @@ func newConformance(t *testing.T) *conformance {
 	t.Cleanup(func() { client.Close() })
 	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock)),
 		undo:    redis.NewScript(lua.Undo(lua.FixedClock)),
-		handoff: redis.NewScript(lua.Handoff(lua.FixedClock))}
+		handoff: redis.NewScript(lua.Handoff(lua.FixedClock)),
+		usage:   redis.NewScript(lua.Usage(lua.FixedClock))}
 }
 
 // conformanceRun is what run saw.
 type conformanceRun struct {
-	allowed, refused, refusedAfterChange, debits, handoffs, stepsBack, undos int
+	allowed, refused, refusedAfterChange, debits, handoffs, stepsBack, undos, usages int
 }
 
 // run steps through one table of (time, cost) steps, and debits, against
@@ -241,8 +244,29 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 			run.handoffs++
 			continue
 		}
-		want := lim.Take(&st, now, cost)
 		a := scriptArgs(lim, cost)
+		var read *bucket.Decision // what the usage said, when read
+		if rng.IntN(3) == 0 {
+			// What the check would see, read twice, changing nothing: the
+			// take that follows is held to the Go state Usage left alone.
+			want := lim.Usage(&st, now, cost)
+			for range 2 {
+				res, err := cf.usage.Run(ctx, client, []string{key}, string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+				if err != nil {
+					t.Fatalf("step %d: usage: %v", step, err)
+				}
+				got, err := parseDecision(res, lim)
+				if err != nil {
+					t.Fatalf("step %d: usage: %v", step, err)
+				}
+				if got != want {
+					t.Fatalf("step %d at %d cost %v: usage\n  lua %+v\n   go %+v", step, now, cost, got, want)
+				}
+			}
+			read = &want
+			run.usages++
+		}
+		want := lim.Take(&st, now, cost)
 		res, err := script(lim.Algorithm).Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
@@ -253,6 +277,11 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 		}
 		if got != want {
 			t.Fatalf("step %d at %d cost %v:\n  lua %+v\n   go %+v", step, now, cost, got, want)
+		}
+		// The check answers as the usage just before it said: whether it
+		// passes, and a refusal's figures exactly.
+		if read != nil && (read.Allowed != got.Allowed || !got.Allowed && *read != got) {
+			t.Fatalf("step %d at %d cost %v: usage %+v, then check %+v", step, now, cost, *read, got)
 		}
 		if got.Allowed {
 			run.allowed++
@@ -284,7 +313,7 @@ func TestConformance(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(li), 42))
 			run := cf.run(t, fmt.Sprint(li), conformanceStart(t), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
-			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 {
+			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 || run.usages == 0 {
 				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused, %d handoffs", run.allowed, run.refused, run.handoffs)
 			}
 			if tc.then != nil && run.refusedAfterChange == 0 {

@@ -18,13 +18,14 @@ import (
 // leaseConformance runs the lease scripts with a fixed clock, beside
 // bucket.Leases, on one key.
 type leaseConformance struct {
-	t       *testing.T
-	ctx     context.Context
-	client  *redis.ClusterClient
-	scripts map[string]*redis.Script
-	key     string
-	lim     bucket.LeaseLimit
-	st      bucket.Leases
+	t           *testing.T
+	ctx         context.Context
+	client      *redis.ClusterClient
+	scripts     map[string]*redis.Script
+	usageScript *redis.Script
+	key         string
+	lim         bucket.LeaseLimit
+	st          bucket.Leases
 }
 
 func newLeaseConformance(t *testing.T, client *redis.ClusterClient, name string, lim bucket.LeaseLimit) *leaseConformance {
@@ -32,7 +33,34 @@ func newLeaseConformance(t *testing.T, client *redis.ClusterClient, name string,
 	for _, op := range []string{lua.LeaseAcquire, lua.LeaseRelease, lua.LeaseRenew} {
 		sc[op] = redis.NewScript(lua.Lease(op, lua.FixedClock))
 	}
-	return &leaseConformance{t: t, ctx: context.Background(), client: client, scripts: sc, key: LeaseKey("conf-"+name, "client"), lim: lim}
+	return &leaseConformance{t: t, ctx: context.Background(), client: client, scripts: sc, key: LeaseKey("conf-"+name, "client"), lim: lim,
+		usageScript: redis.NewScript(lua.LeaseUsage(lua.FixedClock))}
+}
+
+// usage reads the leases held at now in both, twice, and fails when they
+// differ: the steps after it hold the Lua state to the Go one, which
+// Usage does not change.
+func (c *leaseConformance) usage(step int, now int64) bucket.LeaseDecision {
+	c.t.Helper()
+	want := c.st.Usage(now, c.lim)
+	for range 2 {
+		res, err := c.usageScript.Run(c.ctx, c.client, []string{c.key}, c.lim.Limit, strconv.FormatInt(now, 10)).Slice()
+		if err != nil {
+			c.t.Fatalf("step %d: lease usage: %v", step, err)
+		}
+		got, err := leaseUsage(res, 0, c.lim)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		if !got.Expires.Equal(want.Expires) {
+			c.t.Fatalf("step %d: lease usage at %d expires lua %v, go %v", step, now, got.Expires, want.Expires)
+		}
+		got.Expires = want.Expires
+		if got != want {
+			c.t.Fatalf("step %d: lease usage at %d:\nlua %+v\ngo  %+v", step, now, got, want)
+		}
+	}
+	return want
 }
 
 func (c *leaseConformance) run(op string, now int64, member string) []any {
@@ -105,7 +133,7 @@ func TestLeaseConformance(t *testing.T) {
 			now := time.Now().UnixMicro()
 			ttl := tc.lim.TTL.Microseconds()
 			members := 2*tc.lim.Limit + 2
-			acquired, refused, gone := 0, 0, 0
+			acquired, refused, gone, full := 0, 0, 0, 0
 			for step := range tc.steps {
 				switch rng.IntN(5) {
 				case 0:
@@ -115,6 +143,11 @@ func TestLeaseConformance(t *testing.T) {
 					now += rng.Int64N(ttl / 4)
 				case 3:
 					now += ttl // exactly the lease length: an expiry at now is gone
+				}
+				if rng.IntN(3) == 0 {
+					if u := cf.usage(step, now); !u.Allowed {
+						full++
+					}
 				}
 				m := fmt.Sprintf("m%d", rng.IntN(members))
 				op := [...]string{lua.LeaseAcquire, lua.LeaseAcquire, lua.LeaseRelease, lua.LeaseRenew}[rng.IntN(4)]
@@ -128,8 +161,9 @@ func TestLeaseConformance(t *testing.T) {
 					gone++
 				}
 			}
-			if tc.steps > 0 && (acquired == 0 || refused == 0 || gone == 0) {
-				t.Fatalf("the steps did not cover every outcome: %d acquired, %d refused, %d renewals of gone leases", acquired, refused, gone)
+			if tc.steps > 0 && (acquired == 0 || refused == 0 || gone == 0 || full == 0) {
+				t.Fatalf("the steps did not cover every outcome: %d acquired, %d refused, %d renewals of gone leases, %d usages of a full set",
+					acquired, refused, gone, full)
 			}
 			if tc.lim.Limit == bucket.MaxConcurrency {
 				// Fill it, one over, then release one and take it.

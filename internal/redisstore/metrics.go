@@ -22,10 +22,11 @@ const (
 	opRelease           // leases given back
 	opRenew             // leases extended
 	opHandoff           // buckets handed to a key's new home region
+	opUsage             // buckets and leases read without spending
 	numOps
 )
 
-var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff"}
+var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff", "usage"}
 
 // metrics are those of the store's operations; those of the sending of
 // their scripts to the nodes are the pipeline package's.
@@ -34,6 +35,7 @@ type metrics struct {
 	multiDuration  prometheus.Observer
 	debitDuration  prometheus.Observer
 	handoffDur     prometheus.Observer
+	usageDur       prometheus.Observer
 	leaseDuration  [3]prometheus.Observer // acquire, release, renew
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
@@ -71,6 +73,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
 		handoffDur: dur.WithLabelValues("handoff"),
+		usageDur:   dur.WithLabelValues("usage"),
 		overloaded: overloaded, outcomeUnknown: unknown, debitFallbacks: fallbacks,
 	}
 	for i, o := range []op{opAcquire, opRelease, opRenew} {

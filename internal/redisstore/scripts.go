@@ -30,6 +30,9 @@ var (
 	seenScript       = redis.NewScript(lua.Seen())
 	// handoffScript hands pinned keys' buckets to their new home region.
 	handoffScript = redis.NewScript(lua.Handoff(lua.StoreClock))
+	// usageScript and leaseUsageScript read without writing.
+	usageScript      = redis.NewScript(lua.Usage(lua.StoreClock))
+	leaseUsageScript = redis.NewScript(lua.LeaseUsage(lua.StoreClock))
 	// The lease operations of concurrency rules: acquire, release, renew.
 	leaseScripts = [3]*redis.Script{
 		redis.NewScript(lua.Lease(lua.LeaseAcquire, lua.StoreClock)),
@@ -51,6 +54,6 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script the store keeps loaded on its nodes.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, seenScript, reserveScript, unreserveScript, handoffScript,
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, seenScript, reserveScript, unreserveScript, handoffScript, usageScript, leaseUsageScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }

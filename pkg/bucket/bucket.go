@@ -336,14 +336,16 @@ type MultiStore interface {
 // Backend is a shared store as a limiter uses it: it decides checks, one
 // or several at once (MultiStore), gives back spends (Undoer) and paced
 // reservations (Unreserver), hands buckets off to a key's new home region
-// (HandoffStore) and holds concurrency leases (LeaseStore). Memory is one;
-// so is the Redis store.
+// (HandoffStore), holds concurrency leases (LeaseStore) and tells what a
+// check would see without spending (Usager). Memory is one; so is the
+// Redis store.
 type Backend interface {
 	MultiStore
 	Undoer
 	Unreserver
 	HandoffStore
 	LeaseStore
+	Usager
 }
 
 // Unreserver is a Store that can give back the spend of a paced request

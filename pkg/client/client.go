@@ -128,6 +128,29 @@ func (c *Client) CancelReservation(ctx context.Context, reservation string) (giv
 	return resp.GetGivenBack(), err
 }
 
+// Usage tells what a Check of rule and key at cost (0 means 1) would see
+// now, spending nothing: the remaining before any spend, the limit, and the
+// retry and reset. A concurrency rule answers its leases held (InFlight).
+// Errors as for Check.
+func (c *Client) Usage(ctx context.Context, rule, key string, cost float64) (*limiterv1.RuleUsage, error) {
+	resp, err := call(c, ctx, &limiterv1.GetUsageRequest{RuleId: rule, Key: key, Cost: cost}, limiterv1.LimiterClient.GetUsage)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.GetUsages()) != 1 {
+		return nil, fmt.Errorf("usage: %d answers for one rule", len(resp.GetUsages()))
+	}
+	return resp.GetUsages()[0], nil
+}
+
+// UsageAttributes tells what a check of every rule whose match the
+// attributes satisfy would see now, one answer per rule, spending nothing.
+// Errors as for Check.
+func (c *Client) UsageAttributes(ctx context.Context, a *limiterv1.Attributes, cost float64) ([]*limiterv1.RuleUsage, error) {
+	resp, err := call(c, ctx, &limiterv1.GetUsageRequest{Attributes: a, Cost: cost}, limiterv1.LimiterClient.GetUsage)
+	return resp.GetUsages(), err
+}
+
 // CheckAttributes checks every rule whose match the attributes satisfy, all
 // or nothing, each rule's cost multiplied by cost (0 means 1). The
 // identities in a must come from the authenticated request. Errors are as

@@ -246,6 +246,20 @@ func TestAgainstLimiterd(t *testing.T) {
 		t.Fatalf("unknown rule: %v, want NotFound (answered)", err)
 	}
 
+	// The usage of the spent bucket: a check would be refused, and the
+	// usage spends nothing, so a fresh key reads full twice.
+	if u, err := c.Usage(ctx, "api", "user:42", 0); err != nil || u.GetAllowed() || u.GetRemaining() > 0.01 || u.GetRetryAfterMs() <= 0 || u.GetLimit() != 3 {
+		t.Fatalf("usage of a spent bucket: %v, %v", u, err)
+	}
+	for range 2 {
+		if u, err := c.Usage(ctx, "api", "user:43", 0); err != nil || !u.GetAllowed() || u.GetRemaining() != 3 {
+			t.Fatalf("usage of a fresh bucket: %v, %v", u, err)
+		}
+	}
+	if _, err := c.Usage(ctx, "api", "", 0); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("usage of an empty key: %v, want InvalidArgument", err)
+	}
+
 	a := &limiterv1.Attributes{User: "alice", Path: "/api/orders", Method: "GET", Ip: "192.0.2.7"}
 	for i := range 3 {
 		resp, err := c.CheckAttributes(ctx, a, 0)
@@ -260,5 +274,8 @@ func TestAgainstLimiterd(t *testing.T) {
 	resp, err := c.CheckAttributes(ctx, &limiterv1.Attributes{User: "bob", Path: "/api/orders"}, 0)
 	if err != nil || !resp.GetAllowed() || resp.GetRemaining() != 1 {
 		t.Fatalf("bob: %v, %v", resp, err)
+	}
+	if us, err := c.UsageAttributes(ctx, a, 0); err != nil || len(us) != 1 || us[0].GetRuleId() != "per-user" || us[0].GetAllowed() {
+		t.Fatalf("usage by attributes: %v, %v", us, err)
 	}
 }

@@ -43,6 +43,10 @@ type Home interface {
 	// topology switch what their buckets count now (engine.Engine.Used
 	// there), one count per item; the items' costs are not used.
 	Handoff(ctx context.Context, items []Item) ([]float64, error)
+	// Usage asks the home region what a check of items would see there
+	// now, changing nothing (engine.Engine.Usage there): one answer per
+	// item, a concurrency rule's leases free as its Remaining.
+	Usage(ctx context.Context, items []Item) ([]bucket.Decision, error)
 }
 
 // Item is one rule of a check forwarded to its key's home region.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/engine/usage"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -168,7 +169,7 @@ func Status(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, engine.ErrUnavailable):
+	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, usage.ErrUnavailable):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, engine.ErrOverloaded):
 		return status.Error(codes.ResourceExhausted, err.Error())

@@ -23,6 +23,262 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type GetUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule and key, validated as a check's.
+	RuleId string `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	Key    string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The cost of the check to read for (0 or unset: 1): allowed and
+	// retry_after_ms say whether that check would pass. With attributes, it
+	// multiplies each rule's own cost. A concurrency rule's is 0 or 1.
+	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	// The request, for every matching rule, shadow and concurrency rules
+	// included; rule_id and key must then be empty.
+	Attributes    *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageRequest) Reset() {
+	*x = GetUsageRequest{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageRequest) ProtoMessage() {}
+
+func (x *GetUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageRequest.ProtoReflect.Descriptor instead.
+func (*GetUsageRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *GetUsageRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *GetUsageRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *GetUsageRequest) GetCost() float64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+func (x *GetUsageRequest) GetAttributes() *Attributes {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+type GetUsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per rule: by attributes, the enforced rules, then the shadow
+	// rules, then the concurrency rules, each in the rules file's order.
+	Usages        []*RuleUsage `protobuf:"bytes,1,rep,name=usages,proto3" json:"usages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetUsageResponse) Reset() {
+	*x = GetUsageResponse{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetUsageResponse) ProtoMessage() {}
+
+func (x *GetUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetUsageResponse.ProtoReflect.Descriptor instead.
+func (*GetUsageResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *GetUsageResponse) GetUsages() []*RuleUsage {
+	if x != nil {
+		return x.Usages
+	}
+	return nil
+}
+
+// RuleUsage is what a check of one rule would see now.
+type RuleUsage struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// The key the rule counts against.
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Whether a check of the request's cost would pass now. For a
+	// concurrency rule: whether an Acquire would hold a lease.
+	Allowed bool `protobuf:"varint,3,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// Tokens (or requests) left now, before any spend. For a concurrency
+	// rule: leases free.
+	Remaining float64 `protobuf:"fixed64,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// The rule's capacity, or a concurrency rule's limit.
+	Limit float64 `protobuf:"fixed64,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	// When a check would be refused, how long until it can pass; else 0.
+	RetryAfterMs int64 `protobuf:"varint,6,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// Time until the bucket is full again or the window is clear (0: it
+	// is). For a concurrency rule: until the latest lease held expires.
+	ResetAfterMs int64 `protobuf:"varint,7,opt,name=reset_after_ms,json=resetAfterMs,proto3" json:"reset_after_ms,omitempty"`
+	// The rule's window for quota headers, as in CheckResponse.
+	WindowMs int64 `protobuf:"varint,8,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	Shadow   bool  `protobuf:"varint,9,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	// Whether it is a concurrency rule; then in_flight is its leases held.
+	Concurrency   bool  `protobuf:"varint,10,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	InFlight      int64 `protobuf:"varint,11,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuleUsage) Reset() {
+	*x = RuleUsage{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuleUsage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuleUsage) ProtoMessage() {}
+
+func (x *RuleUsage) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuleUsage.ProtoReflect.Descriptor instead.
+func (*RuleUsage) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RuleUsage) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *RuleUsage) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *RuleUsage) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *RuleUsage) GetRemaining() float64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *RuleUsage) GetLimit() float64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *RuleUsage) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
+	}
+	return 0
+}
+
+func (x *RuleUsage) GetResetAfterMs() int64 {
+	if x != nil {
+		return x.ResetAfterMs
+	}
+	return 0
+}
+
+func (x *RuleUsage) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *RuleUsage) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *RuleUsage) GetConcurrency() bool {
+	if x != nil {
+		return x.Concurrency
+	}
+	return false
+}
+
+func (x *RuleUsage) GetInFlight() int64 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
 type CancelReservationRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The reservation of an allowed paced CheckResponse.
@@ -33,7 +289,7 @@ type CancelReservationRequest struct {
 
 func (x *CancelReservationRequest) Reset() {
 	*x = CancelReservationRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +301,7 @@ func (x *CancelReservationRequest) String() string {
 func (*CancelReservationRequest) ProtoMessage() {}
 
 func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[0]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +314,7 @@ func (x *CancelReservationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationRequest.ProtoReflect.Descriptor instead.
 func (*CancelReservationRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CancelReservationRequest) GetReservation() string {
@@ -78,7 +334,7 @@ type CancelReservationResponse struct {
 
 func (x *CancelReservationResponse) Reset() {
 	*x = CancelReservationResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -90,7 +346,7 @@ func (x *CancelReservationResponse) String() string {
 func (*CancelReservationResponse) ProtoMessage() {}
 
 func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[1]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -103,7 +359,7 @@ func (x *CancelReservationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelReservationResponse.ProtoReflect.Descriptor instead.
 func (*CancelReservationResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CancelReservationResponse) GetGivenBack() bool {
@@ -130,7 +386,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -142,7 +398,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[2]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -155,7 +411,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *AcquireRequest) GetRuleId() string {
@@ -217,7 +473,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -229,7 +485,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[3]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -242,7 +498,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AcquireResponse) GetAllowed() bool {
@@ -317,7 +573,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +585,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[4]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +598,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ReleaseRequest) GetLeaseId() string {
@@ -362,7 +618,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +630,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +643,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -406,7 +662,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -418,7 +674,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -431,7 +687,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RenewRequest) GetLeaseId() string {
@@ -453,7 +709,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +721,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +734,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RenewResponse) GetRenewed() bool {
@@ -534,7 +790,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -546,7 +802,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -559,7 +815,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *CheckRequest) GetRuleId() string {
@@ -618,7 +874,7 @@ type Attributes struct {
 
 func (x *Attributes) Reset() {
 	*x = Attributes{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +886,7 @@ func (x *Attributes) String() string {
 func (*Attributes) ProtoMessage() {}
 
 func (x *Attributes) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +899,7 @@ func (x *Attributes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attributes.ProtoReflect.Descriptor instead.
 func (*Attributes) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Attributes) GetApiKey() string {
@@ -734,7 +990,7 @@ type CheckResponse struct {
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -746,7 +1002,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -759,7 +1015,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{10}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -854,7 +1110,7 @@ type RuleStatus struct {
 
 func (x *RuleStatus) Reset() {
 	*x = RuleStatus{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -866,7 +1122,7 @@ func (x *RuleStatus) String() string {
 func (*RuleStatus) ProtoMessage() {}
 
 func (x *RuleStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -879,7 +1135,7 @@ func (x *RuleStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleStatus.ProtoReflect.Descriptor instead.
 func (*RuleStatus) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{11}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RuleStatus) GetRuleId() string {
@@ -950,7 +1206,29 @@ var File_limiter_v1_limiter_proto protoreflect.FileDescriptor
 const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"\x18limiter/v1/limiter.proto\x12\n" +
-	"limiter.v1\"<\n" +
+	"limiter.v1\"\x88\x01\n" +
+	"\x0fGetUsageRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\x126\n" +
+	"\n" +
+	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
+	"attributes\"A\n" +
+	"\x10GetUsageResponse\x12-\n" +
+	"\x06usages\x18\x01 \x03(\v2\x15.limiter.v1.RuleUsageR\x06usages\"\xc4\x02\n" +
+	"\tRuleUsage\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x18\n" +
+	"\aallowed\x18\x03 \x01(\bR\aallowed\x12\x1c\n" +
+	"\tremaining\x18\x04 \x01(\x01R\tremaining\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x01R\x05limit\x12$\n" +
+	"\x0eretry_after_ms\x18\x06 \x01(\x03R\fretryAfterMs\x12$\n" +
+	"\x0ereset_after_ms\x18\a \x01(\x03R\fresetAfterMs\x12\x1b\n" +
+	"\twindow_ms\x18\b \x01(\x03R\bwindowMs\x12\x16\n" +
+	"\x06shadow\x18\t \x01(\bR\x06shadow\x12 \n" +
+	"\vconcurrency\x18\n" +
+	" \x01(\bR\vconcurrency\x12\x1b\n" +
+	"\tin_flight\x18\v \x01(\x03R\binFlight\"<\n" +
 	"\x18CancelReservationRequest\x12 \n" +
 	"\vreservation\x18\x01 \x01(\tR\vreservation\":\n" +
 	"\x19CancelReservationResponse\x12\x1d\n" +
@@ -1029,13 +1307,14 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x1b\n" +
 	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x12\x16\n" +
 	"\x06shadow\x18\b \x01(\bR\x06shadow\x12\x17\n" +
-	"\await_ms\x18\t \x01(\x03R\x06waitMs2\xef\x02\n" +
+	"\await_ms\x18\t \x01(\x03R\x06waitMs2\xb6\x03\n" +
 	"\aLimiter\x12<\n" +
 	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponse\x12B\n" +
 	"\aAcquire\x12\x1a.limiter.v1.AcquireRequest\x1a\x1b.limiter.v1.AcquireResponse\x12B\n" +
 	"\aRelease\x12\x1a.limiter.v1.ReleaseRequest\x1a\x1b.limiter.v1.ReleaseResponse\x12<\n" +
 	"\x05Renew\x12\x18.limiter.v1.RenewRequest\x1a\x19.limiter.v1.RenewResponse\x12`\n" +
-	"\x11CancelReservation\x12$.limiter.v1.CancelReservationRequest\x1a%.limiter.v1.CancelReservationResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\x11CancelReservation\x12$.limiter.v1.CancelReservationRequest\x1a%.limiter.v1.CancelReservationResponse\x12E\n" +
+	"\bGetUsage\x12\x1b.limiter.v1.GetUsageRequest\x1a\x1c.limiter.v1.GetUsageResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_limiter_proto_rawDescOnce sync.Once
@@ -1049,43 +1328,50 @@ func file_limiter_v1_limiter_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_limiter_proto_rawDescData
 }
 
-var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_limiter_v1_limiter_proto_goTypes = []any{
-	(*CancelReservationRequest)(nil),  // 0: limiter.v1.CancelReservationRequest
-	(*CancelReservationResponse)(nil), // 1: limiter.v1.CancelReservationResponse
-	(*AcquireRequest)(nil),            // 2: limiter.v1.AcquireRequest
-	(*AcquireResponse)(nil),           // 3: limiter.v1.AcquireResponse
-	(*ReleaseRequest)(nil),            // 4: limiter.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 5: limiter.v1.ReleaseResponse
-	(*RenewRequest)(nil),              // 6: limiter.v1.RenewRequest
-	(*RenewResponse)(nil),             // 7: limiter.v1.RenewResponse
-	(*CheckRequest)(nil),              // 8: limiter.v1.CheckRequest
-	(*Attributes)(nil),                // 9: limiter.v1.Attributes
-	(*CheckResponse)(nil),             // 10: limiter.v1.CheckResponse
-	(*RuleStatus)(nil),                // 11: limiter.v1.RuleStatus
-	nil,                               // 12: limiter.v1.Attributes.ExtraEntry
+	(*GetUsageRequest)(nil),           // 0: limiter.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),          // 1: limiter.v1.GetUsageResponse
+	(*RuleUsage)(nil),                 // 2: limiter.v1.RuleUsage
+	(*CancelReservationRequest)(nil),  // 3: limiter.v1.CancelReservationRequest
+	(*CancelReservationResponse)(nil), // 4: limiter.v1.CancelReservationResponse
+	(*AcquireRequest)(nil),            // 5: limiter.v1.AcquireRequest
+	(*AcquireResponse)(nil),           // 6: limiter.v1.AcquireResponse
+	(*ReleaseRequest)(nil),            // 7: limiter.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 8: limiter.v1.ReleaseResponse
+	(*RenewRequest)(nil),              // 9: limiter.v1.RenewRequest
+	(*RenewResponse)(nil),             // 10: limiter.v1.RenewResponse
+	(*CheckRequest)(nil),              // 11: limiter.v1.CheckRequest
+	(*Attributes)(nil),                // 12: limiter.v1.Attributes
+	(*CheckResponse)(nil),             // 13: limiter.v1.CheckResponse
+	(*RuleStatus)(nil),                // 14: limiter.v1.RuleStatus
+	nil,                               // 15: limiter.v1.Attributes.ExtraEntry
 }
 var file_limiter_v1_limiter_proto_depIdxs = []int32{
-	9,  // 0: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
-	11, // 1: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	9,  // 2: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
-	12, // 3: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
-	11, // 4: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
-	8,  // 5: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	2,  // 6: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
-	4,  // 7: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
-	6,  // 8: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
-	0,  // 9: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
-	10, // 10: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	3,  // 11: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
-	5,  // 12: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
-	7,  // 13: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
-	1,  // 14: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	12, // 0: limiter.v1.GetUsageRequest.attributes:type_name -> limiter.v1.Attributes
+	2,  // 1: limiter.v1.GetUsageResponse.usages:type_name -> limiter.v1.RuleUsage
+	12, // 2: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
+	14, // 3: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	12, // 4: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	15, // 5: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	14, // 6: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	11, // 7: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	5,  // 8: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
+	7,  // 9: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
+	9,  // 10: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
+	3,  // 11: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
+	0,  // 12: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
+	13, // 13: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	6,  // 14: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
+	8,  // 15: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
+	10, // 16: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
+	4,  // 17: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
+	1,  // 18: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_limiter_proto_init() }
@@ -1099,7 +1385,7 @@ func file_limiter_v1_limiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_limiter_proto_rawDesc), len(file_limiter_v1_limiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

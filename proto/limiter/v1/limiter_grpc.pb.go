@@ -26,6 +26,7 @@ const (
 	Limiter_Release_FullMethodName           = "/limiter.v1.Limiter/Release"
 	Limiter_Renew_FullMethodName             = "/limiter.v1.Limiter/Renew"
 	Limiter_CancelReservation_FullMethodName = "/limiter.v1.Limiter/CancelReservation"
+	Limiter_GetUsage_FullMethodName          = "/limiter.v1.Limiter/GetUsage"
 )
 
 // LimiterClient is the client API for Limiter service.
@@ -68,6 +69,16 @@ type LimiterClient interface {
 	// under the limit, never above). INVALID_ARGUMENT for a malformed
 	// reservation, NOT_FOUND for a rule no longer in force.
 	CancelReservation(ctx context.Context, in *CancelReservationRequest, opts ...grpc.CallOption) (*CancelReservationResponse, error)
+	// GetUsage answers what a check would see now, without spending: per
+	// rule, the remaining, limit, reset and retry of a rate rule, and the
+	// leases held of a concurrency rule. It names one rule and key (rule_id,
+	// key) or describes the request (attributes), as a CheckRequest does,
+	// and reads the same store on the same routing: a pinned rule's key is
+	// read at its home region. It changes no state, and a full bucket is not
+	// remembered as a denial. Errors: INVALID_ARGUMENT naming the field,
+	// NOT_FOUND for an unknown rule, UNAVAILABLE when the store or the key's
+	// home region did not answer.
+	GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error)
 }
 
 type limiterClient struct {
@@ -128,6 +139,16 @@ func (c *limiterClient) CancelReservation(ctx context.Context, in *CancelReserva
 	return out, nil
 }
 
+func (c *limiterClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetUsageResponse)
+	err := c.cc.Invoke(ctx, Limiter_GetUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // LimiterServer is the server API for Limiter service.
 // All implementations must embed UnimplementedLimiterServer
 // for forward compatibility.
@@ -168,6 +189,16 @@ type LimiterServer interface {
 	// under the limit, never above). INVALID_ARGUMENT for a malformed
 	// reservation, NOT_FOUND for a rule no longer in force.
 	CancelReservation(context.Context, *CancelReservationRequest) (*CancelReservationResponse, error)
+	// GetUsage answers what a check would see now, without spending: per
+	// rule, the remaining, limit, reset and retry of a rate rule, and the
+	// leases held of a concurrency rule. It names one rule and key (rule_id,
+	// key) or describes the request (attributes), as a CheckRequest does,
+	// and reads the same store on the same routing: a pinned rule's key is
+	// read at its home region. It changes no state, and a full bucket is not
+	// remembered as a denial. Errors: INVALID_ARGUMENT naming the field,
+	// NOT_FOUND for an unknown rule, UNAVAILABLE when the store or the key's
+	// home region did not answer.
+	GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error)
 	mustEmbedUnimplementedLimiterServer()
 }
 
@@ -192,6 +223,9 @@ func (UnimplementedLimiterServer) Renew(context.Context, *RenewRequest) (*RenewR
 }
 func (UnimplementedLimiterServer) CancelReservation(context.Context, *CancelReservationRequest) (*CancelReservationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelReservation not implemented")
+}
+func (UnimplementedLimiterServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
 }
 func (UnimplementedLimiterServer) mustEmbedUnimplementedLimiterServer() {}
 func (UnimplementedLimiterServer) testEmbeddedByValue()                 {}
@@ -304,6 +338,24 @@ func _Limiter_CancelReservation_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).GetUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_GetUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).GetUsage(ctx, req.(*GetUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Limiter_ServiceDesc is the grpc.ServiceDesc for Limiter service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -330,6 +382,10 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelReservation",
 			Handler:    _Limiter_CancelReservation_Handler,
+		},
+		{
+			MethodName: "GetUsage",
+			Handler:    _Limiter_GetUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -21,6 +21,106 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PeerUsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The region that forwards the usage; it must be in the topology.
+	OriginRegion string `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
+	// 1 to 128 items, each a rule and key (as a usage by attributes may
+	// have twice the items of a check: its enforced and shadow rules).
+	Items         []*PeerItem `protobuf:"bytes,2,rep,name=items,proto3" json:"items,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerUsageRequest) Reset() {
+	*x = PeerUsageRequest{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerUsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerUsageRequest) ProtoMessage() {}
+
+func (x *PeerUsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerUsageRequest.ProtoReflect.Descriptor instead.
+func (*PeerUsageRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PeerUsageRequest) GetOriginRegion() string {
+	if x != nil {
+		return x.OriginRegion
+	}
+	return ""
+}
+
+func (x *PeerUsageRequest) GetItems() []*PeerItem {
+	if x != nil {
+		return x.Items
+	}
+	return nil
+}
+
+type PeerUsageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One per item, in order.
+	Statuses      []*RuleStatus `protobuf:"bytes,1,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerUsageResponse) Reset() {
+	*x = PeerUsageResponse{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerUsageResponse) ProtoMessage() {}
+
+func (x *PeerUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerUsageResponse.ProtoReflect.Descriptor instead.
+func (*PeerUsageResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PeerUsageResponse) GetStatuses() []*RuleStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
 // PeerItem is one rule of a forwarded check: its bucket and cost.
 type PeerItem struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -37,7 +137,7 @@ type PeerItem struct {
 
 func (x *PeerItem) Reset() {
 	*x = PeerItem{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	mi := &file_limiter_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +149,7 @@ func (x *PeerItem) String() string {
 func (*PeerItem) ProtoMessage() {}
 
 func (x *PeerItem) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	mi := &file_limiter_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +162,7 @@ func (x *PeerItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerItem.ProtoReflect.Descriptor instead.
 func (*PeerItem) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PeerItem) GetRuleId() string {
@@ -114,7 +214,7 @@ type PeerDecideRequest struct {
 
 func (x *PeerDecideRequest) Reset() {
 	*x = PeerDecideRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	mi := &file_limiter_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -126,7 +226,7 @@ func (x *PeerDecideRequest) String() string {
 func (*PeerDecideRequest) ProtoMessage() {}
 
 func (x *PeerDecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	mi := &file_limiter_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -139,7 +239,7 @@ func (x *PeerDecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerDecideRequest.ProtoReflect.Descriptor instead.
 func (*PeerDecideRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PeerDecideRequest) GetOriginRegion() string {
@@ -190,7 +290,7 @@ type PeerDecideResponse struct {
 
 func (x *PeerDecideResponse) Reset() {
 	*x = PeerDecideResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[2]
+	mi := &file_limiter_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +302,7 @@ func (x *PeerDecideResponse) String() string {
 func (*PeerDecideResponse) ProtoMessage() {}
 
 func (x *PeerDecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[2]
+	mi := &file_limiter_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +315,7 @@ func (x *PeerDecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerDecideResponse.ProtoReflect.Descriptor instead.
 func (*PeerDecideResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PeerDecideResponse) GetAllowed() bool {
@@ -258,7 +358,7 @@ type PeerRefundRequest struct {
 
 func (x *PeerRefundRequest) Reset() {
 	*x = PeerRefundRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[3]
+	mi := &file_limiter_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +370,7 @@ func (x *PeerRefundRequest) String() string {
 func (*PeerRefundRequest) ProtoMessage() {}
 
 func (x *PeerRefundRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[3]
+	mi := &file_limiter_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +383,7 @@ func (x *PeerRefundRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRefundRequest.ProtoReflect.Descriptor instead.
 func (*PeerRefundRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerRefundRequest) GetOriginRegion() string {
@@ -308,7 +408,7 @@ type PeerRefundResponse struct {
 
 func (x *PeerRefundResponse) Reset() {
 	*x = PeerRefundResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[4]
+	mi := &file_limiter_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -320,7 +420,7 @@ func (x *PeerRefundResponse) String() string {
 func (*PeerRefundResponse) ProtoMessage() {}
 
 func (x *PeerRefundResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[4]
+	mi := &file_limiter_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -333,7 +433,7 @@ func (x *PeerRefundResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRefundResponse.ProtoReflect.Descriptor instead.
 func (*PeerRefundResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 type PeerAcquireRequest struct {
@@ -353,7 +453,7 @@ type PeerAcquireRequest struct {
 
 func (x *PeerAcquireRequest) Reset() {
 	*x = PeerAcquireRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[5]
+	mi := &file_limiter_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +465,7 @@ func (x *PeerAcquireRequest) String() string {
 func (*PeerAcquireRequest) ProtoMessage() {}
 
 func (x *PeerAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[5]
+	mi := &file_limiter_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +478,7 @@ func (x *PeerAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerAcquireRequest.ProtoReflect.Descriptor instead.
 func (*PeerAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PeerAcquireRequest) GetOriginRegion() string {
@@ -423,7 +523,7 @@ type PeerAcquireResponse struct {
 
 func (x *PeerAcquireResponse) Reset() {
 	*x = PeerAcquireResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[6]
+	mi := &file_limiter_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +535,7 @@ func (x *PeerAcquireResponse) String() string {
 func (*PeerAcquireResponse) ProtoMessage() {}
 
 func (x *PeerAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[6]
+	mi := &file_limiter_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +548,7 @@ func (x *PeerAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerAcquireResponse.ProtoReflect.Descriptor instead.
 func (*PeerAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PeerAcquireResponse) GetAllowed() bool {
@@ -498,7 +598,7 @@ type PeerLeaseRequest struct {
 
 func (x *PeerLeaseRequest) Reset() {
 	*x = PeerLeaseRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[7]
+	mi := &file_limiter_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -510,7 +610,7 @@ func (x *PeerLeaseRequest) String() string {
 func (*PeerLeaseRequest) ProtoMessage() {}
 
 func (x *PeerLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[7]
+	mi := &file_limiter_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -523,7 +623,7 @@ func (x *PeerLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerLeaseRequest.ProtoReflect.Descriptor instead.
 func (*PeerLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PeerLeaseRequest) GetOriginRegion() string {
@@ -551,7 +651,7 @@ type PeerReleaseResponse struct {
 
 func (x *PeerReleaseResponse) Reset() {
 	*x = PeerReleaseResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[8]
+	mi := &file_limiter_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +663,7 @@ func (x *PeerReleaseResponse) String() string {
 func (*PeerReleaseResponse) ProtoMessage() {}
 
 func (x *PeerReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[8]
+	mi := &file_limiter_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +676,7 @@ func (x *PeerReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerReleaseResponse.ProtoReflect.Descriptor instead.
 func (*PeerReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PeerReleaseResponse) GetReleased() bool {
@@ -599,7 +699,7 @@ type PeerRenewResponse struct {
 
 func (x *PeerRenewResponse) Reset() {
 	*x = PeerRenewResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[9]
+	mi := &file_limiter_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +711,7 @@ func (x *PeerRenewResponse) String() string {
 func (*PeerRenewResponse) ProtoMessage() {}
 
 func (x *PeerRenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[9]
+	mi := &file_limiter_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +724,7 @@ func (x *PeerRenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRenewResponse.ProtoReflect.Descriptor instead.
 func (*PeerRenewResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PeerRenewResponse) GetRenewed() bool {
@@ -659,7 +759,7 @@ type PeerHandoffRequest struct {
 
 func (x *PeerHandoffRequest) Reset() {
 	*x = PeerHandoffRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[10]
+	mi := &file_limiter_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +771,7 @@ func (x *PeerHandoffRequest) String() string {
 func (*PeerHandoffRequest) ProtoMessage() {}
 
 func (x *PeerHandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[10]
+	mi := &file_limiter_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +784,7 @@ func (x *PeerHandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerHandoffRequest.ProtoReflect.Descriptor instead.
 func (*PeerHandoffRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PeerHandoffRequest) GetOriginRegion() string {
@@ -712,7 +812,7 @@ type PeerHandoffResponse struct {
 
 func (x *PeerHandoffResponse) Reset() {
 	*x = PeerHandoffResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[11]
+	mi := &file_limiter_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +824,7 @@ func (x *PeerHandoffResponse) String() string {
 func (*PeerHandoffResponse) ProtoMessage() {}
 
 func (x *PeerHandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[11]
+	mi := &file_limiter_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +837,7 @@ func (x *PeerHandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerHandoffResponse.ProtoReflect.Descriptor instead.
 func (*PeerHandoffResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PeerHandoffResponse) GetUsed() []float64 {
@@ -752,7 +852,12 @@ var File_limiter_v1_peer_proto protoreflect.FileDescriptor
 const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x15limiter/v1/peer.proto\x12\n" +
-	"limiter.v1\x1a\x18limiter/v1/limiter.proto\"i\n" +
+	"limiter.v1\x1a\x18limiter/v1/limiter.proto\"c\n" +
+	"\x10PeerUsageRequest\x12#\n" +
+	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
+	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\"G\n" +
+	"\x11PeerUsageResponse\x122\n" +
+	"\bstatuses\x18\x01 \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"i\n" +
 	"\bPeerItem\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -797,14 +902,15 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\")\n" +
 	"\x13PeerHandoffResponse\x12\x12\n" +
-	"\x04used\x18\x01 \x03(\x01R\x04used2\xc0\x03\n" +
+	"\x04used\x18\x01 \x03(\x01R\x04used2\x86\x04\n" +
 	"\x04Peer\x12G\n" +
 	"\x06Decide\x12\x1d.limiter.v1.PeerDecideRequest\x1a\x1e.limiter.v1.PeerDecideResponse\x12G\n" +
 	"\x06Refund\x12\x1d.limiter.v1.PeerRefundRequest\x1a\x1e.limiter.v1.PeerRefundResponse\x12J\n" +
 	"\aAcquire\x12\x1e.limiter.v1.PeerAcquireRequest\x1a\x1f.limiter.v1.PeerAcquireResponse\x12H\n" +
 	"\aRelease\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1f.limiter.v1.PeerReleaseResponse\x12D\n" +
 	"\x05Renew\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1d.limiter.v1.PeerRenewResponse\x12J\n" +
-	"\aHandoff\x12\x1e.limiter.v1.PeerHandoffRequest\x1a\x1f.limiter.v1.PeerHandoffResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\aHandoff\x12\x1e.limiter.v1.PeerHandoffRequest\x1a\x1f.limiter.v1.PeerHandoffResponse\x12D\n" +
+	"\x05Usage\x12\x1c.limiter.v1.PeerUsageRequest\x1a\x1d.limiter.v1.PeerUsageResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_peer_proto_rawDescOnce sync.Once
@@ -818,45 +924,51 @@ func file_limiter_v1_peer_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_peer_proto_rawDescData
 }
 
-var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_limiter_v1_peer_proto_goTypes = []any{
-	(*PeerItem)(nil),            // 0: limiter.v1.PeerItem
-	(*PeerDecideRequest)(nil),   // 1: limiter.v1.PeerDecideRequest
-	(*PeerDecideResponse)(nil),  // 2: limiter.v1.PeerDecideResponse
-	(*PeerRefundRequest)(nil),   // 3: limiter.v1.PeerRefundRequest
-	(*PeerRefundResponse)(nil),  // 4: limiter.v1.PeerRefundResponse
-	(*PeerAcquireRequest)(nil),  // 5: limiter.v1.PeerAcquireRequest
-	(*PeerAcquireResponse)(nil), // 6: limiter.v1.PeerAcquireResponse
-	(*PeerLeaseRequest)(nil),    // 7: limiter.v1.PeerLeaseRequest
-	(*PeerReleaseResponse)(nil), // 8: limiter.v1.PeerReleaseResponse
-	(*PeerRenewResponse)(nil),   // 9: limiter.v1.PeerRenewResponse
-	(*PeerHandoffRequest)(nil),  // 10: limiter.v1.PeerHandoffRequest
-	(*PeerHandoffResponse)(nil), // 11: limiter.v1.PeerHandoffResponse
-	(*RuleStatus)(nil),          // 12: limiter.v1.RuleStatus
+	(*PeerUsageRequest)(nil),    // 0: limiter.v1.PeerUsageRequest
+	(*PeerUsageResponse)(nil),   // 1: limiter.v1.PeerUsageResponse
+	(*PeerItem)(nil),            // 2: limiter.v1.PeerItem
+	(*PeerDecideRequest)(nil),   // 3: limiter.v1.PeerDecideRequest
+	(*PeerDecideResponse)(nil),  // 4: limiter.v1.PeerDecideResponse
+	(*PeerRefundRequest)(nil),   // 5: limiter.v1.PeerRefundRequest
+	(*PeerRefundResponse)(nil),  // 6: limiter.v1.PeerRefundResponse
+	(*PeerAcquireRequest)(nil),  // 7: limiter.v1.PeerAcquireRequest
+	(*PeerAcquireResponse)(nil), // 8: limiter.v1.PeerAcquireResponse
+	(*PeerLeaseRequest)(nil),    // 9: limiter.v1.PeerLeaseRequest
+	(*PeerReleaseResponse)(nil), // 10: limiter.v1.PeerReleaseResponse
+	(*PeerRenewResponse)(nil),   // 11: limiter.v1.PeerRenewResponse
+	(*PeerHandoffRequest)(nil),  // 12: limiter.v1.PeerHandoffRequest
+	(*PeerHandoffResponse)(nil), // 13: limiter.v1.PeerHandoffResponse
+	(*RuleStatus)(nil),          // 14: limiter.v1.RuleStatus
 }
 var file_limiter_v1_peer_proto_depIdxs = []int32{
-	0,  // 0: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
-	12, // 1: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
-	0,  // 2: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
-	12, // 3: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	0,  // 4: limiter.v1.PeerHandoffRequest.items:type_name -> limiter.v1.PeerItem
-	1,  // 5: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
-	3,  // 6: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
-	5,  // 7: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
-	7,  // 8: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
-	7,  // 9: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
-	10, // 10: limiter.v1.Peer.Handoff:input_type -> limiter.v1.PeerHandoffRequest
-	2,  // 11: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
-	4,  // 12: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
-	6,  // 13: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
-	8,  // 14: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
-	9,  // 15: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
-	11, // 16: limiter.v1.Peer.Handoff:output_type -> limiter.v1.PeerHandoffResponse
-	11, // [11:17] is the sub-list for method output_type
-	5,  // [5:11] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	2,  // 0: limiter.v1.PeerUsageRequest.items:type_name -> limiter.v1.PeerItem
+	14, // 1: limiter.v1.PeerUsageResponse.statuses:type_name -> limiter.v1.RuleStatus
+	2,  // 2: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
+	14, // 3: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
+	2,  // 4: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
+	14, // 5: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	2,  // 6: limiter.v1.PeerHandoffRequest.items:type_name -> limiter.v1.PeerItem
+	3,  // 7: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
+	5,  // 8: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
+	7,  // 9: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
+	9,  // 10: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
+	9,  // 11: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
+	12, // 12: limiter.v1.Peer.Handoff:input_type -> limiter.v1.PeerHandoffRequest
+	0,  // 13: limiter.v1.Peer.Usage:input_type -> limiter.v1.PeerUsageRequest
+	4,  // 14: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
+	6,  // 15: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
+	8,  // 16: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
+	10, // 17: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
+	11, // 18: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
+	13, // 19: limiter.v1.Peer.Handoff:output_type -> limiter.v1.PeerHandoffResponse
+	1,  // 20: limiter.v1.Peer.Usage:output_type -> limiter.v1.PeerUsageResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_peer_proto_init() }
@@ -871,7 +983,7 @@ func file_limiter_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_peer_proto_rawDesc), len(file_limiter_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	Peer_Release_FullMethodName = "/limiter.v1.Peer/Release"
 	Peer_Renew_FullMethodName   = "/limiter.v1.Peer/Renew"
 	Peer_Handoff_FullMethodName = "/limiter.v1.Peer/Handoff"
+	Peer_Usage_FullMethodName   = "/limiter.v1.Peer/Usage"
 )
 
 // PeerClient is the client API for Peer service.
@@ -63,6 +64,11 @@ type PeerClient interface {
 	// full bucket. It spends and changes nothing; the keys need not be homed
 	// here under the topology in force.
 	Handoff(ctx context.Context, in *PeerHandoffRequest, opts ...grpc.CallOption) (*PeerHandoffResponse, error)
+	// Usage answers what a check of the items, whose keys are homed here,
+	// would see now, changing nothing: one status per item, a concurrency
+	// rule's leases free as its remaining. The items' costs are those of
+	// the check read for (0: 1).
+	Usage(ctx context.Context, in *PeerUsageRequest, opts ...grpc.CallOption) (*PeerUsageResponse, error)
 }
 
 type peerClient struct {
@@ -133,6 +139,16 @@ func (c *peerClient) Handoff(ctx context.Context, in *PeerHandoffRequest, opts .
 	return out, nil
 }
 
+func (c *peerClient) Usage(ctx context.Context, in *PeerUsageRequest, opts ...grpc.CallOption) (*PeerUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerUsageResponse)
+	err := c.cc.Invoke(ctx, Peer_Usage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -169,6 +185,11 @@ type PeerServer interface {
 	// full bucket. It spends and changes nothing; the keys need not be homed
 	// here under the topology in force.
 	Handoff(context.Context, *PeerHandoffRequest) (*PeerHandoffResponse, error)
+	// Usage answers what a check of the items, whose keys are homed here,
+	// would see now, changing nothing: one status per item, a concurrency
+	// rule's leases free as its remaining. The items' costs are those of
+	// the check read for (0: 1).
+	Usage(context.Context, *PeerUsageRequest) (*PeerUsageResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -196,6 +217,9 @@ func (UnimplementedPeerServer) Renew(context.Context, *PeerLeaseRequest) (*PeerR
 }
 func (UnimplementedPeerServer) Handoff(context.Context, *PeerHandoffRequest) (*PeerHandoffResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
+}
+func (UnimplementedPeerServer) Usage(context.Context, *PeerUsageRequest) (*PeerUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -326,6 +350,24 @@ func _Peer_Handoff_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerUsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Usage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Usage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Usage(ctx, req.(*PeerUsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -356,6 +398,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Handoff",
 			Handler:    _Peer_Handoff_Handler,
+		},
+		{
+			MethodName: "Usage",
+			Handler:    _Peer_Usage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,201 @@
+package bucket
+
+import (
+	"context"
+	"math"
+	"sort"
+	"time"
+)
+
+// Usager tells what a check would see now, without spending and without
+// changing any state: no refill is written, no debt clamped, no log
+// trimmed, no lease dropped. Implementations are safe for concurrent use.
+type Usager interface {
+	// Usage answers, for each request, what a Take of its cost would see
+	// now (see Limit.Usage), in the order of reqs.
+	Usage(ctx context.Context, reqs []Request) ([]Decision, error)
+	// LeaseUsage answers, for each request, the leases held now and
+	// whether an Acquire would be allowed (see Leases.Usage).
+	LeaseUsage(ctx context.Context, reqs []LeaseRequest) ([]LeaseDecision, error)
+}
+
+// Usage is what a Take of cost under l would see at now, without
+// spending and without changing st:
+//   - Allowed: whether the Take would pass;
+//   - Remaining: what is left before the spend (a refused Take reports the
+//     same; an allowed one reports it less the cost);
+//   - RetryAfter: when refused, what the refused Take reports; 0 otherwise;
+//   - ResetAfter: how long until the bucket is full again or the windows
+//     clear, 0 when they are.
+//
+// At is now. cost must be normalized (NormalizeCost) and l valid. The Lua
+// usage script computes the same, in the same order.
+func (l *Limit) Usage(st *State, now int64, cost float64) Decision {
+	var d Decision
+	switch l.Algorithm {
+	case TokenBucket, GCRA:
+		d = l.usageInstant(st, now, cost)
+	case SlidingWindow:
+		d = l.usageSlidingWindow(st, now, cost)
+	case FixedWindow:
+		d = l.usageFixedWindow(st, now, cost)
+	case SlidingLog:
+		d = l.usageSlidingLog(st, now, cost)
+	default:
+		d = Decision{Limit: l.Capacity}
+	}
+	d.At = now
+	return d
+}
+
+func (l *Limit) usageInstant(st *State, now int64, cost float64) Decision {
+	rate := l.RefillPerSecond
+	full := spendNs(l.Capacity, rate)
+	d := math.Min(debtNs(st.a, now), maxDebtNs(full))
+	s := spendNs(cost, rate)
+	u := Decision{
+		Allowed:    d+s <= full,
+		Remaining:  l.remaining(d, full, l.Algorithm == GCRA),
+		Limit:      l.Capacity,
+		ResetAfter: micros(upMicros(d)),
+	}
+	if !u.Allowed {
+		u.RetryAfter = micros(upMicros(float64(d+s) - full))
+	}
+	return u
+}
+
+func (l *Limit) usageSlidingWindow(st *State, now int64, cost float64) Decision {
+	w := l.windowMicros()
+	now = st.windowNow(now, w)
+	idx := now / w
+	f := float64(now-idx*w) / float64(w)
+	cur, prev := st.windowCounts(idx)
+	limit, cost := micro(l.Capacity), windowCost(cost)
+	est := float64(prev*(1-f)) + cur
+	u := Decision{Remaining: math.Max(micro(limit-est), 0), Limit: l.Capacity}
+	if cur > 0 {
+		u.ResetAfter = micros((idx+2)*w - now)
+	} else if prev > 0 {
+		u.ResetAfter = micros((idx+1)*w - now)
+	}
+	if micro(est+cost) <= limit {
+		u.Allowed = true
+		return u
+	}
+	var at int64
+	if micro(cur+cost) <= limit {
+		at = idx*w + int64(math.Ceil((1-(limit-cost-cur)/prev)*float64(w)))
+	} else {
+		at = (idx+1)*w + int64(math.Ceil((1-(limit-cost)/cur)*float64(w)))
+	}
+	u.RetryAfter = micros(max(at-now, 1))
+	return u
+}
+
+func (l *Limit) usageFixedWindow(st *State, now int64, cost float64) Decision {
+	w := l.windowMicros()
+	now = st.windowNow(now, w)
+	idx := now / w
+	var count float64
+	if st.a == idx {
+		count = micro(st.b)
+	}
+	limit, cost := micro(l.Capacity), windowCost(cost)
+	end := (idx+1)*w - now
+	u := Decision{Remaining: math.Max(micro(limit-count), 0), Limit: l.Capacity}
+	if count > 0 {
+		u.ResetAfter = micros(end)
+	}
+	if micro(count+cost) <= limit {
+		u.Allowed = true
+		return u
+	}
+	u.RetryAfter = micros(end)
+	return u
+}
+
+func (l *Limit) usageSlidingLog(st *State, now int64, cost float64) Decision {
+	w := l.windowMicros()
+	cut := now - w
+	// The entries after cut, without trimming the log.
+	first := sort.Search(len(st.log), func(i int) bool { return st.log[i] > cut })
+	live := st.log[first:]
+	n, k := len(live), int(cost)
+	u := Decision{Remaining: math.Max(l.Capacity-float64(n), 0), Limit: l.Capacity}
+	if n > 0 {
+		u.ResetAfter = micros(live[n-1] + w - now)
+	}
+	if float64(n+k) <= l.Capacity {
+		u.Allowed = true
+		return u
+	}
+	oldest := live[n+k-int(l.Capacity)-1]
+	u.RetryAfter = micros(max(oldest+w-now, 1))
+	return u
+}
+
+// Usage is what an Acquire under l would see at now, without taking a
+// lease or dropping an expired one: Allowed when a new member would get a
+// lease, InFlight the leases held (not expired), RetryAfter when full the
+// time until the soonest expires, and Expires the latest expiry (the zero
+// Time when none is held).
+func (s *Leases) Usage(now int64, l LeaseLimit) LeaseDecision {
+	u := LeaseDecision{Limit: l.Limit}
+	var soonest, latest int64
+	for _, e := range s.held {
+		if e <= now {
+			continue
+		}
+		u.InFlight++
+		if soonest == 0 || e < soonest {
+			soonest = e
+		}
+		latest = max(latest, e)
+	}
+	u.Allowed = u.InFlight < l.Limit
+	if !u.Allowed {
+		u.RetryAfter = time.Duration(soonest-now) * time.Microsecond
+	}
+	if latest > 0 {
+		u.Expires = time.UnixMicro(latest)
+	}
+	return u
+}
+
+// Usage answers what a Take of each request would see now (Limit.Usage),
+// changing nothing. It never returns an error.
+func (m *Memory) Usage(_ context.Context, reqs []Request) ([]Decision, error) {
+	now := m.nowMicros()
+	out := make([]Decision, len(reqs))
+	for i, r := range reqs {
+		sh := m.shard(r.Key)
+		sh.mu.Lock()
+		var fresh State
+		st := &fresh
+		if e := sh.buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
+			st = &e.st
+		}
+		out[i] = r.Limit.Usage(st, now, r.Cost)
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
+
+// LeaseUsage answers the leases each request's key holds now
+// (Leases.Usage), changing nothing. It never returns an error.
+func (m *Memory) LeaseUsage(_ context.Context, reqs []LeaseRequest) ([]LeaseDecision, error) {
+	now := m.nowMicros()
+	out := make([]LeaseDecision, len(reqs))
+	for i, r := range reqs {
+		sh := m.shard(r.Key)
+		sh.mu.Lock()
+		s := sh.leases[bucketID{r.Rule, r.Key}]
+		if s == nil {
+			s = &Leases{}
+		}
+		out[i] = s.Usage(now, r.Limit)
+		sh.mu.Unlock()
+	}
+	return out, nil
+}
