@@ -1,0 +1,233 @@
+package rules
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/limiterd/limiterd/pkg/bucket"
+)
+
+// MaxOverrides bounds the overrides of one rule. A rule travels to every
+// daemon as one value of the admin rules bucket, and NATS refuses a value
+// over its default max_payload of 1 MB: a thousand overrides whose keys
+// have the longest length (bucket.MaxKeyLen) stay under it. Every daemon
+// parses a rule again when one of its overrides changes, so the bound also
+// keeps that change cheap (about a millisecond).
+const MaxOverrides = 1000
+
+// ErrTooManyOverrides: a rule would have more than MaxOverrides overrides.
+// It is wrapped in an *Error whose Field is "overrides".
+var ErrTooManyOverrides = errors.New("too many overrides")
+
+// Override is the limit of one key of a rule, in place of the rule's: the
+// limit fields of the rule's algorithm, each optional (one not given is
+// the rule's). Capacity and Limit are one field under two names, as in a
+// rule.
+type Override struct {
+	Capacity        *float64 `yaml:"capacity,omitempty"`
+	Limit           *float64 `yaml:"limit,omitempty"`
+	RefillPerSecond *float64 `yaml:"refill_per_second,omitempty"`
+	Window          Duration `yaml:"window,omitempty"`
+}
+
+// OverrideField is the dotted field of key's override, for errors:
+// overrides["tenant-acme"].capacity (field empty: the override itself).
+func OverrideField(key, field string) string {
+	f := "overrides[" + strconv.Quote(key) + "]"
+	if field != "" {
+		f += "." + field
+	}
+	return f
+}
+
+// BucketFor returns the limit of key under the rule: its override's, or
+// the rule's.
+func (r *Rule) BucketFor(key string) bucket.Limit {
+	if len(r.overrides) != 0 {
+		if l, ok := r.overrides[key]; ok {
+			return l
+		}
+	}
+	return r.limit
+}
+
+// OverrideLimits returns the validated limit of each overridden key; the
+// caller must not change the map. Nil for a rule without overrides.
+func (r *Rule) OverrideLimits() map[string]bucket.Limit { return r.overrides }
+
+// validateOverrides checks the overrides of r, whose limit is already
+// valid, and makes their limits; n is the rule's YAML, nil when unknown.
+func (r *Rule) validateOverrides(n *yaml.Node) error {
+	if len(r.Overrides) == 0 {
+		r.Overrides, r.overrides = nil, nil
+		return nil
+	}
+	if len(r.Overrides) > MaxOverrides {
+		return &Error{Index: -1, Field: "overrides", Line: fieldLine0(n, "overrides"),
+			Err: fmt.Errorf("%w: %d overrides, the most a rule may have is %d", ErrTooManyOverrides, len(r.Overrides), MaxOverrides)}
+	}
+	if r.Concurrent() {
+		return fieldError("overrides", errors.New("a concurrency rule has no per-key overrides"))
+	}
+	r.overrides = make(map[string]bucket.Limit, len(r.Overrides))
+	for key, o := range r.Overrides {
+		l, field, err := r.overrideLimit(key, o)
+		if err != nil {
+			return &Error{Index: -1, Field: OverrideField(key, field), Line: overrideLine(n, key, field), Err: err}
+		}
+		r.overrides[key] = l
+	}
+	return nil
+}
+
+// overrideLimit is the limit of key's override o, or the error of its
+// field (empty: the override or its key).
+func (r *Rule) overrideLimit(key string, o Override) (bucket.Limit, string, error) {
+	if err := bucket.ValidateKey(key); err != nil {
+		return bucket.Limit{}, "", err
+	}
+	l := r.limit
+	window := r.Algorithm == bucket.SlidingWindow || r.Algorithm == bucket.SlidingLog || r.Algorithm == bucket.FixedWindow
+	switch {
+	case o.Capacity != nil && o.Limit != nil:
+		return l, "limit", errors.New("capacity is given too: give one of capacity and limit, not both")
+	case o.RefillPerSecond != nil && window:
+		return l, "refill_per_second", fmt.Errorf("not a parameter of %s: its limit fields are limit (or capacity) and window", r.Algorithm)
+	case o.Window != 0 && !window:
+		return l, "window", fmt.Errorf("not a parameter of %s: its limit fields are capacity (or limit) and refill_per_second", r.Algorithm)
+	case o.Capacity == nil && o.Limit == nil && o.RefillPerSecond == nil && o.Window == 0:
+		return l, "", errors.New("sets no limit field: give capacity (or limit), refill_per_second or window")
+	}
+	field := "capacity"
+	if o.Capacity != nil {
+		l.Capacity = *o.Capacity
+	}
+	if o.Limit != nil {
+		l.Capacity, field = *o.Limit, "limit"
+	}
+	if o.RefillPerSecond != nil {
+		l.RefillPerSecond = *o.RefillPerSecond
+	}
+	if o.Window != 0 {
+		l.Window = time.Duration(o.Window)
+	}
+	if err := l.Validate(); err != nil {
+		var le *bucket.LimitError
+		if errors.As(err, &le) && le.Field != "capacity" {
+			field = le.Field
+		}
+		return l, field, err
+	}
+	if _, err := l.NormalizeCost(r.Cost); err != nil {
+		return l, field, fmt.Errorf("the rule's cost: %w", err)
+	}
+	if r.Lease > l.Capacity {
+		return l, field, fmt.Errorf("must be at least the rule's lease %v, got %v", r.Lease, l.Capacity)
+	}
+	return l, "", nil
+}
+
+// overrideLine is the line of field of key's override in the rule n (of
+// the override, or of overrides, when the field is not written); 0 when n
+// is nil.
+func overrideLine(n *yaml.Node, key, field string) int {
+	if n == nil {
+		return 0
+	}
+	k, v := lookup(n, "overrides")
+	if k == nil {
+		return n.Line
+	}
+	ok, ov := lookup(v, key)
+	if ok == nil {
+		return k.Line
+	}
+	if field == "" {
+		return ok.Line
+	}
+	if fk, _ := lookup(ov, field); fk != nil {
+		return fk.Line
+	}
+	return ok.Line
+}
+
+func fieldLine0(n *yaml.Node, field string) int {
+	if n == nil {
+		return 0
+	}
+	return fieldLine(n, field)
+}
+
+// WithOverride returns a copy of r with key's override set to o (nil:
+// removed), validated as a rule is; r does not change. Its errors are an
+// *Error naming the override's field.
+func (r *Rule) WithOverride(key string, o *Override) (*Rule, error) {
+	c := *r
+	c.Overrides = make(map[string]Override, len(r.Overrides)+1)
+	for k, v := range r.Overrides {
+		c.Overrides[k] = v
+	}
+	if o == nil {
+		delete(c.Overrides, key)
+	} else {
+		if _, ok := c.Overrides[key]; !ok && len(c.Overrides) >= MaxOverrides {
+			return nil, &Error{Index: -1, ID: r.ID, Field: "overrides",
+				Err: fmt.Errorf("%w: the rule has %d overrides, the most it may have: delete one first", ErrTooManyOverrides, len(c.Overrides))}
+		}
+		c.Overrides[key] = *o
+	}
+	c.overrides, c.yaml = nil, nil
+	if err := c.validateOverrides(nil); err != nil {
+		return nil, at(err, "", -1, r.ID, nil)
+	}
+	c.yaml = c.marshal()
+	return &c, nil
+}
+
+// validateRequestLimit checks allow_request_limit and request_limit_max.
+func (r *Rule) validateRequestLimit() error {
+	switch {
+	case !r.AllowRequestLimit && r.RequestLimitMax != 0:
+		return fieldError("request_limit_max", errors.New("only a rule with allow_request_limit: true takes a limit from a request"))
+	case r.AllowRequestLimit && r.RequestLimitMax == 0:
+		return fieldError("request_limit_max", errors.New("missing: a rule with allow_request_limit: true needs the highest rate, in requests per second, a request may ask"))
+	case r.AllowRequestLimit && !(r.RequestLimitMax > 0 && r.RequestLimitMax <= bucket.MaxRefillPerSecond):
+		return fieldErrorf("request_limit_max", "must be above 0 and at most %g requests per second, got %v", float64(bucket.MaxRefillPerSecond), r.RequestLimitMax)
+	}
+	return nil
+}
+
+// RequestLimit is the limit of a request that names its own, requests per
+// unit (Envoy's descriptor limit), in the rule's algorithm: a window rule
+// counts requests per window of unit; a token bucket or GCRA holds a
+// burst of requests, refilled at requests per unit. ok is false, and the
+// request's limit is to be ignored, when the rule does not allow request
+// limits, when the rate is above the rule's request_limit_max, or when the
+// limit is not valid (a sliding log above bucket.MaxLogCapacity, a burst
+// below the rule's cost).
+func (r *Rule) RequestLimit(requests float64, unit time.Duration) (l bucket.Limit, ok bool) {
+	if !r.AllowRequestLimit || !(requests > 0) || unit <= 0 {
+		return bucket.Limit{}, false
+	}
+	if requests/unit.Seconds() > r.RequestLimitMax {
+		return bucket.Limit{}, false
+	}
+	l = bucket.Limit{Algorithm: r.Algorithm, Capacity: requests}
+	switch r.Algorithm {
+	case bucket.TokenBucket, bucket.GCRA:
+		l.RefillPerSecond = requests / unit.Seconds()
+	default:
+		l.Window = unit
+	}
+	if l.Validate() != nil {
+		return bucket.Limit{}, false
+	}
+	if _, err := l.NormalizeCost(r.Cost); err != nil || r.Lease > l.Capacity {
+		return bucket.Limit{}, false
+	}
+	return l, true
+}
