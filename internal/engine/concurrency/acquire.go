@@ -106,7 +106,7 @@ func (c *Acquire) addLease(en *request.Entry, key string) (*request.Item, error)
 	if len(c.held) >= leaseid.MaxParts {
 		return nil, request.Invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
-	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Entry: en, Against: en.Limit}}
+	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Entry: en, Limits: &en.Limits, Against: en.Limit}}
 	c.held = append(c.held, l)
 	return l.Item, nil
 }
@@ -135,7 +135,7 @@ func (c *Acquire) notAsked() {
 		}
 	}
 	for _, it := range c.Enforce {
-		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Entry.Limit.Capacity, Limit: it.Entry.Limit.Capacity}
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Limits.Limit.Capacity, Limit: it.Limits.Limit.Capacity}
 		it.Route = request.RouteNone
 	}
 }
