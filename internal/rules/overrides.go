@@ -1,8 +1,11 @@
 package rules
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -230,4 +233,37 @@ func (r *Rule) RequestLimit(requests float64, unit time.Duration) (l bucket.Limi
 		return bucket.Limit{}, false
 	}
 	return l, true
+}
+
+// ParseOverride decodes one key's override (YAML or JSON) strictly; the
+// rule's WithOverride validates it. Its errors are an *Error naming the
+// field: overrides["tenant-a"].burst.
+func ParseOverride(key string, data []byte) (*Override, error) {
+	if err := bucket.ValidateKey(key); err != nil {
+		return nil, &Error{Index: -1, Field: OverrideField(key, ""), Err: err}
+	}
+	var doc yaml.Node
+	if err := yaml.NewDecoder(bytes.NewReader(data)).Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = errors.New("empty: give capacity (or limit), refill_per_second or window")
+		}
+		return nil, &Error{Index: -1, Field: OverrideField(key, ""), Err: err}
+	}
+	n := resolve(&doc)
+	if n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = resolve(n.Content[0])
+	}
+	if n.Kind != yaml.MappingNode {
+		return nil, &Error{Index: -1, Field: OverrideField(key, ""), Err: fmt.Errorf("want a mapping, got %s", describe(n))}
+	}
+	if err := checkFields(n, reflect.TypeFor[Override](), OverrideField(key, "")+"."); err != nil {
+		return nil, err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var o Override
+	if err := dec.Decode(&o); err != nil {
+		return nil, &Error{Index: -1, Field: OverrideField(key, ""), Err: err}
+	}
+	return &o, nil
 }
