@@ -204,35 +204,50 @@ func (r *Rule) validateRequestLimit() error {
 	return nil
 }
 
+// Why a request's own limit is ignored (see Rule.RequestLimit).
+var (
+	// ErrRequestLimitNotAllowed: the rule does not set allow_request_limit.
+	ErrRequestLimitNotAllowed = errors.New("the rule does not allow a request's own limit")
+	// ErrRequestLimitAboveMax: the limit's rate is above the rule's
+	// request_limit_max.
+	ErrRequestLimitAboveMax = errors.New("the limit's rate is above the rule's request_limit_max")
+)
+
 // RequestLimit is the limit of a request that names its own, requests per
 // unit (Envoy's descriptor limit), in the rule's algorithm: a window rule
 // counts requests per window of unit; a token bucket or GCRA holds a
-// burst of requests, refilled at requests per unit. ok is false, and the
-// request's limit is to be ignored, when the rule does not allow request
-// limits, when the rate is above the rule's request_limit_max, or when the
-// limit is not valid (a sliding log above bucket.MaxLogCapacity, a burst
-// below the rule's cost).
-func (r *Rule) RequestLimit(requests float64, unit time.Duration) (l bucket.Limit, ok bool) {
-	if !r.AllowRequestLimit || !(requests > 0) || unit <= 0 {
-		return bucket.Limit{}, false
+// burst of requests, refilled at requests per unit. The request's limit is
+// to be ignored when there is an error: ErrRequestLimitNotAllowed,
+// ErrRequestLimitAboveMax, or one wrapping bucket.ErrInvalidLimit or
+// bucket.ErrInvalidCost for a limit the rule could not have (a sliding log
+// above bucket.MaxLogCapacity, a burst below the rule's cost or lease).
+func (r *Rule) RequestLimit(requests float64, unit time.Duration) (bucket.Limit, error) {
+	if !r.AllowRequestLimit {
+		return bucket.Limit{}, ErrRequestLimitNotAllowed
+	}
+	if !(requests > 0) || unit <= 0 {
+		return bucket.Limit{}, fmt.Errorf("%w: %v requests per %v", bucket.ErrInvalidLimit, requests, unit)
 	}
 	if requests/unit.Seconds() > r.RequestLimitMax {
-		return bucket.Limit{}, false
+		return bucket.Limit{}, ErrRequestLimitAboveMax
 	}
-	l = bucket.Limit{Algorithm: r.Algorithm, Capacity: requests}
+	l := bucket.Limit{Algorithm: r.Algorithm, Capacity: requests}
 	switch r.Algorithm {
 	case bucket.TokenBucket, bucket.GCRA:
 		l.RefillPerSecond = requests / unit.Seconds()
 	default:
 		l.Window = unit
 	}
-	if l.Validate() != nil {
-		return bucket.Limit{}, false
+	if err := l.Validate(); err != nil {
+		return bucket.Limit{}, err
 	}
-	if _, err := l.NormalizeCost(r.Cost); err != nil || r.Lease > l.Capacity {
-		return bucket.Limit{}, false
+	if _, err := l.NormalizeCost(r.Cost); err != nil {
+		return bucket.Limit{}, err
 	}
-	return l, true
+	if r.Lease > l.Capacity {
+		return bucket.Limit{}, fmt.Errorf("%w: a burst of %v is below the rule's lease %v", bucket.ErrInvalidLimit, l.Capacity, r.Lease)
+	}
+	return l, nil
 }
 
 // ParseOverride decodes one key's override (YAML or JSON) strictly; the

@@ -183,19 +183,19 @@ func TestRequestLimit(t *testing.T) {
 		requests float64
 		unit     time.Duration
 		want     bucket.Limit
-		ok       bool
+		err      error
 	}{
-		{name: "under the ceiling", rule: edge, requests: 600, unit: time.Minute, want: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 600, RefillPerSecond: 10}, ok: true},
-		{name: "at the ceiling", rule: edge, requests: 50, unit: time.Second, want: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 50, RefillPerSecond: 50}, ok: true},
-		{name: "above the ceiling", rule: edge, requests: 51, unit: time.Second},
-		{name: "not allowed", rule: plain, requests: 1, unit: time.Second},
-		{name: "zero", rule: edge, requests: 0, unit: time.Second},
+		{name: "under the ceiling", rule: edge, requests: 600, unit: time.Minute, want: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 600, RefillPerSecond: 10}},
+		{name: "at the ceiling", rule: edge, requests: 50, unit: time.Second, want: bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 50, RefillPerSecond: 50}},
+		{name: "above the ceiling", rule: edge, requests: 51, unit: time.Second, err: ErrRequestLimitAboveMax},
+		{name: "not allowed", rule: plain, requests: 1, unit: time.Second, err: ErrRequestLimitNotAllowed},
+		{name: "zero", rule: edge, requests: 0, unit: time.Second, err: bucket.ErrInvalidLimit},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := tt.rule.RequestLimit(tt.requests, tt.unit)
-			if ok != tt.ok || got != tt.want {
-				t.Fatalf("RequestLimit(%v, %v) = %+v, %v; want %+v, %v", tt.requests, tt.unit, got, ok, tt.want, tt.ok)
+			got, err := tt.rule.RequestLimit(tt.requests, tt.unit)
+			if !errors.Is(err, tt.err) || (tt.err == nil && err != nil) || got != tt.want {
+				t.Fatalf("RequestLimit(%v, %v) = %+v, %v; want %+v, %v", tt.requests, tt.unit, got, err, tt.want, tt.err)
 			}
 		})
 	}
