@@ -198,6 +198,8 @@ func (r *Rule) validateRequestLimit() error {
 		return fieldError("request_limit_max", errors.New("only a rule with allow_request_limit: true takes a limit from a request"))
 	case r.AllowRequestLimit && r.RequestLimitMax == 0:
 		return fieldError("request_limit_max", errors.New("missing: a rule with allow_request_limit: true needs the highest rate, in requests per second, a request may ask"))
+	case r.AllowRequestLimit && r.Home == HomePinned:
+		return fieldError("allow_request_limit", errors.New("a pinned rule is decided in its keys' home region, which does not see a request's own limit"))
 	case r.AllowRequestLimit && !(r.RequestLimitMax > 0 && r.RequestLimitMax <= bucket.MaxRefillPerSecond):
 		return fieldErrorf("request_limit_max", "must be above 0 and at most %g requests per second, got %v", float64(bucket.MaxRefillPerSecond), r.RequestLimitMax)
 	}

@@ -30,6 +30,7 @@ func TestOverrideErrors(t *testing.T) {
 		{name: "below the rule's cost", file: "override-below-cost.bad.yml", id: "api", field: `overrides["tenant-acme"].capacity`, line: 8, cause: bucket.ErrInvalidCost},
 		{name: "not a mapping", file: "override-not-mapping.bad.yml", id: "api", field: `overrides["tenant-acme"]`, line: 6},
 		{name: "request limit without max", file: "request-limit-no-max.bad.yml", id: "edge", field: "request_limit_max", line: 2},
+		{name: "request limit of a pinned rule", file: "request-limit-pinned.bad.yml", id: "edge", field: "allow_request_limit", line: 6},
 		{name: "request_limit_max alone", file: "request-limit-max-alone.bad.yml", id: "edge", field: "request_limit_max", line: 5},
 	}
 	for _, tt := range tests {
