@@ -201,3 +201,55 @@ func TestRequestLimit(t *testing.T) {
 		})
 	}
 }
+
+// FuzzOverride: any override body of any key is either refused with an
+// *Error naming the override (and the field, when one is at fault), or
+// makes a rule whose YAML parses back to the same limits.
+//
+//	go test -run '^$' -fuzz FuzzOverride -fuzztime 30s ./internal/rules
+func FuzzOverride(f *testing.F) {
+	bucketRule, err := ParseRule([]byte("id: b\ncapacity: 10\nrefill_per_second: 1\ncost: 2\n"), SourceAdmin)
+	if err != nil {
+		f.Fatal(err)
+	}
+	windowRule, err := ParseRule([]byte("id: w\nalgorithm: sliding_log\nlimit: 10\nwindow: 1m\n"), SourceAdmin)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(false, "acme", []byte(`{"capacity": 50, "refill_per_second": 5}`))
+	f.Add(true, "acme", []byte(`{"limit": 5, "window": "1h"}`))
+	f.Add(false, "acme", []byte(`{"capacity": 1}`))
+	f.Add(false, "", []byte(`{"capacity": 5}`))
+	f.Add(true, "x", []byte("limit: 5.5\n"))
+	f.Add(false, "x", []byte("capacity: &a 5\nlimit: *a\n"))
+	f.Add(false, "x", []byte("{burst: 3}"))
+	f.Fuzz(func(t *testing.T, window bool, key string, body []byte) {
+		r := bucketRule
+		if window {
+			r = windowRule
+		}
+		prefix := OverrideField(key, "")
+		o, err := ParseOverride(key, body)
+		var c *Rule
+		if err == nil {
+			c, err = r.WithOverride(key, o)
+		}
+		if err != nil {
+			var e *Error
+			if !errors.As(err, &e) || !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error not a *rules.Error: %v", err)
+			}
+			if !strings.HasPrefix(e.Field, prefix) {
+				t.Fatalf("error of field %q, want one of %s: %v", e.Field, prefix, err)
+			}
+			return
+		}
+		again, err := ParseRule(c.YAML(), SourceAdmin)
+		if err != nil {
+			t.Fatalf("the YAML of a valid override does not parse: %v\n%s", err, c.YAML())
+		}
+		if again.BucketFor(key) != c.BucketFor(key) || len(again.OverrideLimits()) != 1 {
+			t.Fatalf("round trip changed the override: %+v, want %+v", again.BucketFor(key), c.BucketFor(key))
+		}
+	})
+}
