@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"time"
 
@@ -77,8 +79,10 @@ func (r *Rule) validateOverrides(n *yaml.Node) error {
 		return fieldError("overrides", errors.New("a concurrency rule has no per-key overrides"))
 	}
 	r.overrides = make(map[string]bucket.Limit, len(r.Overrides))
-	for key, o := range r.Overrides {
-		l, field, err := r.overrideLimit(key, o)
+	// In key order: of several bad overrides, the same one is reported
+	// every time.
+	for _, key := range slices.Sorted(maps.Keys(r.Overrides)) {
+		l, field, err := r.overrideLimit(key, r.Overrides[key])
 		if err != nil {
 			return &Error{Index: -1, Field: OverrideField(key, field), Line: overrideLine(n, key, field), Err: err}
 		}

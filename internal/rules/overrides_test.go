@@ -253,3 +253,15 @@ func FuzzOverride(f *testing.F) {
 		}
 	})
 }
+
+// Of several bad overrides, the first by key is reported, every time.
+func TestOverrideErrorsInKeyOrder(t *testing.T) {
+	rule := "id: r\ncapacity: 10\nrefill_per_second: 1\noverrides:\n  z: {capacity: 0}\n  m: {capacity: -1}\n  b: {capacity: 0}\n  q: {capacity: 0}\n"
+	for range 20 {
+		_, err := ParseRule([]byte(rule), SourceAdmin)
+		var e *Error
+		if !errors.As(err, &e) || e.Field != `overrides["b"].capacity` || e.Line != 7 {
+			t.Fatalf("ParseRule = %v, want the error of b's capacity at line 7", err)
+		}
+	}
+}
