@@ -29,6 +29,11 @@ const overrideRules = `rules:
     window: 24h
     overrides:
       tenant-acme: {limit: 4}
+  - id: reports
+    algorithm: concurrency
+    limit: 1
+    overrides:
+      tenant-acme: {limit: 3}
 `
 
 // A key with an override is decided against its own limit, every other
@@ -85,6 +90,36 @@ func TestOverridesPerKey(t *testing.T) {
 				}
 				if admitted != tt.want || limit != float64(tt.want) {
 					t.Errorf("%s/%s: %d of 10 admitted, limit %v; want %d and %d", tt.rule, tt.key, admitted, limit, tt.want, tt.want)
+				}
+			}
+			// A concurrency rule's leases, held and released.
+			for _, tt := range []struct {
+				key  string
+				want int
+			}{{"tenant-acme", 3}, {"tenant-other", 1}} {
+				held, limit := []string{}, 0.0
+				for range 5 {
+					c := e.NewAcquire()
+					it, err := c.AddRule("reports", tt.key, 0)
+					if err != nil {
+						t.Fatal(err)
+					}
+					ok, l, err := e.Acquire(context.Background(), c)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ok {
+						held = append(held, l.ID)
+					}
+					limit = it.Decision.Limit
+				}
+				if len(held) != tt.want || limit != float64(tt.want) {
+					t.Errorf("reports/%s: %d of 5 leases held, limit %v; want %d", tt.key, len(held), limit, tt.want)
+				}
+				for _, id := range held {
+					if ok, err := e.Concurrency().Release(context.Background(), id); !ok || err != nil {
+						t.Errorf("release of %s: %v, %v", tt.key, ok, err)
+					}
 				}
 			}
 			// A cost within the override and above the rule's capacity is

@@ -29,9 +29,9 @@ const MaxOverrides = 1000
 var ErrTooManyOverrides = errors.New("too many overrides")
 
 // Override is the limit of one key of a rule, in place of the rule's: the
-// limit fields of the rule's algorithm, each optional (one not given is
-// the rule's). Capacity and Limit are one field under two names, as in a
-// rule.
+// limit fields of the rule's algorithm (only limit, the leases held at
+// once, for a concurrency rule), each optional (one not given is the
+// rule's). Capacity and Limit are one field under two names, as in a rule.
 type Override struct {
 	Capacity        *float64 `yaml:"capacity,omitempty"`
 	Limit           *float64 `yaml:"limit,omitempty"`
@@ -64,6 +64,17 @@ func (r *Rule) BucketFor(key string) bucket.Limit {
 // caller must not change the map. Nil for a rule without overrides.
 func (r *Rule) OverrideLimits() map[string]bucket.Limit { return r.overrides }
 
+// LeasesFor returns the lease limit of key under a concurrency rule: its
+// override's, or the rule's.
+func (r *Rule) LeasesFor(key string) bucket.LeaseLimit {
+	if r.Concurrent() && len(r.overrides) != 0 {
+		if l, ok := r.overrides[key]; ok {
+			return bucket.LeaseLimit{Limit: int(l.Capacity), TTL: r.leases.TTL}
+		}
+	}
+	return r.leases
+}
+
 // validateOverrides checks the overrides of r, whose limit is already
 // valid, and makes their limits; n is the rule's YAML, nil when unknown.
 func (r *Rule) validateOverrides(n *yaml.Node) error {
@@ -74,9 +85,6 @@ func (r *Rule) validateOverrides(n *yaml.Node) error {
 	if len(r.Overrides) > MaxOverrides {
 		return &Error{Index: -1, Field: "overrides", Line: fieldLine0(n, "overrides"),
 			Err: fmt.Errorf("%w: %d overrides, the most a rule may have is %d", ErrTooManyOverrides, len(r.Overrides), MaxOverrides)}
-	}
-	if r.Concurrent() {
-		return fieldError("overrides", errors.New("a concurrency rule has no per-key overrides"))
 	}
 	r.overrides = make(map[string]bucket.Limit, len(r.Overrides))
 	// In key order: of several bad overrides, the same one is reported
@@ -96,6 +104,9 @@ func (r *Rule) validateOverrides(n *yaml.Node) error {
 func (r *Rule) overrideLimit(key string, o Override) (bucket.Limit, string, error) {
 	if err := bucket.ValidateKey(key); err != nil {
 		return bucket.Limit{}, "", err
+	}
+	if r.Concurrent() {
+		return r.overrideLeases(o)
 	}
 	l := r.limit
 	window := r.Algorithm == bucket.SlidingWindow || r.Algorithm == bucket.SlidingLog || r.Algorithm == bucket.FixedWindow
@@ -136,6 +147,29 @@ func (r *Rule) overrideLimit(key string, o Override) (bucket.Limit, string, erro
 		return l, field, fmt.Errorf("must be at least the rule's lease %v, got %v", r.Lease, l.Capacity)
 	}
 	return l, "", nil
+}
+
+// overrideLeases is the limit of an override o of a concurrency rule,
+// whose one limit field is limit (or capacity), or the error of its field.
+func (r *Rule) overrideLeases(o Override) (bucket.Limit, string, error) {
+	switch {
+	case o.Capacity != nil && o.Limit != nil:
+		return bucket.Limit{}, "limit", errors.New("capacity is given too: give one of capacity and limit, not both")
+	case o.RefillPerSecond != nil:
+		return bucket.Limit{}, "refill_per_second", errors.New("not a parameter of a concurrency rule: its limit field is limit (or capacity)")
+	case o.Window != 0:
+		return bucket.Limit{}, "window", errors.New("not a parameter of a concurrency rule: its limit field is limit (or capacity)")
+	case o.Capacity == nil && o.Limit == nil:
+		return bucket.Limit{}, "", errors.New("sets no limit field: give limit (or capacity)")
+	}
+	v, field := o.Limit, "limit"
+	if v == nil {
+		v, field = o.Capacity, "capacity"
+	}
+	if !(*v >= 1 && *v <= bucket.MaxConcurrency) || *v != float64(int(*v)) {
+		return bucket.Limit{}, field, fmt.Errorf("a concurrency limit must be a whole number from 1 to %d, got %v", bucket.MaxConcurrency, *v)
+	}
+	return bucket.Limit{Algorithm: bucket.Concurrency, Capacity: *v}, "", nil
 }
 
 // overrideLine is the line of field of key's override in the rule n (of

@@ -26,7 +26,8 @@ func TestOverrideErrors(t *testing.T) {
 		{name: "window of a token bucket", file: "override-window-on-bucket.bad.yml", id: "api", field: `overrides["tenant-acme"].window`, line: 7},
 		{name: "refill of a window", file: "override-refill-on-window.bad.yml", id: "daily", field: `overrides["tenant-acme"].refill_per_second`, line: 8},
 		{name: "no field", file: "override-empty.bad.yml", id: "api", field: `overrides["tenant-acme"]`, line: 6},
-		{name: "concurrency", file: "override-concurrency.bad.yml", id: "reports", field: "overrides", line: 5},
+		{name: "concurrency limit not whole", file: "override-concurrency.bad.yml", id: "reports", field: `overrides["tenant-acme"].limit`, line: 6},
+		{name: "concurrency refill", file: "override-concurrency-refill.bad.yml", id: "reports", field: `overrides["tenant-acme"].refill_per_second`, line: 6},
 		{name: "below the rule's cost", file: "override-below-cost.bad.yml", id: "api", field: `overrides["tenant-acme"].capacity`, line: 8, cause: bucket.ErrInvalidCost},
 		{name: "not a mapping", file: "override-not-mapping.bad.yml", id: "api", field: `overrides["tenant-acme"]`, line: 6},
 		{name: "request limit without max", file: "request-limit-no-max.bad.yml", id: "edge", field: "request_limit_max", line: 2},
@@ -58,7 +59,7 @@ func TestOverrideLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api, daily := s.Get("api"), s.Get("daily")
+	api, daily, reports := s.Get("api"), s.Get("daily"), s.Get("reports")
 	tests := []struct {
 		name string
 		rule *Rule
@@ -71,11 +72,19 @@ func TestOverrideLimits(t *testing.T) {
 		{name: "window limit", rule: daily, key: "tenant-acme", want: bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 100000, Window: 24 * time.Hour}},
 		{name: "window and limit", rule: daily, key: "tenant-hourly", want: bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 50, Window: time.Hour}},
 		{name: "window rule's", rule: daily, key: "x", want: bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 1000, Window: 24 * time.Hour}},
+		{name: "concurrency", rule: reports, key: "tenant-acme", want: bucket.Limit{Algorithm: bucket.Concurrency, Capacity: 20}},
+		{name: "concurrency rule's", rule: reports, key: "x", want: bucket.Limit{Algorithm: bucket.Concurrency, Capacity: 10}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := tt.rule.BucketFor(tt.key); got != tt.want {
 				t.Fatalf("BucketFor(%q) = %+v, want %+v", tt.key, got, tt.want)
+			}
+			if tt.rule.Concurrent() {
+				want := bucket.LeaseLimit{Limit: int(tt.want.Capacity), TTL: DefaultLeaseTTL}
+				if got := tt.rule.LeasesFor(tt.key); got != want {
+					t.Fatalf("LeasesFor(%q) = %+v, want %+v", tt.key, got, want)
+				}
 			}
 		})
 	}

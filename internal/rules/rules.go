@@ -105,7 +105,7 @@ type Rule struct {
 	// Overrides give some keys a limit of their own in place of the
 	// rule's: the limit fields of the rule's algorithm (capacity or
 	// limit, refill_per_second, window), each defaulting to the rule's. At
-	// most MaxOverrides; not for a concurrency rule.
+	// most MaxOverrides.
 	Overrides map[string]Override `yaml:"overrides,omitempty"`
 	// AllowRequestLimit lets a front door's request name its own limit
 	// for the rule (Envoy's descriptor limit), at most RequestLimitMax.
@@ -493,13 +493,13 @@ func (r *Rule) validate(n *yaml.Node) error {
 		}
 	}
 	if r.Concurrent() {
-		if len(r.Overrides) > 0 {
-			return fieldError("overrides", errors.New("a concurrency rule has no per-key overrides"))
-		}
 		if r.AllowRequestLimit || r.RequestLimitMax != 0 {
 			return fieldError("allow_request_limit", errors.New("a concurrency rule takes no limit from a request"))
 		}
-		return r.validateConcurrency(*capacity, field)
+		if err := r.validateConcurrency(*capacity, field); err != nil {
+			return err
+		}
+		return r.validateOverrides(n)
 	}
 	if r.LeaseTTL != 0 {
 		return fieldErrorf("lease_ttl", "only a concurrency rule has a lease length, not %s", r.Algorithm)

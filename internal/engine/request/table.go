@@ -19,11 +19,22 @@ type Limits struct {
 	// region's share of it for a pinned rule, for when the key's home
 	// region cannot answer.
 	Limit, Regional bucket.Limit
+	// Leases is a concurrency rule's limit of the key, RegionalLeases a
+	// region's share of a pinned one (its key's home did not answer).
+	Leases, RegionalLeases bucket.LeaseLimit
 }
 
 // NewLimits are the limits of l, with the share of each of regions.
 func NewLimits(l bucket.Limit, regions int) Limits {
 	return Limits{Limit: l, Regional: Share(l, regions, min(1, l.Capacity))}
+}
+
+// newLeaseLimits are the limits of a concurrency rule's key: l, its lease
+// limit ll, and their shares of each of regions.
+func newLeaseLimits(l bucket.Limit, ll bucket.LeaseLimit, regions int) Limits {
+	kl := NewLimits(l, regions)
+	kl.Leases, kl.RegionalLeases = ll, ll.Share(regions)
+	return kl
 }
 
 // Entry is a rule in force with what the engine's stages need
@@ -49,11 +60,8 @@ type Entry struct {
 	// DenyHits count checks refused by the deny cache; Leased those
 	// admitted from this instance's lease.
 	DenyHits, Leased prometheus.Counter
-	// Leases is a concurrency rule's limit, RegionalLeases a region's
-	// share of a pinned one (its key's home did not answer); Lease its
-	// lease counters, by event.
-	Leases, RegionalLeases bucket.LeaseLimit
-	Lease                  map[string]prometheus.Counter
+	// Lease is a concurrency rule's lease counters, by event.
+	Lease map[string]prometheus.Counter
 	// Tracked is a concurrency rule's counters for the in-flight gauge.
 	Tracked *inflight.Rule
 	// Forwarded count checks answered by a key's home region.
@@ -130,13 +138,13 @@ func NewTable(set *rules.Set, gen uint64, regions int, m *metrics.Metrics, old *
 		if o := r.OverrideLimits(); len(o) > 0 {
 			overrides = make(map[string]*Limits, len(o))
 			for k, l := range o {
-				kl := NewLimits(l, regions)
+				kl := newLeaseLimits(l, r.LeasesFor(k), regions)
 				overrides[k] = &kl
 			}
 		}
 		t.ByID[id] = &Entry{
-			Leases: r.Leases(), RegionalLeases: r.Leases().Share(regions), Lease: lease, Tracked: tracked,
-			Rule: r, Limits: NewLimits(lim, regions), Overrides: overrides,
+			Lease: lease, Tracked: tracked,
+			Rule: r, Limits: newLeaseLimits(lim, r.Leases(), regions), Overrides: overrides,
 			Reconciled: r.Reconciled(), SpendBudget: r.SpendBudget(), Pinned: r.Pinned(), Closed: r.OnFailure == rules.FailClosed,
 			Allowed: d.WithLabelValues(id, metrics.ResultAllowed), Limited: d.WithLabelValues(id, metrics.ResultLimited),
 			Failed:          d.WithLabelValues(id, metrics.ResultError),
