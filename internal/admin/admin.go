@@ -35,6 +35,9 @@ import (
 // maxRuleBytes bounds an admin request's body.
 const maxRuleBytes = 64 << 10
 
+// maxOverrideBytes bounds an override's body: a few numbers.
+const maxOverrideBytes = 4 << 10
+
 // Admin changes the rules through the rules source. A caller is admitted
 // with the bearer token, or with a client certificate the listener verified
 // whose identity is in Options.ClientIdentities; a certificate alone (of a
@@ -229,6 +232,38 @@ func (a *Admin) delete(ctx context.Context, id string) error {
 	return a.src.Delete(ctx, id)
 }
 
+func (a *Admin) PutOverride(ctx context.Context, req *limiterv1.PutOverrideRequest) (*limiterv1.PutOverrideResponse, error) {
+	rev, err := a.putOverride(ctx, req.GetRuleId(), req.GetKey(), []byte(req.GetOverride()))
+	if err != nil {
+		return nil, adminStatus(err)
+	}
+	return &limiterv1.PutOverrideResponse{Revision: rev}, nil
+}
+
+func (a *Admin) DeleteOverride(ctx context.Context, req *limiterv1.DeleteOverrideRequest) (*limiterv1.DeleteOverrideResponse, error) {
+	rev, err := a.src.PutOverride(ctx, req.GetRuleId(), req.GetKey(), nil)
+	if err != nil {
+		return nil, adminStatus(err)
+	}
+	return &limiterv1.DeleteOverrideResponse{Revision: rev}, nil
+}
+
+// putOverride parses the override body of key and puts it in rule id.
+func (a *Admin) putOverride(ctx context.Context, id, key string, body []byte) (uint64, error) {
+	if len(body) > maxOverrideBytes {
+		return 0, &rules.Error{Index: -1, ID: id, Field: rules.OverrideField(key, ""), Err: fmt.Errorf("over %d bytes", maxOverrideBytes)}
+	}
+	o, err := rules.ParseOverride(key, body)
+	if err != nil {
+		var e *rules.Error
+		if errors.As(err, &e) {
+			e.ID = id
+		}
+		return 0, err
+	}
+	return a.src.PutOverride(ctx, id, key, o)
+}
+
 func (a *Admin) ListRules(context.Context, *limiterv1.ListRulesRequest) (*limiterv1.ListRulesResponse, error) {
 	set := a.src.Current()
 	resp := &limiterv1.ListRulesResponse{Version: set.Version()}
@@ -273,8 +308,9 @@ func (a *Admin) topLimited(ctx context.Context, ruleID string, limit int) (*limi
 }
 
 // routes serves the same calls over HTTP: PUT, DELETE and GET on
-// /admin/rules/{id}, GET /admin/rules (bodies and answers in YAML), and
-// GET /admin/rules/{id}/top?limit=N (JSON).
+// /admin/rules/{id}, GET /admin/rules (bodies and answers in YAML), PUT
+// and DELETE on /admin/rules/{id}/overrides/{key} (bodies and answers in
+// JSON), and GET /admin/rules/{id}/top?limit=N (JSON).
 func (a *Admin) Routes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -323,6 +359,35 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 		}
 		w.Header().Set("Content-Type", "application/yaml")
 		fmt.Fprintf(w, "id: %s\nrevision: %d\n", rule.ID, rev)
+	}))
+	override := func(w http.ResponseWriter, r *http.Request, rev uint64) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(struct { // nothing to do when the client went away
+			Rule     string `json:"rule"`
+			Key      string `json:"key"`
+			Revision uint64 `json:"revision"`
+		}{r.PathValue("id"), r.PathValue("key"), rev})
+	}
+	mux.HandleFunc("PUT /admin/rules/{id}/overrides/{key}", auth(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, maxOverrideBytes+1))
+		if err != nil {
+			http.Error(w, fmt.Sprintf("body: must be an override of at most %d bytes", maxOverrideBytes), http.StatusBadRequest)
+			return
+		}
+		rev, err := a.putOverride(r.Context(), r.PathValue("id"), r.PathValue("key"), body)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		override(w, r, rev)
+	}))
+	mux.HandleFunc("DELETE /admin/rules/{id}/overrides/{key}", auth(func(w http.ResponseWriter, r *http.Request) {
+		rev, err := a.src.PutOverride(r.Context(), r.PathValue("id"), r.PathValue("key"), nil)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		override(w, r, rev)
 	}))
 	mux.HandleFunc("DELETE /admin/rules/{id}", auth(func(w http.ResponseWriter, r *http.Request) {
 		if err := a.delete(r.Context(), r.PathValue("id")); err != nil {

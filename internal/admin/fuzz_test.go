@@ -94,6 +94,8 @@ func FuzzAdminRuleBody(f *testing.F) {
 	f.Add("x", []byte(""))
 	f.Add("x", []byte("id: x\ncapacity: 1e400\nrefill_per_second: -0\n"))
 	f.Add("y", []byte("id: x\ncapacity: 1\nrefill_per_second: 1\n"))
+	f.Add("o", []byte("id: o\ncapacity: 5\nrefill_per_second: 1\noverrides: {acme: {capacity: 50}, b: {refill_per_second: 2}}\n"))
+	f.Add("o", []byte("id: o\nlimit: 5\nwindow: 1m\nalgorithm: fixed_window\noverrides: {acme: {window: 1h, burst: 2}}\n"))
 	f.Fuzz(func(t *testing.T, id string, body []byte) {
 		if strings.ContainsAny(id, "/?#%") || id == "" || id == "." || id == ".." {
 			return // not one path segment

@@ -458,7 +458,7 @@ func (e *Engine) DrainLeases() []LeftOver {
 	var out []LeftOver
 	for _, l := range e.leases.Drain() {
 		if en := t.ByID[l.Rule]; en != nil {
-			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.Limit, Tokens: l.Tokens})
+			out = append(out, LeftOver{Rule: l.Rule, Key: l.Key, Limit: en.For(l.Key).Limit, Tokens: l.Tokens})
 		}
 	}
 	return out
@@ -489,14 +489,15 @@ func (e *Engine) Refund(ctx context.Context, items []homes.Item) error {
 		if en == nil {
 			continue
 		}
-		cost, err := en.Limit.NormalizeCost(it.Cost)
+		lim := en.For(it.Key).Limit
+		cost, err := lim.NormalizeCost(it.Cost)
 		if err != nil {
 			return &request.InvalidError{Field: fmt.Sprintf("items[%d].cost", i), Err: err}
 		}
 		if it.At <= 0 {
 			return request.Invalid(fmt.Sprintf("items[%d].spent_at_us", i), "items[%d].spent_at_us: %d: want the instant the item was spent at (µs since the Unix epoch, > 0)", i, it.At)
 		}
-		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.Limit, Cost: cost})
+		reqs = append(reqs, bucket.Request{Rule: it.Rule, Key: it.Key, Limit: lim, Cost: cost})
 		ats = append(ats, it.At)
 	}
 	if len(reqs) == 0 {

@@ -36,7 +36,7 @@ func (e *Engine) handoff(ctx context.Context, p *plan, items []*request.Item) er
 		if !it.Entry.Pinned || ts.Topo == nil {
 			continue
 		}
-		k := handoff.Key{Rule: it.Rule, Key: it.Key, Limit: it.Entry.Limit, Rehome: it.Entry.Rehome}
+		k := handoff.Key{Rule: it.Rule, Key: it.Key, Limit: it.Limits.Limit, Rehome: it.Entry.Rehome}
 		if mv, ok := e.handoffs.MovedIn(ts.Topo, ts.Gen, &ts.Switch, k, now); ok {
 			mv.Item = i
 			moves = append(moves, mv)
@@ -95,7 +95,7 @@ func (e *Engine) Used(ctx context.Context, items []homes.Item) ([]float64, error
 		if err := bucket.ValidateKey(it.Key); err != nil {
 			return nil, request.Invalid("key", "key: %w", err)
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.Limit}
+		reqs[i] = bucket.Request{Rule: it.Rule, Key: it.Key, Limit: en.For(it.Key).Limit}
 	}
 	return e.store.Used(ctx, reqs)
 }

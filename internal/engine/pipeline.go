@@ -87,8 +87,8 @@ func (e *Engine) decideUnder(ctx context.Context, c *request.Request, p *plan, s
 // deny cache the first time).
 func (e *Engine) denied(c *request.Request, p *plan) (bool, error) {
 	for _, it := range c.Enforce {
-		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Entry.Limit.Capacity, Limit: it.Entry.Limit.Capacity}
-		it.Route, it.Against, it.Batch = request.RouteNone, it.Entry.Limit, 0
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Limits.Limit.Capacity, Limit: it.Limits.Limit.Capacity}
+		it.Route, it.Against, it.Batch = request.RouteNone, it.Limits.Limit, 0
 	}
 	if e.deny == nil || p.rerouted || len(c.Enforce) == 0 {
 		return true, nil
@@ -107,7 +107,7 @@ func (e *Engine) denied(c *request.Request, p *plan) (bool, error) {
 		it.Probe = probe
 		if hit {
 			it.Route = request.RouteDeny
-			it.Decision = bucket.Decision{Limit: it.Entry.Limit.Capacity, RetryAfter: retry, ResetAfter: reset}
+			it.Decision = bucket.Decision{Limit: it.Limits.Limit.Capacity, RetryAfter: retry, ResetAfter: reset}
 			refused = true
 		}
 	}
@@ -198,13 +198,13 @@ func (e *Engine) atHomes(ctx context.Context, c *request.Request, p *plan) (bool
 		case uncertain:
 			for _, it := range its {
 				it.Route = request.RouteUnknown
-				it.Decision = bucket.Decision{Allowed: true, Limit: it.Entry.Limit.Capacity}
+				it.Decision = bucket.Decision{Allowed: true, Limit: it.Limits.Limit.Capacity}
 			}
 			continue
 		}
 		// Fail open: decide here with this region's share of the limit.
 		for _, it := range its {
-			it.Against = it.Entry.Regional
+			it.Against = it.Limits.Regional
 			p.local = append(p.local, it)
 		}
 	}
@@ -310,7 +310,7 @@ func (e *Engine) fromStore(ctx context.Context, c *request.Request, p *plan, ite
 		all := true
 		for i, it := range items {
 			it.Route, it.Decision = request.RouteStore, ds[i]
-			it.Decision.Limit = it.Entry.Limit.Capacity
+			it.Decision.Limit = it.Limits.Limit.Capacity
 			all = all && ds[i].Allowed
 		}
 		e.deny.Remember(c, items, sent, all)
@@ -342,7 +342,7 @@ func (e *Engine) partlyDecided(ctx context.Context, c *request.Request, p *plan,
 			continue
 		}
 		it.Route, it.Decision = request.RouteStore, ds[i]
-		it.Decision.Limit = it.Entry.Limit.Capacity
+		it.Decision.Limit = it.Limits.Limit.Capacity
 		decided = append(decided, it)
 		spentReqs = append(spentReqs, reqs[i])
 		refused = refused || !ds[i].Allowed
@@ -409,7 +409,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 	case uncertain:
 		for _, it := range items {
 			it.Route = request.RouteUnknown
-			it.Decision = bucket.Decision{Allowed: true, Limit: it.Entry.Limit.Capacity}
+			it.Decision = bucket.Decision{Allowed: true, Limit: it.Limits.Limit.Capacity}
 		}
 		return true, nil
 	}
@@ -420,7 +420,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 		cost, cerr := lim.NormalizeCost(it.Cost)
 		if cerr != nil {
 			// More than this instance's share: refuse here.
-			it.Decision = bucket.Decision{Limit: it.Entry.Limit.Capacity, RetryAfter: time.Second}
+			it.Decision = bucket.Decision{Limit: it.Limits.Limit.Capacity, RetryAfter: time.Second}
 			return false, nil
 		}
 		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost, MaxWait: c.MaxWait}
@@ -429,7 +429,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 	all := true
 	for i, it := range items {
 		it.Decision = ds[i]
-		it.Decision.Limit = it.Entry.Limit.Capacity
+		it.Decision.Limit = it.Limits.Limit.Capacity
 		// The store's reservations and spends only are given back.
 		it.Decision.Reservation, it.Decision.At = 0, 0
 		all = all && ds[i].Allowed
@@ -441,13 +441,13 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 // counted and sampled to the log, and refuses nothing.
 func (e *Engine) shadows(ctx context.Context, items []*request.Item) {
 	for _, it := range items {
-		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Entry.Limit, Cost: it.Cost})
+		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Limits.Limit, Cost: it.Cost})
 		if err != nil {
-			it.Decision = bucket.Decision{Allowed: true, Limit: it.Entry.Limit.Capacity}
+			it.Decision = bucket.Decision{Allowed: true, Limit: it.Limits.Limit.Capacity}
 			continue
 		}
 		it.Decision = d
-		it.Decision.Limit = it.Entry.Limit.Capacity
+		it.Decision.Limit = it.Limits.Limit.Capacity
 		if d.Allowed {
 			it.Entry.ShadowAllowed.Inc()
 			continue

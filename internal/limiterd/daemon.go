@@ -590,7 +590,11 @@ func (d *Daemon) startServers() error {
 	}
 	d.grpcServer = grpc.NewServer(gopts...)
 	limiterv1.RegisterLimiterServer(d.grpcServer, d.check)
-	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoyrls.New(d.engine, envoyrls.Options{QuotaHeaders: d.opts.Server.EnvoyQuotaHeaders}))
+	envoy, err := envoyrls.New(d.engine, envoyrls.Options{QuotaHeaders: d.opts.Server.EnvoyQuotaHeaders}, d.registry)
+	if err != nil {
+		return err
+	}
+	rlsv3.RegisterRateLimitServiceServer(d.grpcServer, envoy)
 	limiterv1.RegisterAdminServer(d.grpcServer, d.admin)
 	limiterv1.RegisterPeerServer(d.grpcServer, peers)
 	d.health = health.NewServer()

@@ -183,6 +183,20 @@ func (c *checker) value(v *yaml.Node, t reflect.Type, field string, line int) er
 		if err := c.mapping(v, et, field+"."); err != nil {
 			return err
 		}
+	case et.Kind() == reflect.Map && et.Elem().Kind() == reflect.Struct && v.Kind == yaml.MappingNode:
+		// A mapping of keys to structs (overrides): each value's fields,
+		// named by its key: overrides["tenant-a"].capacity.
+		for i := 0; i+1 < len(v.Content); i += 2 {
+			k := resolve(v.Content[i])
+			prefix := field + "[" + strconv.Quote(k.Value) + "]"
+			item := resolve(v.Content[i+1])
+			if item.Kind != yaml.MappingNode {
+				return &Error{Index: -1, Field: prefix, Line: k.Line, Err: fmt.Errorf("want a mapping, got %s", describe(item))}
+			}
+			if err := c.mapping(item, et.Elem(), prefix+"."); err != nil {
+				return err
+			}
+		}
 	case et.Kind() == reflect.Slice && et.Elem().Kind() == reflect.Struct && v.Kind == yaml.SequenceNode:
 		for i, item := range v.Content {
 			item = resolve(item)

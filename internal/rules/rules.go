@@ -102,10 +102,23 @@ type Rule struct {
 	// yet published reaches it is published within a short tick instead
 	// of at the next interval.
 	MaxOvershoot *float64 `yaml:"max_overshoot,omitempty"`
+	// Overrides give some keys a limit of their own in place of the
+	// rule's: the limit fields of the rule's algorithm (capacity or
+	// limit, refill_per_second, window), each defaulting to the rule's. At
+	// most MaxOverrides.
+	Overrides map[string]Override `yaml:"overrides,omitempty"`
+	// AllowRequestLimit lets a front door's request name its own limit
+	// for the rule (Envoy's descriptor limit), at most RequestLimitMax.
+	AllowRequestLimit bool `yaml:"allow_request_limit,omitempty"`
+	// RequestLimitMax is the highest sustained rate, in requests per
+	// second, a request's own limit may have: required with
+	// AllowRequestLimit.
+	RequestLimitMax float64 `yaml:"request_limit_max,omitempty"`
 
-	limit  bucket.Limit
-	leases bucket.LeaseLimit
-	source string
+	limit     bucket.Limit
+	overrides map[string]bucket.Limit
+	leases    bucket.LeaseLimit
+	source    string
 	// yaml is the rule marshalled once it is valid: a set's digest reads
 	// every rule's YAML, and marshalling each again on every change made a
 	// put cost every daemon O(rules) marshals.
@@ -480,7 +493,13 @@ func (r *Rule) validate(n *yaml.Node) error {
 		}
 	}
 	if r.Concurrent() {
-		return r.validateConcurrency(*capacity, field)
+		if r.AllowRequestLimit || r.RequestLimitMax != 0 {
+			return fieldError("allow_request_limit", errors.New("a concurrency rule takes no limit from a request"))
+		}
+		if err := r.validateConcurrency(*capacity, field); err != nil {
+			return err
+		}
+		return r.validateOverrides(n)
 	}
 	if r.LeaseTTL != 0 {
 		return fieldErrorf("lease_ttl", "only a concurrency rule has a lease length, not %s", r.Algorithm)
@@ -521,7 +540,13 @@ func (r *Rule) validate(n *yaml.Node) error {
 		}
 		return fieldError(field, err)
 	}
-	return r.validateCost(r.limit)
+	if err := r.validateCost(r.limit); err != nil {
+		return err
+	}
+	if err := r.validateRequestLimit(); err != nil {
+		return err
+	}
+	return r.validateOverrides(n)
 }
 
 // validateConcurrency checks the fields of a concurrency rule, whose

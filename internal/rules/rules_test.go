@@ -268,7 +268,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "max_overshoot"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string

@@ -562,6 +562,66 @@ func (s *Source) Validate(r *rules.Rule) error {
 	return err
 }
 
+// casAttempts bounds the reads and writes of one override change that
+// another change of the same rule overtook.
+const casAttempts = 8
+
+// PutOverride sets key's override of the admin rule id to o (nil:
+// removes it), validated as a put rule is, and stores the rule with it;
+// every watcher then puts it in force. The rule's other fields and
+// overrides stay: the rule is read and written back only if no other
+// change came between. An unknown rule is ErrNotFound; a rule of the rules
+// file, a bad field or a new key past rules.MaxOverrides an error wrapping
+// rules.ErrInvalid; removing a key the rule does not override is
+// ErrNotFound. Nothing changes on an error.
+func (s *Source) PutOverride(ctx context.Context, id, key string, o *rules.Override) (uint64, error) {
+	if err := rules.CheckID(id); err != nil {
+		return 0, err
+	}
+	if s.fileRule(id) {
+		return 0, &rules.Error{Index: -1, ID: id, Field: "overrides", Err: fmt.Errorf("%q is a rule of the rules file; change its overrides there", id)}
+	}
+	kv, err := s.writeBucket(ctx)
+	if err != nil {
+		return 0, err
+	}
+	for range casAttempts {
+		e, err := kv.Get(ctx, id)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, fmt.Errorf("%w: %q", ErrNotFound, id)
+		} else if err != nil {
+			return 0, err
+		}
+		r, err := rules.ParseRule(e.Value(), rules.SourceAdmin)
+		if err != nil {
+			return 0, fmt.Errorf("rule %q as stored: %w", id, err)
+		}
+		if _, ok := r.Overrides[key]; o == nil && !ok {
+			return 0, fmt.Errorf("%w: rule %q has no override of key %q", ErrNotFound, id, key)
+		}
+		c, err := r.WithOverride(key, o)
+		if err != nil {
+			return 0, err
+		}
+		if err := s.Validate(c); err != nil {
+			return 0, err
+		}
+		rev, err := kv.Update(ctx, id, c.YAML(), e.Revision())
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			continue // changed meanwhile: read it again
+		}
+		return rev, err
+	}
+	return 0, fmt.Errorf("rule %q changed %d times while its override was put: try again", id, casAttempts)
+}
+
+// fileRule reports whether id is a rule of the rules file.
+func (s *Source) fileRule(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.ContainsFunc(s.fileRules, func(r *rules.Rule) bool { return r.ID == id })
+}
+
 // Delete removes a rule put through the admin API.
 func (s *Source) Delete(ctx context.Context, id string) error {
 	kv, err := s.writeBucket(ctx)

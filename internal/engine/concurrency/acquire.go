@@ -106,18 +106,20 @@ func (c *Acquire) addLease(en *request.Entry, key string) (*request.Item, error)
 	if len(c.held) >= leaseid.MaxParts {
 		return nil, request.Invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
-	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Entry: en, Against: en.Limit}}
+	lims := en.For(key)
+	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Entry: en, Limits: lims, Against: lims.Limit}}
 	c.held = append(c.held, l)
 	return l.Item, nil
 }
 
-// leaseLimit is what a lease of en with flags is held against: the rule's
-// limit, or this region's share of it (leaseid.Regional), or this instance's
-// share of either (leaseid.Fallback).
-func leaseLimit(en *request.Entry, flags byte, fleet int) bucket.LeaseLimit {
-	l := en.Leases
+// leaseLimit is what a lease with flags of a key whose limits are lims is
+// held against: the key's limit, or this region's share of it
+// (leaseid.Regional), or this instance's share of either
+// (leaseid.Fallback).
+func leaseLimit(lims *request.Limits, flags byte, fleet int) bucket.LeaseLimit {
+	l := lims.Leases
 	if flags&leaseid.Regional != 0 {
-		l = en.RegionalLeases
+		l = lims.RegionalLeases
 	}
 	if flags&leaseid.Fallback != 0 {
 		l = l.Share(fleet)
@@ -130,12 +132,12 @@ func leaseLimit(en *request.Entry, flags byte, fleet int) bucket.LeaseLimit {
 func (c *Acquire) notAsked() {
 	for _, it := range c.held {
 		if it.Route == request.RouteNone {
-			l := float64(it.Entry.Leases.Limit)
+			l := float64(it.Limits.Leases.Limit)
 			it.Decision = bucket.Decision{Allowed: true, Remaining: l, Limit: l}
 		}
 	}
 	for _, it := range c.Enforce {
-		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Entry.Limit.Capacity, Limit: it.Entry.Limit.Capacity}
+		it.Decision = bucket.Decision{Allowed: true, Remaining: it.Limits.Limit.Capacity, Limit: it.Limits.Limit.Capacity}
 		it.Route = request.RouteNone
 	}
 }

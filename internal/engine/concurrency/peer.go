@@ -64,7 +64,8 @@ func (l *Leases) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 				return nil, request.Invalid("lease_id", "lease_id: rule %s: the key's home is %s, not %s", request.Quote(p.Rule), home, l.region)
 			}
 		}
-		c.held = append(c.held, &heldLease{Item: &request.Item{Rule: en.Rule, Key: p.Key, Cost: 1, Entry: en, Against: en.Limit}, part: i})
+		lims := en.For(p.Key)
+		c.held = append(c.held, &heldLease{Item: &request.Item{Rule: en.Rule, Key: p.Key, Cost: 1, Entry: en, Limits: lims, Against: lims.Limit}, part: i})
 	}
 	if len(c.held) == 0 {
 		return nil, request.Invalid("lease_id", "lease_id: no lease of it is held in region %s", request.Quote(l.region))

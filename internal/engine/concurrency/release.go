@@ -48,7 +48,7 @@ func (l *Leases) leaseParts(ts *homes.State, s string) (*leaseid.ID, []heldPart,
 		if en == nil {
 			continue
 		}
-		hp := heldPart{Part: p, en: en, req: bucket.LeaseRequest{Rule: p.Rule, Key: p.Key, Limit: leaseLimit(en, p.Flags, fleet)}}
+		hp := heldPart{Part: p, en: en, req: bucket.LeaseRequest{Rule: p.Rule, Key: p.Key, Limit: leaseLimit(en.For(p.Key), p.Flags, fleet)}}
 		if p.Region == l.region {
 			here = append(here, hp)
 			continue

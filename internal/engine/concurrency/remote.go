@@ -89,7 +89,7 @@ func (l *Leases) acquireAt(ctx context.Context, c *Acquire, ts *homes.State, hom
 		it := c.held[i]
 		it.Route, it.expires = request.RouteHome, hl.Expires
 		it.Decision = hl.Decisions[j]
-		it.Decision.Limit = float64(it.Entry.Leases.Limit)
+		it.Decision.Limit = float64(it.Limits.Leases.Limit)
 		if !hl.Allowed && !it.Decision.Allowed {
 			l.top.Add(it.Rule.ID, it.Key, 1, time.Now().UnixNano())
 		}

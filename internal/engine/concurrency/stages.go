@@ -110,7 +110,7 @@ func (l *Leases) Granted(h *Hold) *Lease {
 		if lease.Expires.IsZero() || it.expires.Before(lease.Expires) {
 			lease.Expires = it.expires
 		}
-		if ttl := it.Entry.Leases.TTL; lease.TTL == 0 || ttl < lease.TTL {
+		if ttl := it.Limits.Leases.TTL; lease.TTL == 0 || ttl < lease.TTL {
 			lease.TTL = ttl
 		}
 	}
@@ -166,7 +166,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		for i, it := range items {
 			if me.Errs[i] == nil && !ds[i].Allowed {
 				it.Route = request.RouteStore
-				it.Decision = bucket.Decision{Limit: float64(it.Entry.Leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
+				it.Decision = bucket.Decision{Limit: float64(it.Limits.Leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
 				l.refused(it.Item)
 				c.notAsked()
 				return false, nil
@@ -198,7 +198,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		// against: this region's or this instance's share when it was
 		// held as the rule's on_failure, as a check's is; Limit the rule's.
 		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(reqs[i].Limit.Limit-d.InFlight, 0)),
-			Limit: float64(it.Entry.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
+			Limit: float64(it.Limits.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
 		if !d.Allowed {
 			all = false
 			l.refused(it.Item)
@@ -212,7 +212,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 }
 
 func (l *Leases) partRequest(it *heldLease, id *leaseid.ID, fleet int) bucket.LeaseRequest {
-	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: leaseLimit(it.Entry, id.Parts[it.part].Flags, fleet)}
+	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: leaseLimit(it.Limits, id.Parts[it.part].Flags, fleet)}
 }
 
 // giveLeasesBack releases the leases an Acquire took here when a later

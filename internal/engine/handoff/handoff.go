@@ -171,8 +171,8 @@ func (h *Handoff) Window(l bucket.Limit) time.Duration {
 	return w
 }
 
-// Longest is the longest handoff window of set's pinned rate rules, and
-// the rule that has it.
+// Longest is the longest handoff window of set's pinned rate rules (and
+// their overrides), and the rule that has it.
 func (h *Handoff) Longest(set *rules.Set) (time.Duration, string) {
 	var w time.Duration
 	var rule string
@@ -180,6 +180,11 @@ func (h *Handoff) Longest(set *rules.Set) (time.Duration, string) {
 		if r.Pinned() && !r.Concurrent() {
 			if hw := h.Window(r.Bucket()); hw > w {
 				w, rule = hw, r.ID
+			}
+			for _, l := range r.OverrideLimits() {
+				if hw := h.Window(l); hw > w {
+					w, rule = hw, r.ID
+				}
 			}
 		}
 	}

@@ -62,7 +62,7 @@ func (f *Forwarder) Decide(ctx context.Context, ts *State, home string, its []*r
 	for i, it := range its {
 		it.Route = request.RouteHome
 		it.Decision = ds[i]
-		it.Decision.Limit = it.Entry.Limit.Capacity
+		it.Decision.Limit = it.Limits.Limit.Capacity
 	}
 	return allowed, nil
 }

@@ -22,7 +22,7 @@ func (l *Leases) Serve(ctx context.Context, it *request.Item, deny *denycache.Ca
 		switch {
 		case ok:
 			it.Route = request.RouteLease
-			it.Decision = bucket.Decision{Allowed: true, Remaining: left, Limit: it.Entry.Limit.Capacity}
+			it.Decision = bucket.Decision{Allowed: true, Remaining: left, Limit: it.Limits.Limit.Capacity}
 			return true, nil
 		case fetch:
 			it.Batch = max(it.Rule.Lease, it.Cost)
@@ -39,7 +39,7 @@ func (l *Leases) Serve(ctx context.Context, it *request.Item, deny *denycache.Ca
 			if deny != nil {
 				if retry, reset, hit, _ := deny.Get(it.Rule.ID, it.Key, it.Cost); hit {
 					it.Route = request.RouteDeny
-					it.Decision = bucket.Decision{Limit: it.Entry.Limit.Capacity, RetryAfter: retry, ResetAfter: reset}
+					it.Decision = bucket.Decision{Limit: it.Limits.Limit.Capacity, RetryAfter: retry, ResetAfter: reset}
 					return false, nil
 				}
 			}

@@ -55,7 +55,9 @@ type Item struct {
 	// Entry is the rule's entry in the table the item was built from.
 	Entry *Entry
 	Route Route
-	// Against is what the item is decided against: the rule's limit, or
+	// Limits are the key's: its override's, or the rule's.
+	Limits *Limits
+	// Against is what the item is decided against: the key's limit, or
 	// the region's share of a pinned rule whose home did not answer.
 	Against bucket.Limit
 	// Batch, for the check that takes the next lease batch, is what it
@@ -66,12 +68,26 @@ type Item struct {
 	Probe, Remembered bool
 }
 
-// Limit is the rule's limit.
-func (it *Item) Limit() bucket.Limit { return it.Entry.Limit }
+// Limit is the key's limit under the rule: its override's, the one the
+// request named (UseLimit), or the rule's.
+func (it *Item) Limit() bucket.Limit { return it.Limits.Limit }
 
-// WindowMillis is the rule's window for quota headers: the window of a
+// WindowMillis is the key's window for quota headers: the window of a
 // window rule, the time to fill an empty bucket for a token bucket or GCRA.
-func (it *Item) WindowMillis() int64 { return WindowMillis(it.Entry.Limit) }
+func (it *Item) WindowMillis() int64 { return WindowMillis(it.Limits.Limit) }
+
+// UseLimit decides the item against l, a limit the request named for
+// itself (see rules.Rule.RequestLimit), in place of its key's. It reports
+// false, and changes nothing, when the item's cost is not valid under l.
+// Call it before the check is decided.
+func (it *Item) UseLimit(l bucket.Limit, regions int) bool {
+	if _, err := l.NormalizeCost(it.Cost); err != nil {
+		return false
+	}
+	kl := NewLimits(l, regions)
+	it.Limits, it.Against = &kl, l
+	return true
+}
 
 // WindowMillis is a limit's window for quota headers: a window rule's
 // window, the time to fill an empty bucket otherwise.
@@ -133,7 +149,7 @@ func (c *Check) pace(maxWait time.Duration) error {
 		return nil
 	}
 	for _, it := range c.Enforce {
-		if err := it.Entry.Limit.ValidateWait(maxWait); err != nil {
+		if err := it.Limits.Limit.ValidateWait(maxWait); err != nil {
 			return Invalid("max_wait_ms", "max_wait_ms: rule %s: %w", Quote(it.Rule.ID), err)
 		}
 		if it.Key != c.Enforce[0].Key {
@@ -216,11 +232,12 @@ func (c *Request) Lookup(ruleID, key string) (*Entry, error) {
 
 // addRate adds the rate rule of en for key at cost (0 means 1).
 func (c *Request) addRate(en *Entry, key string, cost float64) (*Item, error) {
-	cost, err := en.Limit.NormalizeCost(cost)
+	lims := en.For(key)
+	cost, err := lims.Limit.NormalizeCost(cost)
 	if err != nil {
 		return nil, Invalid("cost", "cost: %w", err)
 	}
-	return c.add(en, key, cost)
+	return c.add(en, lims, key, cost)
 }
 
 type unknownRuleError struct{ id string }
@@ -293,11 +310,12 @@ func (c *Request) Match(a *rules.Attributes, reqCost float64, concurrent func(r 
 			}
 			continue
 		}
-		cost, err := en.Limit.NormalizeCost(r.Cost * reqCost)
+		lims := en.For(key)
+		cost, err := lims.Limit.NormalizeCost(r.Cost * reqCost)
 		if err != nil {
 			return nil, nil, Invalid("cost", "cost: rule %q: %w", r.ID, err)
 		}
-		it, err := c.add(en, key, cost)
+		it, err := c.add(en, lims, key, cost)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -341,7 +359,7 @@ func checkAttributes(a *rules.Attributes) *InvalidError {
 
 var errTooManyRules = errors.New("the check has more rules than the most one check may have")
 
-func (c *Request) add(en *Entry, key string, cost float64) (*Item, error) {
+func (c *Request) add(en *Entry, lims *Limits, key string, cost float64) (*Item, error) {
 	list := &c.Enforce
 	if en.Rule.Shadow {
 		list = &c.Shadow
@@ -356,7 +374,7 @@ func (c *Request) add(en *Entry, key string, cost float64) (*Item, error) {
 	if len(*list) >= MaxItems {
 		return nil, Invalid("attributes", "attributes: %w (%d)", errTooManyRules, MaxItems)
 	}
-	it := &Item{Rule: en.Rule, Key: key, Cost: cost, Entry: en, Against: en.Limit}
+	it := &Item{Rule: en.Rule, Key: key, Cost: cost, Entry: en, Limits: lims, Against: lims.Limit}
 	*list = append(*list, it)
 	return it, nil
 }

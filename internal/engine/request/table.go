@@ -13,14 +13,40 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
+// Limits are what a key is decided against under a rule.
+type Limits struct {
+	// Limit is the key's limit: its override's, or the rule's; Regional a
+	// region's share of it for a pinned rule, for when the key's home
+	// region cannot answer.
+	Limit, Regional bucket.Limit
+	// Leases is a concurrency rule's limit of the key, RegionalLeases a
+	// region's share of a pinned one (its key's home did not answer).
+	Leases, RegionalLeases bucket.LeaseLimit
+}
+
+// NewLimits are the limits of l, with the share of each of regions.
+func NewLimits(l bucket.Limit, regions int) Limits {
+	return Limits{Limit: l, Regional: Share(l, regions, min(1, l.Capacity))}
+}
+
+// newLeaseLimits are the limits of a concurrency rule's key: l, its lease
+// limit ll, and their shares of each of regions.
+func newLeaseLimits(l bucket.Limit, ll bucket.LeaseLimit, regions int) Limits {
+	kl := NewLimits(l, regions)
+	kl.Leases, kl.RegionalLeases = ll, ll.Share(regions)
+	return kl
+}
+
 // Entry is a rule in force with what the engine's stages need
 // precomputed.
 type Entry struct {
 	Rule *rules.Rule
-	// Limit is the rule's limit; Regional a region's share of a pinned
-	// rule, for when the key's home region cannot answer.
-	Limit, Regional bucket.Limit
-	Reconciled      bool
+	// Limits are the rule's: those of every key without an override.
+	Limits
+	// Overrides are the limits of the keys the rule overrides; nil for a
+	// rule without overrides.
+	Overrides  map[string]*Limits
+	Reconciled bool
 	// SpendBudget is the rule's SpendBudget, for the engine's
 	// SpendRecorder.
 	SpendBudget float64
@@ -34,11 +60,8 @@ type Entry struct {
 	// DenyHits count checks refused by the deny cache; Leased those
 	// admitted from this instance's lease.
 	DenyHits, Leased prometheus.Counter
-	// Leases is a concurrency rule's limit, RegionalLeases a region's
-	// share of a pinned one (its key's home did not answer); Lease its
-	// lease counters, by event.
-	Leases, RegionalLeases bucket.LeaseLimit
-	Lease                  map[string]prometheus.Counter
+	// Lease is a concurrency rule's lease counters, by event.
+	Lease map[string]prometheus.Counter
 	// Tracked is a concurrency rule's counters for the in-flight gauge.
 	Tracked *inflight.Rule
 	// Forwarded count checks answered by a key's home region.
@@ -47,6 +70,17 @@ type Entry struct {
 	// keys take their old homes' buckets (see the handoff package); nil:
 	// none.
 	Rehome *handoff.Rehoming
+}
+
+// For returns the limits of key: its override's, or the rule's. It
+// allocates nothing.
+func (en *Entry) For(key string) *Limits {
+	if en.Overrides != nil {
+		if l, ok := en.Overrides[key]; ok {
+			return l
+		}
+	}
+	return &en.Limits
 }
 
 // Table is an immutable rule set ready for the engine's stages: its rules
@@ -100,9 +134,17 @@ func NewTable(set *rules.Set, gen uint64, regions int, m *metrics.Metrics, old *
 		if lease != nil {
 			tracked = &inflight.Rule{ID: id, Expired: lease[metrics.EventExpired], Untracked: lease[metrics.EventUntracked]}
 		}
+		var overrides map[string]*Limits
+		if o := r.OverrideLimits(); len(o) > 0 {
+			overrides = make(map[string]*Limits, len(o))
+			for k, l := range o {
+				kl := newLeaseLimits(l, r.LeasesFor(k), regions)
+				overrides[k] = &kl
+			}
+		}
 		t.ByID[id] = &Entry{
-			Leases: r.Leases(), RegionalLeases: r.Leases().Share(regions), Lease: lease, Tracked: tracked,
-			Rule: r, Limit: lim, Regional: Share(lim, regions, min(1, lim.Capacity)),
+			Lease: lease, Tracked: tracked,
+			Rule: r, Limits: newLeaseLimits(lim, r.Leases(), regions), Overrides: overrides,
 			Reconciled: r.Reconciled(), SpendBudget: r.SpendBudget(), Pinned: r.Pinned(), Closed: r.OnFailure == rules.FailClosed,
 			Allowed: d.WithLabelValues(id, metrics.ResultAllowed), Limited: d.WithLabelValues(id, metrics.ResultLimited),
 			Failed:          d.WithLabelValues(id, metrics.ResultError),

@@ -54,17 +54,18 @@ func (b *Book) Cancel(ctx context.Context, t *request.Table, s string) (*Reserva
 		b.invalid.WithLabelValues("reservation").Inc()
 		return nil, request.Invalid("reservation", "reservation: %w", request.UnknownRule(r.Rule))
 	}
-	if en.Limit.ValidateWait(bucket.MaxWait) != nil {
+	lim := en.For(r.Key).Limit
+	if lim.ValidateWait(bucket.MaxWait) != nil {
 		return nil, nil // the rule changed algorithm: nothing to give back
 	}
-	cost, err := en.Limit.NormalizeCost(r.Cost)
+	cost, err := lim.NormalizeCost(r.Cost)
 	if err != nil {
 		return nil, nil // the rule changed under the reservation
 	}
 	if !b.spent.Take(r.Nonce, r.State, time.Now()) {
 		return nil, nil // given back before, or too many remembered
 	}
-	back, err := b.store.Unreserve(ctx, bucket.Request{Rule: r.Rule, Key: r.Key, Limit: en.Limit, Cost: cost}, r.State)
+	back, err := b.store.Unreserve(ctx, bucket.Request{Rule: r.Rule, Key: r.Key, Limit: lim, Cost: cost}, r.State)
 	if !back {
 		// Nothing came back: it may later, once the reservations stacked
 		// behind it are given back.

@@ -108,7 +108,12 @@ func (t *Tally) Count(c *request.Request, allowed bool) {
 					share = 1 / float64(max(1, t.Fleet()))
 				}
 			}
-			t.Spends.Add(it.Rule.ID, it.Key, spend, en.SpendBudget*share, now)
+			budget := en.SpendBudget
+			if it.Limits != &en.Limits {
+				// An override's budget is its own capacity's share.
+				budget = it.Rule.Overshoot() * it.Limits.Limit.Capacity
+			}
+			t.Spends.Add(it.Rule.ID, it.Key, spend, budget*share, now)
 		}
 	}
 }

@@ -70,7 +70,10 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 	ctx := context.Background()
 	addrs := benchAddrs()
 	for _, opts := range []Options{{}, {QuotaHeaders: true}} {
-		s := New(e, opts)
+		s, err := New(e, opts, prometheus.NewRegistry())
+		if err != nil {
+			b.Fatal(err)
+		}
 		prefix := ""
 		if opts.QuotaHeaders {
 			prefix = "headers/"

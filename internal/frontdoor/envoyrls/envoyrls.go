@@ -14,6 +14,8 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/limiterd/limiterd/internal/engine"
@@ -42,8 +44,14 @@ import (
 //   - hits_addend is the cost (0 means 1); a descriptor's own hits_addend,
 //     when set and not 0, overrides it for that descriptor. Like the cost
 //     of a Check, it multiplies each rule's own cost. is_negative_hits is
-//     refused; a descriptor's limit override is ignored: the rules file
-//     sets the limits.
+//     refused.
+//   - A descriptor's limit (requests_per_unit per unit, times
+//     unit_multiplier when set) replaces the limit of each rule it matches
+//     that sets allow_request_limit, for this request (see
+//     rules.Rule.RequestLimit), unless its rate is above the rule's
+//     request_limit_max or it is no valid limit of the rule. Otherwise it
+//     is ignored, and counted in
+//     limiter_envoy_request_limits_ignored_total{reason}.
 //
 // Every rule a descriptor matches is checked against the key its key_by
 // picks from that descriptor, and the rules of all descriptors are checked
@@ -89,6 +97,8 @@ type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	e    *engine.Engine
 	opts Options
+	// ignored counts descriptor limits ignored, by reason.
+	ignored map[string]prometheus.Counter
 	// scratch holds *scratch: the memory one request maps its descriptors
 	// with, reused by the next.
 	scratch sync.Pool
@@ -104,8 +114,33 @@ type Options struct {
 	QuotaHeaders bool
 }
 
-// New returns the service deciding with e.
-func New(e *engine.Engine, opts Options) *Service { return &Service{e: e, opts: opts} }
+// Reasons a descriptor's limit is ignored, the values of the reason label
+// of limiter_envoy_request_limits_ignored_total.
+const (
+	// IgnoredNotAllowed: the rule does not set allow_request_limit.
+	IgnoredNotAllowed = "not_allowed"
+	// IgnoredAboveMax: the limit's rate is above request_limit_max.
+	IgnoredAboveMax = "above_max"
+	// IgnoredInvalid: no valid limit of the rule (a unit of 0, a sliding
+	// log above 1000, a burst below the rule's or the request's cost).
+	IgnoredInvalid = "invalid"
+)
+
+// New returns the service deciding with e, registering its metrics on reg.
+func New(e *engine.Engine, opts Options, reg prometheus.Registerer) (*Service, error) {
+	ignored := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "limiter_envoy_request_limits_ignored_total",
+		Help: "Limits sent with Envoy descriptors and ignored, one per rule they would have replaced, by reason (not_allowed: the rule does not set allow_request_limit; above_max: above its request_limit_max; invalid: no valid limit of the rule).",
+	}, []string{"reason"})
+	if err := reg.Register(ignored); err != nil {
+		return nil, err
+	}
+	s := &Service{e: e, opts: opts, ignored: make(map[string]prometheus.Counter, 3)}
+	for _, r := range []string{IgnoredNotAllowed, IgnoredAboveMax, IgnoredInvalid} {
+		s.ignored[r] = ignored.WithLabelValues(r)
+	}
+	return s, nil
+}
 
 // Bounds of one request: what one ShouldRateLimit may cost.
 const (
@@ -187,7 +222,7 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 			s.e.Invalid("attributes")
 			return nil, &request.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
 		}
-		set, _, err := c.AddAttributes(&a, descCost)
+		set, shadow, err := c.AddAttributes(&a, descCost)
 		if err != nil {
 			var inv *request.InvalidError
 			if errors.As(err, &inv) {
@@ -195,6 +230,10 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 				return nil, inv
 			}
 			return nil, err
+		}
+		if l := desc.GetLimit(); l != nil {
+			s.useLimit(c.Table.Regions, l, set)
+			s.useLimit(c.Table.Regions, l, shadow)
 		}
 		sc.sets = append(sc.sets, set)
 	}
@@ -214,6 +253,38 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 }
 
 var errNoDomain = errors.New("domain: must not be empty")
+
+// envoyUnitLengths are the lengths of Envoy's units of a descriptor's
+// limit; a month is 30 days, a year 365.
+var envoyUnitLengths = map[typev3.RateLimitUnit]time.Duration{
+	typev3.RateLimitUnit_SECOND: time.Second,
+	typev3.RateLimitUnit_MINUTE: time.Minute,
+	typev3.RateLimitUnit_HOUR:   time.Hour,
+	typev3.RateLimitUnit_DAY:    24 * time.Hour,
+	typev3.RateLimitUnit_MONTH:  30 * 24 * time.Hour,
+	typev3.RateLimitUnit_YEAR:   365 * 24 * time.Hour,
+}
+
+// useLimit decides each of items, the rules one descriptor matched,
+// against the descriptor's limit l where its rule allows it; the others
+// keep their own, and l is counted as ignored for them.
+func (s *Service) useLimit(regions int, l *ratelimitv3.RateLimitDescriptor_RateLimitOverride, items []*request.Item) {
+	unit := envoyUnitLengths[l.GetUnit()]
+	if m := l.GetUnitMultiplier(); m != nil && m.GetValue() > 0 {
+		unit *= time.Duration(m.GetValue())
+	}
+	for _, it := range items {
+		lim, err := it.Rule.RequestLimit(float64(l.GetRequestsPerUnit()), unit)
+		switch {
+		case errors.Is(err, rules.ErrRequestLimitNotAllowed):
+			s.ignored[IgnoredNotAllowed].Inc()
+		case errors.Is(err, rules.ErrRequestLimitAboveMax):
+			s.ignored[IgnoredAboveMax].Inc()
+		case err != nil || !it.UseLimit(lim, regions):
+			s.ignored[IgnoredInvalid].Inc()
+		}
+	}
+}
 
 // envoyAttributes maps one descriptor onto a, keeping its domain and
 // reusing its Extra map (emptied first), and returns its cost.

@@ -142,7 +142,10 @@ func TestRequestBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(e, Options{QuotaHeaders: true})
+	s, err := New(e, Options{QuotaHeaders: true}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	many := func(n int) []*ratelimitv3.RateLimitDescriptor {
 		out := make([]*ratelimitv3.RateLimitDescriptor, n)
 		for i := range out {
@@ -186,7 +189,10 @@ func TestInvalidNamesTheField(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := New(e, Options{})
+	s, err := New(e, Options{}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
 	negative := envoyDesc("generic_key", "g")
 	negative.IsNegativeHits = true
 	ok := envoyDesc("generic_key", "g", "remote_address", "192.0.2.1")

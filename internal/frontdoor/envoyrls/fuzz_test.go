@@ -88,7 +88,10 @@ func FuzzShouldRateLimit(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	s := New(e, Options{QuotaHeaders: true})
+	s, err := New(e, Options{QuotaHeaders: true}, prometheus.NewRegistry())
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Add("edge", []byte("remote_address=192.0.2.1\x01:path=/api/x?y\x01:method=GET"), uint8(1), uint32(0), uint64(0))
 	f.Add("edge", []byte("generic_key=tenant\x00user=bob\x01method=POST"), uint8(2), uint32(3), uint64(0))
 	f.Add("edge", []byte("remote_address=2001:db8::1\x01path=/api/%2e%2e/a"), uint8(1), uint32(0), uint64(7))

@@ -300,7 +300,7 @@ func (a *Applier) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientD
 			d.Debits[j].Amount += s.GetCost()
 			continue
 		}
-		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.Bucket(), Amount: s.GetCost()})
+		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost()})
 	}
 	return clients, skipped
 }

@@ -28,6 +28,8 @@ const testRules = `rules:
     algorithm: fixed_window
     limit: 100
     window: 1h
+    overrides:
+      tenant-acme: {limit: 5000}
   - id: solo
     capacity: 10
     refill_per_second: 1
@@ -262,6 +264,26 @@ func TestApplyDebitsGrouped(t *testing.T) {
 	}
 	if d := store.applied[0].Debits[0]; d.Rule != "quota" || d.Amount != 5 || d.Limit.Capacity != 100 {
 		t.Errorf("debit %+v, want 5 of quota with its limit of 100", d)
+	}
+}
+
+// A debit of a key with an override is applied against the override's
+// limit (the debt bound and the overshoot are the key's), the other keys'
+// against the rule's.
+func TestApplyDebitsUseOverrides(t *testing.T) {
+	store := &fakeStore{}
+	a, _, _ := newTestApplier(t, store, &fakeJS{})
+	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: "tenant-acme", Cost: 2},
+		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 3}), seq: 1, delivered: 1}
+	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
+	limits := map[string]float64{}
+	for _, c := range store.applied {
+		for _, d := range c.Debits {
+			limits[c.Key] = d.Limit.Capacity
+		}
+	}
+	if limits["tenant-acme"] != 5000 || limits["b"] != 100 {
+		t.Fatalf("debits' limits %v, want tenant-acme's 5000 and b's 100", limits)
 	}
 }
 

@@ -192,6 +192,213 @@ func (*DeleteRuleResponse) Descriptor() ([]byte, []int) {
 	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
+type PutOverrideRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// The client key the override is for (1 to 512 bytes).
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The override, YAML or JSON: the limit fields of the rule's algorithm,
+	// each optional (one not given is the rule's), e.g.
+	// {"capacity": 5000, "refill_per_second": 100}. Unknown fields are
+	// errors.
+	Override      string `protobuf:"bytes,3,opt,name=override,proto3" json:"override,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutOverrideRequest) Reset() {
+	*x = PutOverrideRequest{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutOverrideRequest) ProtoMessage() {}
+
+func (x *PutOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutOverrideRequest.ProtoReflect.Descriptor instead.
+func (*PutOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *PutOverrideRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *PutOverrideRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PutOverrideRequest) GetOverride() string {
+	if x != nil {
+		return x.Override
+	}
+	return ""
+}
+
+type PutOverrideResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored rule's revision in the key-value bucket.
+	Revision      uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutOverrideResponse) Reset() {
+	*x = PutOverrideResponse{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutOverrideResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutOverrideResponse) ProtoMessage() {}
+
+func (x *PutOverrideResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutOverrideResponse.ProtoReflect.Descriptor instead.
+func (*PutOverrideResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PutOverrideResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type DeleteOverrideRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	RuleId        string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOverrideRequest) Reset() {
+	*x = DeleteOverrideRequest{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrideRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrideRequest) ProtoMessage() {}
+
+func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
+func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *DeleteOverrideRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *DeleteOverrideRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type DeleteOverrideResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The stored rule's revision in the key-value bucket.
+	Revision      uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteOverrideResponse) Reset() {
+	*x = DeleteOverrideResponse{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteOverrideResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteOverrideResponse) ProtoMessage() {}
+
+func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
+func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteOverrideResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type ListRulesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -200,7 +407,7 @@ type ListRulesRequest struct {
 
 func (x *ListRulesRequest) Reset() {
 	*x = ListRulesRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +419,7 @@ func (x *ListRulesRequest) String() string {
 func (*ListRulesRequest) ProtoMessage() {}
 
 func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +432,7 @@ func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesRequest.ProtoReflect.Descriptor instead.
 func (*ListRulesRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 type ListRulesResponse struct {
@@ -241,7 +448,7 @@ type ListRulesResponse struct {
 
 func (x *ListRulesResponse) Reset() {
 	*x = ListRulesResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +460,7 @@ func (x *ListRulesResponse) String() string {
 func (*ListRulesResponse) ProtoMessage() {}
 
 func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +473,7 @@ func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesResponse.ProtoReflect.Descriptor instead.
 func (*ListRulesResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListRulesResponse) GetRules() []*RuleEntry {
@@ -295,7 +502,7 @@ type RuleEntry struct {
 
 func (x *RuleEntry) Reset() {
 	*x = RuleEntry{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	mi := &file_limiter_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +514,7 @@ func (x *RuleEntry) String() string {
 func (*RuleEntry) ProtoMessage() {}
 
 func (x *RuleEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	mi := &file_limiter_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +527,7 @@ func (x *RuleEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleEntry.ProtoReflect.Descriptor instead.
 func (*RuleEntry) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RuleEntry) GetId() string {
@@ -355,7 +562,7 @@ type TopLimitedRequest struct {
 
 func (x *TopLimitedRequest) Reset() {
 	*x = TopLimitedRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	mi := &file_limiter_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +574,7 @@ func (x *TopLimitedRequest) String() string {
 func (*TopLimitedRequest) ProtoMessage() {}
 
 func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	mi := &file_limiter_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +587,7 @@ func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLimitedRequest.ProtoReflect.Descriptor instead.
 func (*TopLimitedRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TopLimitedRequest) GetRuleId() string {
@@ -412,7 +619,7 @@ type TopLimitedResponse struct {
 
 func (x *TopLimitedResponse) Reset() {
 	*x = TopLimitedResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	mi := &file_limiter_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +631,7 @@ func (x *TopLimitedResponse) String() string {
 func (*TopLimitedResponse) ProtoMessage() {}
 
 func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	mi := &file_limiter_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +644,7 @@ func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLimitedResponse.ProtoReflect.Descriptor instead.
 func (*TopLimitedResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TopLimitedResponse) GetKeys() []*LimitedKey {
@@ -475,7 +682,7 @@ type LimitedKey struct {
 
 func (x *LimitedKey) Reset() {
 	*x = LimitedKey{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	mi := &file_limiter_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +694,7 @@ func (x *LimitedKey) String() string {
 func (*LimitedKey) ProtoMessage() {}
 
 func (x *LimitedKey) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	mi := &file_limiter_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +707,7 @@ func (x *LimitedKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitedKey.ProtoReflect.Descriptor instead.
 func (*LimitedKey) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LimitedKey) GetKey() string {
@@ -536,7 +743,18 @@ const file_limiter_v1_admin_proto_rawDesc = "" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\"#\n" +
 	"\x11DeleteRuleRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x14\n" +
-	"\x12DeleteRuleResponse\"\x12\n" +
+	"\x12DeleteRuleResponse\"[\n" +
+	"\x12PutOverrideRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x1a\n" +
+	"\boverride\x18\x03 \x01(\tR\boverride\"1\n" +
+	"\x13PutOverrideResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"B\n" +
+	"\x15DeleteOverrideRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"4\n" +
+	"\x16DeleteOverrideResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\x12\n" +
 	"\x10ListRulesRequest\"Z\n" +
 	"\x11ListRulesResponse\x12+\n" +
 	"\x05rules\x18\x01 \x03(\v2\x15.limiter.v1.RuleEntryR\x05rules\x12\x18\n" +
@@ -556,11 +774,13 @@ const file_limiter_v1_admin_proto_rawDesc = "" +
 	"LimitedKey\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\x04R\x05error2\xaf\x02\n" +
+	"\x05error\x18\x03 \x01(\x04R\x05error2\xd8\x03\n" +
 	"\x05Admin\x12B\n" +
 	"\aPutRule\x12\x1a.limiter.v1.PutRuleRequest\x1a\x1b.limiter.v1.PutRuleResponse\x12K\n" +
 	"\n" +
-	"DeleteRule\x12\x1d.limiter.v1.DeleteRuleRequest\x1a\x1e.limiter.v1.DeleteRuleResponse\x12H\n" +
+	"DeleteRule\x12\x1d.limiter.v1.DeleteRuleRequest\x1a\x1e.limiter.v1.DeleteRuleResponse\x12N\n" +
+	"\vPutOverride\x12\x1e.limiter.v1.PutOverrideRequest\x1a\x1f.limiter.v1.PutOverrideResponse\x12W\n" +
+	"\x0eDeleteOverride\x12!.limiter.v1.DeleteOverrideRequest\x1a\".limiter.v1.DeleteOverrideResponse\x12H\n" +
 	"\tListRules\x12\x1c.limiter.v1.ListRulesRequest\x1a\x1d.limiter.v1.ListRulesResponse\x12K\n" +
 	"\n" +
 	"TopLimited\x12\x1d.limiter.v1.TopLimitedRequest\x1a\x1e.limiter.v1.TopLimitedResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
@@ -577,35 +797,43 @@ func file_limiter_v1_admin_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_admin_proto_rawDescData
 }
 
-var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_limiter_v1_admin_proto_goTypes = []any{
-	(*PutRuleRequest)(nil),     // 0: limiter.v1.PutRuleRequest
-	(*PutRuleResponse)(nil),    // 1: limiter.v1.PutRuleResponse
-	(*DeleteRuleRequest)(nil),  // 2: limiter.v1.DeleteRuleRequest
-	(*DeleteRuleResponse)(nil), // 3: limiter.v1.DeleteRuleResponse
-	(*ListRulesRequest)(nil),   // 4: limiter.v1.ListRulesRequest
-	(*ListRulesResponse)(nil),  // 5: limiter.v1.ListRulesResponse
-	(*RuleEntry)(nil),          // 6: limiter.v1.RuleEntry
-	(*TopLimitedRequest)(nil),  // 7: limiter.v1.TopLimitedRequest
-	(*TopLimitedResponse)(nil), // 8: limiter.v1.TopLimitedResponse
-	(*LimitedKey)(nil),         // 9: limiter.v1.LimitedKey
+	(*PutRuleRequest)(nil),         // 0: limiter.v1.PutRuleRequest
+	(*PutRuleResponse)(nil),        // 1: limiter.v1.PutRuleResponse
+	(*DeleteRuleRequest)(nil),      // 2: limiter.v1.DeleteRuleRequest
+	(*DeleteRuleResponse)(nil),     // 3: limiter.v1.DeleteRuleResponse
+	(*PutOverrideRequest)(nil),     // 4: limiter.v1.PutOverrideRequest
+	(*PutOverrideResponse)(nil),    // 5: limiter.v1.PutOverrideResponse
+	(*DeleteOverrideRequest)(nil),  // 6: limiter.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 7: limiter.v1.DeleteOverrideResponse
+	(*ListRulesRequest)(nil),       // 8: limiter.v1.ListRulesRequest
+	(*ListRulesResponse)(nil),      // 9: limiter.v1.ListRulesResponse
+	(*RuleEntry)(nil),              // 10: limiter.v1.RuleEntry
+	(*TopLimitedRequest)(nil),      // 11: limiter.v1.TopLimitedRequest
+	(*TopLimitedResponse)(nil),     // 12: limiter.v1.TopLimitedResponse
+	(*LimitedKey)(nil),             // 13: limiter.v1.LimitedKey
 }
 var file_limiter_v1_admin_proto_depIdxs = []int32{
-	6, // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
-	9, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
-	0, // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
-	2, // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
-	4, // 4: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
-	7, // 5: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
-	1, // 6: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
-	3, // 7: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
-	5, // 8: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
-	8, // 9: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
-	6, // [6:10] is the sub-list for method output_type
-	2, // [2:6] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	10, // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
+	13, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
+	0,  // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
+	2,  // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
+	4,  // 4: limiter.v1.Admin.PutOverride:input_type -> limiter.v1.PutOverrideRequest
+	6,  // 5: limiter.v1.Admin.DeleteOverride:input_type -> limiter.v1.DeleteOverrideRequest
+	8,  // 6: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
+	11, // 7: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
+	1,  // 8: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
+	3,  // 9: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
+	5,  // 10: limiter.v1.Admin.PutOverride:output_type -> limiter.v1.PutOverrideResponse
+	7,  // 11: limiter.v1.Admin.DeleteOverride:output_type -> limiter.v1.DeleteOverrideResponse
+	9,  // 12: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
+	12, // 13: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
+	8,  // [8:14] is the sub-list for method output_type
+	2,  // [2:8] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_admin_proto_init() }
@@ -619,7 +847,7 @@ func file_limiter_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_admin_proto_rawDesc), len(file_limiter_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

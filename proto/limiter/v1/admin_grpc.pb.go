@@ -19,10 +19,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Admin_PutRule_FullMethodName    = "/limiter.v1.Admin/PutRule"
-	Admin_DeleteRule_FullMethodName = "/limiter.v1.Admin/DeleteRule"
-	Admin_ListRules_FullMethodName  = "/limiter.v1.Admin/ListRules"
-	Admin_TopLimited_FullMethodName = "/limiter.v1.Admin/TopLimited"
+	Admin_PutRule_FullMethodName        = "/limiter.v1.Admin/PutRule"
+	Admin_DeleteRule_FullMethodName     = "/limiter.v1.Admin/DeleteRule"
+	Admin_PutOverride_FullMethodName    = "/limiter.v1.Admin/PutOverride"
+	Admin_DeleteOverride_FullMethodName = "/limiter.v1.Admin/DeleteOverride"
+	Admin_ListRules_FullMethodName      = "/limiter.v1.Admin/ListRules"
+	Admin_TopLimited_FullMethodName     = "/limiter.v1.Admin/TopLimited"
 )
 
 // AdminClient is the client API for Admin service.
@@ -40,6 +42,19 @@ type AdminClient interface {
 	PutRule(ctx context.Context, in *PutRuleRequest, opts ...grpc.CallOption) (*PutRuleResponse, error)
 	// DeleteRule removes a rule put here (not one of the rules file).
 	DeleteRule(ctx context.Context, in *DeleteRuleRequest, opts ...grpc.CallOption) (*DeleteRuleResponse, error)
+	// PutOverride creates or replaces one key's override of a rule put
+	// here: the limit fields of the rule's algorithm, in place of the
+	// rule's for that key. The rule's other fields and overrides stay. It is
+	// in force on every limiterd as fast as a put rule. Refused, changing
+	// nothing: an unknown rule with NOT_FOUND; a bad field, a rule of the
+	// rules file (its overrides are in the file), or a new key past the
+	// most overrides a rule may have (1000) with INVALID_ARGUMENT naming
+	// the field.
+	PutOverride(ctx context.Context, in *PutOverrideRequest, opts ...grpc.CallOption) (*PutOverrideResponse, error)
+	// DeleteOverride removes one key's override of a rule put here: the key
+	// is decided by the rule's limit again. An unknown rule or key is
+	// NOT_FOUND.
+	DeleteOverride(ctx context.Context, in *DeleteOverrideRequest, opts ...grpc.CallOption) (*DeleteOverrideResponse, error)
 	// ListRules returns the rules in force and their version.
 	ListRules(ctx context.Context, in *ListRulesRequest, opts ...grpc.CallOption) (*ListRulesResponse, error)
 	// TopLimited returns the keys a rule refused most in the last one to two
@@ -73,6 +88,26 @@ func (c *adminClient) DeleteRule(ctx context.Context, in *DeleteRuleRequest, opt
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteRuleResponse)
 	err := c.cc.Invoke(ctx, Admin_DeleteRule_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) PutOverride(ctx context.Context, in *PutOverrideRequest, opts ...grpc.CallOption) (*PutOverrideResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutOverrideResponse)
+	err := c.cc.Invoke(ctx, Admin_PutOverride_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminClient) DeleteOverride(ctx context.Context, in *DeleteOverrideRequest, opts ...grpc.CallOption) (*DeleteOverrideResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteOverrideResponse)
+	err := c.cc.Invoke(ctx, Admin_DeleteOverride_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -114,6 +149,19 @@ type AdminServer interface {
 	PutRule(context.Context, *PutRuleRequest) (*PutRuleResponse, error)
 	// DeleteRule removes a rule put here (not one of the rules file).
 	DeleteRule(context.Context, *DeleteRuleRequest) (*DeleteRuleResponse, error)
+	// PutOverride creates or replaces one key's override of a rule put
+	// here: the limit fields of the rule's algorithm, in place of the
+	// rule's for that key. The rule's other fields and overrides stay. It is
+	// in force on every limiterd as fast as a put rule. Refused, changing
+	// nothing: an unknown rule with NOT_FOUND; a bad field, a rule of the
+	// rules file (its overrides are in the file), or a new key past the
+	// most overrides a rule may have (1000) with INVALID_ARGUMENT naming
+	// the field.
+	PutOverride(context.Context, *PutOverrideRequest) (*PutOverrideResponse, error)
+	// DeleteOverride removes one key's override of a rule put here: the key
+	// is decided by the rule's limit again. An unknown rule or key is
+	// NOT_FOUND.
+	DeleteOverride(context.Context, *DeleteOverrideRequest) (*DeleteOverrideResponse, error)
 	// ListRules returns the rules in force and their version.
 	ListRules(context.Context, *ListRulesRequest) (*ListRulesResponse, error)
 	// TopLimited returns the keys a rule refused most in the last one to two
@@ -138,6 +186,12 @@ func (UnimplementedAdminServer) PutRule(context.Context, *PutRuleRequest) (*PutR
 }
 func (UnimplementedAdminServer) DeleteRule(context.Context, *DeleteRuleRequest) (*DeleteRuleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteRule not implemented")
+}
+func (UnimplementedAdminServer) PutOverride(context.Context, *PutOverrideRequest) (*PutOverrideResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutOverride not implemented")
+}
+func (UnimplementedAdminServer) DeleteOverride(context.Context, *DeleteOverrideRequest) (*DeleteOverrideResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteOverride not implemented")
 }
 func (UnimplementedAdminServer) ListRules(context.Context, *ListRulesRequest) (*ListRulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRules not implemented")
@@ -202,6 +256,42 @@ func _Admin_DeleteRule_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_PutOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).PutOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_PutOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).PutOverride(ctx, req.(*PutOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Admin_DeleteOverride_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteOverrideRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).DeleteOverride(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_DeleteOverride_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).DeleteOverride(ctx, req.(*DeleteOverrideRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Admin_ListRules_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListRulesRequest)
 	if err := dec(in); err != nil {
@@ -252,6 +342,14 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteRule",
 			Handler:    _Admin_DeleteRule_Handler,
+		},
+		{
+			MethodName: "PutOverride",
+			Handler:    _Admin_PutOverride_Handler,
+		},
+		{
+			MethodName: "DeleteOverride",
+			Handler:    _Admin_DeleteOverride_Handler,
 		},
 		{
 			MethodName: "ListRules",

@@ -768,7 +768,8 @@ type CheckRequest struct {
 	// The client identity the rule counts against: 1 to 512 bytes. It should come
 	// from the authenticated identity, never from a value the client chooses.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	// Tokens to spend: finite, > 0 and not above the rule's capacity. 0 or unset
+	// Tokens to spend: finite, > 0 and not above the key's capacity (its
+	// override's, or the rule's). 0 or unset
 	// means 1. With attributes, it multiplies each rule's own cost.
 	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
 	// The request, for a check of every matching rule; rule_id and key must
@@ -964,7 +965,8 @@ type CheckResponse struct {
 	Allowed bool `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Tokens (or requests) left after this decision, never negative.
 	Remaining float64 `protobuf:"fixed64,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
-	// The rule's capacity: the burst of a bucket, the limit of a window.
+	// The key's capacity under the rule (its override's, or the rule's):
+	// the burst of a bucket, the limit of a window.
 	Limit float64 `protobuf:"fixed64,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// When rejected, how long until a retry of the same cost can succeed; > 0.
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
@@ -973,8 +975,9 @@ type CheckResponse struct {
 	// The rule that decided: the one that refused (the longest retry), or,
 	// when allowed, the one with the least left relative to its limit.
 	RuleId string `protobuf:"bytes,6,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
-	// The rule's window for quota headers: the window of a window rule, the
-	// time to fill an empty bucket for a token bucket or GCRA.
+	// The key's window under the rule, for quota headers: the window of a
+	// window rule, the time to fill an empty bucket for a token bucket or
+	// GCRA.
 	WindowMs int64 `protobuf:"varint,7,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
 	// With attributes: one status per rule checked, shadow rules included.
 	Statuses []*RuleStatus `protobuf:"bytes,8,rep,name=statuses,proto3" json:"statuses,omitempty"`

@@ -397,7 +397,11 @@ func serve(t *testing.T, yml []byte) *grpc.ClientConn {
 	}
 	srv := grpc.NewServer()
 	limiterv1.RegisterLimiterServer(srv, checkapi.New(e))
-	rlsv3.RegisterRateLimitServiceServer(srv, envoyrls.New(e, envoyrls.Options{}))
+	envoy, err := envoyrls.New(e, envoyrls.Options{}, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rlsv3.RegisterRateLimitServiceServer(srv, envoy)
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	lis := bufconn.Listen(1 << 20)
 	go srv.Serve(lis)
