@@ -6,9 +6,12 @@ import (
 	"math"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/usage"
+	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
@@ -155,4 +158,42 @@ func FuzzUsage(f *testing.F) {
 			t.Fatalf("a usage made %d buckets", n)
 		}
 	})
+}
+
+// TestUsageOfAnOverride: a key with an override is read against its own
+// limit, as its checks are decided; the rule's other keys against the
+// rule's.
+func TestUsageOfAnOverride(t *testing.T) {
+	set, err := rules.Parse("r.yml", []byte(`rules:
+  - id: api
+    capacity: 10
+    refill_per_second: 1
+    overrides:
+      big: {capacity: 500, refill_per_second: 50}
+  - id: jobs
+    algorithm: concurrency
+    limit: 2
+    overrides:
+      big: {limit: 7}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Store: bucket.NewMemory()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		rule, key string
+		limit     float64
+	}{{"api", "big", 500}, {"api", "small", 10}, {"jobs", "big", 7}, {"jobs", "small", 2}} {
+		if got := readUsage(t, e, c.rule, c.key).Usage; got.Limit != c.limit || got.Remaining != c.limit {
+			t.Errorf("usage of %s %s: limit %v, remaining %v; want %v both", c.rule, c.key, got.Limit, got.Remaining, c.limit)
+		}
+	}
+	// A cost above the rule's capacity but within the override's is valid.
+	u := e.NewUsage()
+	if _, err := u.AddRule("api", "big", 100); err != nil {
+		t.Errorf("usage of cost 100 for the key with capacity 500: %v", err)
+	}
 }

@@ -89,7 +89,7 @@ func (u *Request) addRule(ruleID, key string, cost float64) (*Item, error) {
 		}
 		return u.add(en, key, 1), nil
 	}
-	cost, err = en.Limit.NormalizeCost(cost)
+	cost, err = en.For(key).Limit.NormalizeCost(cost)
 	if err != nil {
 		return nil, request.Invalid("cost", "cost: %w", err)
 	}
@@ -196,7 +196,7 @@ func (r *Reader) Read(ctx context.Context, ts *homes.State, u *Request) error {
 	if len(rate) > 0 {
 		reqs := make([]bucket.Request, len(rate))
 		for i, it := range rate {
-			reqs[i] = bucket.Request{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.Limit, Cost: it.Cost}
+			reqs[i] = bucket.Request{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.For(it.Key).Limit, Cost: it.Cost}
 		}
 		ds, err := r.Store.Usage(ctx, reqs)
 		if err != nil {
@@ -209,7 +209,7 @@ func (r *Reader) Read(ctx context.Context, ts *homes.State, u *Request) error {
 	if len(conc) > 0 {
 		reqs := make([]bucket.LeaseRequest, len(conc))
 		for i, it := range conc {
-			reqs[i] = bucket.LeaseRequest{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.Leases}
+			reqs[i] = bucket.LeaseRequest{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.For(it.Key).Leases}
 		}
 		ds, err := r.Store.LeaseUsage(ctx, reqs)
 		if err != nil {
