@@ -56,7 +56,7 @@ const tallyRules = `rules:
 
 func item(tb *request.Table, rule, key string, cost float64, route request.Route, allowed bool) *request.Item {
 	en := tb.ByID[rule]
-	return &request.Item{Rule: en.Rule, Key: key, Cost: cost, Entry: en, Route: route, Decision: bucket.Decision{Allowed: allowed}}
+	return &request.Item{Rule: en.Rule, Key: key, Cost: cost, Entry: en, Limits: en.For(key), Route: route, Decision: bucket.Decision{Allowed: allowed}}
 }
 
 // TestCountRecordsSpends: an admitted check of a reconciled rule records
