@@ -21,6 +21,105 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ResetKeyRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// The key, as checks send it: 1 to 512 bytes.
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetKeyRequest) Reset() {
+	*x = ResetKeyRequest{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetKeyRequest) ProtoMessage() {}
+
+func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
+func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ResetKeyRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *ResetKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type ResetKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the other regions are told (the rule is reconciled and this
+	// limiterd publishes spends); false: the reset is this region's alone.
+	Propagated    bool `protobuf:"varint,1,opt,name=propagated,proto3" json:"propagated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetKeyResponse) Reset() {
+	*x = ResetKeyResponse{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetKeyResponse) ProtoMessage() {}
+
+func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
+func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ResetKeyResponse) GetPropagated() bool {
+	if x != nil {
+		return x.Propagated
+	}
+	return false
+}
+
 type PutRuleRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The rule in the rules file's format (YAML or JSON), one rule: the
@@ -32,7 +131,7 @@ type PutRuleRequest struct {
 
 func (x *PutRuleRequest) Reset() {
 	*x = PutRuleRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	mi := &file_limiter_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +143,7 @@ func (x *PutRuleRequest) String() string {
 func (*PutRuleRequest) ProtoMessage() {}
 
 func (x *PutRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	mi := &file_limiter_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +156,7 @@ func (x *PutRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRuleRequest.ProtoReflect.Descriptor instead.
 func (*PutRuleRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PutRuleRequest) GetRule() string {
@@ -77,7 +176,7 @@ type PutRuleResponse struct {
 
 func (x *PutRuleResponse) Reset() {
 	*x = PutRuleResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	mi := &file_limiter_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -89,7 +188,7 @@ func (x *PutRuleResponse) String() string {
 func (*PutRuleResponse) ProtoMessage() {}
 
 func (x *PutRuleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	mi := &file_limiter_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -102,7 +201,7 @@ func (x *PutRuleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRuleResponse.ProtoReflect.Descriptor instead.
 func (*PutRuleResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PutRuleResponse) GetRevision() uint64 {
@@ -121,7 +220,7 @@ type DeleteRuleRequest struct {
 
 func (x *DeleteRuleRequest) Reset() {
 	*x = DeleteRuleRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[2]
+	mi := &file_limiter_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -133,7 +232,7 @@ func (x *DeleteRuleRequest) String() string {
 func (*DeleteRuleRequest) ProtoMessage() {}
 
 func (x *DeleteRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[2]
+	mi := &file_limiter_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -146,7 +245,7 @@ func (x *DeleteRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuleRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuleRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DeleteRuleRequest) GetId() string {
@@ -164,7 +263,7 @@ type DeleteRuleResponse struct {
 
 func (x *DeleteRuleResponse) Reset() {
 	*x = DeleteRuleResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[3]
+	mi := &file_limiter_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +275,7 @@ func (x *DeleteRuleResponse) String() string {
 func (*DeleteRuleResponse) ProtoMessage() {}
 
 func (x *DeleteRuleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[3]
+	mi := &file_limiter_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +288,7 @@ func (x *DeleteRuleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuleResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuleResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 type ListRulesRequest struct {
@@ -200,7 +299,7 @@ type ListRulesRequest struct {
 
 func (x *ListRulesRequest) Reset() {
 	*x = ListRulesRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	mi := &file_limiter_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -212,7 +311,7 @@ func (x *ListRulesRequest) String() string {
 func (*ListRulesRequest) ProtoMessage() {}
 
 func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	mi := &file_limiter_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -225,7 +324,7 @@ func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesRequest.ProtoReflect.Descriptor instead.
 func (*ListRulesRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 type ListRulesResponse struct {
@@ -241,7 +340,7 @@ type ListRulesResponse struct {
 
 func (x *ListRulesResponse) Reset() {
 	*x = ListRulesResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -253,7 +352,7 @@ func (x *ListRulesResponse) String() string {
 func (*ListRulesResponse) ProtoMessage() {}
 
 func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -266,7 +365,7 @@ func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesResponse.ProtoReflect.Descriptor instead.
 func (*ListRulesResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListRulesResponse) GetRules() []*RuleEntry {
@@ -295,7 +394,7 @@ type RuleEntry struct {
 
 func (x *RuleEntry) Reset() {
 	*x = RuleEntry{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -307,7 +406,7 @@ func (x *RuleEntry) String() string {
 func (*RuleEntry) ProtoMessage() {}
 
 func (x *RuleEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -320,7 +419,7 @@ func (x *RuleEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleEntry.ProtoReflect.Descriptor instead.
 func (*RuleEntry) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RuleEntry) GetId() string {
@@ -355,7 +454,7 @@ type TopLimitedRequest struct {
 
 func (x *TopLimitedRequest) Reset() {
 	*x = TopLimitedRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +466,7 @@ func (x *TopLimitedRequest) String() string {
 func (*TopLimitedRequest) ProtoMessage() {}
 
 func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +479,7 @@ func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLimitedRequest.ProtoReflect.Descriptor instead.
 func (*TopLimitedRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TopLimitedRequest) GetRuleId() string {
@@ -412,7 +511,7 @@ type TopLimitedResponse struct {
 
 func (x *TopLimitedResponse) Reset() {
 	*x = TopLimitedResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	mi := &file_limiter_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -424,7 +523,7 @@ func (x *TopLimitedResponse) String() string {
 func (*TopLimitedResponse) ProtoMessage() {}
 
 func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	mi := &file_limiter_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -437,7 +536,7 @@ func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLimitedResponse.ProtoReflect.Descriptor instead.
 func (*TopLimitedResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TopLimitedResponse) GetKeys() []*LimitedKey {
@@ -475,7 +574,7 @@ type LimitedKey struct {
 
 func (x *LimitedKey) Reset() {
 	*x = LimitedKey{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	mi := &file_limiter_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +586,7 @@ func (x *LimitedKey) String() string {
 func (*LimitedKey) ProtoMessage() {}
 
 func (x *LimitedKey) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	mi := &file_limiter_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +599,7 @@ func (x *LimitedKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitedKey.ProtoReflect.Descriptor instead.
 func (*LimitedKey) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LimitedKey) GetKey() string {
@@ -529,7 +628,14 @@ var File_limiter_v1_admin_proto protoreflect.FileDescriptor
 const file_limiter_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16limiter/v1/admin.proto\x12\n" +
-	"limiter.v1\"$\n" +
+	"limiter.v1\"<\n" +
+	"\x0fResetKeyRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"2\n" +
+	"\x10ResetKeyResponse\x12\x1e\n" +
+	"\n" +
+	"propagated\x18\x01 \x01(\bR\n" +
+	"propagated\"$\n" +
 	"\x0ePutRuleRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\"-\n" +
 	"\x0fPutRuleResponse\x12\x1a\n" +
@@ -556,14 +662,15 @@ const file_limiter_v1_admin_proto_rawDesc = "" +
 	"LimitedKey\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\x04R\x05error2\xaf\x02\n" +
+	"\x05error\x18\x03 \x01(\x04R\x05error2\xf6\x02\n" +
 	"\x05Admin\x12B\n" +
 	"\aPutRule\x12\x1a.limiter.v1.PutRuleRequest\x1a\x1b.limiter.v1.PutRuleResponse\x12K\n" +
 	"\n" +
 	"DeleteRule\x12\x1d.limiter.v1.DeleteRuleRequest\x1a\x1e.limiter.v1.DeleteRuleResponse\x12H\n" +
 	"\tListRules\x12\x1c.limiter.v1.ListRulesRequest\x1a\x1d.limiter.v1.ListRulesResponse\x12K\n" +
 	"\n" +
-	"TopLimited\x12\x1d.limiter.v1.TopLimitedRequest\x1a\x1e.limiter.v1.TopLimitedResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"TopLimited\x12\x1d.limiter.v1.TopLimitedRequest\x1a\x1e.limiter.v1.TopLimitedResponse\x12E\n" +
+	"\bResetKey\x12\x1b.limiter.v1.ResetKeyRequest\x1a\x1c.limiter.v1.ResetKeyResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_admin_proto_rawDescOnce sync.Once
@@ -577,35 +684,39 @@ func file_limiter_v1_admin_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_admin_proto_rawDescData
 }
 
-var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_limiter_v1_admin_proto_goTypes = []any{
-	(*PutRuleRequest)(nil),     // 0: limiter.v1.PutRuleRequest
-	(*PutRuleResponse)(nil),    // 1: limiter.v1.PutRuleResponse
-	(*DeleteRuleRequest)(nil),  // 2: limiter.v1.DeleteRuleRequest
-	(*DeleteRuleResponse)(nil), // 3: limiter.v1.DeleteRuleResponse
-	(*ListRulesRequest)(nil),   // 4: limiter.v1.ListRulesRequest
-	(*ListRulesResponse)(nil),  // 5: limiter.v1.ListRulesResponse
-	(*RuleEntry)(nil),          // 6: limiter.v1.RuleEntry
-	(*TopLimitedRequest)(nil),  // 7: limiter.v1.TopLimitedRequest
-	(*TopLimitedResponse)(nil), // 8: limiter.v1.TopLimitedResponse
-	(*LimitedKey)(nil),         // 9: limiter.v1.LimitedKey
+	(*ResetKeyRequest)(nil),    // 0: limiter.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),   // 1: limiter.v1.ResetKeyResponse
+	(*PutRuleRequest)(nil),     // 2: limiter.v1.PutRuleRequest
+	(*PutRuleResponse)(nil),    // 3: limiter.v1.PutRuleResponse
+	(*DeleteRuleRequest)(nil),  // 4: limiter.v1.DeleteRuleRequest
+	(*DeleteRuleResponse)(nil), // 5: limiter.v1.DeleteRuleResponse
+	(*ListRulesRequest)(nil),   // 6: limiter.v1.ListRulesRequest
+	(*ListRulesResponse)(nil),  // 7: limiter.v1.ListRulesResponse
+	(*RuleEntry)(nil),          // 8: limiter.v1.RuleEntry
+	(*TopLimitedRequest)(nil),  // 9: limiter.v1.TopLimitedRequest
+	(*TopLimitedResponse)(nil), // 10: limiter.v1.TopLimitedResponse
+	(*LimitedKey)(nil),         // 11: limiter.v1.LimitedKey
 }
 var file_limiter_v1_admin_proto_depIdxs = []int32{
-	6, // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
-	9, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
-	0, // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
-	2, // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
-	4, // 4: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
-	7, // 5: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
-	1, // 6: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
-	3, // 7: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
-	5, // 8: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
-	8, // 9: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
-	6, // [6:10] is the sub-list for method output_type
-	2, // [2:6] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	8,  // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
+	11, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
+	2,  // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
+	4,  // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
+	6,  // 4: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
+	9,  // 5: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
+	0,  // 6: limiter.v1.Admin.ResetKey:input_type -> limiter.v1.ResetKeyRequest
+	3,  // 7: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
+	5,  // 8: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
+	7,  // 9: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
+	10, // 10: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
+	1,  // 11: limiter.v1.Admin.ResetKey:output_type -> limiter.v1.ResetKeyResponse
+	7,  // [7:12] is the sub-list for method output_type
+	2,  // [2:7] is the sub-list for method input_type
+	2,  // [2:2] is the sub-list for extension type_name
+	2,  // [2:2] is the sub-list for extension extendee
+	0,  // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_admin_proto_init() }
@@ -619,7 +730,7 @@ func file_limiter_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_admin_proto_rawDesc), len(file_limiter_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
