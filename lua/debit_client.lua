@@ -7,7 +7,10 @@
 -- ttl: the marker's expiry (ms); now: the instant (µs); n: the count of
 -- the client's buckets, whose keys are keys[k..k+n-1] and whose four
 -- arguments each (algorithm, capacity, rate (tokens/s) or window (µs),
--- amount) are args[a..a+4n-1].
+-- amount) are args[a..a+4n-1]. An algorithm prefixed with '!' says the
+-- source region reset the key before it admitted amount: the bucket is
+-- deleted (full again), then debited. The reset is applied at most once
+-- with the message, by the same marker.
 -- Messages of one source region are applied in order, so within one epoch a
 -- sequence at or below the marker's was applied already: a redelivery debits
 -- nothing. A stream made again starts its sequences at 1 under a later
@@ -37,7 +40,12 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
   local out = {1}
   for i = 0, n - 1 do
     local j = a + i * 4
-    local debit = debits[args[j]]
+    local alg = args[j]
+    if string.byte(alg, 1) == 33 then -- '!': reset before the amount
+      redis.call('DEL', keys[k + i])
+      alg = string.sub(alg, 2)
+    end
+    local debit = debits[alg]
     local over = 0
     if debit then
       over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), tonumber(args[j + 3]), now, tag) or 0

@@ -1,14 +1,16 @@
 // Package admin is limiterd's admin API: rule changes over gRPC
 // (limiter.v1.Admin) and HTTP (/admin/rules), authenticated by a bearer
 // token or a client certificate of an allowed identity, stored through the
-// rules source.
+// rules source, and the reset of a rule's key.
 package admin
 
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +31,7 @@ import (
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/tlsconf"
+	"github.com/limiterd/limiterd/pkg/bucket"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -47,9 +50,12 @@ type Admin struct {
 	limiterv1.UnimplementedAdminServer
 	src        *rulesource.Source
 	top        TopSource
+	resetter   Resetter
 	token      []byte
 	identities []string
 	refused    *prometheus.CounterVec
+	resets     *prometheus.CounterVec
+	log        *slog.Logger
 }
 
 // MinTokenLen is the shortest admin token accepted.
@@ -79,9 +85,40 @@ type Options struct {
 	// Top, when set, answers TopLimited: the keys each rule refused
 	// most, over the region.
 	Top TopSource
-	// Logger gets the warning about a group-readable token file.
+	// Resetter, when set, answers ResetKey; nil: ResetKey is
+	// FAILED_PRECONDITION.
+	Resetter Resetter
+	// Logger gets the warning about a group-readable token file, and a
+	// line per key reset (nil: slog.Default()).
 	Logger *slog.Logger
 }
+
+// Resetter puts a key of a rule back to full (engine.Engine.ResetKey),
+// reporting whether the other regions are told. Its errors wrap
+// rules.ErrInvalid (a bad rule id or key), rulesource.ErrNotFound (no such
+// rule) or ErrNotHome; any other is the store's.
+type Resetter interface {
+	ResetKey(ctx context.Context, ruleID, key string) (propagated bool, err error)
+}
+
+// ErrNotHome: a reset of a pinned rule's key asked outside its home
+// region, which alone holds the key's bucket.
+var ErrNotHome = errors.New("the key's home is another region")
+
+// ErrNoResetter: ResetKey on an admin API made without a Resetter.
+var ErrNoResetter = errors.New("key resets are not served here")
+
+// Results of a reset, the values of the result label of
+// limiter_admin_resets_total.
+const (
+	// ResetDone: the key was reset.
+	ResetDone = "reset"
+	// ResetRefused: a bad rule id or key, no such rule, a concurrency
+	// rule or a pinned key homed elsewhere; nothing changed.
+	ResetRefused = "refused"
+	// ResetFailed: the store failed; nothing changed.
+	ResetFailed = "failed"
+)
 
 // TopSource gives the k keys a rule refused most over the region, how
 // many instances that covers, and an error when it is this instance's
@@ -106,7 +143,7 @@ const (
 
 // New makes the admin API of src, registering its metrics on reg.
 func New(src *rulesource.Source, opts Options, reg prometheus.Registerer) (*Admin, error) {
-	a := &Admin{src: src, identities: opts.ClientIdentities, top: opts.Top}
+	a := &Admin{src: src, identities: opts.ClientIdentities, top: opts.Top, resetter: opts.Resetter, log: cmp.Or(opts.Logger, slog.Default())}
 	if opts.TokenFile != "" {
 		var err error
 		if a.token, err = secretfile.Read("--admin.token-file", opts.TokenFile, MinTokenLen, opts.Logger); err != nil {
@@ -122,6 +159,16 @@ func New(src *rulesource.Source, opts Options, reg prometheus.Registerer) (*Admi
 	}
 	for _, r := range []string{ReasonNoCredentials, ReasonBadToken, ReasonIdentity} {
 		a.refused.WithLabelValues(r)
+	}
+	a.resets = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "limiter_admin_resets_total",
+		Help: "Admin resets of a rule's key, by result (reset; refused: a bad rule or key, a concurrency rule, a pinned key homed elsewhere; failed: the store failed). Calls refused for their credentials are in limiter_admin_calls_refused_total.",
+	}, []string{"result"})
+	if err := reg.Register(a.resets); err != nil {
+		return nil, err
+	}
+	for _, r := range []string{ResetDone, ResetRefused, ResetFailed} {
+		a.resets.WithLabelValues(r)
 	}
 	return a, nil
 }
@@ -141,16 +188,26 @@ func (a *Admin) tokenOK(got string) bool {
 	return ok && len(a.token) > 0 && subtle.ConstantTimeCompare([]byte(tok), a.token) == 1
 }
 
+// identity names the caller that sent the authorization values and whose
+// connection verified the client certificate cert (nil: none), when it is
+// admitted: "admin-token", or "cert:" and the certificate's identities.
+func (a *Admin) identity(authorization []string, cert *x509.Certificate) (string, bool) {
+	for _, v := range authorization {
+		if a.tokenOK(v) {
+			return "admin-token", true
+		}
+	}
+	if len(a.identities) > 0 && tlsconf.Allowed(cert, a.identities) {
+		return "cert:" + strings.Join(tlsconf.Identities(cert), ","), true
+	}
+	return "", false
+}
+
 // check admits a caller that sent the authorization values and whose
 // connection verified the client certificate cert (nil: none); a refusal
 // is counted.
 func (a *Admin) check(authorization []string, cert *x509.Certificate) *errRefused {
-	for _, v := range authorization {
-		if a.tokenOK(v) {
-			return nil
-		}
-	}
-	if len(a.identities) > 0 && tlsconf.Allowed(cert, a.identities) {
+	if _, ok := a.identity(authorization, cert); ok {
 		return nil
 	}
 	var e *errRefused
@@ -170,13 +227,17 @@ func (a *Admin) check(authorization []string, cert *x509.Certificate) *errRefuse
 	return e
 }
 
+// grpcAuthorization is the authorization metadata of a gRPC call.
+func grpcAuthorization(ctx context.Context) []string {
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		return md.Get("authorization")
+	}
+	return nil
+}
+
 // authorize admits a gRPC call.
 func (a *Admin) authorize(ctx context.Context) error {
-	var auth []string
-	if md, ok := metadata.FromIncomingContext(ctx); ok {
-		auth = md.Get("authorization")
-	}
-	if e := a.check(auth, tlsconf.VerifiedGRPC(ctx)); e != nil {
+	if e := a.check(grpcAuthorization(ctx), tlsconf.VerifiedGRPC(ctx)); e != nil {
 		return status.Error(e.code, e.msg)
 	}
 	return nil
@@ -198,7 +259,8 @@ func adminStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, rulesource.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, rulesource.ErrNoStore), errors.Is(err, rulesource.ErrReadOnly):
+	case errors.Is(err, rulesource.ErrNoStore), errors.Is(err, rulesource.ErrReadOnly),
+		errors.Is(err, ErrNotHome), errors.Is(err, ErrNoResetter):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Unavailable, err.Error())
@@ -307,10 +369,72 @@ func (a *Admin) topLimited(ctx context.Context, ruleID string, limit int) (*limi
 	return resp, nil
 }
 
+func (a *Admin) ResetKey(ctx context.Context, req *limiterv1.ResetKeyRequest) (*limiterv1.ResetKeyResponse, error) {
+	// The interceptor admitted the call (Authorize): this names who.
+	who, ok := a.identity(grpcAuthorization(ctx), tlsconf.VerifiedGRPC(ctx))
+	if !ok {
+		// Served without the interceptor: refuse, as it would.
+		if err := a.authorize(ctx); err != nil {
+			return nil, err
+		}
+	}
+	propagated, err := a.reset(ctx, req.GetRuleId(), req.GetKey(), who)
+	if err != nil {
+		return nil, adminStatus(err)
+	}
+	return &limiterv1.ResetKeyResponse{Propagated: propagated}, nil
+}
+
+// reset puts key of ruleID back to full for the caller who, counting and
+// logging the outcome.
+func (a *Admin) reset(ctx context.Context, ruleID, key, who string) (bool, error) {
+	propagated, err := a.resetKey(ctx, ruleID, key)
+	result := ResetDone
+	switch {
+	case err == nil:
+	case errors.Is(err, rules.ErrInvalid), errors.Is(err, rulesource.ErrNotFound), errors.Is(err, ErrNotHome), errors.Is(err, ErrNoResetter):
+		result = ResetRefused
+	default:
+		result = ResetFailed
+	}
+	a.resets.WithLabelValues(result).Inc()
+	// The key is a client's: the line names it by a digest, as the
+	// caller can compute it (sha256, the first 8 bytes in hex).
+	sum := sha256.Sum256([]byte(key))
+	attrs := []any{"rule", ruleID, "key_sha256", hex.EncodeToString(sum[:8]), "by", who}
+	if err != nil {
+		a.log.Warn("key reset refused", append(attrs, "result", result, "err", err)...)
+		return false, err
+	}
+	a.log.Info("key reset", append(attrs, "propagated", propagated)...)
+	return propagated, nil
+}
+
+func (a *Admin) resetKey(ctx context.Context, ruleID, key string) (bool, error) {
+	if err := rules.CheckID(ruleID); err != nil {
+		return false, err
+	}
+	if err := bucket.ValidateKey(key); err != nil {
+		return false, fmt.Errorf("%w: key: %w", rules.ErrInvalid, err)
+	}
+	r := a.src.Current().Get(ruleID)
+	switch {
+	case r == nil:
+		return false, fmt.Errorf("%w: no rule %q", rulesource.ErrNotFound, ruleID)
+	case r.Concurrent():
+		return false, fmt.Errorf("%w: rule_id: %q is a concurrency rule: its leases are released by their holders, not reset", rules.ErrInvalid, ruleID)
+	case a.resetter == nil:
+		return false, ErrNoResetter
+	}
+	return a.resetter.ResetKey(ctx, ruleID, key)
+}
+
 // routes serves the same calls over HTTP: PUT, DELETE and GET on
 // /admin/rules/{id}, GET /admin/rules (bodies and answers in YAML), PUT
 // and DELETE on /admin/rules/{id}/overrides/{key} (bodies and answers in
-// JSON), and GET /admin/rules/{id}/top?limit=N (JSON).
+// JSON), GET /admin/rules/{id}/top?limit=N (JSON), and
+// POST /admin/rules/{id}/keys/{key}:reset (JSON; a key holding '/' is
+// sent escaped, %2F).
 func (a *Admin) Routes(mux *http.ServeMux) {
 	auth := func(h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
@@ -454,6 +578,28 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 		for _, k := range resp.Keys {
 			out.Keys = append(out.Keys, key{k.Key, k.Count, k.Error})
 		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(out) // nothing to do when the client went away
+	}))
+	// A wildcard is a whole path segment: {key} holds the key and its
+	// operation, "<key>:reset", whose suffix is cut here.
+	mux.HandleFunc("POST /admin/rules/{id}/keys/{key}", auth(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := strings.CutSuffix(r.PathValue("key"), ":reset")
+		if !ok {
+			http.Error(w, fmt.Sprintf("%q: the only operation on a key is :reset", r.PathValue("key")), http.StatusNotFound)
+			return
+		}
+		who, _ := a.identity(r.Header.Values("Authorization"), tlsconf.Verified(r.TLS))
+		propagated, err := a.reset(r.Context(), r.PathValue("id"), key, who)
+		if err != nil {
+			fail(w, err)
+			return
+		}
+		out := struct {
+			Rule       string `json:"rule"`
+			Key        string `json:"key"`
+			Propagated bool   `json:"propagated"`
+		}{r.PathValue("id"), key, propagated}
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(out) // nothing to do when the client went away
 	}))

@@ -155,6 +155,9 @@ type Options struct {
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends tally.SpendRecorder
+	// Resets, when set, receives the keys of reconciled rules reset here
+	// (ResetKey), for the other regions.
+	Resets ResetRecorder
 	// KeyAffinity says the gateways send each key to one instance of the
 	// region: its spends are held in one place, so this instance holds a
 	// key's whole spend budget, not its share (the budget / FleetSize()).
@@ -202,6 +205,8 @@ type Engine struct {
 	fwd homes.Forwarder
 	// res names paced checks' reservations and gives them back.
 	res *reservation.Book
+	// resets carries keys reset here to the other regions.
+	resets ResetRecorder
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -231,7 +236,8 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		region: opts.Region, reload: opts.ReloadTopology, fwdTO: opts.ForwardTimeout,
 		handoffs: handoff.Handoff{Region: opts.Region, MaxWindow: opts.HandoffMaxWindow, Store: opts.Store, Results: m.Handoffs},
 		fleet:    opts.FleetSize, log: opts.Logger, m: m,
-		res: reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
+		res:    reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
+		resets: opts.Resets,
 	}
 	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {

@@ -39,6 +39,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine"
 	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/metrics"
+	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/fleet"
 	"github.com/limiterd/limiterd/internal/frontdoor/checkapi"
@@ -139,7 +140,8 @@ func New(opts Options) (*Daemon, error) {
 	d.rules = src
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if d.admin, err = admin.New(src, admin.Options{TokenFile: opts.Admin.TokenFile,
-		ClientIdentities: opts.Admin.ClientIdentities, Top: admin.TopFunc(d.topLimited), Logger: opts.Logger}, reg); err != nil {
+		ClientIdentities: opts.Admin.ClientIdentities, Top: admin.TopFunc(d.topLimited), Resetter: resetter{d},
+		Logger: d.log.With("component", "admin")}, reg); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -152,6 +154,39 @@ func (d *Daemon) topLimited(ctx context.Context, ruleID string, k int) ([]topkey
 		return nil, 0, errors.New("not started")
 	}
 	return top.Top(ctx, ruleID, k)
+}
+
+// resetTimeout bounds a key's reset in the store when its caller set no
+// deadline.
+const resetTimeout = 5 * time.Second
+
+// resetter answers the admin API's ResetKey once the engine runs, with
+// the engine's errors as the admin API's.
+type resetter struct{ d *Daemon }
+
+func (r resetter) ResetKey(ctx context.Context, ruleID, key string) (bool, error) {
+	r.d.mu.Lock()
+	e := r.d.engine
+	r.d.mu.Unlock()
+	if e == nil {
+		return false, errors.New("not started")
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, resetTimeout)
+		defer cancel()
+	}
+	propagated, err := e.ResetKey(ctx, ruleID, key)
+	var invalid *request.InvalidError
+	switch {
+	case errors.Is(err, request.ErrUnknownRule):
+		return false, fmt.Errorf("%w: %w", rulesource.ErrNotFound, err)
+	case errors.As(err, &invalid):
+		return false, fmt.Errorf("%w: %w", rules.ErrInvalid, err)
+	case errors.Is(err, engine.ErrNotHome):
+		return false, fmt.Errorf("%w: %w", admin.ErrNotHome, err)
+	}
+	return propagated, err
 }
 
 // homesValid checks a rule's home_keys against the topology in force and
@@ -356,7 +391,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		if err != nil {
 			return err
 		}
-		eopts.Spends = p.Accumulator()
+		eopts.Spends, eopts.Resets = p.Accumulator(), p.Accumulator()
 		spends = p
 	}
 	if d.opts.Region.PeerSecretFile != "" {

@@ -64,6 +64,9 @@ type regionStack struct {
 
 var stackRegions = []string{"us-east", "eu-west"}
 
+// stackAdminToken is the admin token of every limiterd of a stack.
+const stackAdminToken = "stack-admin-token-of-the-tests"
+
 func quiet() *slog.Logger {
 	if os.Getenv("LIMITER_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -203,6 +206,10 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 	}
 	addrs := s.addrs
 	secret := testenv.SecretFile(t)
+	writeFile(t, s.dir, "admin-token", stackAdminToken)
+	if err := os.Chmod(filepath.Join(s.dir, "admin-token"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, name := range names {
 		r := s.regions[name]
 		var admin natsconn.Auth
@@ -224,6 +231,7 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		o.Region.Name, o.NATS.URL, o.NATS.GossipInterval, o.Region.Instance = name, s.natsURL(name), interval, "limiterd-"+name
 		o.NATS.GossipMaxDefer = 0 // each spend published at its interval, as the tests expect
 		o.NATS.Auth, o.Admin.NATSAuth = s.auth("limiterd-"+name), admin
+		o.Admin.TokenFile = filepath.Join(s.dir, "admin-token")
 		o.Logger = quiet().With("component", "limiterd")
 		d, err := limiterd.New(o)
 		if err != nil {

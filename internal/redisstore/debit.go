@@ -19,6 +19,10 @@ type Debit struct {
 	Rule   string
 	Limit  bucket.Limit
 	Amount float64
+	// Reset says the source region put the bucket back to full before it
+	// admitted Amount: the bucket is put back to full here too, then
+	// debited, in the same script and at most once.
+	Reset bool
 	// Overshoot is set by ApplyDebits: by how much the admissions this
 	// region knows of exceed the limit right after the debit.
 	Overshoot float64
@@ -406,10 +410,18 @@ func debitArgs(marker, seq, ttl, epoch string, c ClientDebits, limits limitArgs)
 			l = [2]string{a[0], a[1]}
 			limits[d.Limit] = l
 		}
-		args = append(args, string(d.Limit.Algorithm), l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64))
+		alg := string(d.Limit.Algorithm)
+		if d.Reset {
+			alg = resetPrefix + alg
+		}
+		args = append(args, alg, l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64))
 	}
 	return keys, args
 }
+
+// resetPrefix before a debit's algorithm tells the debit script to put
+// the bucket back to full before it debits the amount (debit_client.lua).
+const resetPrefix = "!"
 
 // limitArgs are limits as scriptArgs formats them (capacity, then rate or
 // window), by limit.
@@ -440,6 +452,30 @@ func crc16(s string) uint16 {
 		}
 	}
 	return crc
+}
+
+// Reset puts the buckets of reqs back to full: it deletes each bucket's
+// key, one command per bucket, pipelined per node. A bucket's state is
+// that one key for every algorithm, so nothing of it is left. It takes its
+// deadline from ctx.
+func (s *Store) Reset(ctx context.Context, reqs []bucket.Request) error {
+	if len(reqs) == 0 {
+		return nil
+	}
+	admin, err := s.nodes.Admin()
+	if err == nil {
+		_, err = admin.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, r := range reqs {
+				p.Del(ctx, Key(r.Rule, r.Key))
+			}
+			return nil
+		})
+	}
+	if err != nil {
+		s.m.errors[opReset].Inc()
+		return fmt.Errorf("reset: %w", err)
+	}
+	return nil
 }
 
 // Refund gives amount leased tokens back to the bucket of key under rule,

@@ -23,10 +23,11 @@ const (
 	opRenew             // leases extended
 	opHandoff           // buckets handed to a key's new home region
 	opUsage             // buckets and leases read without spending
+	opReset             // buckets put back to full by an admin
 	numOps
 )
 
-var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff", "usage"}
+var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff", "usage", "reset"}
 
 // metrics are those of the store's operations; those of the sending of
 // their scripts to the nodes are the pipeline package's.

@@ -336,9 +336,9 @@ type MultiStore interface {
 // Backend is a shared store as a limiter uses it: it decides checks, one
 // or several at once (MultiStore), gives back spends (Undoer) and paced
 // reservations (Unreserver), hands buckets off to a key's new home region
-// (HandoffStore), holds concurrency leases (LeaseStore) and tells what a
-// check would see without spending (Usager). Memory is one; so is the
-// Redis store.
+// (HandoffStore), holds concurrency leases (LeaseStore), tells what a
+// check would see without spending (Usager) and puts buckets back to full
+// (Resetter). Memory is one; so is the Redis store.
 type Backend interface {
 	MultiStore
 	Undoer
@@ -346,6 +346,16 @@ type Backend interface {
 	HandoffStore
 	LeaseStore
 	Usager
+	Resetter
+}
+
+// Resetter puts buckets back to full: the bucket of each request's (Rule,
+// Key) forgets every spend, debt and paced reservation, as if it had never
+// been used; the requests' Limit and Cost are not read. Resetting a bucket
+// that holds nothing does nothing. Implementations are safe for concurrent
+// use.
+type Resetter interface {
+	Reset(ctx context.Context, reqs []Request) error
 }
 
 // Unreserver is a Store that can give back the spend of a paced request

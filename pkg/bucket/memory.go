@@ -185,6 +185,20 @@ func (m *Memory) take(now int64, req Request) Decision {
 	return d
 }
 
+// Reset puts the buckets of reqs back to full. It never returns an error.
+func (m *Memory) Reset(_ context.Context, reqs []Request) error {
+	for _, r := range reqs {
+		id := bucketID{r.Rule, r.Key}
+		sh := m.shard(r.Key)
+		sh.mu.Lock()
+		if e, ok := sh.buckets[id]; ok {
+			sh.drop(id, e)
+		}
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
 // TakeAll decides reqs all or nothing. It never returns an error.
 func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) {
 	maxWait := time.Duration(0)

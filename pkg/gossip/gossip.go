@@ -101,11 +101,14 @@ var (
 	regionPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
 )
 
-// Spend is the cost admitted under Rule for Key.
+// Spend is the cost admitted under Rule for Key. Reset says the key was
+// put back to full before that cost was admitted: the applying region puts
+// its bucket back to full, then debits Cost (which may then be 0).
 type Spend struct {
-	Rule string
-	Key  string
-	Cost float64
+	Rule  string
+	Key   string
+	Cost  float64
+	Reset bool
 }
 
 // Accumulator sums the cost admitted per (rule, key) between two drains.
@@ -145,6 +148,16 @@ type pending struct {
 	// held counts the drains (DrainDue) the entry was left waiting by.
 	held int32
 	hot  bool
+	// reset: the key was reset before cost was admitted.
+	reset bool
+}
+
+// taken reports whether e was taken by DrainHot (an emptied entry left in
+// ents until the next drain).
+func (e *pending) taken() bool { return e.cost == 0 && !e.reset }
+
+func (e *pending) spend() Spend {
+	return Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost, Reset: e.reset}
 }
 
 // Add records cost admitted under rule for key at now (µs since the epoch).
@@ -180,6 +193,36 @@ func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
 		}
 	}
 	a.mu.Unlock()
+}
+
+// Reset records that the key of rule was put back to full at now (µs
+// since the epoch): the key's sum waiting is dropped (its cost was
+// admitted before the reset, which forgives it), and the key's next entry
+// carries the reset, then the cost admitted after it. The key is hot at
+// once, so the reset goes out within the publisher's hot delay rather
+// than at the next interval; it is never held.
+func (a *Accumulator) Reset(rule, key string, now int64) {
+	id := spendID{rule, key}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i, ok := a.idx[id]
+	if !ok {
+		if a.idx == nil {
+			a.idx = make(map[spendID]int32)
+		}
+		i = int32(len(a.ents))
+		a.idx[id] = i
+		a.ents = append(a.ents, pending{id: id})
+	}
+	e := &a.ents[i]
+	e.cost, e.reset, e.first = 0, true, now
+	if !e.hot {
+		e.hot = true
+		a.hot = append(a.hot, i)
+		if len(a.hot) == 1 {
+			a.signal()
+		}
+	}
 }
 
 // signal wakes the Hot channel's reader, if it is not awake already.
@@ -223,10 +266,10 @@ func (a *Accumulator) Drain() (spends []Spend, first int64) {
 	a.mu.Unlock()
 	spends = make([]Spend, 0, len(ents))
 	for _, e := range ents {
-		if e.cost == 0 {
-			continue // taken by DrainHot
+		if e.taken() {
+			continue
 		}
-		spends = append(spends, Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost})
+		spends = append(spends, e.spend())
 		if first == 0 || e.first < first {
 			first = e.first
 		}
@@ -251,9 +294,9 @@ func (a *Accumulator) DrainDue(drains int, now int64) (spends []Spend, first int
 	kept := a.ents[:0]
 	for _, e := range a.ents {
 		switch {
-		case e.cost == 0:
-			continue // taken by DrainHot
-		case e.budget > 0 && e.cost < e.budget && int(e.held)+1 < drains:
+		case e.taken():
+			continue
+		case !e.reset && e.budget > 0 && e.cost < e.budget && int(e.held)+1 < drains:
 			e.held++
 			e.first = now
 			a.idx[e.id] = int32(len(kept))
@@ -261,7 +304,7 @@ func (a *Accumulator) DrainDue(drains int, now int64) (spends []Spend, first int
 			continue
 		}
 		delete(a.idx, e.id)
-		spends = append(spends, Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost})
+		spends = append(spends, e.spend())
 		if first == 0 || e.first < first {
 			first = e.first
 		}
@@ -283,7 +326,7 @@ func (a *Accumulator) DrainHot() (spends []Spend, first int64) {
 	spends = make([]Spend, 0, len(a.hot))
 	for _, i := range a.hot {
 		e := &a.ents[i]
-		spends = append(spends, Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost})
+		spends = append(spends, e.spend())
 		if first == 0 || e.first < first {
 			first = e.first
 		}
@@ -320,7 +363,7 @@ func Split(h Header, spends []Spend, maxBytes int) ([][]byte, error) {
 	// The header's size, with room for the part counters.
 	size := proto.Size(cur) + 16
 	for _, s := range spends {
-		e := &gossipv1.Spend{RuleId: s.Rule, Key: s.Key, Cost: s.Cost}
+		e := &gossipv1.Spend{RuleId: s.Rule, Key: s.Key, Cost: s.Cost, ResetBefore: s.Reset}
 		n := proto.Size(e) + 4 // field tag and length prefix
 		if n+proto.Size(newBatch(h))+16 > maxBytes {
 			return nil, fmt.Errorf("spend of rule %q, key of %d bytes, does not fit in %d bytes", s.Rule, len(s.Key), maxBytes)
@@ -441,6 +484,8 @@ func validateEntry(i int, s *gossipv1.Spend) error {
 	switch {
 	case s.GetKey() == "" || len(s.GetKey()) > MaxKeyLen:
 		return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
+	case s.GetResetBefore() && s.GetCost() == 0:
+		return nil // a reset with nothing admitted after it
 	case !(s.GetCost() > 0) || math.IsInf(s.GetCost(), 0) || s.GetCost() > MaxCost:
 		return fmt.Errorf("%w: spends[%d].cost: %v is not in (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost)
 	}

@@ -278,7 +278,7 @@ func TestAccumulatorHot(t *testing.T) {
 	default:
 		t.Fatal("Hot did not signal a key reaching its budget")
 	}
-	if got, first := a.DrainHot(); len(got) != 2 || got[0] != (Spend{"r", "loud", 5}) || got[1] != (Spend{"r", "other", 7}) || first != 15 {
+	if got, first := a.DrainHot(); len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "loud", Cost: 5}) || got[1] != (Spend{Rule: "r", Key: "other", Cost: 7}) || first != 15 {
 		t.Fatalf("DrainHot = %v, first %d; want loud 5 and other 7, first 15", got, first)
 	}
 	if got, _ := a.DrainHot(); len(got) != 0 {
@@ -290,7 +290,7 @@ func TestAccumulatorHot(t *testing.T) {
 	}
 	got, first := a.Drain()
 	slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
-	if len(got) != 2 || got[0] != (Spend{"r", "loud", 1}) || got[1] != (Spend{"r", "quiet", 4}) || first != 10 {
+	if len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "loud", Cost: 1}) || got[1] != (Spend{Rule: "r", Key: "quiet", Cost: 4}) || first != 10 {
 		t.Fatalf("Drain = %v, first %d; want loud 1 and quiet 4, first 10", got, first)
 	}
 	// A budget of 0 never makes a key hot.
@@ -313,7 +313,7 @@ func TestAccumulatorDrainDue(t *testing.T) {
 	<-hot // full reached its budget
 	got, first := a.DrainDue(3, 100)
 	slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
-	if len(got) != 2 || got[0] != (Spend{"r", "full", 5}) || got[1] != (Spend{"r", "nobudget", 1}) || first != 11 {
+	if len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "full", Cost: 5}) || got[1] != (Spend{Rule: "r", Key: "nobudget", Cost: 1}) || first != 11 {
 		t.Fatalf("first DrainDue = %v, first %d; want full 5 and nobudget 1, first 11", got, first)
 	}
 	if a.Len() != 1 {
@@ -323,7 +323,7 @@ func TestAccumulatorDrainDue(t *testing.T) {
 	if got, _ := a.DrainDue(3, 200); len(got) != 0 {
 		t.Fatalf("second DrainDue = %v, want nothing: quiet (2 of 5) may wait 3 drains", got)
 	}
-	if got, first := a.DrainDue(3, 300); len(got) != 1 || got[0] != (Spend{"r", "quiet", 2}) || first != 200 {
+	if got, first := a.DrainDue(3, 300); len(got) != 1 || got[0] != (Spend{Rule: "r", Key: "quiet", Cost: 2}) || first != 200 {
 		t.Fatalf("third DrainDue = %v, first %d; want quiet 2 at its bound, first 200 (the drain it was last held at)", got, first)
 	}
 
@@ -336,7 +336,7 @@ func TestAccumulatorDrainDue(t *testing.T) {
 	default:
 		t.Fatal("Hot did not signal a held key reaching its budget")
 	}
-	if got, _ := a.DrainHot(); len(got) != 1 || got[0] != (Spend{"r", "k", 5}) {
+	if got, _ := a.DrainHot(); len(got) != 1 || got[0] != (Spend{Rule: "r", Key: "k", Cost: 5}) {
 		t.Fatalf("DrainHot = %v, want k 5", got)
 	}
 	if got, _ := a.DrainDue(10, 700); len(got) != 0 || a.Len() != 0 {
@@ -370,5 +370,76 @@ func TestAccumulatorFull(t *testing.T) {
 	}
 	if got, _ := a.Drain(); len(got) != 4 || a.Full() {
 		t.Fatalf("Drain = %d keys, full %v; want all 4, not full", len(got), a.Full())
+	}
+}
+
+// TestAccumulatorReset: a reset drops the key's waiting sum, makes the key
+// hot, and its entry carries the reset then what was admitted after it,
+// held by no DrainDue; a key reset with nothing after it still goes out.
+func TestAccumulatorReset(t *testing.T) {
+	tests := []struct {
+		name  string
+		drain func(a *Accumulator) []Spend
+	}{
+		{"Drain", func(a *Accumulator) []Spend { s, _ := a.Drain(); return s }},
+		{"DrainDue", func(a *Accumulator) []Spend { s, _ := a.DrainDue(10, 50); return s }},
+		{"DrainHot", func(a *Accumulator) []Spend { s, _ := a.DrainHot(); return s }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var a Accumulator
+			hot := a.Hot()
+			a.Add("r", "k", 3, 100, 10)
+			a.Add("r", "other", 2, 100, 10)
+			a.Reset("r", "k", 20)
+			a.Add("r", "k", 1.5, 100, 30)
+			a.Reset("r", "quiet", 25)
+			select {
+			case <-hot:
+			default:
+				t.Fatal("a reset did not signal Hot")
+			}
+			got := tc.drain(&a)
+			slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
+			want := []Spend{{Rule: "r", Key: "k", Cost: 1.5, Reset: true}, {Rule: "r", Key: "quiet", Reset: true}}
+			if tc.name == "Drain" {
+				want = []Spend{want[0], {Rule: "r", Key: "other", Cost: 2}, want[1]}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("drained %+v, want %+v", got, want)
+			}
+			a.Add("r", "k", 1, 100, 40)
+			rest, _ := a.Drain()
+			for _, s := range rest {
+				if s.Reset {
+					t.Fatalf("%+v: a key's reset went out twice", s)
+				}
+			}
+		})
+	}
+}
+
+// TestResetRoundTrip: a reset entry, with or without a cost, crosses the
+// wire and is valid; a zero cost without the reset is not.
+func TestResetRoundTrip(t *testing.T) {
+	sent := []Spend{{Rule: "api", Key: "a", Reset: true}, {Rule: "api", Key: "b", Cost: 2, Reset: true}, {Rule: "api", Key: "c", Cost: 1}}
+	parts, err := Split(header(), sent, DefaultMaxMessageBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Decode(parts[0], DefaultMaxMessageBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []Spend
+	for _, s := range b.GetSpends() {
+		got = append(got, Spend{Rule: s.GetRuleId(), Key: s.GetKey(), Cost: s.GetCost(), Reset: s.GetResetBefore()})
+	}
+	if !slices.Equal(got, sent) {
+		t.Fatalf("got %+v, sent %+v", got, sent)
+	}
+	err = ValidateSpend(0, &gossipv1.Spend{RuleId: "api", Key: "a"})
+	if !errors.Is(err, ErrInvalidBatch) {
+		t.Fatalf("a zero cost without a reset: %v, want ErrInvalidBatch", err)
 	}
 }

@@ -279,7 +279,9 @@ func (a *Applier) markerTTL() time.Duration { return a.opts.StreamMaxAge + 10*a.
 func (a *Applier) recordTTL() time.Duration { return a.markerTTL() }
 
 // debits groups spends by client, with this region's limits; spends of
-// rules this region does not have or does not reconcile are skipped.
+// rules this region does not have or does not reconcile are skipped. An
+// entry that resets its key makes its debit a reset, forgiving the
+// entries of the key and rule before it.
 func (a *Applier) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientDebits, skipped int) {
 	byKey := make(map[string]int)
 	set := a.rules.Current()
@@ -297,10 +299,14 @@ func (a *Applier) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientD
 		}
 		d := &clients[i]
 		if j := slices.IndexFunc(d.Debits, func(x redisstore.Debit) bool { return x.Rule == rule.ID }); j >= 0 {
+			if s.GetResetBefore() {
+				// The reset forgives what came before it in the message.
+				d.Debits[j].Amount, d.Debits[j].Reset = 0, true
+			}
 			d.Debits[j].Amount += s.GetCost()
 			continue
 		}
-		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost()})
+		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost(), Reset: s.GetResetBefore()})
 	}
 	return clients, skipped
 }

@@ -346,3 +346,38 @@ func TestApplyObservesLag(t *testing.T) {
 	}
 	testenv.Lint(t, mfs)
 }
+
+// TestApplyReset: an entry that resets its key makes the key's debit a
+// reset that forgives the entries before it in the message and carries
+// those after it; it goes to the retry stream and back as a reset.
+func TestApplyReset(t *testing.T) {
+	store := &fakeStore{}
+	a, _, _ := newTestApplier(t, store, &fakeJS{})
+	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 2},
+		&gossipv1.Spend{RuleId: "quota", Key: "a", ResetBefore: true}, &gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 3},
+		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 1}), seq: 1, delivered: 1}
+	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
+	if len(store.applied) != 2 {
+		t.Fatalf("applied %+v, want two clients", store.applied)
+	}
+	if d := store.applied[0].Debits[0]; !d.Reset || d.Amount != 3 {
+		t.Errorf("a's debit %+v, want a reset then 3", d)
+	}
+	if d := store.applied[1].Debits[0]; d.Reset || d.Amount != 1 {
+		t.Errorf("b's debit %+v, want 1 without a reset", d)
+	}
+	js := &fakeJS{}
+	b, _, _ := newTestApplier(t, &fakeStore{}, js)
+	p := 0
+	entry := retryEntry{Source: "us-east", Epoch: 3, Seq: 4, Partition: &p, FirstAdmitted: 1}
+	if err := b.publishRetries(context.Background(), entry, []redisstore.ClientDebits{{Key: "a", Debits: []redisstore.Debit{{Rule: "quota", Reset: true}}}}); err != nil {
+		t.Fatal(err)
+	}
+	e, err := decodeRetry(js.published[b.retrySubject("us-east", bucketOf("a"))][0], "us-east")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := e.Clients[0].Debits[0]; !d.Reset || d.Amount != 0 {
+		t.Errorf("retry entry's debit %+v, want a reset of 0", d)
+	}
+}

@@ -75,6 +75,8 @@ type retryClient struct {
 type retryDebit struct {
 	Rule   string  `json:"rule"`
 	Amount float64 `json:"amount"`
+	// Reset: the key was reset before Amount (gossipv1.Spend.reset_before).
+	Reset bool `json:"reset,omitempty"`
 }
 
 // errInvalidRetry wraps every reason a retry entry is refused.
@@ -110,7 +112,7 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 			return nil, fmt.Errorf("%w: clients[%d].debits: none", errInvalidRetry, i)
 		}
 		for j, d := range c.Debits {
-			if err := gossip.ValidateSpend(j, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount}); err != nil {
+			if err := gossip.ValidateSpend(j, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount, ResetBefore: d.Reset}); err != nil {
 				return nil, fmt.Errorf("%w: clients[%d]: %w", errInvalidRetry, i, err)
 			}
 		}
@@ -136,7 +138,7 @@ func (a *Applier) publishRetries(ctx context.Context, entry retryEntry, clients 
 		}
 		rc := retryClient{Key: c.Key}
 		for _, d := range c.Debits {
-			rc.Debits = append(rc.Debits, retryDebit{Rule: d.Rule, Amount: d.Amount})
+			rc.Debits = append(rc.Debits, retryDebit{Rule: d.Rule, Amount: d.Amount, Reset: d.Reset})
 		}
 		byBucket[b] = append(byBucket[b], rc)
 	}
@@ -268,7 +270,7 @@ func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
 	spends := make([]*gossipv1.Spend, 0, len(e.Clients))
 	for _, c := range e.Clients {
 		for _, d := range c.Debits {
-			spends = append(spends, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount})
+			spends = append(spends, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount, ResetBefore: d.Reset})
 		}
 	}
 	clients, _ := a.debits(spends)

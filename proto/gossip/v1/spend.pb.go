@@ -136,10 +136,18 @@ func (x *SpendBatch) GetSpends() []*Spend {
 
 // Spend is the cost admitted under one rule for one key.
 type Spend struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RuleId        string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
-	Key           string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Cost          float64                `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	Key    string                 `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// The cost admitted, above 0; it may be 0 only in an entry that resets
+	// the key.
+	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	// Set when an admin put the key back to full (Admin/ResetKey) in the
+	// source region before it admitted this entry's cost: the applying
+	// region puts its own bucket of the key back to full, then debits the
+	// cost. The reset and the cost are one fact, applied once and in order with the
+	// key's other entries.
+	ResetBefore   bool `protobuf:"varint,4,opt,name=reset_before,json=resetBefore,proto3" json:"reset_before,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -195,6 +203,13 @@ func (x *Spend) GetCost() float64 {
 	return 0
 }
 
+func (x *Spend) GetResetBefore() bool {
+	if x != nil {
+		return x.ResetBefore
+	}
+	return false
+}
+
 var File_gossip_v1_spend_proto protoreflect.FileDescriptor
 
 const file_gossip_v1_spend_proto_rawDesc = "" +
@@ -209,11 +224,12 @@ const file_gossip_v1_spend_proto_rawDesc = "" +
 	"\x05parts\x18\x05 \x01(\rR\x05parts\x12;\n" +
 	"\x1afirst_admitted_unix_micros\x18\x06 \x01(\x03R\x17firstAdmittedUnixMicros\x12.\n" +
 	"\x13flushed_unix_micros\x18\a \x01(\x03R\x11flushedUnixMicros\x120\n" +
-	"\x06spends\x18\b \x03(\v2\x18.limiter.gossip.v1.SpendR\x06spends\"F\n" +
+	"\x06spends\x18\b \x03(\v2\x18.limiter.gossip.v1.SpendR\x06spends\"i\n" +
 	"\x05Spend\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
-	"\x04cost\x18\x03 \x01(\x01R\x04costB7Z5github.com/limiterd/limiterd/proto/gossip/v1;gossipv1b\x06proto3"
+	"\x04cost\x18\x03 \x01(\x01R\x04cost\x12!\n" +
+	"\freset_before\x18\x04 \x01(\bR\vresetBeforeB7Z5github.com/limiterd/limiterd/proto/gossip/v1;gossipv1b\x06proto3"
 
 var (
 	file_gossip_v1_spend_proto_rawDescOnce sync.Once

@@ -21,6 +21,105 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ResetKeyRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	// The key, as checks send it: 1 to 512 bytes.
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetKeyRequest) Reset() {
+	*x = ResetKeyRequest{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetKeyRequest) ProtoMessage() {}
+
+func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
+func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ResetKeyRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *ResetKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type ResetKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the other regions are told (the rule is reconciled and this
+	// limiterd publishes spends); false: the reset is this region's alone.
+	Propagated    bool `protobuf:"varint,1,opt,name=propagated,proto3" json:"propagated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetKeyResponse) Reset() {
+	*x = ResetKeyResponse{}
+	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetKeyResponse) ProtoMessage() {}
+
+func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
+func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ResetKeyResponse) GetPropagated() bool {
+	if x != nil {
+		return x.Propagated
+	}
+	return false
+}
+
 type PutRuleRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The rule in the rules file's format (YAML or JSON), one rule: the
@@ -32,7 +131,7 @@ type PutRuleRequest struct {
 
 func (x *PutRuleRequest) Reset() {
 	*x = PutRuleRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	mi := &file_limiter_v1_admin_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -44,7 +143,7 @@ func (x *PutRuleRequest) String() string {
 func (*PutRuleRequest) ProtoMessage() {}
 
 func (x *PutRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[0]
+	mi := &file_limiter_v1_admin_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -57,7 +156,7 @@ func (x *PutRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRuleRequest.ProtoReflect.Descriptor instead.
 func (*PutRuleRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PutRuleRequest) GetRule() string {
@@ -77,7 +176,7 @@ type PutRuleResponse struct {
 
 func (x *PutRuleResponse) Reset() {
 	*x = PutRuleResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	mi := &file_limiter_v1_admin_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -89,7 +188,7 @@ func (x *PutRuleResponse) String() string {
 func (*PutRuleResponse) ProtoMessage() {}
 
 func (x *PutRuleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[1]
+	mi := &file_limiter_v1_admin_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -102,7 +201,7 @@ func (x *PutRuleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRuleResponse.ProtoReflect.Descriptor instead.
 func (*PutRuleResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PutRuleResponse) GetRevision() uint64 {
@@ -121,7 +220,7 @@ type DeleteRuleRequest struct {
 
 func (x *DeleteRuleRequest) Reset() {
 	*x = DeleteRuleRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[2]
+	mi := &file_limiter_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -133,7 +232,7 @@ func (x *DeleteRuleRequest) String() string {
 func (*DeleteRuleRequest) ProtoMessage() {}
 
 func (x *DeleteRuleRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[2]
+	mi := &file_limiter_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -146,7 +245,7 @@ func (x *DeleteRuleRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuleRequest.ProtoReflect.Descriptor instead.
 func (*DeleteRuleRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *DeleteRuleRequest) GetId() string {
@@ -164,7 +263,7 @@ type DeleteRuleResponse struct {
 
 func (x *DeleteRuleResponse) Reset() {
 	*x = DeleteRuleResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[3]
+	mi := &file_limiter_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -176,7 +275,7 @@ func (x *DeleteRuleResponse) String() string {
 func (*DeleteRuleResponse) ProtoMessage() {}
 
 func (x *DeleteRuleResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[3]
+	mi := &file_limiter_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -189,7 +288,7 @@ func (x *DeleteRuleResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteRuleResponse.ProtoReflect.Descriptor instead.
 func (*DeleteRuleResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 type PutOverrideRequest struct {
@@ -208,7 +307,7 @@ type PutOverrideRequest struct {
 
 func (x *PutOverrideRequest) Reset() {
 	*x = PutOverrideRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	mi := &file_limiter_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -220,7 +319,7 @@ func (x *PutOverrideRequest) String() string {
 func (*PutOverrideRequest) ProtoMessage() {}
 
 func (x *PutOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[4]
+	mi := &file_limiter_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -233,7 +332,7 @@ func (x *PutOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOverrideRequest.ProtoReflect.Descriptor instead.
 func (*PutOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PutOverrideRequest) GetRuleId() string {
@@ -267,7 +366,7 @@ type PutOverrideResponse struct {
 
 func (x *PutOverrideResponse) Reset() {
 	*x = PutOverrideResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -279,7 +378,7 @@ func (x *PutOverrideResponse) String() string {
 func (*PutOverrideResponse) ProtoMessage() {}
 
 func (x *PutOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[5]
+	mi := &file_limiter_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -292,7 +391,7 @@ func (x *PutOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutOverrideResponse.ProtoReflect.Descriptor instead.
 func (*PutOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PutOverrideResponse) GetRevision() uint64 {
@@ -312,7 +411,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +423,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[6]
+	mi := &file_limiter_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +436,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteOverrideRequest) GetRuleId() string {
@@ -364,7 +463,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -376,7 +475,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[7]
+	mi := &file_limiter_v1_admin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -389,7 +488,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteOverrideResponse) GetRevision() uint64 {
@@ -407,7 +506,7 @@ type ListRulesRequest struct {
 
 func (x *ListRulesRequest) Reset() {
 	*x = ListRulesRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	mi := &file_limiter_v1_admin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +518,7 @@ func (x *ListRulesRequest) String() string {
 func (*ListRulesRequest) ProtoMessage() {}
 
 func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[8]
+	mi := &file_limiter_v1_admin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +531,7 @@ func (x *ListRulesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesRequest.ProtoReflect.Descriptor instead.
 func (*ListRulesRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{10}
 }
 
 type ListRulesResponse struct {
@@ -448,7 +547,7 @@ type ListRulesResponse struct {
 
 func (x *ListRulesResponse) Reset() {
 	*x = ListRulesResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	mi := &file_limiter_v1_admin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +559,7 @@ func (x *ListRulesResponse) String() string {
 func (*ListRulesResponse) ProtoMessage() {}
 
 func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[9]
+	mi := &file_limiter_v1_admin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +572,7 @@ func (x *ListRulesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRulesResponse.ProtoReflect.Descriptor instead.
 func (*ListRulesResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListRulesResponse) GetRules() []*RuleEntry {
@@ -502,7 +601,7 @@ type RuleEntry struct {
 
 func (x *RuleEntry) Reset() {
 	*x = RuleEntry{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[10]
+	mi := &file_limiter_v1_admin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +613,7 @@ func (x *RuleEntry) String() string {
 func (*RuleEntry) ProtoMessage() {}
 
 func (x *RuleEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[10]
+	mi := &file_limiter_v1_admin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +626,7 @@ func (x *RuleEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleEntry.ProtoReflect.Descriptor instead.
 func (*RuleEntry) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{10}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RuleEntry) GetId() string {
@@ -562,7 +661,7 @@ type TopLimitedRequest struct {
 
 func (x *TopLimitedRequest) Reset() {
 	*x = TopLimitedRequest{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[11]
+	mi := &file_limiter_v1_admin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -574,7 +673,7 @@ func (x *TopLimitedRequest) String() string {
 func (*TopLimitedRequest) ProtoMessage() {}
 
 func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[11]
+	mi := &file_limiter_v1_admin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -587,7 +686,7 @@ func (x *TopLimitedRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLimitedRequest.ProtoReflect.Descriptor instead.
 func (*TopLimitedRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{11}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TopLimitedRequest) GetRuleId() string {
@@ -619,7 +718,7 @@ type TopLimitedResponse struct {
 
 func (x *TopLimitedResponse) Reset() {
 	*x = TopLimitedResponse{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[12]
+	mi := &file_limiter_v1_admin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -631,7 +730,7 @@ func (x *TopLimitedResponse) String() string {
 func (*TopLimitedResponse) ProtoMessage() {}
 
 func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[12]
+	mi := &file_limiter_v1_admin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -644,7 +743,7 @@ func (x *TopLimitedResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLimitedResponse.ProtoReflect.Descriptor instead.
 func (*TopLimitedResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{12}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TopLimitedResponse) GetKeys() []*LimitedKey {
@@ -682,7 +781,7 @@ type LimitedKey struct {
 
 func (x *LimitedKey) Reset() {
 	*x = LimitedKey{}
-	mi := &file_limiter_v1_admin_proto_msgTypes[13]
+	mi := &file_limiter_v1_admin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -694,7 +793,7 @@ func (x *LimitedKey) String() string {
 func (*LimitedKey) ProtoMessage() {}
 
 func (x *LimitedKey) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_admin_proto_msgTypes[13]
+	mi := &file_limiter_v1_admin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -707,7 +806,7 @@ func (x *LimitedKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LimitedKey.ProtoReflect.Descriptor instead.
 func (*LimitedKey) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{13}
+	return file_limiter_v1_admin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LimitedKey) GetKey() string {
@@ -736,7 +835,14 @@ var File_limiter_v1_admin_proto protoreflect.FileDescriptor
 const file_limiter_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x16limiter/v1/admin.proto\x12\n" +
-	"limiter.v1\"$\n" +
+	"limiter.v1\"<\n" +
+	"\x0fResetKeyRequest\x12\x17\n" +
+	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"2\n" +
+	"\x10ResetKeyResponse\x12\x1e\n" +
+	"\n" +
+	"propagated\x18\x01 \x01(\bR\n" +
+	"propagated\"$\n" +
 	"\x0ePutRuleRequest\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\"-\n" +
 	"\x0fPutRuleResponse\x12\x1a\n" +
@@ -774,7 +880,7 @@ const file_limiter_v1_admin_proto_rawDesc = "" +
 	"LimitedKey\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\x04R\x05error2\xd8\x03\n" +
+	"\x05error\x18\x03 \x01(\x04R\x05error2\x9f\x04\n" +
 	"\x05Admin\x12B\n" +
 	"\aPutRule\x12\x1a.limiter.v1.PutRuleRequest\x1a\x1b.limiter.v1.PutRuleResponse\x12K\n" +
 	"\n" +
@@ -783,7 +889,8 @@ const file_limiter_v1_admin_proto_rawDesc = "" +
 	"\x0eDeleteOverride\x12!.limiter.v1.DeleteOverrideRequest\x1a\".limiter.v1.DeleteOverrideResponse\x12H\n" +
 	"\tListRules\x12\x1c.limiter.v1.ListRulesRequest\x1a\x1d.limiter.v1.ListRulesResponse\x12K\n" +
 	"\n" +
-	"TopLimited\x12\x1d.limiter.v1.TopLimitedRequest\x1a\x1e.limiter.v1.TopLimitedResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"TopLimited\x12\x1d.limiter.v1.TopLimitedRequest\x1a\x1e.limiter.v1.TopLimitedResponse\x12E\n" +
+	"\bResetKey\x12\x1b.limiter.v1.ResetKeyRequest\x1a\x1c.limiter.v1.ResetKeyResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_admin_proto_rawDescOnce sync.Once
@@ -797,40 +904,44 @@ func file_limiter_v1_admin_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_admin_proto_rawDescData
 }
 
-var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_limiter_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_limiter_v1_admin_proto_goTypes = []any{
-	(*PutRuleRequest)(nil),         // 0: limiter.v1.PutRuleRequest
-	(*PutRuleResponse)(nil),        // 1: limiter.v1.PutRuleResponse
-	(*DeleteRuleRequest)(nil),      // 2: limiter.v1.DeleteRuleRequest
-	(*DeleteRuleResponse)(nil),     // 3: limiter.v1.DeleteRuleResponse
-	(*PutOverrideRequest)(nil),     // 4: limiter.v1.PutOverrideRequest
-	(*PutOverrideResponse)(nil),    // 5: limiter.v1.PutOverrideResponse
-	(*DeleteOverrideRequest)(nil),  // 6: limiter.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 7: limiter.v1.DeleteOverrideResponse
-	(*ListRulesRequest)(nil),       // 8: limiter.v1.ListRulesRequest
-	(*ListRulesResponse)(nil),      // 9: limiter.v1.ListRulesResponse
-	(*RuleEntry)(nil),              // 10: limiter.v1.RuleEntry
-	(*TopLimitedRequest)(nil),      // 11: limiter.v1.TopLimitedRequest
-	(*TopLimitedResponse)(nil),     // 12: limiter.v1.TopLimitedResponse
-	(*LimitedKey)(nil),             // 13: limiter.v1.LimitedKey
+	(*ResetKeyRequest)(nil),        // 0: limiter.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 1: limiter.v1.ResetKeyResponse
+	(*PutRuleRequest)(nil),         // 2: limiter.v1.PutRuleRequest
+	(*PutRuleResponse)(nil),        // 3: limiter.v1.PutRuleResponse
+	(*DeleteRuleRequest)(nil),      // 4: limiter.v1.DeleteRuleRequest
+	(*DeleteRuleResponse)(nil),     // 5: limiter.v1.DeleteRuleResponse
+	(*PutOverrideRequest)(nil),     // 6: limiter.v1.PutOverrideRequest
+	(*PutOverrideResponse)(nil),    // 7: limiter.v1.PutOverrideResponse
+	(*DeleteOverrideRequest)(nil),  // 8: limiter.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 9: limiter.v1.DeleteOverrideResponse
+	(*ListRulesRequest)(nil),       // 10: limiter.v1.ListRulesRequest
+	(*ListRulesResponse)(nil),      // 11: limiter.v1.ListRulesResponse
+	(*RuleEntry)(nil),              // 12: limiter.v1.RuleEntry
+	(*TopLimitedRequest)(nil),      // 13: limiter.v1.TopLimitedRequest
+	(*TopLimitedResponse)(nil),     // 14: limiter.v1.TopLimitedResponse
+	(*LimitedKey)(nil),             // 15: limiter.v1.LimitedKey
 }
 var file_limiter_v1_admin_proto_depIdxs = []int32{
-	10, // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
-	13, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
-	0,  // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
-	2,  // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
-	4,  // 4: limiter.v1.Admin.PutOverride:input_type -> limiter.v1.PutOverrideRequest
-	6,  // 5: limiter.v1.Admin.DeleteOverride:input_type -> limiter.v1.DeleteOverrideRequest
-	8,  // 6: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
-	11, // 7: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
-	1,  // 8: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
-	3,  // 9: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
-	5,  // 10: limiter.v1.Admin.PutOverride:output_type -> limiter.v1.PutOverrideResponse
-	7,  // 11: limiter.v1.Admin.DeleteOverride:output_type -> limiter.v1.DeleteOverrideResponse
-	9,  // 12: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
-	12, // 13: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
-	8,  // [8:14] is the sub-list for method output_type
-	2,  // [2:8] is the sub-list for method input_type
+	12, // 0: limiter.v1.ListRulesResponse.rules:type_name -> limiter.v1.RuleEntry
+	15, // 1: limiter.v1.TopLimitedResponse.keys:type_name -> limiter.v1.LimitedKey
+	2,  // 2: limiter.v1.Admin.PutRule:input_type -> limiter.v1.PutRuleRequest
+	4,  // 3: limiter.v1.Admin.DeleteRule:input_type -> limiter.v1.DeleteRuleRequest
+	6,  // 4: limiter.v1.Admin.PutOverride:input_type -> limiter.v1.PutOverrideRequest
+	8,  // 5: limiter.v1.Admin.DeleteOverride:input_type -> limiter.v1.DeleteOverrideRequest
+	10, // 6: limiter.v1.Admin.ListRules:input_type -> limiter.v1.ListRulesRequest
+	13, // 7: limiter.v1.Admin.TopLimited:input_type -> limiter.v1.TopLimitedRequest
+	0,  // 8: limiter.v1.Admin.ResetKey:input_type -> limiter.v1.ResetKeyRequest
+	3,  // 9: limiter.v1.Admin.PutRule:output_type -> limiter.v1.PutRuleResponse
+	5,  // 10: limiter.v1.Admin.DeleteRule:output_type -> limiter.v1.DeleteRuleResponse
+	7,  // 11: limiter.v1.Admin.PutOverride:output_type -> limiter.v1.PutOverrideResponse
+	9,  // 12: limiter.v1.Admin.DeleteOverride:output_type -> limiter.v1.DeleteOverrideResponse
+	11, // 13: limiter.v1.Admin.ListRules:output_type -> limiter.v1.ListRulesResponse
+	14, // 14: limiter.v1.Admin.TopLimited:output_type -> limiter.v1.TopLimitedResponse
+	1,  // 15: limiter.v1.Admin.ResetKey:output_type -> limiter.v1.ResetKeyResponse
+	9,  // [9:16] is the sub-list for method output_type
+	2,  // [2:9] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name
@@ -847,7 +958,7 @@ func file_limiter_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_admin_proto_rawDesc), len(file_limiter_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const (
 	Admin_DeleteOverride_FullMethodName = "/limiter.v1.Admin/DeleteOverride"
 	Admin_ListRules_FullMethodName      = "/limiter.v1.Admin/ListRules"
 	Admin_TopLimited_FullMethodName     = "/limiter.v1.Admin/TopLimited"
+	Admin_ResetKey_FullMethodName       = "/limiter.v1.Admin/ResetKey"
 )
 
 // AdminClient is the client API for Admin service.
@@ -64,6 +65,16 @@ type AdminClient interface {
 	// refused more than about 1/64 of the rule's refusals is always listed.
 	// An unknown rule is NOT_FOUND; a bad limit INVALID_ARGUMENT.
 	TopLimited(ctx context.Context, in *TopLimitedRequest, opts ...grpc.CallOption) (*TopLimitedResponse, error)
+	// ResetKey puts a key of a rule back to full: in this region at once
+	// (this instance's deny cache forgets the key too), and, for a
+	// reconciled rule, in every other region through the reconcilers,
+	// ordered after the spends this instance admitted before it and applied
+	// once. A rule that does not exist is NOT_FOUND; a bad key, or a
+	// concurrency rule (whose leases their holders release), is
+	// INVALID_ARGUMENT; a key of a pinned rule whose home is another region
+	// is FAILED_PRECONDITION naming that region: reset it there. The reset
+	// is logged with the caller's admin identity.
+	ResetKey(ctx context.Context, in *ResetKeyRequest, opts ...grpc.CallOption) (*ResetKeyResponse, error)
 }
 
 type adminClient struct {
@@ -134,6 +145,16 @@ func (c *adminClient) TopLimited(ctx context.Context, in *TopLimitedRequest, opt
 	return out, nil
 }
 
+func (c *adminClient) ResetKey(ctx context.Context, in *ResetKeyRequest, opts ...grpc.CallOption) (*ResetKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResetKeyResponse)
+	err := c.cc.Invoke(ctx, Admin_ResetKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServer is the server API for Admin service.
 // All implementations must embed UnimplementedAdminServer
 // for forward compatibility.
@@ -171,6 +192,16 @@ type AdminServer interface {
 	// refused more than about 1/64 of the rule's refusals is always listed.
 	// An unknown rule is NOT_FOUND; a bad limit INVALID_ARGUMENT.
 	TopLimited(context.Context, *TopLimitedRequest) (*TopLimitedResponse, error)
+	// ResetKey puts a key of a rule back to full: in this region at once
+	// (this instance's deny cache forgets the key too), and, for a
+	// reconciled rule, in every other region through the reconcilers,
+	// ordered after the spends this instance admitted before it and applied
+	// once. A rule that does not exist is NOT_FOUND; a bad key, or a
+	// concurrency rule (whose leases their holders release), is
+	// INVALID_ARGUMENT; a key of a pinned rule whose home is another region
+	// is FAILED_PRECONDITION naming that region: reset it there. The reset
+	// is logged with the caller's admin identity.
+	ResetKey(context.Context, *ResetKeyRequest) (*ResetKeyResponse, error)
 	mustEmbedUnimplementedAdminServer()
 }
 
@@ -198,6 +229,9 @@ func (UnimplementedAdminServer) ListRules(context.Context, *ListRulesRequest) (*
 }
 func (UnimplementedAdminServer) TopLimited(context.Context, *TopLimitedRequest) (*TopLimitedResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TopLimited not implemented")
+}
+func (UnimplementedAdminServer) ResetKey(context.Context, *ResetKeyRequest) (*ResetKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetKey not implemented")
 }
 func (UnimplementedAdminServer) mustEmbedUnimplementedAdminServer() {}
 func (UnimplementedAdminServer) testEmbeddedByValue()               {}
@@ -328,6 +362,24 @@ func _Admin_TopLimited_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Admin_ResetKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServer).ResetKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Admin_ResetKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServer).ResetKey(ctx, req.(*ResetKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Admin_ServiceDesc is the grpc.ServiceDesc for Admin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -358,6 +410,10 @@ var Admin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TopLimited",
 			Handler:    _Admin_TopLimited_Handler,
+		},
+		{
+			MethodName: "ResetKey",
+			Handler:    _Admin_ResetKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
