@@ -97,6 +97,11 @@ type Rule struct {
 	// that one key's queue of reserved slots holds at most MaxWait of them
 	// and a caller asking MaxWait is never locked out by a deeper one.
 	MaxWait Duration `yaml:"max_wait"`
+	// SettleWithin is how long the settlement of a check that spent an
+	// estimate (CheckRequest.settle) may be settled with its actual cost
+	// (default DefaultSettleWithin, at most MaxSettleWithin); after it the
+	// estimate stands. Not for a concurrency rule.
+	SettleWithin Duration `yaml:"settle_within"`
 	// MaxOvershoot is the accuracy budget of a reconciled rule, a fraction
 	// of its capacity (default DefaultMaxOvershoot): a key whose spend not
 	// yet published reaches it is published within a short tick instead
@@ -176,6 +181,24 @@ func (r *Rule) Overshoot() float64 {
 // SpendBudget is the spend of one key, in tokens, past which a region
 // publishes it at once: Overshoot × capacity.
 func (r *Rule) SpendBudget() float64 { return r.Overshoot() * r.limit.Capacity }
+
+// Settlement windows (settle_within).
+const (
+	// DefaultSettleWithin is the settle_within of a rule without one.
+	DefaultSettleWithin = 5 * time.Minute
+	// MaxSettleWithin bounds settle_within: a settlement's record is kept
+	// in the store that long.
+	MaxSettleWithin = time.Hour
+)
+
+// SettleWindow is how long a settlement of the rule may be settled: its
+// settle_within, or DefaultSettleWithin.
+func (r *Rule) SettleWindow() time.Duration {
+	if r.SettleWithin > 0 {
+		return time.Duration(r.SettleWithin)
+	}
+	return DefaultSettleWithin
+}
 
 // DefaultLeaseTTL is the lease length of a concurrency rule without lease_ttl.
 const DefaultLeaseTTL = 30 * time.Second
@@ -492,7 +515,13 @@ func (r *Rule) validate(n *yaml.Node) error {
 			return fieldErrorf("max_wait", "must be above 0 and at most %v, got %v", bucket.MaxWait, time.Duration(r.MaxWait))
 		}
 	}
+	if r.SettleWithin != 0 && (r.SettleWithin < 0 || time.Duration(r.SettleWithin) > MaxSettleWithin) {
+		return fieldErrorf("settle_within", "must be above 0 and at most %v, got %v", MaxSettleWithin, time.Duration(r.SettleWithin))
+	}
 	if r.Concurrent() {
+		if r.SettleWithin != 0 {
+			return fieldErrorf("settle_within", "a concurrency rule spends no estimate to settle")
+		}
 		if r.AllowRequestLimit || r.RequestLimitMax != 0 {
 			return fieldError("allow_request_limit", errors.New("a concurrency rule takes no limit from a request"))
 		}

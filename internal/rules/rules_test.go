@@ -58,6 +58,7 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "zero refill", file: "zero-refill.bad.yml", index: 0, id: "a", field: "refill_per_second", line: 2},
 		{name: "max_wait on a window", file: "max-wait-window.bad.yml", index: 0, id: "a", field: "max_wait", line: 6},
 		{name: "max_wait too long", file: "max-wait-too-long.bad.yml", index: 0, id: "a", field: "max_wait", line: 6},
+		{name: "settle_within too long", file: "settle-within-too-long.bad.yml", index: 0, id: "a", field: "settle_within", line: 6},
 		{name: "negative capacity", file: "negative-capacity.bad.yml", index: 0, id: "a", field: "capacity", line: 3},
 		{name: "missing window", file: "missing-window.bad.yml", index: 0, id: "a", field: "window", line: 2},
 		{name: "sliding log too large", file: "log-too-large.bad.yml", index: 0, id: "a", field: "limit", line: 4},
@@ -268,7 +269,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "settle_within", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string
