@@ -369,6 +369,147 @@ func (x *CancelReservationResponse) GetGivenBack() bool {
 	return false
 }
 
+type SettleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The settlement of an allowed CheckResponse.
+	Settlement string `protobuf:"bytes,1,opt,name=settlement,proto3" json:"settlement,omitempty"`
+	// What the request cost: finite and >= 0 (0 gives back the whole
+	// estimate). It may be above the estimate, and above the rule's capacity:
+	// the bucket then goes into debt, at most the rule's capacity plus 10 s
+	// of its rate.
+	ActualCost    float64 `protobuf:"fixed64,2,opt,name=actual_cost,json=actualCost,proto3" json:"actual_cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SettleRequest) GetSettlement() string {
+	if x != nil {
+		return x.Settlement
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetActualCost() float64 {
+	if x != nil {
+		return x.ActualCost
+	}
+	return 0
+}
+
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the settlement is settled: by this call or, for a replay, by
+	// the first. False only when it expired.
+	Settled bool `protobuf:"varint,1,opt,name=settled,proto3" json:"settled,omitempty"`
+	// The settlement came after the rule's settle_within: the estimate
+	// stands and nothing changed.
+	Expired bool `protobuf:"varint,2,opt,name=expired,proto3" json:"expired,omitempty"`
+	// A Settle of this settlement answered before: nothing changed now, and
+	// the other fields are the first answer's.
+	Replay bool `protobuf:"varint,3,opt,name=replay,proto3" json:"replay,omitempty"`
+	// The estimate the check spent, and actual_cost as settled (a replay's:
+	// the first Settle's).
+	Estimate      float64 `protobuf:"fixed64,4,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	ActualCost    float64 `protobuf:"fixed64,5,opt,name=actual_cost,json=actualCost,proto3" json:"actual_cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SettleResponse) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+func (x *SettleResponse) GetExpired() bool {
+	if x != nil {
+		return x.Expired
+	}
+	return false
+}
+
+func (x *SettleResponse) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+func (x *SettleResponse) GetEstimate() float64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetActualCost() float64 {
+	if x != nil {
+		return x.ActualCost
+	}
+	return 0
+}
+
 // An Acquire names one concurrency rule and key (rule_id, key), or
 // describes the request (attributes), as a CheckRequest does.
 type AcquireRequest struct {
@@ -386,7 +527,7 @@ type AcquireRequest struct {
 
 func (x *AcquireRequest) Reset() {
 	*x = AcquireRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -398,7 +539,7 @@ func (x *AcquireRequest) String() string {
 func (*AcquireRequest) ProtoMessage() {}
 
 func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[5]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -411,7 +552,7 @@ func (x *AcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireRequest.ProtoReflect.Descriptor instead.
 func (*AcquireRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AcquireRequest) GetRuleId() string {
@@ -473,7 +614,7 @@ type AcquireResponse struct {
 
 func (x *AcquireResponse) Reset() {
 	*x = AcquireResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -485,7 +626,7 @@ func (x *AcquireResponse) String() string {
 func (*AcquireResponse) ProtoMessage() {}
 
 func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[6]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -498,7 +639,7 @@ func (x *AcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireResponse.ProtoReflect.Descriptor instead.
 func (*AcquireResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AcquireResponse) GetAllowed() bool {
@@ -573,7 +714,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +726,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[7]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +739,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ReleaseRequest) GetLeaseId() string {
@@ -618,7 +759,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +771,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[8]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +784,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReleaseResponse) GetReleased() bool {
@@ -662,7 +803,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -674,7 +815,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[9]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -687,7 +828,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RenewRequest) GetLeaseId() string {
@@ -709,7 +850,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +862,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[10]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +875,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{10}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RenewResponse) GetRenewed() bool {
@@ -784,14 +925,21 @@ type CheckRequest struct {
 	// check of another rule with max_wait_ms > 0 is INVALID_ARGUMENT naming
 	// the rule, as is one whose rules count against several keys. 0: decide
 	// now, as without it.
-	MaxWaitMs     int64 `protobuf:"varint,5,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	MaxWaitMs int64 `protobuf:"varint,5,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	// Spend cost as an estimate to settle later: an allowed check answers
+	// with a settlement, which Settle gives the actual cost. By rule_id
+	// only, not paced (max_wait_ms 0), and only for a rule decided in this
+	// region's store: a pinned rule homed in another region answers no
+	// settlement (the estimate stands). A rule with token leases is decided
+	// in the store for such a check.
+	Settle        bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -803,7 +951,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[11]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -816,7 +964,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{11}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CheckRequest) GetRuleId() string {
@@ -854,6 +1002,13 @@ func (x *CheckRequest) GetMaxWaitMs() int64 {
 	return 0
 }
 
+func (x *CheckRequest) GetSettle() bool {
+	if x != nil {
+		return x.Settle
+	}
+	return false
+}
+
 // Attributes of a request. Identities (api_key, user, ip) must come from the
 // authenticated request, never from a value the client chooses.
 type Attributes struct {
@@ -875,7 +1030,7 @@ type Attributes struct {
 
 func (x *Attributes) Reset() {
 	*x = Attributes{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[12]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -887,7 +1042,7 @@ func (x *Attributes) String() string {
 func (*Attributes) ProtoMessage() {}
 
 func (x *Attributes) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[12]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -900,7 +1055,7 @@ func (x *Attributes) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attributes.ProtoReflect.Descriptor instead.
 func (*Attributes) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{12}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Attributes) GetApiKey() string {
@@ -986,14 +1141,18 @@ type CheckResponse struct {
 	WaitMs int64 `protobuf:"varint,9,opt,name=wait_ms,json=waitMs,proto3" json:"wait_ms,omitempty"`
 	// A paced check by rule_id allowed in this region's store: names the
 	// reservation for CancelReservation. Empty otherwise.
-	Reservation   string `protobuf:"bytes,10,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	Reservation string `protobuf:"bytes,10,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// A check with settle allowed in this region's store: names the spend
+	// for Settle, until the rule's settle_within has passed. Opaque, at most
+	// 2 KiB, not forgeable. Empty otherwise.
+	Settlement    string `protobuf:"bytes,11,opt,name=settlement,proto3" json:"settlement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[13]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1005,7 +1164,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[13]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1018,7 +1177,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{13}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -1091,6 +1250,13 @@ func (x *CheckResponse) GetReservation() string {
 	return ""
 }
 
+func (x *CheckResponse) GetSettlement() string {
+	if x != nil {
+		return x.Settlement
+	}
+	return ""
+}
+
 // RuleStatus is one rule's verdict on an attribute-based check.
 type RuleStatus struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -1113,7 +1279,7 @@ type RuleStatus struct {
 
 func (x *RuleStatus) Reset() {
 	*x = RuleStatus{}
-	mi := &file_limiter_v1_limiter_proto_msgTypes[14]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1125,7 +1291,7 @@ func (x *RuleStatus) String() string {
 func (*RuleStatus) ProtoMessage() {}
 
 func (x *RuleStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_limiter_proto_msgTypes[14]
+	mi := &file_limiter_v1_limiter_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1138,7 +1304,7 @@ func (x *RuleStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RuleStatus.ProtoReflect.Descriptor instead.
 func (*RuleStatus) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{14}
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RuleStatus) GetRuleId() string {
@@ -1236,7 +1402,20 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\vreservation\x18\x01 \x01(\tR\vreservation\":\n" +
 	"\x19CancelReservationResponse\x12\x1d\n" +
 	"\n" +
-	"given_back\x18\x01 \x01(\bR\tgivenBack\"\x87\x01\n" +
+	"given_back\x18\x01 \x01(\bR\tgivenBack\"P\n" +
+	"\rSettleRequest\x12\x1e\n" +
+	"\n" +
+	"settlement\x18\x01 \x01(\tR\n" +
+	"settlement\x12\x1f\n" +
+	"\vactual_cost\x18\x02 \x01(\x01R\n" +
+	"actualCost\"\x99\x01\n" +
+	"\x0eSettleResponse\x12\x18\n" +
+	"\asettled\x18\x01 \x01(\bR\asettled\x12\x18\n" +
+	"\aexpired\x18\x02 \x01(\bR\aexpired\x12\x16\n" +
+	"\x06replay\x18\x03 \x01(\bR\x06replay\x12\x1a\n" +
+	"\bestimate\x18\x04 \x01(\x01R\bestimate\x12\x1f\n" +
+	"\vactual_cost\x18\x05 \x01(\x01R\n" +
+	"actualCost\"\x87\x01\n" +
 	"\x0eAcquireRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -1265,7 +1444,7 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\arenewed\x18\x01 \x01(\bR\arenewed\x12+\n" +
 	"\x12expires_at_unix_ms\x18\x02 \x01(\x03R\x0fexpiresAtUnixMs\x12 \n" +
 	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
-	"leaseTtlMs\"\xa5\x01\n" +
+	"leaseTtlMs\"\xbd\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -1273,7 +1452,8 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
 	"attributes\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x05 \x01(\x03R\tmaxWaitMs\"\x94\x02\n" +
+	"\vmax_wait_ms\x18\x05 \x01(\x03R\tmaxWaitMs\x12\x16\n" +
+	"\x06settle\x18\x06 \x01(\bR\x06settle\"\x94\x02\n" +
 	"\n" +
 	"Attributes\x12\x17\n" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
@@ -1287,7 +1467,7 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"ExtraEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xce\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x02\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x1c\n" +
 	"\tremaining\x18\x02 \x01(\x01R\tremaining\x12\x14\n" +
@@ -1299,7 +1479,10 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\bstatuses\x18\b \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12\x17\n" +
 	"\await_ms\x18\t \x01(\x03R\x06waitMs\x12 \n" +
 	"\vreservation\x18\n" +
-	" \x01(\tR\vreservation\"\x8d\x02\n" +
+	" \x01(\tR\vreservation\x12\x1e\n" +
+	"\n" +
+	"settlement\x18\v \x01(\tR\n" +
+	"settlement\"\x8d\x02\n" +
 	"\n" +
 	"RuleStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x18\n" +
@@ -1310,13 +1493,14 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x1b\n" +
 	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x12\x16\n" +
 	"\x06shadow\x18\b \x01(\bR\x06shadow\x12\x17\n" +
-	"\await_ms\x18\t \x01(\x03R\x06waitMs2\xb6\x03\n" +
+	"\await_ms\x18\t \x01(\x03R\x06waitMs2\xf7\x03\n" +
 	"\aLimiter\x12<\n" +
 	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponse\x12B\n" +
 	"\aAcquire\x12\x1a.limiter.v1.AcquireRequest\x1a\x1b.limiter.v1.AcquireResponse\x12B\n" +
 	"\aRelease\x12\x1a.limiter.v1.ReleaseRequest\x1a\x1b.limiter.v1.ReleaseResponse\x12<\n" +
 	"\x05Renew\x12\x18.limiter.v1.RenewRequest\x1a\x19.limiter.v1.RenewResponse\x12`\n" +
-	"\x11CancelReservation\x12$.limiter.v1.CancelReservationRequest\x1a%.limiter.v1.CancelReservationResponse\x12E\n" +
+	"\x11CancelReservation\x12$.limiter.v1.CancelReservationRequest\x1a%.limiter.v1.CancelReservationResponse\x12?\n" +
+	"\x06Settle\x12\x19.limiter.v1.SettleRequest\x1a\x1a.limiter.v1.SettleResponse\x12E\n" +
 	"\bGetUsage\x12\x1b.limiter.v1.GetUsageRequest\x1a\x1c.limiter.v1.GetUsageResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
@@ -1331,47 +1515,51 @@ func file_limiter_v1_limiter_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_limiter_proto_rawDescData
 }
 
-var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_limiter_v1_limiter_proto_goTypes = []any{
 	(*GetUsageRequest)(nil),           // 0: limiter.v1.GetUsageRequest
 	(*GetUsageResponse)(nil),          // 1: limiter.v1.GetUsageResponse
 	(*RuleUsage)(nil),                 // 2: limiter.v1.RuleUsage
 	(*CancelReservationRequest)(nil),  // 3: limiter.v1.CancelReservationRequest
 	(*CancelReservationResponse)(nil), // 4: limiter.v1.CancelReservationResponse
-	(*AcquireRequest)(nil),            // 5: limiter.v1.AcquireRequest
-	(*AcquireResponse)(nil),           // 6: limiter.v1.AcquireResponse
-	(*ReleaseRequest)(nil),            // 7: limiter.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 8: limiter.v1.ReleaseResponse
-	(*RenewRequest)(nil),              // 9: limiter.v1.RenewRequest
-	(*RenewResponse)(nil),             // 10: limiter.v1.RenewResponse
-	(*CheckRequest)(nil),              // 11: limiter.v1.CheckRequest
-	(*Attributes)(nil),                // 12: limiter.v1.Attributes
-	(*CheckResponse)(nil),             // 13: limiter.v1.CheckResponse
-	(*RuleStatus)(nil),                // 14: limiter.v1.RuleStatus
-	nil,                               // 15: limiter.v1.Attributes.ExtraEntry
+	(*SettleRequest)(nil),             // 5: limiter.v1.SettleRequest
+	(*SettleResponse)(nil),            // 6: limiter.v1.SettleResponse
+	(*AcquireRequest)(nil),            // 7: limiter.v1.AcquireRequest
+	(*AcquireResponse)(nil),           // 8: limiter.v1.AcquireResponse
+	(*ReleaseRequest)(nil),            // 9: limiter.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 10: limiter.v1.ReleaseResponse
+	(*RenewRequest)(nil),              // 11: limiter.v1.RenewRequest
+	(*RenewResponse)(nil),             // 12: limiter.v1.RenewResponse
+	(*CheckRequest)(nil),              // 13: limiter.v1.CheckRequest
+	(*Attributes)(nil),                // 14: limiter.v1.Attributes
+	(*CheckResponse)(nil),             // 15: limiter.v1.CheckResponse
+	(*RuleStatus)(nil),                // 16: limiter.v1.RuleStatus
+	nil,                               // 17: limiter.v1.Attributes.ExtraEntry
 }
 var file_limiter_v1_limiter_proto_depIdxs = []int32{
-	12, // 0: limiter.v1.GetUsageRequest.attributes:type_name -> limiter.v1.Attributes
+	14, // 0: limiter.v1.GetUsageRequest.attributes:type_name -> limiter.v1.Attributes
 	2,  // 1: limiter.v1.GetUsageResponse.usages:type_name -> limiter.v1.RuleUsage
-	12, // 2: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
-	14, // 3: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	12, // 4: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
-	15, // 5: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
-	14, // 6: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
-	11, // 7: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	5,  // 8: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
-	7,  // 9: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
-	9,  // 10: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
+	14, // 2: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
+	16, // 3: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	14, // 4: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	17, // 5: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	16, // 6: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	13, // 7: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	7,  // 8: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
+	9,  // 9: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
+	11, // 10: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
 	3,  // 11: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
-	0,  // 12: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
-	13, // 13: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	6,  // 14: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
-	8,  // 15: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
-	10, // 16: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
-	4,  // 17: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
-	1,  // 18: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
+	5,  // 12: limiter.v1.Limiter.Settle:input_type -> limiter.v1.SettleRequest
+	0,  // 13: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
+	15, // 14: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	8,  // 15: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
+	10, // 16: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
+	12, // 17: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
+	4,  // 18: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
+	6,  // 19: limiter.v1.Limiter.Settle:output_type -> limiter.v1.SettleResponse
+	1,  // 20: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1388,7 +1576,7 @@ func file_limiter_v1_limiter_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_limiter_proto_rawDesc), len(file_limiter_v1_limiter_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

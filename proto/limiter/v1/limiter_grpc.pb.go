@@ -26,6 +26,7 @@ const (
 	Limiter_Release_FullMethodName           = "/limiter.v1.Limiter/Release"
 	Limiter_Renew_FullMethodName             = "/limiter.v1.Limiter/Renew"
 	Limiter_CancelReservation_FullMethodName = "/limiter.v1.Limiter/CancelReservation"
+	Limiter_Settle_FullMethodName            = "/limiter.v1.Limiter/Settle"
 	Limiter_GetUsage_FullMethodName          = "/limiter.v1.Limiter/GetUsage"
 )
 
@@ -69,6 +70,18 @@ type LimiterClient interface {
 	// under the limit, never above). INVALID_ARGUMENT for a malformed
 	// reservation, NOT_FOUND for a rule no longer in force.
 	CancelReservation(ctx context.Context, in *CancelReservationRequest, opts ...grpc.CallOption) (*CancelReservationResponse, error)
+	// Settle replaces the estimate a check spent (a CheckRequest with settle)
+	// by the cost it turned out to have, named by its response's settlement:
+	// the difference comes back to the bucket, or the extra is taken from it
+	// (into debt, bounded as another region's spends are). Each region that
+	// reconciles the rule ends with the settled cost. A settlement settles
+	// once: a Settle again changes nothing and answers as the first did.
+	// After the rule's settle_within the estimate stands: settled is false
+	// and expired true. INVALID_ARGUMENT naming the field for a malformed,
+	// altered or foreign settlement or a bad actual_cost, NOT_FOUND for a
+	// rule no longer in force, UNAVAILABLE when the store did not answer (a
+	// Settle again is safe).
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 	// GetUsage answers what a check would see now, without spending: per
 	// rule, the remaining, limit, reset and retry of a rate rule, and the
 	// leases held of a concurrency rule. It names one rule and key (rule_id,
@@ -139,6 +152,16 @@ func (c *limiterClient) CancelReservation(ctx context.Context, in *CancelReserva
 	return out, nil
 }
 
+func (c *limiterClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, Limiter_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *limiterClient) GetUsage(ctx context.Context, in *GetUsageRequest, opts ...grpc.CallOption) (*GetUsageResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetUsageResponse)
@@ -189,6 +212,18 @@ type LimiterServer interface {
 	// under the limit, never above). INVALID_ARGUMENT for a malformed
 	// reservation, NOT_FOUND for a rule no longer in force.
 	CancelReservation(context.Context, *CancelReservationRequest) (*CancelReservationResponse, error)
+	// Settle replaces the estimate a check spent (a CheckRequest with settle)
+	// by the cost it turned out to have, named by its response's settlement:
+	// the difference comes back to the bucket, or the extra is taken from it
+	// (into debt, bounded as another region's spends are). Each region that
+	// reconciles the rule ends with the settled cost. A settlement settles
+	// once: a Settle again changes nothing and answers as the first did.
+	// After the rule's settle_within the estimate stands: settled is false
+	// and expired true. INVALID_ARGUMENT naming the field for a malformed,
+	// altered or foreign settlement or a bad actual_cost, NOT_FOUND for a
+	// rule no longer in force, UNAVAILABLE when the store did not answer (a
+	// Settle again is safe).
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	// GetUsage answers what a check would see now, without spending: per
 	// rule, the remaining, limit, reset and retry of a rate rule, and the
 	// leases held of a concurrency rule. It names one rule and key (rule_id,
@@ -223,6 +258,9 @@ func (UnimplementedLimiterServer) Renew(context.Context, *RenewRequest) (*RenewR
 }
 func (UnimplementedLimiterServer) CancelReservation(context.Context, *CancelReservationRequest) (*CancelReservationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelReservation not implemented")
+}
+func (UnimplementedLimiterServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedLimiterServer) GetUsage(context.Context, *GetUsageRequest) (*GetUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetUsage not implemented")
@@ -338,6 +376,24 @@ func _Limiter_CancelReservation_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Limiter_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LimiterServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Limiter_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LimiterServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Limiter_GetUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetUsageRequest)
 	if err := dec(in); err != nil {
@@ -382,6 +438,10 @@ var Limiter_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelReservation",
 			Handler:    _Limiter_CancelReservation_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _Limiter_Settle_Handler,
 		},
 		{
 			MethodName: "GetUsage",
