@@ -17,6 +17,8 @@
 -- epoch: a marker of an earlier epoch makes nothing a duplicate, a marker of
 -- a later one (a message of a stream deleted since) makes everything one.
 -- The marker is "<epoch> <seq>".
+-- A negative amount is what a settlement there gave back: it is credited
+-- (see credit in undo_lib.lua), with no overshoot.
 -- Returns {1, overshoot of each bucket (strings)} when applied, {0} for a
 -- duplicate.
 local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
@@ -47,8 +49,11 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
     end
     local debit = debits[alg]
     local over = 0
-    if debit then
-      over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), tonumber(args[j + 3]), now, tag) or 0
+    local amount = tonumber(args[j + 3])
+    if amount and amount < 0 then
+      credit(args[j], keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), -amount, now)
+    elseif debit then
+      over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, tag) or 0
     end
     out[#out + 1] = string.format('%.17g', over)
   end

@@ -71,10 +71,16 @@ var helpers = map[string][]string{
 // keys and arguments).
 func Handoff(clock Clock) string { return withAll(clock, "debit") + mustRead("handoff") }
 
+// Settle returns the script that settles a spend made as an estimate with
+// its actual cost, once (see settle.lua).
+func Settle(clock Clock) string {
+	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("settle")
+}
+
 // Debit returns the script that applies one source region's spends for one
 // client at most once (see debit_main.lua for its keys and arguments).
 func Debit(clock Clock) string {
-	return withAll(clock, "debit") + mustRead("debit_client") + mustRead("debit_main")
+	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("debit_client") + mustRead("debit_main")
 }
 
 // DebitBatch returns the script that applies one source region's spends
@@ -83,7 +89,7 @@ func Debit(clock Clock) string {
 // functions again on every call: one call for many clients pays that
 // once.
 func DebitBatch(clock Clock) string {
-	return withAll(clock, "debit") + mustRead("debit_client") + mustRead("debit_batch_main")
+	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("debit_client") + mustRead("debit_batch_main")
 }
 
 // Seen returns the script that records the first stream sequence of a
@@ -106,7 +112,7 @@ func LeaseUsage(clock Clock) string {
 
 // Undo returns the script that gives back the spends of an all-or-nothing
 // check refused by another client slot (see undo.lua).
-func Undo(clock Clock) string { return withAll(clock, "undo") }
+func Undo(clock Clock) string { return withAll(clock, "undo_lib") + mustRead("undo") }
 
 // withAll is a clock, every helper, every algorithm, then main.
 func withAll(clock Clock, main string) string {

@@ -67,7 +67,9 @@ type conformance struct {
 	handoff *redis.Script
 	// usage reads what a check would see, changing nothing.
 	usage *redis.Script
-	seq   int
+	// settle settles an estimate with its actual cost, once.
+	settle *redis.Script
+	seq    int
 }
 
 func newConformance(t *testing.T) *conformance {
@@ -77,12 +79,13 @@ func newConformance(t *testing.T) *conformance {
 	return &conformance{ctx: context.Background(), client: client, debit: redis.NewScript(lua.Debit(lua.FixedClock)),
 		undo:    redis.NewScript(lua.Undo(lua.FixedClock)),
 		handoff: redis.NewScript(lua.Handoff(lua.FixedClock)),
-		usage:   redis.NewScript(lua.Usage(lua.FixedClock))}
+		usage:   redis.NewScript(lua.Usage(lua.FixedClock)),
+		settle:  redis.NewScript(lua.Settle(lua.FixedClock))}
 }
 
 // conformanceRun is what run saw.
 type conformanceRun struct {
-	allowed, refused, refusedAfterChange, debits, handoffs, stepsBack, undos, usages int
+	allowed, refused, refusedAfterChange, debits, handoffs, stepsBack, undos, usages, settles, credits int
 }
 
 // run steps through one table of (time, cost) steps, and debits, against
@@ -162,6 +165,29 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 			// An all-or-nothing check refused elsewhere: its spend here
 			// given back, at the instant it was spent.
 			sp := spends[rng.IntN(len(spends))]
+			if rng.IntN(2) == 0 {
+				// Or the spend was an estimate, settled with its actual
+				// cost (below or above it), once.
+				actual := math.Round(sp.cost*2*rng.Float64()*1000) / 1000
+				if lim.Algorithm == bucket.SlidingLog {
+					actual = math.Round(actual)
+				}
+				lim.Settle(&st, now, sp.at, sp.cost, actual)
+				cf.seq++
+				id := "s" + strconv.Itoa(cf.seq)
+				a := scriptArgs(lim, sp.cost)
+				act := strconv.FormatFloat(actual, 'g', -1, 64)
+				for i, want := range []int64{1, 0} {
+					res, err := cf.settle.Run(ctx, client, []string{key, SettleKey("client", id)}, string(lim.Algorithm), a[0], a[1], a[2],
+						act, strconv.FormatInt(sp.at, 10), "60000", id, strconv.FormatInt(now, 10)).Slice()
+					if err != nil || len(res) != 2 || res[0] != want || res[1] != act {
+						t.Fatalf("step %d: settle #%d = %v, %v; want {%d, %s}", step, i+1, res, err, want, act)
+					}
+				}
+				spends = slices.DeleteFunc(spends, func(x spend) bool { return x == sp })
+				run.settles++
+				continue
+			}
 			lim.Undo(&st, now, sp.at, sp.cost)
 			keys, args := groupArgs([]bucket.Request{{Rule: "conf-" + name, Key: "client", Limit: lim, Cost: sp.cost}})
 			keys[0] = key
@@ -194,7 +220,16 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 				// Far beyond the debt bound.
 				amount = (lim.Capacity + lim.RefillPerSecond*bucket.DebtHorizon.Seconds()) * 3 * float64(1+rng.IntN(100))
 			}
-			wantOver := lim.Debit(&st, now, amount)
+			var wantOver float64
+			if rng.IntN(4) == 0 {
+				// Or another region's settlement gave back some: a
+				// negative amount, credited.
+				amount = -math.Min(amount, lim.Capacity)
+				lim.Credit(&st, now, -amount)
+				run.credits++
+			} else {
+				wantOver = lim.Debit(&st, now, amount)
+			}
 			cf.seq++
 			a := scriptArgs(lim, amount)
 			res, err := cf.debit.Run(ctx, client, []string{marker, key},
@@ -313,8 +348,8 @@ func TestConformance(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(li), 42))
 			run := cf.run(t, fmt.Sprint(li), conformanceStart(t), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
-			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 || run.usages == 0 {
-				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused, %d handoffs", run.allowed, run.refused, run.handoffs)
+			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 || run.usages == 0 || run.settles == 0 || run.credits == 0 {
+				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused, %d handoffs, %d settles, %d credits", run.allowed, run.refused, run.handoffs, run.settles, run.credits)
 			}
 			if tc.then != nil && run.refusedAfterChange == 0 {
 				t.Fatalf("no refusal after the change to %+v", *tc.then)

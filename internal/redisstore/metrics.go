@@ -24,10 +24,11 @@ const (
 	opHandoff           // buckets handed to a key's new home region
 	opUsage             // buckets and leases read without spending
 	opReset             // buckets put back to full by an admin
+	opSettle            // estimates settled with their actual costs
 	numOps
 )
 
-var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff", "usage", "reset"}
+var opNames = [numOps]string{"script", "multi", "undo", "debit", "refund", "acquire", "release", "renew", "handoff", "usage", "reset", "settle"}
 
 // metrics are those of the store's operations; those of the sending of
 // their scripts to the nodes are the pipeline package's.

@@ -27,6 +27,7 @@ var (
 	// debitBatchScript applies one message to several clients of a node.
 	debitBatchScript = redis.NewScript(lua.DebitBatch(lua.StoreClock))
 	refundScript     = redis.NewScript(lua.Refund(lua.StoreClock))
+	settleScript     = redis.NewScript(lua.Settle(lua.StoreClock))
 	seenScript       = redis.NewScript(lua.Seen())
 	// handoffScript hands pinned keys' buckets to their new home region.
 	handoffScript = redis.NewScript(lua.Handoff(lua.StoreClock))
@@ -54,6 +55,6 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script the store keeps loaded on its nodes.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, seenScript, reserveScript, unreserveScript, handoffScript, usageScript, leaseUsageScript,
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, settleScript, seenScript, reserveScript, unreserveScript, handoffScript, usageScript, leaseUsageScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }

@@ -337,12 +337,14 @@ type MultiStore interface {
 // or several at once (MultiStore), gives back spends (Undoer) and paced
 // reservations (Unreserver), hands buckets off to a key's new home region
 // (HandoffStore), holds concurrency leases (LeaseStore), tells what a
-// check would see without spending (Usager) and puts buckets back to full
-// (Resetter). Memory is one; so is the Redis store.
+// check would see without spending (Usager), settles estimates with their
+// actual costs (Settler) and puts buckets back to full (Resetter). Memory
+// is one; so is the Redis store.
 type Backend interface {
 	MultiStore
 	Undoer
 	Unreserver
+	Settler
 	HandoffStore
 	LeaseStore
 	Usager

@@ -52,6 +52,8 @@ type memoryShard struct {
 	mu      sync.Mutex
 	buckets map[bucketID]*memoryEntry
 	leases  map[bucketID]*Leases // of concurrency rules, made on first use
+	// settled are the settlements settled, by id (Settle), made on first use.
+	settled map[string]settleRecord
 	// bytes counts the buckets, leaseBytes the lease sets: each has the
 	// cap to itself, so leases, which are never evicted, never push rate
 	// buckets out.
@@ -292,6 +294,7 @@ func (sh *memoryShard) sweep(now int64) {
 		}
 	}
 	sh.sweepLeases(now)
+	sh.sweepSettled(now)
 	sh.nextSweep = now + memorySweepInterval.Microseconds()
 }
 
