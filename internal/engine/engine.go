@@ -84,6 +84,7 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/reservation"
+	"github.com/limiterd/limiterd/internal/engine/settlement"
 	"github.com/limiterd/limiterd/internal/engine/tally"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
 	"github.com/limiterd/limiterd/internal/engine/usage"
@@ -114,6 +115,10 @@ var (
 	// ErrOverloaded: the check waited in this process too long for the
 	// store; nothing was spent. It says limiterd is busy, not the store.
 	ErrOverloaded = errors.New("overloaded: the check waited too long to reach the store")
+	// ErrNotSettled: the store did not settle a settlement (it did not
+	// answer, or may have without the answer coming back); a Settle
+	// again is safe.
+	ErrNotSettled = errors.New("not settled: the store did not answer; settle again")
 )
 
 // errReroute: a home refused the check as routed with a stale topology and
@@ -165,10 +170,11 @@ type Options struct {
 	// TopLimitedSize is the counters per rule of the keys refused most
 	// (topkeys; 0: topkeys.DefaultSize; < 0: off).
 	TopLimitedSize int
-	// ReservationSecret, when set, keys the MAC of reservations
-	// (Reservation): the processes of a fleet that share it give back each
-	// other's. Nil: a random key, so that only this engine gives back its
-	// own.
+	// ReservationSecret, when set, keys the MACs of reservations
+	// (Reservation) and settlements (Settlement), each under a key of its
+	// own derived from it: the processes of a fleet that share it give
+	// back and settle each other's. Nil: random keys, so that only this
+	// engine gives back and settles its own.
 	ReservationSecret []byte
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -207,6 +213,10 @@ type Engine struct {
 	res *reservation.Book
 	// resets carries keys reset here to the other regions.
 	resets ResetRecorder
+	// settle names the spends of checks that spent an estimate, and
+	// settles them; now reads the clock their expiries are on.
+	settle *settlement.Book
+	now    func() time.Time
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -238,6 +248,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		fleet:    opts.FleetSize, log: opts.Logger, m: m,
 		res:    reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
 		resets: opts.Resets,
+		settle: settlement.NewBook(opts.ReservationSecret, opts.Store, m.Invalid), now: time.Now,
 	}
 	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {

@@ -127,7 +127,7 @@ func (e *Engine) route(c *request.Request, p *plan) (bool, error) {
 	prefix := 0
 	for i, it := range c.Enforce {
 		home := p.ts.HomeOf(e.region, c, it)
-		leased := home == "" && it.Rule.Lease > 0 && c.MaxWait == 0
+		leased := home == "" && it.Rule.Lease > 0 && c.MaxWait == 0 && !c.Settle
 		if home == "" && !leased {
 			if p.local == nil && prefix == i {
 				prefix++
@@ -150,7 +150,8 @@ func (e *Engine) route(c *request.Request, p *plan) (bool, error) {
 			continue
 		}
 		// (A paced check never reserves from a lease: it goes to the
-		// store, whose state holds every reservation.)
+		// store, whose state holds every reservation; nor does a check
+		// that settles later: the store says when it spent.)
 		p.leased = append(p.leased, it)
 	}
 	if p.local == nil {

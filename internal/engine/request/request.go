@@ -117,6 +117,9 @@ type Request struct {
 	// MaxWait, when above 0, paces the request (Check.Pace); always 0 for
 	// an Acquire, which has no Pace.
 	MaxWait time.Duration
+	// Settle: the check spends an estimate to settle later (Check.Settle);
+	// its rules are decided in the store, never from a token lease.
+	Settle bool
 }
 
 // Check is one request's rate rules, decided together by engine.Engine.Decide.
@@ -166,6 +169,23 @@ func (c *Check) pace(maxWait time.Duration) error {
 	}
 	c.Request.MaxWait = maxWait
 	return nil
+}
+
+// Settle makes the check spend its cost as an estimate, to be settled
+// with the actual cost later (engine.Engine.Settle): its rules are
+// decided in the store, which records when it spent, never from a token
+// lease. Call it after the rules are added. A paced check cannot settle:
+// the error is an *InvalidError naming settle, counted as AddRule's are.
+func (c *Check) Settle() error {
+	var err error
+	if c.Request.MaxWait > 0 {
+		err = Invalid("settle", "settle: a paced check (max_wait_ms) cannot settle its cost later")
+	}
+	c.Counted(err)
+	if err == nil {
+		c.Request.Settle = true
+	}
+	return err
 }
 
 // MaxWait is the check's longest wait (Pace); 0 when it is not paced.

@@ -117,3 +117,22 @@ func (t *Tally) Count(c *request.Request, allowed bool) {
 		}
 	}
 }
+
+// Settled records what a settlement changed of a spend of en's key: the
+// extra it took (delta > 0), counted as admitted, or the part of the
+// estimate it gave back (delta < 0); for a reconciled rule, the other
+// regions receive it as a spend (negative for a give-back), so that each
+// ends with the settled cost.
+func (t *Tally) Settled(en *request.Entry, key string, delta float64) {
+	if delta > 0 {
+		en.AdmittedCost.Add(delta)
+	}
+	if delta == 0 || !en.Reconciled || t.Spends == nil {
+		return
+	}
+	share := 1.0
+	if !t.KeyAffinity {
+		share = 1 / float64(max(1, t.Fleet()))
+	}
+	t.Spends.Add(en.Rule.ID, key, delta, en.SpendBudget*share, time.Now().UnixMicro())
+}
