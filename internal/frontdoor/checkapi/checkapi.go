@@ -50,6 +50,10 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 			s.e.Invalid("attributes")
 			return nil, &request.InvalidError{Field: "attributes", Err: errAttributesAlone}
 		}
+		if req.GetSettle() {
+			s.e.Invalid("settle")
+			return nil, &request.InvalidError{Field: "settle", Err: errSettleByRule}
+		}
 		enforce, shadow, err := c.AddAttributes(Attributes(a), req.GetCost())
 		if err != nil {
 			return nil, err
@@ -70,6 +74,11 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 	if err := s.pace(c, req.GetMaxWaitMs()); err != nil {
 		return nil, err
 	}
+	if req.GetSettle() {
+		if err := c.Settle(); err != nil {
+			return nil, err
+		}
+	}
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, err
@@ -81,6 +90,9 @@ func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*lim
 	resp := Response([]*request.Item{it}, nil, allowed, false)
 	if allowed && c.MaxWait() > 0 {
 		resp.Reservation = s.e.Reservation(it)
+	}
+	if allowed && req.GetSettle() {
+		resp.Settlement = s.e.Settlement(it)
 	}
 	return resp, nil
 }
@@ -108,7 +120,23 @@ func (s *Service) CancelReservation(ctx context.Context, req *limiterv1.CancelRe
 	return &limiterv1.CancelReservationResponse{GivenBack: back}, nil
 }
 
-var errAttributesAlone = errors.New("rule_id, key: must be empty in a check by attributes")
+// Settle replaces a check's estimate by its actual cost, once.
+func (s *Service) Settle(ctx context.Context, req *limiterv1.SettleRequest) (*limiterv1.SettleResponse, error) {
+	r, err := s.e.Settle(ctx, req.GetSettlement(), req.GetActualCost())
+	if err != nil {
+		return nil, Status(err)
+	}
+	resp := &limiterv1.SettleResponse{Settled: r.Settled, Expired: r.Expired, Replay: r.Replay}
+	if st := r.Settlement; st != nil {
+		resp.Estimate, resp.ActualCost = st.Estimate, r.Actual
+	}
+	return resp, nil
+}
+
+var (
+	errAttributesAlone = errors.New("rule_id, key: must be empty in a check by attributes")
+	errSettleByRule    = errors.New("settle: only a check by rule_id settles its cost later")
+)
 
 // Attributes converts the API's attributes to the rules' matching input.
 func Attributes(a *limiterv1.Attributes) *rules.Attributes {
@@ -169,7 +197,7 @@ func Status(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, usage.ErrUnavailable):
+	case errors.Is(err, engine.ErrUnavailable), errors.Is(err, usage.ErrUnavailable), errors.Is(err, engine.ErrNotSettled):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, engine.ErrOverloaded):
 		return status.Error(codes.ResourceExhausted, err.Error())
