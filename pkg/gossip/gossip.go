@@ -29,7 +29,8 @@ const (
 	MaxSpendsPerBatch = 20_000
 	// MaxKeyLen is the longest key a spend may carry, as in a check.
 	MaxKeyLen = 512
-	// MaxCost bounds one entry's cost: a larger one is a corrupt message.
+	// MaxCost bounds one entry's cost, and a give-back's (a negative
+	// cost): a larger one is a corrupt message.
 	MaxCost = 1e15
 )
 
@@ -103,7 +104,9 @@ var (
 
 // Spend is the cost admitted under Rule for Key. Reset says the key was
 // put back to full before that cost was admitted: the applying region puts
-// its bucket back to full, then debits Cost (which may then be 0).
+// its bucket back to full, then debits Cost (which may then be 0). A
+// negative cost is what settlements gave back of the estimates admitted
+// (see Accumulator.Add).
 type Spend struct {
 	Rule  string
 	Key   string
@@ -161,6 +164,8 @@ func (e *pending) spend() Spend {
 }
 
 // Add records cost admitted under rule for key at now (µs since the epoch).
+// A negative cost is a settlement's give-back: it lowers the sum, which
+// goes out negative when the estimate went out before it.
 // Once the key's sum since it was last taken reaches budget (> 0; 0 never
 // does), the key is hot until it is taken.
 func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
@@ -486,8 +491,8 @@ func validateEntry(i int, s *gossipv1.Spend) error {
 		return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
 	case s.GetResetBefore() && s.GetCost() == 0:
 		return nil // a reset with nothing admitted after it
-	case !(s.GetCost() > 0) || math.IsInf(s.GetCost(), 0) || s.GetCost() > MaxCost:
-		return fmt.Errorf("%w: spends[%d].cost: %v is not in (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost)
+	case s.GetCost() == 0 || !(math.Abs(s.GetCost()) <= MaxCost):
+		return fmt.Errorf("%w: spends[%d].cost: %v is not in [-%g, 0) or (0, %g]", ErrInvalidBatch, i, s.GetCost(), MaxCost, MaxCost)
 	}
 	return nil
 }

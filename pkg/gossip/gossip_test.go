@@ -109,7 +109,10 @@ func TestDecodeRejects(t *testing.T) {
 		{"empty key", func(b *gossipv1.SpendBatch) { b.Spends[0].Key = "" }, "spends[0].key"},
 		{"long key", func(b *gossipv1.SpendBatch) { b.Spends[0].Key = strings.Repeat("k", 513) }, "spends[0].key"},
 		{"NaN cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.NaN() }, "spends[0].cost"},
-		{"negative cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = -1 }, "spends[0].cost"},
+		{"zero cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = 0 }, "spends[0].cost"},
+		{"a give-back", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = -1 }, ""},
+		{"huge give-back", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = -1e300 }, "spends[0].cost"},
+		{"negative infinite cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.Inf(-1) }, "spends[0].cost"},
 		{"infinite cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.Inf(1) }, "spends[0].cost"},
 		{"huge cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = 1e300 }, "spends[0].cost"},
 	}

@@ -134,7 +134,10 @@ func (x *SpendBatch) GetSpends() []*Spend {
 	return nil
 }
 
-// Spend is the cost admitted under one rule for one key.
+// Spend is the cost admitted under one rule for one key. A negative cost
+// is what settlements gave back of estimates admitted before: the
+// receiving region credits it, never past a full bucket or an empty
+// window.
 type Spend struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	RuleId string                 `protobuf:"bytes,1,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
