@@ -128,6 +128,33 @@ func (c *Client) CancelReservation(ctx context.Context, reservation string) (giv
 	return resp.GetGivenBack(), err
 }
 
+// CheckEstimate is a Check that spends estimate as an estimate, to be
+// settled with the actual cost once it is known (Settle): an allowed
+// answer carries the Settlement to give Settle, within the rule's
+// settle_within. A check decided elsewhere (a pinned rule homed in
+// another region, a store that did not answer) has none: its estimate
+// stands. Errors as for Check.
+func (c *Client) CheckEstimate(ctx context.Context, rule, key string, estimate float64) (*limiterv1.CheckResponse, error) {
+	return c.check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: estimate, Settle: true})
+}
+
+// Settle replaces the estimate a CheckEstimate spent by what the request
+// actually cost: the difference comes back, or the extra is taken (into
+// debt, bounded), in every region that reconciles the rule. A settlement
+// settles once: a Settle again answers as the first (Replay) and changes
+// nothing, so retrying one that failed is safe. After the rule's
+// settle_within it answers Expired: the estimate stands. An empty
+// settlement is no error: there is nothing to settle (Settled false).
+// Errors: INVALID_ARGUMENT for a malformed or altered settlement or a bad
+// actual cost, NOT_FOUND for a rule no longer in force, UNAVAILABLE when
+// the store did not answer; else as for Check.
+func (c *Client) Settle(ctx context.Context, settlement string, actual float64) (*limiterv1.SettleResponse, error) {
+	if settlement == "" {
+		return &limiterv1.SettleResponse{}, nil
+	}
+	return call(c, ctx, &limiterv1.SettleRequest{Settlement: settlement, ActualCost: actual}, limiterv1.LimiterClient.Settle)
+}
+
 // Usage tells what a Check of rule and key at cost (0 means 1) would see
 // now, spending nothing: the remaining before any spend, the limit, and the
 // retry and reset. A concurrency rule answers its leases held (InFlight).
