@@ -399,7 +399,8 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		if d.peerSecret, err = peer.ReadSecret(d.opts.Region.PeerSecretFile, d.log); err != nil {
 			return err
 		}
-		// The fleet's processes give back each other's reservations.
+		// The fleet's processes give back each other's reservations and
+		// settle each other's settlements.
 		eopts.ReservationSecret = d.peerSecret
 	}
 	if d.topo != nil {
