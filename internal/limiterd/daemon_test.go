@@ -85,6 +85,9 @@ func TestCheckValidation(t *testing.T) {
 		{"negative cost", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: -1}, codes.InvalidArgument, "cost"},
 		{"cost above capacity", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Cost: 11}, codes.InvalidArgument, "cost"},
 		{"fractional log cost", &limiterv1.CheckRequest{RuleId: "log", Key: "k", Cost: 1.5}, codes.InvalidArgument, "cost"},
+		{"settle", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Settle: true}, codes.OK, ""},
+		{"settle paced", &limiterv1.CheckRequest{RuleId: "tb", Key: "k", Settle: true, MaxWaitMs: 100}, codes.InvalidArgument, "settle"},
+		{"settle by attributes", &limiterv1.CheckRequest{Settle: true, Attributes: &limiterv1.Attributes{Path: "/x"}}, codes.InvalidArgument, "settle"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
