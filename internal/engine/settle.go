@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/settlement"
 )
@@ -34,6 +35,18 @@ func (e *Engine) Settlement(it *request.Item) string {
 func (e *Engine) Settle(ctx context.Context, s string, actual float64) (settlement.Result, error) {
 	t := e.table.Load()
 	r, err := e.settle.Settle(ctx, t, s, actual, e.now())
+	if r.Rule != "" {
+		result := metrics.SettleSettled
+		switch {
+		case err != nil:
+			result = metrics.SettleError
+		case r.Expired:
+			result = metrics.SettleExpired
+		case r.Replay:
+			result = metrics.SettleReplay
+		}
+		e.m.Settlements.WithLabelValues(r.Rule, result).Inc()
+	}
 	var inv *request.InvalidError
 	if err != nil && !errors.As(err, &inv) && ctx.Err() == nil {
 		return r, fmt.Errorf("%w: %w", ErrNotSettled, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/settlement"
@@ -154,6 +155,28 @@ func testSettle(t *testing.T, store bucket.Backend) {
 }
 
 func TestSettleMemory(t *testing.T) { testSettle(t, bucket.NewMemory()) }
+
+// TestSettleCounted: each Settle counts its result by rule.
+func TestSettleCounted(t *testing.T) {
+	e, now, _ := settleEngine(t, bucket.NewMemory())
+	ctx := context.Background()
+	s := settleCheck(t, e, "token_bucket", "k", 2)
+	expired := settleCheck(t, e, "token_bucket", "k2", 2)
+	for range 2 {
+		if _, err := e.Settle(ctx, s, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	*now = now.Add(2 * time.Minute)
+	if _, err := e.Settle(ctx, expired, 1); err != nil {
+		t.Fatal(err)
+	}
+	for result, want := range map[string]float64{"settled": 1, "replay": 1, "expired": 1, "error": 0} {
+		if got := testutil.ToFloat64(e.m.Settlements.WithLabelValues("token_bucket", result)); got != want {
+			t.Errorf("limiter_settlements_total{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+}
 
 // TestSettleDebtBounded: an actual far above the capacity takes the
 // bucket into debt no deeper than a debit's bound.

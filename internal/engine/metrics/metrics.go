@@ -1,6 +1,6 @@
 // Package metrics holds the engine's Prometheus series (the decisions,
-// forwards, leases, handoffs, refunds and paced checks of every rule) and
-// the values of their labels. The engine makes them once (New) and counts
+// forwards, leases, handoffs, refunds, paced checks and settlements of
+// every rule) and the values of their labels. The engine makes them once (New) and counts
 // into them; a rule's series go when it leaves the rules in force (Forget).
 package metrics
 
@@ -90,12 +90,21 @@ type Metrics struct {
 	Untracked       prometheus.Counter
 	Paced           *prometheus.CounterVec
 	PacedWait       *prometheus.HistogramVec
+	Settlements     *prometheus.CounterVec
 }
+
+// Settle results, the values of the result label of limiter_settlements_total.
+const (
+	SettleSettled = "settled"
+	SettleReplay  = "replay"
+	SettleExpired = "expired"
+	SettleError   = "error"
+)
 
 // Forget removes the series of a rule no longer in force.
 func (m *Metrics) Forget(rule string) {
 	m.PacedWait.DeleteLabelValues(rule)
-	for _, v := range []*prometheus.CounterVec{m.Decisions, m.Forwarded, m.ForwardedLeases, m.Leases, m.Paced} {
+	for _, v := range []*prometheus.CounterVec{m.Decisions, m.Forwarded, m.ForwardedLeases, m.Leases, m.Paced, m.Settlements} {
 		v.DeletePartialMatch(prometheus.Labels{"rule": rule})
 	}
 	for _, v := range []*prometheus.CounterVec{m.AdmittedCost, m.DenyHits, m.Leased} {
@@ -173,6 +182,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "The wait answered to allowed paced checks (the caller sends after it), by rule.",
 			Buckets: []float64{0, .001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
 		}, []string{"rule"}),
+		Settlements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_settlements_total",
+			Help: "Settles of checks' estimates with their actual costs, by rule and result: settled (the difference applied), replay (settled before: nothing changed), expired (past settle_within: the estimate stands), error (the store did not answer).",
+		}, []string{"rule", "result"}),
 		Handoffs: newHandoffMetric(),
 		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",
@@ -182,12 +195,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Decisions, m.Forwarded, m.ForwardedLeases, m.AdmittedCost, m.DenyHits, m.Leased,
 		m.RuleLimit, m.RuleRate, m.Invalid, m.Overloaded, m.Refunds, m.Stale, m.Handoffs, m.Duration, m.Leases, m.Untracked,
-		m.Paced, m.PacedWait} {
+		m.Paced, m.PacedWait, m.Settlements} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation"} {
+	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation", "settle", "settlement", "actual_cost"} {
 		m.Invalid.WithLabelValues(f)
 	}
 	for _, r := range []string{"ok", "error"} {

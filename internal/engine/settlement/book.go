@@ -50,6 +50,8 @@ func (b *Book) Name(it *request.Item, now time.Time, within time.Duration) strin
 
 // Result is what a Settle did.
 type Result struct {
+	// Rule is the settlement's rule, once it is known valid.
+	Rule string
 	// Settlement is the settlement settled (nil when it expired, or its
 	// rule can no longer settle it).
 	Settlement *Settlement
@@ -84,17 +86,17 @@ func (b *Book) Settle(ctx context.Context, t *request.Table, s string, actual fl
 	}
 	left := time.UnixMilli(st.Expires).Sub(now)
 	if left <= 0 {
-		return Result{Expired: true}, nil
+		return Result{Rule: st.Rule, Expired: true}, nil
 	}
 	if en.Rule.Concurrent() {
-		return Result{}, nil // the rule changed kind: the estimate stands
+		return Result{Rule: st.Rule}, nil // the rule changed kind: the estimate stands
 	}
 	res, err := b.store.Settle(ctx, bucket.Settlement{
 		Request: bucket.Request{Rule: st.Rule, Key: st.Key, Limit: en.Limit, Cost: st.Estimate},
 		At:      st.At, Actual: actual, ID: st.Nonce.ID(), TTL: left + slack,
 	})
 	if err != nil {
-		return Result{}, fmt.Errorf("settle: %w", err)
+		return Result{Rule: st.Rule}, fmt.Errorf("settle: %w", err)
 	}
-	return Result{Settlement: st, Settled: true, Replay: res.Replay, Actual: res.Actual}, nil
+	return Result{Rule: st.Rule, Settlement: st, Settled: true, Replay: res.Replay, Actual: res.Actual}, nil
 }
