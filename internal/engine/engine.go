@@ -248,7 +248,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		fleet:    opts.FleetSize, log: opts.Logger, m: m,
 		res:    reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
 		resets: opts.Resets,
-		settle: settlement.NewBook(opts.ReservationSecret, opts.Store, m.Invalid), now: time.Now,
+		settle: settlement.NewBook(opts.ReservationSecret, m.Invalid), now: time.Now,
 	}
 	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {

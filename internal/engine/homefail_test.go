@@ -31,6 +31,9 @@ func (h *failingHome) Decide(context.Context, []homes.Item) (bool, []bucket.Deci
 	return false, nil, h.err
 }
 func (h *failingHome) Refund(context.Context, []homes.Item) error { return nil }
+func (h *failingHome) Settle(context.Context, bucket.Settlement) (bucket.Settled, error) {
+	return bucket.Settled{}, h.err
+}
 func (h *failingHome) Usage(context.Context, []homes.Item) ([]bucket.Decision, error) {
 	return nil, h.err
 }

@@ -64,6 +64,10 @@ func (h *engineHome) Usage(ctx context.Context, items []homes.Item) ([]bucket.De
 	return peerUsage(ctx, h.e, h.origin, items)
 }
 
+func (h *engineHome) Settle(ctx context.Context, st bucket.Settlement) (bucket.Settled, error) {
+	return h.e.SettleHere(ctx, st)
+}
+
 func (h *engineHome) Handoff(context.Context, []homes.Item) ([]float64, error) {
 	return nil, errors.New("not used")
 }

@@ -135,6 +135,13 @@ func (h *fakeHome) Usage(ctx context.Context, items []homes.Item) ([]bucket.Deci
 	return peerUsage(ctx, h.e, "us", items)
 }
 
+func (h *fakeHome) Settle(ctx context.Context, st bucket.Settlement) (bucket.Settled, error) {
+	if h.fail.Load() {
+		return bucket.Settled{}, errors.New("home unreachable")
+	}
+	return h.e.SettleHere(ctx, st)
+}
+
 func (h *fakeHome) Handoff(ctx context.Context, items []homes.Item) ([]float64, error) {
 	if h.fail.Load() {
 		return nil, errors.New("home unreachable")

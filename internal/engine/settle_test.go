@@ -314,3 +314,73 @@ func TestSettleNoneForALeaseOrFallback(t *testing.T) {
 		t.Fatalf("a fallback decision has the settlement %q", s)
 	}
 }
+
+// TestSettlePinnedAtHome: a pinned rule's key homed in another region is
+// settled there, once: its settlement comes from the home's answer, its
+// Settle goes to the home, and a Settle that found the home down settles
+// when sent again.
+func TestSettlePinnedAtHome(t *testing.T) {
+	r := twoRegions(t)
+	ctx := context.Background()
+	s := settleCheck(t, r.east, "pinned", "u1", 6)
+	if got := leftOf(t, r.west, r.wStore, "pinned", "u1"); got != 2 {
+		t.Fatalf("at the home after the estimate: %v left, want 2", got)
+	}
+	if got := leftOf(t, r.east, r.eastStore, "pinned", "u1"); got != 8 {
+		t.Fatalf("here after the estimate: %v left, want 8 (untouched)", got)
+	}
+	r.home.fail.Store(true)
+	if _, err := r.east.Settle(ctx, s, 1); !errors.Is(err, ErrNotSettled) {
+		t.Fatalf("Settle with the home down = %v, want ErrNotSettled", err)
+	}
+	r.home.fail.Store(false)
+	res, err := r.east.Settle(ctx, s, 1)
+	if err != nil || !res.Settled || res.Replay || res.Actual != 1 {
+		t.Fatalf("Settle = %+v, %v", res, err)
+	}
+	if got := leftOf(t, r.west, r.wStore, "pinned", "u1"); got != 7 {
+		t.Fatalf("at the home after the settle: %v left, want 7", got)
+	}
+	if res, err := r.east.Settle(ctx, s, 8); err != nil || !res.Replay || res.Actual != 1 {
+		t.Fatalf("replay = %+v, %v; want a replay of 1", res, err)
+	}
+	if got := leftOf(t, r.west, r.wStore, "pinned", "u1"); got != 7 {
+		t.Fatalf("at the home after the replay: %v left, want 7", got)
+	}
+	if got := leftOf(t, r.east, r.eastStore, "pinned", "u1"); got != 8 {
+		t.Fatalf("here after the settle: %v left, want 8 (untouched)", got)
+	}
+}
+
+// TestSettleHereRefuses: the home refuses a settlement naming no rule, a
+// concurrency rule, a bad key, estimate, instant or TTL, each naming the
+// field, and changes nothing.
+func TestSettleHereRefuses(t *testing.T) {
+	r := twoRegions(t)
+	ok := bucket.Settlement{Request: bucket.Request{Rule: "pinned", Key: "u1", Cost: 1}, At: 1, Actual: 1, ID: "x", TTL: time.Minute}
+	for _, tc := range []struct {
+		name, field string
+		mutate      func(*bucket.Settlement)
+	}{
+		{"unknown rule", "rule_id", func(s *bucket.Settlement) { s.Rule = "nope" }},
+		{"empty key", "key", func(s *bucket.Settlement) { s.Key = "" }},
+		{"no estimate", "estimate", func(s *bucket.Settlement) { s.Cost = 0 }},
+		{"no instant", "estimate", func(s *bucket.Settlement) { s.At = 0 }},
+		{"ttl too long", "ttl_ms", func(s *bucket.Settlement) { s.TTL = 2 * time.Hour }},
+		{"negative actual", "actual_cost", func(s *bucket.Settlement) { s.Actual = -1 }},
+		{"no id", "actual_cost", func(s *bucket.Settlement) { s.ID = "" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := ok
+			tc.mutate(&s)
+			_, err := r.west.SettleHere(context.Background(), s)
+			var inv *request.InvalidError
+			if !errors.As(err, &inv) || inv.Field != tc.field {
+				t.Fatalf("SettleHere = %v, want an InvalidError of %s", err, tc.field)
+			}
+		})
+	}
+	if got := leftOf(t, r.west, r.wStore, "pinned", "u1"); got != 8 {
+		t.Fatalf("after refused settles: %v left, want 8", got)
+	}
+}

@@ -109,3 +109,45 @@ func TestPeerDecidePaced(t *testing.T) {
 		t.Fatalf("paced Decide of a sliding log: %v, want INVALID_ARGUMENT naming max_wait_ms", err)
 	}
 }
+
+// TestPeerSettle: the home settles a forwarded check's estimate in its
+// store once, for a peer only; a rule it does not have is NOT_FOUND.
+func TestPeerSettle(t *testing.T) {
+	secretFile := testenv.SecretFile(t)
+	secret, err := peer.ReadSecret(secretFile, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := startDaemon(t, nil, func(o *Options) {
+		o.Region.Name = "us-east"
+		o.Region.TopologyFile = twoRegionTopology(t)
+		o.Region.PeerSecretFile = secretFile
+	})
+	p := limiterv1.NewPeerClient(dial(t, d.GRPCAddr()))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := p.Settle(ctx, &limiterv1.PeerSettleRequest{OriginRegion: "eu-west", RuleId: "flood", Key: "home", Estimate: 1, SpentAtUs: 1, Id: "x", TtlMs: 1000}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Settle without the secret: %v, want PERMISSION_DENIED", err)
+	}
+	ctx = metadata.AppendToOutgoingContext(ctx, peer.SecretHeader, string(secret))
+	resp, err := p.Decide(ctx, &limiterv1.PeerDecideRequest{OriginRegion: "eu-west", Items: []*limiterv1.PeerItem{{RuleId: "flood", Key: "home", Cost: 9}}})
+	if err != nil || !resp.GetAllowed() || resp.GetSpentAtUs()[0] <= 0 {
+		t.Fatalf("Decide: %v, %v", resp, err)
+	}
+	req := &limiterv1.PeerSettleRequest{OriginRegion: "eu-west", RuleId: "flood", Key: "home", Estimate: 9,
+		SpentAtUs: resp.GetSpentAtUs()[0], ActualCost: 1, Id: "settle-1", TtlMs: 60_000}
+	for i, replay := range []bool{false, true} {
+		s, err := p.Settle(ctx, req)
+		if err != nil || s.GetReplay() != replay || s.GetActualCost() != 1 {
+			t.Fatalf("Settle #%d: %v, %v; want replay %v of 1", i+1, s, err, replay)
+		}
+		req.ActualCost = 5
+	}
+	if resp, err := p.Decide(ctx, &limiterv1.PeerDecideRequest{OriginRegion: "eu-west", Items: []*limiterv1.PeerItem{{RuleId: "flood", Key: "home", Cost: 8}}}); err != nil || !resp.GetAllowed() {
+		t.Fatalf("8 more after 8 of the 9 came back: %v, %v; want allowed", resp, err)
+	}
+	req.RuleId = "nope"
+	if _, err := p.Settle(ctx, req); status.Code(err) != codes.NotFound {
+		t.Fatalf("Settle of an unknown rule: %v, want NOT_FOUND", err)
+	}
+}

@@ -235,6 +235,23 @@ func (s *Service) Refund(ctx context.Context, req *limiterv1.PeerRefundRequest) 
 	return &limiterv1.PeerRefundResponse{}, nil
 }
 
+// Settle settles here the estimate a pinned rule's check from the origin
+// spent in this region's store, once.
+func (s *Service) Settle(ctx context.Context, req *limiterv1.PeerSettleRequest) (*limiterv1.PeerSettleResponse, error) {
+	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
+		return nil, err
+	}
+	r, err := s.e.SettleHere(ctx, bucket.Settlement{
+		Request: bucket.Request{Rule: req.GetRuleId(), Key: req.GetKey(), Cost: req.GetEstimate()},
+		At:      req.GetSpentAtUs(), Actual: req.GetActualCost(), ID: req.GetId(),
+		TTL: time.Duration(req.GetTtlMs()) * time.Millisecond,
+	})
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	return &limiterv1.PeerSettleResponse{Replay: r.Replay, ActualCost: r.Actual}, nil
+}
+
 // Acquire holds here the leases of a lease id's parts that name this
 // region: pinned concurrency rules whose keys this region homes. The
 // topology generation is handled as by Decide: a newer one makes this
@@ -410,6 +427,21 @@ func (c *Client) Decide(ctx context.Context, its []homes.Item) (bool, []bucket.D
 func (c *Client) Refund(ctx context.Context, its []homes.Item) error {
 	_, err := c.c.Refund(c.outgoing(ctx), &limiterv1.PeerRefundRequest{OriginRegion: c.origin, Items: items(its)})
 	return homeError(err)
+}
+
+// Settle settles at the key's home region the estimate a pinned rule's
+// check spent there, once. Any error of the home is the home's: the
+// origin validated the settlement, so a refusal there is no fault of the
+// caller's.
+func (c *Client) Settle(ctx context.Context, st bucket.Settlement) (bucket.Settled, error) {
+	resp, err := c.c.Settle(c.outgoing(ctx), &limiterv1.PeerSettleRequest{
+		OriginRegion: c.origin, RuleId: st.Rule, Key: st.Key, Estimate: st.Cost, SpentAtUs: st.At,
+		ActualCost: st.Actual, Id: st.ID, TtlMs: st.TTL.Milliseconds(),
+	})
+	if err != nil {
+		return bucket.Settled{}, fmt.Errorf("home region: %w", err)
+	}
+	return bucket.Settled{Replay: resp.GetReplay(), Actual: resp.GetActualCost()}, nil
 }
 
 // Handoff asks a key's old home what the buckets of its items count.

@@ -131,9 +131,8 @@ func (c *Client) CancelReservation(ctx context.Context, reservation string) (giv
 // CheckEstimate is a Check that spends estimate as an estimate, to be
 // settled with the actual cost once it is known (Settle): an allowed
 // answer carries the Settlement to give Settle, within the rule's
-// settle_within. A check decided elsewhere (a pinned rule homed in
-// another region, a store that did not answer) has none: its estimate
-// stands. Errors as for Check.
+// settle_within. A check no store decided (its fallback did, or its
+// outcome is unknown) has none: its estimate stands. Errors as for Check.
 func (c *Client) CheckEstimate(ctx context.Context, rule, key string, estimate float64) (*limiterv1.CheckResponse, error) {
 	return c.check(ctx, &limiterv1.CheckRequest{RuleId: rule, Key: key, Cost: estimate, Settle: true})
 }

@@ -47,6 +47,10 @@ type Home interface {
 	// now, changing nothing (engine.Engine.Usage there): one answer per
 	// item, a concurrency rule's leases free as its Remaining.
 	Usage(ctx context.Context, items []Item) ([]bucket.Decision, error)
+	// Settle settles in the home's store, once, the estimate a pinned
+	// rule's check spent there (engine.Engine.SettleHere there); the
+	// settlement's Limit is not sent: the home uses its rule's.
+	Settle(ctx context.Context, s bucket.Settlement) (bucket.Settled, error)
 }
 
 // Item is one rule of a check forwarded to its key's home region.

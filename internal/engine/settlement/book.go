@@ -22,26 +22,25 @@ const MaxActualCost = 1e15
 const slack = time.Minute
 
 // Book names the spends of checks that spent an estimate, and settles
-// them in a region's store, each once.
+// them, each once.
 type Book struct {
-	key   []byte
-	store bucket.Settler
+	key []byte
 	// invalid counts the Settles refused as invalid, by field.
 	invalid *prometheus.CounterVec
 }
 
-// NewBook names settlements with Key(secret) and settles them in store,
-// counting those refused as invalid in invalid, by field.
-func NewBook(secret []byte, store bucket.Settler, invalid *prometheus.CounterVec) *Book {
-	return &Book{key: Key(secret), store: store, invalid: invalid}
+// NewBook names settlements with Key(secret), counting those refused as
+// invalid in invalid, by field.
+func NewBook(secret []byte, invalid *prometheus.CounterVec) *Book {
+	return &Book{key: Key(secret), invalid: invalid}
 }
 
 // Name is the settlement of it, settled before now + within: not empty
-// only for an allowed item decided in this region's store (at a known
-// instant). Each call names a new nonce.
+// only for an allowed item decided in a store, this region's or its key's
+// home region's (at a known instant). Each call names a new nonce.
 func (b *Book) Name(it *request.Item, now time.Time, within time.Duration) string {
 	d := it.Decision
-	if it.Route != request.RouteStore || !d.Allowed || d.At <= 0 {
+	if it.Route != request.RouteStore && it.Route != request.RouteHome || !d.Allowed || d.At <= 0 {
 		return ""
 	}
 	return Name(b.key, Settlement{Rule: it.Rule.ID, Key: it.Key, Estimate: it.Cost, At: d.At,
@@ -63,12 +62,15 @@ type Result struct {
 	Expired bool
 }
 
-// Settle settles the settlement s with actual at now, in the store, once.
+// Settle settles the settlement s with actual at now, once, in the store
+// where picks for its rule's entry and key (this region's, or the key's
+// home region's).
 // Errors: an *request.InvalidError naming settlement (for a malformed or
 // altered one, or one made with another key, and wrapping
 // request.ErrUnknownRule for a rule no longer in force) or actual_cost (not
 // finite, negative or above MaxActualCost), or the store's.
-func (b *Book) Settle(ctx context.Context, t *request.Table, s string, actual float64, now time.Time) (Result, error) {
+func (b *Book) Settle(ctx context.Context, t *request.Table, s string, actual float64, now time.Time,
+	where func(en *request.Entry, key string) bucket.Settler) (Result, error) {
 	if !(actual >= 0) || math.IsInf(actual, 0) || actual > MaxActualCost {
 		b.invalid.WithLabelValues("actual_cost").Inc()
 		return Result{}, request.Invalid("actual_cost", "actual_cost: %w: must be finite, >= 0 and at most %g, got %v",
@@ -91,7 +93,7 @@ func (b *Book) Settle(ctx context.Context, t *request.Table, s string, actual fl
 	if en.Rule.Concurrent() {
 		return Result{Rule: st.Rule}, nil // the rule changed kind: the estimate stands
 	}
-	res, err := b.store.Settle(ctx, bucket.Settlement{
+	res, err := where(en, st.Key).Settle(ctx, bucket.Settlement{
 		Request: bucket.Request{Rule: st.Rule, Key: st.Key, Limit: en.Limit, Cost: st.Estimate},
 		At:      st.At, Actual: actual, ID: st.Nonce.ID(), TTL: left + slack,
 	})

@@ -928,10 +928,10 @@ type CheckRequest struct {
 	MaxWaitMs int64 `protobuf:"varint,5,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
 	// Spend cost as an estimate to settle later: an allowed check answers
 	// with a settlement, which Settle gives the actual cost. By rule_id
-	// only, not paced (max_wait_ms 0), and only for a rule decided in this
-	// region's store: a pinned rule homed in another region answers no
-	// settlement (the estimate stands). A rule with token leases is decided
-	// in the store for such a check.
+	// only, not paced (max_wait_ms 0). Only a check decided in a store (this
+	// region's, or a pinned key's home region's) answers one: a fallback
+	// decision's estimate stands. A rule with token leases is decided in
+	// the store for such a check.
 	Settle        bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1142,9 +1142,9 @@ type CheckResponse struct {
 	// A paced check by rule_id allowed in this region's store: names the
 	// reservation for CancelReservation. Empty otherwise.
 	Reservation string `protobuf:"bytes,10,opt,name=reservation,proto3" json:"reservation,omitempty"`
-	// A check with settle allowed in this region's store: names the spend
-	// for Settle, until the rule's settle_within has passed. Opaque, at most
-	// 2 KiB, not forgeable. Empty otherwise.
+	// A check with settle allowed in a store: names the spend for Settle,
+	// until the rule's settle_within has passed. Opaque, at most 2 KiB, not
+	// forgeable. Empty otherwise.
 	Settlement    string `protobuf:"bytes,11,opt,name=settlement,proto3" json:"settlement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -74,7 +74,8 @@ type LimiterClient interface {
 	// by the cost it turned out to have, named by its response's settlement:
 	// the difference comes back to the bucket, or the extra is taken from it
 	// (into debt, bounded as another region's spends are). Each region that
-	// reconciles the rule ends with the settled cost. A settlement settles
+	// reconciles the rule ends with the settled cost; a pinned rule's key is
+	// settled at its home region. A settlement settles
 	// once: a Settle again changes nothing and answers as the first did.
 	// After the rule's settle_within the estimate stands: settled is false
 	// and expired true. INVALID_ARGUMENT naming the field for a malformed,
@@ -216,7 +217,8 @@ type LimiterServer interface {
 	// by the cost it turned out to have, named by its response's settlement:
 	// the difference comes back to the bucket, or the extra is taken from it
 	// (into debt, bounded as another region's spends are). Each region that
-	// reconciles the rule ends with the settled cost. A settlement settles
+	// reconciles the rule ends with the settled cost; a pinned rule's key is
+	// settled at its home region. A settlement settles
 	// once: a Settle again changes nothing and answers as the first did.
 	// After the rule's settle_within the estimate stands: settled is false
 	// and expired true. INVALID_ARGUMENT naming the field for a malformed,

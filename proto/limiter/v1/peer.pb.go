@@ -21,6 +21,164 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PeerSettleRequest struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	OriginRegion string                 `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
+	// The item settled: its rule (pinned, its key homed here), its key, the
+	// estimate spent and the instant this region's store spent it at.
+	RuleId    string  `protobuf:"bytes,2,opt,name=rule_id,json=ruleId,proto3" json:"rule_id,omitempty"`
+	Key       string  `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	Estimate  float64 `protobuf:"fixed64,4,opt,name=estimate,proto3" json:"estimate,omitempty"`
+	SpentAtUs int64   `protobuf:"varint,5,opt,name=spent_at_us,json=spentAtUs,proto3" json:"spent_at_us,omitempty"`
+	// The cost it turned out to have: finite, >= 0.
+	ActualCost float64 `protobuf:"fixed64,6,opt,name=actual_cost,json=actualCost,proto3" json:"actual_cost,omitempty"`
+	// Names the settlement's record (1 to 64 bytes), kept ttl_ms (at most an
+	// hour and a minute).
+	Id            string `protobuf:"bytes,7,opt,name=id,proto3" json:"id,omitempty"`
+	TtlMs         int64  `protobuf:"varint,8,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerSettleRequest) Reset() {
+	*x = PeerSettleRequest{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerSettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerSettleRequest) ProtoMessage() {}
+
+func (x *PeerSettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerSettleRequest.ProtoReflect.Descriptor instead.
+func (*PeerSettleRequest) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PeerSettleRequest) GetOriginRegion() string {
+	if x != nil {
+		return x.OriginRegion
+	}
+	return ""
+}
+
+func (x *PeerSettleRequest) GetRuleId() string {
+	if x != nil {
+		return x.RuleId
+	}
+	return ""
+}
+
+func (x *PeerSettleRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *PeerSettleRequest) GetEstimate() float64 {
+	if x != nil {
+		return x.Estimate
+	}
+	return 0
+}
+
+func (x *PeerSettleRequest) GetSpentAtUs() int64 {
+	if x != nil {
+		return x.SpentAtUs
+	}
+	return 0
+}
+
+func (x *PeerSettleRequest) GetActualCost() float64 {
+	if x != nil {
+		return x.ActualCost
+	}
+	return 0
+}
+
+func (x *PeerSettleRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PeerSettleRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+type PeerSettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Settled before: nothing changed, and actual_cost is the first's.
+	Replay        bool    `protobuf:"varint,1,opt,name=replay,proto3" json:"replay,omitempty"`
+	ActualCost    float64 `protobuf:"fixed64,2,opt,name=actual_cost,json=actualCost,proto3" json:"actual_cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerSettleResponse) Reset() {
+	*x = PeerSettleResponse{}
+	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerSettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerSettleResponse) ProtoMessage() {}
+
+func (x *PeerSettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerSettleResponse.ProtoReflect.Descriptor instead.
+func (*PeerSettleResponse) Descriptor() ([]byte, []int) {
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PeerSettleResponse) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
+}
+
+func (x *PeerSettleResponse) GetActualCost() float64 {
+	if x != nil {
+		return x.ActualCost
+	}
+	return 0
+}
+
 type PeerUsageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The region that forwards the usage; it must be in the topology.
@@ -34,7 +192,7 @@ type PeerUsageRequest struct {
 
 func (x *PeerUsageRequest) Reset() {
 	*x = PeerUsageRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	mi := &file_limiter_v1_peer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +204,7 @@ func (x *PeerUsageRequest) String() string {
 func (*PeerUsageRequest) ProtoMessage() {}
 
 func (x *PeerUsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[0]
+	mi := &file_limiter_v1_peer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +217,7 @@ func (x *PeerUsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerUsageRequest.ProtoReflect.Descriptor instead.
 func (*PeerUsageRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{0}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PeerUsageRequest) GetOriginRegion() string {
@@ -86,7 +244,7 @@ type PeerUsageResponse struct {
 
 func (x *PeerUsageResponse) Reset() {
 	*x = PeerUsageResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	mi := &file_limiter_v1_peer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -98,7 +256,7 @@ func (x *PeerUsageResponse) String() string {
 func (*PeerUsageResponse) ProtoMessage() {}
 
 func (x *PeerUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[1]
+	mi := &file_limiter_v1_peer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -111,7 +269,7 @@ func (x *PeerUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerUsageResponse.ProtoReflect.Descriptor instead.
 func (*PeerUsageResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{1}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PeerUsageResponse) GetStatuses() []*RuleStatus {
@@ -137,7 +295,7 @@ type PeerItem struct {
 
 func (x *PeerItem) Reset() {
 	*x = PeerItem{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[2]
+	mi := &file_limiter_v1_peer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -149,7 +307,7 @@ func (x *PeerItem) String() string {
 func (*PeerItem) ProtoMessage() {}
 
 func (x *PeerItem) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[2]
+	mi := &file_limiter_v1_peer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -162,7 +320,7 @@ func (x *PeerItem) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerItem.ProtoReflect.Descriptor instead.
 func (*PeerItem) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{2}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PeerItem) GetRuleId() string {
@@ -214,7 +372,7 @@ type PeerDecideRequest struct {
 
 func (x *PeerDecideRequest) Reset() {
 	*x = PeerDecideRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[3]
+	mi := &file_limiter_v1_peer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -226,7 +384,7 @@ func (x *PeerDecideRequest) String() string {
 func (*PeerDecideRequest) ProtoMessage() {}
 
 func (x *PeerDecideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[3]
+	mi := &file_limiter_v1_peer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -239,7 +397,7 @@ func (x *PeerDecideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerDecideRequest.ProtoReflect.Descriptor instead.
 func (*PeerDecideRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{3}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PeerDecideRequest) GetOriginRegion() string {
@@ -290,7 +448,7 @@ type PeerDecideResponse struct {
 
 func (x *PeerDecideResponse) Reset() {
 	*x = PeerDecideResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[4]
+	mi := &file_limiter_v1_peer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -302,7 +460,7 @@ func (x *PeerDecideResponse) String() string {
 func (*PeerDecideResponse) ProtoMessage() {}
 
 func (x *PeerDecideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[4]
+	mi := &file_limiter_v1_peer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -315,7 +473,7 @@ func (x *PeerDecideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerDecideResponse.ProtoReflect.Descriptor instead.
 func (*PeerDecideResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{4}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PeerDecideResponse) GetAllowed() bool {
@@ -358,7 +516,7 @@ type PeerRefundRequest struct {
 
 func (x *PeerRefundRequest) Reset() {
 	*x = PeerRefundRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[5]
+	mi := &file_limiter_v1_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +528,7 @@ func (x *PeerRefundRequest) String() string {
 func (*PeerRefundRequest) ProtoMessage() {}
 
 func (x *PeerRefundRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[5]
+	mi := &file_limiter_v1_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +541,7 @@ func (x *PeerRefundRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRefundRequest.ProtoReflect.Descriptor instead.
 func (*PeerRefundRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{5}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PeerRefundRequest) GetOriginRegion() string {
@@ -408,7 +566,7 @@ type PeerRefundResponse struct {
 
 func (x *PeerRefundResponse) Reset() {
 	*x = PeerRefundResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[6]
+	mi := &file_limiter_v1_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +578,7 @@ func (x *PeerRefundResponse) String() string {
 func (*PeerRefundResponse) ProtoMessage() {}
 
 func (x *PeerRefundResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[6]
+	mi := &file_limiter_v1_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +591,7 @@ func (x *PeerRefundResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRefundResponse.ProtoReflect.Descriptor instead.
 func (*PeerRefundResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{6}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{8}
 }
 
 type PeerAcquireRequest struct {
@@ -453,7 +611,7 @@ type PeerAcquireRequest struct {
 
 func (x *PeerAcquireRequest) Reset() {
 	*x = PeerAcquireRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[7]
+	mi := &file_limiter_v1_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -465,7 +623,7 @@ func (x *PeerAcquireRequest) String() string {
 func (*PeerAcquireRequest) ProtoMessage() {}
 
 func (x *PeerAcquireRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[7]
+	mi := &file_limiter_v1_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -478,7 +636,7 @@ func (x *PeerAcquireRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerAcquireRequest.ProtoReflect.Descriptor instead.
 func (*PeerAcquireRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{7}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PeerAcquireRequest) GetOriginRegion() string {
@@ -523,7 +681,7 @@ type PeerAcquireResponse struct {
 
 func (x *PeerAcquireResponse) Reset() {
 	*x = PeerAcquireResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[8]
+	mi := &file_limiter_v1_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +693,7 @@ func (x *PeerAcquireResponse) String() string {
 func (*PeerAcquireResponse) ProtoMessage() {}
 
 func (x *PeerAcquireResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[8]
+	mi := &file_limiter_v1_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,7 +706,7 @@ func (x *PeerAcquireResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerAcquireResponse.ProtoReflect.Descriptor instead.
 func (*PeerAcquireResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{8}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *PeerAcquireResponse) GetAllowed() bool {
@@ -598,7 +756,7 @@ type PeerLeaseRequest struct {
 
 func (x *PeerLeaseRequest) Reset() {
 	*x = PeerLeaseRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[9]
+	mi := &file_limiter_v1_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +768,7 @@ func (x *PeerLeaseRequest) String() string {
 func (*PeerLeaseRequest) ProtoMessage() {}
 
 func (x *PeerLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[9]
+	mi := &file_limiter_v1_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +781,7 @@ func (x *PeerLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerLeaseRequest.ProtoReflect.Descriptor instead.
 func (*PeerLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{9}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PeerLeaseRequest) GetOriginRegion() string {
@@ -651,7 +809,7 @@ type PeerReleaseResponse struct {
 
 func (x *PeerReleaseResponse) Reset() {
 	*x = PeerReleaseResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[10]
+	mi := &file_limiter_v1_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +821,7 @@ func (x *PeerReleaseResponse) String() string {
 func (*PeerReleaseResponse) ProtoMessage() {}
 
 func (x *PeerReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[10]
+	mi := &file_limiter_v1_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +834,7 @@ func (x *PeerReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerReleaseResponse.ProtoReflect.Descriptor instead.
 func (*PeerReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{10}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PeerReleaseResponse) GetReleased() bool {
@@ -699,7 +857,7 @@ type PeerRenewResponse struct {
 
 func (x *PeerRenewResponse) Reset() {
 	*x = PeerRenewResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[11]
+	mi := &file_limiter_v1_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -711,7 +869,7 @@ func (x *PeerRenewResponse) String() string {
 func (*PeerRenewResponse) ProtoMessage() {}
 
 func (x *PeerRenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[11]
+	mi := &file_limiter_v1_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -724,7 +882,7 @@ func (x *PeerRenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerRenewResponse.ProtoReflect.Descriptor instead.
 func (*PeerRenewResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{11}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PeerRenewResponse) GetRenewed() bool {
@@ -759,7 +917,7 @@ type PeerHandoffRequest struct {
 
 func (x *PeerHandoffRequest) Reset() {
 	*x = PeerHandoffRequest{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[12]
+	mi := &file_limiter_v1_peer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -771,7 +929,7 @@ func (x *PeerHandoffRequest) String() string {
 func (*PeerHandoffRequest) ProtoMessage() {}
 
 func (x *PeerHandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[12]
+	mi := &file_limiter_v1_peer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -784,7 +942,7 @@ func (x *PeerHandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerHandoffRequest.ProtoReflect.Descriptor instead.
 func (*PeerHandoffRequest) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{12}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PeerHandoffRequest) GetOriginRegion() string {
@@ -812,7 +970,7 @@ type PeerHandoffResponse struct {
 
 func (x *PeerHandoffResponse) Reset() {
 	*x = PeerHandoffResponse{}
-	mi := &file_limiter_v1_peer_proto_msgTypes[13]
+	mi := &file_limiter_v1_peer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -824,7 +982,7 @@ func (x *PeerHandoffResponse) String() string {
 func (*PeerHandoffResponse) ProtoMessage() {}
 
 func (x *PeerHandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_limiter_v1_peer_proto_msgTypes[13]
+	mi := &file_limiter_v1_peer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -837,7 +995,7 @@ func (x *PeerHandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerHandoffResponse.ProtoReflect.Descriptor instead.
 func (*PeerHandoffResponse) Descriptor() ([]byte, []int) {
-	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{13}
+	return file_limiter_v1_peer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PeerHandoffResponse) GetUsed() []float64 {
@@ -852,7 +1010,21 @@ var File_limiter_v1_peer_proto protoreflect.FileDescriptor
 const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\n" +
 	"\x15limiter/v1/peer.proto\x12\n" +
-	"limiter.v1\x1a\x18limiter/v1/limiter.proto\"c\n" +
+	"limiter.v1\x1a\x18limiter/v1/limiter.proto\"\xe7\x01\n" +
+	"\x11PeerSettleRequest\x12#\n" +
+	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12\x17\n" +
+	"\arule_id\x18\x02 \x01(\tR\x06ruleId\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x1a\n" +
+	"\bestimate\x18\x04 \x01(\x01R\bestimate\x12\x1e\n" +
+	"\vspent_at_us\x18\x05 \x01(\x03R\tspentAtUs\x12\x1f\n" +
+	"\vactual_cost\x18\x06 \x01(\x01R\n" +
+	"actualCost\x12\x0e\n" +
+	"\x02id\x18\a \x01(\tR\x02id\x12\x15\n" +
+	"\x06ttl_ms\x18\b \x01(\x03R\x05ttlMs\"M\n" +
+	"\x12PeerSettleResponse\x12\x16\n" +
+	"\x06replay\x18\x01 \x01(\bR\x06replay\x12\x1f\n" +
+	"\vactual_cost\x18\x02 \x01(\x01R\n" +
+	"actualCost\"c\n" +
 	"\x10PeerUsageRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\"G\n" +
@@ -902,7 +1074,7 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12*\n" +
 	"\x05items\x18\x02 \x03(\v2\x14.limiter.v1.PeerItemR\x05items\")\n" +
 	"\x13PeerHandoffResponse\x12\x12\n" +
-	"\x04used\x18\x01 \x03(\x01R\x04used2\x86\x04\n" +
+	"\x04used\x18\x01 \x03(\x01R\x04used2\xcf\x04\n" +
 	"\x04Peer\x12G\n" +
 	"\x06Decide\x12\x1d.limiter.v1.PeerDecideRequest\x1a\x1e.limiter.v1.PeerDecideResponse\x12G\n" +
 	"\x06Refund\x12\x1d.limiter.v1.PeerRefundRequest\x1a\x1e.limiter.v1.PeerRefundResponse\x12J\n" +
@@ -910,7 +1082,8 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\aRelease\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1f.limiter.v1.PeerReleaseResponse\x12D\n" +
 	"\x05Renew\x12\x1c.limiter.v1.PeerLeaseRequest\x1a\x1d.limiter.v1.PeerRenewResponse\x12J\n" +
 	"\aHandoff\x12\x1e.limiter.v1.PeerHandoffRequest\x1a\x1f.limiter.v1.PeerHandoffResponse\x12D\n" +
-	"\x05Usage\x12\x1c.limiter.v1.PeerUsageRequest\x1a\x1d.limiter.v1.PeerUsageResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
+	"\x05Usage\x12\x1c.limiter.v1.PeerUsageRequest\x1a\x1d.limiter.v1.PeerUsageResponse\x12G\n" +
+	"\x06Settle\x12\x1d.limiter.v1.PeerSettleRequest\x1a\x1e.limiter.v1.PeerSettleResponseB9Z7github.com/limiterd/limiterd/proto/limiter/v1;limiterv1b\x06proto3"
 
 var (
 	file_limiter_v1_peer_proto_rawDescOnce sync.Once
@@ -924,48 +1097,52 @@ func file_limiter_v1_peer_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_peer_proto_rawDescData
 }
 
-var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_limiter_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_limiter_v1_peer_proto_goTypes = []any{
-	(*PeerUsageRequest)(nil),    // 0: limiter.v1.PeerUsageRequest
-	(*PeerUsageResponse)(nil),   // 1: limiter.v1.PeerUsageResponse
-	(*PeerItem)(nil),            // 2: limiter.v1.PeerItem
-	(*PeerDecideRequest)(nil),   // 3: limiter.v1.PeerDecideRequest
-	(*PeerDecideResponse)(nil),  // 4: limiter.v1.PeerDecideResponse
-	(*PeerRefundRequest)(nil),   // 5: limiter.v1.PeerRefundRequest
-	(*PeerRefundResponse)(nil),  // 6: limiter.v1.PeerRefundResponse
-	(*PeerAcquireRequest)(nil),  // 7: limiter.v1.PeerAcquireRequest
-	(*PeerAcquireResponse)(nil), // 8: limiter.v1.PeerAcquireResponse
-	(*PeerLeaseRequest)(nil),    // 9: limiter.v1.PeerLeaseRequest
-	(*PeerReleaseResponse)(nil), // 10: limiter.v1.PeerReleaseResponse
-	(*PeerRenewResponse)(nil),   // 11: limiter.v1.PeerRenewResponse
-	(*PeerHandoffRequest)(nil),  // 12: limiter.v1.PeerHandoffRequest
-	(*PeerHandoffResponse)(nil), // 13: limiter.v1.PeerHandoffResponse
-	(*RuleStatus)(nil),          // 14: limiter.v1.RuleStatus
+	(*PeerSettleRequest)(nil),   // 0: limiter.v1.PeerSettleRequest
+	(*PeerSettleResponse)(nil),  // 1: limiter.v1.PeerSettleResponse
+	(*PeerUsageRequest)(nil),    // 2: limiter.v1.PeerUsageRequest
+	(*PeerUsageResponse)(nil),   // 3: limiter.v1.PeerUsageResponse
+	(*PeerItem)(nil),            // 4: limiter.v1.PeerItem
+	(*PeerDecideRequest)(nil),   // 5: limiter.v1.PeerDecideRequest
+	(*PeerDecideResponse)(nil),  // 6: limiter.v1.PeerDecideResponse
+	(*PeerRefundRequest)(nil),   // 7: limiter.v1.PeerRefundRequest
+	(*PeerRefundResponse)(nil),  // 8: limiter.v1.PeerRefundResponse
+	(*PeerAcquireRequest)(nil),  // 9: limiter.v1.PeerAcquireRequest
+	(*PeerAcquireResponse)(nil), // 10: limiter.v1.PeerAcquireResponse
+	(*PeerLeaseRequest)(nil),    // 11: limiter.v1.PeerLeaseRequest
+	(*PeerReleaseResponse)(nil), // 12: limiter.v1.PeerReleaseResponse
+	(*PeerRenewResponse)(nil),   // 13: limiter.v1.PeerRenewResponse
+	(*PeerHandoffRequest)(nil),  // 14: limiter.v1.PeerHandoffRequest
+	(*PeerHandoffResponse)(nil), // 15: limiter.v1.PeerHandoffResponse
+	(*RuleStatus)(nil),          // 16: limiter.v1.RuleStatus
 }
 var file_limiter_v1_peer_proto_depIdxs = []int32{
-	2,  // 0: limiter.v1.PeerUsageRequest.items:type_name -> limiter.v1.PeerItem
-	14, // 1: limiter.v1.PeerUsageResponse.statuses:type_name -> limiter.v1.RuleStatus
-	2,  // 2: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
-	14, // 3: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
-	2,  // 4: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
-	14, // 5: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	2,  // 6: limiter.v1.PeerHandoffRequest.items:type_name -> limiter.v1.PeerItem
-	3,  // 7: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
-	5,  // 8: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
-	7,  // 9: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
-	9,  // 10: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
-	9,  // 11: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
-	12, // 12: limiter.v1.Peer.Handoff:input_type -> limiter.v1.PeerHandoffRequest
-	0,  // 13: limiter.v1.Peer.Usage:input_type -> limiter.v1.PeerUsageRequest
-	4,  // 14: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
-	6,  // 15: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
-	8,  // 16: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
-	10, // 17: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
-	11, // 18: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
-	13, // 19: limiter.v1.Peer.Handoff:output_type -> limiter.v1.PeerHandoffResponse
-	1,  // 20: limiter.v1.Peer.Usage:output_type -> limiter.v1.PeerUsageResponse
-	14, // [14:21] is the sub-list for method output_type
-	7,  // [7:14] is the sub-list for method input_type
+	4,  // 0: limiter.v1.PeerUsageRequest.items:type_name -> limiter.v1.PeerItem
+	16, // 1: limiter.v1.PeerUsageResponse.statuses:type_name -> limiter.v1.RuleStatus
+	4,  // 2: limiter.v1.PeerDecideRequest.items:type_name -> limiter.v1.PeerItem
+	16, // 3: limiter.v1.PeerDecideResponse.statuses:type_name -> limiter.v1.RuleStatus
+	4,  // 4: limiter.v1.PeerRefundRequest.items:type_name -> limiter.v1.PeerItem
+	16, // 5: limiter.v1.PeerAcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	4,  // 6: limiter.v1.PeerHandoffRequest.items:type_name -> limiter.v1.PeerItem
+	5,  // 7: limiter.v1.Peer.Decide:input_type -> limiter.v1.PeerDecideRequest
+	7,  // 8: limiter.v1.Peer.Refund:input_type -> limiter.v1.PeerRefundRequest
+	9,  // 9: limiter.v1.Peer.Acquire:input_type -> limiter.v1.PeerAcquireRequest
+	11, // 10: limiter.v1.Peer.Release:input_type -> limiter.v1.PeerLeaseRequest
+	11, // 11: limiter.v1.Peer.Renew:input_type -> limiter.v1.PeerLeaseRequest
+	14, // 12: limiter.v1.Peer.Handoff:input_type -> limiter.v1.PeerHandoffRequest
+	2,  // 13: limiter.v1.Peer.Usage:input_type -> limiter.v1.PeerUsageRequest
+	0,  // 14: limiter.v1.Peer.Settle:input_type -> limiter.v1.PeerSettleRequest
+	6,  // 15: limiter.v1.Peer.Decide:output_type -> limiter.v1.PeerDecideResponse
+	8,  // 16: limiter.v1.Peer.Refund:output_type -> limiter.v1.PeerRefundResponse
+	10, // 17: limiter.v1.Peer.Acquire:output_type -> limiter.v1.PeerAcquireResponse
+	12, // 18: limiter.v1.Peer.Release:output_type -> limiter.v1.PeerReleaseResponse
+	13, // 19: limiter.v1.Peer.Renew:output_type -> limiter.v1.PeerRenewResponse
+	15, // 20: limiter.v1.Peer.Handoff:output_type -> limiter.v1.PeerHandoffResponse
+	3,  // 21: limiter.v1.Peer.Usage:output_type -> limiter.v1.PeerUsageResponse
+	1,  // 22: limiter.v1.Peer.Settle:output_type -> limiter.v1.PeerSettleResponse
+	15, // [15:23] is the sub-list for method output_type
+	7,  // [7:15] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -983,7 +1160,7 @@ func file_limiter_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_peer_proto_rawDesc), len(file_limiter_v1_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

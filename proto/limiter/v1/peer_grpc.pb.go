@@ -26,6 +26,7 @@ const (
 	Peer_Renew_FullMethodName   = "/limiter.v1.Peer/Renew"
 	Peer_Handoff_FullMethodName = "/limiter.v1.Peer/Handoff"
 	Peer_Usage_FullMethodName   = "/limiter.v1.Peer/Usage"
+	Peer_Settle_FullMethodName  = "/limiter.v1.Peer/Settle"
 )
 
 // PeerClient is the client API for Peer service.
@@ -69,6 +70,12 @@ type PeerClient interface {
 	// rule's leases free as its remaining. The items' costs are those of
 	// the check read for (0: 1).
 	Usage(ctx context.Context, in *PeerUsageRequest, opts ...grpc.CallOption) (*PeerUsageResponse, error)
+	// Settle settles, in this region's store, the estimate a pinned rule's
+	// check spent here (a Decide's item with its spent_at_us), with its
+	// actual cost: a Limiter/Settle of the origin's settlement, which the
+	// origin validated. Once per id: a Settle again changes nothing and
+	// answers replay with the first actual cost.
+	Settle(ctx context.Context, in *PeerSettleRequest, opts ...grpc.CallOption) (*PeerSettleResponse, error)
 }
 
 type peerClient struct {
@@ -149,6 +156,16 @@ func (c *peerClient) Usage(ctx context.Context, in *PeerUsageRequest, opts ...gr
 	return out, nil
 }
 
+func (c *peerClient) Settle(ctx context.Context, in *PeerSettleRequest, opts ...grpc.CallOption) (*PeerSettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PeerSettleResponse)
+	err := c.cc.Invoke(ctx, Peer_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -190,6 +207,12 @@ type PeerServer interface {
 	// rule's leases free as its remaining. The items' costs are those of
 	// the check read for (0: 1).
 	Usage(context.Context, *PeerUsageRequest) (*PeerUsageResponse, error)
+	// Settle settles, in this region's store, the estimate a pinned rule's
+	// check spent here (a Decide's item with its spent_at_us), with its
+	// actual cost: a Limiter/Settle of the origin's settlement, which the
+	// origin validated. Once per id: a Settle again changes nothing and
+	// answers replay with the first actual cost.
+	Settle(context.Context, *PeerSettleRequest) (*PeerSettleResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -220,6 +243,9 @@ func (UnimplementedPeerServer) Handoff(context.Context, *PeerHandoffRequest) (*P
 }
 func (UnimplementedPeerServer) Usage(context.Context, *PeerUsageRequest) (*PeerUsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
+}
+func (UnimplementedPeerServer) Settle(context.Context, *PeerSettleRequest) (*PeerSettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -368,6 +394,24 @@ func _Peer_Usage_Handler(srv interface{}, ctx context.Context, dec func(interfac
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PeerSettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Settle(ctx, req.(*PeerSettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -402,6 +446,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Usage",
 			Handler:    _Peer_Usage_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _Peer_Settle_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
