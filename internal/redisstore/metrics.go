@@ -38,6 +38,7 @@ type metrics struct {
 	debitDuration  prometheus.Observer
 	handoffDur     prometheus.Observer
 	usageDur       prometheus.Observer
+	settleDur      prometheus.Observer
 	leaseDuration  [3]prometheus.Observer // acquire, release, renew
 	errors         [numOps]prometheus.Counter
 	overloaded     prometheus.Counter
@@ -76,6 +77,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		multiDuration: dur.WithLabelValues("multi"), debitDuration: dur.WithLabelValues("debit"),
 		handoffDur: dur.WithLabelValues("handoff"),
 		usageDur:   dur.WithLabelValues("usage"),
+		settleDur:  dur.WithLabelValues("settle"),
 		overloaded: overloaded, outcomeUnknown: unknown, debitFallbacks: fallbacks,
 	}
 	for i, o := range []op{opAcquire, opRelease, opRenew} {

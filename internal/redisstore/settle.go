@@ -30,7 +30,7 @@ func (s *Store) Settle(ctx context.Context, st bucket.Settlement) (bucket.Settle
 	ttl := max(st.TTL.Milliseconds(), 1)
 	res, err := s.eval(ctx, opSettle, key, pipeline.Call{Script: settleScript, Keys: []string{key, SettleKey(st.Key, st.ID)},
 		Args: []any{string(st.Limit.Algorithm), a[0], a[1], a[2], strconv.FormatFloat(st.Actual, 'g', -1, 64),
-			strconv.FormatInt(st.At, 10), strconv.FormatInt(ttl, 10), st.ID}}, s.m.multiDuration)
+			strconv.FormatInt(st.At, 10), strconv.FormatInt(ttl, 10), st.ID}}, s.m.settleDur)
 	if err != nil {
 		return bucket.Settled{}, fmt.Errorf("eval settle: %w", err)
 	}
