@@ -133,7 +133,7 @@ func (e *Engine) SettleHere(ctx context.Context, s bucket.Settlement) (bucket.Se
 	if err := bucket.ValidateSettlement(&s); err != nil {
 		return bucket.Settled{}, request.Invalid("actual_cost", "actual_cost, id: %w", err)
 	}
-	s.Limit = en.Limit
+	s.Limit = en.For(s.Key).Limit
 	r, err := e.store.Settle(ctx, s)
 	if err == nil && !r.Replay && r.Actual < s.Cost && e.deny != nil {
 		e.deny.Forget(s.Rule, s.Key)

@@ -25,6 +25,10 @@ const settleRules = `rules:
   - {id: fixed_window, algorithm: fixed_window, limit: 10, window: 1h}
   - {id: sliding_log, algorithm: sliding_log, limit: 10, window: 1h}
   - {id: leased, capacity: 10, refill_per_second: 0.000001, lease: 5}
+  - id: overridden
+    capacity: 10
+    refill_per_second: 0.000001
+    overrides: {vip: {capacity: 100, refill_per_second: 0.000001}}
 `
 
 // spendRecorder records the spends given to the other regions.
@@ -94,7 +98,7 @@ func settleCheck(t *testing.T, e *Engine, rule, key string, cost float64) string
 func leftOf(t *testing.T, e *Engine, store bucket.Usager, rule, key string) float64 {
 	t.Helper()
 	en := e.table.Load().ByID[rule]
-	ds, err := store.Usage(context.Background(), []bucket.Request{{Rule: rule, Key: key, Limit: en.Limit, Cost: 1}})
+	ds, err := store.Usage(context.Background(), []bucket.Request{{Rule: rule, Key: key, Limit: en.For(key).Limit, Cost: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +179,19 @@ func TestSettleCounted(t *testing.T) {
 		if got := testutil.ToFloat64(e.m.Settlements.WithLabelValues("token_bucket", result)); got != want {
 			t.Errorf("limiter_settlements_total{result=%q} = %v, want %v", result, got, want)
 		}
+	}
+}
+
+// TestSettleOverride: a key with a limit of its own settles against it.
+func TestSettleOverride(t *testing.T) {
+	store := bucket.NewMemory()
+	e, _, _ := settleEngine(t, store)
+	s := settleCheck(t, e, "overridden", "vip", 60)
+	if r, err := e.Settle(context.Background(), s, 20); err != nil || !r.Settled {
+		t.Fatalf("Settle = %+v, %v", r, err)
+	}
+	if got := leftOf(t, e, store, "overridden", "vip"); got != 80 {
+		t.Fatalf("after the settle: %v left of the key's 100, want 80", got)
 	}
 }
 

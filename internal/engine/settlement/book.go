@@ -94,7 +94,7 @@ func (b *Book) Settle(ctx context.Context, t *request.Table, s string, actual fl
 		return Result{Rule: st.Rule}, nil // the rule changed kind: the estimate stands
 	}
 	res, err := where(en, st.Key).Settle(ctx, bucket.Settlement{
-		Request: bucket.Request{Rule: st.Rule, Key: st.Key, Limit: en.Limit, Cost: st.Estimate},
+		Request: bucket.Request{Rule: st.Rule, Key: st.Key, Limit: en.For(st.Key).Limit, Cost: st.Estimate},
 		At:      st.At, Actual: actual, ID: st.Nonce.ID(), TTL: left + slack,
 	})
 	if err != nil {
