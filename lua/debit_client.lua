@@ -51,7 +51,7 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
     local over = 0
     local amount = tonumber(args[j + 3])
     if amount and amount < 0 then
-      credit(args[j], keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), -amount, now)
+      credit(alg, keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), -amount, now)
     elseif debit then
       over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, tag) or 0
     end
