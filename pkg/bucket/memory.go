@@ -52,8 +52,9 @@ type memoryShard struct {
 	mu      sync.Mutex
 	buckets map[bucketID]*memoryEntry
 	leases  map[bucketID]*Leases // of concurrency rules, made on first use
-	// settled are the settlements settled, by id (Settle), made on first use.
-	settled map[string]settleRecord
+	// settled are the settlements settled, by key and id (Settle), made
+	// on first use.
+	settled map[settleID]settleRecord
 	// bytes counts the buckets, leaseBytes the lease sets: each has the
 	// cap to itself, so leases, which are never evicted, never push rate
 	// buckets out.

@@ -88,6 +88,10 @@ func (l *Limit) Credit(st *State, now int64, amount float64) {
 	st.log = st.log[:len(st.log)-n]
 }
 
+// settleID names a settlement's record: an id names one within its key,
+// as the Redis store keeps it in the key's slot.
+type settleID struct{ key, id string }
+
 type settleRecord struct {
 	actual  float64
 	expires int64 // µs
@@ -103,7 +107,8 @@ func (m *Memory) Settle(_ context.Context, s Settlement) (Settled, error) {
 	sh := m.shard(s.Key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if r, ok := sh.settled[s.ID]; ok && r.expires > now {
+	sid := settleID{s.Key, s.ID}
+	if r, ok := sh.settled[sid]; ok && r.expires > now {
 		return Settled{Actual: r.actual, Replay: true}, nil
 	}
 	if len(sh.settled) >= MaxSettlementRecords/memoryShards {
@@ -130,9 +135,9 @@ func (m *Memory) Settle(_ context.Context, s Settlement) (Settled, error) {
 		}
 	}
 	if sh.settled == nil {
-		sh.settled = make(map[string]settleRecord)
+		sh.settled = make(map[settleID]settleRecord)
 	}
-	sh.settled[s.ID] = settleRecord{actual: s.Actual, expires: now + s.TTL.Microseconds()}
+	sh.settled[sid] = settleRecord{actual: s.Actual, expires: now + s.TTL.Microseconds()}
 	return Settled{Actual: s.Actual}, nil
 }
 
