@@ -95,7 +95,7 @@ func (b *Book) Settle(ctx context.Context, t *request.Table, s string, actual fl
 	}
 	res, err := where(en, st.Key).Settle(ctx, bucket.Settlement{
 		Request: bucket.Request{Rule: st.Rule, Key: st.Key, Limit: en.For(st.Key).Limit, Cost: st.Estimate},
-		At:      st.At, Actual: actual, ID: st.Nonce.ID(), TTL: left + slack,
+		At:      st.At, Actual: actual, ID: st.Nonce.String(), TTL: left + slack,
 	})
 	if err != nil {
 		return Result{Rule: st.Rule}, fmt.Errorf("settle: %w", err)
