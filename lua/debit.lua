@@ -1,58 +1,112 @@
--- Debits: another region admitted amount tokens under a rule; spend them
--- here too, without a decision. Every spend is kept, up to a debt bound that
+-- Debits: another region admitted amount tokens under a rule, the last of
+-- them at the instant at (µs, the source's clock with the reconciler's
+-- clock allowance added; at most now); spend them here too, without a
+-- decision, as of that instant. Every spend is kept, up to a debt bound that
 -- one reconcile lag of remote traffic does not reach (DEBT_HORIZON_US, 10 s:
 -- bucket.DebtHorizon), so the regions together admit at most capacity +
 -- rate * T plus about one interval of remote spending, and a burst of
 -- remote traffic (or a corrupt message) cannot block a key for long:
---   token_bucket, gcra: the state moves by the spend of amount, at most to
---     capacity + rate * 10 s of debt, refilling at the usual rate; checks
---     read the state with the same bound, so the debt is kept;
+--   token_bucket, gcra: the state moves to the spend of amount after the
+--     later of the instant it is full again and at, at most to capacity +
+--     rate * 10 s of debt, refilling at the usual rate; checks read the
+--     state with the same bound, so the debt is kept. An absent key counts
+--     as full since KEEP_FULL_NS ago (its key outlives a full bucket that
+--     long), so a spend that refilled before it arrived writes nothing;
 --   sliding_window, fixed_window: amount joins the current window's count,
---     at most limit + max(limit, limit * 10 s / window);
+--     at most limit + max(limit, limit * 10 s / window), unless at fell in
+--     a window that no longer counts (before the previous one for a sliding
+--     window, before the current one for a fixed window);
 --   sliding_log: amount entries join the log at now, up to the same bound
---     with at most 1000 entries beyond the limit.
+--     with at most 1000 entries beyond the limit, unless at is out of the
+--     window.
 -- An amount that is not above 0 spends nothing. Each returns the overshoot
 -- it finds: by how much the admissions this region knows of, its own and
 -- the others', exceed the limit right after the debit (the debt; 0 when the
--- bucket had room). Mirrors Limit.Debit in pkg/bucket.
+-- bucket had room), and whether it wrote anything. Mirrors Limit.DebitAt
+-- in pkg/bucket.
 
 local function overshoot(amount, room)
   return math.max(amount - room, 0)
 end
 
-local function debit_instant(key, cap, rate, amount, now)
-  if not (amount and amount > 0) then return 0 end
-  local d, full = bucket_debt(key, cap, rate, now)
-  local over = overshoot(amount, cap - d * rate / 1e9)
-  bucket_write(key, now, math.min(d + spend_ns(amount, rate), 2 * full + DEBT_HORIZON_US * 1000))
-  return over
+-- The instant (ns from now) a debit as of at starts from in the bucket of
+-- key: the later of the instant it is full again, bounded (an absent key
+-- full since bucket_keep ago, a debt at most most ahead), and at.
+local function debit_start(key, full, most, now, at)
+  local keep = bucket_keep(full)
+  local v = read_string(key)
+  local start = -keep
+  if v then start = bucket_ahead(v, now) or 0 end
+  if start < -keep then start = -keep end
+  if start > most then start = most end
+  local a = (at - now) * 1000
+  if a > 0 then a = 0 end
+  if start < a then start = a end
+  return start
 end
 
-local function debit_sliding_window(key, cap, w, amount, now)
-  if not (amount and amount > 0) then return 0 end
+local function debit_instant(key, cap, rate, amount, now, at)
+  if not (amount and amount > 0) then return 0, false end
+  local full = spend_ns(cap, rate)
+  local most = 2 * full + DEBT_HORIZON_US * 1000
+  local start = debit_start(key, full, most, now, at)
+  local over = overshoot(amount, cap - start * rate / 1e9)
+  local d = start + spend_ns(amount, rate)
+  if d <= 0 then return over, false end
+  bucket_write(key, now, math.min(d, most), full)
+  return over, true
+end
+
+-- Whether a spend of amount (above 0) admitted at at counts no more at
+-- now: a debit of it would write nothing. Per algorithm, as the debits
+-- below decide it.
+local function instant_refilled(key, cap, rate, amount, now, at)
+  local full = spend_ns(cap, rate)
+  return debit_start(key, full, 2 * full + DEBT_HORIZON_US * 1000, now, at) + spend_ns(amount, rate) <= 0
+end
+
+local refilled = {
+  token_bucket = instant_refilled,
+  gcra = instant_refilled,
+  sliding_window = function(key, cap, w, amount, now, at)
+    return window_index(at, w) < window_index(now, w) - 1
+  end,
+  fixed_window = function(key, cap, w, amount, now, at)
+    return window_index(at, w) < window_index(now, w)
+  end,
+  sliding_log = function(key, cap, w, amount, now, at)
+    return at <= now - w
+  end,
+}
+
+local function debit_sliding_window(key, cap, w, amount, now, at)
+  if not (amount and amount > 0) then return 0, false end
+  if refilled.sliding_window(key, cap, w, amount, now, at) then return 0, false end
   local cur, prev, idx
   cur, prev, idx, now = sliding_window_at(key, w, now)
   local f = (now - idx * w) / w
   local over = overshoot(amount, micro(cap) - (prev * (1 - f) + cur))
   sliding_window_write(key, idx, w, math.min(micro(cur + amount), window_most(cap, w)), prev, now)
-  return over
+  return over, true
 end
 
-local function debit_fixed_window(key, cap, w, amount, now)
-  if not (amount and amount > 0) then return 0 end
+local function debit_fixed_window(key, cap, w, amount, now, at)
+  if not (amount and amount > 0) then return 0, false end
+  if refilled.fixed_window(key, cap, w, amount, now, at) then return 0, false end
   local count, fresh, idx = fixed_window_at(key, w, now)
   local over = overshoot(amount, micro(cap) - count)
   fixed_window_write(key, idx, w, math.min(micro(count + amount), window_most(cap, w)), fresh)
-  return over
+  return over, true
 end
 
-local function debit_sliding_log(key, cap, w, amount, now, tag)
-  if not (amount and amount > 0) then return 0 end
+local function debit_sliding_log(key, cap, w, amount, now, at, tag)
+  if not (amount and amount > 0) then return 0, false end
+  if refilled.sliding_log(key, cap, w, amount, now, at) then return 0, false end
   local n = sliding_log_trim(key, w, now)
   local over = overshoot(amount, cap - n)
   local most = cap + math.min(math.max(cap, math.floor(cap * DEBT_HORIZON_US / w)), 1000)
   local k = math.min(math.floor(amount + 0.5), most - n)
-  if k < 1 then return over end
+  if k < 1 then return over, true end
   local args = {}
   local score = fmt_int(now)
   for i = 1, k do
@@ -61,7 +115,7 @@ local function debit_sliding_log(key, cap, w, amount, now, tag)
   end
   redis.call('ZADD', key, unpack(args))
   redis.call('PEXPIRE', key, fmt_int(math.ceil(w / 1000) + EXPIRY_PAD_MS))
-  return over
+  return over, true
 end
 
 local debits = {

@@ -1,3 +1,11 @@
+-- The instant (µs) a debit is applied as of: v, at most now; now when v
+-- is not a number above 0.
+local function debit_at(v, now)
+  local at = tonumber(v)
+  if not at or at <= 0 or at > now then return now end
+  return at
+end
+
 -- Applies one message of a source region to one client, at most once: the
 -- part of debit_main.lua (one client) and debit_batch_main.lua (several)
 -- that is theirs alike.
@@ -5,9 +13,11 @@
 -- the position of the last message applied; seq, epoch: the message's
 -- stream sequence and the stream's epoch (its creation, µs), as strings;
 -- ttl: the marker's expiry (ms); now: the instant (µs); n: the count of
--- the client's buckets, whose keys are keys[k..k+n-1] and whose four
+-- the client's buckets, whose keys are keys[k..k+n-1] and whose five
 -- arguments each (algorithm, capacity, rate (tokens/s) or window (µs),
--- amount) are args[a..a+4n-1]. An algorithm prefixed with '!' says the
+-- amount, and the instant (µs) as of which it is debited: see debit.lua;
+-- not a number or 0 is now) are args[a..a+5n-1]. An algorithm prefixed
+-- with '!' says the
 -- source region reset the key before it admitted amount: the bucket is
 -- deleted (full again), then debited. The reset is applied at most once
 -- with the message, by the same marker.
@@ -19,9 +29,28 @@
 -- The marker is "<epoch> <seq>".
 -- A negative amount is what a settlement there gave back: it is credited
 -- (see credit in undo_lib.lua), with no overshoot.
+-- When every spend of the client had refilled before it arrived (no reset,
+-- no give-back, each bucket's debit would write nothing), nothing is read
+-- but the buckets and nothing is written, the marker neither: a
+-- redelivery decides the same way, unless a check here wrote the bucket
+-- since, when it debits the spend once, as of its instant.
 -- Returns {1, overshoot of each bucket (strings)} when applied, {0} for a
--- duplicate.
+-- duplicate, {2} when every spend had refilled.
 local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
+  local quiet = true
+  for i = 0, n - 1 do
+    local j = a + i * 5
+    local test = refilled[args[j]]
+    local amount = tonumber(args[j + 3])
+    if not (test and amount and amount > 0 and
+        test(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now))) then
+      quiet = false
+      break
+    end
+  end
+  if quiet then
+    return {2}
+  end
   local m = read_string(marker)
   local last = 0
   if m then
@@ -41,7 +70,7 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
   local tag = epoch .. '-' .. seq
   local out = {1}
   for i = 0, n - 1 do
-    local j = a + i * 4
+    local j = a + i * 5
     local alg = args[j]
     if string.byte(alg, 1) == 33 then -- '!': reset before the amount
       redis.call('DEL', keys[k + i])
@@ -53,7 +82,7 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
     if amount and amount < 0 then
       credit(alg, keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), -amount, now)
     elseif debit then
-      over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, tag) or 0
+      over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now), tag) or 0
     end
     out[#out + 1] = string.format('%.17g', over)
   end

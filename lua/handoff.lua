@@ -58,7 +58,7 @@ elseif op == 'seed' then
     local cap, p = tonumber(ARGV[5]), tonumber(ARGV[6])
     local more = tonumber(ARGV[7]) - used_of(KEYS[2], ARGV[4], cap, p)
     if more > 0 then
-      debit(KEYS[2], cap, p, more, now, 'moved' .. ARGV[2])
+      debit(KEYS[2], cap, p, more, now, now, 'moved' .. ARGV[2])
     end
   end
   redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])

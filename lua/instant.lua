@@ -21,8 +21,15 @@ end
 -- full bucket, not as a debt. A Lua number is exact to 2^53, so the value
 -- is read and written as µs and the ns within them.
 
--- Writes the state of key: full again d ns (a whole number) after now.
-local function bucket_write(key, now, d)
+-- How long (ns) a key of a bucket whose capacity lasts full ns outlives
+-- the instant it is full again (see KEEP_FULL_NS).
+local function bucket_keep(full)
+  return math.min(full, KEEP_FULL_NS)
+end
+
+-- Writes the state of key: full again d ns (a whole number, at least 0)
+-- after now; the key lives bucket_keep(full) beyond that.
+local function bucket_write(key, now, d, full)
   -- d % 1000 is exact while d / 1000 has room for three decimals.
   local r = d % 1000
   if r < 0 then r = r + 1000 end
@@ -31,7 +38,25 @@ local function bucket_write(key, now, d)
     r = math.fmod(d, 1000)
     q = math.floor((d - r) / 1000 + 0.5)
   end
-  redis.call('SET', key, string.format('-%d%03d', now + q, r), 'PX', fmt_int(math.ceil(d / 1e6) + EXPIRY_PAD_MS))
+  redis.call('SET', key, string.format('-%d%03d', now + q, r), 'PX',
+    fmt_int(math.ceil(d / 1e6) + math.ceil(bucket_keep(full) / 1e6) + EXPIRY_PAD_MS))
+end
+
+-- How far (ns) the instant the state v is full again lies after now:
+-- below 0 when it was full before now; nil when v is not a state.
+local function bucket_ahead(v, now)
+  if not v then return nil end
+  local us, ns
+  if #v == 20 then
+    -- '-' and 19 digits (ns instants from 2001 to 2286): the last three
+    -- are the ns within the µs.
+    local x, y, z = string.byte(v, -3, -1)
+    us, ns = tonumber(string.sub(v, 2, -4)), x * 100 + y * 10 + z - 5328
+  else
+    us, ns = tonumber(v), 0
+  end
+  if not us then return nil end
+  return (us - now) * 1000 + ns
 end
 
 -- The time (ns) until the bucket of key is full again, read at now: 0 when
@@ -46,22 +71,8 @@ end
 -- it also returns whether v was beyond the bound.
 local function bucket_debt_of(v, cap, rate, now)
   local full = spend_ns(cap, rate)
-  local d = 0
-  if v then
-    local us, ns
-    if #v == 20 then
-      -- '-' and 19 digits (ns instants from 2001 to 2286): the last three
-      -- are the ns within the µs.
-      local x, y, z = string.byte(v, -3, -1)
-      us, ns = tonumber(string.sub(v, 2, -4)), x * 100 + y * 10 + z - 5328
-    else
-      us, ns = tonumber(v), 0
-    end
-    if us then
-      d = (us - now) * 1000 + ns
-      if d < 0 then d = 0 end
-    end
-  end
+  local d = bucket_ahead(v, now) or 0
+  if d < 0 then d = 0 end
   local most = 2 * full + DEBT_HORIZON_US * 1000
   if d > most then
     return most, full, true
@@ -72,7 +83,7 @@ end
 -- bucket_debt reads key, and writes the bound back when it was beyond.
 local function bucket_debt(key, cap, rate, now)
   local d, full, clamped = bucket_debt_of(read_string(key), cap, rate, now)
-  if clamped then bucket_write(key, now, d) end
+  if clamped then bucket_write(key, now, d, full) end
   return d, full
 end
 
@@ -102,7 +113,7 @@ local function instant_take(key, cap, rate, cost, now)
   if d + s <= full then
     d = d + s
     return 1, d, 0, (d + 999) / 1000, function()
-      bucket_write(key, now, d)
+      bucket_write(key, now, d, full)
     end
   end
   return 0, d, (d + s - full + 999) / 1000, (d + 999) / 1000, nil

@@ -12,6 +12,12 @@
 -- max(limit, limit * 10 s / window).
 local DEBT_HORIZON_US = 10000000
 
+-- How long a token bucket's or GCRA's key outlives the instant it is full
+-- again, at most (ns; bucket.KeepFull): the capacity's duration, up to 10
+-- s. An absent key has then been full for at least that long, which lets a
+-- debit that refilled before it arrived change nothing (debit.lua).
+local KEEP_FULL_NS = 10000000000
+
 -- The value of key as a string, or nil, changing nothing; and whether
 -- the key holds another type.
 local function peek_string(key)

@@ -10,7 +10,7 @@ local alg, cap, rate, amount = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), to
 if alg ~= 'token_bucket' and alg ~= 'gcra' then
   return 0
 end
-local d = bucket_debt(KEYS[1], cap, rate, now)
+local d, full = bucket_debt(KEYS[1], cap, rate, now)
 if d <= 0 then
   return 0
 end
@@ -18,6 +18,6 @@ d = d - spend_ns(amount, rate)
 if d <= 0 then
   redis.call('DEL', KEYS[1])
 else
-  bucket_write(KEYS[1], now, d)
+  bucket_write(KEYS[1], now, d, full)
 end
 return 1

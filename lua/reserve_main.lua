@@ -27,7 +27,7 @@ for i = 1, #KEYS do
   elseif w > W then
     W = w
   end
-  plans[i] = {d, s, w}
+  plans[i] = {d, s, w, full}
 end
 for i = 1, #KEYS do
   local d, s, w = plans[i][1], plans[i][2], plans[i][3]
@@ -39,7 +39,7 @@ for i = 1, #KEYS do
   else
     if all then
       d = math.max(d, W) + s
-      bucket_write(KEYS[i], now, d)
+      bucket_write(KEYS[i], now, d, plans[i][4])
     else
       d = d + s
     end

@@ -23,7 +23,7 @@ if d < 0 then
   if undo then undo(KEYS[1], cap, rw, -d, now, at) end
 elseif d > 0 then
   local debit = debits[alg]
-  if debit then debit(KEYS[1], cap, rw, d, now, 's' .. ARGV[8]) end
+  if debit then debit(KEYS[1], cap, rw, d, now, now, 's' .. ARGV[8]) end
 end
 redis.call('SET', KEYS[2], ARGV[5], 'PX', ARGV[7])
 return {1, ARGV[5]}

@@ -17,13 +17,13 @@
 -- Mirrors Limit.Undo and Limit.Credit in pkg/bucket.
 
 local function undo_instant(key, cap, rate, amount, now, at)
-  local d = bucket_debt(key, cap, rate, now)
+  local d, full = bucket_debt(key, cap, rate, now)
   if d <= 0 then return end
   d = d - spend_ns(amount, rate)
   if d <= 0 then
     redis.call('DEL', key)
   else
-    bucket_write(key, now, d)
+    bucket_write(key, now, d, full)
   end
 end
 

@@ -12,12 +12,12 @@ local key = KEYS[1]
 local v = read_string(key)
 if v ~= ARGV[4] then return {0} end
 local rate = tonumber(ARGV[2])
-local d = bucket_debt(key, tonumber(ARGV[1]), rate, now)
+local d, full = bucket_debt(key, tonumber(ARGV[1]), rate, now)
 if d <= 0 then return {0} end
 d = d - spend_ns(tonumber(ARGV[3]), rate)
 if d <= 0 then
   redis.call('DEL', key)
 else
-  bucket_write(key, now, d)
+  bucket_write(key, now, d, full)
 end
 return {1}

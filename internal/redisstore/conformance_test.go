@@ -85,7 +85,7 @@ func newConformance(t *testing.T) *conformance {
 
 // conformanceRun is what run saw.
 type conformanceRun struct {
-	allowed, refused, refusedAfterChange, debits, handoffs, stepsBack, undos, usages, settles, credits int
+	allowed, refused, refusedAfterChange, debits, refilled, handoffs, stepsBack, undos, usages, settles, credits int
 }
 
 // run steps through one table of (time, cost) steps, and debits, against
@@ -221,6 +221,14 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 				amount = (lim.Capacity + lim.RefillPerSecond*bucket.DebtHorizon.Seconds()) * 3 * float64(1+rng.IntN(100))
 			}
 			var wantOver float64
+			// As of the spend's last admission: now, or up to two fill
+			// times or windows before (so a spend refilled by now, or
+			// of a window that no longer counts, comes up often).
+			at := now
+			if rng.IntN(2) == 0 {
+				at = max(now-int64(rng.Float64()*2*scale), 1)
+			}
+			changed := true
 			if rng.IntN(4) == 0 {
 				// Or another region's settlement gave back some: a
 				// negative amount, credited.
@@ -228,21 +236,32 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 				lim.Credit(&st, now, -amount)
 				run.credits++
 			} else {
-				wantOver = lim.Debit(&st, now, amount)
+				wantOver, changed = lim.DebitAt(&st, now, at, amount)
 			}
 			cf.seq++
 			a := scriptArgs(lim, amount)
-			res, err := cf.debit.Run(ctx, client, []string{marker, key},
-				strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+			args := []any{strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(at, 10), strconv.FormatInt(now, 10)}
+			res, err := cf.debit.Run(ctx, client, []string{marker, key}, args...).Slice()
+			if !changed {
+				// Refilled before it arrived: nothing written, not even
+				// the marker, so the same message again decides alike.
+				for range 2 {
+					if err != nil || len(res) != 1 || res[0] != int64(2) {
+						t.Fatalf("step %d: debit of %v as of %v = %v, %v; want {2} (refilled)", step, amount, now-at, res, err)
+					}
+					res, err = cf.debit.Run(ctx, client, []string{marker, key}, args...).Slice()
+				}
+				run.refilled++
+				continue
+			}
 			if err != nil || len(res) != 2 || res[0] != int64(1) {
-				t.Fatalf("step %d: debit = %v, %v", step, res, err)
+				t.Fatalf("step %d: debit as of %v = %v, %v", step, now-at, res, err)
 			}
 			if over, _ := strconv.ParseFloat(res[1].(string), 64); over != wantOver {
-				t.Fatalf("step %d: debit of %v: overshoot lua %v, go %v", step, amount, over, wantOver)
+				t.Fatalf("step %d: debit of %v as of %v: overshoot lua %v, go %v", step, amount, now-at, over, wantOver)
 			}
 			// The same message again debits nothing.
-			res, err = cf.debit.Run(ctx, client, []string{marker, key},
-				strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+			res, err = cf.debit.Run(ctx, client, []string{marker, key}, args...).Slice()
 			if err != nil || len(res) != 1 || res[0] != int64(0) {
 				t.Fatalf("step %d: repeated debit = %v, %v; want {0} (duplicate)", step, res, err)
 			}
@@ -437,21 +456,26 @@ func conformanceRandomLimits(t *testing.T, cf *conformance, start int64, prefix 
 			total.allowed += run.allowed
 			total.refused += run.refused
 			total.debits += run.debits
+			total.refilled += run.refilled
 			total.handoffs += run.handoffs
 			total.stepsBack += run.stepsBack
 			total.undos += run.undos
 		})
 	}
-	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits, %d handoffs, %d clock steps back, %d undos, every decision, overshoot and count handed off identical",
-		limits, steps, total.allowed, total.refused, total.debits, total.handoffs, total.stepsBack, total.undos)
+	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits (%d refilled before they arrived), %d handoffs, %d clock steps back, %d undos, every decision, overshoot and count handed off identical",
+		limits, steps, total.allowed, total.refused, total.debits+total.refilled, total.refilled, total.handoffs, total.stepsBack, total.undos)
+	if total.refilled == 0 || total.debits == 0 {
+		t.Errorf("%d debits applied, %d refilled: the steps must try both", total.debits, total.refilled)
+	}
 	if total.allowed == 0 || total.refused == 0 || total.handoffs == 0 || total.stepsBack == 0 || total.undos == 0 {
 		t.Fatalf("one outcome only: %+v", total)
 	}
 }
 
-// TestStoreExpiry checks the expiry the production scripts set against
-// DESIGN: a bucket expires when it would be full again, a fixed window at its
-// end, a sliding window two windows on, a log one window after its newest entry.
+// TestStoreExpiry checks the expiry the production scripts set: a bucket
+// expires the time to fill it from empty (at most bucket.KeepFull) after it
+// would be full again, a fixed window at its end, a sliding window two
+// windows on, a log one window after its newest entry.
 func TestStoreExpiry(t *testing.T) {
 	c := redistest.NewCluster(t, 3, 0)
 	ctx := context.Background()
@@ -465,15 +489,20 @@ func TestStoreExpiry(t *testing.T) {
 		cost     float64
 		min, max time.Duration
 	}{
-		{bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 10}, 30, 2900 * time.Millisecond, 3 * time.Second},
-		{bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 10}, 5, 400 * time.Millisecond, 500 * time.Millisecond},
+		// Full in 3 s; 10 s to fill, the most kept.
+		{bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 10}, 30, 12900 * time.Millisecond, 13 * time.Second},
+		{bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 10}, 5, 10400 * time.Millisecond, 10500 * time.Millisecond},
+		// Full in 50 ms, kept 100 ms more: its time to fill.
+		{bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 10, RefillPerSecond: 100}, 5, 140 * time.Millisecond, 150 * time.Millisecond},
+		// Full in 30 min, kept 10 s more.
+		{bucket.Limit{Algorithm: bucket.GCRA, Capacity: 100, RefillPerSecond: 1.0 / 60}, 30, 30*time.Minute + 9900*time.Millisecond, 30*time.Minute + 10*time.Second},
 		{bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 100, Window: time.Hour}, 1, time.Millisecond, time.Hour},
 		{bucket.Limit{Algorithm: bucket.SlidingWindow, Capacity: 100, Window: time.Hour}, 1, time.Hour, 2 * time.Hour},
 		{bucket.Limit{Algorithm: bucket.SlidingLog, Capacity: 10, Window: time.Minute}, 1, 59 * time.Second, time.Minute},
 	}
 	for _, tt := range tests {
-		t.Run(string(tt.lim.Algorithm), func(t *testing.T) {
-			req := bucket.Request{Rule: "ttl-" + string(tt.lim.Algorithm), Key: "client{1}", Limit: tt.lim, Cost: tt.cost}
+		t.Run(fmt.Sprintf("%s %g %g", tt.lim.Algorithm, tt.lim.Capacity, tt.lim.RefillPerSecond), func(t *testing.T) {
+			req := bucket.Request{Rule: fmt.Sprintf("ttl-%s-%g", tt.lim.Algorithm, tt.lim.RefillPerSecond), Key: "client{1}", Limit: tt.lim, Cost: tt.cost}
 			d, err := s.Take(ctx, req)
 			if err != nil || !d.Allowed {
 				t.Fatalf("Take = %+v, %v", d, err)

@@ -23,6 +23,11 @@ type Debit struct {
 	// admitted Amount: the bucket is put back to full here too, then
 	// debited, in the same script and at most once.
 	Reset bool
+	// At is the instant (µs since the epoch) Amount is debited as of: its
+	// last admission, read on the source's clock, with the clock allowance
+	// added. 0, or an instant after the store's now, is now. A spend that
+	// has refilled by now writes nothing (see bucket.Limit.DebitAt).
+	At int64
 	// Overshoot is set by ApplyDebits: by how much the admissions this
 	// region knows of exceed the limit right after the debit.
 	Overshoot float64
@@ -152,8 +157,10 @@ func (s *Store) FirstSeen(ctx context.Context, src, instance string, seq uint64,
 // DebitResult is what ApplyDebits did.
 type DebitResult struct {
 	// Applied and Duplicates count the clients debited and those whose
-	// marker showed the message applied already.
-	Applied, Duplicates int
+	// marker showed the message applied already. Refilled counts those
+	// whose every spend had refilled by the time it arrived, debited as of
+	// its At: nothing was written for them, the marker neither.
+	Applied, Duplicates, Refilled int
 	// Failed are the indexes of the clients whose script failed (their
 	// node down or unreachable): applying them again is safe.
 	Failed []int
@@ -221,6 +228,8 @@ func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, marke
 			if first == nil {
 				first = e
 			}
+		case out[0] == int64(2):
+			res.Refilled++
 		case out[0] == int64(1):
 			res.Applied++
 			for j := range clients[i].Debits {
@@ -245,9 +254,9 @@ type debitReply struct {
 }
 
 // validDebitReply reports whether out is a debit script's reply for a
-// client of n buckets: {1, n overshoots} or {0}.
+// client of n buckets: {1, n overshoots}, {0} or {2}.
 func validDebitReply(out []any, n int) bool {
-	return len(out) > 0 && (out[0] == int64(0) || out[0] == int64(1) && len(out) == 1+n)
+	return len(out) > 0 && (out[0] == int64(0) || out[0] == int64(2) || out[0] == int64(1) && len(out) == 1+n)
 }
 
 // Bounds of one batched debit call. A script holds its node while it runs:
@@ -400,7 +409,7 @@ func batchCall(calls []pipeline.Call, chunk []int) pipeline.Call {
 func debitArgs(marker, seq, ttl, epoch string, c ClientDebits, limits limitArgs) ([]string, []any) {
 	keys := make([]string, 1, 1+len(c.Debits))
 	keys[0] = marker
-	args := make([]any, 3, 3+4*len(c.Debits))
+	args := make([]any, 3, 3+5*len(c.Debits))
 	args[0], args[1], args[2] = seq, ttl, epoch
 	for _, d := range c.Debits {
 		keys = append(keys, Key(d.Rule, c.Key))
@@ -414,7 +423,7 @@ func debitArgs(marker, seq, ttl, epoch string, c ClientDebits, limits limitArgs)
 		if d.Reset {
 			alg = resetPrefix + alg
 		}
-		args = append(args, alg, l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64))
+		args = append(args, alg, l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64), strconv.FormatInt(max(d.At, 0), 10))
 	}
 	return keys, args
 }

@@ -63,3 +63,75 @@ func TestSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestDebitRefilled: a spend is debited as of its last admission. One that
+// refilled before it arrived writes nothing, not even the client's marker:
+// the long tail of clients seen in one region costs the others a read.
+// Against the store's clock, on a real cluster, both through one call per
+// client and through a batch.
+func TestDebitRefilled(t *testing.T) {
+	c := redistest.NewCluster(t, 3, 0)
+	s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
+	ctx := context.Background()
+	tb := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 100.0 / 60}
+	fixed := bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 100, Window: time.Second}
+	now := time.Now().UnixMicro()
+	sec := int64(time.Second / time.Microsecond)
+	tests := []struct {
+		name    string
+		lim     bucket.Limit
+		amount  float64
+		at      int64
+		present bool // a check here wrote the bucket first
+		applied bool
+	}{
+		// 1 token refills in 0.6 s.
+		{"absent, refilled", tb, 1, now - 2*sec, false, false},
+		{"absent, admitted just now", tb, 1, now, false, true},
+		{"absent, not yet refilled", tb, 3, now - sec, false, true},
+		{"absent, unknown instant", tb, 1, 0, false, true},
+		// 20 tokens refill in 12 s: longer than an absent key is known full
+		// (10 s), however long ago they were admitted.
+		{"absent, beyond what an absent key tells", tb, 20, now - 30*sec, false, true},
+		{"present, spent here after it", tb, 1, now - 2*sec, true, true},
+		{"window ended", fixed, 5, now - 2*sec, false, false},
+		{"window current", fixed, 5, now, false, true},
+	}
+	for batch := range 2 {
+		for i, tt := range tests {
+			key := fmt.Sprintf("client-%d-%d", batch, i)
+			if batch == 1 {
+				key = "{" + key + "}"
+			}
+			rule := "r-" + string(tt.lim.Algorithm)
+			if tt.present {
+				if d, err := s.Take(ctx, bucket.Request{Rule: rule, Key: key, Limit: tt.lim, Cost: 1}); err != nil || !d.Allowed {
+					t.Fatalf("%s: Take = %+v, %v", tt.name, d, err)
+				}
+			}
+			clients := []ClientDebits{{Key: key, Debits: []Debit{{Rule: rule, Limit: tt.lim, Amount: tt.amount, At: tt.at}}}}
+			if batch == 1 {
+				// A batch: a client in the same slot beside it.
+				clients = append(clients, ClientDebits{Key: key + "-other", Debits: []Debit{{Rule: rule, Limit: tt.lim, Amount: 1}}})
+			}
+			res, err := s.ApplyDebits(ctx, "eu", Position{Epoch: 1, Seq: uint64(10 + i)}, time.Minute, clients)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := clients[0].Key
+			exists, err := s.Client().Exists(ctx, Key(rule, k), PartitionMarkerKey(k, "eu", 0)).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.applied {
+				if res.Applied != len(clients) || res.Refilled != 0 || exists != 2 {
+					t.Errorf("batch %d, %s: %+v, %d of the bucket and marker exist; want applied, both written", batch, tt.name, res, exists)
+				}
+				continue
+			}
+			if res.Refilled != 1 || res.Applied != len(clients)-1 || exists != 0 {
+				t.Errorf("batch %d, %s: %+v, %d of the bucket and marker exist; want refilled, nothing written", batch, tt.name, res, exists)
+			}
+		}
+	}
+}

@@ -389,36 +389,64 @@ func insertSorted(log []int64, t int64) []int64 {
 	return log
 }
 
-// Debit spends amount that was admitted elsewhere (another region), with no
-// decision. Every spend is kept, up to a debt bound (see DebtHorizon) that
-// one reconcile lag of remote traffic does not reach, so that remote
-// traffic, or a corrupt report, cannot block a key for long:
-//   - TokenBucket, GCRA: the state moves by amount / rate, at most to
-//     capacity + rate*DebtHorizon tokens of debt; Take reads the state with
-//     the same bound, so the debt is kept (see clampDebt);
-//   - SlidingWindow, FixedWindow: amount joins the current window's count,
-//     which stays at most limit + max(limit, limit*DebtHorizon/window);
-//   - SlidingLog: amount entries (rounded) join the log at now, up to the
-//     same bound, with at most MaxLogCapacity entries beyond the limit.
-//
-// An amount that is not above 0 (or NaN) spends nothing. It returns the
-// overshoot it finds: by how much the admissions known here, this state's
-// and the debited ones, exceed the limit right after the debit (0 when
-// there was room). It mirrors the Lua debit script, as Take mirrors the
-// check scripts.
+// Debit is DebitAt as of now: a spend admitted at this instant.
 func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) {
+	overshoot, _ = l.DebitAt(st, now, now, amount)
+	return overshoot
+}
+
+// DebitAt spends amount that was admitted elsewhere (another region), the
+// last of it at the instant at (µs; one after now, or not above 0, is
+// now), with no
+// decision, as of at. Every spend is kept, up to a debt bound (see
+// DebtHorizon) that one reconcile lag of remote traffic does not reach, so
+// that remote traffic, or a corrupt report, cannot block a key for long:
+//   - TokenBucket, GCRA: the state moves to the spend of amount after the
+//     later of the instant it is full again and at, at most to capacity +
+//     rate*DebtHorizon tokens of debt; Take reads the state with the same
+//     bound, so the debt is kept (see clampDebt). A state full for longer
+//     than the store keeps a full key (see KeepFull) counts as full since
+//     that long, as an absent key does;
+//   - SlidingWindow, FixedWindow: amount joins the current window's count,
+//     which stays at most limit + max(limit, limit*DebtHorizon/window),
+//     unless at fell in a window that no longer counts at now (before the
+//     previous one for a sliding window, before the current one for a
+//     fixed window);
+//   - SlidingLog: amount entries (rounded) join the log at now, up to the
+//     same bound, with at most MaxLogCapacity entries beyond the limit,
+//     unless at is out of the window.
+//
+// As of at, a spend that refilled before it arrived changes nothing, which
+// is what a store that applied it at once would hold by now: changed is
+// false then, and st is as it was. An amount that is not above 0 (or NaN)
+// spends nothing. It returns the overshoot it finds: by how much the
+// admissions known here, this state's and the debited ones, exceed the
+// limit right after the debit (0 when there was room). It mirrors the Lua
+// debit script, as Take mirrors the check scripts.
+func (l *Limit) DebitAt(st *State, now, at int64, amount float64) (overshoot float64, changed bool) {
 	if !(amount > 0) {
-		return 0
+		return 0, false
+	}
+	if at <= 0 || at > now {
+		at = now
 	}
 	rate := l.RefillPerSecond
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
 		full := spendNs(l.Capacity, rate)
-		d := l.debt(st, now, full)
-		overshoot = overshootOf(amount, l.Capacity-float64(d*rate)/1e9)
-		st.a = instantAt(now, math.Min(d+spendNs(amount, rate), maxDebtNs(full)))
+		most := maxDebtNs(full)
+		start := debitStart(st.a, now, at, full, most)
+		overshoot = overshootOf(amount, l.Capacity-float64(start*rate)/1e9)
+		d := start + spendNs(amount, rate)
+		if d <= 0 {
+			return overshoot, false
+		}
+		st.a = instantAt(now, math.Min(d, most))
 	case SlidingWindow:
 		w := l.windowMicros()
+		if windowIndex(at, w) < windowIndex(now, w)-1 {
+			return 0, false
+		}
 		now = st.windowNow(now, w)
 		idx := now / w
 		cur, prev := st.windowCounts(idx)
@@ -426,7 +454,11 @@ func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) 
 		overshoot = overshootOf(amount, micro(l.Capacity)-(float64(prev*(1-f))+cur))
 		st.a, st.b, st.c = idx, math.Min(micro(cur+amount), l.windowMost()), prev
 	case FixedWindow:
-		idx := st.windowNow(now, l.windowMicros()) / l.windowMicros()
+		w := l.windowMicros()
+		if windowIndex(at, w) < windowIndex(now, w) {
+			return 0, false
+		}
+		idx := st.windowNow(now, w) / w
 		var count float64
 		if st.a == idx {
 			count = micro(st.b)
@@ -434,6 +466,9 @@ func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) 
 		overshoot = overshootOf(amount, micro(l.Capacity)-count)
 		st.a, st.b = idx, math.Min(micro(count+amount), l.windowMost())
 	case SlidingLog:
+		if at <= now-l.windowMicros() {
+			return 0, false
+		}
 		st.trimLog(now - l.windowMicros())
 		overshoot = overshootOf(amount, l.Capacity-float64(len(st.log)))
 		k := min(int(math.Min(math.Floor(amount+0.5), float64(l.logMost()))), l.logMost()-len(st.log))
@@ -441,7 +476,53 @@ func (l *Limit) Debit(st *State, now int64, amount float64) (overshoot float64) 
 			st.log = insertSorted(st.log, now)
 		}
 	}
-	return overshoot
+	return overshoot, true
+}
+
+// KeepFull is how long the Redis store keeps a token bucket's or GCRA's
+// key after the instant it is full again, at most: the capacity's
+// duration, up to KeepFull (lib.lua's KEEP_FULL_NS). An absent key has
+// then been full for at least that long, so a remote spend that has
+// refilled since it was admitted is known to change nothing (DebitAt).
+const KeepFull = 10 * time.Second
+
+// keepNs is how long (ns) a full bucket whose capacity lasts full ns is
+// kept (see KeepFull).
+func keepNs(full float64) float64 {
+	return math.Min(full, float64(KeepFull/time.Nanosecond))
+}
+
+// debitStart is the instant (ns from now) a debit as of at starts from in
+// the token bucket or GCRA state a: the later of the instant the bucket is
+// full again, bounded (no state, or one full for longer than keepNs, full
+// since keepNs ago; a debt at most most ahead), and at. It reads as the
+// scripts' debit_start does.
+func debitStart(a, now, at int64, full, most float64) float64 {
+	keep := keepNs(full)
+	start := -keep
+	if a != 0 {
+		start = math.Max(aheadNs(a, now), -keep)
+	}
+	start = math.Min(start, most)
+	return math.Max(start, float64((at-now)*1000))
+}
+
+// aheadNs is how far (ns) the instant the token bucket or GCRA state a is
+// full again lies after now (µs): below 0 when it was full before. Read as
+// the scripts read it (see debtNs).
+func aheadNs(a, now int64) float64 {
+	if diff := a - now*1000; diff < 1<<53 {
+		return float64(diff)
+	}
+	return float64(float64(a/1000-now)*1000) + float64(a%1000)
+}
+
+// windowIndex is the window (of w µs) that holds the instant t.
+func windowIndex(t, w int64) int64 {
+	if t < 0 {
+		return -((-t + w - 1) / w)
+	}
+	return t / w
 }
 
 // overshootOf is by how much amount exceeds room: the debt it leaves.
