@@ -112,7 +112,16 @@ type Spend struct {
 	Key   string
 	Cost  float64
 	Reset bool
+	// Last is the instant (µs since the epoch) of the last admission of
+	// Cost (or of the reset): the applying region debits Cost as of then.
+	// 0 is unknown, the flush's own instant.
+	Last int64
 }
+
+// MaxAdmittedBeforeFlush is the longest a spend's last admission may lie
+// before its flush (Spend.last_admitted_ms_before_flush): longer holds go
+// out as this, later than they were, which only debits them more.
+const MaxAdmittedBeforeFlush = time.Hour
 
 // Accumulator sums the cost admitted per (rule, key) between two drains.
 // A key whose sum reaches the budget given with its spends (its rule's
@@ -148,6 +157,7 @@ type pending struct {
 	cost   float64
 	budget float64
 	first  int64
+	last   int64
 	// held counts the drains (DrainDue) the entry was left waiting by.
 	held int32
 	hot  bool
@@ -160,7 +170,7 @@ type pending struct {
 func (e *pending) taken() bool { return e.cost == 0 && !e.reset }
 
 func (e *pending) spend() Spend {
-	return Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost, Reset: e.reset}
+	return Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost, Reset: e.reset, Last: e.last}
 }
 
 // Add records cost admitted under rule for key at now (µs since the epoch).
@@ -188,6 +198,7 @@ func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
 	if now < e.first {
 		e.first = now
 	}
+	e.last = max(e.last, now)
 	e.cost += cost
 	e.budget = budget
 	if !e.hot && budget > 0 && e.cost >= budget {
@@ -220,7 +231,7 @@ func (a *Accumulator) Reset(rule, key string, now int64) {
 		a.ents = append(a.ents, pending{id: id})
 	}
 	e := &a.ents[i]
-	e.cost, e.reset, e.first = 0, true, now
+	e.cost, e.reset, e.first, e.last = 0, true, now, now
 	if !e.hot {
 		e.hot = true
 		a.hot = append(a.hot, i)
@@ -368,7 +379,7 @@ func Split(h Header, spends []Spend, maxBytes int) ([][]byte, error) {
 	// The header's size, with room for the part counters.
 	size := proto.Size(cur) + 16
 	for _, s := range spends {
-		e := &gossipv1.Spend{RuleId: s.Rule, Key: s.Key, Cost: s.Cost, ResetBefore: s.Reset}
+		e := &gossipv1.Spend{RuleId: s.Rule, Key: s.Key, Cost: s.Cost, ResetBefore: s.Reset, LastAdmittedMsBeforeFlush: beforeFlush(s.Last, h.Flushed)}
 		n := proto.Size(e) + 4 // field tag and length prefix
 		if n+proto.Size(newBatch(h))+16 > maxBytes {
 			return nil, fmt.Errorf("spend of rule %q, key of %d bytes, does not fit in %d bytes", s.Rule, len(s.Key), maxBytes)
@@ -392,6 +403,24 @@ func Split(h Header, spends []Spend, maxBytes int) ([][]byte, error) {
 		out[i] = b
 	}
 	return out, nil
+}
+
+// beforeFlush is how long before flushed (µs) the instant last is, in
+// whole ms rounded down (so the applying region reads it no earlier than
+// it was), at most MaxAdmittedBeforeFlush; 0 when last is unknown or not
+// before the flush.
+func beforeFlush(last, flushed int64) uint32 {
+	if last <= 0 || last >= flushed {
+		return 0
+	}
+	return uint32(min((flushed-last)/1000, MaxAdmittedBeforeFlush.Milliseconds()))
+}
+
+// LastAdmitted is the instant (µs since the epoch) of the last admission
+// of entry s of a batch flushed at flushed (µs), as its publisher read its
+// clock.
+func LastAdmitted(s *gossipv1.Spend, flushed int64) int64 {
+	return flushed - int64(s.GetLastAdmittedMsBeforeFlush())*1000
 }
 
 func newBatch(h Header) *gossipv1.SpendBatch {
@@ -489,6 +518,8 @@ func validateEntry(i int, s *gossipv1.Spend) error {
 	switch {
 	case s.GetKey() == "" || len(s.GetKey()) > MaxKeyLen:
 		return fmt.Errorf("%w: spends[%d].key: must be 1 to %d bytes", ErrInvalidBatch, i, MaxKeyLen)
+	case int64(s.GetLastAdmittedMsBeforeFlush()) > MaxAdmittedBeforeFlush.Milliseconds():
+		return fmt.Errorf("%w: spends[%d].last_admitted_ms_before_flush: %d is above %d", ErrInvalidBatch, i, s.GetLastAdmittedMsBeforeFlush(), MaxAdmittedBeforeFlush.Milliseconds())
 	case s.GetResetBefore() && s.GetCost() == 0:
 		return nil // a reset with nothing admitted after it
 	case s.GetCost() == 0 || !(math.Abs(s.GetCost()) <= MaxCost):

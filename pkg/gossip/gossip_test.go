@@ -115,6 +115,8 @@ func TestDecodeRejects(t *testing.T) {
 		{"negative infinite cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.Inf(-1) }, "spends[0].cost"},
 		{"infinite cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = math.Inf(1) }, "spends[0].cost"},
 		{"huge cost", func(b *gossipv1.SpendBatch) { b.Spends[0].Cost = 1e300 }, "spends[0].cost"},
+		{"admitted an hour before the flush", func(b *gossipv1.SpendBatch) { b.Spends[0].LastAdmittedMsBeforeFlush = 3_600_000 }, ""},
+		{"admitted longer before the flush", func(b *gossipv1.SpendBatch) { b.Spends[0].LastAdmittedMsBeforeFlush = 3_600_001 }, "spends[0].last_admitted_ms_before_flush"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -281,7 +283,7 @@ func TestAccumulatorHot(t *testing.T) {
 	default:
 		t.Fatal("Hot did not signal a key reaching its budget")
 	}
-	if got, first := a.DrainHot(); len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "loud", Cost: 5}) || got[1] != (Spend{Rule: "r", Key: "other", Cost: 7}) || first != 15 {
+	if got, first := a.DrainHot(); len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "loud", Cost: 5, Last: 20}) || got[1] != (Spend{Rule: "r", Key: "other", Cost: 7, Last: 30}) || first != 15 {
 		t.Fatalf("DrainHot = %v, first %d; want loud 5 and other 7, first 15", got, first)
 	}
 	if got, _ := a.DrainHot(); len(got) != 0 {
@@ -293,7 +295,7 @@ func TestAccumulatorHot(t *testing.T) {
 	}
 	got, first := a.Drain()
 	slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
-	if len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "loud", Cost: 1}) || got[1] != (Spend{Rule: "r", Key: "quiet", Cost: 4}) || first != 10 {
+	if len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "loud", Cost: 1, Last: 40}) || got[1] != (Spend{Rule: "r", Key: "quiet", Cost: 4, Last: 10}) || first != 10 {
 		t.Fatalf("Drain = %v, first %d; want loud 1 and quiet 4, first 10", got, first)
 	}
 	// A budget of 0 never makes a key hot.
@@ -316,7 +318,7 @@ func TestAccumulatorDrainDue(t *testing.T) {
 	<-hot // full reached its budget
 	got, first := a.DrainDue(3, 100)
 	slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
-	if len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "full", Cost: 5}) || got[1] != (Spend{Rule: "r", Key: "nobudget", Cost: 1}) || first != 11 {
+	if len(got) != 2 || got[0] != (Spend{Rule: "r", Key: "full", Cost: 5, Last: 12}) || got[1] != (Spend{Rule: "r", Key: "nobudget", Cost: 1, Last: 11}) || first != 11 {
 		t.Fatalf("first DrainDue = %v, first %d; want full 5 and nobudget 1, first 11", got, first)
 	}
 	if a.Len() != 1 {
@@ -326,8 +328,8 @@ func TestAccumulatorDrainDue(t *testing.T) {
 	if got, _ := a.DrainDue(3, 200); len(got) != 0 {
 		t.Fatalf("second DrainDue = %v, want nothing: quiet (2 of 5) may wait 3 drains", got)
 	}
-	if got, first := a.DrainDue(3, 300); len(got) != 1 || got[0] != (Spend{Rule: "r", Key: "quiet", Cost: 2}) || first != 200 {
-		t.Fatalf("third DrainDue = %v, first %d; want quiet 2 at its bound, first 200 (the drain it was last held at)", got, first)
+	if got, first := a.DrainDue(3, 300); len(got) != 1 || got[0] != (Spend{Rule: "r", Key: "quiet", Cost: 2, Last: 150}) || first != 200 {
+		t.Fatalf("third DrainDue = %v, first %d; want quiet 2 at its bound, last admitted at 150, first 200 (the drain it was last held at)", got, first)
 	}
 
 	// A held key reaching its budget is hot, and DrainHot takes it.
@@ -339,7 +341,7 @@ func TestAccumulatorDrainDue(t *testing.T) {
 	default:
 		t.Fatal("Hot did not signal a held key reaching its budget")
 	}
-	if got, _ := a.DrainHot(); len(got) != 1 || got[0] != (Spend{Rule: "r", Key: "k", Cost: 5}) {
+	if got, _ := a.DrainHot(); len(got) != 1 || got[0] != (Spend{Rule: "r", Key: "k", Cost: 5, Last: 600}) {
 		t.Fatalf("DrainHot = %v, want k 5", got)
 	}
 	if got, _ := a.DrainDue(10, 700); len(got) != 0 || a.Len() != 0 {
@@ -404,9 +406,9 @@ func TestAccumulatorReset(t *testing.T) {
 			}
 			got := tc.drain(&a)
 			slices.SortFunc(got, func(x, y Spend) int { return strings.Compare(x.Key, y.Key) })
-			want := []Spend{{Rule: "r", Key: "k", Cost: 1.5, Reset: true}, {Rule: "r", Key: "quiet", Reset: true}}
+			want := []Spend{{Rule: "r", Key: "k", Cost: 1.5, Reset: true, Last: 30}, {Rule: "r", Key: "quiet", Reset: true, Last: 25}}
 			if tc.name == "Drain" {
-				want = []Spend{want[0], {Rule: "r", Key: "other", Cost: 2}, want[1]}
+				want = []Spend{want[0], {Rule: "r", Key: "other", Cost: 2, Last: 10}, want[1]}
 			}
 			if !slices.Equal(got, want) {
 				t.Fatalf("drained %+v, want %+v", got, want)
@@ -444,5 +446,42 @@ func TestResetRoundTrip(t *testing.T) {
 	err = ValidateSpend(0, &gossipv1.Spend{RuleId: "api", Key: "a"})
 	if !errors.Is(err, ErrInvalidBatch) {
 		t.Fatalf("a zero cost without a reset: %v, want ErrInvalidBatch", err)
+	}
+}
+
+// TestLastAdmittedRoundTrip: an entry carries its last admission as whole
+// ms before the flush, rounded toward the flush (never read earlier than
+// it was), at most MaxAdmittedBeforeFlush; unknown, or not before the
+// flush, is the flush.
+func TestLastAdmittedRoundTrip(t *testing.T) {
+	h := header()
+	h.Flushed = 1_796_000_000_000_000
+	f := h.Flushed
+	tests := []struct {
+		last, want int64
+	}{
+		{f - 1_500_000, f - 1_500_000},
+		{f - 1_500_999, f - 1_500_000},
+		{f - 999, f},
+		{0, f},
+		{f + 5_000, f},
+		{f - 2*MaxAdmittedBeforeFlush.Microseconds(), f - MaxAdmittedBeforeFlush.Microseconds()},
+	}
+	var sent []Spend
+	for i, tt := range tests {
+		sent = append(sent, Spend{Rule: "api", Key: fmt.Sprint("k", i), Cost: 1, Last: tt.last})
+	}
+	parts, err := Split(h, sent, DefaultMaxMessageBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Decode(parts[0], DefaultMaxMessageBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range b.GetSpends() {
+		if got := LastAdmitted(s, b.GetFlushedUnixMicros()); got != tests[i].want {
+			t.Errorf("last admitted %d µs before the flush: read %d before, want %d", f-tests[i].last, f-got, f-tests[i].want)
+		}
 	}
 }

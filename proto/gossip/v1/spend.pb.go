@@ -150,9 +150,16 @@ type Spend struct {
 	// region puts its own bucket of the key back to full, then debits the
 	// cost. The reset and the cost are one fact, applied once and in order with the
 	// key's other entries.
-	ResetBefore   bool `protobuf:"varint,4,opt,name=reset_before,json=resetBefore,proto3" json:"reset_before,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ResetBefore bool `protobuf:"varint,4,opt,name=reset_before,json=resetBefore,proto3" json:"reset_before,omitempty"`
+	// How long before flushed_unix_micros the last of the cost was admitted
+	// (or the reset made), in whole ms rounded down: at most 3,600,000 (an
+	// hour). The applying region debits the cost as of that instant, so a
+	// cost that refilled before it arrived writes nothing there. 0 (a
+	// publisher that does not set it) is the flush itself, the latest the
+	// admissions can have been.
+	LastAdmittedMsBeforeFlush uint32 `protobuf:"varint,5,opt,name=last_admitted_ms_before_flush,json=lastAdmittedMsBeforeFlush,proto3" json:"last_admitted_ms_before_flush,omitempty"`
+	unknownFields             protoimpl.UnknownFields
+	sizeCache                 protoimpl.SizeCache
 }
 
 func (x *Spend) Reset() {
@@ -213,6 +220,13 @@ func (x *Spend) GetResetBefore() bool {
 	return false
 }
 
+func (x *Spend) GetLastAdmittedMsBeforeFlush() uint32 {
+	if x != nil {
+		return x.LastAdmittedMsBeforeFlush
+	}
+	return 0
+}
+
 var File_gossip_v1_spend_proto protoreflect.FileDescriptor
 
 const file_gossip_v1_spend_proto_rawDesc = "" +
@@ -227,12 +241,13 @@ const file_gossip_v1_spend_proto_rawDesc = "" +
 	"\x05parts\x18\x05 \x01(\rR\x05parts\x12;\n" +
 	"\x1afirst_admitted_unix_micros\x18\x06 \x01(\x03R\x17firstAdmittedUnixMicros\x12.\n" +
 	"\x13flushed_unix_micros\x18\a \x01(\x03R\x11flushedUnixMicros\x120\n" +
-	"\x06spends\x18\b \x03(\v2\x18.limiter.gossip.v1.SpendR\x06spends\"i\n" +
+	"\x06spends\x18\b \x03(\v2\x18.limiter.gossip.v1.SpendR\x06spends\"\xab\x01\n" +
 	"\x05Spend\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04cost\x18\x03 \x01(\x01R\x04cost\x12!\n" +
-	"\freset_before\x18\x04 \x01(\bR\vresetBeforeB7Z5github.com/limiterd/limiterd/proto/gossip/v1;gossipv1b\x06proto3"
+	"\freset_before\x18\x04 \x01(\bR\vresetBefore\x12@\n" +
+	"\x1dlast_admitted_ms_before_flush\x18\x05 \x01(\rR\x19lastAdmittedMsBeforeFlushB7Z5github.com/limiterd/limiterd/proto/gossip/v1;gossipv1b\x06proto3"
 
 var (
 	file_gossip_v1_spend_proto_rawDescOnce sync.Once
