@@ -24,5 +24,6 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.StreamMaxBytes, "stream.max-bytes", d.StreamMaxBytes, "largest size of each spend stream")
 	fs.IntVar(&o.StreamReplicas, "stream.replicas", d.StreamReplicas, "replicas of the spend streams in the NATS cluster")
 	fs.IntVar(&o.Partitions, "apply.partitions", d.Partitions, "partitions of each region's spends, each applied in order by one reconciler at a time; the same in every region")
+	fs.DurationVar(&o.ClockAllowance, "apply.clock-allowance", d.ClockAllowance, "how far another region's clock may run behind this region's Redis: a spend counts as admitted that much later, so a debit is skipped as refilled only when it surely refilled")
 	fs.StringVar(&o.HTTPAddress, "http.listen-address", d.HTTPAddress, "address serving /metrics, /healthz and /readyz")
 }

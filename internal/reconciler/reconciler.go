@@ -66,6 +66,12 @@ const (
 	DefaultStreamMaxBytes = 256 << 20
 	DefaultApplyTimeout   = apply.DefaultTimeout
 	DefaultPartitions     = 8
+	// DefaultClockAllowance is --apply.clock-allowance's default: well
+	// above what NTP keeps servers within, below the time a token of a
+	// 100-a-minute rule takes to refill.
+	DefaultClockAllowance = 250 * time.Millisecond
+	// MaxClockAllowance bounds --apply.clock-allowance.
+	MaxClockAllowance = 10 * time.Second
 )
 
 // Options configure a Reconciler.
@@ -116,6 +122,12 @@ type Options struct {
 	// relayed once every region's reconcilers have the new count: each
 	// partition's subject keeps its own order and markers.
 	Partitions int
+	// ClockAllowance is how far another region's clock may run behind
+	// this region's Redis clock (--apply.clock-allowance, 0 to
+	// MaxClockAllowance): a spend counts as admitted that much later than
+	// its region says, so a debit is skipped as refilled only when it
+	// surely refilled.
+	ClockAllowance time.Duration
 	// HTTPAddress serves /metrics, /healthz and /readyz.
 	HTTPAddress string
 	// Logger defaults to slog.Default().
@@ -176,7 +188,8 @@ func DefaultOptions() Options {
 		TopologyPoll: topowatch.DefaultPoll, MaxRules: rulesource.DefaultMaxRules, NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix},
 		Interval: gossip.DefaultInterval, AckWait: DefaultAckWait,
 		StreamMaxAge: DefaultStreamMaxAge, StreamMaxBytes: DefaultStreamMaxBytes, StreamReplicas: 1,
-		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, HTTPAddress: DefaultHTTPAddress,
+		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, ClockAllowance: DefaultClockAllowance,
+		HTTPAddress: DefaultHTTPAddress,
 	}
 }
 
@@ -227,6 +240,9 @@ func (o *Options) validate() error {
 	}
 	if o.Partitions < 1 || o.Partitions > gossip.MaxPartitions {
 		errs = append(errs, fmt.Errorf("--apply.partitions: must be 1 to %d, got %d", gossip.MaxPartitions, o.Partitions))
+	}
+	if o.ClockAllowance < 0 || o.ClockAllowance > MaxClockAllowance {
+		errs = append(errs, fmt.Errorf("--apply.clock-allowance: must be 0 to %v, got %v", MaxClockAllowance, o.ClockAllowance))
 	}
 	return errors.Join(errs...)
 }
@@ -431,7 +447,8 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		return fmt.Errorf("--nats.url: %w", err)
 	}
 	r.applier = apply.New(apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
-		MaxMessageBytes: r.opts.MaxMessageBytes, Logger: r.log, BeforeAck: r.beforeAckHook}, store, r.js, r.rules, r.m.apply)
+		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeAck: r.beforeAckHook},
+		store, r.js, r.rules, r.m.apply)
 	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
 		r.nc.Close()
 		store.Close()

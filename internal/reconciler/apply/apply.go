@@ -39,6 +39,9 @@ type Options struct {
 	StreamMaxAge time.Duration
 	// MaxMessageBytes bounds a spend message.
 	MaxMessageBytes int
+	// ClockAllowance is added to each spend's last admission, read on its
+	// source's clock: the instant it is debited as of (redisstore.Debit.At).
+	ClockAllowance time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// Now is the clock the lag is measured on (nil: time.Now).
@@ -149,7 +152,7 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 		a.m.Invalid.WithLabelValues(src.Name).Add(float64(len(bad)))
 		a.log.Warn("invalid spends skipped", "source", src.Name, "seq", pos.Seq, "count", len(bad), "first", bad[0])
 	}
-	clients, skipped := a.debits(b.GetSpends())
+	clients, skipped := a.debits(b.GetSpends(), b.GetFlushedUnixMicros())
 	if skipped > 0 && meta.NumDelivered == 1 {
 		a.m.Skipped.WithLabelValues(src.Name).Add(float64(skipped))
 	}
@@ -159,7 +162,8 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	}
 	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
 	defer cancel()
-	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, Partition: &pos.Partition, FirstAdmitted: b.GetFirstAdmittedUnixMicros()}
+	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, Partition: &pos.Partition,
+		FirstAdmitted: b.GetFirstAdmittedUnixMicros(), Flushed: b.GetFlushedUnixMicros()}
 	// A flush is applied once by its name, (instance, sequence, part),
 	// not only by its stream position: the same bytes published again are
 	// a new stream message that the clients' markers would take for a new
@@ -225,6 +229,7 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 func (a *Applier) observe(src string, firstAdmitted int64, res redisstore.DebitResult, clients []redisstore.ClientDebits) {
 	a.m.Applied.WithLabelValues(src).Add(float64(res.Applied))
 	a.m.Duplicates.WithLabelValues(src).Add(float64(res.Duplicates))
+	a.m.Refilled.WithLabelValues(src).Add(float64(res.Refilled))
 	failed := make(map[int]bool, len(res.Failed))
 	for _, i := range res.Failed {
 		failed[i] = true
@@ -282,7 +287,7 @@ func (a *Applier) recordTTL() time.Duration { return a.markerTTL() }
 // rules this region does not have or does not reconcile are skipped. An
 // entry that resets its key makes its debit a reset, forgiving the
 // entries of the key and rule before it.
-func (a *Applier) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientDebits, skipped int) {
+func (a *Applier) debits(spends []*gossipv1.Spend, flushed int64) (clients []redisstore.ClientDebits, skipped int) {
 	byKey := make(map[string]int)
 	set := a.rules.Current()
 	for _, s := range spends {
@@ -298,15 +303,20 @@ func (a *Applier) debits(spends []*gossipv1.Spend) (clients []redisstore.ClientD
 			clients = append(clients, redisstore.ClientDebits{Key: s.GetKey()})
 		}
 		d := &clients[i]
+		var at int64 // unknown: now
+		if flushed > 0 {
+			at = gossip.LastAdmitted(s, flushed) + a.opts.ClockAllowance.Microseconds()
+		}
 		if j := slices.IndexFunc(d.Debits, func(x redisstore.Debit) bool { return x.Rule == rule.ID }); j >= 0 {
 			if s.GetResetBefore() {
 				// The reset forgives what came before it in the message.
 				d.Debits[j].Amount, d.Debits[j].Reset = 0, true
 			}
 			d.Debits[j].Amount += s.GetCost()
+			d.Debits[j].At = max(d.Debits[j].At, at)
 			continue
 		}
-		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost(), Reset: s.GetResetBefore()})
+		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost(), Reset: s.GetResetBefore(), At: at})
 	}
 	return clients, skipped
 }

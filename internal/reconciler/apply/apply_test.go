@@ -141,7 +141,15 @@ func newTestApplier(t *testing.T, store Store, js *fakeJS) (*Applier, *Metrics, 
 
 func spendBatch(t *testing.T, region string, spends ...*gossipv1.Spend) []byte {
 	t.Helper()
-	at := testNow.Add(-1500 * time.Millisecond).UnixMicro()
+	return spendBatchAt(t, region, testNow.Add(-1500*time.Millisecond), spends...)
+}
+
+// spendBatchAt is a batch flushed at flushed: a test of a real store,
+// whose clock is the real one, flushes at time.Now(), or its spends were
+// all admitted long ago.
+func spendBatchAt(t *testing.T, region string, flushed time.Time, spends ...*gossipv1.Spend) []byte {
+	t.Helper()
+	at := flushed.UnixMicro()
 	data, err := proto.Marshal(&gossipv1.SpendBatch{Region: region, Instance: "limiterd-1", Sequence: 7, Parts: 1,
 		FirstAdmittedUnixMicros: at, FlushedUnixMicros: at, Spends: spends})
 	if err != nil {

@@ -8,6 +8,7 @@ type Metrics struct {
 	Overshoot  *prometheus.HistogramVec
 	Applied    *prometheus.CounterVec
 	Duplicates *prometheus.CounterVec
+	Refilled   *prometheus.CounterVec
 	Replays    *prometheus.CounterVec
 	Skipped    *prometheus.CounterVec
 	Invalid    *prometheus.CounterVec
@@ -32,6 +33,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		Duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_spends_duplicates_total",
 			Help: "Clients whose debit was skipped because the message was applied already.",
+		}, []string{"source_region"}),
+		Refilled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_spends_refilled_total",
+			Help: "Clients whose spends from another region had refilled by the time they arrived: debited as of their last admission, they changed nothing, and nothing was written.",
 		}, []string{"source_region"}),
 		Replays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_spend_replays_total",
@@ -63,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Buckets: []float64{.05, .1, .25, .5, .75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300},
 		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.Overshoot, m.Applied, m.Duplicates, m.Replays, m.Skipped, m.Invalid, m.Deferred, m.Retried, m.Rejected, m.Lag} {
+	for _, c := range []prometheus.Collector{m.Overshoot, m.Applied, m.Duplicates, m.Refilled, m.Replays, m.Skipped, m.Invalid, m.Deferred, m.Retried, m.Rejected, m.Lag} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -75,6 +80,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 func (m *Metrics) AddSource(src string) {
 	m.Applied.WithLabelValues(src)
 	m.Duplicates.WithLabelValues(src)
+	m.Refilled.WithLabelValues(src)
 	m.Replays.WithLabelValues(src)
 	m.Skipped.WithLabelValues(src)
 	m.Invalid.WithLabelValues(src)

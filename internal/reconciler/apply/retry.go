@@ -52,6 +52,10 @@ type retryEntry struct {
 	Epoch         int64  `json:"epoch"`
 	Seq           uint64 `json:"seq"`
 	FirstAdmitted int64  `json:"first_admitted_unix_micros"`
+	// Flushed is the message's flush instant, which its debits' last
+	// admissions count back from (0 in an entry of an older reconciler:
+	// each debit is then applied as of now).
+	Flushed int64 `json:"flushed_unix_micros,omitempty"`
 	// Partition is the partition the message came on: its markers and
 	// record are the partition's. It must be set.
 	Partition *int `json:"partition"`
@@ -77,6 +81,13 @@ type retryDebit struct {
 	Amount float64 `json:"amount"`
 	// Reset: the key was reset before Amount (gossipv1.Spend.reset_before).
 	Reset bool `json:"reset,omitempty"`
+	// BeforeFlush is gossipv1.Spend.last_admitted_ms_before_flush.
+	BeforeFlush uint32 `json:"last_admitted_ms_before_flush,omitempty"`
+}
+
+// spend is d of key as a spend message's entry.
+func (d retryDebit) spend(key string) *gossipv1.Spend {
+	return &gossipv1.Spend{RuleId: d.Rule, Key: key, Cost: d.Amount, ResetBefore: d.Reset, LastAdmittedMsBeforeFlush: d.BeforeFlush}
 }
 
 // errInvalidRetry wraps every reason a retry entry is refused.
@@ -98,6 +109,8 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 		return nil, fmt.Errorf("%w: epoch, seq: must be set", errInvalidRetry)
 	case e.FirstAdmitted <= 0:
 		return nil, fmt.Errorf("%w: first_admitted_unix_micros: must be set", errInvalidRetry)
+	case e.Flushed < 0:
+		return nil, fmt.Errorf("%w: flushed_unix_micros: must not be below 0", errInvalidRetry)
 	case len(e.Clients) == 0 || len(e.Clients) > gossip.MaxSpendsPerBatch:
 		return nil, fmt.Errorf("%w: clients: %d, want 1 to %d", errInvalidRetry, len(e.Clients), gossip.MaxSpendsPerBatch)
 	case e.Partition == nil:
@@ -112,7 +125,7 @@ func decodeRetry(data []byte, src string) (*retryEntry, error) {
 			return nil, fmt.Errorf("%w: clients[%d].debits: none", errInvalidRetry, i)
 		}
 		for j, d := range c.Debits {
-			if err := gossip.ValidateSpend(j, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount, ResetBefore: d.Reset}); err != nil {
+			if err := gossip.ValidateSpend(j, d.spend(c.Key)); err != nil {
 				return nil, fmt.Errorf("%w: clients[%d]: %w", errInvalidRetry, i, err)
 			}
 		}
@@ -138,7 +151,12 @@ func (a *Applier) publishRetries(ctx context.Context, entry retryEntry, clients 
 		}
 		rc := retryClient{Key: c.Key}
 		for _, d := range c.Debits {
-			rc.Debits = append(rc.Debits, retryDebit{Rule: d.Rule, Amount: d.Amount, Reset: d.Reset})
+			rd := retryDebit{Rule: d.Rule, Amount: d.Amount, Reset: d.Reset}
+			if entry.Flushed > 0 && d.At > 0 {
+				// d.At is the last admission with the allowance added.
+				rd.BeforeFlush = uint32(max(entry.Flushed-(d.At-a.opts.ClockAllowance.Microseconds()), 0) / 1000)
+			}
+			rc.Debits = append(rc.Debits, rd)
 		}
 		byBucket[b] = append(byBucket[b], rc)
 	}
@@ -270,10 +288,10 @@ func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
 	spends := make([]*gossipv1.Spend, 0, len(e.Clients))
 	for _, c := range e.Clients {
 		for _, d := range c.Debits {
-			spends = append(spends, &gossipv1.Spend{RuleId: d.Rule, Key: c.Key, Cost: d.Amount, ResetBefore: d.Reset})
+			spends = append(spends, d.spend(c.Key))
 		}
 	}
-	clients, _ := a.debits(spends)
+	clients, _ := a.debits(spends, e.Flushed)
 	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.markerTTL(), clients)
 	a.observe(src.Name, e.FirstAdmitted, res, clients)
 	if err != nil {

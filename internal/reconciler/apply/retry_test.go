@@ -5,10 +5,12 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
+	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
 
 func TestDecodeRetry(t *testing.T) {
@@ -167,5 +169,63 @@ func TestBucketOfKey(t *testing.T) {
 				t.Errorf("%q: bucket %d, but %q is in bucket %d", key, b, other, got)
 			}
 		}
+	}
+}
+
+// TestDebitAsOfLastAdmission: each debit is applied as of its spend's last
+// admission, its message's flush less the entry's ms before it, plus the
+// clock allowance; two entries of one key and rule go as of the later. A
+// debit that waits in the retry stream keeps its instant. A message or
+// entry of a publisher that does not say is applied as of the flush; a
+// retry entry of an older reconciler, as of now.
+func TestDebitAsOfLastAdmission(t *testing.T) {
+	store := &fakeStore{fail: map[string]bool{"down": true}}
+	js := &fakeJS{}
+	a, _, _ := newTestApplier(t, store, js)
+	a.opts.ClockAllowance = 250 * time.Millisecond
+	flushed := time.Now()
+	f := flushed.UnixMicro()
+	msg := &fakeMsg{data: spendBatchAt(t, "us-east", flushed,
+		&gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 1, LastAdmittedMsBeforeFlush: 4000},
+		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 1},
+		&gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 2, LastAdmittedMsBeforeFlush: 1500},
+		&gossipv1.Spend{RuleId: "quota", Key: "down", Cost: 3, LastAdmittedMsBeforeFlush: 2000}), seq: 1, delivered: 1}
+	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
+	if msg.settled != "ack" {
+		t.Fatalf("message settled %q, want ack (the failed client deferred)", msg.settled)
+	}
+	at := map[string]int64{}
+	for _, c := range store.applied {
+		at[c.Key] = c.Debits[0].At
+	}
+	allowance := int64(250_000)
+	if want := f - 1_500_000 + allowance; at["a"] != want {
+		t.Errorf("a as of %d, want %d: the later entry's admission, plus the allowance", at["a"], want)
+	}
+	if want := f + allowance; at["b"] != want {
+		t.Errorf("b as of %d, want %d: the flush, plus the allowance", at["b"], want)
+	}
+	var entries [][]byte
+	for _, e := range js.published {
+		entries = append(entries, e...)
+	}
+	if len(entries) != 1 {
+		t.Fatalf("%d retry entries, want 1", len(entries))
+	}
+	delete(store.fail, "down")
+	store.applied = nil
+	retry := &fakeMsg{data: entries[0], seq: 1, delivered: 1}
+	a.Retry(context.Background(), Source{Name: "us-east", Epoch: 77}, retry)
+	if retry.settled != "ack" || len(store.applied) != 1 {
+		t.Fatalf("retry settled %q, %d clients applied; want ack, 1", retry.settled, len(store.applied))
+	}
+	if got, want := store.applied[0].Debits[0].At, f-2_000_000+allowance; got != want {
+		t.Errorf("retried debit as of %d, want %d: its admission, as first received", got, want)
+	}
+	store.applied = nil
+	old := &fakeMsg{data: []byte(`{"source":"us-east","epoch":5,"seq":9,"partition":3,"first_admitted_unix_micros":1,"clients":[{"key":"k","debits":[{"rule":"quota","amount":2}]}]}`), seq: 2, delivered: 1}
+	a.Retry(context.Background(), Source{Name: "us-east", Epoch: 77}, old)
+	if len(store.applied) != 1 || store.applied[0].Debits[0].At != 0 {
+		t.Errorf("an older reconciler's retry entry applied as %+v, want as of now (At 0)", store.applied)
 	}
 }
