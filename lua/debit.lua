@@ -29,12 +29,12 @@ local function overshoot(amount, room)
   return math.max(amount - room, 0)
 end
 
--- The instant (ns from now) a debit as of at starts from in the bucket of
--- key: the later of the instant it is full again, bounded (an absent key
--- full since bucket_keep ago, a debt at most most ahead), and at.
-local function debit_start(key, full, most, now, at)
+-- The instant (ns from now) a debit as of at starts from in a bucket whose
+-- state is v (nil: absent): the later of the instant it is full again,
+-- bounded (an absent key full since bucket_keep ago, a debt at most most
+-- ahead), and at.
+local function debit_start(v, full, most, now, at)
   local keep = bucket_keep(full)
-  local v = read_string(key)
   local start = -keep
   if v then start = bucket_ahead(v, now) or 0 end
   if start < -keep then start = -keep end
@@ -45,11 +45,35 @@ local function debit_start(key, full, most, now, at)
   return start
 end
 
-local function debit_instant(key, cap, rate, amount, now, at)
+-- The bucket's state as the caller read it (v: a string, or false for an
+-- absent key), or read now (v nil).
+local function debit_state(key, v)
+  if v == nil then return read_string(key) end
+  return v or nil
+end
+
+-- Whether a spend of amount (above 0) admitted at at, debited at now, would
+-- write nothing: it refilled before it arrived. v as for debit_state. The
+-- window algorithms read nothing.
+local function debit_refilled(alg, key, cap, rw, amount, now, at, v)
+  if alg == 'token_bucket' or alg == 'gcra' then
+    local full = spend_ns(cap, rw)
+    return debit_start(debit_state(key, v), full, 2 * full + DEBT_HORIZON_US * 1000, now, at) + spend_ns(amount, rw) <= 0
+  elseif alg == 'sliding_window' then
+    return window_index(at, rw) < window_index(now, rw) - 1
+  elseif alg == 'fixed_window' then
+    return window_index(at, rw) < window_index(now, rw)
+  elseif alg == 'sliding_log' then
+    return at <= now - rw
+  end
+  return false
+end
+
+local function debit_instant(key, cap, rate, amount, now, at, tag, v)
   if not (amount and amount > 0) then return 0, false end
   local full = spend_ns(cap, rate)
   local most = 2 * full + DEBT_HORIZON_US * 1000
-  local start = debit_start(key, full, most, now, at)
+  local start = debit_start(debit_state(key, v), full, most, now, at)
   local over = overshoot(amount, cap - start * rate / 1e9)
   local d = start + spend_ns(amount, rate)
   if d <= 0 then return over, false end
@@ -57,31 +81,9 @@ local function debit_instant(key, cap, rate, amount, now, at)
   return over, true
 end
 
--- Whether a spend of amount (above 0) admitted at at counts no more at
--- now: a debit of it would write nothing. Per algorithm, as the debits
--- below decide it.
-local function instant_refilled(key, cap, rate, amount, now, at)
-  local full = spend_ns(cap, rate)
-  return debit_start(key, full, 2 * full + DEBT_HORIZON_US * 1000, now, at) + spend_ns(amount, rate) <= 0
-end
-
-local refilled = {
-  token_bucket = instant_refilled,
-  gcra = instant_refilled,
-  sliding_window = function(key, cap, w, amount, now, at)
-    return window_index(at, w) < window_index(now, w) - 1
-  end,
-  fixed_window = function(key, cap, w, amount, now, at)
-    return window_index(at, w) < window_index(now, w)
-  end,
-  sliding_log = function(key, cap, w, amount, now, at)
-    return at <= now - w
-  end,
-}
-
 local function debit_sliding_window(key, cap, w, amount, now, at)
   if not (amount and amount > 0) then return 0, false end
-  if refilled.sliding_window(key, cap, w, amount, now, at) then return 0, false end
+  if debit_refilled('sliding_window', key, cap, w, amount, now, at) then return 0, false end
   local cur, prev, idx
   cur, prev, idx, now = sliding_window_at(key, w, now)
   local f = (now - idx * w) / w
@@ -92,7 +94,7 @@ end
 
 local function debit_fixed_window(key, cap, w, amount, now, at)
   if not (amount and amount > 0) then return 0, false end
-  if refilled.fixed_window(key, cap, w, amount, now, at) then return 0, false end
+  if debit_refilled('fixed_window', key, cap, w, amount, now, at) then return 0, false end
   local count, fresh, idx = fixed_window_at(key, w, now)
   local over = overshoot(amount, micro(cap) - count)
   fixed_window_write(key, idx, w, math.min(micro(count + amount), window_most(cap, w)), fresh)
@@ -101,7 +103,7 @@ end
 
 local function debit_sliding_log(key, cap, w, amount, now, at, tag)
   if not (amount and amount > 0) then return 0, false end
-  if refilled.sliding_log(key, cap, w, amount, now, at) then return 0, false end
+  if debit_refilled('sliding_log', key, cap, w, amount, now, at) then return 0, false end
   local n = sliding_log_trim(key, w, now)
   local over = overshoot(amount, cap - n)
   local most = cap + math.min(math.max(cap, math.floor(cap * DEBT_HORIZON_US / w)), 1000)

@@ -30,20 +30,29 @@ end
 -- A negative amount is what a settlement there gave back: it is credited
 -- (see credit in undo_lib.lua), with no overshoot.
 -- When every spend of the client had refilled before it arrived (no reset,
--- no give-back, each bucket's debit would write nothing), nothing is read
--- but the buckets and nothing is written, the marker neither: a
--- redelivery decides the same way, unless a check here wrote the bucket
--- since, when it debits the spend once, as of its instant.
+-- no give-back, each bucket's debit would write nothing), only the buckets
+-- are read, and nothing is written, the marker neither: a redelivery
+-- decides the same way, unless a check here wrote the bucket since, when
+-- it debits the spend once, as of its instant.
 -- Returns {1, overshoot of each bucket (strings)} when applied, {0} for a
 -- duplicate, {2} when every spend had refilled.
 local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
+  -- First whether every spend had refilled: the long tail's case, which
+  -- then reads only its buckets. The states read are kept for the debits.
+  local states = {}
   local quiet = true
   for i = 0, n - 1 do
     local j = a + i * 5
-    local test = refilled[args[j]]
-    local amount = tonumber(args[j + 3])
-    if not (test and amount and amount > 0 and
-        test(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now))) then
+    local alg, amount = args[j], tonumber(args[j + 3])
+    if not (amount and amount > 0) then
+      quiet = false
+      break
+    end
+    if alg == 'token_bucket' or alg == 'gcra' then
+      states[i] = read_string(keys[k + i]) or false
+    end
+    if not debit_refilled(alg, keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now,
+        debit_at(args[j + 4], now), states[i]) then
       quiet = false
       break
     end
@@ -69,22 +78,29 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
   end
   local tag = epoch .. '-' .. seq
   local out = {1}
+  local wrote = false
   for i = 0, n - 1 do
     local j = a + i * 5
     local alg = args[j]
     if string.byte(alg, 1) == 33 then -- '!': reset before the amount
       redis.call('DEL', keys[k + i])
       alg = string.sub(alg, 2)
+      states[i] = false
+      wrote = true
     end
     local debit = debits[alg]
-    local over = 0
+    local over, w = 0, true
     local amount = tonumber(args[j + 3])
     if amount and amount < 0 then
       credit(alg, keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), -amount, now)
-    elseif debit then
-      over = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now), tag) or 0
+    elseif debit and amount and amount > 0 then
+      over, w = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now), tag, states[i])
     end
-    out[#out + 1] = string.format('%.17g', over)
+    wrote = wrote or w
+    out[#out + 1] = string.format('%.17g', over or 0)
+  end
+  if not wrote then
+    return {2}
   end
   redis.call('SET', marker, epoch .. ' ' .. seq, 'PX', ttl)
   return out

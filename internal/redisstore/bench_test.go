@@ -219,19 +219,32 @@ func BenchmarkDebitCost(b *testing.B) {
 		b.ReportMetric(check, "redis-µs/check")
 	})
 	seq := uint64(0)
-	for _, n := range []int{1000, 10} {
-		b.Run(fmt.Sprintf("debit/clients=%d", n), func(b *testing.B) {
+	// The long tail: one token of a 100-a-minute rule, admitted 30 s
+	// before it arrives, for a client this region has not seen.
+	tail := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 100.0 / 60}
+	for _, tt := range []struct {
+		n        int
+		refilled bool
+	}{{1000, false}, {10, false}, {1000, true}, {10, true}} {
+		name := fmt.Sprintf("debit/clients=%d", tt.n)
+		if tt.refilled {
+			name += "/refilled"
+		}
+		b.Run(name, func(b *testing.B) {
 			var d float64
 			for range b.N {
 				d = phase(func() {
-					for done := 0; done < ops; done += n {
+					for done := 0; done < ops; done += tt.n {
 						seq++
-						clients := make([]ClientDebits, n)
+						clients := make([]ClientDebits, tt.n)
 						for i := range clients {
 							clients[i] = ClientDebits{Key: "debit-" + strconv.Itoa(i), Debits: []Debit{{Rule: "bench", Limit: lim, Amount: 1}}}
+							if tt.refilled {
+								clients[i].Debits[0] = Debit{Rule: "tail", Limit: tail, Amount: 1, At: time.Now().Add(-30 * time.Second).UnixMicro()}
+							}
 						}
 						res, err := s.ApplyDebits(ctx, "eu", Position{Epoch: 1, Seq: seq}, time.Minute, clients)
-						if err != nil || res.Applied != n {
+						if err != nil || res.Applied+res.Refilled != tt.n || tt.refilled != (res.Refilled == tt.n) {
 							b.Fatalf("apply: %+v, %v", res, err)
 						}
 					}

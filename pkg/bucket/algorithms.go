@@ -486,9 +486,9 @@ func (l *Limit) DebitAt(st *State, now, at int64, amount float64) (overshoot flo
 // refilled since it was admitted is known to change nothing (DebitAt).
 const KeepFull = 10 * time.Second
 
-// keepNs is how long (ns) a full bucket whose capacity lasts full ns is
+// fullKeepNs is how long (ns) a full bucket whose capacity lasts full ns is
 // kept (see KeepFull).
-func keepNs(full float64) float64 {
+func fullKeepNs(full float64) float64 {
 	return math.Min(full, float64(KeepFull/time.Nanosecond))
 }
 
@@ -498,7 +498,7 @@ func keepNs(full float64) float64 {
 // since keepNs ago; a debt at most most ahead), and at. It reads as the
 // scripts' debit_start does.
 func debitStart(a, now, at int64, full, most float64) float64 {
-	keep := keepNs(full)
+	keep := fullKeepNs(full)
 	start := -keep
 	if a != 0 {
 		start = math.Max(aheadNs(a, now), -keep)
