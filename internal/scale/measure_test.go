@@ -51,10 +51,14 @@ func procCPU(pid int) (float64, error) {
 type redisStats struct {
 	cpu     float64
 	scripts float64
+	// scriptSecs is the time Redis spent running scripts (commandstats
+	// usec): the rest of cpu is reading, parsing and answering commands,
+	// and Redis's own housekeeping.
+	scriptSecs float64
 }
 
 func (a redisStats) minus(b redisStats) redisStats {
-	return redisStats{a.cpu - b.cpu, a.scripts - b.scripts}
+	return redisStats{a.cpu - b.cpu, a.scripts - b.scripts, a.scriptSecs - b.scriptSecs}
 }
 
 func readRedis(ctx context.Context, c *redis.Client) (redisStats, error) {
@@ -86,6 +90,13 @@ func readRedis(ctx context.Context, c *redis.Client) (redisStats, error) {
 					}
 					st.scripts += v
 				}
+				if n, ok := strings.CutPrefix(f, "usec="); ok {
+					v, err := strconv.ParseFloat(n, 64)
+					if err != nil {
+						return redisStats{}, fmt.Errorf("INFO commandstats: %s: %w", name, err)
+					}
+					st.scriptSecs += v / 1e6
+				}
 			}
 		}
 	}
@@ -96,7 +107,10 @@ func readRedis(ctx context.Context, c *redis.Client) (redisStats, error) {
 // the reconcile lag histogram (cumulative counts by upper bound).
 type recMetrics struct {
 	applied float64
-	// from is applied by source region.
+	// refilled are the clients whose spends had refilled when they
+	// arrived: handled with a read, nothing written.
+	refilled float64
+	// from is applied and refilled by source region.
 	from map[string]float64
 	lag  map[float64]float64
 }
@@ -119,9 +133,13 @@ func scrape(ctx context.Context, addr string) (recMetrics, error) {
 	m := recMetrics{lag: map[float64]float64{}, from: map[string]float64{}}
 	// A client debited from the retry stream (its node slow or down when
 	// its message came) is counted here too.
-	if mf := mfs["limiter_spends_applied_total"]; mf != nil {
+	for name, sum := range map[string]*float64{"limiter_spends_applied_total": &m.applied, "limiter_spends_refilled_total": &m.refilled} {
+		mf := mfs[name]
+		if mf == nil {
+			continue
+		}
 		for _, s := range mf.GetMetric() {
-			m.applied += s.GetCounter().GetValue()
+			*sum += s.GetCounter().GetValue()
 			for _, l := range s.GetLabel() {
 				if l.GetName() == "source_region" {
 					m.from[l.GetValue()] += s.GetCounter().GetValue()
