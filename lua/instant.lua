@@ -107,14 +107,20 @@ end
 -- integer, which a float formatted as a string would not be, and costs the
 -- script nothing to write). Redis replies a number as an integer, truncated:
 -- (x + 999) / 1000 is x ns in µs rounded up, so a refusal never says 0.
-local function instant_take(key, cap, rate, cost, now)
+-- keep (a fraction of the capacity in [0, 1), or nil) is the reserve the
+-- request must leave for the priority classes above its own: its spend
+-- must fit in full less floor(keep * full) ns. Mirrors takeInstant in
+-- pkg/bucket.
+local function instant_take(key, cap, rate, cost, now, keep)
   local d, full = bucket_debt(key, cap, rate, now)
   local s = spend_ns(cost, rate)
-  if d + s <= full then
+  local room = full
+  if keep and keep > 0 then room = full - math.floor(keep * full) end
+  if d + s <= room then
     d = d + s
     return 1, d, 0, (d + 999) / 1000, function()
       bucket_write(key, now, d, full)
     end
   end
-  return 0, d, (d + s - full + 999) / 1000, (d + 999) / 1000, nil
+  return 0, d, (d + s - room + 999) / 1000, (d + 999) / 1000, nil
 end

@@ -176,6 +176,10 @@ type Options struct {
 	// back and settle each other's. Nil: random keys, so that only this
 	// engine gives back and settles its own.
 	ReservationSecret []byte
+	// Classes are the priority classes of checks, most important first
+	// (nil: rules.DefaultClasses). A rule whose reserve names another is
+	// refused (SetRules).
+	Classes *rules.Classes
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -217,6 +221,8 @@ type Engine struct {
 	// settles them; now reads the clock their expiries are on.
 	settle *settlement.Book
 	now    func() time.Time
+	// classes are the priority classes of checks.
+	classes *rules.Classes
 }
 
 // New makes an engine with the rules of set, registering its metrics on reg.
@@ -236,10 +242,14 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Classes == nil {
+		opts.Classes = rules.DefaultClassList()
+	}
 	m, err := metrics.New(reg)
 	if err != nil {
 		return nil, err
 	}
+	m.Classes(opts.Classes.Names())
 	e := &Engine{
 		store: opts.Store, fallback: bucket.NewMemory(bucket.WithMaxBytes(cmp.Or(opts.FallbackMaxBytes, DefaultFallbackMaxBytes))),
 		deny: denycache.New(opts.DenyCacheSize), leases: lease.New(opts.MaxLeaseKeys), top: topkeys.New(opts.TopLimitedSize),
@@ -249,6 +259,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		res:    reservation.NewBook(opts.ReservationSecret, opts.Store, m.Invalid),
 		resets: opts.Resets,
 		settle: settlement.NewBook(opts.ReservationSecret, m.Invalid), now: time.Now,
+		classes: opts.Classes,
 	}
 	ts := homes.NewState(opts.Topology, opts.Homes)
 	if opts.Topology != nil {
@@ -320,11 +331,19 @@ func (e *Engine) SetRules(set *rules.Set) error {
 	if err := validateHomes(ts.Topo, set); err != nil {
 		return err
 	}
+	for _, r := range set.Rules() {
+		if err := e.classes.CheckRule(r); err != nil {
+			return err
+		}
+	}
 	e.install(set, ts.Regions)
 	// The refused keys of rules that are gone go with them.
 	e.top.Forget(func(id string) bool { return set.Get(id) != nil })
 	return nil
 }
+
+// Classes are the priority classes of checks, most important first.
+func (e *Engine) Classes() *rules.Classes { return e.classes }
 
 // Rules is the rule set checks starting now are decided with.
 func (e *Engine) Rules() *rules.Set { return e.table.Load().Set }
@@ -437,7 +456,7 @@ func (e *Engine) Topology() *region.Topology { return e.topo.Load().Topo }
 func (e *Engine) install(set *rules.Set, regions int) {
 	gen := e.gen.Add(1)
 	old := e.table.Load()
-	t := request.NewTable(set, gen, regions, e.m, old)
+	t := request.NewTable(set, gen, regions, e.classes, e.m, old)
 	e.table.Store(t)
 	if e.deny != nil {
 		e.deny.Reset(gen)

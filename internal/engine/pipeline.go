@@ -398,7 +398,7 @@ func storeRequests(c *request.Request, items []*request.Item) []bucket.Request {
 		if it.Batch > 0 {
 			cost = it.Batch
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Against, Cost: cost, MaxWait: c.MaxWait}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Against, Cost: cost, MaxWait: c.MaxWait, Keep: it.Keep}
 	}
 	return reqs
 }
@@ -424,7 +424,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 			it.Decision = bucket.Decision{Limit: it.Limits.Limit.Capacity, RetryAfter: time.Second}
 			return false, nil
 		}
-		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost, MaxWait: c.MaxWait}
+		reqs[i] = bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: lim, Cost: cost, MaxWait: c.MaxWait, Keep: it.Keep}
 	}
 	ds, _ := e.fallback.TakeAll(ctx, reqs)
 	all := true
@@ -442,7 +442,7 @@ func (e *Engine) storeFailed(ctx context.Context, c *request.Request, items []*r
 // counted and sampled to the log, and refuses nothing.
 func (e *Engine) shadows(ctx context.Context, items []*request.Item) {
 	for _, it := range items {
-		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Limits.Limit, Cost: it.Cost})
+		d, err := e.store.Take(ctx, bucket.Request{Rule: it.Rule.ID, Key: it.Key, Limit: it.Limits.Limit, Cost: it.Cost, Keep: it.Keep})
 		if err != nil {
 			it.Decision = bucket.Decision{Allowed: true, Limit: it.Limits.Limit.Capacity}
 			continue

@@ -71,6 +71,8 @@ type Daemon struct {
 	tracer   *tracing.Tracer
 	registry *prometheus.Registry
 	rules    *rulesource.Source
+	// classes are the priority classes of checks (--priority.classes).
+	classes *rules.Classes
 	// topo watches --region.topology-file; nil without one.
 	topo  *topowatch.Watcher
 	admin *admin.Admin
@@ -116,7 +118,10 @@ func New(opts Options) (*Daemon, error) {
 	reg := prometheus.NewRegistry()
 	d := &Daemon{opts: opts, log: opts.Logger.With("region", opts.Region.Name), registry: reg, served: make(chan error, 3)}
 	var err error
-	var validate func(*rules.Rule) error
+	if d.classes, err = rules.NewClasses(opts.Rules.PriorityClasses); err != nil {
+		return nil, fmt.Errorf("--priority.classes: %w", err)
+	}
+	validate := d.classes.CheckRule
 	if opts.Region.TopologyFile != "" {
 		if d.topo, err = topowatch.New(topowatch.Options{File: opts.Region.TopologyFile, Region: opts.Region.Name, Poll: opts.Region.TopologyPoll,
 			Validate: d.validateTopology, OnSwitch: d.switchTopology, Logger: d.log}, reg); err != nil {
@@ -125,7 +130,12 @@ func New(opts Options) (*Daemon, error) {
 			}
 			return nil, fmt.Errorf("--region.topology-file: %w", err)
 		}
-		validate = d.homesValid
+		validate = func(r *rules.Rule) error {
+			if err := d.classes.CheckRule(r); err != nil {
+				return err
+			}
+			return d.homesValid(r)
+		}
 	}
 	src, err := rulesource.New(rulesource.Options{
 		File: opts.Rules.File, Logger: opts.Logger.With("component", "rules"),
@@ -341,6 +351,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		Store: store, Region: d.opts.Region.Name, ForwardTimeout: d.opts.Region.ForwardTimeout, HandoffMaxWindow: d.opts.Region.HandoffMaxWindow,
 		DenyCacheSize: cmp.Or(d.opts.Memory.DenyCacheSize, -1), FallbackMaxBytes: d.opts.Memory.FallbackMaxBytes, MaxLeaseKeys: d.opts.Memory.MaxLeaseKeys,
 		FleetSize: d.fleet.Size, KeyAffinity: d.opts.NATS.GossipKeyAffinity, TopLimitedSize: cmp.Or(d.opts.Memory.TopLimitedSize, -1), Logger: d.log,
+		Classes: d.classes,
 	}
 	var spends interface {
 		Run(context.Context)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/limiterd/limiterd/internal/engine"
@@ -14,6 +15,7 @@ import (
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/redisstore"
+	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/internal/topowatch"
@@ -108,7 +110,7 @@ func DefaultOptions() Options {
 		RedisTuning: redisstore.DefaultTuning(),
 		Memory: MemoryOptions{DenyCacheSize: engine.DefaultDenyCacheSize, MaxBytes: bucket.DefaultMaxBytes,
 			FallbackMaxBytes: engine.DefaultFallbackMaxBytes, MaxLeaseKeys: lease.DefaultMaxKeys, TopLimitedSize: topkeys.DefaultSize},
-		Rules:  RulesOptions{MaxRules: rulesource.DefaultMaxRules},
+		Rules:  RulesOptions{MaxRules: rulesource.DefaultMaxRules, PriorityClasses: rules.DefaultClasses},
 		Region: RegionOptions{Name: DefaultRegion, FleetSize: DefaultFleetSize, TopologyPoll: topowatch.DefaultPoll, ForwardTimeout: engine.DefaultForwardTimeout},
 		NATS: NATSOptions{Auth: natsconn.Auth{Prefix: natsconn.FlagPrefix},
 			GossipInterval: gossip.DefaultInterval, GossipMaxDefer: spendpub.DefaultMaxDefer},
@@ -217,6 +219,9 @@ type RulesOptions struct {
 	// MaxRules caps the rules in force, file and admin rules together (0:
 	// rulesource.DefaultMaxRules).
 	MaxRules int
+	// PriorityClasses are the priority classes of checks, most important
+	// first; a rule's reserve may name only these.
+	PriorityClasses []string
 }
 
 // RegisterFlags defines r's flags on fs, with DefaultOptions' defaults.
@@ -224,6 +229,9 @@ func (r *RulesOptions) RegisterFlags(fs *flag.FlagSet) {
 	d := DefaultOptions().Rules
 	fs.StringVar(&r.File, "rules.file", d.File, "YAML rules file (required)")
 	fs.IntVar(&r.MaxRules, "rules.max-rules", d.MaxRules, "most rules in force, those of the file and the admin API together; more are refused")
+	r.PriorityClasses = slices.Clone(d.PriorityClasses)
+	fs.Var(redisstore.AddrsFlag{Addrs: &r.PriorityClasses}, "priority.classes",
+		"comma-separated priority classes of checks, most important first, default among them: a check naming none or another is default; a rule's reserve keeps capacity for the classes above a check's")
 }
 
 // Validate reports every bad field, each naming its flag.
@@ -231,6 +239,9 @@ func (r RulesOptions) Validate() error {
 	var e flagErrs
 	e.add(r.File == "", "--rules.file: required")
 	e.add(r.MaxRules < 0 || r.MaxRules > rulesource.MaxMaxRules, "--rules.max-rules: must be 1 to %d, got %d", rulesource.MaxMaxRules, r.MaxRules)
+	if _, err := rules.NewClasses(r.PriorityClasses); err != nil {
+		e.add(true, "--priority.classes: %v", err)
+	}
 	return errors.Join(e...)
 }
 

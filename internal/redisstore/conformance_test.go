@@ -69,7 +69,10 @@ type conformance struct {
 	usage *redis.Script
 	// settle settles an estimate with its actual cost, once.
 	settle *redis.Script
-	seq    int
+	// multi checks rules all or nothing, each keeping its request's
+	// reserve for higher priority classes.
+	multi *redis.Script
+	seq   int
 }
 
 func newConformance(t *testing.T) *conformance {
@@ -80,13 +83,21 @@ func newConformance(t *testing.T) *conformance {
 		undo:    redis.NewScript(lua.Undo(lua.FixedClock)),
 		handoff: redis.NewScript(lua.Handoff(lua.FixedClock)),
 		usage:   redis.NewScript(lua.Usage(lua.FixedClock)),
-		settle:  redis.NewScript(lua.Settle(lua.FixedClock))}
+		settle:  redis.NewScript(lua.Settle(lua.FixedClock)),
+		multi:   redis.NewScript(lua.Multi(lua.FixedClock))}
 }
 
 // conformanceRun is what run saw.
 type conformanceRun struct {
 	allowed, refused, refusedAfterChange, debits, refilled, handoffs, stepsBack, undos, usages, settles, credits int
+	// reserved counts refusals for a priority class's reserve only.
+	reserved int
 }
+
+// conformanceKeeps are the reserves a check keeps by priority class: with
+// reserve {critical: 0.2, default: 0.05}, critical keeps nothing, default
+// 0.2 and sheddable 0.25 of the capacity; the last is drawn at random.
+var conformanceKeeps = []float64{0, 0.2, 0.25, -1}
 
 // run steps through one table of (time, cost) steps, and debits, against
 // the Go algorithms and the Lua scripts, and fails at the first step where
@@ -130,6 +141,9 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 		cost float64
 	}
 	var spends []spend
+	// classes draws each check's priority class (the reserve it keeps)
+	// apart from rng, so that the steps are those of every other run.
+	classes := rand.New(rand.NewPCG(uint64(start), uint64(len(name))))
 	scale := lim.Capacity / lim.RefillPerSecond * 1e6 // µs to fill, or
 	if lim.Window > 0 {
 		scale = float64(lim.Window.Microseconds())
@@ -299,6 +313,13 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 			continue
 		}
 		a := scriptArgs(lim, cost)
+		// The check's class: the reserve it keeps. A check that keeps
+		// one, and now and then one that does not, runs the multi script.
+		keep := conformanceKeeps[classes.IntN(len(conformanceKeeps))]
+		if keep < 0 {
+			keep = classes.Float64()
+		}
+		multi := keep > 0 || classes.IntN(4) == 0
 		var read *bucket.Decision // what the usage said, when read
 		if rng.IntN(3) == 0 {
 			// What the check would see, read twice, changing nothing: the
@@ -320,21 +341,39 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 			read = &want
 			run.usages++
 		}
-		want := lim.Take(&st, now, cost)
-		res, err := script(lim.Algorithm).Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
-		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
-		}
-		got, err := parseDecision(res, lim)
-		if err != nil {
-			t.Fatalf("step %d: %v", step, err)
+		want := lim.TakeKeeping(&st, now, cost, keep)
+		var got bucket.Decision
+		if multi {
+			req := bucket.Request{Limit: lim, Cost: cost, Keep: keep}
+			res, err := cf.multi.Run(ctx, client, []string{key}, string(lim.Algorithm), a[0], a[1], a[2],
+				strconv.FormatFloat(keep, 'g', -1, 64), strconv.FormatInt(now, 10)).Slice()
+			if err != nil {
+				t.Fatalf("step %d: multi: %v", step, err)
+			}
+			ds, _, err := parseMultiReply(res, []bucket.Request{req})
+			if err != nil {
+				t.Fatalf("step %d: multi: %v", step, err)
+			}
+			got = ds[0]
+		} else {
+			res, err := script(lim.Algorithm).Run(ctx, client, []string{key}, a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+			if err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+			if got, err = parseDecision(res, lim); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
 		}
 		if got != want {
-			t.Fatalf("step %d at %d cost %v:\n  lua %+v\n   go %+v", step, now, cost, got, want)
+			t.Fatalf("step %d at %d cost %v keep %v:\n  lua %+v\n   go %+v", step, now, cost, keep, got, want)
+		}
+		if got.Reserved {
+			run.reserved++
 		}
 		// The check answers as the usage just before it said: whether it
-		// passes, and a refusal's figures exactly.
-		if read != nil && (read.Allowed != got.Allowed || !got.Allowed && *read != got) {
+		// passes, and a refusal's figures exactly. (Usage reads what a
+		// check keeping nothing would see.)
+		if read != nil && keep == 0 && (read.Allowed != got.Allowed || !got.Allowed && *read != got) {
 			t.Fatalf("step %d at %d cost %v: usage %+v, then check %+v", step, now, cost, *read, got)
 		}
 		if got.Allowed {
@@ -369,6 +408,9 @@ func TestConformance(t *testing.T) {
 			run := cf.run(t, fmt.Sprint(li), conformanceStart(t), tc.lim, tc.then, rng, 400, 30*24*3600*1e6)
 			if run.allowed == 0 || run.refused == 0 || run.handoffs == 0 || run.usages == 0 || run.settles == 0 || run.credits == 0 {
 				t.Fatalf("steps exercised one outcome only: %d allowed, %d refused, %d handoffs, %d settles, %d credits", run.allowed, run.refused, run.handoffs, run.settles, run.credits)
+			}
+			if a := tc.lim.Algorithm; (a == bucket.TokenBucket || a == bucket.GCRA) && run.reserved == 0 {
+				t.Fatalf("no refusal for a priority class's reserve: %+v", run)
 			}
 			if tc.then != nil && run.refusedAfterChange == 0 {
 				t.Fatalf("no refusal after the change to %+v", *tc.then)
@@ -460,14 +502,15 @@ func conformanceRandomLimits(t *testing.T, cf *conformance, start int64, prefix 
 			total.handoffs += run.handoffs
 			total.stepsBack += run.stepsBack
 			total.undos += run.undos
+			total.reserved += run.reserved
 		})
 	}
-	t.Logf("%d limits x %d steps: %d allowed, %d refused, %d debits (%d refilled before they arrived), %d handoffs, %d clock steps back, %d undos, every decision, overshoot and count handed off identical",
-		limits, steps, total.allowed, total.refused, total.debits+total.refilled, total.refilled, total.handoffs, total.stepsBack, total.undos)
+	t.Logf("%d limits x %d steps: %d allowed, %d refused (%d for a class's reserve), %d debits (%d refilled before they arrived), %d handoffs, %d clock steps back, %d undos, every decision, overshoot and count handed off identical",
+		limits, steps, total.allowed, total.refused, total.reserved, total.debits+total.refilled, total.refilled, total.handoffs, total.stepsBack, total.undos)
 	if total.refilled == 0 || total.debits == 0 {
 		t.Errorf("%d debits applied, %d refilled: the steps must try both", total.debits, total.refilled)
 	}
-	if total.allowed == 0 || total.refused == 0 || total.handoffs == 0 || total.stepsBack == 0 || total.undos == 0 {
+	if total.allowed == 0 || total.refused == 0 || total.reserved == 0 || total.handoffs == 0 || total.stepsBack == 0 || total.undos == 0 {
 		t.Fatalf("one outcome only: %+v", total)
 	}
 }

@@ -70,7 +70,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 			return ds, nil
 		}
 	}
-	if len(reqs) == 1 {
+	if len(reqs) == 1 && reqs[0].Keep == 0 {
 		d, err := s.Take(ctx, reqs[0])
 		if err != nil {
 			return []bucket.Decision{{}}, &bucket.MultiError{Errs: []error{err}}
@@ -87,7 +87,7 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 	}
 	run := func(g *group) {
 		g.keys, g.args = groupArgs(g.reqs)
-		res, err := s.eval(ctx, opMulti, g.keys[0], pipeline.Call{Script: multiScript, Keys: g.keys, Args: g.args}, s.m.multiDuration)
+		res, err := s.eval(ctx, opMulti, g.keys[0], pipeline.Call{Script: multiScript, Keys: g.keys, Args: multiArgs(g.reqs, g.args)}, s.m.multiDuration)
 		if err == nil {
 			if g.ds, g.at, err = parseMultiReply(res, g.reqs); err != nil {
 				// It ran, and what it did is not known.
@@ -135,6 +135,17 @@ func (s *Store) TakeAll(ctx context.Context, reqs []bucket.Request) ([]bucket.De
 		return out, &bucket.MultiError{Errs: errs}
 	}
 	return out, nil
+}
+
+// reserved reports whether r, refused by d, was refused only for what it
+// keeps: its spend fits the bucket that the reply's remaining (the ns
+// until it is full again, an integer) describes, keeping nothing.
+func reserved(d bucket.Decision, r bucket.Request, remaining any) bool {
+	ns, ok := remaining.(int64)
+	if d.Allowed || r.Keep <= 0 || !ok || (r.Limit.Algorithm != bucket.TokenBucket && r.Limit.Algorithm != bucket.GCRA) {
+		return false
+	}
+	return r.Limit.Fits(time.Duration(ns), r.Cost)
 }
 
 func allAllowed(ds []bucket.Decision) bool {
@@ -185,6 +196,17 @@ func groupArgs(reqs []bucket.Request) (keys []string, args []any) {
 	return keys, args
 }
 
+// multiArgs are the multi script's ARGV for reqs, of which args are the
+// groupArgs: args, then each request's Keep.
+func multiArgs(reqs []bucket.Request, args []any) []any {
+	out := make([]any, len(args), len(args)+len(reqs))
+	copy(out, args)
+	for _, r := range reqs {
+		out = append(out, strconv.FormatFloat(r.Keep, 'g', -1, 64))
+	}
+	return out
+}
+
 // parseMultiReply reads the multi script's reply: four values per bucket
 // (see parseDecision), then the instant (µs, the store's clock) at which it
 // decided and, when all allowed, spent.
@@ -203,6 +225,7 @@ func parseMultiReply(res []any, reqs []bucket.Request) ([]bucket.Decision, int64
 			return nil, 0, err
 		}
 		d.At = at
+		d.Reserved = reserved(d, r, res[4*k+1])
 		ds[k] = d
 	}
 	return ds, at, nil

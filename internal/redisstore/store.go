@@ -11,6 +11,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -153,6 +154,17 @@ func (s *Store) Take(ctx context.Context, req bucket.Request) (bucket.Decision, 
 	}
 	if req.MaxWait != 0 {
 		ds, err := s.reserve(ctx, []bucket.Request{req})
+		if err != nil {
+			return bucket.Decision{}, err
+		}
+		return ds[0], nil
+	}
+	if req.Keep > 0 {
+		// The single scripts keep nothing: the multi script keeps.
+		ds, err := s.TakeAll(ctx, []bucket.Request{req})
+		if me, ok := errors.AsType[*bucket.MultiError](err); ok {
+			err = me.Errs[0]
+		}
 		if err != nil {
 			return bucket.Decision{}, err
 		}

@@ -138,7 +138,7 @@ func TestUndoAcrossBoundary(t *testing.T) {
 				r := req
 				r.Cost = o.cost
 				keys, args := groupArgs([]bucket.Request{r})
-				res, err := multi.Run(ctx, client, keys, append(args, now)...).Slice()
+				res, err := multi.Run(ctx, client, keys, append(multiArgs([]bucket.Request{r}, args), now)...).Slice()
 				if err != nil {
 					t.Fatalf("op %d: %v", i, err)
 				}

@@ -119,6 +119,12 @@ type Rule struct {
 	// second, a request's own limit may have: required with
 	// AllowRequestLimit.
 	RequestLimitMax float64 `yaml:"request_limit_max,omitempty"`
+	// Reserve keeps part of a token bucket's or GCRA's capacity for the
+	// more important priority classes: a fraction of the capacity per
+	// class, each in [0, 1), adding up to less than 1. A check may spend
+	// only while, after its spend, at least the reserves of the classes
+	// above its own are left.
+	Reserve map[string]float64 `yaml:"reserve,omitempty"`
 
 	limit     bucket.Limit
 	overrides map[string]bucket.Limit
@@ -519,6 +525,9 @@ func (r *Rule) validate(n *yaml.Node) error {
 		return fieldErrorf("settle_within", "must be above 0 and at most %v, got %v", MaxSettleWithin, time.Duration(r.SettleWithin))
 	}
 	if r.Concurrent() {
+		if r.Reserve != nil {
+			return fieldError("reserve", errors.New("only token_bucket and gcra rules keep a reserve, not concurrency"))
+		}
 		if r.SettleWithin != 0 {
 			return fieldErrorf("settle_within", "a concurrency rule spends no estimate to settle")
 		}
@@ -573,6 +582,9 @@ func (r *Rule) validate(n *yaml.Node) error {
 		return err
 	}
 	if err := r.validateRequestLimit(); err != nil {
+		return err
+	}
+	if err := r.validateReserve(); err != nil {
 		return err
 	}
 	return r.validateOverrides(n)

@@ -86,6 +86,12 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "max_overshoot above 1", file: "max-overshoot-above-one.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
 		{name: "max_overshoot NaN", file: "max-overshoot-nan.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
 		{name: "max_overshoot infinite", file: "max-overshoot-inf.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
+		{name: "reserve on a window", file: "reserve-window.bad.yml", index: 0, id: "a", field: "reserve", line: 6},
+		{name: "reserve adding up to 1", file: "reserve-sum.bad.yml", index: 0, id: "a", field: "reserve", line: 5},
+		{name: "reserve negative", file: "reserve-negative.bad.yml", index: 0, id: "a", field: "reserve.default", line: 7},
+		{name: "reserve of a bad class name", file: "reserve-bad-class.bad.yml", index: 0, id: "a", field: "reserve", line: 5},
+		{name: "reserve with a lease", file: "reserve-lease.bad.yml", index: 0, id: "a", field: "reserve", line: 6},
+		{name: "reserve on a pinned rule", file: "reserve-pinned.bad.yml", index: 0, id: "a", field: "reserve", line: 6},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,6 +127,10 @@ func TestParseRuleErrors(t *testing.T) {
 		{name: "bad cost", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\ncost: 2\n", id: "r", field: "cost", line: 4, cause: bucket.ErrInvalidCost},
 		{name: "bad id", rule: "id: a b\ncapacity: 1\nrefill_per_second: 1\n", id: "a b", field: "id", line: 1},
 		{name: "bad max_overshoot", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nmax_overshoot: -0.1\n", id: "r", field: "max_overshoot", line: 4},
+		{name: "reserve of 1", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nreserve: {critical: 1}\n", id: "r", field: "reserve.critical", line: 4},
+		{name: "reserve NaN", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nreserve: {critical: .nan}\n", id: "r", field: "reserve.critical", line: 4},
+		{name: "reserve on concurrency", rule: "id: r\nalgorithm: concurrency\nlimit: 1\nreserve: {critical: 0.1}\n", id: "r", field: "reserve", line: 4},
+		{name: "reserve empty", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nreserve: {}\n", id: "r", field: "reserve", line: 4},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -269,7 +279,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "settle_within", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "settle_within", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max", "reserve"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string

@@ -54,12 +54,21 @@ const floorSlack = 0x1p-50
 // (Validate). The decision's At is now. It does not allocate, except a
 // SlidingLog growing its log.
 func (l *Limit) Take(st *State, now int64, cost float64) Decision {
+	return l.TakeKeeping(st, now, cost, 0)
+}
+
+// TakeKeeping is Take for a request that must leave keep (a fraction of
+// the capacity, in [0, 1): see Request.Keep) in a token bucket or GCRA:
+// it passes only while, after its spend, at least keep × capacity is
+// left. A refusal that keeping nothing would have allowed is Reserved.
+// The window algorithms do not read keep.
+func (l *Limit) TakeKeeping(st *State, now int64, cost, keep float64) Decision {
 	var d Decision
 	switch l.Algorithm {
 	case TokenBucket:
-		d = l.takeInstant(st, now, cost, false)
+		d = l.takeInstant(st, now, cost, keep, false)
 	case GCRA:
-		d = l.takeInstant(st, now, cost, true)
+		d = l.takeInstant(st, now, cost, keep, true)
 	case SlidingWindow:
 		d = l.takeSlidingWindow(st, now, cost)
 	case FixedWindow:
@@ -187,12 +196,23 @@ func (l *Limit) clampDebt(st *State, now int64) {
 // field, and GCRA's theoretical arrival time. A request passes when its
 // spend fits: full-now + spend(cost) <= spend(capacity), in whole ns, so
 // the two algorithms admit the same requests. GCRA reports the whole
-// requests of cost 1 left instead of the tokens.
-func (l *Limit) takeInstant(st *State, now int64, cost float64, whole bool) Decision {
+// requests of cost 1 left instead of the tokens. A request that keeps a
+// reserve passes only when its spend fits in the capacity's duration less
+// the reserve's, keepNs.
+func (l *Limit) takeInstant(st *State, now int64, cost, keep float64, whole bool) Decision {
 	rate := l.RefillPerSecond
 	full := spendNs(l.Capacity, rate)
 	d := l.debt(st, now, full)
 	s := spendNs(cost, rate)
+	if room := full - keepNs(keep, full); d+s > room {
+		return Decision{
+			Remaining:  l.remaining(d, full, whole),
+			Limit:      l.Capacity,
+			RetryAfter: micros(upMicros(float64(d+s) - room)),
+			ResetAfter: micros(upMicros(d)),
+			Reserved:   d+s <= full,
+		}
+	}
 	if d+s <= full {
 		d += s
 		st.a = instantAt(now, d)
@@ -209,6 +229,24 @@ func (l *Limit) takeInstant(st *State, now int64, cost float64, whole bool) Deci
 		RetryAfter: micros(upMicros(float64(d+s) - full)),
 		ResetAfter: micros(upMicros(d)),
 	}
+}
+
+// keepNs is the part (ns, a whole number) of a capacity's duration full
+// that a request keeping keep of the capacity leaves: keep × full, rounded
+// down, as the Lua scripts compute it (instant.lua).
+func keepNs(keep, full float64) float64 {
+	if !(keep > 0) {
+		return 0
+	}
+	return math.Floor(float64(keep * full))
+}
+
+// Fits reports whether a spend of cost fits a token bucket or GCRA that is
+// full again after untilFull, keeping nothing: what a request refused with
+// a Keep would have been told as the most important class. The store
+// makes Decision.Reserved with it from the scripts' reply.
+func (l *Limit) Fits(untilFull time.Duration, cost float64) bool {
+	return float64(untilFull)+spendNs(cost, l.RefillPerSecond) <= spendNs(l.Capacity, l.RefillPerSecond)
 }
 
 // Remaining is what a token bucket or GCRA that is full again after

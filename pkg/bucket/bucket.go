@@ -251,6 +251,11 @@ type Decision struct {
 	// window rule gives back to the window the spend counted in. 0 when
 	// the decision came from no store (a lease, a fallback, a denial).
 	At int64
+	// Reserved reports a refusal caused only by the request's Keep: with
+	// nothing to keep (as the most important priority class) it would
+	// have been allowed. Its RetryAfter is how long until the request fits
+	// above what it keeps.
+	Reserved bool
 }
 
 // Request is one check: spend Cost of Limit from the bucket of Key under Rule.
@@ -268,6 +273,12 @@ type Request struct {
 	// Decision.Wait. Only a TokenBucket or GCRA paces (ValidateWait). The
 	// requests of one TakeAll share one MaxWait (the smallest counts).
 	MaxWait time.Duration
+	// Keep, a fraction of the capacity in [0, 1), is what the request must
+	// leave in a TokenBucket or GCRA: the headroom reserved for priority
+	// classes above the request's. It passes only while, after its spend,
+	// at least Keep × Capacity is left (see Limit.TakeKeeping). 0 keeps
+	// nothing. The window algorithms and paced requests do not read it.
+	Keep float64
 }
 
 // Errors a Store returns when it could not decide. Callers test them with

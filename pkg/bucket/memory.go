@@ -160,6 +160,14 @@ func (m *Memory) shard(key string) *memoryShard {
 	return &m.shards[maphash.String(m.seed, key)%memoryShards]
 }
 
+// decide is req decided on st at now: paced (Reserve) or keeping its Keep.
+func (l *Limit) decide(st *State, now int64, req Request) Decision {
+	if req.MaxWait > 0 {
+		return l.Reserve(st, now, req.Cost, req.MaxWait)
+	}
+	return l.TakeKeeping(st, now, req.Cost, req.Keep)
+}
+
 func (m *Memory) take(now int64, req Request) Decision {
 	id := bucketID{req.Rule, req.Key}
 	sh := m.shard(req.Key)
@@ -174,13 +182,13 @@ func (m *Memory) take(now int64, req Request) Decision {
 	}
 	if e == nil {
 		var fresh State
-		d := req.Limit.Reserve(&fresh, now, req.Cost, req.MaxWait)
+		d := req.Limit.decide(&fresh, now, req)
 		if d.Allowed {
 			m.put(sh, id, &memoryEntry{st: fresh, expires: req.Limit.ExpiresAt(&fresh)}, now)
 		}
 		return d
 	}
-	d := req.Limit.Reserve(&e.st, now, req.Cost, req.MaxWait)
+	d := req.Limit.decide(&e.st, now, req)
 	if d.Allowed {
 		e.expires = req.Limit.ExpiresAt(&e.st)
 		m.put(sh, id, e, now)
@@ -246,7 +254,7 @@ func (m *Memory) TakeAll(_ context.Context, reqs []Request) ([]Decision, error) 
 			next[i].log = append([]int64(nil), e.st.log...)
 		}
 		if maxWait == 0 {
-			out[i] = r.Limit.Take(&next[i], now, r.Cost)
+			out[i] = r.Limit.TakeKeeping(&next[i], now, r.Cost, r.Keep)
 			all = all && out[i].Allowed
 		}
 	}

@@ -186,7 +186,26 @@ func (c *Client) CheckAttributes(ctx context.Context, a *limiterv1.Attributes, c
 }
 
 func (c *Client) check(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
+	req.Priority = PriorityOf(ctx)
 	return call(c, ctx, req, limiterv1.LimiterClient.Check)
+}
+
+type priorityKey struct{}
+
+// WithPriority returns a copy of ctx whose checks (Check, CheckPaced,
+// CheckEstimate, CheckAttributes) carry the priority class class: one of
+// limiterd's --priority.classes (critical, default, sheddable unless
+// configured), most important first; "" or another is default. A rule's
+// reserve keeps part of its capacity for the classes above a check's: a
+// refusal for that alone has Reason RESERVED (answer it as 503, not 429).
+func WithPriority(ctx context.Context, class string) context.Context {
+	return context.WithValue(ctx, priorityKey{}, class)
+}
+
+// PriorityOf is the priority class ctx carries (WithPriority), "" for none.
+func PriorityOf(ctx context.Context) string {
+	class, _ := ctx.Value(priorityKey{}).(string)
+	return class
 }
 
 // Acquire takes a lease of the concurrency rule rule for key: the response

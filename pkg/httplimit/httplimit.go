@@ -1,7 +1,8 @@
 // Package httplimit is net/http middleware that checks every request
 // against limiterd and answers as DESIGN's client contract says: 429 with
 // Retry-After when over the limit, 503 when a fail-closed rule cannot be
-// decided, and the quota headers on every decided response.
+// decided or a lower priority request is shed (with Retry-After), and the
+// quota headers on every decided response.
 package httplimit
 
 import (
@@ -53,6 +54,13 @@ type Options struct {
 	// Cost returns the request's cost, multiplying each rule's (0 means
 	// 1). Nil: 1.
 	Cost func(*http.Request) float64
+	// Priority returns the request's priority class (critical, default,
+	// sheddable, or limiterd's --priority.classes), sent with the check
+	// through client.WithPriority. Take it from what the service knows of
+	// the request (its route, its caller), never from a header the client
+	// sets: a class the client chooses is a reserve the client spends.
+	// Nil: the context's (client.PriorityOf), else default.
+	Priority func(*http.Request) string
 	// FailClosed answers 503 when no decision could be had (limiterd
 	// unreachable or too slow, or the check refused as invalid). By
 	// default the request is served without quota headers: the limiter
@@ -77,6 +85,10 @@ type Options struct {
 //   - allowed: the quota headers (SetHeaders), then the next handler;
 //   - over the limit: 429 Too Many Requests with Retry-After (whole
 //     seconds, rounded up, never 0) and the quota headers;
+//   - refused only for the reserve a rule keeps for more important
+//     priority classes (Reason RESERVED): 503 Service Unavailable with
+//     Retry-After and the quota headers, since the service sheds load and
+//     the client did nothing wrong;
 //   - limiterd answered UNAVAILABLE (a fail-closed rule it could not
 //     decide): 503 Service Unavailable, our problem rather than the client's;
 //   - no decision (limiterd unreachable, too slow, or an error status): the
@@ -93,7 +105,11 @@ func Middleware(c Checker, opts Options) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			a, cost := opts.attributes(r)
-			resp, err := c.CheckAttributes(r.Context(), a, cost)
+			ctx := r.Context()
+			if opts.Priority != nil {
+				ctx = client.WithPriority(ctx, opts.Priority(r))
+			}
+			resp, err := c.CheckAttributes(ctx, a, cost)
 			if err != nil {
 				if opts.failed(w, r, err) {
 					next.ServeHTTP(w, r)
@@ -102,12 +118,23 @@ func Middleware(c Checker, opts Options) func(http.Handler) http.Handler {
 			}
 			SetHeaders(w.Header(), resp, opts.Now())
 			if !resp.GetAllowed() {
-				http.Error(w, "too many requests", http.StatusTooManyRequests)
+				RefuseCheck(w, resp)
 				return
 			}
 			next.ServeHTTP(w, r)
 		})
 	}
+}
+
+// RefuseCheck answers a refused check, after SetHeaders: 503 Service
+// Unavailable when it was refused only for the reserve of more important
+// priority classes (Reason RESERVED), otherwise 429 Too Many Requests.
+func RefuseCheck(w http.ResponseWriter, resp *limiterv1.CheckResponse) {
+	if resp.GetReason() == limiterv1.Reason_RESERVED {
+		http.Error(w, "service busy: lower priority requests are shed", http.StatusServiceUnavailable)
+		return
+	}
+	http.Error(w, "too many requests", http.StatusTooManyRequests)
 }
 
 func (opts Options) withDefaults() Options {

@@ -54,7 +54,7 @@ func itemsOf(leases []*heldLease) []*request.Item {
 // NewAcquire starts an Acquire under the rules of t, counting its invalid
 // requests in m.
 func NewAcquire(t *request.Table, m *metrics.Metrics) *Acquire {
-	return &Acquire{Request: request.Request{Table: t, Metrics: m}}
+	return &Acquire{Request: request.Request{Table: t, Metrics: m, Class: t.DefaultClass()}}
 }
 
 // Leases returns the concurrency rules of an Acquire, in the order added.

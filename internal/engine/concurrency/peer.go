@@ -39,6 +39,7 @@ func (l *Leases) PeerAcquire(ctx context.Context, origin string, gen uint64, lea
 	ts := l.topo.Use()
 	defer ts.Release()
 	c := &Acquire{Request: request.Request{Table: l.table.Load(), Metrics: l.m, Peer: origin}}
+	c.Class = c.Table.DefaultClass()
 	for i, p := range id.Parts {
 		if p.Region != l.region {
 			continue

@@ -23,6 +23,11 @@ func (c *Cache) Remember(r *request.Request, items []*request.Item, sent int64, 
 			continue
 		}
 		d := it.Decision
+		if !d.Allowed && it.Keep > 0 {
+			// Refused above what its class keeps: a more important
+			// class may still pass.
+			continue
+		}
 		retry := d.RetryAfter
 		if d.Allowed && (it.Batch > 0 || !admitted || r.MaxWait > 0) {
 			// The lease holds what the batch left over, or given back;

@@ -91,6 +91,31 @@ type Metrics struct {
 	Paced           *prometheus.CounterVec
 	PacedWait       *prometheus.HistogramVec
 	Settlements     *prometheus.CounterVec
+	// PriorityDecisions count decided checks by priority class and
+	// result (PriorityResults).
+	PriorityDecisions *prometheus.CounterVec
+}
+
+// Results of limiter_priority_decisions_total: a check allowed, refused
+// by a limit, or refused only for the reserves its class keeps.
+const (
+	PriorityAllowed  = "allowed"
+	PriorityLimited  = "limited"
+	PriorityReserved = "reserved"
+)
+
+// PriorityResults are the results limiter_priority_decisions_total counts.
+var PriorityResults = []string{PriorityAllowed, PriorityLimited, PriorityReserved}
+
+// Classes makes the series of limiter_priority_decisions_total for the
+// configured classes, so that each reads 0 before its first check: its
+// class label takes no other values.
+func (m *Metrics) Classes(names []string) {
+	for _, c := range names {
+		for _, r := range PriorityResults {
+			m.PriorityDecisions.WithLabelValues(c, r)
+		}
+	}
 }
 
 // Settle results, the values of the result label of limiter_settlements_total.
@@ -187,6 +212,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Settles of checks' estimates with their actual costs, by rule and result: settled (the difference applied), replay (settled before: nothing changed), expired (past settle_within: the estimate stands), error (the store did not answer).",
 		}, []string{"rule", "result"}),
 		Handoffs: newHandoffMetric(),
+		PriorityDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "limiter_priority_decisions_total",
+			Help: "Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).",
+		}, []string{"class", "result"}),
 		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",
 			Help:    "Time to decide one check inside limiterd.",
@@ -195,12 +224,12 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{m.Decisions, m.Forwarded, m.ForwardedLeases, m.AdmittedCost, m.DenyHits, m.Leased,
 		m.RuleLimit, m.RuleRate, m.Invalid, m.Overloaded, m.Refunds, m.Stale, m.Handoffs, m.Duration, m.Leases, m.Untracked,
-		m.Paced, m.PacedWait, m.Settlements} {
+		m.Paced, m.PacedWait, m.Settlements, m.PriorityDecisions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation", "settle", "settlement", "actual_cost"} {
+	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation", "settle", "settlement", "actual_cost", "priority"} {
 		m.Invalid.WithLabelValues(f)
 	}
 	for _, r := range []string{"ok", "error"} {

@@ -45,6 +45,10 @@ type Item struct {
 	Key string
 	// Cost is what the request spends under the rule, normalized.
 	Cost float64
+	// Keep is what the check's priority class keeps of the rule's
+	// capacity for the classes above it (bucket.Request.Keep): 0 for the
+	// most important class, or a rule without reserve.
+	Keep float64
 	// Decision is the verdict of this rule's bucket. In a check refused by
 	// another rule it reports what the bucket has, since nothing was spent.
 	Decision bucket.Decision
@@ -120,6 +124,75 @@ type Request struct {
 	// Settle: the check spends an estimate to settle later (Check.Settle);
 	// its rules are decided in the store, never from a token lease.
 	Settle bool
+	// Class is the request's priority class, an index of Table.Classes
+	// (SetPriority); the zero Request's, until set, is the most important.
+	Class int
+}
+
+// ClassName is the name of the request's priority class.
+func (c *Request) ClassName() string { return c.Table.Classes.Names()[c.Class] }
+
+// Reserved reports whether the decided request was refused only for the
+// reserves its class keeps: at least one rule refused it, and each that
+// did would have allowed it as the most important class
+// (bucket.Decision.Reserved). Such a refusal is the service shedding
+// load, not the client's doing: front doors answer it as unavailable
+// (503), not as over the limit (429).
+func (c *Request) Reserved() bool { return Reserved(c.Enforce) }
+
+// Reserved reports whether items, a decided request's enforced rules,
+// refused it only for the reserves its class keeps (Request.Reserved).
+func Reserved(items []*Item) bool {
+	refused := false
+	for _, it := range items {
+		if it.Decision.Allowed || it.Route == RouteNone {
+			continue
+		}
+		if !it.Decision.Reserved {
+			return false
+		}
+		refused = true
+	}
+	return refused
+}
+
+// SetPriority gives the request the priority class name: one of the
+// table's classes, or its default class for an empty or unknown name.
+// A name longer than rules.MaxClassLen bytes is an *InvalidError naming
+// priority, as is a class that keeps a reserve in a paced check; each is
+// counted as AddRule's are. Call it before or after the rules are added.
+func (c *Request) SetPriority(name string) error {
+	err := c.setPriority(name)
+	c.Counted(err)
+	return err
+}
+
+func (c *Request) setPriority(name string) error {
+	if len(name) > rules.MaxClassLen {
+		return Invalid("priority", "priority: %d bytes, the most is %d", len(name), rules.MaxClassLen)
+	}
+	c.Class = c.Table.Classes.Index(name)
+	for _, list := range [][]*Item{c.Enforce, c.Shadow} {
+		for _, it := range list {
+			it.Keep = it.Entry.Keep(c.Class)
+		}
+	}
+	return c.pacedKeep("priority")
+}
+
+// pacedKeep refuses a paced request whose class keeps a reserve of one of
+// its rules: a reservation cannot keep one (see bucket.Request.Keep).
+func (c *Request) pacedKeep(field string) error {
+	if c.MaxWait == 0 {
+		return nil
+	}
+	for _, it := range c.Enforce {
+		if it.Keep > 0 {
+			return Invalid(field, "%s: rule %s keeps a reserve from the class %q, which a paced check (max_wait_ms) cannot keep",
+				field, Quote(it.Rule.ID), c.ClassName())
+		}
+	}
+	return nil
 }
 
 // Check is one request's rate rules, decided together by engine.Engine.Decide.
@@ -168,6 +241,10 @@ func (c *Check) pace(maxWait time.Duration) error {
 		}
 	}
 	c.Request.MaxWait = maxWait
+	if err := c.pacedKeep("max_wait_ms"); err != nil {
+		c.Request.MaxWait = 0
+		return err
+	}
 	return nil
 }
 
@@ -194,7 +271,7 @@ func (c *Check) MaxWait() time.Duration { return c.Request.MaxWait }
 // NewCheck starts a check under the rules of t, counting its invalid
 // requests in m.
 func NewCheck(t *Table, m *metrics.Metrics) *Check {
-	return &Check{Request{Table: t, Metrics: m}}
+	return &Check{Request{Table: t, Metrics: m, Class: t.DefaultClass()}}
 }
 
 // FromPeer marks the request as forwarded by an authenticated peer region:
@@ -394,7 +471,7 @@ func (c *Request) add(en *Entry, lims *Limits, key string, cost float64) (*Item,
 	if len(*list) >= MaxItems {
 		return nil, Invalid("attributes", "attributes: %w (%d)", errTooManyRules, MaxItems)
 	}
-	it := &Item{Rule: en.Rule, Key: key, Cost: cost, Entry: en, Limits: lims, Against: lims.Limit}
+	it := &Item{Rule: en.Rule, Key: key, Cost: cost, Keep: en.Keep(c.Class), Entry: en, Limits: lims, Against: lims.Limit}
 	*list = append(*list, it)
 	return it, nil
 }

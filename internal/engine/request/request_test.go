@@ -24,7 +24,7 @@ func TestAttributeBounds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	table := NewTable(set, 1, 1, m, nil)
+	table := NewTable(set, 1, 1, nil, m, nil)
 	extra := func(n int) map[string]string {
 		m := map[string]string{}
 		for i := range n {

@@ -70,6 +70,19 @@ type Entry struct {
 	// keys take their old homes' buckets (see the handoff package); nil:
 	// none.
 	Rehome *handoff.Rehoming
+	// Keeps are what a check of each priority class (by its index in the
+	// table's Classes) keeps of the rule's capacity for the classes above
+	// it (rules.Classes.Keeps); nil when the rule keeps no reserve.
+	Keeps []float64
+}
+
+// Keep is what a check of class (an index of the table's Classes) keeps
+// of the rule's capacity: 0 when the rule keeps no reserve.
+func (en *Entry) Keep(class int) float64 {
+	if class < len(en.Keeps) {
+		return en.Keeps[class]
+	}
+	return 0
 }
 
 // For returns the limits of key: its override's, or the rule's. It
@@ -84,26 +97,35 @@ func (en *Entry) For(key string) *Limits {
 }
 
 // Table is an immutable rule set ready for the engine's stages: its rules
-// by id, generation Gen, decided with the shares of Regions regions.
+// by id, generation Gen, decided with the shares of Regions regions, for
+// checks of the priority classes Classes.
 type Table struct {
 	Set     *rules.Set
 	Gen     uint64
 	Regions int
 	ByID    map[string]*Entry
+	Classes *rules.Classes
 }
 
-// NewTable makes the table of set. An entry of old whose rule is the same
-// (the same *rules.Rule: the rules source keeps the rules that did not
-// change) is taken over as it is, so a change of one rule costs one entry,
-// not a metric lookup per rule and result.
-func NewTable(set *rules.Set, gen uint64, regions int, m *metrics.Metrics, old *Table) *Table {
+// DefaultClass is the index of the class of a check that names none.
+func (t *Table) DefaultClass() int { return t.Classes.Index("") }
+
+// NewTable makes the table of set, for checks of the priority classes
+// classes (nil: rules.DefaultClasses). An entry of old whose rule is the
+// same (the same *rules.Rule: the rules source keeps the rules that did
+// not change) is taken over as it is, so a change of one rule costs one
+// entry, not a metric lookup per rule and result.
+func NewTable(set *rules.Set, gen uint64, regions int, classes *rules.Classes, m *metrics.Metrics, old *Table) *Table {
 	d, f := m.Decisions, m.Forwarded
-	t := &Table{Set: set, Gen: gen, Regions: regions, ByID: make(map[string]*Entry, len(set.Rules()))}
+	if classes == nil {
+		classes = rules.DefaultClassList()
+	}
+	t := &Table{Set: set, Gen: gen, Regions: regions, ByID: make(map[string]*Entry, len(set.Rules())), Classes: classes}
 	for _, r := range set.Rules() {
 		var rehome *handoff.Rehoming
 		if old != nil {
 			if en := old.ByID[r.ID]; en != nil {
-				if en.Rule == r && old.Regions == regions {
+				if en.Rule == r && old.Regions == regions && old.Classes == classes {
 					t.ByID[r.ID] = en
 					continue
 				}
@@ -156,6 +178,7 @@ func NewTable(set *rules.Set, gen uint64, regions int, m *metrics.Metrics, old *
 			ForwardedAllowed: f.WithLabelValues(id, metrics.ResultAllowed), ForwardedLimited: f.WithLabelValues(id, metrics.ResultLimited),
 			ForwardedFailed: f.WithLabelValues(id, metrics.ResultError),
 			Rehome:          rehome,
+			Keeps:           classes.Keeps(r),
 		}
 
 	}

@@ -38,6 +38,15 @@ type Tally struct {
 // Count updates the metrics of c, decided (allowed or not), and records
 // what it admitted for the other regions.
 func (t *Tally) Count(c *request.Request, allowed bool) {
+	result := metrics.PriorityAllowed
+	switch {
+	case allowed:
+	case c.Reserved():
+		result = metrics.PriorityReserved
+	default:
+		result = metrics.PriorityLimited
+	}
+	t.Metrics.PriorityDecisions.WithLabelValues(c.ClassName(), result).Inc()
 	var now int64 // read once, when a spend is recorded or a refusal counted
 	// Each of the region's instances holds its own unpublished spends: a
 	// key's budget is shared between them, so that the region's together

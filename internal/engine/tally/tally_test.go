@@ -41,7 +41,7 @@ func newTally(t *testing.T, yaml string, fleet int, affinity bool) (*Tally, *req
 	}
 	rec := &recorder{}
 	return &Tally{Metrics: m, Top: topkeys.New(64), Spends: rec, Fleet: func() int { return fleet }, KeyAffinity: affinity},
-		request.NewTable(set, 1, 1, m, nil), rec
+		request.NewTable(set, 1, 1, nil, m, nil), rec
 }
 
 const tallyRules = `rules:

@@ -58,7 +58,7 @@ type Request struct {
 // NewRequest starts a usage request under the rules of t, counting its
 // invalid requests in m.
 func NewRequest(t *request.Table, m *metrics.Metrics) *Request {
-	return &Request{r: request.Request{Table: t, Metrics: m}}
+	return &Request{r: request.Request{Table: t, Metrics: m, Class: t.DefaultClass()}}
 }
 
 // FromPeer marks the request as forwarded by a peer region: its keys are

@@ -45,6 +45,9 @@ func (s *Service) Check(ctx context.Context, req *limiterv1.CheckRequest) (*limi
 // front doors (forward-auth) that translate them themselves.
 func (s *Service) Decide(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
 	c := s.e.NewCheck()
+	if err := c.SetPriority(req.GetPriority()); err != nil {
+		return nil, err
+	}
 	if a := req.GetAttributes(); a != nil {
 		if req.GetRuleId() != "" || req.GetKey() != "" {
 			s.e.Invalid("attributes")
@@ -151,6 +154,13 @@ func Attributes(a *limiterv1.Attributes) *rules.Attributes {
 // every rule's status, shadow rules included.
 func Response(enforce, shadow []*request.Item, allowed, statuses bool) *limiterv1.CheckResponse {
 	resp := &limiterv1.CheckResponse{Allowed: allowed}
+	switch {
+	case allowed:
+	case request.Reserved(enforce):
+		resp.Reason = limiterv1.Reason_RESERVED
+	default:
+		resp.Reason = limiterv1.Reason_REASON_LIMIT
+	}
 	if top := request.MostRestrictive(enforce); top != nil {
 		d := top.Decision
 		resp.Remaining, resp.Limit = d.Remaining, d.Limit

@@ -41,6 +41,10 @@ import (
 //     wins. A descriptor needs at least one entry; a key given twice in one
 //     descriptor is an error (set descriptor_key on Envoy's actions to tell
 //     them apart).
+//   - An entry with the key priority is the request's priority class (see
+//     limiterd's --priority.classes; none or an unknown one: default), not
+//     an attribute: no rule matches or counts by it. Every descriptor that
+//     gives one must give the same; over 32 bytes is INVALID_ARGUMENT.
 //   - hits_addend is the cost (0 means 1); a descriptor's own hits_addend,
 //     when set and not 0, overrides it for that descriptor. Like the cost
 //     of a Check, it multiplies each rule's own cost. is_negative_hits is
@@ -71,6 +75,14 @@ import (
 // scaled to a per-second rate, or per minute, hour or day when that rate
 // rounds to less than 1. overall_code is OVER_LIMIT when any descriptor is,
 // OK otherwise, UNKNOWN for a request without descriptors.
+//
+// A request refused only for the reserve a rule keeps for more important
+// priority classes than its own is OVER_LIMIT too, as Envoy's API has no
+// other refusal: Envoy answers it with its filter's rate_limited_status
+// (429 by default). Its response_headers_to_add then always hold
+// x-ratelimit-reason: reserved and retry-after (whole seconds, rounded up),
+// which Envoy adds to its answer; put such rules (a fleet-wide shedder) in
+// a filter of their own with rate_limited_status 503 to answer them 503.
 //
 // response_headers_to_add is empty unless Options.QuotaHeaders is set (as
 // Envoy's reference service adds none unless configured): Envoy's filter
@@ -159,6 +171,8 @@ const (
 	envoyKeyPseudoPath    = ":path"
 	envoyKeyMethod        = "method"
 	envoyKeyPseudoMethod  = ":method"
+	// envoyKeyPriority is the request's priority class, not an attribute.
+	envoyKeyPriority = "priority"
 )
 
 // ShouldRateLimit decides every descriptor's rules together.
@@ -216,8 +230,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	defer s.putScratch(sc)
 	c := s.e.NewCheck()
 	a := rules.Attributes{Domain: req.GetDomain(), Extra: sc.extra}
+	var priority string
 	for i, desc := range descs {
-		descCost, err := envoyAttributes(&a, desc, cost)
+		descCost, err := envoyAttributes(&a, desc, cost, &priority)
 		if err != nil {
 			s.e.Invalid("attributes")
 			return nil, &request.InvalidError{Field: "attributes", Err: fmt.Errorf("descriptors[%d].%w", i, err)}
@@ -237,6 +252,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 		}
 		sc.sets = append(sc.sets, set)
 	}
+	if err := c.SetPriority(priority); err != nil {
+		return nil, err
+	}
 	allowed, err := s.e.Decide(ctx, c)
 	if err != nil {
 		return nil, err
@@ -248,6 +266,9 @@ func (s *Service) decide(ctx context.Context, req *rlsv3.RateLimitRequest) (*rls
 	if s.opts.QuotaHeaders {
 		all := c.Enforced()
 		resp.ResponseHeadersToAdd = quotaHeaders(all, request.MostRestrictive(all), allowed, time.Now())
+	}
+	if !allowed && c.Reserved() {
+		resp.ResponseHeadersToAdd = reservedHeaders(resp.ResponseHeadersToAdd, request.MostRestrictive(c.Enforced()))
 	}
 	return resp, nil
 }
@@ -287,8 +308,10 @@ func (s *Service) useLimit(regions int, l *ratelimitv3.RateLimitDescriptor_RateL
 }
 
 // envoyAttributes maps one descriptor onto a, keeping its domain and
-// reusing its Extra map (emptied first), and returns its cost.
-func envoyAttributes(a *rules.Attributes, desc *ratelimitv3.RateLimitDescriptor, cost float64) (float64, error) {
+// reusing its Extra map (emptied first), and returns its cost. Its
+// priority entry, if any, goes to priority, which must be empty or the
+// same.
+func envoyAttributes(a *rules.Attributes, desc *ratelimitv3.RateLimitDescriptor, cost float64, priority *string) (float64, error) {
 	*a = rules.Attributes{Domain: a.Domain, Extra: a.Extra}
 	clear(a.Extra)
 	if desc.GetIsNegativeHits() {
@@ -304,6 +327,7 @@ func envoyAttributes(a *rules.Attributes, desc *ratelimitv3.RateLimitDescriptor,
 	if len(entries) > MaxEntries {
 		return 0, fmt.Errorf("entries: %d entries, the most is %d", len(entries), MaxEntries)
 	}
+	attrs := 0 // the entries that are attributes
 	for j, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
 		if k == "" {
@@ -312,10 +336,18 @@ func envoyAttributes(a *rules.Attributes, desc *ratelimitv3.RateLimitDescriptor,
 		if len(k) > MaxValueBytes || len(v) > MaxValueBytes {
 			return 0, fmt.Errorf("entries[%d]: key or value over %d bytes", j, MaxValueBytes)
 		}
+		if k == envoyKeyPriority {
+			if *priority != "" && *priority != v {
+				return 0, fmt.Errorf("entries[%d]: priority %s, where another entry says %s: a request has one class", j, request.Quote(v), request.Quote(*priority))
+			}
+			*priority = v
+			continue
+		}
 		// One hash per entry: a key given before does not grow the map.
-		if a.Extra[k] = v; len(a.Extra) == j {
+		if a.Extra[k] = v; len(a.Extra) == attrs {
 			return 0, fmt.Errorf("entries[%d].key: %q given twice in one descriptor (set descriptor_key on Envoy's actions)", j, k)
 		}
+		attrs++
 		switch k {
 		case envoyKeyRemoteAddress:
 			a.IP = v

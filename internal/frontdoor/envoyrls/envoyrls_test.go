@@ -74,7 +74,8 @@ func TestEnvoyAttributes(t *testing.T) {
 	a := &rules.Attributes{Domain: "edge", Extra: map[string]string{}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cost, err := envoyAttributes(a, tt.desc, 2)
+			var priority string
+			cost, err := envoyAttributes(a, tt.desc, 2, &priority)
 			if err != nil {
 				t.Fatal(err)
 			}

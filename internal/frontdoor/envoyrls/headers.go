@@ -161,3 +161,24 @@ func appendSFString(buf []byte, s string) []byte {
 	}
 	return append(buf, '"')
 }
+
+// Headers of a refusal for the reserve of more important classes.
+const (
+	hReason       = "x-ratelimit-reason"
+	reasonReserve = "reserved"
+)
+
+// reservedHeaders adds to hs, the quota headers or none, what Envoy adds to
+// a refusal for the reserve of more important classes: the reason, and
+// retry-after by top's retry when the quota headers did not.
+func reservedHeaders(hs []*corev3.HeaderValue, top *request.Item) []*corev3.HeaderValue {
+	retry := true
+	for _, h := range hs {
+		retry = retry && h.GetKey() != hRetryAfter
+	}
+	if retry && top != nil {
+		hs = append(hs, &corev3.HeaderValue{Key: hRetryAfter,
+			Value: strconv.FormatInt(max(quota.CeilSeconds(request.CeilMillis(top.Decision.RetryAfter)), 1), 10)})
+	}
+	return append(hs, &corev3.HeaderValue{Key: hReason, Value: reasonReserve})
+}

@@ -32,6 +32,9 @@ const (
 	DefaultURIHeader    = "X-Forwarded-Uri"
 	DefaultMethodHeader = "X-Forwarded-Method"
 	DefaultIPHeader     = "X-Forwarded-For"
+	// DefaultPriorityHeader carries the request's priority class, which
+	// the proxy sets (overwriting the client's).
+	DefaultPriorityHeader = "X-Ratelimit-Priority"
 	// NoHeader turns a forward-auth header off.
 	NoHeader = "none"
 	// Path is the forward-auth route on the HTTP listener.
@@ -76,13 +79,13 @@ var headerNamePattern = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}$")
 // from; the proxy must set each itself. "" is off (NoHeader on the
 // command line).
 type Headers struct {
-	User, APIKey, Plan, URI, Method, IP string
+	User, APIKey, Plan, URI, Method, IP, Priority string
 }
 
 // DefaultHeaders are the headers Traefik's forwardAuth sends and the user
 // header an authentication layer in front sets; no API key, no plan.
 func DefaultHeaders() Headers {
-	return Headers{User: DefaultUserHeader, URI: DefaultURIHeader, Method: DefaultMethodHeader, IP: DefaultIPHeader}
+	return Headers{User: DefaultUserHeader, URI: DefaultURIHeader, Method: DefaultMethodHeader, IP: DefaultIPHeader, Priority: DefaultPriorityHeader}
 }
 
 // Validate checks the header names, each error naming its flag
@@ -110,6 +113,7 @@ func (h *Headers) flags() []headerFlag {
 		{"uri-header", "header with the original request URI", &h.URI},
 		{"method-header", "header with the original request method", &h.Method},
 		{"ip-header", "header with the client address, its rightmost entry", &h.IP},
+		{"priority-header", "header with the request's priority class (--priority.classes; missing or unknown: default), set by the proxy", &h.Priority},
 	}
 }
 
@@ -177,11 +181,11 @@ func (c Config) Validate() error {
 
 // headers are the request headers forward-auth trusts, each "" when off.
 type headers struct {
-	user, apiKey, plan, uri, method, ip string
+	user, apiKey, plan, uri, method, ip, priority string
 }
 
 func (h Headers) on() headers {
-	return headers{user: h.User, apiKey: h.APIKey, plan: h.Plan, uri: h.URI, method: h.Method, ip: h.IP}
+	return headers{user: h.User, apiKey: h.APIKey, plan: h.Plan, uri: h.URI, method: h.Method, ip: h.IP, priority: h.Priority}
 }
 
 // forwardAuthHandler answers nginx auth_request and Traefik forwardAuth: it
@@ -190,6 +194,9 @@ func (h Headers) on() headers {
 //
 //   - 200 with the quota headers when allowed;
 //   - 429 with Retry-After and the quota headers when over the limit;
+//   - 503 with Retry-After and the quota headers when refused only for
+//     the reserve a rule keeps for more important priority classes than
+//     the request's (its priority header);
 //   - 503 when a fail-closed rule cannot be decided;
 //   - 400 when a configured header is missing or invalid (no identity, a
 //     URI that is not a path or that the backend could read as another
@@ -223,7 +230,11 @@ func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
 			refuse(http.StatusBadRequest, err.Error())
 			return
 		}
-		resp, err := svc.Decide(r.Context(), &limiterv1.CheckRequest{Attributes: a})
+		req := &limiterv1.CheckRequest{Attributes: a}
+		if h.priority != "" {
+			req.Priority = r.Header.Get(h.priority)
+		}
+		resp, err := svc.Decide(r.Context(), req)
 		if err != nil {
 			var inv *request.InvalidError
 			switch {
@@ -246,6 +257,10 @@ func Handler(hs Headers, svc *checkapi.Service, log *slog.Logger) http.Handler {
 		}
 		httplimit.SetHeaders(w.Header(), resp, time.Now())
 		if !resp.GetAllowed() {
+			if resp.GetReason() == limiterv1.Reason_RESERVED {
+				refuse(http.StatusServiceUnavailable, "service busy: lower priority requests are shed")
+				return
+			}
 			refuse(http.StatusTooManyRequests, "too many requests")
 			return
 		}

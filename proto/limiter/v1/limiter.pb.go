@@ -23,6 +23,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// Why a check was refused (CheckResponse.reason).
+type Reason int32
+
+const (
+	// The check was allowed.
+	Reason_REASON_UNSPECIFIED Reason = 0
+	// Refused for a limit: the client is over it (HTTP 429, Envoy OVER_LIMIT).
+	Reason_REASON_LIMIT Reason = 1
+	// Refused only for the reserves of the priority classes above the
+	// check's: the service sheds load (gRPC UNAVAILABLE semantics, HTTP 503).
+	Reason_RESERVED Reason = 2
+)
+
+// Enum value maps for Reason.
+var (
+	Reason_name = map[int32]string{
+		0: "REASON_UNSPECIFIED",
+		1: "REASON_LIMIT",
+		2: "RESERVED",
+	}
+	Reason_value = map[string]int32{
+		"REASON_UNSPECIFIED": 0,
+		"REASON_LIMIT":       1,
+		"RESERVED":           2,
+	}
+)
+
+func (x Reason) Enum() *Reason {
+	p := new(Reason)
+	*p = x
+	return p
+}
+
+func (x Reason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Reason) Descriptor() protoreflect.EnumDescriptor {
+	return file_limiter_v1_limiter_proto_enumTypes[0].Descriptor()
+}
+
+func (Reason) Type() protoreflect.EnumType {
+	return &file_limiter_v1_limiter_proto_enumTypes[0]
+}
+
+func (x Reason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Reason.Descriptor instead.
+func (Reason) EnumDescriptor() ([]byte, []int) {
+	return file_limiter_v1_limiter_proto_rawDescGZIP(), []int{0}
+}
+
 type GetUsageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The rule and key, validated as a check's.
@@ -932,7 +986,15 @@ type CheckRequest struct {
 	// region's, or a pinned key's home region's) answers one: a fallback
 	// decision's estimate stands. A rule with token leases is decided in
 	// the store for such a check.
-	Settle        bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
+	Settle bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
+	// The request's priority class, one of limiterd's --priority.classes
+	// (critical, default and sheddable unless configured), at most 32 bytes:
+	// a longer one is INVALID_ARGUMENT naming priority. Empty or a class not
+	// configured: default. A token bucket or GCRA rule's reserve keeps part
+	// of its capacity for the classes above this one; a refusal for that
+	// alone answers reason RESERVED. A check of a class that keeps a
+	// reserve cannot be paced (max_wait_ms): INVALID_ARGUMENT.
+	Priority      string `protobuf:"bytes,7,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1007,6 +1069,13 @@ func (x *CheckRequest) GetSettle() bool {
 		return x.Settle
 	}
 	return false
+}
+
+func (x *CheckRequest) GetPriority() string {
+	if x != nil {
+		return x.Priority
+	}
+	return ""
 }
 
 // Attributes of a request. Identities (api_key, user, ip) must come from the
@@ -1145,7 +1214,14 @@ type CheckResponse struct {
 	// A check with settle allowed in a store: names the spend for Settle,
 	// until the rule's settle_within has passed. Opaque, at most 2 KiB, not
 	// forgeable. Empty otherwise.
-	Settlement    string `protobuf:"bytes,11,opt,name=settlement,proto3" json:"settlement,omitempty"`
+	Settlement string `protobuf:"bytes,11,opt,name=settlement,proto3" json:"settlement,omitempty"`
+	// Why the check was refused: REASON_LIMIT, or RESERVED when it was refused
+	// only for the reserves its priority class keeps for the classes above
+	// it (it would have passed as the most important class). Answer RESERVED
+	// as the service shedding load, with UNAVAILABLE semantics (HTTP 503 and
+	// Retry-After: retry_after_ms), not as the client over its limit (429).
+	// REASON_UNSPECIFIED when allowed.
+	Reason        Reason `protobuf:"varint,12,opt,name=reason,proto3,enum=limiter.v1.Reason" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1255,6 +1331,13 @@ func (x *CheckResponse) GetSettlement() string {
 		return x.Settlement
 	}
 	return ""
+}
+
+func (x *CheckResponse) GetReason() Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return Reason_REASON_UNSPECIFIED
 }
 
 // RuleStatus is one rule's verdict on an attribute-based check.
@@ -1444,7 +1527,7 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\arenewed\x18\x01 \x01(\bR\arenewed\x12+\n" +
 	"\x12expires_at_unix_ms\x18\x02 \x01(\x03R\x0fexpiresAtUnixMs\x12 \n" +
 	"\flease_ttl_ms\x18\x03 \x01(\x03R\n" +
-	"leaseTtlMs\"\xbd\x01\n" +
+	"leaseTtlMs\"\xd9\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
@@ -1453,7 +1536,8 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
 	"attributes\x12\x1e\n" +
 	"\vmax_wait_ms\x18\x05 \x01(\x03R\tmaxWaitMs\x12\x16\n" +
-	"\x06settle\x18\x06 \x01(\bR\x06settle\"\x94\x02\n" +
+	"\x06settle\x18\x06 \x01(\bR\x06settle\x12\x1a\n" +
+	"\bpriority\x18\a \x01(\tR\bpriority\"\x94\x02\n" +
 	"\n" +
 	"Attributes\x12\x17\n" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
@@ -1467,7 +1551,7 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"ExtraEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xee\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9a\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x1c\n" +
 	"\tremaining\x18\x02 \x01(\x01R\tremaining\x12\x14\n" +
@@ -1482,7 +1566,8 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	" \x01(\tR\vreservation\x12\x1e\n" +
 	"\n" +
 	"settlement\x18\v \x01(\tR\n" +
-	"settlement\"\x8d\x02\n" +
+	"settlement\x12*\n" +
+	"\x06reason\x18\f \x01(\x0e2\x12.limiter.v1.ReasonR\x06reason\"\x8d\x02\n" +
 	"\n" +
 	"RuleStatus\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x18\n" +
@@ -1493,7 +1578,11 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x0ereset_after_ms\x18\x06 \x01(\x03R\fresetAfterMs\x12\x1b\n" +
 	"\twindow_ms\x18\a \x01(\x03R\bwindowMs\x12\x16\n" +
 	"\x06shadow\x18\b \x01(\bR\x06shadow\x12\x17\n" +
-	"\await_ms\x18\t \x01(\x03R\x06waitMs2\xf7\x03\n" +
+	"\await_ms\x18\t \x01(\x03R\x06waitMs*@\n" +
+	"\x06Reason\x12\x16\n" +
+	"\x12REASON_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fREASON_LIMIT\x10\x01\x12\f\n" +
+	"\bRESERVED\x10\x022\xf7\x03\n" +
 	"\aLimiter\x12<\n" +
 	"\x05Check\x12\x18.limiter.v1.CheckRequest\x1a\x19.limiter.v1.CheckResponse\x12B\n" +
 	"\aAcquire\x12\x1a.limiter.v1.AcquireRequest\x1a\x1b.limiter.v1.AcquireResponse\x12B\n" +
@@ -1515,54 +1604,57 @@ func file_limiter_v1_limiter_proto_rawDescGZIP() []byte {
 	return file_limiter_v1_limiter_proto_rawDescData
 }
 
+var file_limiter_v1_limiter_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_limiter_v1_limiter_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_limiter_v1_limiter_proto_goTypes = []any{
-	(*GetUsageRequest)(nil),           // 0: limiter.v1.GetUsageRequest
-	(*GetUsageResponse)(nil),          // 1: limiter.v1.GetUsageResponse
-	(*RuleUsage)(nil),                 // 2: limiter.v1.RuleUsage
-	(*CancelReservationRequest)(nil),  // 3: limiter.v1.CancelReservationRequest
-	(*CancelReservationResponse)(nil), // 4: limiter.v1.CancelReservationResponse
-	(*SettleRequest)(nil),             // 5: limiter.v1.SettleRequest
-	(*SettleResponse)(nil),            // 6: limiter.v1.SettleResponse
-	(*AcquireRequest)(nil),            // 7: limiter.v1.AcquireRequest
-	(*AcquireResponse)(nil),           // 8: limiter.v1.AcquireResponse
-	(*ReleaseRequest)(nil),            // 9: limiter.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),           // 10: limiter.v1.ReleaseResponse
-	(*RenewRequest)(nil),              // 11: limiter.v1.RenewRequest
-	(*RenewResponse)(nil),             // 12: limiter.v1.RenewResponse
-	(*CheckRequest)(nil),              // 13: limiter.v1.CheckRequest
-	(*Attributes)(nil),                // 14: limiter.v1.Attributes
-	(*CheckResponse)(nil),             // 15: limiter.v1.CheckResponse
-	(*RuleStatus)(nil),                // 16: limiter.v1.RuleStatus
-	nil,                               // 17: limiter.v1.Attributes.ExtraEntry
+	(Reason)(0),                       // 0: limiter.v1.Reason
+	(*GetUsageRequest)(nil),           // 1: limiter.v1.GetUsageRequest
+	(*GetUsageResponse)(nil),          // 2: limiter.v1.GetUsageResponse
+	(*RuleUsage)(nil),                 // 3: limiter.v1.RuleUsage
+	(*CancelReservationRequest)(nil),  // 4: limiter.v1.CancelReservationRequest
+	(*CancelReservationResponse)(nil), // 5: limiter.v1.CancelReservationResponse
+	(*SettleRequest)(nil),             // 6: limiter.v1.SettleRequest
+	(*SettleResponse)(nil),            // 7: limiter.v1.SettleResponse
+	(*AcquireRequest)(nil),            // 8: limiter.v1.AcquireRequest
+	(*AcquireResponse)(nil),           // 9: limiter.v1.AcquireResponse
+	(*ReleaseRequest)(nil),            // 10: limiter.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),           // 11: limiter.v1.ReleaseResponse
+	(*RenewRequest)(nil),              // 12: limiter.v1.RenewRequest
+	(*RenewResponse)(nil),             // 13: limiter.v1.RenewResponse
+	(*CheckRequest)(nil),              // 14: limiter.v1.CheckRequest
+	(*Attributes)(nil),                // 15: limiter.v1.Attributes
+	(*CheckResponse)(nil),             // 16: limiter.v1.CheckResponse
+	(*RuleStatus)(nil),                // 17: limiter.v1.RuleStatus
+	nil,                               // 18: limiter.v1.Attributes.ExtraEntry
 }
 var file_limiter_v1_limiter_proto_depIdxs = []int32{
-	14, // 0: limiter.v1.GetUsageRequest.attributes:type_name -> limiter.v1.Attributes
-	2,  // 1: limiter.v1.GetUsageResponse.usages:type_name -> limiter.v1.RuleUsage
-	14, // 2: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
-	16, // 3: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	14, // 4: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
-	17, // 5: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
-	16, // 6: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
-	13, // 7: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	7,  // 8: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
-	9,  // 9: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
-	11, // 10: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
-	3,  // 11: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
-	5,  // 12: limiter.v1.Limiter.Settle:input_type -> limiter.v1.SettleRequest
-	0,  // 13: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
-	15, // 14: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	8,  // 15: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
-	10, // 16: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
-	12, // 17: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
-	4,  // 18: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
-	6,  // 19: limiter.v1.Limiter.Settle:output_type -> limiter.v1.SettleResponse
-	1,  // 20: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
-	14, // [14:21] is the sub-list for method output_type
-	7,  // [7:14] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	15, // 0: limiter.v1.GetUsageRequest.attributes:type_name -> limiter.v1.Attributes
+	3,  // 1: limiter.v1.GetUsageResponse.usages:type_name -> limiter.v1.RuleUsage
+	15, // 2: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
+	17, // 3: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
+	15, // 4: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	18, // 5: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	17, // 6: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	0,  // 7: limiter.v1.CheckResponse.reason:type_name -> limiter.v1.Reason
+	14, // 8: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	8,  // 9: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
+	10, // 10: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
+	12, // 11: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
+	4,  // 12: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
+	6,  // 13: limiter.v1.Limiter.Settle:input_type -> limiter.v1.SettleRequest
+	1,  // 14: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
+	16, // 15: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	9,  // 16: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
+	11, // 17: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
+	13, // 18: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
+	5,  // 19: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
+	7,  // 20: limiter.v1.Limiter.Settle:output_type -> limiter.v1.SettleResponse
+	2,  // 21: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
+	15, // [15:22] is the sub-list for method output_type
+	8,  // [8:15] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_limiter_proto_init() }
@@ -1575,13 +1667,14 @@ func file_limiter_v1_limiter_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_limiter_v1_limiter_proto_rawDesc), len(file_limiter_v1_limiter_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_limiter_v1_limiter_proto_goTypes,
 		DependencyIndexes: file_limiter_v1_limiter_proto_depIdxs,
+		EnumInfos:         file_limiter_v1_limiter_proto_enumTypes,
 		MessageInfos:      file_limiter_v1_limiter_proto_msgTypes,
 	}.Build()
 	File_limiter_v1_limiter_proto = out.File

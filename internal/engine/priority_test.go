@@ -1,0 +1,161 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/rules"
+)
+
+const priorityRules = `
+rules:
+  - id: shed
+    capacity: 100
+    refill_per_second: 0.001
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+  - id: plain
+    algorithm: fixed_window
+    limit: 1000
+    window: 1h
+`
+
+func priorityEngine(t *testing.T, opts Options) (*Engine, *prometheus.Registry) {
+	t.Helper()
+	set, err := rules.Parse("priority.yml", []byte(priorityRules))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	opts.Store, opts.Logger = newFaultStore(), quietLogger()
+	e, err := New(opts, set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, reg
+}
+
+// priorityCheck checks rules shed and plain for key by class.
+func priorityCheck(t *testing.T, e *Engine, class string, cost float64) (*request.Check, bool) {
+	t.Helper()
+	c := e.NewCheck()
+	if err := c.SetPriority(class); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddRule("shed", "all", cost); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddRule("plain", "all", 1); err != nil {
+		t.Fatal(err)
+	}
+	ok, err := e.Decide(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, ok
+}
+
+// TestPriorityReserve: each class spends the shared bucket down to what
+// it keeps for the classes above it; a refusal for the reserve only is
+// Reserved and counted as such by class; the deny cache does not hold it
+// against a more important class.
+func TestPriorityReserve(t *testing.T) {
+	e, reg := priorityEngine(t, Options{})
+	for _, step := range []struct {
+		class    string
+		cost     float64
+		allowed  bool
+		reserved bool
+	}{
+		{"sheddable", 75, true, false},
+		{"sheddable", 1, false, true},
+		{"", 5, true, false},              // default
+		{"no-such-class", 1, false, true}, // default too
+		{"sheddable", 1, false, true},
+		{"critical", 20, true, false},
+		{"critical", 1, false, false}, // empty: refused by the limit
+	} {
+		c, ok := priorityCheck(t, e, step.class, step.cost)
+		if ok != step.allowed || c.Reserved() != step.reserved {
+			t.Fatalf("%q cost %v: allowed %v, reserved %v; want %v, %v", step.class, step.cost, ok, c.Reserved(), step.allowed, step.reserved)
+		}
+	}
+	want := `
+# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# TYPE limiter_priority_decisions_total counter
+limiter_priority_decisions_total{class="critical",result="allowed"} 1
+limiter_priority_decisions_total{class="critical",result="limited"} 1
+limiter_priority_decisions_total{class="critical",result="reserved"} 0
+limiter_priority_decisions_total{class="default",result="allowed"} 1
+limiter_priority_decisions_total{class="default",result="limited"} 0
+limiter_priority_decisions_total{class="default",result="reserved"} 1
+limiter_priority_decisions_total{class="sheddable",result="allowed"} 1
+limiter_priority_decisions_total{class="sheddable",result="limited"} 0
+limiter_priority_decisions_total{class="sheddable",result="reserved"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPriorityClassesConfigured: the classes and their order come from
+// Options.Classes; a rule whose reserve names another class is refused.
+func TestPriorityClassesConfigured(t *testing.T) {
+	classes, err := rules.ParseClasses("gold,critical,default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, _ := priorityEngine(t, Options{Classes: classes})
+	// Default keeps the reserves of the classes above it: gold's (none)
+	// and critical's (0.2).
+	if _, ok := priorityCheck(t, e, "", 80); !ok {
+		t.Fatal("default could not spend down to 20%")
+	}
+	if c, ok := priorityCheck(t, e, "", 1); ok || !c.Reserved() {
+		t.Fatal("default spent into critical's reserve")
+	}
+	if _, ok := priorityCheck(t, e, "gold", 20); !ok {
+		t.Fatal("gold could not spend the rest")
+	}
+	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: a\n    capacity: 1\n    refill_per_second: 1\n    reserve: {sheddable: 0.5}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var re *rules.Error
+	if err := e.SetRules(set); !errors.As(err, &re) || re.Field != "reserve.sheddable" {
+		t.Fatalf("SetRules with a class not configured = %v, want an *rules.Error naming reserve.sheddable", err)
+	}
+}
+
+// TestPriorityInvalid: an over-long class name, and a paced check of a
+// class that keeps a reserve, are invalid, naming the field.
+func TestPriorityInvalid(t *testing.T) {
+	e, _ := priorityEngine(t, Options{})
+	c := e.NewCheck()
+	var inv *request.InvalidError
+	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &inv) || inv.Field != "priority" {
+		t.Fatalf("SetPriority(33 bytes) = %v, want an InvalidError naming priority", err)
+	}
+	if _, err := c.AddRule("shed", "all", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Pace(time.Second); !errors.As(err, &inv) || inv.Field != "max_wait_ms" {
+		t.Fatalf("Pace of a default check keeping a reserve = %v, want an InvalidError naming max_wait_ms", err)
+	}
+	if err := c.SetPriority("critical"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Pace(time.Second); err != nil {
+		t.Fatalf("Pace of a critical check: %v", err)
+	}
+	if err := c.SetPriority("sheddable"); !errors.As(err, &inv) || inv.Field != "priority" {
+		t.Fatalf("SetPriority(sheddable) of a paced check = %v, want an InvalidError naming priority", err)
+	}
+}
