@@ -151,7 +151,9 @@ func BenchmarkScriptCost(b *testing.B) {
 // first). check: 20,000 single token bucket checks through the store, 64
 // callers over 4,000 keys. debit/clients=N: 20,000 debits through
 // ApplyDebits, one message at a time of N distinct clients, one token
-// bucket rule each. d/c is a debit's cost in checks:
+// bucket rule each; /refilled: spends of a client absent here that had
+// refilled. record: a message's flush record (FirstSeen). d/c is a
+// debit's (or a record's) cost in checks:
 //
 //	go test -run '^$' -bench DebitCost -benchtime 1x ./internal/redisstore
 //
@@ -217,6 +219,25 @@ func BenchmarkDebitCost(b *testing.B) {
 			})
 		}
 		b.ReportMetric(check, "redis-µs/check")
+	})
+	// A message's flush record (FirstSeen): two script calls, one per
+	// copy, on the one primary here.
+	b.Run("record", func(b *testing.B) {
+		var r float64
+		for range b.N {
+			r = phase(func() {
+				for i := range ops {
+					pos := Position{Epoch: 1, Seq: uint64(i + 1)}
+					if _, err := s.FirstSeen(ctx, "eu.0", "bench-"+strconv.Itoa(b.N), uint64(i), 0, pos, time.Minute); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+		b.ReportMetric(r, "redis-µs/message")
+		if check > 0 {
+			b.ReportMetric(r/check, "d/c")
+		}
 	})
 	seq := uint64(0)
 	// The long tail: one token of a 100-a-minute rule, admitted 30 s
