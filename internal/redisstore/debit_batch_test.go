@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -265,11 +266,35 @@ func resetStats(t *testing.T, addrs []string) {
 	}
 }
 
+// spreadLimits are debitLimits with windows of an hour: the batched and
+// the one-client debits of TestApplyDebitsBatched, seconds apart, fall in
+// the same window (see awayFromHour).
+var spreadLimits = func() []bucket.Limit {
+	out := slices.Clone(debitLimits)
+	for i := range out {
+		if out[i].Window > 0 {
+			out[i].Window = time.Hour
+		}
+	}
+	return out
+}()
+
+// awayFromHour waits, when the next window of an hour starts within a
+// minute, until it has started.
+func awayFromHour(t *testing.T) {
+	t.Helper()
+	now := time.Now()
+	if left := now.Truncate(time.Hour).Add(time.Hour).Sub(now); left < time.Minute {
+		t.Logf("waiting %v for the next hour", left)
+		time.Sleep(left + time.Second)
+	}
+}
+
 // spread are n clients of every algorithm, with amounts 1 to 7.
 func spread(prefix string, n int) []ClientDebits {
 	out := make([]ClientDebits, n)
 	for i := range out {
-		lim := debitLimits[i%len(debitLimits)]
+		lim := spreadLimits[i%len(spreadLimits)]
 		out[i] = ClientDebits{Key: prefix + strconv.Itoa(i), Debits: []Debit{{Rule: "r", Limit: lim, Amount: float64(1 + i%7)}}}
 	}
 	return out
@@ -296,6 +321,7 @@ func TestApplyDebitsBatched(t *testing.T) {
 func testApplyDebitsBatched(t *testing.T, addrs []string) {
 	s, _ := newTestStore(t, Options{Addrs: addrs, Timeout: time.Second})
 	ctx := context.Background()
+	awayFromHour(t)
 	const n = 300
 	batched, alone := spread("b-", n), spread("a-", n)
 	pos := Position{Epoch: 1, Seq: 1}
