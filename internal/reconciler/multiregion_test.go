@@ -254,9 +254,10 @@ func (s *stack) count(region, key string) float64 {
 // waitSpendsFlow checks one new key of rule in each region and waits until
 // every other region has applied it: spends flow between every pair of
 // regions, not only are the streams made (a stream source starts reading
-// some time after it is made). Applied is read from each reconciler's
-// counter, not from the key in Redis: a small debit of a fast-refilling
-// bucket may expire before a poll sees it.
+// some time after it is made). Arrival is read from each reconciler's
+// counters of clients applied and refilled, not from the key in Redis: a
+// small spend of a fast-refilling bucket may have refilled by the time it
+// arrives (then nothing is written) or expire before a poll sees it.
 func (s *stack) waitSpendsFlow(rule string) time.Duration {
 	s.t.Helper()
 	start := time.Now()
@@ -264,6 +265,7 @@ func (s *stack) waitSpendsFlow(rule string) time.Duration {
 		var n float64
 		for _, rec := range s.regions[to].recs {
 			n += testutil.ToFloat64(rec.m.apply.Applied.WithLabelValues(from))
+			n += testutil.ToFloat64(rec.m.apply.Refilled.WithLabelValues(from))
 		}
 		return n
 	}
