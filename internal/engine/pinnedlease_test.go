@@ -87,11 +87,11 @@ func (h *engineHome) AcquireLease(ctx context.Context, id string) (concurrency.H
 	return hl, nil
 }
 
-func (h *engineHome) ReleaseLease(ctx context.Context, id string) (bool, error) {
+func (h *engineHome) ReleaseLease(ctx context.Context, id string, sample *bucket.LeaseSample) (bool, error) {
 	if err := h.call(metrics.CallRelease); err != nil {
 		return false, err
 	}
-	return h.e.Concurrency().PeerRelease(ctx, id)
+	return h.e.Concurrency().PeerRelease(ctx, id, sample)
 }
 
 func (h *engineHome) RenewLease(ctx context.Context, id string) (bool, time.Time, time.Duration, error) {
@@ -162,13 +162,13 @@ func TestPinnedLeaseHeldAtHome(t *testing.T) {
 	if ok, l, err := eu.Concurrency().Renew(ctx, l1.ID); !ok || err != nil || l.TTL != 10*time.Second {
 		t.Fatalf("Renew through eu of a lease taken through us: %v, %v, %v", ok, l, err)
 	}
-	if ok, err := eu.Concurrency().Release(ctx, l1.ID); !ok || err != nil {
+	if ok, err := eu.Concurrency().Release(ctx, l1.ID, nil); !ok || err != nil {
 		t.Fatalf("Release through eu: %v, %v", ok, err)
 	}
-	if ok, err := us.Concurrency().Release(ctx, l2.ID); !ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l2.ID, nil); !ok || err != nil {
 		t.Fatalf("Release through us of a lease taken in eu: %v, %v", ok, err)
 	}
-	if ok, err := us.Concurrency().Release(ctx, l2.ID); ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l2.ID, nil); ok || err != nil {
 		t.Fatalf("a second Release: %v, %v; want not released", ok, err)
 	}
 }
@@ -282,7 +282,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	notInvalid := 0
 	for range 500 {
 		var inv *request.InvalidError
-		released, err := us.Concurrency().Release(ctx, forged.String())
+		released, err := us.Concurrency().Release(ctx, forged.String(), nil)
 		if !errors.As(err, &inv) || inv.Field != "lease_id" || released {
 			notInvalid++
 		}
@@ -295,7 +295,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 		t.Fatalf("500 Releases and 500 Renews of a local lease said to be held in eu: %d not refused as invalid lease_id, calls to eu %v; want all refused, no call",
 			notInvalid, toEU.calls)
 	}
-	if ok, err := us.Concurrency().Release(ctx, l.ID); !ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l.ID, nil); !ok || err != nil {
 		t.Fatalf("Release of the real lease: %v, %v", ok, err)
 	}
 
@@ -312,7 +312,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("mixed Acquire: %v, %v", ok, err)
 	}
-	if ok, err := eu.Concurrency().Release(ctx, mixed.ID); !ok || err != nil {
+	if ok, err := eu.Concurrency().Release(ctx, mixed.ID, nil); !ok || err != nil {
 		t.Fatalf("Release through eu of a mixed lease taken through us: %v, %v", ok, err)
 	}
 	for i := range 5 {
