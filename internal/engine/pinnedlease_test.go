@@ -33,6 +33,13 @@ const pinnedLeaseRules = `rules:
     algorithm: concurrency
     limit: 5
     lease_ttl: 10s
+  - id: pin-adaptive
+    algorithm: concurrency
+    limit: 1
+    lease_ttl: 10s
+    home: pinned
+    home_keys: {k: eu}
+    adaptive: {min: 1, max: 4, target_latency: 100ms}
 `
 
 // engineHome is a home region's engine, reached in-process as a peer
@@ -318,6 +325,26 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	for i := range 5 {
 		if ok, _, err := acquireRule(t, us, "local", "m"); !ok || err != nil {
 			t.Fatalf("local acquire %d after the mixed lease's release: %v, %v (its local part still held)", i, ok, err)
+		}
+	}
+}
+
+// TestPinnedAdaptiveSample: a Release through another region than the
+// key's home carries its sample there, where the key's limit is kept.
+func TestPinnedAdaptiveSample(t *testing.T) {
+	us, _, _, _ := newPinnedPair(t)
+	ctx := context.Background()
+	ok, l, err := acquireRule(t, us, "pin-adaptive", "k")
+	if !ok || err != nil {
+		t.Fatalf("acquire: %v, %v", ok, err)
+	}
+	if ok, err := us.Concurrency().Release(ctx, l.ID, &bucket.LeaseSample{Duration: time.Millisecond}); !ok || err != nil {
+		t.Fatalf("release through us: %v, %v", ok, err)
+	}
+	// One fast sample at a limit of 1 makes it 2, at the home.
+	for i := range 2 {
+		if ok, _, err := acquireRule(t, us, "pin-adaptive", "k"); !ok || err != nil {
+			t.Fatalf("acquire %d of 2 after a fast sample: %v, %v", i+1, ok, err)
 		}
 	}
 }
