@@ -107,7 +107,7 @@ func Usage(clock Clock) string { return withAll(clock, "usage") }
 // LeaseUsage returns the script that reads the leases of concurrency rules
 // held now, changing nothing (see lease_usage.lua).
 func LeaseUsage(clock Clock) string {
-	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("lease_usage")
+	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("leases") + mustRead("lease_usage")
 }
 
 // Undo returns the script that gives back the spends of an all-or-nothing

@@ -209,7 +209,7 @@ func TestTrackedLeasesBoundPerRule(t *testing.T) {
 	if n := strings.Count(logs.String(), "rule=flood"); n != 1 || !strings.Contains(logs.String(), fmt.Sprint(inflight.MaxTrackedLeasesPerRule)) {
 		t.Errorf("want one warning naming the rule and the bound, got:\n%s", logs.String())
 	}
-	if ok, err := e.Concurrency().Release(context.Background(), first.ID); !ok || err != nil {
+	if ok, err := e.Concurrency().Release(context.Background(), first.ID, nil); !ok || err != nil {
 		t.Fatalf("Release: %v, %v", ok, err)
 	}
 	acquire("flood", "again")

@@ -93,7 +93,7 @@ func TestAcquireReleaseRenew(t *testing.T) {
 		t.Fatalf("renew = %v, %+v, %v", ok, l, err)
 	}
 	for i, want := range []bool{true, false} {
-		if got, err := e.Concurrency().Release(ctx, l1.ID); got != want || err != nil {
+		if got, err := e.Concurrency().Release(ctx, l1.ID, nil); got != want || err != nil {
 			t.Fatalf("release %d = %v, %v; want %v (idempotent)", i, got, err, want)
 		}
 	}
@@ -125,15 +125,15 @@ func TestAcquireMixedAllOrNothing(t *testing.T) {
 	if ok || err != nil || c.Leases()[0].Decision.Allowed {
 		t.Fatalf("third acquire = %v, %v; want refused by the concurrency rule", ok, err)
 	}
-	_, _ = e.Concurrency().Release(ctx, leases[0].ID)
+	_, _ = e.Concurrency().Release(ctx, leases[0].ID, nil)
 	// The last token is still there (the refusal spent none): spend it;
 	// then the rate rule refuses, and no lease is held.
 	if ok, l, _, err := acquireAttrs(t, e, a); !ok || err != nil {
 		t.Fatalf("acquire = %v, %v", ok, err)
 	} else {
-		_, _ = e.Concurrency().Release(ctx, l.ID)
+		_, _ = e.Concurrency().Release(ctx, l.ID, nil)
 	}
-	_, _ = e.Concurrency().Release(ctx, leases[1].ID)
+	_, _ = e.Concurrency().Release(ctx, leases[1].ID, nil)
 	ok, l, c, err := acquireAttrs(t, e, a)
 	if ok || err != nil || l != nil {
 		t.Fatalf("acquire with the rate rule empty = %v, %v, %v; want refused", ok, l, err)
@@ -211,7 +211,7 @@ func TestLeaseIDValidation(t *testing.T) {
 		{"forged nonce", forged.String(), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			released, err := e.Concurrency().Release(ctx, tt.id)
+			released, err := e.Concurrency().Release(ctx, tt.id, nil)
 			var inv *request.InvalidError
 			if tt.invalid {
 				if !errors.As(err, &inv) || inv.Field != "lease_id" {
@@ -253,7 +253,7 @@ func TestAcquireStoreFailure(t *testing.T) {
 		t.Fatalf("fail-closed acquire with the store down: %v, want ErrUnavailable", err)
 	}
 	store.setFail(nil)
-	if released, err := e.Concurrency().Release(ctx, l.ID); !released || err != nil {
+	if released, err := e.Concurrency().Release(ctx, l.ID, nil); !released || err != nil {
 		t.Fatalf("release of the fallback lease = %v, %v", released, err)
 	}
 }

@@ -45,7 +45,9 @@ func (h *failingHome) AcquireLease(context.Context, string) (concurrency.HomeLea
 	h.calls++
 	return concurrency.HomeLease{}, h.err
 }
-func (h *failingHome) ReleaseLease(context.Context, string) (bool, error) { return false, h.err }
+func (h *failingHome) ReleaseLease(context.Context, string, *bucket.LeaseSample) (bool, error) {
+	return false, h.err
+}
 func (h *failingHome) RenewLease(context.Context, string) (bool, time.Time, time.Duration, error) {
 	return false, time.Time{}, 0, h.err
 }

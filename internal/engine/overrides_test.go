@@ -117,7 +117,7 @@ func TestOverridesPerKey(t *testing.T) {
 					t.Errorf("reports/%s: %d of 5 leases held, limit %v; want %d", tt.key, len(held), limit, tt.want)
 				}
 				for _, id := range held {
-					if ok, err := e.Concurrency().Release(context.Background(), id); !ok || err != nil {
+					if ok, err := e.Concurrency().Release(context.Background(), id, nil); !ok || err != nil {
 						t.Errorf("release of %s: %v, %v", tt.key, ok, err)
 					}
 				}

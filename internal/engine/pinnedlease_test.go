@@ -33,6 +33,13 @@ const pinnedLeaseRules = `rules:
     algorithm: concurrency
     limit: 5
     lease_ttl: 10s
+  - id: pin-adaptive
+    algorithm: concurrency
+    limit: 1
+    lease_ttl: 10s
+    home: pinned
+    home_keys: {k: eu}
+    adaptive: {min: 1, max: 4, target_latency: 100ms}
 `
 
 // engineHome is a home region's engine, reached in-process as a peer
@@ -87,11 +94,11 @@ func (h *engineHome) AcquireLease(ctx context.Context, id string) (concurrency.H
 	return hl, nil
 }
 
-func (h *engineHome) ReleaseLease(ctx context.Context, id string) (bool, error) {
+func (h *engineHome) ReleaseLease(ctx context.Context, id string, sample *bucket.LeaseSample) (bool, error) {
 	if err := h.call(metrics.CallRelease); err != nil {
 		return false, err
 	}
-	return h.e.Concurrency().PeerRelease(ctx, id)
+	return h.e.Concurrency().PeerRelease(ctx, id, sample)
 }
 
 func (h *engineHome) RenewLease(ctx context.Context, id string) (bool, time.Time, time.Duration, error) {
@@ -162,13 +169,13 @@ func TestPinnedLeaseHeldAtHome(t *testing.T) {
 	if ok, l, err := eu.Concurrency().Renew(ctx, l1.ID); !ok || err != nil || l.TTL != 10*time.Second {
 		t.Fatalf("Renew through eu of a lease taken through us: %v, %v, %v", ok, l, err)
 	}
-	if ok, err := eu.Concurrency().Release(ctx, l1.ID); !ok || err != nil {
+	if ok, err := eu.Concurrency().Release(ctx, l1.ID, nil); !ok || err != nil {
 		t.Fatalf("Release through eu: %v, %v", ok, err)
 	}
-	if ok, err := us.Concurrency().Release(ctx, l2.ID); !ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l2.ID, nil); !ok || err != nil {
 		t.Fatalf("Release through us of a lease taken in eu: %v, %v", ok, err)
 	}
-	if ok, err := us.Concurrency().Release(ctx, l2.ID); ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l2.ID, nil); ok || err != nil {
 		t.Fatalf("a second Release: %v, %v; want not released", ok, err)
 	}
 }
@@ -282,7 +289,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	notInvalid := 0
 	for range 500 {
 		var inv *request.InvalidError
-		released, err := us.Concurrency().Release(ctx, forged.String())
+		released, err := us.Concurrency().Release(ctx, forged.String(), nil)
 		if !errors.As(err, &inv) || inv.Field != "lease_id" || released {
 			notInvalid++
 		}
@@ -295,7 +302,7 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 		t.Fatalf("500 Releases and 500 Renews of a local lease said to be held in eu: %d not refused as invalid lease_id, calls to eu %v; want all refused, no call",
 			notInvalid, toEU.calls)
 	}
-	if ok, err := us.Concurrency().Release(ctx, l.ID); !ok || err != nil {
+	if ok, err := us.Concurrency().Release(ctx, l.ID, nil); !ok || err != nil {
 		t.Fatalf("Release of the real lease: %v, %v", ok, err)
 	}
 
@@ -312,12 +319,32 @@ func TestForgedLocalLeaseNoPeerCall(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("mixed Acquire: %v, %v", ok, err)
 	}
-	if ok, err := eu.Concurrency().Release(ctx, mixed.ID); !ok || err != nil {
+	if ok, err := eu.Concurrency().Release(ctx, mixed.ID, nil); !ok || err != nil {
 		t.Fatalf("Release through eu of a mixed lease taken through us: %v, %v", ok, err)
 	}
 	for i := range 5 {
 		if ok, _, err := acquireRule(t, us, "local", "m"); !ok || err != nil {
 			t.Fatalf("local acquire %d after the mixed lease's release: %v, %v (its local part still held)", i, ok, err)
+		}
+	}
+}
+
+// TestPinnedAdaptiveSample: a Release through another region than the
+// key's home carries its sample there, where the key's limit is kept.
+func TestPinnedAdaptiveSample(t *testing.T) {
+	us, _, _, _ := newPinnedPair(t)
+	ctx := context.Background()
+	ok, l, err := acquireRule(t, us, "pin-adaptive", "k")
+	if !ok || err != nil {
+		t.Fatalf("acquire: %v, %v", ok, err)
+	}
+	if ok, err := us.Concurrency().Release(ctx, l.ID, &bucket.LeaseSample{Duration: time.Millisecond}); !ok || err != nil {
+		t.Fatalf("release through us: %v, %v", ok, err)
+	}
+	// One fast sample at a limit of 1 makes it 2, at the home.
+	for i := range 2 {
+		if ok, _, err := acquireRule(t, us, "pin-adaptive", "k"); !ok || err != nil {
+			t.Fatalf("acquire %d of 2 after a fast sample: %v, %v", i+1, ok, err)
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/frontdoor/forwardauth"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
+	"github.com/limiterd/limiterd/pkg/bucket"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -401,6 +403,12 @@ func TestLeaseValidation(t *testing.T) {
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("%s of a %s lease id: %v, want INVALID_ARGUMENT naming %s", op, tt.name, err, tt.want)
 			}
+		}
+	}
+	for _, ms := range []int64{-1, bucket.MaxSampleDuration.Milliseconds() + 1, math.MaxInt64} {
+		_, err := client.Release(ctx, &limiterv1.ReleaseRequest{LeaseId: held.GetLeaseId(), DurationMs: &ms})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "duration_ms") {
+			t.Errorf("release reporting %d ms: %v, want INVALID_ARGUMENT naming duration_ms", ms, err)
 		}
 	}
 	_, err = client.Check(ctx, &limiterv1.CheckRequest{RuleId: "short", Key: "val"})

@@ -289,7 +289,11 @@ func (s *Service) Release(ctx context.Context, req *limiterv1.PeerLeaseRequest) 
 	if _, err := s.authorize(ctx, req.GetOriginRegion()); err != nil {
 		return nil, err
 	}
-	released, err := s.e.Concurrency().PeerRelease(ctx, req.GetLeaseId())
+	sample, err := concurrency.Sample(req.DurationMs, req.GetFailed())
+	if err != nil {
+		return nil, checkapi.Status(err)
+	}
+	released, err := s.e.Concurrency().PeerRelease(ctx, req.GetLeaseId(), sample)
 	if err != nil {
 		return nil, checkapi.Status(err)
 	}
@@ -489,9 +493,15 @@ func (c *Client) AcquireLease(ctx context.Context, leaseID string) (concurrency.
 	return hl, nil
 }
 
-// ReleaseLease asks the region holding leases of leaseID to give them back.
-func (c *Client) ReleaseLease(ctx context.Context, leaseID string) (bool, error) {
-	resp, err := c.c.Release(c.outgoing(ctx), &limiterv1.PeerLeaseRequest{OriginRegion: c.origin, LeaseId: leaseID})
+// ReleaseLease asks the region holding leases of leaseID to give them
+// back, with the caller's sample of the request (nil: none).
+func (c *Client) ReleaseLease(ctx context.Context, leaseID string, sample *bucket.LeaseSample) (bool, error) {
+	req := &limiterv1.PeerLeaseRequest{OriginRegion: c.origin, LeaseId: leaseID}
+	if sample != nil {
+		ms := sample.Duration.Milliseconds()
+		req.DurationMs, req.Failed = &ms, sample.Failed
+	}
+	resp, err := c.c.Release(c.outgoing(ctx), req)
 	if err != nil {
 		return false, leaseError(err)
 	}

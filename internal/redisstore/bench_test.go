@@ -116,23 +116,27 @@ func BenchmarkScriptCost(b *testing.B) {
 	key := func(i int) string { return "bench-" + strconv.Itoa(i%keys) }
 	member := func(i int) string { return fmt.Sprintf("m%022d", i) } // the length of a lease's member
 	lease := func(i int) string { return LeaseKey("bench", "bench-"+strconv.Itoa(i%keys)) }
+	// The acquire and release scripts take each set's adaptive limit too.
+	leaseKeys := func(i int) []string {
+		return []string{lease(i), AdaptiveKey("bench", "bench-"+strconv.Itoa(i%keys))}
+	}
 	for range b.N {
 		phase("token_bucket", func(p redis.Pipeliner, i int) {
 			singleScripts[0].EvalSha(ctx, p, []string{Key("bench", key(i))}, a[0], a[1], a[2])
 		})
 		// 5 leases per key, each granted: the sets hold 1 to 5.
 		phase("acquire", func(p redis.Pipeliner, i int) {
-			leaseScripts[0].EvalSha(ctx, p, []string{lease(i)}, member(i), 10, 30_000_000)
+			leaseScripts[0].EvalSha(ctx, p, leaseKeys(i), member(i), 10, 30_000_000, 0, 0)
 		})
 		phase("renew", func(p redis.Pipeliner, i int) {
 			leaseScripts[2].EvalSha(ctx, p, []string{lease(i)}, member(i), 30_000_000)
 		})
 		// Limit 5: every key holds 5, so each of these is refused.
 		phase("acquire_refused", func(p redis.Pipeliner, i int) {
-			leaseScripts[0].EvalSha(ctx, p, []string{lease(i)}, member(calls+i), 5, 30_000_000)
+			leaseScripts[0].EvalSha(ctx, p, leaseKeys(i), member(calls+i), 5, 30_000_000, 0, 0)
 		})
 		phase("release", func(p redis.Pipeliner, i int) {
-			leaseScripts[1].EvalSha(ctx, p, []string{lease(i)}, member(i))
+			leaseScripts[1].EvalSha(ctx, p, leaseKeys(i), member(i), 5, 0, 0, 0, -1, 0)
 		})
 		// Paced: 5 reservations per key of a bucket of 1 at 10/s, so the
 		// first fits now and the others wait 100 to 400 ms (within 1 s).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -18,13 +19,20 @@ import (
 // (a rule whose algorithm changes to concurrency starts afresh).
 func LeaseKey(rule, key string) string { return Key(rule, key) + "~c" }
 
+// AdaptiveKey is the Redis key of the adaptive limit of key under a
+// concurrency rule, beside its lease set (same slot): rl:{key}:rule~a.
+func AdaptiveKey(rule, key string) string { return Key(rule, key) + "~a" }
+
 // leaseGroup is the requests of one client: one slot, one script.
 type leaseGroup struct {
 	idx  []int
 	reqs []bucket.LeaseRequest
 	keys []string
-	res  []any
-	err  error
+	// akeys are the keys' adaptive limits, for the acquire and release
+	// scripts.
+	akeys []string
+	res   []any
+	err   error
 }
 
 func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
@@ -34,6 +42,7 @@ func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
 		for _, i := range idx {
 			g.reqs = append(g.reqs, reqs[i])
 			g.keys = append(g.keys, LeaseKey(reqs[i].Rule, reqs[i].Key))
+			g.akeys = append(g.akeys, AdaptiveKey(reqs[i].Rule, reqs[i].Key))
 		}
 		groups = append(groups, g)
 	}
@@ -45,8 +54,12 @@ func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
 func (s *Store) runLeases(ctx context.Context, o int, groups []*leaseGroup, args func(g *leaseGroup) []any) {
 	ops := [3]op{opAcquire, opRelease, opRenew}
 	run := func(g *leaseGroup) {
-		g.res, g.err = s.eval(ctx, ops[o], g.keys[0], pipeline.Call{Script: leaseScripts[o], Keys: g.keys, Args: args(g)}, s.m.leaseDuration[o])
-		if g.err == nil && len(g.res) != len(g.keys)*[3]int{3, 1, 3}[o] {
+		keys := g.keys
+		if o != 2 {
+			keys = slices.Concat(g.keys, g.akeys)
+		}
+		g.res, g.err = s.eval(ctx, ops[o], g.keys[0], pipeline.Call{Script: leaseScripts[o], Keys: keys, Args: args(g)}, s.m.leaseDuration[o])
+		if g.err == nil && len(g.res) != len(g.keys)*[3]int{4, 1, 3}[o] {
 			g.err = fmt.Errorf("%w: %s reply has %d elements for %d keys", bucket.ErrOutcomeUnknown, opNames[ops[o]], len(g.res), len(g.keys))
 		}
 	}
@@ -58,15 +71,30 @@ func (s *Store) runLeases(ctx context.Context, o int, groups []*leaseGroup, args
 	wg.Wait()
 }
 
+// leaseDecision reads the k-th decision of a renew's reply.
 func leaseDecision(res []any, k int, lim bucket.LeaseLimit) (bucket.LeaseDecision, error) {
-	ok, n, t := res[3*k], res[3*k+1], res[3*k+2]
+	return leaseReply(res[3*k:3*k+3], lim.Limit)
+}
+
+// acquireDecision reads the k-th decision of an acquire's reply, which
+// ends with the key's limit.
+func acquireDecision(res []any, k int) (bucket.LeaseDecision, error) {
+	l, ok := res[4*k+3].(int64)
+	if !ok {
+		return bucket.LeaseDecision{}, fmt.Errorf("unexpected lease reply %v", res)
+	}
+	return leaseReply(res[4*k:4*k+3], int(l))
+}
+
+func leaseReply(res []any, limit int) (bucket.LeaseDecision, error) {
+	ok, n, t := res[0], res[1], res[2]
 	a, ok1 := ok.(int64)
 	held, ok2 := n.(int64)
 	us, ok3 := t.(int64)
 	if !ok1 || !ok2 || !ok3 {
 		return bucket.LeaseDecision{}, fmt.Errorf("unexpected lease reply %v", res)
 	}
-	d := bucket.LeaseDecision{Allowed: a == 1, InFlight: int(held), Limit: lim.Limit}
+	d := bucket.LeaseDecision{Allowed: a == 1, InFlight: int(held), Limit: limit}
 	switch {
 	case a == 1 && us > 0:
 		d.Expires = time.UnixMicro(us)
@@ -89,12 +117,7 @@ func (s *Store) Acquire(ctx context.Context, reqs []bucket.LeaseRequest, member 
 	}
 	groups := leaseGroups(reqs)
 	s.runLeases(ctx, 0, groups, func(g *leaseGroup) []any {
-		args := make([]any, 0, 1+2*len(g.reqs))
-		args = append(args, member)
-		for _, r := range g.reqs {
-			args = append(args, strconv.Itoa(r.Limit.Limit), strconv.FormatInt(r.Limit.TTL.Microseconds(), 10))
-		}
-		return args
+		return AcquireArgs(member, g.reqs)
 	})
 	out := make([]bucket.LeaseDecision, len(reqs))
 	var errs []error
@@ -102,7 +125,7 @@ func (s *Store) Acquire(ctx context.Context, reqs []bucket.LeaseRequest, member 
 	for _, g := range groups {
 		if g.err == nil {
 			for k, i := range g.idx {
-				if out[i], g.err = leaseDecision(g.res, k, g.reqs[k].Limit); g.err != nil {
+				if out[i], g.err = acquireDecision(g.res, k); g.err != nil {
 					break
 				}
 				refused = refused || !out[i].Allowed
@@ -132,7 +155,7 @@ func (s *Store) Acquire(ctx context.Context, reqs []bucket.LeaseRequest, member 
 		}
 		if len(back) > 0 {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), UndoTimeout)
-			s.runLeases(rctx, 1, back, func(*leaseGroup) []any { return []any{member} })
+			s.runLeases(rctx, 1, back, func(g *leaseGroup) []any { return ReleaseArgs(member, withoutSamples(g.reqs)) })
 			cancel()
 		}
 		if refused && errs == nil {
@@ -165,7 +188,7 @@ func (s *Store) Release(ctx context.Context, reqs []bucket.LeaseRequest, member 
 		return nil, nil
 	}
 	groups := leaseGroups(reqs)
-	s.runLeases(ctx, 1, groups, func(*leaseGroup) []any { return []any{member} })
+	s.runLeases(ctx, 1, groups, func(g *leaseGroup) []any { return ReleaseArgs(member, g.reqs) })
 	out := make([]bool, len(reqs))
 	var errs []error
 	for _, g := range groups {
@@ -214,3 +237,45 @@ func (s *Store) Renew(ctx context.Context, reqs []bucket.LeaseRequest, member st
 }
 
 var _ bucket.LeaseStore = (*Store)(nil)
+
+// AcquireArgs are the acquire script's arguments of member's leases of
+// reqs (keys of one client).
+func AcquireArgs(member string, reqs []bucket.LeaseRequest) []any {
+	args := make([]any, 0, 1+4*len(reqs))
+	args = append(args, member)
+	for _, r := range reqs {
+		a := r.Limit.Adaptive
+		args = append(args, strconv.Itoa(r.Limit.Limit), strconv.FormatInt(r.Limit.TTL.Microseconds(), 10), strconv.Itoa(a.Min), strconv.Itoa(a.Max))
+	}
+	return args
+}
+
+// ReleaseArgs are the release script's arguments of member's leases of
+// reqs (keys of one client), with their samples.
+func ReleaseArgs(member string, reqs []bucket.LeaseRequest) []any {
+	args := make([]any, 0, 1+6*len(reqs))
+	args = append(args, member)
+	for _, r := range reqs {
+		a := r.Limit.Adaptive
+		dur, failed := int64(-1), "0"
+		if r.Sample != nil {
+			dur = r.Sample.Duration.Microseconds()
+			if r.Sample.Failed {
+				failed = "1"
+			}
+		}
+		args = append(args, strconv.Itoa(r.Limit.Limit), strconv.Itoa(a.Min), strconv.Itoa(a.Max), strconv.FormatInt(a.Target.Microseconds(), 10),
+			strconv.FormatInt(dur, 10), failed)
+	}
+	return args
+}
+
+// withoutSamples is reqs without their samples: an Acquire that gives
+// its leases back reports no request.
+func withoutSamples(reqs []bucket.LeaseRequest) []bucket.LeaseRequest {
+	out := slices.Clone(reqs)
+	for i := range out {
+		out[i].Sample = nil
+	}
+	return out
+}

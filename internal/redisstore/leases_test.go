@@ -3,7 +3,9 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -23,9 +25,11 @@ type leaseConformance struct {
 	client      *redis.ClusterClient
 	scripts     map[string]*redis.Script
 	usageScript *redis.Script
-	key         string
+	key, akey   string
 	lim         bucket.LeaseLimit
-	st          bucket.Leases
+	// sample is what the next release reports (nil: nothing).
+	sample *bucket.LeaseSample
+	st     bucket.Leases
 }
 
 func newLeaseConformance(t *testing.T, client *redis.ClusterClient, name string, lim bucket.LeaseLimit) *leaseConformance {
@@ -33,7 +37,7 @@ func newLeaseConformance(t *testing.T, client *redis.ClusterClient, name string,
 	for _, op := range []string{lua.LeaseAcquire, lua.LeaseRelease, lua.LeaseRenew} {
 		sc[op] = redis.NewScript(lua.Lease(op, lua.FixedClock))
 	}
-	return &leaseConformance{t: t, ctx: context.Background(), client: client, scripts: sc, key: LeaseKey("conf-"+name, "client"), lim: lim,
+	return &leaseConformance{t: t, ctx: context.Background(), client: client, scripts: sc, key: LeaseKey("conf-"+name, "client"), akey: AdaptiveKey("conf-"+name, "client"), lim: lim,
 		usageScript: redis.NewScript(lua.LeaseUsage(lua.FixedClock))}
 }
 
@@ -44,11 +48,12 @@ func (c *leaseConformance) usage(step int, now int64) bucket.LeaseDecision {
 	c.t.Helper()
 	want := c.st.Usage(now, c.lim)
 	for range 2 {
-		res, err := c.usageScript.Run(c.ctx, c.client, []string{c.key}, c.lim.Limit, strconv.FormatInt(now, 10)).Slice()
+		args := append(LeaseUsageArgs([]bucket.LeaseRequest{{Limit: c.lim}}), strconv.FormatInt(now, 10))
+		res, err := c.usageScript.Run(c.ctx, c.client, []string{c.key, c.akey}, args...).Slice()
 		if err != nil {
 			c.t.Fatalf("step %d: lease usage: %v", step, err)
 		}
-		got, err := leaseUsage(res, 0, c.lim)
+		got, err := leaseUsage(res, 0)
 		if err != nil {
 			c.t.Fatal(err)
 		}
@@ -65,15 +70,20 @@ func (c *leaseConformance) usage(step int, now int64) bucket.LeaseDecision {
 
 func (c *leaseConformance) run(op string, now int64, member string) []any {
 	c.t.Helper()
-	args := []any{member}
+	keys := []string{c.key, c.akey}
+	reqs := []bucket.LeaseRequest{{Limit: c.lim, Sample: c.sample}}
+	var args []any
 	switch op {
 	case lua.LeaseAcquire:
-		args = append(args, c.lim.Limit, c.lim.TTL.Microseconds())
+		args = AcquireArgs(member, reqs)
+	case lua.LeaseRelease:
+		args = ReleaseArgs(member, reqs)
 	case lua.LeaseRenew:
-		args = append(args, c.lim.TTL.Microseconds())
+		keys = keys[:1]
+		args = []any{member, c.lim.TTL.Microseconds()}
 	}
 	args = append(args, strconv.FormatInt(now, 10))
-	res, err := c.scripts[op].Run(c.ctx, c.client, []string{c.key}, args...).Slice()
+	res, err := c.scripts[op].Run(c.ctx, c.client, keys, args...).Slice()
 	if err != nil {
 		c.t.Fatalf("%s: %v", op, err)
 	}
@@ -88,7 +98,7 @@ func (c *leaseConformance) step(step int, op string, now int64, member string) b
 	var got bucket.LeaseDecision
 	switch op {
 	case lua.LeaseRelease:
-		held := c.st.Release(now, member)
+		held := c.st.Release(now, c.lim, member, c.sample)
 		if r := res[0].(int64) == 1; r != held {
 			c.t.Fatalf("step %d: release of %s at %d: lua %v, go %v", step, member, now, r, held)
 		}
@@ -98,7 +108,11 @@ func (c *leaseConformance) step(step int, op string, now int64, member string) b
 	case lua.LeaseRenew:
 		want = c.st.Renew(now, c.lim, member)
 	}
-	got, err := leaseDecision(res, 0, c.lim)
+	decide := func() (bucket.LeaseDecision, error) { return leaseDecision(res, 0, c.lim) }
+	if op == lua.LeaseAcquire {
+		decide = func() (bucket.LeaseDecision, error) { return acquireDecision(res, 0) }
+	}
+	got, err := decide()
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -125,6 +139,11 @@ func TestLeaseConformance(t *testing.T) {
 		{"limit 10", bucket.LeaseLimit{Limit: 10, TTL: 30 * time.Second}, 3000},
 		{"limit 3 long", bucket.LeaseLimit{Limit: 3, TTL: bucket.MaxLeaseTTL}, 1000},
 		{"the maximum", bucket.LeaseLimit{Limit: bucket.MaxConcurrency, TTL: 2 * time.Second}, 0},
+		// Adaptive: releases report random latencies and failures.
+		{"adaptive", bucket.LeaseLimit{Limit: 5, TTL: 30 * time.Second, Adaptive: bucket.Adaptive{Min: 1, Max: 12, Target: 100 * time.Millisecond}}, 4000},
+		{"adaptive wide", bucket.LeaseLimit{Limit: 4, TTL: 5 * time.Minute, Adaptive: bucket.Adaptive{Min: 2, Max: 30, Target: time.Second}}, 3000},
+		// Steps of a whole lease_ttl (1h) go past bucket.AdaptiveTTL.
+		{"adaptive forgotten", bucket.LeaseLimit{Limit: 2, TTL: bucket.MaxLeaseTTL, Adaptive: bucket.Adaptive{Min: 1, Max: 6, Target: time.Second}}, 1000},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,7 +153,30 @@ func TestLeaseConformance(t *testing.T) {
 			ttl := tc.lim.TTL.Microseconds()
 			members := 2*tc.lim.Limit + 2
 			acquired, refused, gone, full := 0, 0, 0, 0
+			limits := map[int]bool{}
 			for step := range tc.steps {
+				if a := tc.lim.Adaptive; a.On() {
+					// Phases of 300 steps: a healthy backend (1 sample in 25
+					// over the target or failed), then an overloaded one
+					// (1 in 2).
+					bad := rng.IntN(25) == 0
+					if (step/300)%2 == 1 {
+						bad = rng.IntN(2) == 0
+					}
+					target := a.Target.Microseconds()
+					switch r := rng.IntN(8); {
+					case r == 0:
+						cf.sample = nil
+					case bad && r < 3:
+						cf.sample = &bucket.LeaseSample{Duration: time.Duration(rng.Int64N(2*target)) * time.Microsecond, Failed: true}
+					case bad:
+						cf.sample = &bucket.LeaseSample{Duration: time.Duration(target+1+rng.Int64N(target)) * time.Microsecond}
+					case r == 1:
+						cf.sample = &bucket.LeaseSample{Duration: a.Target} // exactly the target: under it
+					default:
+						cf.sample = &bucket.LeaseSample{Duration: time.Duration(rng.Int64N(target)) * time.Microsecond}
+					}
+				}
 				switch rng.IntN(5) {
 				case 0:
 				case 1:
@@ -155,6 +197,7 @@ func TestLeaseConformance(t *testing.T) {
 				switch {
 				case op == lua.LeaseAcquire && d.Allowed:
 					acquired++
+					limits[d.Limit] = true
 				case op == lua.LeaseAcquire:
 					refused++
 				case op == lua.LeaseRenew && !d.Allowed:
@@ -164,6 +207,11 @@ func TestLeaseConformance(t *testing.T) {
 			if tc.steps > 0 && (acquired == 0 || refused == 0 || gone == 0 || full == 0) {
 				t.Fatalf("the steps did not cover every outcome: %d acquired, %d refused, %d renewals of gone leases, %d usages of a full set",
 					acquired, refused, gone, full)
+			}
+			// The limit moved both ways (only one when the steps forget it
+			// often).
+			if seen := slices.Sorted(maps.Keys(limits)); tc.lim.Adaptive.On() && (len(seen) < 2 || tc.lim.TTL < bucket.AdaptiveTTL && (seen[0] >= tc.lim.Limit || seen[len(seen)-1] <= tc.lim.Limit)) {
+				t.Fatalf("the adaptive limit did not move both ways from %d: %v", tc.lim.Limit, seen)
 			}
 			if tc.lim.Limit == bucket.MaxConcurrency {
 				// Fill it, one over, then release one and take it.

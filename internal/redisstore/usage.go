@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -66,20 +67,16 @@ func (s *Store) LeaseUsage(ctx context.Context, reqs []bucket.LeaseRequest) ([]b
 	groups := leaseGroups(reqs)
 	err := each(len(groups), func(gi int) error {
 		g := groups[gi]
-		args := make([]any, len(g.reqs))
-		for k, r := range g.reqs {
-			args[k] = strconv.Itoa(r.Limit.Limit)
-		}
-		res, err := s.eval(ctx, opUsage, g.keys[0], pipeline.Call{Script: leaseUsageScript, Keys: g.keys, Args: args}, s.m.usageDur)
+		res, err := s.eval(ctx, opUsage, g.keys[0], pipeline.Call{Script: leaseUsageScript, Keys: slices.Concat(g.keys, g.akeys), Args: LeaseUsageArgs(g.reqs)}, s.m.usageDur)
 		if err != nil {
 			return fmt.Errorf("eval lease usage: %w", err)
 		}
-		if len(res) != 4*len(g.keys) {
+		if len(res) != 5*len(g.keys) {
 			s.m.errors[opUsage].Inc()
 			return fmt.Errorf("eval lease usage: reply has %d elements for %d keys", len(res), len(g.keys))
 		}
 		for k, i := range g.idx {
-			d, err := leaseUsage(res, k, g.reqs[k].Limit)
+			d, err := leaseUsage(res, k)
 			if err != nil {
 				s.m.errors[opUsage].Inc()
 				return fmt.Errorf("eval lease usage: %w", err)
@@ -94,18 +91,29 @@ func (s *Store) LeaseUsage(ctx context.Context, reqs []bucket.LeaseRequest) ([]b
 	return out, nil
 }
 
+// LeaseUsageArgs are the lease usage script's arguments of reqs (keys of
+// one client).
+func LeaseUsageArgs(reqs []bucket.LeaseRequest) []any {
+	args := make([]any, 0, 3*len(reqs))
+	for _, r := range reqs {
+		args = append(args, strconv.Itoa(r.Limit.Limit), strconv.Itoa(r.Limit.Adaptive.Min), strconv.Itoa(r.Limit.Adaptive.Max))
+	}
+	return args
+}
+
 // leaseUsage reads the lease usage script's reply for key k: allowed,
-// held, retry (µs) and the latest expiry (µs since the epoch, 0 for none).
-func leaseUsage(res []any, k int, lim bucket.LeaseLimit) (bucket.LeaseDecision, error) {
-	var v [4]int64
+// held, retry (µs), the latest expiry (µs since the epoch, 0 for none) and
+// the key's limit.
+func leaseUsage(res []any, k int) (bucket.LeaseDecision, error) {
+	var v [5]int64
 	for i := range v {
-		n, ok := res[4*k+i].(int64)
+		n, ok := res[5*k+i].(int64)
 		if !ok {
 			return bucket.LeaseDecision{}, fmt.Errorf("unexpected lease usage reply %v", res)
 		}
 		v[i] = n
 	}
-	d := bucket.LeaseDecision{Allowed: v[0] == 1, InFlight: int(v[1]), Limit: lim.Limit, RetryAfter: time.Duration(v[2]) * time.Microsecond}
+	d := bucket.LeaseDecision{Allowed: v[0] == 1, InFlight: int(v[1]), Limit: int(v[4]), RetryAfter: time.Duration(v[2]) * time.Microsecond}
 	if v[3] > 0 {
 		d.Expires = time.UnixMicro(v[3])
 	}

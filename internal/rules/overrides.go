@@ -69,7 +69,7 @@ func (r *Rule) OverrideLimits() map[string]bucket.Limit { return r.overrides }
 func (r *Rule) LeasesFor(key string) bucket.LeaseLimit {
 	if r.Concurrent() && len(r.overrides) != 0 {
 		if l, ok := r.overrides[key]; ok {
-			return bucket.LeaseLimit{Limit: int(l.Capacity), TTL: r.leases.TTL}
+			return bucket.LeaseLimit{Limit: int(l.Capacity), TTL: r.leases.TTL, Adaptive: r.leases.Adaptive}
 		}
 	}
 	return r.leases

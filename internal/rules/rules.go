@@ -125,6 +125,10 @@ type Rule struct {
 	// only while, after its spend, at least the reserves of the classes
 	// above its own are left.
 	Reserve map[string]float64 `yaml:"reserve,omitempty"`
+	// Adaptive makes a concurrency rule's limit of each key follow the
+	// latencies its callers report when they release (see bucket.Adaptive):
+	// it starts at the rule's limit and stays within [min, max].
+	Adaptive *Adaptive `yaml:"adaptive,omitempty"`
 
 	limit     bucket.Limit
 	overrides map[string]bucket.Limit
@@ -542,6 +546,9 @@ func (r *Rule) validate(n *yaml.Node) error {
 	if r.LeaseTTL != 0 {
 		return fieldErrorf("lease_ttl", "only a concurrency rule has a lease length, not %s", r.Algorithm)
 	}
+	if r.Adaptive != nil {
+		return fieldErrorf("adaptive", "only a concurrency rule adapts its limit to latencies, not %s", r.Algorithm)
+	}
 	if r.Lease != 0 {
 		if r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA {
 			return fieldErrorf("lease", "only token_bucket and gcra rules lease tokens, not %s", r.Algorithm)
@@ -590,6 +597,16 @@ func (r *Rule) validate(n *yaml.Node) error {
 	return r.validateOverrides(n)
 }
 
+// Adaptive is the range and latency goal of an adaptive concurrency rule.
+type Adaptive struct {
+	// Min and Max bound the limit of each key.
+	Min int `yaml:"min"`
+	Max int `yaml:"max"`
+	// TargetLatency is the latency above which a request says the
+	// backend is overloaded: from 1ms to the rule's lease_ttl.
+	TargetLatency Duration `yaml:"target_latency"`
+}
+
 // validateConcurrency checks the fields of a concurrency rule, whose
 // limit (given as limit or capacity, named by field) is already read.
 func (r *Rule) validateConcurrency(limit float64, field string) error {
@@ -626,10 +643,19 @@ func (r *Rule) validateConcurrency(limit float64, field string) error {
 		return fieldErrorf(field, "a concurrency limit must be a whole number from 1 to %d, got %v", bucket.MaxConcurrency, limit)
 	}
 	r.leases = bucket.LeaseLimit{Limit: int(limit), TTL: time.Duration(r.LeaseTTL)}
+	if a := r.Adaptive; a != nil {
+		r.leases.Adaptive = bucket.Adaptive{Min: a.Min, Max: a.Max, Target: time.Duration(a.TargetLatency)}
+		if a.Max < 1 {
+			return fieldErrorf("adaptive.max", "adaptive.max must be a whole number from adaptive.min to %d, got %d", bucket.MaxConcurrency, a.Max)
+		}
+	}
 	if err := r.leases.Validate(); err != nil {
 		var le *bucket.LimitError
-		if errors.As(err, &le) && le.Field == "limit" {
+		switch {
+		case errors.As(err, &le) && le.Field == "limit":
 			return fieldError(field, err)
+		case errors.As(err, &le) && strings.HasPrefix(le.Field, "adaptive."):
+			return fieldError(le.Field, err)
 		}
 		return fieldError("lease_ttl", err)
 	}

@@ -81,6 +81,14 @@ func TestErrorsNameRuleAndField(t *testing.T) {
 		{name: "concurrency lease too long", file: "concurrency-lease-long.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
 		{name: "concurrency with a token lease", file: "concurrency-token-lease.bad.yml", index: 0, id: "a", field: "lease", line: 5},
 		{name: "concurrency window", file: "concurrency-window.bad.yml", index: 0, id: "a", field: "window", line: 5},
+		{name: "adaptive min 0", file: "concurrency-adaptive-min-zero.bad.yml", index: 0, id: "a", field: "adaptive.min", line: 7},
+		{name: "adaptive max under min", file: "concurrency-adaptive-max-under-min.bad.yml", index: 0, id: "a", field: "adaptive.max", line: 8},
+		{name: "adaptive max too large", file: "concurrency-adaptive-max-too-large.bad.yml", index: 0, id: "a", field: "adaptive.max", line: 8},
+		{name: "adaptive target 0", file: "concurrency-adaptive-target-zero.bad.yml", index: 0, id: "a", field: "adaptive.target_latency", line: 9},
+		{name: "adaptive target over lease_ttl", file: "concurrency-adaptive-target-long.bad.yml", index: 0, id: "a", field: "adaptive.target_latency", line: 9},
+		{name: "adaptive limit outside its range", file: "concurrency-adaptive-limit-outside.bad.yml", index: 0, id: "a", field: "limit", line: 4},
+		{name: "adaptive empty", file: "concurrency-adaptive-empty.bad.yml", index: 0, id: "a", field: "adaptive.max", line: 5},
+		{name: "adaptive on a token bucket", file: "adaptive-token-bucket.bad.yml", index: 0, id: "a", field: "adaptive", line: 5},
 		{name: "lease_ttl on a token bucket", file: "lease-ttl-on-bucket.bad.yml", index: 0, id: "a", field: "lease_ttl", line: 5},
 		{name: "max_overshoot 0", file: "max-overshoot-zero.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
 		{name: "max_overshoot above 1", file: "max-overshoot-above-one.bad.yml", index: 0, id: "a", field: "max_overshoot", line: 5},
@@ -279,7 +287,7 @@ func TestAlgorithmErrorsListTheAlgorithms(t *testing.T) {
 // An unknown key names the field it is likely a typo of.
 func TestUnknownFieldSuggestsTheNearest(t *testing.T) {
 	ruleFields := []string{"id", "algorithm", "capacity", "limit", "refill_per_second", "window", "on_failure",
-		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "settle_within", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max", "reserve"}
+		"reconcile", "home", "match", "key_by", "cost", "shadow", "lease", "lease_ttl", "home_keys", "max_wait", "settle_within", "max_overshoot", "overrides", "allow_request_limit", "request_limit_max", "reserve", "adaptive"}
 	matchFields := []string{"path", "methods", "plans", "domain", "attributes"}
 	tests := []struct {
 		name       string

@@ -40,6 +40,9 @@ type LeaseLimit struct {
 	// TTL is the length of a lease: one neither released nor renewed
 	// within it expires, and its slot comes back.
 	TTL time.Duration
+	// Adaptive, when on, makes the limit of each key follow the latencies
+	// its releases report, from Limit (within Adaptive's range).
+	Adaptive Adaptive
 }
 
 // Validate reports whether l can make decisions; its errors are a
@@ -51,6 +54,14 @@ func (l LeaseLimit) Validate() error {
 	if l.TTL < MinLeaseTTL || l.TTL > MaxLeaseTTL || l.TTL%time.Millisecond != 0 {
 		return limitErr("lease_ttl", "lease_ttl must be a whole number of milliseconds from %v to %v, got %v", MinLeaseTTL, MaxLeaseTTL, l.TTL)
 	}
+	if l.Adaptive.On() {
+		if err := l.Adaptive.validate(l.TTL); err != nil {
+			return err
+		}
+		if l.Limit < l.Adaptive.Min || l.Limit > l.Adaptive.Max {
+			return limitErr("limit", "an adaptive limit starts at limit, which must be from adaptive.min (%d) to adaptive.max (%d), got %d", l.Adaptive.Min, l.Adaptive.Max, l.Limit)
+		}
+	}
 	return nil
 }
 
@@ -58,6 +69,10 @@ func (l LeaseLimit) Validate() error {
 type LeaseRequest struct {
 	Rule, Key string
 	Limit     LeaseLimit
+	// Sample, in a Release, is what the caller reports of the request:
+	// it moves an adaptive limit when the lease was held. Nil: nothing
+	// reported.
+	Sample *LeaseSample
 }
 
 // LeaseDecision is the answer of an Acquire or a Renew for one rule.
@@ -67,7 +82,8 @@ type LeaseDecision struct {
 	Allowed bool
 	// InFlight is the number of leases of the key held after the decision.
 	InFlight int
-	// Limit is the rule's limit.
+	// Limit is the rule's limit; for an Acquire of an adaptive rule, the
+	// key's limit now.
 	Limit int
 	// Expires is, when allowed, the instant the lease expires (the
 	// store's clock).
@@ -88,7 +104,8 @@ type LeaseStore interface {
 	// when any is refused none is held. A member already held is renewed.
 	Acquire(ctx context.Context, reqs []LeaseRequest, member string) ([]LeaseDecision, error)
 	// Release gives member's leases back; a lease unknown or expired is
-	// no error (released reports which were held).
+	// no error (released reports which were held). A request's Sample
+	// moves its key's adaptive limit when its lease was held.
 	Release(ctx context.Context, reqs []LeaseRequest, member string) (released []bool, err error)
 	// Renew extends member's leases by their TTL from now; a decision not
 	// allowed says that lease is gone.
@@ -101,7 +118,16 @@ type LeaseStore interface {
 // do, in the same order, so the two make identical decisions.
 type Leases struct {
 	held map[string]int64
+	// adaptive is the key's adaptive limit, kept until adaptiveExp (µs).
+	adaptive    AdaptiveState
+	adaptiveExp int64
+	// bytes is what a Memory counts of s.
+	bytes int64
 }
+
+// kept reports whether s holds anything at now: a lease, or an adaptive
+// limit.
+func (s *Leases) kept(now int64) bool { return len(s.held) > 0 || s.adaptiveExp > now }
 
 // Len is the number of leases held, expired ones not yet trimmed included.
 func (s *Leases) Len() int { return len(s.held) }
@@ -124,17 +150,19 @@ func (s *Leases) trim(now int64) {
 	}
 }
 
-// Acquire takes a lease of member at now, when fewer than l.Limit are
-// held; a member already held is renewed.
+// Acquire takes a lease of member at now, when fewer than the key's limit
+// are held (l.Limit, or its adaptive limit); a member already held is
+// renewed.
 func (s *Leases) Acquire(now int64, l LeaseLimit, member string) LeaseDecision {
 	s.trim(now)
 	exp := now + l.TTL.Microseconds()
-	if _, ok := s.held[member]; ok || len(s.held) < l.Limit {
+	limit := s.limit(now, l)
+	if _, ok := s.held[member]; ok || len(s.held) < limit {
 		if s.held == nil {
 			s.held = make(map[string]int64)
 		}
 		s.held[member] = exp
-		return LeaseDecision{Allowed: true, InFlight: len(s.held), Limit: l.Limit, Expires: time.UnixMicro(exp)}
+		return LeaseDecision{Allowed: true, InFlight: len(s.held), Limit: limit, Expires: time.UnixMicro(exp)}
 	}
 	soonest := int64(0)
 	for _, e := range s.held {
@@ -142,20 +170,24 @@ func (s *Leases) Acquire(now int64, l LeaseLimit, member string) LeaseDecision {
 			soonest = e
 		}
 	}
-	return LeaseDecision{InFlight: len(s.held), Limit: l.Limit, RetryAfter: time.Duration(soonest-now) * time.Microsecond}
+	return LeaseDecision{InFlight: len(s.held), Limit: limit, RetryAfter: time.Duration(soonest-now) * time.Microsecond}
 }
 
 // admits reports whether an Acquire of member at now would be allowed.
 func (s *Leases) admits(now int64, l LeaseLimit, member string) bool {
 	s.trim(now)
 	_, ok := s.held[member]
-	return ok || len(s.held) < l.Limit
+	return ok || len(s.held) < s.limit(now, l)
 }
 
-// Release drops member's lease; it reports whether it was held.
-func (s *Leases) Release(now int64, member string) bool {
+// Release drops member's lease; it reports whether it was held. When it
+// was, sm (nil: none) moves the key's adaptive limit under l.
+func (s *Leases) Release(now int64, l LeaseLimit, member string, sm *LeaseSample) bool {
 	s.trim(now)
 	_, ok := s.held[member]
+	if ok {
+		s.sample(now, l, len(s.held), sm)
+	}
 	delete(s.held, member)
 	return ok
 }
@@ -176,11 +208,20 @@ func (s *Leases) Renew(now int64, l LeaseLimit, member string) LeaseDecision {
 func (l LeaseLimit) Share(n int) LeaseLimit {
 	if n > 1 {
 		l.Limit = max(1, l.Limit/n)
+		if l.Adaptive.On() {
+			l.Adaptive.Min = max(1, l.Adaptive.Min/n)
+			l.Adaptive.Max = max(1, l.Adaptive.Max/n)
+		}
 	}
 	return l
 }
 
-func (l LeaseLimit) String() string { return fmt.Sprintf("%d in flight, leases of %v", l.Limit, l.TTL) }
+func (l LeaseLimit) String() string {
+	if l.Adaptive.On() {
+		return fmt.Sprintf("%d to %d in flight from %d, target latency %v, leases of %v", l.Adaptive.Min, l.Adaptive.Max, l.Limit, l.Adaptive.Target, l.TTL)
+	}
+	return fmt.Sprintf("%d in flight, leases of %v", l.Limit, l.TTL)
+}
 
 // leaseOverhead is the memory counted for a lease set besides its key,
 // rule id and members: the map entries and the set.
@@ -236,23 +277,20 @@ func (m *Memory) lockLeases(now int64, reqs []LeaseRequest) ([]*memoryShard, fun
 
 // change applies f to the lease set of each request and keeps the shard's
 // byte count of it, dropping a set left empty.
-func (m *Memory) changeLeases(shs []*memoryShard, reqs []LeaseRequest, member string, f func(i int, s *Leases)) {
+func (m *Memory) changeLeases(now int64, shs []*memoryShard, reqs []LeaseRequest, member string, f func(i int, s *Leases)) {
 	for i, r := range reqs {
 		id := bucketID{r.Rule, r.Key}
 		sh := shs[i]
 		s := sh.leaseSet(id)
-		before := int64(0)
-		if s.Len() > 0 {
-			before = leaseBytes(id, s, member)
-		}
+		before := s.bytes
 		f(i, s)
-		after := int64(0)
-		if s.Len() > 0 {
-			after = leaseBytes(id, s, member)
+		s.bytes = 0
+		if s.kept(now) {
+			s.bytes = leaseBytes(id, s, member)
 		} else {
 			delete(sh.leases, id)
 		}
-		sh.leaseBytes += after - before
+		sh.leaseBytes += s.bytes - before
 	}
 }
 
@@ -263,7 +301,7 @@ func (m *Memory) Acquire(_ context.Context, reqs []LeaseRequest, member string) 
 	shs, unlock := m.lockLeases(now, reqs)
 	defer unlock()
 	out := make([]LeaseDecision, len(reqs))
-	m.changeLeases(shs, reqs, member, func(_ int, s *Leases) { s.trim(now) })
+	m.changeLeases(now, shs, reqs, member, func(_ int, s *Leases) { s.trim(now) })
 	for _, sh := range shs {
 		if sh.leaseBytes >= m.perShard {
 			return nil, ErrLeasesFull
@@ -286,12 +324,15 @@ func (m *Memory) Acquire(_ context.Context, reqs []LeaseRequest, member string) 
 				out[i] = LeaseDecision{Allowed: true, Limit: r.Limit.Limit}
 				if s := shs[i].leases[bucketID{r.Rule, r.Key}]; s != nil {
 					out[i].InFlight = s.Len()
+					out[i].Limit = s.limit(now, r.Limit)
+				} else if r.Limit.Adaptive.On() {
+					out[i].Limit = r.Limit.Adaptive.clamp(r.Limit.Limit)
 				}
 			}
 		}
 		return out, nil
 	}
-	m.changeLeases(shs, reqs, member, func(i int, s *Leases) { out[i] = s.Acquire(now, reqs[i].Limit, member) })
+	m.changeLeases(now, shs, reqs, member, func(i int, s *Leases) { out[i] = s.Acquire(now, reqs[i].Limit, member) })
 	return out, nil
 }
 
@@ -301,7 +342,7 @@ func (m *Memory) Release(_ context.Context, reqs []LeaseRequest, member string) 
 	shs, unlock := m.lockLeases(now, reqs)
 	defer unlock()
 	out := make([]bool, len(reqs))
-	m.changeLeases(shs, reqs, member, func(i int, s *Leases) { out[i] = s.Release(now, member) })
+	m.changeLeases(now, shs, reqs, member, func(i int, s *Leases) { out[i] = s.Release(now, reqs[i].Limit, member, reqs[i].Sample) })
 	return out, nil
 }
 
@@ -311,22 +352,17 @@ func (m *Memory) Renew(_ context.Context, reqs []LeaseRequest, member string) ([
 	shs, unlock := m.lockLeases(now, reqs)
 	defer unlock()
 	out := make([]LeaseDecision, len(reqs))
-	m.changeLeases(shs, reqs, member, func(i int, s *Leases) { out[i] = s.Renew(now, reqs[i].Limit, member) })
+	m.changeLeases(now, shs, reqs, member, func(i int, s *Leases) { out[i] = s.Renew(now, reqs[i].Limit, member) })
 	return out, nil
 }
 
 // sweepLeases drops the expired leases of the locked shard.
 func (sh *memoryShard) sweepLeases(now int64) {
 	for id, s := range sh.leases {
-		if s.Latest() > now {
+		if s.Latest() > now || s.adaptiveExp > now {
 			continue
 		}
-		var member string
-		for k := range s.held {
-			member = k
-			break
-		}
-		sh.leaseBytes -= leaseBytes(id, s, member)
+		sh.leaseBytes -= s.bytes
 		delete(sh.leases, id)
 	}
 }

@@ -24,7 +24,7 @@ func TestLeasesSteps(t *testing.T) {
 	if d := s.Acquire(now+30, l, "a"); !d.Allowed || d.InFlight != 2 {
 		t.Fatalf("the same member again renews: %+v", d)
 	}
-	if !s.Release(now+40, "b") || s.Release(now+40, "b") {
+	if !s.Release(now+40, l, "b", nil) || s.Release(now+40, l, "b", nil) {
 		t.Fatal("release is not idempotent")
 	}
 	// a expires at exactly now+30+1s: gone at that instant.
@@ -34,12 +34,12 @@ func TestLeasesSteps(t *testing.T) {
 }
 
 func TestLeaseLimitValidate(t *testing.T) {
-	for _, l := range []LeaseLimit{{0, time.Second}, {MaxConcurrency + 1, time.Second}, {1, time.Second - 1}, {1, MaxLeaseTTL + time.Millisecond}, {1, 1500 * time.Microsecond}} {
+	for _, l := range []LeaseLimit{{Limit: 0, TTL: time.Second}, {Limit: MaxConcurrency + 1, TTL: time.Second}, {Limit: 1, TTL: time.Second - 1}, {Limit: 1, TTL: MaxLeaseTTL + time.Millisecond}, {Limit: 1, TTL: 1500 * time.Microsecond}} {
 		if err := l.Validate(); err == nil {
 			t.Errorf("%+v valid", l)
 		}
 	}
-	for _, l := range []LeaseLimit{{1, MinLeaseTTL}, {MaxConcurrency, MaxLeaseTTL}} {
+	for _, l := range []LeaseLimit{{Limit: 1, TTL: MinLeaseTTL}, {Limit: MaxConcurrency, TTL: MaxLeaseTTL}} {
 		if err := l.Validate(); err != nil {
 			t.Errorf("%+v: %v", l, err)
 		}

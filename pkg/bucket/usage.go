@@ -139,9 +139,10 @@ func (l *Limit) usageSlidingLog(st *State, now int64, cost float64) Decision {
 // lease or dropping an expired one: Allowed when a new member would get a
 // lease, InFlight the leases held (not expired), RetryAfter when full the
 // time until the soonest expires, and Expires the latest expiry (the zero
-// Time when none is held).
+// Time when none is held). Limit is the key's: l.Limit, or its adaptive
+// limit.
 func (s *Leases) Usage(now int64, l LeaseLimit) LeaseDecision {
-	u := LeaseDecision{Limit: l.Limit}
+	u := LeaseDecision{Limit: s.limit(now, l)}
 	var soonest, latest int64
 	for _, e := range s.held {
 		if e <= now {
@@ -153,7 +154,7 @@ func (s *Leases) Usage(now int64, l LeaseLimit) LeaseDecision {
 		}
 		latest = max(latest, e)
 	}
-	u.Allowed = u.InFlight < l.Limit
+	u.Allowed = u.InFlight < u.Limit
 	if !u.Allowed {
 		u.RetryAfter = time.Duration(soonest-now) * time.Microsecond
 	}

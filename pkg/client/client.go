@@ -225,9 +225,30 @@ func (c *Client) AcquireAttributes(ctx context.Context, a *limiterv1.Attributes,
 }
 
 // Release gives a lease back; released is false for a lease that was not
-// held (unknown, expired or already released), which is no error.
+// held (unknown, expired or already released), which is no error. It
+// reports nothing of the request: see ReleaseOutcome.
 func (c *Client) Release(ctx context.Context, leaseID string) (released bool, err error) {
 	resp, err := call(c, ctx, &limiterv1.ReleaseRequest{LeaseId: leaseID}, limiterv1.LimiterClient.Release)
+	return resp.GetReleased(), err
+}
+
+// Outcome is what a caller reports of a request when it releases its
+// lease: how long it took and whether it failed for the backend's sake
+// (an error, a timeout, an overload). It moves the limits of adaptive
+// concurrency rules.
+type Outcome struct {
+	// Duration is rounded down to whole milliseconds; at most a day.
+	Duration time.Duration
+	Failed   bool
+}
+
+// ReleaseOutcome gives a lease back as Release does, reporting the
+// request's outcome o. A Duration below 0 or above a day is refused
+// (codes.InvalidArgument) and releases nothing.
+func (c *Client) ReleaseOutcome(ctx context.Context, leaseID string, o Outcome) (released bool, err error) {
+	ms := o.Duration.Milliseconds()
+	req := &limiterv1.ReleaseRequest{LeaseId: leaseID, DurationMs: &ms, Failed: o.Failed}
+	resp, err := call(c, ctx, req, limiterv1.LimiterClient.Release)
 	return resp.GetReleased(), err
 }
 

@@ -31,6 +31,7 @@ type fakeLimiter struct {
 	mu        sync.Mutex
 	deadlines []time.Duration // -1: none
 	reqs      []*limiterv1.CheckRequest
+	releases  []*limiterv1.ReleaseRequest
 }
 
 func (f *fakeLimiter) Check(ctx context.Context, req *limiterv1.CheckRequest) (*limiterv1.CheckResponse, error) {
@@ -46,6 +47,35 @@ func (f *fakeLimiter) Check(ctx context.Context, req *limiterv1.CheckRequest) (*
 		return nil, f.err
 	}
 	return &limiterv1.CheckResponse{Allowed: true, Limit: 10, Remaining: 9}, nil
+}
+
+func (f *fakeLimiter) Release(_ context.Context, req *limiterv1.ReleaseRequest) (*limiterv1.ReleaseResponse, error) {
+	f.mu.Lock()
+	f.releases = append(f.releases, req)
+	f.mu.Unlock()
+	return &limiterv1.ReleaseResponse{Released: true}, nil
+}
+
+// TestReleaseOutcome: Release reports nothing of the request, and
+// ReleaseOutcome its duration in ms and whether it failed.
+func TestReleaseOutcome(t *testing.T) {
+	f := &fakeLimiter{}
+	c := newClient(t, serveFake(t, f))
+	ctx := context.Background()
+	if ok, err := c.Release(ctx, "a"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if ok, err := c.ReleaseOutcome(ctx, "b", client.Outcome{Duration: 1500 * time.Microsecond, Failed: true}); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r := f.releases[0]; r.GetLeaseId() != "a" || r.DurationMs != nil || r.GetFailed() {
+		t.Errorf("Release sent %v, want no outcome", r)
+	}
+	if r := f.releases[1]; r.GetLeaseId() != "b" || r.DurationMs == nil || r.GetDurationMs() != 1 || !r.GetFailed() {
+		t.Errorf("ReleaseOutcome sent %v, want duration_ms 1 and failed", r)
+	}
 }
 
 func (f *fakeLimiter) last() (time.Duration, *limiterv1.CheckRequest) {

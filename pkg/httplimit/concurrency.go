@@ -21,6 +21,14 @@ type Acquirer interface {
 	Renew(ctx context.Context, leaseID string) (*limiterv1.RenewResponse, error)
 }
 
+// OutcomeReleaser is an Acquirer that reports a request's outcome when it
+// releases its lease; *client.Client is one. Concurrency then reports how
+// long the handler ran and whether it failed (a status of 500 or more, or
+// a panic), which moves the limits of adaptive concurrency rules.
+type OutcomeReleaser interface {
+	ReleaseOutcome(ctx context.Context, leaseID string, o client.Outcome) (bool, error)
+}
+
 // ReleaseTimeout bounds the Release of a request's leases, which runs after
 // the handler returned, on a context of its own (the request's may be
 // cancelled: the client went away).
@@ -40,6 +48,10 @@ const ReleaseTimeout = time.Second
 // ErrLeaseExpired, so the handler stops the work it no longer holds a
 // slot for; it is logged and reported to Options.OnLeaseLost. A handler
 // that ignores its context keeps running, and its slot may be held twice.
+//
+// When c is an OutcomeReleaser, the release reports the time from the
+// Acquire's answer to the handler's return, and whether the handler
+// failed: a status of 500 or more, or a panic.
 //
 // A refusal is 429 with Retry-After: for a concurrency rule, the time until
 // the soonest lease held expires (a release may free a slot sooner). The
@@ -69,6 +81,9 @@ func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return
 			}
+			start := time.Now()
+			sw := &statusWriter{ResponseWriter: w}
+			panicked := true
 			ctx, cancel := context.WithCancelCause(r.Context())
 			renewed := make(chan struct{})
 			go func() {
@@ -80,11 +95,18 @@ func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
 				<-renewed
 				rctx, rcancel := context.WithTimeout(context.WithoutCancel(r.Context()), ReleaseTimeout)
 				defer rcancel()
-				if _, err := c.Release(rctx, id); err != nil {
+				var err error
+				if or, ok := c.(OutcomeReleaser); ok {
+					_, err = or.ReleaseOutcome(rctx, id, client.Outcome{Duration: time.Since(start), Failed: panicked || sw.status >= http.StatusInternalServerError})
+				} else {
+					_, err = c.Release(rctx, id)
+				}
+				if err != nil {
 					opts.Logger.Warn("lease not released: it expires on its own", "path", r.URL.Path, "err", err)
 				}
 			}()
-			next.ServeHTTP(w, r.WithContext(ctx))
+			next.ServeHTTP(sw, r.WithContext(ctx))
+			panicked = false
 		})
 	}
 }
@@ -160,3 +182,34 @@ func checkOf(a *limiterv1.AcquireResponse) *limiterv1.CheckResponse {
 		RetryAfterMs: a.GetRetryAfterMs(), RuleId: a.GetRuleId(), Statuses: a.GetStatuses(),
 	}
 }
+
+// statusWriter records the status a handler writes. Unwrap lets
+// http.ResponseController reach the writer's other capabilities (Flush,
+// Hijack, deadlines).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= http.StatusOK { // not an informational 1xx
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Flush passes a flush on, for handlers that stream.
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

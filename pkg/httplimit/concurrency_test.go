@@ -242,3 +242,52 @@ func TestConcurrencyStopsWhenRenewalsFail(t *testing.T) {
 		}
 	})
 }
+
+// outcomeAcquirer is a fakeAcquirer that records the outcomes its
+// releases report.
+type outcomeAcquirer struct {
+	*fakeAcquirer
+	outcomes []client.Outcome
+}
+
+func (f *outcomeAcquirer) ReleaseOutcome(ctx context.Context, id string, o client.Outcome) (bool, error) {
+	f.mu.Lock()
+	f.outcomes = append(f.outcomes, o)
+	f.mu.Unlock()
+	return f.Release(ctx, id)
+}
+
+// TestConcurrencyReportsOutcome: with an OutcomeReleaser the release
+// reports how long the handler ran, and a 5xx or a panic as failed.
+func TestConcurrencyReportsOutcome(t *testing.T) {
+	f := &outcomeAcquirer{fakeAcquirer: newFakeAcquirer(1)}
+	for _, tc := range []struct {
+		name   string
+		h      http.HandlerFunc
+		failed bool
+	}{
+		{"ok", func(w http.ResponseWriter, _ *http.Request) { time.Sleep(5 * time.Millisecond); fmt.Fprint(w, "ok") }, false},
+		{"not found", func(w http.ResponseWriter, _ *http.Request) { http.NotFound(w, nil) }, false},
+		{"early hints, then 503", func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(http.StatusEarlyHints)
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}, true},
+		{"panic", func(http.ResponseWriter, *http.Request) { panic("handler bug") }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			func() {
+				defer func() { _ = recover() }()
+				Concurrency(f, Options{Logger: quiet})(tc.h).ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/reports/1", nil))
+			}()
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			o := f.outcomes[len(f.outcomes)-1]
+			if o.Failed != tc.failed || o.Duration <= 0 || len(f.held) != 0 {
+				t.Fatalf("outcome %+v, %d held; want failed %v, a duration, nothing held", o, len(f.held), tc.failed)
+			}
+			if tc.name == "ok" && o.Duration < 5*time.Millisecond {
+				t.Fatalf("duration %v, the handler ran 5ms", o.Duration)
+			}
+		})
+	}
+}

@@ -102,28 +102,39 @@ func (l *Leases) checkParts(ts *homes.State, id *leaseid.ID) error {
 }
 
 // Release gives back the leases of a lease id, wherever they are held:
-// those held in another region through its Peer service. A lease unknown,
-// expired or already released is no error: released is then false (true
-// when any of its leases was held). Errors: an *request.InvalidError of lease_id,
-// ErrLeaseStore (the store here did not answer) or ErrLeaseHome (the
-// region holding a lease did not answer); the leases not released expire
-// on their own, and a Release again is safe.
-func (l *Leases) Release(ctx context.Context, leaseID string) (released bool, _ error) {
-	return l.release(ctx, leaseID, false)
+// those held in another region through its Peer service. sample (nil:
+// none) is what the caller reports of the request: it moves the limits of
+// the adaptive rules whose leases were held. A lease unknown, expired or
+// already released is no error: released is then false (true when any of
+// its leases was held). Errors: an *request.InvalidError of lease_id or
+// duration_ms, ErrLeaseStore (the store here did not answer) or
+// ErrLeaseHome (the region holding a lease did not answer); the leases not
+// released expire on their own, and a Release again is safe.
+func (l *Leases) Release(ctx context.Context, leaseID string, sample *bucket.LeaseSample) (released bool, _ error) {
+	return l.release(ctx, leaseID, sample, false)
 }
 
 // PeerRelease is a Release forwarded by a peer region: it gives back the
 // leases held here and leaves the others (never forwarded again).
-func (l *Leases) PeerRelease(ctx context.Context, leaseID string) (released bool, _ error) {
-	return l.release(ctx, leaseID, true)
+func (l *Leases) PeerRelease(ctx context.Context, leaseID string, sample *bucket.LeaseSample) (released bool, _ error) {
+	return l.release(ctx, leaseID, sample, true)
 }
 
-func (l *Leases) release(ctx context.Context, leaseID string, peer bool) (bool, error) {
+func (l *Leases) release(ctx context.Context, leaseID string, sample *bucket.LeaseSample, peer bool) (bool, error) {
+	if sample != nil {
+		if err := sample.Validate(); err != nil {
+			l.m.Invalid.WithLabelValues("duration_ms").Inc()
+			return false, request.Invalid("duration_ms", "duration_ms: %w", err)
+		}
+	}
 	ts := l.topo.Use()
 	defer ts.Release()
 	id, here, remote, err := l.leaseParts(ts, leaseID)
 	if err != nil {
 		return false, err
+	}
+	for i := range here {
+		here[i].req.Sample = sample
 	}
 	tracked := l.inflight.Remove(id.Member())
 	released, err := l.releaseHere(ctx, id, here, tracked)
@@ -131,7 +142,7 @@ func (l *Leases) release(ctx context.Context, leaseID string, peer bool) (bool, 
 		return released, err
 	}
 	for _, r := range slices.Sorted(maps.Keys(remote)) {
-		ok, rerr := l.releaseRemote(ctx, ts, r, leaseID, remote[r])
+		ok, rerr := l.releaseRemote(ctx, ts, r, leaseID, sample, remote[r])
 		released = released || ok
 		if err == nil {
 			err = rerr
@@ -307,7 +318,7 @@ func (l *Leases) renewGone(ctx context.Context, ts *homes.State, id *leaseid.ID,
 		l.log.Warn("the rest of a lease gone not released: it expires on its own", "err", err)
 	}
 	for _, r := range slices.Sorted(maps.Keys(remote)) {
-		if _, err := l.releaseRemote(rctx, ts, r, leaseID, remote[r]); err != nil {
+		if _, err := l.releaseRemote(rctx, ts, r, leaseID, nil, remote[r]); err != nil {
 			l.log.Warn("the rest of a lease gone not released in the region holding it: it expires there on its own", "region", r, "err", err)
 		}
 	}
@@ -324,4 +335,22 @@ func (l *Leases) unrenewable(ts *homes.State, p heldPart) bool {
 		return false
 	}
 	return p.Flags&leaseid.Regional != 0 || ts.Topo.Home(p.Key, p.en.Rule.HomeKeys) != p.Region
+}
+
+// Sample is the sample of a Release that reports a duration in ms (nil:
+// none) and whether the request failed: nil when it reports neither. A
+// duration below 0 or above bucket.MaxSampleDuration is an
+// *request.InvalidError of duration_ms.
+func Sample(durationMs *int64, failed bool) (*bucket.LeaseSample, error) {
+	if durationMs == nil && !failed {
+		return nil, nil
+	}
+	var ms int64
+	if durationMs != nil {
+		ms = *durationMs
+	}
+	if ms < 0 || ms > bucket.MaxSampleDuration.Milliseconds() {
+		return nil, request.Invalid("duration_ms", "duration_ms: %w: a duration must be from 0 to %d ms, got %d", bucket.ErrInvalidSample, bucket.MaxSampleDuration.Milliseconds(), ms)
+	}
+	return &bucket.LeaseSample{Duration: time.Duration(ms) * time.Millisecond, Failed: failed}, nil
 }

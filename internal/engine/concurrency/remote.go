@@ -25,7 +25,9 @@ var ErrLeaseHome = errors.New("the region holding the lease did not answer")
 // Acquire routed with an older topology, anything else no answer.
 type LeaseHome interface {
 	AcquireLease(ctx context.Context, leaseID string) (HomeLease, error)
-	ReleaseLease(ctx context.Context, leaseID string) (released bool, _ error)
+	// ReleaseLease gives the leases back, with the caller's sample of
+	// the request (nil: none).
+	ReleaseLease(ctx context.Context, leaseID string, sample *bucket.LeaseSample) (released bool, _ error)
 	RenewLease(ctx context.Context, leaseID string) (renewed bool, expires time.Time, ttl time.Duration, _ error)
 }
 
@@ -115,7 +117,7 @@ func (l *Leases) releaseAt(ctx context.Context, ts *homes.State, home string, id
 	rctx, cancel := l.detached(ctx)
 	defer cancel()
 	rules := partRules(id, home)
-	ok, err := h.ReleaseLease(rctx, id.String())
+	ok, err := h.ReleaseLease(rctx, id.String(), nil)
 	switch {
 	case err != nil:
 		l.countForward(rules, metrics.CallRelease, metrics.ResultError)
@@ -128,7 +130,7 @@ func (l *Leases) releaseAt(ctx context.Context, ts *homes.State, home string, id
 }
 
 // releaseRemote forwards the Release of parts held in region.
-func (l *Leases) releaseRemote(ctx context.Context, ts *homes.State, region, leaseID string, parts []heldPart) (bool, error) {
+func (l *Leases) releaseRemote(ctx context.Context, ts *homes.State, region, leaseID string, sample *bucket.LeaseSample, parts []heldPart) (bool, error) {
 	rules := heldRules(parts)
 	h, _ := ts.Homes[region].(LeaseHome)
 	if h == nil {
@@ -137,7 +139,7 @@ func (l *Leases) releaseRemote(ctx context.Context, ts *homes.State, region, lea
 	}
 	fctx, cancel := context.WithTimeout(ctx, l.fwdTO)
 	defer cancel()
-	ok, err := h.ReleaseLease(fctx, leaseID)
+	ok, err := h.ReleaseLease(fctx, leaseID, sample)
 	if err != nil {
 		return false, l.remoteLeaseError(ctx, rules, metrics.CallRelease, region, err)
 	}

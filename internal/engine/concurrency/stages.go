@@ -199,6 +199,14 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		// held as the rule's on_failure, as a check's is; Limit the rule's.
 		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(reqs[i].Limit.Limit-d.InFlight, 0)),
 			Limit: float64(it.Limits.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
+		if reqs[i].Limit.Adaptive.On() {
+			// The key's limit now, as the store holds it.
+			it.Decision.Remaining = float64(max(d.Limit-d.InFlight, 0))
+			if it.Route == request.RouteStore {
+				it.Decision.Limit = float64(d.Limit)
+				it.Entry.AdaptiveLimit.Set(float64(d.Limit))
+			}
+		}
 		if !d.Allowed {
 			all = false
 			l.refused(it.Item)

@@ -87,10 +87,13 @@ type Metrics struct {
 	Handoffs        *prometheus.CounterVec
 	Duration        prometheus.Histogram
 	Leases          *prometheus.CounterVec
-	Untracked       prometheus.Counter
-	Paced           *prometheus.CounterVec
-	PacedWait       *prometheus.HistogramVec
-	Settlements     *prometheus.CounterVec
+	// AdaptiveLimit is each adaptive concurrency rule's limit of the key
+	// of its latest Acquire through this instance.
+	AdaptiveLimit *prometheus.GaugeVec
+	Untracked     prometheus.Counter
+	Paced         *prometheus.CounterVec
+	PacedWait     *prometheus.HistogramVec
+	Settlements   *prometheus.CounterVec
 	// PriorityDecisions count decided checks by priority class and
 	// result (PriorityResults).
 	PriorityDecisions *prometheus.CounterVec
@@ -137,6 +140,7 @@ func (m *Metrics) Forget(rule string) {
 	}
 	m.RuleLimit.DeleteLabelValues(rule)
 	m.RuleRate.DeleteLabelValues(rule)
+	m.AdaptiveLimit.DeleteLabelValues(rule)
 }
 
 // New makes the engine's series and registers them on reg.
@@ -169,6 +173,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		RuleLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_rule_capacity",
 			Help: "A rule's capacity: the burst of a bucket, the limit of a window.",
+		}, []string{"rule"}),
+		AdaptiveLimit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_concurrency_adaptive_limit",
+			Help: "An adaptive concurrency rule's limit of the key of its latest Acquire through this instance, as the store holds it (the rule's starting limit before any).",
 		}, []string{"rule"}),
 		RuleRate: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_rule_sustained_rate",
@@ -223,13 +231,13 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.Decisions, m.Forwarded, m.ForwardedLeases, m.AdmittedCost, m.DenyHits, m.Leased,
-		m.RuleLimit, m.RuleRate, m.Invalid, m.Overloaded, m.Refunds, m.Stale, m.Handoffs, m.Duration, m.Leases, m.Untracked,
+		m.RuleLimit, m.RuleRate, m.Invalid, m.Overloaded, m.Refunds, m.Stale, m.Handoffs, m.Duration, m.Leases, m.AdaptiveLimit, m.Untracked,
 		m.Paced, m.PacedWait, m.Settlements, m.PriorityDecisions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation", "settle", "settlement", "actual_cost", "priority"} {
+	for _, f := range []string{"rule_id", "key", "cost", "attributes", "lease_id", "max_wait_ms", "reservation", "settle", "settlement", "actual_cost", "priority", "duration_ms"} {
 		m.Invalid.WithLabelValues(f)
 	}
 	for _, r := range []string{"ok", "error"} {

@@ -62,6 +62,9 @@ type Entry struct {
 	DenyHits, Leased prometheus.Counter
 	// Lease is a concurrency rule's lease counters, by event.
 	Lease map[string]prometheus.Counter
+	// AdaptiveLimit is an adaptive concurrency rule's limit of the key
+	// its latest Acquire here held (nil for another rule).
+	AdaptiveLimit prometheus.Gauge
 	// Tracked is a concurrency rule's counters for the in-flight gauge.
 	Tracked *inflight.Rule
 	// Forwarded count checks answered by a key's home region.
@@ -152,6 +155,13 @@ func NewTable(set *rules.Set, gen uint64, regions int, classes *rules.Classes, m
 				}
 			}
 		}
+		var adaptive prometheus.Gauge
+		if a := r.Leases().Adaptive; r.Concurrent() && a.On() {
+			adaptive = m.AdaptiveLimit.WithLabelValues(id)
+			adaptive.Set(float64(min(a.Max, max(a.Min, r.Leases().Limit))))
+		} else {
+			m.AdaptiveLimit.DeleteLabelValues(id)
+		}
 		var tracked *inflight.Rule
 		if lease != nil {
 			tracked = &inflight.Rule{ID: id, Expired: lease[metrics.EventExpired], Untracked: lease[metrics.EventUntracked]}
@@ -165,7 +175,7 @@ func NewTable(set *rules.Set, gen uint64, regions int, classes *rules.Classes, m
 			}
 		}
 		t.ByID[id] = &Entry{
-			Lease: lease, Tracked: tracked,
+			Lease: lease, Tracked: tracked, AdaptiveLimit: adaptive,
 			Rule: r, Limits: newLeaseLimits(lim, r.Leases(), regions), Overrides: overrides,
 			Reconciled: r.Reconciled(), SpendBudget: r.SpendBudget(), Pinned: r.Pinned(), Closed: r.OnFailure == rules.FailClosed,
 			Allowed: d.WithLabelValues(id, metrics.ResultAllowed), Limited: d.WithLabelValues(id, metrics.ResultLimited),

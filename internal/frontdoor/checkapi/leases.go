@@ -48,9 +48,14 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 	return resp, nil
 }
 
-// Release gives a lease back; an unknown or expired one is no error.
+// Release gives a lease back; an unknown or expired one is no error. The
+// request's duration and failure, when reported, move adaptive limits.
 func (s *Service) Release(ctx context.Context, req *limiterv1.ReleaseRequest) (*limiterv1.ReleaseResponse, error) {
-	released, err := s.e.Concurrency().Release(ctx, req.GetLeaseId())
+	sample, err := concurrency.Sample(req.DurationMs, req.GetFailed())
+	if err != nil {
+		return nil, Status(err)
+	}
+	released, err := s.e.Concurrency().Release(ctx, req.GetLeaseId(), sample)
 	if err != nil {
 		return nil, Status(err)
 	}

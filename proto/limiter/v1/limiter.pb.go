@@ -760,8 +760,16 @@ func (x *AcquireResponse) GetStatuses() []*RuleStatus {
 }
 
 type ReleaseRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	LeaseId       string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	LeaseId string                 `protobuf:"bytes,1,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// How long the request took, in milliseconds, 0 to 86,400,000: a
+	// sample that moves the limit of the adaptive concurrency rules the
+	// lease holds (docs/concurrency.md). Unset: nothing reported.
+	DurationMs *int64 `protobuf:"varint,2,opt,name=duration_ms,json=durationMs,proto3,oneof" json:"duration_ms,omitempty"`
+	// The request failed for the backend's sake (an error, a timeout, an
+	// overload): a sample that cuts an adaptive limit whatever its
+	// duration.
+	Failed        bool `protobuf:"varint,3,opt,name=failed,proto3" json:"failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -801,6 +809,20 @@ func (x *ReleaseRequest) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *ReleaseRequest) GetDurationMs() int64 {
+	if x != nil && x.DurationMs != nil {
+		return *x.DurationMs
+	}
+	return 0
+}
+
+func (x *ReleaseRequest) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
 }
 
 type ReleaseResponse struct {
@@ -1516,9 +1538,13 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\arule_id\x18\x06 \x01(\tR\x06ruleId\x12\x1c\n" +
 	"\tremaining\x18\a \x01(\x01R\tremaining\x12\x14\n" +
 	"\x05limit\x18\b \x01(\x01R\x05limit\x122\n" +
-	"\bstatuses\x18\t \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"+\n" +
+	"\bstatuses\x18\t \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"y\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
-	"\blease_id\x18\x01 \x01(\tR\aleaseId\"-\n" +
+	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12$\n" +
+	"\vduration_ms\x18\x02 \x01(\x03H\x00R\n" +
+	"durationMs\x88\x01\x01\x12\x16\n" +
+	"\x06failed\x18\x03 \x01(\bR\x06failedB\x0e\n" +
+	"\f_duration_ms\"-\n" +
 	"\x0fReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\")\n" +
 	"\fRenewRequest\x12\x19\n" +
@@ -1662,6 +1688,7 @@ func file_limiter_v1_limiter_proto_init() {
 	if File_limiter_v1_limiter_proto != nil {
 		return
 	}
+	file_limiter_v1_limiter_proto_msgTypes[9].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

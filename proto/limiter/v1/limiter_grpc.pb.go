@@ -56,7 +56,8 @@ type LimiterClient interface {
 	// rule that is not a concurrency rule, a region outside the topology, or
 	// a region that cannot hold the pinned lease it names. UNAVAILABLE when
 	// the store or the region holding the lease did not answer: the lease
-	// expires on its own, and a Release again is safe.
+	// expires on its own, and a Release again is safe. INVALID_ARGUMENT
+	// too for a duration_ms below 0 or above 86,400,000 (a day).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 	// Renew extends a lease by its rules' lease_ttl from now. renewed false:
 	// the lease is gone (expired, released or never held) and the caller
@@ -199,7 +200,8 @@ type LimiterServer interface {
 	// rule that is not a concurrency rule, a region outside the topology, or
 	// a region that cannot hold the pinned lease it names. UNAVAILABLE when
 	// the store or the region holding the lease did not answer: the lease
-	// expires on its own, and a Release again is safe.
+	// expires on its own, and a Release again is safe. INVALID_ARGUMENT
+	// too for a duration_ms below 0 or above 86,400,000 (a day).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	// Renew extends a lease by its rules' lease_ttl from now. renewed false:
 	// the lease is gone (expired, released or never held) and the caller

@@ -749,7 +749,11 @@ type PeerLeaseRequest struct {
 	OriginRegion string                 `protobuf:"bytes,1,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
 	// A lease id an Acquire answered (parts naming this region are acted
 	// on here).
-	LeaseId       string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	LeaseId string `protobuf:"bytes,2,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// A Release's sample of the request (ReleaseRequest's fields of the
+	// same names), for adaptive rules held here.
+	DurationMs    *int64 `protobuf:"varint,3,opt,name=duration_ms,json=durationMs,proto3,oneof" json:"duration_ms,omitempty"`
+	Failed        bool   `protobuf:"varint,4,opt,name=failed,proto3" json:"failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -796,6 +800,20 @@ func (x *PeerLeaseRequest) GetLeaseId() string {
 		return x.LeaseId
 	}
 	return ""
+}
+
+func (x *PeerLeaseRequest) GetDurationMs() int64 {
+	if x != nil && x.DurationMs != nil {
+		return *x.DurationMs
+	}
+	return 0
+}
+
+func (x *PeerLeaseRequest) GetFailed() bool {
+	if x != nil {
+		return x.Failed
+	}
+	return false
 }
 
 type PeerReleaseResponse struct {
@@ -1059,10 +1077,14 @@ const file_limiter_v1_peer_proto_rawDesc = "" +
 	"\rexpires_at_us\x18\x03 \x01(\x03R\vexpiresAtUs\x12 \n" +
 	"\flease_ttl_ms\x18\x04 \x01(\x03R\n" +
 	"leaseTtlMs\x12\x1a\n" +
-	"\bfallback\x18\x05 \x01(\bR\bfallback\"R\n" +
+	"\bfallback\x18\x05 \x01(\bR\bfallback\"\xa0\x01\n" +
 	"\x10PeerLeaseRequest\x12#\n" +
 	"\rorigin_region\x18\x01 \x01(\tR\foriginRegion\x12\x19\n" +
-	"\blease_id\x18\x02 \x01(\tR\aleaseId\"1\n" +
+	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12$\n" +
+	"\vduration_ms\x18\x03 \x01(\x03H\x00R\n" +
+	"durationMs\x88\x01\x01\x12\x16\n" +
+	"\x06failed\x18\x04 \x01(\bR\x06failedB\x0e\n" +
+	"\f_duration_ms\"1\n" +
 	"\x13PeerReleaseResponse\x12\x1a\n" +
 	"\breleased\x18\x01 \x01(\bR\breleased\"s\n" +
 	"\x11PeerRenewResponse\x12\x18\n" +
@@ -1154,6 +1176,7 @@ func file_limiter_v1_peer_proto_init() {
 		return
 	}
 	file_limiter_v1_limiter_proto_init()
+	file_limiter_v1_peer_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
