@@ -9,9 +9,9 @@ GOSSIP_INTERVAL ?= 1s
 
 .PHONY: run test test-repeat soak scale bench compare proto docs lint deps up-deps build image clean up down demo
 
-## run: start limiterd on the embedded in-memory store with the example rules
+## run: start limiterd on the embedded in-memory store with the example rules, and a NATS server for the admin API's rules
 run:
-	$(GO) run ./cmd/limiterd --rules.file=$(RULES)
+	GO=$(GO) RULES=$(RULES) scripts/run.sh
 
 # The integration tests run nats-server as a process, built from the
 # nats-server/v2 module pinned in go.mod (a tool of this module), not under
