@@ -144,6 +144,19 @@ func TestRunScript(t *testing.T) {
 	if code, body := call(http.MethodGet, "/admin/rules/tenants/top", "", true); code != http.StatusOK || !strings.Contains(body, `"rule":"tenants"`) {
 		t.Errorf("TopLimited: %d %s", code, body)
 	}
+	// Spend an estimate, settle the actual cost: the difference comes back.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	est, err := lim.Check(ctx, &limiterv1.CheckRequest{RuleId: "tenants", Key: "tenant-b", Cost: 50, Settle: true})
+	if err != nil || !est.GetAllowed() || est.GetSettlement() == "" {
+		t.Fatalf("Check with settle: %v, %v", est, err)
+	}
+	if st, err := lim.Settle(ctx, &limiterv1.SettleRequest{Settlement: est.GetSettlement(), ActualCost: 12}); err != nil || !st.GetSettled() {
+		t.Fatalf("Settle: %v, %v", st, err)
+	}
+	if r, err := lim.Check(ctx, &limiterv1.CheckRequest{RuleId: "tenants", Key: "tenant-b"}); err != nil || r.GetRemaining() < 87 {
+		t.Errorf("after settling 12 of an estimate of 50: %v, %v; want at least 87 remaining", r, err)
+	}
 	if code, body := call(http.MethodDelete, "/admin/rules/tenants/overrides/tenant-acme", "", true); code != http.StatusOK {
 		t.Fatalf("DeleteOverride: %d %s", code, body)
 	}
