@@ -98,6 +98,9 @@ func (s *Store) Health() error { return s.nodes.Health() }
 // breakers fail the checks instead.
 func (s *Store) Connected() bool { return s.nodes.Connected() }
 
+// NodeStates lists the primaries as the background probe last found them.
+func (s *Store) NodeStates() []pipeline.NodeState { return s.nodes.NodeStates() }
+
 // Load loads every script on every primary that answers, so checks run by
 // hash. A node that lost them (a restart, a failover) is served by EVAL
 // until the background probe loads them again. Its error names the nodes

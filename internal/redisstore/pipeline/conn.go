@@ -127,7 +127,29 @@ func (ns *Nodes) newBackend(cluster bool) *backend {
 }
 
 // health is the last probe's finding.
-type health struct{ err error }
+type health struct {
+	err   error
+	nodes []NodeState
+}
+
+// NodeState is one primary as the background probe last found it.
+type NodeState struct {
+	// Addr is the primary's address.
+	Addr string
+	// Err is why it did not answer the probe (or load the scripts); ""
+	// when it answered.
+	Err string
+}
+
+// NodeStates lists the primaries the last probe reached or tried, by
+// address (no I/O here); nil before the first probe, or when no node
+// answered with a slot map (Health then says why).
+func (ns *Nodes) NodeStates() []NodeState {
+	if h := ns.health.Load(); h != nil {
+		return slices.Clone(h.nodes)
+	}
+	return nil
+}
 
 // Health reports the nodes' reachability as the background probe last
 // found it (every ProbeInterval; no I/O here), for a readiness detail or a
@@ -189,6 +211,7 @@ func (ns *Nodes) probe(ctx context.Context) {
 	var (
 		mu      sync.Mutex
 		down    []string
+		states  []NodeState
 		answers []*redis.Client
 	)
 	ping := func(ctx context.Context, c *redis.Client) error {
@@ -197,6 +220,7 @@ func (ns *Nodes) probe(ctx context.Context) {
 		defer mu.Unlock()
 		if err != nil {
 			down = append(down, fmt.Sprintf("%s: %v", c.Options().Addr, err))
+			states = append(states, NodeState{Addr: c.Options().Addr, Err: err.Error()})
 		} else {
 			answers = append(answers, c)
 		}
@@ -226,17 +250,21 @@ func (ns *Nodes) probe(ctx context.Context) {
 			// the scripts. (EVALSHA falls back to EVAL anyway.)
 			if err := ns.loadScripts(ctx, c); err != nil {
 				down = append(down, err.Error())
+				states = append(states, NodeState{Addr: addr, Err: err.Error()})
 				up = up[:len(up)-1]
+				continue
 			}
 		}
+		states = append(states, NodeState{Addr: addr})
 	}
 	ns.markDown(up)
+	slices.SortFunc(states, func(a, b NodeState) int { return strings.Compare(a.Addr, b.Addr) })
 	if len(down) == 0 {
-		ns.setHealth(nil)
+		ns.health.Store(&health{nodes: states})
 		return
 	}
 	slices.Sort(down)
-	ns.setHealth(fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")))
+	ns.health.Store(&health{err: fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")), nodes: states})
 }
 
 // detectMode asks the one address whether it is a cluster node.
