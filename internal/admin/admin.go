@@ -606,3 +606,31 @@ func (a *Admin) Routes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /admin/rules", auth(list))
 	mux.HandleFunc("GET /admin/rules/{id}", auth(list))
 }
+
+// Page guards a page for browsers, such as the status page: open when no
+// admin authentication is configured (no token, no client identities);
+// otherwise it admits what the admin API admits, and also the admin token
+// as the password of HTTP Basic authentication (any user name), which a
+// browser asks for on its own. A refusal is counted as an admin call's.
+func (a *Admin) Page(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(a.token) == 0 && len(a.identities) == 0 {
+			h.ServeHTTP(w, r)
+			return
+		}
+		authorization := r.Header.Values("Authorization")
+		if _, pass, ok := r.BasicAuth(); ok {
+			authorization = []string{"Bearer " + pass}
+		}
+		if e := a.check(authorization, tlsconf.Verified(r.TLS)); e != nil {
+			code := http.StatusForbidden
+			if e.code == codes.Unauthenticated {
+				code = http.StatusUnauthorized
+				w.Header().Set("WWW-Authenticate", `Basic realm="limiterd", charset="UTF-8"`)
+			}
+			http.Error(w, e.msg+" (a browser: any user name, the admin token as the password)", code)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
