@@ -57,9 +57,9 @@ scale: up-deps
 		-scale.regions=$(REGIONS) -scale.keys=$(KEYS) -scale.rate=$(RATE) -scale.duration=$(DURATION) -scale.warmup=$(WARMUP) \
 		-scale.wan=$(or $(WAN),spread) -scale.max-defer=$(MAX_DEFER) -scale.publishers=$(PUBLISHERS) -scale.primaries=$(PRIMARIES) -scale.affinity=$(AFFINITY)
 
-## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool) and alertmanager (Debian packages)
+## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool), alertmanager and chromium for the status page's test (Debian packages)
 deps:
-	@GO=$(GO) scripts/install-deps.sh redis nginx cc prometheus alertmanager
+	@GO=$(GO) scripts/install-deps.sh redis nginx cc prometheus alertmanager chromium
 
 ## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli, with MONITORING=1 prometheus and alertmanager too (NATS and the daemons are built by `up`)
 up-deps:

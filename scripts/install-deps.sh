@@ -14,19 +14,21 @@
 #                 and the alerts' end-to-end test
 #   alertmanager  prometheus-alertmanager (package prometheus-alertmanager;
 #                 upstream's alertmanager binary will do), for the same
+#   chromium      a headless Chromium (package chromium; chromium-browser
+#                 or google-chrome will do): the status page's browser test
 #
 # `make test` and `make deps` install them all, `make up` only redis
 # (with MONITORING=1, prometheus and alertmanager too).
 # Prints one line saying what it did.
 set -euo pipefail
 
-usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc] [prometheus] [alertmanager]" >&2; }
+usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc] [prometheus] [alertmanager] [chromium]" >&2; }
 
 want=("$@")
-if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc prometheus alertmanager); fi
+if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc prometheus alertmanager chromium); fi
 for w in "${want[@]}"; do
 	case $w in
-	redis | nginx | cc | prometheus | alertmanager) ;;
+	redis | nginx | cc | prometheus | alertmanager | chromium) ;;
 	*)
 		usage
 		exit 2
@@ -45,6 +47,7 @@ have() {
 	cc) command -v "$cc" >/dev/null 2>&1 ;;
 	prometheus) command -v prometheus >/dev/null 2>&1 ;;
 	alertmanager) command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 ;;
+	chromium) command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 ;;
 	esac
 }
 packages_of() {
@@ -54,6 +57,7 @@ packages_of() {
 	cc) echo "gcc libc6-dev" ;;
 	prometheus) echo "prometheus" ;;
 	alertmanager) echo "prometheus-alertmanager" ;;
+	chromium) echo "chromium" ;;
 	esac
 }
 name_of() {
@@ -63,6 +67,7 @@ name_of() {
 	cc) echo "a C compiler ($cc)" ;;
 	prometheus) echo "prometheus" ;;
 	alertmanager) echo "alertmanager" ;;
+	chromium) echo "chromium" ;;
 	esac
 }
 version_of() {
@@ -72,6 +77,7 @@ version_of() {
 	cc) echo "$cc $("$cc" -dumpfullversion 2>/dev/null || "$cc" -dumpversion 2>/dev/null)" ;;
 	prometheus) prometheus --version 2>&1 | sed -n '1s/^prometheus, version \([^ ]*\).*/prometheus \1/p' ;;
 	alertmanager) "$(command -v prometheus-alertmanager 2>/dev/null || echo alertmanager)" --version 2>&1 | sed -n '1s/^alertmanager, version \([^ ]*\).*/alertmanager \1/p' ;;
+	chromium) "$(command -v chromium 2>/dev/null || command -v chromium-browser 2>/dev/null || echo google-chrome)" --version 2>/dev/null | sed -n 's/^\(Chromium\|Google Chrome\) \([0-9][0-9.]*\).*/chromium \2/p' ;;
 	esac
 }
 # list WORDS...: "a", "a and b", "a, b and c".
@@ -113,7 +119,7 @@ if [ -z "$packages" ]; then
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race, Prometheus 2 and Alertmanager; Debian/Ubuntu: $install)" >&2
+	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race, Prometheus 2, Alertmanager and Chromium; Debian/Ubuntu: $install)" >&2
 	exit 1
 fi
 

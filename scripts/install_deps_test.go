@@ -20,6 +20,7 @@ var stubs = map[string]struct{ pkg, script string }{
 	// Debian names its alertmanager prometheus-alertmanager.
 	"prometheus":              {"prometheus", `echo "prometheus, version 2.42.0+ds (branch: debian/sid, revision: 2.42.0+ds-5+deb12u1)"`},
 	"prometheus-alertmanager": {"prometheus-alertmanager", `echo "alertmanager, version 0.25.0 (branch: debian/sid, revision: 0.25.0-1+b4)"`},
+	"chromium":                {"chromium", `echo "Chromium 156.0.8078.114 built on Debian GNU/Linux 12 (bookworm)"`},
 }
 
 // TestInstallDeps runs install-deps.sh against a PATH of stubs, with an
@@ -49,6 +50,9 @@ func TestInstallDeps(t *testing.T) {
 		{name: "no prometheus nor alertmanager", args: nil, missing: []string{"prometheus", "prometheus-alertmanager"}, want: []string{"prometheus", "prometheus-alertmanager"}},
 		{name: "monitoring of make up", args: []string{"redis", "prometheus", "alertmanager"}, missing: []string{"prometheus-alertmanager", "gcc", "nginx"}, want: []string{"prometheus-alertmanager"}},
 		{name: "redis only, no prometheus", args: []string{"redis"}, missing: []string{"prometheus"}, want: nil},
+		// The status page's browser test.
+		{name: "no chromium", args: nil, missing: []string{"chromium"}, want: []string{"chromium"}},
+		{name: "chromium only", args: []string{"chromium"}, missing: []string{"chromium", "gcc"}, want: []string{"chromium"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

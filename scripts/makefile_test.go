@@ -26,8 +26,8 @@ func TestMakeInstalls(t *testing.T) {
 		vars   []string // make's variables
 		deps   []string // install-deps.sh's arguments
 	}{
-		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager"}},
-		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager"}},
+		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager", "chromium"}},
+		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager", "chromium"}},
 		{name: "up", target: "up", deps: []string{"redis"}},
 		{name: "up with monitoring", target: "up", vars: []string{"MONITORING=1"}, deps: []string{"redis", "prometheus", "alertmanager"}},
 		{name: "soak", target: "soak", deps: []string{"redis"}},

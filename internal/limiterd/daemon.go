@@ -54,6 +54,7 @@ import (
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/secretfile"
 	"github.com/limiterd/limiterd/internal/spendpub"
+	"github.com/limiterd/limiterd/internal/statuspage"
 	"github.com/limiterd/limiterd/internal/tlsconf"
 	"github.com/limiterd/limiterd/internal/topowatch"
 	"github.com/limiterd/limiterd/internal/topshare"
@@ -688,6 +689,8 @@ func (d *Daemon) startServers() error {
 		// On the HTTP listener, wherever forward-auth is.
 		mux.Handle(forwardauth.UsagePath, usage)
 	}
+	// The status page: "/{$}" is "/" alone, so an unknown path is still 404.
+	mux.Handle("/{$}", d.admin.Page(statuspage.Handler(*d.statusPage())))
 	if d.httpLis, d.httpServer, err = d.serveHTTP("--http.listen-address", d.opts.Server.HTTPAddress, mux, httpTLS); err != nil {
 		return err
 	}
