@@ -159,3 +159,93 @@ func TestPriorityInvalid(t *testing.T) {
 		t.Fatalf("SetPriority(sheddable) of a paced check = %v, want an InvalidError naming priority", err)
 	}
 }
+
+// TestPriorityAcquireDefault: an Acquire names no priority class, so the
+// rate rules it spends keep what the default class keeps: it is refused,
+// as reserved, where a critical check still passes, and counted as
+// default.
+func TestPriorityAcquireDefault(t *testing.T) {
+	set, err := rules.Parse("acquire.yml", []byte(`
+rules:
+  - id: inflight
+    algorithm: concurrency
+    limit: 10
+    key_by: global
+    match: {path: /search}
+  - id: shed
+    capacity: 100
+    refill_per_second: 0.001
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /search}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func() (bool, *request.Request) {
+		t.Helper()
+		c := e.NewAcquire()
+		if _, _, err := c.AddAttributes(&rules.Attributes{Path: "/search"}, 1); err != nil {
+			t.Fatal(err)
+		}
+		ok, l, err := e.Acquire(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			if _, err := e.Concurrency().Release(context.Background(), l.ID, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ok, &c.Request
+	}
+	check := func(class string, cost float64) bool {
+		t.Helper()
+		c := e.NewCheck()
+		if err := c.SetPriority(class); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.AddRule("shed", "global", cost); err != nil {
+			t.Fatal(err)
+		}
+		ok, err := e.Decide(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	// 79 spent: 21 left, one above what default keeps for critical (20).
+	if !check("critical", 79) {
+		t.Fatal("critical could not spend 79 of 100")
+	}
+	if ok, c := acquire(); !ok || c.ClassName() != "default" {
+		t.Fatalf("Acquire with 21 left: allowed %v as %q, want allowed as default", ok, c.ClassName())
+	}
+	if ok, c := acquire(); ok || !c.Reserved() {
+		t.Fatalf("Acquire with 20 left: allowed %v, reserved %v; want refused for critical's reserve", ok, c.Reserved())
+	}
+	if !check("critical", 1) {
+		t.Fatal("critical refused with 20 left")
+	}
+	want := `
+# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# TYPE limiter_priority_decisions_total counter
+limiter_priority_decisions_total{class="critical",result="allowed"} 2
+limiter_priority_decisions_total{class="critical",result="limited"} 0
+limiter_priority_decisions_total{class="critical",result="reserved"} 0
+limiter_priority_decisions_total{class="default",result="allowed"} 1
+limiter_priority_decisions_total{class="default",result="limited"} 0
+limiter_priority_decisions_total{class="default",result="reserved"} 1
+limiter_priority_decisions_total{class="sheddable",result="allowed"} 0
+limiter_priority_decisions_total{class="sheddable",result="limited"} 0
+limiter_priority_decisions_total{class="sheddable",result="reserved"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
+		t.Fatal(err)
+	}
+}
