@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
 const priorityRules = `
@@ -247,5 +249,61 @@ limiter_priority_decisions_total{class="sheddable",result="reserved"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPriorityUsage: a usage answers what a check of its priority class
+// would see, default when it names none: refused, as reserved, where the
+// bucket has only what a more important class keeps, with the retry of
+// such a check; the remaining is the bucket's whatever the class.
+func TestPriorityUsage(t *testing.T) {
+	e, _ := priorityEngine(t, Options{})
+	// 79 spent: 21 left.
+	if _, ok := priorityCheck(t, e, "critical", 79); !ok {
+		t.Fatal("critical could not spend 79")
+	}
+	read := func(class string, cost float64) bucket.Decision {
+		t.Helper()
+		u := e.NewUsage()
+		if class != "-" {
+			if err := u.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := u.AddRule("shed", "all", cost); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Usage(context.Background(), u); err != nil {
+			t.Fatal(err)
+		}
+		return u.Items()[0].Usage
+	}
+	for _, step := range []struct {
+		class    string
+		cost     float64
+		allowed  bool
+		reserved bool
+	}{
+		{"-", 1, true, false}, // no class: default, which keeps 20
+		{"-", 2, false, true},
+		{"", 2, false, true},
+		{"default", 1, true, false},
+		{"sheddable", 1, false, true}, // keeps 25
+		{"critical", 21, true, false},
+		{"critical", 22, false, false},
+	} {
+		d := read(step.class, step.cost)
+		if d.Allowed != step.allowed || d.Reserved != step.reserved || math.Abs(d.Remaining-21) > 1e-6 {
+			t.Fatalf("usage as %q of %v: %+v; want allowed %v, reserved %v, 21 left", step.class, step.cost, d, step.allowed, step.reserved)
+		}
+		if d.Allowed {
+			continue
+		}
+		// A check refused spends nothing: it answers as the usage did,
+		// its retry a few µs of the store's clock later.
+		c, ok := priorityCheck(t, e, strings.Trim(step.class, "-"), step.cost)
+		if ok || c.Reserved() != d.Reserved || (d.RetryAfter-c.Enforce[0].Decision.RetryAfter).Abs() > time.Millisecond {
+			t.Fatalf("usage as %q of %v said %+v, a check then %v with %+v", step.class, step.cost, d, ok, c.Enforce[0].Decision)
+		}
 	}
 }
