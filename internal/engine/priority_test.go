@@ -136,8 +136,8 @@ func TestPriorityClassesConfigured(t *testing.T) {
 	}
 }
 
-// TestPriorityInvalid: an over-long class name, and a paced check of a
-// class that keeps a reserve, are invalid, naming the field.
+// TestPriorityInvalid: an over-long class name is invalid, naming
+// priority.
 func TestPriorityInvalid(t *testing.T) {
 	e, _ := priorityEngine(t, Options{})
 	c := e.NewCheck()
@@ -145,20 +145,79 @@ func TestPriorityInvalid(t *testing.T) {
 	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &inv) || inv.Field != "priority" {
 		t.Fatalf("SetPriority(33 bytes) = %v, want an InvalidError naming priority", err)
 	}
-	if _, err := c.AddRule("shed", "all", 1); err != nil {
+}
+
+// TestPriorityPaced: a paced check of a class that keeps a reserve never
+// waits, since waiting spends refill that a more important class
+// arriving meanwhile would find gone: it is decided now, allowed with no
+// wait above its reserve, refused (reserved) within it. A critical paced
+// check keeps nothing and waits as any paced check does. The class may
+// be set before or after the pacing.
+func TestPriorityPaced(t *testing.T) {
+	set, err := rules.Parse("paced.yml", []byte(`
+rules:
+  - id: shed
+    capacity: 100
+    refill_per_second: 10
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+`))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Pace(time.Second); !errors.As(err, &inv) || inv.Field != "max_wait_ms" {
-		t.Fatalf("Pace of a default check keeping a reserve = %v, want an InvalidError naming max_wait_ms", err)
-	}
-	if err := c.SetPriority("critical"); err != nil {
+	e, err := New(Options{Store: newFaultStore(), Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Pace(time.Second); err != nil {
-		t.Fatalf("Pace of a critical check: %v", err)
+	paced := func(class string, cost float64, classFirst bool) (*request.Check, bool) {
+		t.Helper()
+		c := e.NewCheck()
+		if classFirst {
+			if err := c.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.AddRule("shed", "all", cost); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Pace(10 * time.Second); err != nil {
+			t.Fatalf("Pace as %q: %v", class, err)
+		}
+		if !classFirst {
+			if err := c.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ok, err := e.Decide(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, ok
 	}
-	if err := c.SetPriority("sheddable"); !errors.As(err, &inv) || inv.Field != "priority" {
-		t.Fatalf("SetPriority(sheddable) of a paced check = %v, want an InvalidError naming priority", err)
+	for _, step := range []struct {
+		class    string
+		cost     float64
+		first    bool
+		allowed  bool
+		reserved bool
+		wait     bool
+	}{
+		{"sheddable", 75, true, true, false, false}, // 25 left
+		{"sheddable", 1, false, false, true, false},
+		{"", 5, true, true, false, false}, // default: 20 left
+		{"", 1, false, false, true, false},
+		{"critical", 20, false, true, false, false}, // empty
+		{"critical", 1, true, true, false, true},    // waits 100 ms for refill
+		{"sheddable", 1, true, false, false, false}, // in debt: refused by the limit
+	} {
+		c, ok := paced(step.class, step.cost, step.first)
+		d := c.Enforce[0].Decision
+		if ok != step.allowed || c.Reserved() != step.reserved || (d.Wait > 0) != step.wait {
+			t.Fatalf("paced %q of %v: allowed %v, reserved %v, %+v; want %v, %v, a wait %v", step.class, step.cost, ok, c.Reserved(), d, step.allowed, step.reserved, step.wait)
+		}
+		if !ok && d.RetryAfter <= 0 {
+			t.Fatalf("paced %q of %v refused without a retry: %+v", step.class, step.cost, d)
+		}
 	}
 }
 

@@ -1027,8 +1027,10 @@ type CheckRequest struct {
 	// a longer one is INVALID_ARGUMENT naming priority. Empty or a class not
 	// configured: default. A token bucket or GCRA rule's reserve keeps part
 	// of its capacity for the classes above this one; a refusal for that
-	// alone answers reason RESERVED. A check of a class that keeps a
-	// reserve cannot be paced (max_wait_ms): INVALID_ARGUMENT.
+	// alone answers reason RESERVED. A paced check (max_wait_ms) of a class
+	// that keeps a reserve never waits: a wait would spend the refill a more
+	// important class arriving meanwhile needs. It is decided now, allowed
+	// with wait_ms 0 above what its class keeps, refused otherwise.
 	Priority      string `protobuf:"bytes,7,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
