@@ -7,7 +7,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 RULES ?= examples/rules.yml
 GOSSIP_INTERVAL ?= 1s
 
-.PHONY: run test test-repeat soak scale bench compare proto docs lint deps up-deps build image clean up down demo
+.PHONY: run test test-repeat soak scale bench compare overload proto docs lint deps up-deps build image clean up down demo
 
 ## run: start limiterd on the embedded in-memory store with the example rules, and a NATS server for the admin API's rules
 run:
@@ -104,6 +104,11 @@ COMPARE_DURATION ?= 5s
 COMPARE_FLAGS ?=
 compare: up-deps
 	$(GO) run ./internal/tools/compare --rounds $(COMPARE_ROUNDS) --duration $(COMPARE_DURATION) $(COMPARE_FLAGS)
+
+## overload: a model backend on loopback driven open-loop at 1x and 2x its capacity through a limiterd process (memory store), with no shedding, a reserve and an adaptive limit: goodput, p99 and errors by priority class in bin/overload/overload.md and .svg (about 90 s; OVERLOAD_FLAGS='--duration 20s' for more)
+OVERLOAD_FLAGS ?=
+overload:
+	$(GO) run ./internal/tools/overload --out $(BIN)/overload $(OVERLOAD_FLAGS)
 
 ## proto: regenerate the gRPC code with pinned protoc plugins
 proto:

@@ -89,13 +89,15 @@ end
 
 -- What a check of cost would see now (usage.lua), changing nothing: the
 -- debt is read clamped, and not written back.
-local function instant_usage(key, cap, rate, cost, now)
+local function instant_usage(key, cap, rate, cost, now, keep)
   local d, full = bucket_debt_of((peek_string(key)), cap, rate, now)
   local s = spend_ns(cost, rate)
-  if d + s <= full then
+  local room = full
+  if keep and keep > 0 then room = full - math.floor(keep * full) end
+  if d + s <= room then
     return 1, d, 0, (d + 999) / 1000
   end
-  return 0, d, (d + s - full + 999) / 1000, (d + 999) / 1000
+  return 0, d, (d + s - room + 999) / 1000, (d + 999) / 1000
 end
 
 -- The check of a token bucket or GCRA (token_bucket.lua, gcra.lua): a

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
 const priorityRules = `
@@ -134,8 +136,8 @@ func TestPriorityClassesConfigured(t *testing.T) {
 	}
 }
 
-// TestPriorityInvalid: an over-long class name, and a paced check of a
-// class that keeps a reserve, are invalid, naming the field.
+// TestPriorityInvalid: an over-long class name is invalid, naming
+// priority.
 func TestPriorityInvalid(t *testing.T) {
 	e, _ := priorityEngine(t, Options{})
 	c := e.NewCheck()
@@ -143,19 +145,224 @@ func TestPriorityInvalid(t *testing.T) {
 	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &inv) || inv.Field != "priority" {
 		t.Fatalf("SetPriority(33 bytes) = %v, want an InvalidError naming priority", err)
 	}
-	if _, err := c.AddRule("shed", "all", 1); err != nil {
+}
+
+// TestPriorityPaced: a paced check of a class that keeps a reserve never
+// waits, since waiting spends refill that a more important class
+// arriving meanwhile would find gone: it is decided now, allowed with no
+// wait above its reserve, refused (reserved) within it. A critical paced
+// check keeps nothing and waits as any paced check does. The class may
+// be set before or after the pacing.
+func TestPriorityPaced(t *testing.T) {
+	set, err := rules.Parse("paced.yml", []byte(`
+rules:
+  - id: shed
+    capacity: 100
+    refill_per_second: 10
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+`))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Pace(time.Second); !errors.As(err, &inv) || inv.Field != "max_wait_ms" {
-		t.Fatalf("Pace of a default check keeping a reserve = %v, want an InvalidError naming max_wait_ms", err)
-	}
-	if err := c.SetPriority("critical"); err != nil {
+	e, err := New(Options{Store: newFaultStore(), Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Pace(time.Second); err != nil {
-		t.Fatalf("Pace of a critical check: %v", err)
+	paced := func(class string, cost float64, classFirst bool) (*request.Check, bool) {
+		t.Helper()
+		c := e.NewCheck()
+		if classFirst {
+			if err := c.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.AddRule("shed", "all", cost); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Pace(10 * time.Second); err != nil {
+			t.Fatalf("Pace as %q: %v", class, err)
+		}
+		if !classFirst {
+			if err := c.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ok, err := e.Decide(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c, ok
 	}
-	if err := c.SetPriority("sheddable"); !errors.As(err, &inv) || inv.Field != "priority" {
-		t.Fatalf("SetPriority(sheddable) of a paced check = %v, want an InvalidError naming priority", err)
+	for _, step := range []struct {
+		class    string
+		cost     float64
+		first    bool
+		allowed  bool
+		reserved bool
+		wait     bool
+	}{
+		{"sheddable", 75, true, true, false, false}, // 25 left
+		{"sheddable", 1, false, false, true, false},
+		{"", 5, true, true, false, false}, // default: 20 left
+		{"", 1, false, false, true, false},
+		{"critical", 20, false, true, false, false}, // empty
+		{"critical", 1, true, true, false, true},    // waits 100 ms for refill
+		{"sheddable", 1, true, false, false, false}, // in debt: refused by the limit
+	} {
+		c, ok := paced(step.class, step.cost, step.first)
+		d := c.Enforce[0].Decision
+		if ok != step.allowed || c.Reserved() != step.reserved || (d.Wait > 0) != step.wait {
+			t.Fatalf("paced %q of %v: allowed %v, reserved %v, %+v; want %v, %v, a wait %v", step.class, step.cost, ok, c.Reserved(), d, step.allowed, step.reserved, step.wait)
+		}
+		if !ok && d.RetryAfter <= 0 {
+			t.Fatalf("paced %q of %v refused without a retry: %+v", step.class, step.cost, d)
+		}
+	}
+}
+
+// TestPriorityAcquireDefault: an Acquire names no priority class, so the
+// rate rules it spends keep what the default class keeps: it is refused,
+// as reserved, where a critical check still passes, and counted as
+// default.
+func TestPriorityAcquireDefault(t *testing.T) {
+	set, err := rules.Parse("acquire.yml", []byte(`
+rules:
+  - id: inflight
+    algorithm: concurrency
+    limit: 10
+    key_by: global
+    match: {path: /search}
+  - id: shed
+    capacity: 100
+    refill_per_second: 0.001
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /search}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func() (bool, *request.Request) {
+		t.Helper()
+		c := e.NewAcquire()
+		if _, _, err := c.AddAttributes(&rules.Attributes{Path: "/search"}, 1); err != nil {
+			t.Fatal(err)
+		}
+		ok, l, err := e.Acquire(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			if _, err := e.Concurrency().Release(context.Background(), l.ID, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return ok, &c.Request
+	}
+	check := func(class string, cost float64) bool {
+		t.Helper()
+		c := e.NewCheck()
+		if err := c.SetPriority(class); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.AddRule("shed", "global", cost); err != nil {
+			t.Fatal(err)
+		}
+		ok, err := e.Decide(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	// 79 spent: 21 left, one above what default keeps for critical (20).
+	if !check("critical", 79) {
+		t.Fatal("critical could not spend 79 of 100")
+	}
+	if ok, c := acquire(); !ok || c.ClassName() != "default" {
+		t.Fatalf("Acquire with 21 left: allowed %v as %q, want allowed as default", ok, c.ClassName())
+	}
+	if ok, c := acquire(); ok || !c.Reserved() {
+		t.Fatalf("Acquire with 20 left: allowed %v, reserved %v; want refused for critical's reserve", ok, c.Reserved())
+	}
+	if !check("critical", 1) {
+		t.Fatal("critical refused with 20 left")
+	}
+	want := `
+# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# TYPE limiter_priority_decisions_total counter
+limiter_priority_decisions_total{class="critical",result="allowed"} 2
+limiter_priority_decisions_total{class="critical",result="limited"} 0
+limiter_priority_decisions_total{class="critical",result="reserved"} 0
+limiter_priority_decisions_total{class="default",result="allowed"} 1
+limiter_priority_decisions_total{class="default",result="limited"} 0
+limiter_priority_decisions_total{class="default",result="reserved"} 1
+limiter_priority_decisions_total{class="sheddable",result="allowed"} 0
+limiter_priority_decisions_total{class="sheddable",result="limited"} 0
+limiter_priority_decisions_total{class="sheddable",result="reserved"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestPriorityUsage: a usage answers what a check of its priority class
+// would see, default when it names none: refused, as reserved, where the
+// bucket has only what a more important class keeps, with the retry of
+// such a check; the remaining is the bucket's whatever the class.
+func TestPriorityUsage(t *testing.T) {
+	e, _ := priorityEngine(t, Options{})
+	// 79 spent: 21 left.
+	if _, ok := priorityCheck(t, e, "critical", 79); !ok {
+		t.Fatal("critical could not spend 79")
+	}
+	read := func(class string, cost float64) bucket.Decision {
+		t.Helper()
+		u := e.NewUsage()
+		if class != "-" {
+			if err := u.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := u.AddRule("shed", "all", cost); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Usage(context.Background(), u); err != nil {
+			t.Fatal(err)
+		}
+		return u.Items()[0].Usage
+	}
+	for _, step := range []struct {
+		class    string
+		cost     float64
+		allowed  bool
+		reserved bool
+	}{
+		{"-", 1, true, false}, // no class: default, which keeps 20
+		{"-", 2, false, true},
+		{"", 2, false, true},
+		{"default", 1, true, false},
+		{"sheddable", 1, false, true}, // keeps 25
+		{"critical", 21, true, false},
+		{"critical", 22, false, false},
+	} {
+		d := read(step.class, step.cost)
+		if d.Allowed != step.allowed || d.Reserved != step.reserved || math.Abs(d.Remaining-21) > 1e-6 {
+			t.Fatalf("usage as %q of %v: %+v; want allowed %v, reserved %v, 21 left", step.class, step.cost, d, step.allowed, step.reserved)
+		}
+		if d.Allowed {
+			continue
+		}
+		// A check refused spends nothing: it answers as the usage did,
+		// its retry a few µs of the store's clock later.
+		c, ok := priorityCheck(t, e, strings.Trim(step.class, "-"), step.cost)
+		if ok || c.Reserved() != d.Reserved || (d.RetryAfter-c.Enforce[0].Decision.RetryAfter).Abs() > time.Millisecond {
+			t.Fatalf("usage as %q of %v said %+v, a check then %v with %+v", step.class, step.cost, d, ok, c.Enforce[0].Decision)
+		}
 	}
 }

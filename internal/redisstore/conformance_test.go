@@ -322,11 +322,13 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 		multi := keep > 0 || classes.IntN(4) == 0
 		var read *bucket.Decision // what the usage said, when read
 		if rng.IntN(3) == 0 {
-			// What the check would see, read twice, changing nothing: the
-			// take that follows is held to the Go state Usage left alone.
-			want := lim.Usage(&st, now, cost)
+			// What the check of its class would see, read twice, changing
+			// nothing: the take that follows is held to the Go state Usage
+			// left alone.
+			want := lim.UsageKeeping(&st, now, cost, keep)
 			for range 2 {
-				res, err := cf.usage.Run(ctx, client, []string{key}, string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(now, 10)).Slice()
+				res, err := cf.usage.Run(ctx, client, []string{key}, string(lim.Algorithm), a[0], a[1], a[2],
+					strconv.FormatFloat(keep, 'g', -1, 64), strconv.FormatInt(now, 10)).Slice()
 				if err != nil {
 					t.Fatalf("step %d: usage: %v", step, err)
 				}
@@ -334,6 +336,7 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 				if err != nil {
 					t.Fatalf("step %d: usage: %v", step, err)
 				}
+				got.Reserved = reserved(got, bucket.Request{Limit: lim, Cost: cost, Keep: keep}, res[1])
 				if got != want {
 					t.Fatalf("step %d at %d cost %v: usage\n  lua %+v\n   go %+v", step, now, cost, got, want)
 				}
@@ -370,10 +373,9 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 		if got.Reserved {
 			run.reserved++
 		}
-		// The check answers as the usage just before it said: whether it
-		// passes, and a refusal's figures exactly. (Usage reads what a
-		// check keeping nothing would see.)
-		if read != nil && keep == 0 && (read.Allowed != got.Allowed || !got.Allowed && *read != got) {
+		// The check answers as the usage of its class just before it
+		// said: whether it passes, and a refusal's figures exactly.
+		if read != nil && (read.Allowed != got.Allowed || !got.Allowed && *read != got) {
 			t.Fatalf("step %d at %d cost %v: usage %+v, then check %+v", step, now, cost, *read, got)
 		}
 		if got.Allowed {

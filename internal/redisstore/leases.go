@@ -54,12 +54,9 @@ func leaseGroups(reqs []bucket.LeaseRequest) []*leaseGroup {
 func (s *Store) runLeases(ctx context.Context, o int, groups []*leaseGroup, args func(g *leaseGroup) []any) {
 	ops := [3]op{opAcquire, opRelease, opRenew}
 	run := func(g *leaseGroup) {
-		keys := g.keys
-		if o != 2 {
-			keys = slices.Concat(g.keys, g.akeys)
-		}
+		keys := slices.Concat(g.keys, g.akeys)
 		g.res, g.err = s.eval(ctx, ops[o], g.keys[0], pipeline.Call{Script: leaseScripts[o], Keys: keys, Args: args(g)}, s.m.leaseDuration[o])
-		if g.err == nil && len(g.res) != len(g.keys)*[3]int{4, 1, 3}[o] {
+		if g.err == nil && len(g.res) != len(g.keys)*[3]int{4, 1, 4}[o] {
 			g.err = fmt.Errorf("%w: %s reply has %d elements for %d keys", bucket.ErrOutcomeUnknown, opNames[ops[o]], len(g.res), len(g.keys))
 		}
 	}
@@ -71,13 +68,8 @@ func (s *Store) runLeases(ctx context.Context, o int, groups []*leaseGroup, args
 	wg.Wait()
 }
 
-// leaseDecision reads the k-th decision of a renew's reply.
-func leaseDecision(res []any, k int, lim bucket.LeaseLimit) (bucket.LeaseDecision, error) {
-	return leaseReply(res[3*k:3*k+3], lim.Limit)
-}
-
-// acquireDecision reads the k-th decision of an acquire's reply, which
-// ends with the key's limit.
+// acquireDecision reads the k-th decision of an acquire's or a renew's
+// reply, which ends with the key's limit.
 func acquireDecision(res []any, k int) (bucket.LeaseDecision, error) {
 	l, ok := res[4*k+3].(int64)
 	if !ok {
@@ -211,20 +203,13 @@ func (s *Store) Renew(ctx context.Context, reqs []bucket.LeaseRequest, member st
 		return nil, nil
 	}
 	groups := leaseGroups(reqs)
-	s.runLeases(ctx, 2, groups, func(g *leaseGroup) []any {
-		args := make([]any, 0, 1+len(g.reqs))
-		args = append(args, member)
-		for _, r := range g.reqs {
-			args = append(args, strconv.FormatInt(r.Limit.TTL.Microseconds(), 10))
-		}
-		return args
-	})
+	s.runLeases(ctx, 2, groups, func(g *leaseGroup) []any { return AcquireArgs(member, g.reqs) })
 	out := make([]bucket.LeaseDecision, len(reqs))
 	var errs []error
 	for _, g := range groups {
 		if g.err == nil {
 			for k, i := range g.idx {
-				if out[i], g.err = leaseDecision(g.res, k, g.reqs[k].Limit); g.err != nil {
+				if out[i], g.err = acquireDecision(g.res, k); g.err != nil {
 					break
 				}
 			}
@@ -239,7 +224,7 @@ func (s *Store) Renew(ctx context.Context, reqs []bucket.LeaseRequest, member st
 var _ bucket.LeaseStore = (*Store)(nil)
 
 // AcquireArgs are the acquire script's arguments of member's leases of
-// reqs (keys of one client).
+// reqs (keys of one client); the renew script's too.
 func AcquireArgs(member string, reqs []bucket.LeaseRequest) []any {
 	args := make([]any, 0, 1+4*len(reqs))
 	args = append(args, member)

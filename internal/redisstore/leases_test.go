@@ -79,8 +79,7 @@ func (c *leaseConformance) run(op string, now int64, member string) []any {
 	case lua.LeaseRelease:
 		args = ReleaseArgs(member, reqs)
 	case lua.LeaseRenew:
-		keys = keys[:1]
-		args = []any{member, c.lim.TTL.Microseconds()}
+		args = AcquireArgs(member, reqs)
 	}
 	args = append(args, strconv.FormatInt(now, 10))
 	res, err := c.scripts[op].Run(c.ctx, c.client, keys, args...).Slice()
@@ -108,11 +107,7 @@ func (c *leaseConformance) step(step int, op string, now int64, member string) b
 	case lua.LeaseRenew:
 		want = c.st.Renew(now, c.lim, member)
 	}
-	decide := func() (bucket.LeaseDecision, error) { return leaseDecision(res, 0, c.lim) }
-	if op == lua.LeaseAcquire {
-		decide = func() (bucket.LeaseDecision, error) { return acquireDecision(res, 0) }
-	}
-	got, err := decide()
+	got, err := acquireDecision(res, 0)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -266,5 +261,30 @@ func TestLeaseScripts(t *testing.T) {
 	}
 	if d, _ := s.Acquire(ctx, reqs, "c"); !d[0].Allowed {
 		t.Fatalf("acquire after expiry: %+v", d)
+	}
+}
+
+// TestLeaseScriptsAdaptiveRenew: the renew script reports the key's
+// adaptive limit, as the acquire script does.
+func TestLeaseScriptsAdaptiveRenew(t *testing.T) {
+	c := redistest.NewCluster(t, 3, 0)
+	s, _ := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
+	ctx := context.Background()
+	lim := bucket.LeaseLimit{Limit: 4, TTL: time.Minute, Adaptive: bucket.Adaptive{Min: 1, Max: 8, Target: 100 * time.Millisecond}}
+	reqs := []bucket.LeaseRequest{{Rule: "search", Key: "global", Limit: lim}}
+	for _, m := range []string{"a", "b"} {
+		if d, err := s.Acquire(ctx, reqs, m); err != nil || !d[0].Allowed {
+			t.Fatalf("acquire %s: %+v, %v", m, d, err)
+		}
+	}
+	failed := []bucket.LeaseRequest{{Rule: "search", Key: "global", Limit: lim, Sample: &bucket.LeaseSample{Failed: true}}}
+	if r, err := s.Release(ctx, failed, "b"); err != nil || !r[0] {
+		t.Fatalf("release: %v, %v", r, err)
+	}
+	if d, err := s.Renew(ctx, reqs, "a"); err != nil || !d[0].Allowed || d[0].Limit != 3 {
+		t.Fatalf("renew after a cut to 3: %+v, %v", d, err)
+	}
+	if d, err := s.Renew(ctx, reqs, "gone"); err != nil || d[0].Allowed || d[0].Limit != 3 {
+		t.Fatalf("renew of a lease not held after a cut to 3: %+v, %v", d, err)
 	}
 }

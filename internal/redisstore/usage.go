@@ -14,7 +14,7 @@ import (
 var _ bucket.Usager = (*Store)(nil)
 
 // Usage answers, per request, what a check of its cost would see now
-// (bucket.Limit.Usage), changing nothing. The buckets of one client are
+// (bucket.Limit.UsageKeeping), changing nothing. The buckets of one client are
 // read by one script; the clients' scripts run in parallel.
 func (s *Store) Usage(ctx context.Context, reqs []bucket.Request) ([]bucket.Decision, error) {
 	out := make([]bucket.Decision, len(reqs))
@@ -22,7 +22,7 @@ func (s *Store) Usage(ctx context.Context, reqs []bucket.Request) ([]bucket.Deci
 	err := each(len(groups), func(g int) error {
 		idx := groups[g]
 		keys := make([]string, len(idx))
-		args := make([]any, 0, 4*len(idx))
+		args := make([]any, 0, 5*len(idx))
 		for k, i := range idx {
 			r := reqs[i]
 			if scriptIndex(r.Limit.Algorithm) < 0 {
@@ -30,7 +30,7 @@ func (s *Store) Usage(ctx context.Context, reqs []bucket.Request) ([]bucket.Deci
 			}
 			keys[k] = Key(r.Rule, r.Key)
 			a := scriptArgs(r.Limit, r.Cost)
-			args = append(args, string(r.Limit.Algorithm), a[0], a[1], a[2])
+			args = append(args, string(r.Limit.Algorithm), a[0], a[1], a[2], strconv.FormatFloat(r.Keep, 'g', -1, 64))
 		}
 		res, err := s.eval(ctx, opUsage, keys[0], pipeline.Call{Script: usageScript, Keys: keys, Args: args}, s.m.usageDur)
 		if err != nil {
@@ -47,6 +47,7 @@ func (s *Store) Usage(ctx context.Context, reqs []bucket.Request) ([]bucket.Deci
 				s.m.errors[opUsage].Inc()
 				return fmt.Errorf("eval usage: %w", err)
 			}
+			d.Reserved = reserved(d, reqs[i], res[4*k+1])
 			out[i] = d
 		}
 		return nil

@@ -147,3 +147,35 @@ func TestMemoryAdaptiveKept(t *testing.T) {
 		t.Fatalf("after a fast sample with no lease left: %+v, %v", d, err)
 	}
 }
+
+// TestLeasesAdaptiveRenew: a renewal reports the key's adaptive limit, as
+// an Acquire does, not the rule's starting limit.
+func TestLeasesAdaptiveRenew(t *testing.T) {
+	l := LeaseLimit{Limit: 4, TTL: time.Minute, Adaptive: Adaptive{Min: 1, Max: 8, Target: 100 * time.Millisecond}}
+	var s Leases
+	now := int64(1_000_000)
+	for _, m := range []string{"a", "b"} {
+		s.Acquire(now, l, m)
+	}
+	s.Release(now+1, l, "b", &LeaseSample{Failed: true}) // 4 → 3
+	if d := s.Renew(now+2, l, "a"); !d.Allowed || d.Limit != 3 {
+		t.Fatalf("renew after a cut to 3: %+v", d)
+	}
+	if d := s.Renew(now+2, l, "gone"); d.Allowed || d.Limit != 3 {
+		t.Fatalf("renew of a lease not held, after a cut to 3: %+v", d)
+	}
+	ctx := context.Background()
+	m := NewMemory()
+	req := []LeaseRequest{{Rule: "r", Key: "k", Limit: l}}
+	for _, member := range []string{"a", "b"} {
+		if _, err := m.Acquire(ctx, req, member); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := m.Release(ctx, []LeaseRequest{{Rule: "r", Key: "k", Limit: l, Sample: &LeaseSample{Failed: true}}}, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := m.Renew(ctx, req, "a"); err != nil || !d[0].Allowed || d[0].Limit != 3 {
+		t.Fatalf("Memory renew after a cut to 3: %+v, %v", d, err)
+	}
+}

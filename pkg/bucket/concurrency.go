@@ -82,8 +82,8 @@ type LeaseDecision struct {
 	Allowed bool
 	// InFlight is the number of leases of the key held after the decision.
 	InFlight int
-	// Limit is the rule's limit; for an Acquire of an adaptive rule, the
-	// key's limit now.
+	// Limit is the rule's limit; for an adaptive rule, the key's limit
+	// now.
 	Limit int
 	// Expires is, when allowed, the instant the lease expires (the
 	// store's clock).
@@ -193,14 +193,16 @@ func (s *Leases) Release(now int64, l LeaseLimit, member string, sm *LeaseSample
 }
 
 // Renew extends member's lease to now + l.TTL; not allowed when it is gone.
+// Its Limit is the key's, as an Acquire's: l.Limit, or its adaptive limit.
 func (s *Leases) Renew(now int64, l LeaseLimit, member string) LeaseDecision {
 	s.trim(now)
+	limit := s.limit(now, l)
 	if _, ok := s.held[member]; !ok {
-		return LeaseDecision{InFlight: len(s.held), Limit: l.Limit}
+		return LeaseDecision{InFlight: len(s.held), Limit: limit}
 	}
 	exp := now + l.TTL.Microseconds()
 	s.held[member] = exp
-	return LeaseDecision{Allowed: true, InFlight: len(s.held), Limit: l.Limit, Expires: time.UnixMicro(exp)}
+	return LeaseDecision{Allowed: true, InFlight: len(s.held), Limit: limit, Expires: time.UnixMicro(exp)}
 }
 
 // Share is one of n equal parts of l (at least one lease), for fail-open

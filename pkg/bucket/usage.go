@@ -11,8 +11,9 @@ import (
 // changing any state: no refill is written, no debt clamped, no log
 // trimmed, no lease dropped. Implementations are safe for concurrent use.
 type Usager interface {
-	// Usage answers, for each request, what a Take of its cost would see
-	// now (see Limit.Usage), in the order of reqs.
+	// Usage answers, for each request, what a Take of its cost keeping
+	// its Keep would see now (see Limit.UsageKeeping), in the order of
+	// reqs.
 	Usage(ctx context.Context, reqs []Request) ([]Decision, error)
 	// LeaseUsage answers, for each request, the leases held now and
 	// whether an Acquire would be allowed (see Leases.Usage).
@@ -31,10 +32,21 @@ type Usager interface {
 // At is now. cost must be normalized (NormalizeCost) and l valid. The Lua
 // usage script computes the same, in the same order.
 func (l *Limit) Usage(st *State, now int64, cost float64) Decision {
+	return l.UsageKeeping(st, now, cost, 0)
+}
+
+// UsageKeeping is Usage for a request that keeps keep (a fraction of the
+// capacity, in [0, 1): see Request.Keep), as TakeKeeping decides it: a
+// token bucket or GCRA allows it only while, after its spend, at least
+// keep × capacity is left; a refusal that keeping nothing would have
+// allowed is Reserved, and its RetryAfter is until it fits above what it
+// keeps. Remaining is the bucket's, whatever keep. The window algorithms
+// do not read keep.
+func (l *Limit) UsageKeeping(st *State, now int64, cost, keep float64) Decision {
 	var d Decision
 	switch l.Algorithm {
 	case TokenBucket, GCRA:
-		d = l.usageInstant(st, now, cost)
+		d = l.usageInstant(st, now, cost, keep)
 	case SlidingWindow:
 		d = l.usageSlidingWindow(st, now, cost)
 	case FixedWindow:
@@ -48,19 +60,21 @@ func (l *Limit) Usage(st *State, now int64, cost float64) Decision {
 	return d
 }
 
-func (l *Limit) usageInstant(st *State, now int64, cost float64) Decision {
+func (l *Limit) usageInstant(st *State, now int64, cost, keep float64) Decision {
 	rate := l.RefillPerSecond
 	full := spendNs(l.Capacity, rate)
 	d := math.Min(debtNs(st.a, now), maxDebtNs(full))
 	s := spendNs(cost, rate)
+	room := full - keepNs(keep, full)
 	u := Decision{
-		Allowed:    d+s <= full,
+		Allowed:    d+s <= room,
 		Remaining:  l.remaining(d, full, l.Algorithm == GCRA),
 		Limit:      l.Capacity,
 		ResetAfter: micros(upMicros(d)),
 	}
 	if !u.Allowed {
-		u.RetryAfter = micros(upMicros(float64(d+s) - full))
+		u.RetryAfter = micros(upMicros(float64(d+s) - room))
+		u.Reserved = keep > 0 && d+s <= full
 	}
 	return u
 }
@@ -164,8 +178,8 @@ func (s *Leases) Usage(now int64, l LeaseLimit) LeaseDecision {
 	return u
 }
 
-// Usage answers what a Take of each request would see now (Limit.Usage),
-// changing nothing. It never returns an error.
+// Usage answers what a Take of each request would see now, keeping its
+// Keep (Limit.UsageKeeping), changing nothing. It never returns an error.
 func (m *Memory) Usage(_ context.Context, reqs []Request) ([]Decision, error) {
 	now := m.nowMicros()
 	out := make([]Decision, len(reqs))
@@ -177,7 +191,7 @@ func (m *Memory) Usage(_ context.Context, reqs []Request) ([]Decision, error) {
 		if e := sh.buckets[bucketID{r.Rule, r.Key}]; e != nil && e.expires > now {
 			st = &e.st
 		}
-		out[i] = r.Limit.Usage(st, now, r.Cost)
+		out[i] = r.Limit.UsageKeeping(st, now, r.Cost, r.Keep)
 		sh.mu.Unlock()
 	}
 	return out, nil

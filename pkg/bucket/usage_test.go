@@ -64,16 +64,18 @@ func TestUsageHeldToTake(t *testing.T) {
 				if err != nil {
 					cost = 1
 				}
+				// A check of a class that keeps a reserve, now and then.
+				keep := [...]float64{0, 0, 0.2, 0.25}[rng.IntN(4)]
 				before := st
 				before.log = slices.Clone(st.log)
-				u := l.Usage(&st, now, cost)
+				u := l.UsageKeeping(&st, now, cost, keep)
 				if !reflect.DeepEqual(st, before) {
 					t.Fatalf("step %d: Usage changed the state: %+v, was %+v", step, st, before)
 				}
-				if again := l.Usage(&st, now, cost); again != u {
+				if again := l.UsageKeeping(&st, now, cost, keep); again != u {
 					t.Fatalf("step %d: Usage twice: %+v, then %+v", step, u, again)
 				}
-				d := l.Take(&st, now, cost)
+				d := l.TakeKeeping(&st, now, cost, keep)
 				if d.Allowed != u.Allowed {
 					t.Fatalf("step %d at %d cost %v: Usage %+v, Take %+v", step, now, cost, u, d)
 				}

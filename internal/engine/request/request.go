@@ -119,8 +119,12 @@ type Request struct {
 	// Sent is the deny cache's instant of the request's first routing.
 	Sent int64
 	// MaxWait, when above 0, paces the request (Check.Pace); always 0 for
-	// an Acquire, which has no Pace.
+	// an Acquire, which has no Pace, and for a check whose class keeps a
+	// reserve of one of its rules (see Request.SetPriority).
 	MaxWait time.Duration
+	// asked is the wait Check.Pace was given (capped by the rules), which
+	// MaxWait is unless the class keeps a reserve.
+	asked time.Duration
 	// Settle: the check spends an estimate to settle later (Check.Settle);
 	// its rules are decided in the store, never from a token lease.
 	Settle bool
@@ -159,8 +163,9 @@ func Reserved(items []*Item) bool {
 // SetPriority gives the request the priority class name: one of the
 // table's classes, or its default class for an empty or unknown name.
 // A name longer than rules.MaxClassLen bytes is an *InvalidError naming
-// priority, as is a class that keeps a reserve in a paced check; each is
-// counted as AddRule's are. Call it before or after the rules are added.
+// priority, counted as AddRule's are. A paced check whose class keeps a
+// reserve of one of its rules is decided unpaced (see Check.Pace). Call it
+// before or after the rules are added.
 func (c *Request) SetPriority(name string) error {
 	err := c.setPriority(name)
 	c.Counted(err)
@@ -177,22 +182,21 @@ func (c *Request) setPriority(name string) error {
 			it.Keep = it.Entry.Keep(c.Class)
 		}
 	}
-	return c.pacedKeep("priority")
+	c.paceKept()
+	return nil
 }
 
-// pacedKeep refuses a paced request whose class keeps a reserve of one of
-// its rules: a reservation cannot keep one (see bucket.Request.Keep).
-func (c *Request) pacedKeep(field string) error {
-	if c.MaxWait == 0 {
-		return nil
-	}
+// paceKept sets the wait of a paced request: the one it asked for, or none
+// when its class keeps a reserve of one of its rules. A reservation spends
+// the refill until its slot, which a more important class arriving
+// meanwhile would find gone: a wait would dip into the reserve.
+func (c *Request) paceKept() {
+	c.MaxWait = c.asked
 	for _, it := range c.Enforce {
 		if it.Keep > 0 {
-			return Invalid(field, "%s: rule %s keeps a reserve from the class %q, which a paced check (max_wait_ms) cannot keep",
-				field, Quote(it.Rule.ID), c.ClassName())
+			c.MaxWait = 0
 		}
 	}
-	return nil
 }
 
 // Check is one request's rate rules, decided together by engine.Engine.Decide.
@@ -206,7 +210,9 @@ type Check struct {
 // Pace makes the check paced: instead of refusing, it reserves the next
 // slot within maxWait (at most bucket.MaxWait) and is allowed with a wait
 // (Item.Decision.Wait, the same for every rule: they reserve at one
-// instant). Call it after the rules are added. Only token bucket and GCRA
+// instant). Call it after the rules are added. A check whose priority
+// class keeps a reserve of one of its rules never waits: it is decided
+// now, as unpaced, allowed only above what its class keeps. Only token bucket and GCRA
 // rules pace, and a paced check's enforced rules must all count against
 // one key (one store script reserves them at one instant); shadow rules are
 // decided unpaced. Errors are an *InvalidError naming max_wait_ms (and the
@@ -240,11 +246,8 @@ func (c *Check) pace(maxWait time.Duration) error {
 			maxWait = mw
 		}
 	}
-	c.Request.MaxWait = maxWait
-	if err := c.pacedKeep("max_wait_ms"); err != nil {
-		c.Request.MaxWait = 0
-		return err
-	}
+	c.asked = maxWait
+	c.paceKept()
 	return nil
 }
 
@@ -255,7 +258,7 @@ func (c *Check) pace(maxWait time.Duration) error {
 // the error is an *InvalidError naming settle, counted as AddRule's are.
 func (c *Check) Settle() error {
 	var err error
-	if c.Request.MaxWait > 0 {
+	if c.asked > 0 || c.Request.MaxWait > 0 {
 		err = Invalid("settle", "settle: a paced check (max_wait_ms) cannot settle its cost later")
 	}
 	c.Counted(err)

@@ -61,6 +61,15 @@ func NewRequest(t *request.Table, m *metrics.Metrics) *Request {
 	return &Request{r: request.Request{Table: t, Metrics: m, Class: t.DefaultClass()}}
 }
 
+// SetPriority reads the usage as a check of the priority class name
+// would see it: one of the table's classes, or its default class for an
+// empty or unknown name (the default until set). A token bucket or GCRA
+// rule with a reserve then allows only what the class may spend, and its
+// retry is until the class fits (bucket.Limit.UsageKeeping). A name
+// longer than rules.MaxClassLen bytes is an *request.InvalidError naming
+// priority, counted as a check's are.
+func (u *Request) SetPriority(name string) error { return u.r.SetPriority(name) }
+
 // FromPeer marks the request as forwarded by a peer region: its keys are
 // homed here, so pinned rules are read here, never forwarded again.
 func (u *Request) FromPeer(region string) { u.peer = region }
@@ -196,7 +205,7 @@ func (r *Reader) Read(ctx context.Context, ts *homes.State, u *Request) error {
 	if len(rate) > 0 {
 		reqs := make([]bucket.Request, len(rate))
 		for i, it := range rate {
-			reqs[i] = bucket.Request{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.For(it.Key).Limit, Cost: it.Cost}
+			reqs[i] = bucket.Request{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.For(it.Key).Limit, Cost: it.Cost, Keep: it.Entry.Keep(u.r.Class)}
 		}
 		ds, err := r.Store.Usage(ctx, reqs)
 		if err != nil {

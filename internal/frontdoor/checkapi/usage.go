@@ -21,6 +21,9 @@ func (s *Service) GetUsage(ctx context.Context, req *limiterv1.GetUsageRequest) 
 // front doors (the HTTP usage endpoint) that translate them themselves.
 func (s *Service) Usage(ctx context.Context, req *limiterv1.GetUsageRequest) (*limiterv1.GetUsageResponse, error) {
 	u := s.e.NewUsage()
+	if err := u.SetPriority(req.GetPriority()); err != nil {
+		return nil, err
+	}
 	if a := req.GetAttributes(); a != nil {
 		if req.GetRuleId() != "" || req.GetKey() != "" {
 			s.e.Invalid("attributes")

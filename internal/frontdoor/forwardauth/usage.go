@@ -18,7 +18,8 @@ import (
 )
 
 // UsagePath is the usage route on the HTTP listener: GET
-// /v1/usage?rule=ID&key=KEY[&cost=N] answers GetUsage as JSON.
+// /v1/usage?rule=ID&key=KEY[&cost=N][&priority=CLASS] answers GetUsage as
+// JSON.
 const UsagePath = "/v1/usage"
 
 // UsageHandler is UsagePath: what a check of one rule and key would see
@@ -35,7 +36,7 @@ func UsageHandler(svc *checkapi.Service, log *slog.Logger) http.Handler {
 			return
 		}
 		q := r.URL.Query()
-		req := &limiterv1.GetUsageRequest{RuleId: q.Get("rule"), Key: q.Get("key")}
+		req := &limiterv1.GetUsageRequest{RuleId: q.Get("rule"), Key: q.Get("key"), Priority: q.Get("priority")}
 		if s := q.Get("cost"); s != "" {
 			cost, err := strconv.ParseFloat(s, 64)
 			if err != nil {

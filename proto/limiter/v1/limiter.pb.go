@@ -88,7 +88,13 @@ type GetUsageRequest struct {
 	Cost float64 `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
 	// The request, for every matching rule, shadow and concurrency rules
 	// included; rule_id and key must then be empty.
-	Attributes    *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	Attributes *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	// The priority class of the check to read for, as CheckRequest's
+	// priority: empty or not configured, default. A token bucket or GCRA
+	// rule's reserve then says allowed false where only the reserves of the
+	// classes above this one are left, and retry_after_ms is until this
+	// class fits; remaining is the bucket's, whatever the class.
+	Priority      string `protobuf:"bytes,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -149,6 +155,13 @@ func (x *GetUsageRequest) GetAttributes() *Attributes {
 		return x.Attributes
 	}
 	return nil
+}
+
+func (x *GetUsageRequest) GetPriority() string {
+	if x != nil {
+		return x.Priority
+	}
+	return ""
 }
 
 type GetUsageResponse struct {
@@ -1014,8 +1027,10 @@ type CheckRequest struct {
 	// a longer one is INVALID_ARGUMENT naming priority. Empty or a class not
 	// configured: default. A token bucket or GCRA rule's reserve keeps part
 	// of its capacity for the classes above this one; a refusal for that
-	// alone answers reason RESERVED. A check of a class that keeps a
-	// reserve cannot be paced (max_wait_ms): INVALID_ARGUMENT.
+	// alone answers reason RESERVED. A paced check (max_wait_ms) of a class
+	// that keeps a reserve never waits: a wait would spend the refill a more
+	// important class arriving meanwhile needs. It is decided now, allowed
+	// with wait_ms 0 above what its class keeps, refused otherwise.
 	Priority      string `protobuf:"bytes,7,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1480,14 +1495,15 @@ var File_limiter_v1_limiter_proto protoreflect.FileDescriptor
 const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\n" +
 	"\x18limiter/v1/limiter.proto\x12\n" +
-	"limiter.v1\"\x88\x01\n" +
+	"limiter.v1\"\xa4\x01\n" +
 	"\x0fGetUsageRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04cost\x18\x03 \x01(\x01R\x04cost\x126\n" +
 	"\n" +
 	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
-	"attributes\"A\n" +
+	"attributes\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\tR\bpriority\"A\n" +
 	"\x10GetUsageResponse\x12-\n" +
 	"\x06usages\x18\x01 \x03(\v2\x15.limiter.v1.RuleUsageR\x06usages\"\xc4\x02\n" +
 	"\tRuleUsage\x12\x17\n" +

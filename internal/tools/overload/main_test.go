@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunSmoke runs every configuration for a moment at a low rate and
+// checks the report: a row for every configuration, load and class, each
+// class served, and a table and chart that name them. It asserts no
+// figure of the overload itself: those are `make overload`'s.
+func TestRunSmoke(t *testing.T) {
+	o := DefaultOptions()
+	o.Rate, o.Warmup, o.Duration = 40, 200*time.Millisecond, 700*time.Millisecond
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != len(Configs)*len(o.Loads)*len(Classes) {
+		t.Fatalf("%d rows, want %d", len(rep.Rows), len(Configs)*len(o.Loads)*len(Classes))
+	}
+	for _, cfg := range Configs {
+		for _, load := range o.Loads {
+			for _, class := range Classes {
+				r, err := rep.Find(cfg, load, class)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Offered <= 0 || r.Goodput <= 0 || r.P99 <= 0 {
+					t.Errorf("%s at %gx, %s: nothing served: %+v", cfg, load, class, r)
+				}
+			}
+		}
+	}
+	var md, svg bytes.Buffer
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range append(append([]string{}, Configs...), Classes...) {
+		if !strings.Contains(md.String(), "| "+s+" |") || !strings.Contains(svg.String(), ">"+s+"<") {
+			t.Errorf("%q missing from the table or the chart", s)
+		}
+	}
+	if err := xml.Unmarshal(svg.Bytes(), new(struct{})); err != nil {
+		t.Fatalf("the chart is not well-formed XML: %v", err)
+	}
+}
+
+func TestPick(t *testing.T) {
+	for u, want := range map[float64]int{0: 0, 0.19: 0, 0.2: 1, 0.69: 1, 0.71: 2, 0.999: 2} {
+		if got := pick(u); got != want {
+			t.Errorf("pick(%v) = %d, want %d", u, got, want)
+		}
+	}
+}
