@@ -251,6 +251,9 @@ func (s *Server) Restart(t testing.TB) {
 
 func (s *Server) confPath() string { return filepath.Join(s.dir, "nats.conf") }
 
+// MonitorAddr is the server's monitoring listener, host:port.
+func (s *Server) MonitorAddr() string { return fmt.Sprintf("127.0.0.1:%d", s.monitor) }
+
 // Dir is the server's own directory (configuration, logs, JetStream store).
 func (s *Server) Dir() string { return s.dir }
 
