@@ -40,8 +40,24 @@ var (
 	shares  = []float64{0.2, 0.5, 0.3}
 )
 
-// Configurations compared, in order.
+// Configs are the configurations compared, in order.
 var Configs = []string{"none", "reserve", "adaptive"}
+
+// parseConfigs reads a comma-separated list of Configs; "" is all of them.
+func parseConfigs(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return slices.Clone(Configs), nil
+	}
+	var out []string
+	for c := range strings.SplitSeq(s, ",") {
+		c = strings.TrimSpace(c)
+		if !slices.Contains(Configs, c) {
+			return nil, fmt.Errorf("no configuration %q (the configurations are %s)", c, strings.Join(Configs, ", "))
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
 
 // Options are the experiment's parameters: the model backend and the
 // load.
@@ -60,13 +76,16 @@ type Options struct {
 	// request (a later answer is an error).
 	Warmup, Duration, Timeout time.Duration
 	Seed                      uint64
+	// Configs are the configurations run, in order (of Configs).
+	Configs []string
 }
 
 // DefaultOptions: a backend that serves at most 250 requests/s (20 in
 // flight at 80 ms), 30 ms at 150/s, failing past 80 in flight.
 func DefaultOptions() Options {
 	return Options{Base: 20 * time.Millisecond, Capacity: 20, Exponent: 2, Ceiling: 80,
-		Rate: 150, Loads: []float64{1, 2}, Warmup: 3 * time.Second, Duration: 10 * time.Second, Timeout: time.Second, Seed: 1}
+		Rate: 150, Loads: []float64{1, 2}, Warmup: 3 * time.Second, Duration: 10 * time.Second, Timeout: time.Second, Seed: 1,
+		Configs: slices.Clone(Configs)}
 }
 
 // Row is one class's figures in one run.
@@ -98,7 +117,13 @@ func main() {
 	flag.DurationVar(&o.Duration, "duration", o.Duration, "measured time of each run")
 	flag.DurationVar(&o.Warmup, "warmup", o.Warmup, "time before each run is measured")
 	flag.Float64Var(&o.Rate, "rate", o.Rate, "the 1x arrival rate, requests/s")
+	configs := flag.String("configs", "", "the configurations to run, comma-separated (default all: "+strings.Join(Configs, ",")+")")
 	flag.Parse()
+	var err error
+	if o.Configs, err = parseConfigs(*configs); err != nil {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(2)
+	}
 	rep, err := Run(context.Background(), o)
 	if err == nil {
 		err = rep.Write(*out)
@@ -122,7 +147,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Opts: o, LoadBefore: loadavg()}
-	for _, cfg := range Configs {
+	for _, cfg := range o.Configs {
 		for _, load := range o.Loads {
 			rows, err := runOne(ctx, o, bin, dir, cfg, load)
 			if err != nil {

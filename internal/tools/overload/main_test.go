@@ -60,3 +60,15 @@ func TestPick(t *testing.T) {
 		}
 	}
 }
+
+func TestParseConfigs(t *testing.T) {
+	if got, err := parseConfigs("adaptive, none"); err != nil || strings.Join(got, ",") != "adaptive,none" {
+		t.Fatalf("parseConfigs = %v, %v", got, err)
+	}
+	if got, err := parseConfigs(""); err != nil || len(got) != len(Configs) {
+		t.Fatalf("parseConfigs of none = %v, %v; want every configuration", got, err)
+	}
+	if _, err := parseConfigs("adaptive,bogus"); err == nil {
+		t.Fatal("an unknown configuration parsed")
+	}
+}
