@@ -105,7 +105,7 @@ COMPARE_FLAGS ?=
 compare: up-deps
 	$(GO) run ./internal/tools/compare --rounds $(COMPARE_ROUNDS) --duration $(COMPARE_DURATION) $(COMPARE_FLAGS)
 
-## overload: a model backend on loopback driven open-loop at 1x and 2x its capacity through a limiterd process (memory store), with no shedding, a reserve and an adaptive limit: goodput, p99 and errors by priority class in bin/overload/overload.md and .svg (about 90 s; OVERLOAD_FLAGS='--duration 20s' for more)
+## overload: a model backend on loopback driven open-loop at 1x and 2x its capacity through a limiterd process (memory store), with no shedding, a reserve, an adaptive limit and an adaptive limit with a reserve: goodput, p99 and errors by priority class in bin/overload/overload.md and .svg (about 2 min; OVERLOAD_FLAGS='--duration 20s' for more)
 OVERLOAD_FLAGS ?=
 overload:
 	$(GO) run ./internal/tools/overload --out $(BIN)/overload $(OVERLOAD_FLAGS)

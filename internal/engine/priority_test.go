@@ -221,10 +221,10 @@ rules:
 	}
 }
 
-// TestPriorityAcquireDefault: an Acquire names no priority class, so the
-// rate rules it spends keep what the default class keeps: it is refused,
-// as reserved, where a critical check still passes, and counted as
-// default.
+// TestPriorityAcquireDefault: an Acquire that names no priority class is
+// default, so the rate rules it spends keep what the default class keeps:
+// it is refused, as reserved, where a critical check still passes, and
+// counted as default.
 func TestPriorityAcquireDefault(t *testing.T) {
 	set, err := rules.Parse("acquire.yml", []byte(`
 rules:
@@ -364,5 +364,107 @@ func TestPriorityUsage(t *testing.T) {
 		if ok || c.Reserved() != d.Reserved || (d.RetryAfter-c.Enforce[0].Decision.RetryAfter).Abs() > time.Millisecond {
 			t.Fatalf("usage as %q of %v said %+v, a check then %v with %+v", step.class, step.cost, d, ok, c.Enforce[0].Decision)
 		}
+	}
+}
+
+// TestPriorityAcquireReserve: an Acquire of a class takes a lease of a
+// concurrency rule with a reserve only while fewer than the limit less
+// what its class keeps are held, refused as reserved below the limit; the
+// rate rules it spends keep what its class keeps.
+func TestPriorityAcquireReserve(t *testing.T) {
+	set, err := rules.Parse("acquire.yml", []byte(`
+rules:
+  - id: inflight
+    algorithm: concurrency
+    limit: 20
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /search}
+  - id: shed
+    capacity: 100
+    refill_per_second: 0.001
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /rate}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	acquire := func(class, path string) (bool, []*request.Item) {
+		t.Helper()
+		c := e.NewAcquire()
+		if err := c.SetPriority(class); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := c.AddAttributes(&rules.Attributes{Path: path}, 1); err != nil {
+			t.Fatal(err)
+		}
+		ok, _, err := e.Acquire(context.Background(), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok, append(c.Leases(), c.Enforced()...)
+	}
+	for i := range 15 {
+		if ok, _ := acquire("sheddable", "/search"); !ok {
+			t.Fatalf("sheddable lease %d refused", i+1)
+		}
+	}
+	// 15 held: sheddable keeps 5 of 20, default 4.
+	if ok, items := acquire("sheddable", "/search"); ok || !request.Reserved(items) || items[0].Decision.RetryAfter <= 0 {
+		t.Fatalf("sheddable with 15 held: allowed %v, reserved %v", ok, request.Reserved(items))
+	}
+	if ok, _ := acquire("", "/search"); !ok {
+		t.Fatal("default (no class) with 15 held refused")
+	}
+	if ok, items := acquire("default", "/search"); ok || !request.Reserved(items) {
+		t.Fatalf("default with 16 held: allowed %v, reserved %v", ok, request.Reserved(items))
+	}
+	for i := 16; i < 20; i++ {
+		if ok, _ := acquire("critical", "/search"); !ok {
+			t.Fatalf("critical lease %d refused", i+1)
+		}
+	}
+	if ok, items := acquire("critical", "/search"); ok || request.Reserved(items) {
+		t.Fatalf("critical at the limit: allowed %v, reserved %v", ok, request.Reserved(items))
+	}
+	// The rate rules: 80 spent, 20 left, what default keeps for critical.
+	for range 80 {
+		if ok, _ := acquire("critical", "/rate"); !ok {
+			t.Fatal("critical spend refused")
+		}
+	}
+	if ok, items := acquire("default", "/rate"); ok || !request.Reserved(items) {
+		t.Fatalf("default spend with 20 left: allowed %v, reserved %v", ok, request.Reserved(items))
+	}
+	if ok, _ := acquire("critical", "/rate"); !ok {
+		t.Fatal("critical spend with 20 left refused")
+	}
+	// A lease refused for the reserve counts as reserved.
+	want := `
+# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# TYPE limiter_priority_decisions_total counter
+limiter_priority_decisions_total{class="critical",result="allowed"} 85
+limiter_priority_decisions_total{class="critical",result="limited"} 1
+limiter_priority_decisions_total{class="critical",result="reserved"} 0
+limiter_priority_decisions_total{class="default",result="allowed"} 1
+limiter_priority_decisions_total{class="default",result="limited"} 0
+limiter_priority_decisions_total{class="default",result="reserved"} 2
+limiter_priority_decisions_total{class="sheddable",result="allowed"} 15
+limiter_priority_decisions_total{class="sheddable",result="limited"} 0
+limiter_priority_decisions_total{class="sheddable",result="reserved"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
+		t.Fatal(err)
+	}
+	c := e.NewAcquire()
+	var ie *request.InvalidError
+	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &ie) || ie.Field != "priority" {
+		t.Fatalf("SetPriority of a long class = %v, want an InvalidError naming priority", err)
 	}
 }

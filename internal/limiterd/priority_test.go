@@ -71,6 +71,59 @@ func TestPriorityCheck(t *testing.T) {
 	}
 }
 
+// TestPriorityAcquire: over gRPC, an Acquire's priority picks what it
+// keeps of a concurrency rule's reserve: a refusal for the reserve alone
+// answers reason RESERVED with a retry, one at the limit LIMIT; a class
+// name over 32 bytes is INVALID_ARGUMENT naming priority.
+func TestPriorityAcquire(t *testing.T) {
+	d := startDaemon(t, nil, func(o *Options) {
+		o.Rules.File = writeRules(t, `rules:
+  - id: inflight
+    algorithm: concurrency
+    limit: 10
+    key_by: global
+    reserve: {gold: 0.3, default: 0.2}
+    match: {path: /api/**}
+`)
+		o.Rules.PriorityClasses = []string{"gold", "default", "bulk"}
+	})
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	for i, step := range []struct {
+		priority string
+		n        int
+		allowed  bool
+		reason   limiterv1.Reason
+	}{
+		{"bulk", 5, true, limiterv1.Reason_REASON_UNSPECIFIED},
+		{"bulk", 1, false, limiterv1.Reason_RESERVED},      // keeps gold's 3 and default's 2
+		{"", 2, true, limiterv1.Reason_REASON_UNSPECIFIED}, // default keeps gold's 3
+		{"critical", 1, false, limiterv1.Reason_RESERVED},  // not configured: default
+		{"gold", 3, true, limiterv1.Reason_REASON_UNSPECIFIED},
+		{"gold", 1, false, limiterv1.Reason_REASON_LIMIT},
+	} {
+		for range step.n {
+			resp, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "all", Priority: step.priority})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.GetAllowed() != step.allowed || resp.GetReason() != step.reason || !step.allowed && resp.GetRetryAfterMs() <= 0 {
+				t.Fatalf("step %d (%q): %v; want allowed %v, reason %v", i, step.priority, resp, step.allowed, step.reason)
+			}
+		}
+	}
+	_, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "all", Priority: strings.Repeat("g", 33)})
+	if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "priority") {
+		t.Fatalf("an over-long class: %v, want INVALID_ARGUMENT naming priority", err)
+	}
+	body := scrape(t, d)
+	for _, series := range []string{`limiter_priority_decisions_total{class="bulk",result="reserved"} 1`,
+		`limiter_priority_decisions_total{class="default",result="reserved"} 1`, `limiter_priority_decisions_total{class="gold",result="limited"} 1`} {
+		if !strings.Contains(body, series) {
+			t.Errorf("metrics lack %s", series)
+		}
+	}
+}
+
 // TestPriorityForwardAuth: forward-auth reads the class from the proxy's
 // priority header, and answers a refusal for the reserve alone 503 with
 // Retry-After (in nginx mode 403 with the 503 beside it), one for the

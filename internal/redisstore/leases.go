@@ -86,11 +86,13 @@ func leaseReply(res []any, limit int) (bucket.LeaseDecision, error) {
 	if !ok1 || !ok2 || !ok3 {
 		return bucket.LeaseDecision{}, fmt.Errorf("unexpected lease reply %v", res)
 	}
-	d := bucket.LeaseDecision{Allowed: a == 1, InFlight: int(held), Limit: limit}
+	// a: 1 held, 0 refused (an acquire at the limit; a renew: gone), 2
+	// an acquire refused for what its class keeps.
+	d := bucket.LeaseDecision{Allowed: a == 1, InFlight: int(held), Limit: limit, Reserved: a == 2}
 	switch {
 	case a == 1 && us > 0:
 		d.Expires = time.UnixMicro(us)
-	case a == 0:
+	case a != 1:
 		d.RetryAfter = time.Duration(us) * time.Microsecond
 	}
 	return d, nil
@@ -224,13 +226,18 @@ func (s *Store) Renew(ctx context.Context, reqs []bucket.LeaseRequest, member st
 var _ bucket.LeaseStore = (*Store)(nil)
 
 // AcquireArgs are the acquire script's arguments of member's leases of
-// reqs (keys of one client); the renew script's too.
+// reqs (keys of one client); the renew script's too, which reads no Keep.
+// Each request's Keep comes after them all, in the shortest form that
+// reads back as the same float64.
 func AcquireArgs(member string, reqs []bucket.LeaseRequest) []any {
-	args := make([]any, 0, 1+4*len(reqs))
+	args := make([]any, 0, 1+5*len(reqs))
 	args = append(args, member)
 	for _, r := range reqs {
 		a := r.Limit.Adaptive
 		args = append(args, strconv.Itoa(r.Limit.Limit), strconv.FormatInt(r.Limit.TTL.Microseconds(), 10), strconv.Itoa(a.Min), strconv.Itoa(a.Max))
+	}
+	for _, r := range reqs {
+		args = append(args, strconv.FormatFloat(r.Keep, 'g', -1, 64))
 	}
 	return args
 }

@@ -29,7 +29,9 @@ type leaseConformance struct {
 	lim         bucket.LeaseLimit
 	// sample is what the next release reports (nil: nothing).
 	sample *bucket.LeaseSample
-	st     bucket.Leases
+	// keep is what the next acquire keeps of the limit (Keep).
+	keep float64
+	st   bucket.Leases
 }
 
 func newLeaseConformance(t *testing.T, client *redis.ClusterClient, name string, lim bucket.LeaseLimit) *leaseConformance {
@@ -71,7 +73,7 @@ func (c *leaseConformance) usage(step int, now int64) bucket.LeaseDecision {
 func (c *leaseConformance) run(op string, now int64, member string) []any {
 	c.t.Helper()
 	keys := []string{c.key, c.akey}
-	reqs := []bucket.LeaseRequest{{Limit: c.lim, Sample: c.sample}}
+	reqs := []bucket.LeaseRequest{{Limit: c.lim, Sample: c.sample, Keep: c.keep}}
 	var args []any
 	switch op {
 	case lua.LeaseAcquire:
@@ -103,7 +105,7 @@ func (c *leaseConformance) step(step int, op string, now int64, member string) b
 		}
 		return bucket.LeaseDecision{Allowed: held}
 	case lua.LeaseAcquire:
-		want = c.st.Acquire(now, c.lim, member)
+		want = c.st.AcquireKeeping(now, c.lim, c.keep, member)
 	case lua.LeaseRenew:
 		want = c.st.Renew(now, c.lim, member)
 	}
@@ -129,16 +131,23 @@ func TestLeaseConformance(t *testing.T) {
 		name  string
 		lim   bucket.LeaseLimit
 		steps int
+		// keeps: each acquire keeps one of them, at random (none: 0).
+		keeps []float64
 	}{
-		{"limit 1", bucket.LeaseLimit{Limit: 1, TTL: time.Second}, 3000},
-		{"limit 10", bucket.LeaseLimit{Limit: 10, TTL: 30 * time.Second}, 3000},
-		{"limit 3 long", bucket.LeaseLimit{Limit: 3, TTL: bucket.MaxLeaseTTL}, 1000},
-		{"the maximum", bucket.LeaseLimit{Limit: bucket.MaxConcurrency, TTL: 2 * time.Second}, 0},
+		{"limit 1", bucket.LeaseLimit{Limit: 1, TTL: time.Second}, 3000, nil},
+		{"limit 10", bucket.LeaseLimit{Limit: 10, TTL: 30 * time.Second}, 3000, nil},
+		{"limit 3 long", bucket.LeaseLimit{Limit: 3, TTL: bucket.MaxLeaseTTL}, 1000, nil},
+		{"the maximum", bucket.LeaseLimit{Limit: bucket.MaxConcurrency, TTL: 2 * time.Second}, 0, nil},
 		// Adaptive: releases report random latencies and failures.
-		{"adaptive", bucket.LeaseLimit{Limit: 5, TTL: 30 * time.Second, Adaptive: bucket.Adaptive{Min: 1, Max: 12, Target: 100 * time.Millisecond}}, 4000},
-		{"adaptive wide", bucket.LeaseLimit{Limit: 4, TTL: 5 * time.Minute, Adaptive: bucket.Adaptive{Min: 2, Max: 30, Target: time.Second}}, 3000},
+		{"adaptive", bucket.LeaseLimit{Limit: 5, TTL: 30 * time.Second, Adaptive: bucket.Adaptive{Min: 1, Max: 12, Target: 100 * time.Millisecond}}, 4000, nil},
+		{"adaptive wide", bucket.LeaseLimit{Limit: 4, TTL: 5 * time.Minute, Adaptive: bucket.Adaptive{Min: 2, Max: 30, Target: time.Second}}, 3000, nil},
 		// Steps of a whole lease_ttl (1h) go past bucket.AdaptiveTTL.
-		{"adaptive forgotten", bucket.LeaseLimit{Limit: 2, TTL: bucket.MaxLeaseTTL, Adaptive: bucket.Adaptive{Min: 1, Max: 6, Target: time.Second}}, 1000},
+		{"adaptive forgotten", bucket.LeaseLimit{Limit: 2, TTL: bucket.MaxLeaseTTL, Adaptive: bucket.Adaptive{Min: 1, Max: 6, Target: time.Second}}, 1000, nil},
+		// A reserve: acquires keep what a class of {critical: 0.2, default:
+		// 0.05} keeps, or an odd fraction.
+		{"reserve", bucket.LeaseLimit{Limit: 10, TTL: 30 * time.Second}, 4000, []float64{0, 0.2, 0.2 + 0.05, 0.1 + 0.2, 0.999}},
+		{"reserve small", bucket.LeaseLimit{Limit: 3, TTL: time.Second}, 3000, []float64{0, 0.34, 0.5, 0.7}},
+		{"reserve adaptive", bucket.LeaseLimit{Limit: 5, TTL: 30 * time.Second, Adaptive: bucket.Adaptive{Min: 1, Max: 12, Target: 100 * time.Millisecond}}, 4000, []float64{0, 0.2, 0.25, 0.45}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -147,7 +156,7 @@ func TestLeaseConformance(t *testing.T) {
 			now := time.Now().UnixMicro()
 			ttl := tc.lim.TTL.Microseconds()
 			members := 2*tc.lim.Limit + 2
-			acquired, refused, gone, full := 0, 0, 0, 0
+			acquired, refused, gone, full, reserved := 0, 0, 0, 0, 0
 			limits := map[int]bool{}
 			for step := range tc.steps {
 				if a := tc.lim.Adaptive; a.On() {
@@ -179,11 +188,23 @@ func TestLeaseConformance(t *testing.T) {
 				case 2:
 					now += rng.Int64N(ttl / 4)
 				case 3:
+					if len(tc.keeps) > 0 && (step/200)%2 == 0 {
+						break // a reserve's phase keeping nothing fills the set
+					}
 					now += ttl // exactly the lease length: an expiry at now is gone
 				}
 				if rng.IntN(3) == 0 {
 					if u := cf.usage(step, now); !u.Allowed {
 						full++
+					}
+				}
+				if len(tc.keeps) > 0 {
+					// Phases of 200 steps: every acquire keeps nothing, no
+					// lease expires all at once (the set fills, an adaptive
+					// limit grows), then each keeps one of tc.keeps.
+					cf.keep = 0
+					if (step/200)%2 == 1 {
+						cf.keep = tc.keeps[rng.IntN(len(tc.keeps))]
 					}
 				}
 				m := fmt.Sprintf("m%d", rng.IntN(members))
@@ -195,6 +216,9 @@ func TestLeaseConformance(t *testing.T) {
 					limits[d.Limit] = true
 				case op == lua.LeaseAcquire:
 					refused++
+					if d.Reserved {
+						reserved++
+					}
 				case op == lua.LeaseRenew && !d.Allowed:
 					gone++
 				}
@@ -205,6 +229,9 @@ func TestLeaseConformance(t *testing.T) {
 			}
 			// The limit moved both ways (only one when the steps forget it
 			// often).
+			if len(tc.keeps) > 0 && (reserved == 0 || reserved == refused) {
+				t.Fatalf("the steps did not cover both refusals: %d refused, %d of them for the reserve", refused, reserved)
+			}
 			if seen := slices.Sorted(maps.Keys(limits)); tc.lim.Adaptive.On() && (len(seen) < 2 || tc.lim.TTL < bucket.AdaptiveTTL && (seen[0] >= tc.lim.Limit || seen[len(seen)-1] <= tc.lim.Limit)) {
 				t.Fatalf("the adaptive limit did not move both ways from %d: %v", tc.lim.Limit, seen)
 			}

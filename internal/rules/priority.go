@@ -11,9 +11,9 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// Priority classes: a check names the class of its request, and a token
-// bucket or GCRA rule's reserve keeps part of its capacity for the classes
-// above the check's.
+// Priority classes: a check or an Acquire names the class of its request,
+// and a token bucket or GCRA rule's reserve keeps part of its capacity for
+// the classes above it, a concurrency rule's part of its limit.
 const (
 	// DefaultClass is the class of a check that names none, or a class
 	// that is not configured.
@@ -144,6 +144,14 @@ func (c *Classes) CheckRule(r *Rule) error {
 	return nil
 }
 
+// reserveOf is what r's reserve is a fraction of.
+func (r *Rule) reserveOf() string {
+	if r.Concurrent() {
+		return "limit"
+	}
+	return "capacity"
+}
+
 func sortedKeys(m map[string]float64) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -153,16 +161,16 @@ func sortedKeys(m map[string]float64) []string {
 	return keys
 }
 
-// validateReserve checks r's reserve: a token bucket or GCRA rule's,
-// decided in this region's store (not pinned, not leased), each fraction
-// in [0, 1) of a valid class name, adding up to less than 1.
+// validateReserve checks r's reserve: a token bucket, GCRA or concurrency
+// rule's, decided in this region's store (not pinned, not leased), each
+// fraction in [0, 1) of a valid class name, adding up to less than 1.
 func (r *Rule) validateReserve() error {
 	if r.Reserve == nil {
 		return nil
 	}
 	switch {
-	case r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA:
-		return fieldErrorf("reserve", "only token_bucket and gcra rules keep a reserve, not %s", r.Algorithm)
+	case r.Algorithm != bucket.TokenBucket && r.Algorithm != bucket.GCRA && !r.Concurrent():
+		return fieldErrorf("reserve", "only token_bucket, gcra and concurrency rules keep a reserve, not %s", r.Algorithm)
 	case r.Lease != 0:
 		return fieldError("reserve", errors.New("a rule with lease hands out tokens from each limiterd, which keeps no reserve"))
 	case r.Home == HomePinned:
@@ -178,7 +186,7 @@ func (r *Rule) validateReserve() error {
 			return fieldError("reserve", err)
 		}
 		if v := r.Reserve[n]; !(v >= 0 && v < 1) {
-			return fieldErrorf("reserve."+n, "must be a fraction of the capacity in [0, 1), got %v", v)
+			return fieldErrorf("reserve."+n, "must be a fraction of the %s in [0, 1), got %v", r.reserveOf(), v)
 		}
 		sum += r.Reserve[n]
 	}

@@ -42,3 +42,24 @@ func TestClasses(t *testing.T) {
 		}
 	}
 }
+
+// A concurrency rule keeps a reserve of its limit, fixed or adaptive, as a
+// token bucket keeps one of its capacity.
+func TestConcurrencyReserve(t *testing.T) {
+	c := DefaultClassList()
+	for _, y := range []string{
+		"id: r\nalgorithm: concurrency\nlimit: 20\nreserve: {critical: 0.2, default: 0.05}\n",
+		"id: r\nalgorithm: concurrency\nlimit: 20\nkey_by: global\nadaptive: {min: 2, max: 200, target_latency: 40ms}\nreserve: {critical: 0.2, default: 0.05}\n",
+	} {
+		r, err := ParseRule([]byte(y), SourceFile)
+		if err != nil {
+			t.Fatalf("%s: %v", y, err)
+		}
+		if got, want := c.Keeps(r), []float64{0, 0.2, 0.25}; !slices.Equal(got, want) {
+			t.Fatalf("Keeps = %v, want %v", got, want)
+		}
+		if err := c.CheckRule(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -119,11 +119,12 @@ type Rule struct {
 	// second, a request's own limit may have: required with
 	// AllowRequestLimit.
 	RequestLimitMax float64 `yaml:"request_limit_max,omitempty"`
-	// Reserve keeps part of a token bucket's or GCRA's capacity for the
-	// more important priority classes: a fraction of the capacity per
-	// class, each in [0, 1), adding up to less than 1. A check may spend
-	// only while, after its spend, at least the reserves of the classes
-	// above its own are left.
+	// Reserve keeps part of a token bucket's or GCRA's capacity, or of a
+	// concurrency rule's limit, for the more important priority classes: a
+	// fraction per class, each in [0, 1), adding up to less than 1. A
+	// check may spend only while, after its spend, at least the reserves
+	// of the classes above its own are left; an Acquire takes a lease only
+	// while fewer than the limit less those reserves are held.
 	Reserve map[string]float64 `yaml:"reserve,omitempty"`
 	// Adaptive makes a concurrency rule's limit of each key follow the
 	// latencies its callers report when they release (see bucket.Adaptive):
@@ -529,9 +530,6 @@ func (r *Rule) validate(n *yaml.Node) error {
 		return fieldErrorf("settle_within", "must be above 0 and at most %v, got %v", MaxSettleWithin, time.Duration(r.SettleWithin))
 	}
 	if r.Concurrent() {
-		if r.Reserve != nil {
-			return fieldError("reserve", errors.New("only token_bucket and gcra rules keep a reserve, not concurrency"))
-		}
 		if r.SettleWithin != 0 {
 			return fieldErrorf("settle_within", "a concurrency rule spends no estimate to settle")
 		}
@@ -539,6 +537,9 @@ func (r *Rule) validate(n *yaml.Node) error {
 			return fieldError("allow_request_limit", errors.New("a concurrency rule takes no limit from a request"))
 		}
 		if err := r.validateConcurrency(*capacity, field); err != nil {
+			return err
+		}
+		if err := r.validateReserve(); err != nil {
 			return err
 		}
 		return r.validateOverrides(n)

@@ -137,7 +137,10 @@ func TestParseRuleErrors(t *testing.T) {
 		{name: "bad max_overshoot", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nmax_overshoot: -0.1\n", id: "r", field: "max_overshoot", line: 4},
 		{name: "reserve of 1", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nreserve: {critical: 1}\n", id: "r", field: "reserve.critical", line: 4},
 		{name: "reserve NaN", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nreserve: {critical: .nan}\n", id: "r", field: "reserve.critical", line: 4},
-		{name: "reserve on concurrency", rule: "id: r\nalgorithm: concurrency\nlimit: 1\nreserve: {critical: 0.1}\n", id: "r", field: "reserve", line: 4},
+		{name: "reserve on a window", rule: "id: r\nalgorithm: sliding_window\nlimit: 1\nwindow: 1s\nreserve: {critical: 0.1}\n", id: "r", field: "reserve", line: 5},
+		{name: "reserve of 1 on concurrency", rule: "id: r\nalgorithm: concurrency\nlimit: 10\nreserve: {critical: 1}\n", id: "r", field: "reserve.critical", line: 4},
+		{name: "reserve adding to 1 on concurrency", rule: "id: r\nalgorithm: concurrency\nlimit: 10\nreserve: {critical: 0.5, default: 0.5}\n", id: "r", field: "reserve", line: 4},
+		{name: "reserve on pinned concurrency", rule: "id: r\nalgorithm: concurrency\nlimit: 10\nhome: pinned\nreserve: {critical: 0.1}\n", id: "r", field: "reserve", line: 5},
 		{name: "reserve empty", rule: "id: r\ncapacity: 1\nrefill_per_second: 1\nreserve: {}\n", id: "r", field: "reserve", line: 4},
 	}
 	for _, tt := range tests {

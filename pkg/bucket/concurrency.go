@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
+	"slices"
 	"time"
 )
 
@@ -69,6 +71,11 @@ func (l LeaseLimit) Validate() error {
 type LeaseRequest struct {
 	Rule, Key string
 	Limit     LeaseLimit
+	// Keep, in an Acquire, is what the request's priority class keeps of
+	// the key's limit for the classes above it, a fraction in [0, 1): the
+	// lease is taken only while fewer than Limit − ⌊Keep × Limit⌋ are held
+	// (Leases.AcquireKeeping). 0 keeps nothing.
+	Keep float64
 	// Sample, in a Release, is what the caller reports of the request:
 	// it moves an adaptive limit when the lease was held. Nil: nothing
 	// reported.
@@ -90,8 +97,12 @@ type LeaseDecision struct {
 	Expires time.Time
 	// RetryAfter is, when an Acquire is refused, the time until the
 	// soonest lease held expires: the latest a slot comes back (a release
-	// may free one sooner). > 0.
+	// may free one sooner). > 0. When Reserved, the time until as many
+	// leases expire as the request needs to fit above what it keeps.
 	RetryAfter time.Duration
+	// Reserved reports an Acquire refused only for its Keep: fewer than
+	// the limit are held, and keeping nothing it would have been allowed.
+	Reserved bool
 }
 
 // LeaseStore holds the leases of concurrency rules. Every method trims the
@@ -154,30 +165,67 @@ func (s *Leases) trim(now int64) {
 // are held (l.Limit, or its adaptive limit); a member already held is
 // renewed.
 func (s *Leases) Acquire(now int64, l LeaseLimit, member string) LeaseDecision {
+	return s.AcquireKeeping(now, l, 0, member)
+}
+
+// AcquireKeeping is Acquire for a request that keeps keep (a fraction in
+// [0, 1): see LeaseRequest.Keep) of the key's limit for more important
+// priority classes: a new member takes a lease only while fewer than
+// room(limit, keep) are held. A refusal with fewer than the limit held is
+// Reserved, retried when enough leases expire for it to fit.
+func (s *Leases) AcquireKeeping(now int64, l LeaseLimit, keep float64, member string) LeaseDecision {
 	s.trim(now)
 	exp := now + l.TTL.Microseconds()
 	limit := s.limit(now, l)
-	if _, ok := s.held[member]; ok || len(s.held) < limit {
+	if _, ok := s.held[member]; ok || len(s.held) < leaseRoom(limit, keep) {
 		if s.held == nil {
 			s.held = make(map[string]int64)
 		}
 		s.held[member] = exp
 		return LeaseDecision{Allowed: true, InFlight: len(s.held), Limit: limit, Expires: time.UnixMicro(exp)}
 	}
-	soonest := int64(0)
-	for _, e := range s.held {
-		if soonest == 0 || e < soonest {
-			soonest = e
-		}
+	d := LeaseDecision{InFlight: len(s.held), Limit: limit, Reserved: len(s.held) < limit}
+	// The retry is until the soonest lease expires; for a reserved
+	// refusal, until as many expire as the request needs to fit.
+	k := 0
+	if d.Reserved {
+		k = len(s.held) - leaseRoom(limit, keep)
 	}
-	return LeaseDecision{InFlight: len(s.held), Limit: limit, RetryAfter: time.Duration(soonest-now) * time.Microsecond}
+	var at int64
+	if k == 0 {
+		for _, e := range s.held {
+			if at == 0 || e < at {
+				at = e
+			}
+		}
+	} else {
+		exps := make([]int64, 0, len(s.held))
+		for _, e := range s.held {
+			exps = append(exps, e)
+		}
+		slices.Sort(exps)
+		at = exps[k]
+	}
+	d.RetryAfter = time.Duration(at-now) * time.Microsecond
+	return d
 }
 
-// admits reports whether an Acquire of member at now would be allowed.
-func (s *Leases) admits(now int64, l LeaseLimit, member string) bool {
+// leaseRoom is how many leases a request keeping keep of limit may find
+// held and still take one: limit − ⌊keep × limit⌋, at least 1 since keep
+// < 1. acquire.lua reckons it with the same float64 arithmetic.
+func leaseRoom(limit int, keep float64) int {
+	if !(keep > 0) {
+		return limit
+	}
+	return limit - int(math.Floor(keep*float64(limit)))
+}
+
+// admits reports whether an Acquire of member keeping keep at now would
+// be allowed.
+func (s *Leases) admits(now int64, l LeaseLimit, keep float64, member string) bool {
 	s.trim(now)
 	_, ok := s.held[member]
-	return ok || len(s.held) < s.limit(now, l)
+	return ok || len(s.held) < leaseRoom(s.limit(now, l), keep)
 }
 
 // Release drops member's lease; it reports whether it was held. When it
@@ -315,9 +363,9 @@ func (m *Memory) Acquire(_ context.Context, reqs []LeaseRequest, member string) 
 		if s == nil {
 			s = &Leases{}
 		}
-		if !s.admits(now, r.Limit, member) {
+		if !s.admits(now, r.Limit, r.Keep, member) {
 			all = false
-			out[i] = s.Acquire(now, r.Limit, member) // refused: changes nothing
+			out[i] = s.AcquireKeeping(now, r.Limit, r.Keep, member) // refused: changes nothing
 		}
 	}
 	if !all {
@@ -334,7 +382,7 @@ func (m *Memory) Acquire(_ context.Context, reqs []LeaseRequest, member string) 
 		}
 		return out, nil
 	}
-	m.changeLeases(now, shs, reqs, member, func(i int, s *Leases) { out[i] = s.Acquire(now, reqs[i].Limit, member) })
+	m.changeLeases(now, shs, reqs, member, func(i int, s *Leases) { out[i] = s.AcquireKeeping(now, reqs[i].Limit, reqs[i].Keep, member) })
 	return out, nil
 }
 

@@ -193,11 +193,13 @@ func (c *Client) check(ctx context.Context, req *limiterv1.CheckRequest) (*limit
 type priorityKey struct{}
 
 // WithPriority returns a copy of ctx whose checks (Check, CheckPaced,
-// CheckEstimate, CheckAttributes) carry the priority class class: one of
-// limiterd's --priority.classes (critical, default, sheddable unless
-// configured), most important first; "" or another is default. A rule's
-// reserve keeps part of its capacity for the classes above a check's: a
-// refusal for that alone has Reason RESERVED (answer it as 503, not 429).
+// CheckEstimate, CheckAttributes) and Acquires (Acquire,
+// AcquireAttributes) carry the priority class class: one of limiterd's
+// --priority.classes (critical, default, sheddable unless configured),
+// most important first; "" or another is default. A rule's reserve keeps
+// part of its capacity (of its limit, for a concurrency rule) for the
+// classes above the request's: a refusal for that alone has Reason
+// RESERVED (answer it as 503, not 429).
 func WithPriority(ctx context.Context, class string) context.Context {
 	return context.WithValue(ctx, priorityKey{}, class)
 }
@@ -212,16 +214,17 @@ func PriorityOf(ctx context.Context) string {
 // says whether it was allowed and holds the lease id to Release when the
 // work ends (and to Renew while it runs). A refusal is a response with
 // Allowed false, its RetryAfterMs the time until the soonest lease held
-// expires. Errors as for Check.
+// expires, its Reason RESERVED when only the reserve of the classes above
+// ctx's (WithPriority) refused it. Errors as for Check.
 func (c *Client) Acquire(ctx context.Context, rule, key string) (*limiterv1.AcquireResponse, error) {
-	return call(c, ctx, &limiterv1.AcquireRequest{RuleId: rule, Key: key}, limiterv1.LimiterClient.Acquire)
+	return call(c, ctx, &limiterv1.AcquireRequest{RuleId: rule, Key: key, Priority: PriorityOf(ctx)}, limiterv1.LimiterClient.Acquire)
 }
 
 // AcquireAttributes takes a lease of every concurrency rule whose match the
 // attributes satisfy and spends every matching rate rule (their costs
 // multiplied by cost), all or nothing. Errors as for Check.
 func (c *Client) AcquireAttributes(ctx context.Context, a *limiterv1.Attributes, cost float64) (*limiterv1.AcquireResponse, error) {
-	return call(c, ctx, &limiterv1.AcquireRequest{Attributes: a, Cost: cost}, limiterv1.LimiterClient.Acquire)
+	return call(c, ctx, &limiterv1.AcquireRequest{Attributes: a, Cost: cost, Priority: PriorityOf(ctx)}, limiterv1.LimiterClient.Acquire)
 }
 
 // Release gives a lease back; released is false for a lease that was not

@@ -84,7 +84,7 @@ func (f *fakeLimiter) last() (time.Duration, *limiterv1.CheckRequest) {
 	return f.deadlines[len(f.deadlines)-1], f.reqs[len(f.reqs)-1]
 }
 
-func serveFake(t *testing.T, f *fakeLimiter) string {
+func serveFake(t *testing.T, f limiterv1.LimiterServer) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

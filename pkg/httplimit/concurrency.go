@@ -53,9 +53,12 @@ const ReleaseTimeout = time.Second
 // Acquire's answer to the handler's return, and whether the handler
 // failed: a status of 500 or more, or a panic.
 //
-// A refusal is 429 with Retry-After: for a concurrency rule, the time until
-// the soonest lease held expires (a release may free a slot sooner). The
-// other answers (503, failing open) are Middleware's. It works for
+// The Acquire carries the request's priority class (Options.Priority, as
+// Middleware's checks). A refusal is 429 with Retry-After: for a
+// concurrency rule, the time until the soonest lease held expires (a
+// release may free a slot sooner); one only for the reserve a rule keeps
+// for more important classes (Reason RESERVED) is 503 with Retry-After.
+// The other answers (503, failing open) are Middleware's. It works for
 // endpoints without concurrency rules too: an Acquire matching none is a
 // Check.
 func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
@@ -63,17 +66,22 @@ func Concurrency(c Acquirer, opts Options) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			a, cost := opts.attributes(r)
+			actx := r.Context()
+			if opts.Priority != nil {
+				actx = client.WithPriority(actx, opts.Priority(r))
+			}
 			sent := time.Now()
-			resp, err := c.AcquireAttributes(r.Context(), a, cost)
+			resp, err := c.AcquireAttributes(actx, a, cost)
 			if err != nil {
 				if opts.failed(w, r, err) {
 					next.ServeHTTP(w, r)
 				}
 				return
 			}
-			SetHeaders(w.Header(), checkOf(resp), opts.Now())
+			check := checkOf(resp)
+			SetHeaders(w.Header(), check, opts.Now())
 			if !resp.GetAllowed() {
-				http.Error(w, "too many requests", http.StatusTooManyRequests)
+				RefuseCheck(w, check)
 				return
 			}
 			id := resp.GetLeaseId()
@@ -179,7 +187,7 @@ func (o *Options) renew(ctx context.Context, r *http.Request, cancel context.Can
 func checkOf(a *limiterv1.AcquireResponse) *limiterv1.CheckResponse {
 	return &limiterv1.CheckResponse{
 		Allowed: a.GetAllowed(), Remaining: a.GetRemaining(), Limit: a.GetLimit(),
-		RetryAfterMs: a.GetRetryAfterMs(), RuleId: a.GetRuleId(), Statuses: a.GetStatuses(),
+		RetryAfterMs: a.GetRetryAfterMs(), RuleId: a.GetRuleId(), Statuses: a.GetStatuses(), Reason: a.GetReason(),
 	}
 }
 

@@ -56,9 +56,10 @@ type Options struct {
 	Cost func(*http.Request) float64
 	// Priority returns the request's priority class (critical, default,
 	// sheddable, or limiterd's --priority.classes), sent with the check
-	// through client.WithPriority. Take it from what the service knows of
-	// the request (its route, its caller), never from a header the client
-	// sets: a class the client chooses is a reserve the client spends.
+	// (Concurrency's Acquire) through client.WithPriority. Take it from
+	// what the service knows of the request (its route, its caller), never
+	// from a header the client sets: a class the client chooses is a
+	// reserve the client spends.
 	// Nil: the context's (client.PriorityOf), else default.
 	Priority func(*http.Request) string
 	// FailClosed answers 503 when no decision could be had (limiterd

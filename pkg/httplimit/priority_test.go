@@ -45,3 +45,47 @@ func TestMiddlewarePriority(t *testing.T) {
 		t.Fatalf("limit refusal: %d, class %q; want 429, critical", rec.Code, c.class)
 	}
 }
+
+// priorityAcquirer answers every Acquire with resp, keeping its class.
+type priorityAcquirer struct {
+	fakeAcquirer
+	resp  *limiterv1.AcquireResponse
+	class string
+}
+
+func (p *priorityAcquirer) AcquireAttributes(ctx context.Context, _ *limiterv1.Attributes, _ float64) (*limiterv1.AcquireResponse, error) {
+	p.class = client.PriorityOf(ctx)
+	return p.resp, nil
+}
+
+// TestConcurrencyPriority: Concurrency sends the request's class with its
+// Acquire, from the same option as Middleware, and answers a refusal for
+// the reserve of more important classes 503 with Retry-After, one at the
+// limit 429.
+func TestConcurrencyPriority(t *testing.T) {
+	a := &priorityAcquirer{resp: &limiterv1.AcquireResponse{Allowed: false, Limit: 20, RetryAfterMs: 2500, RuleId: "inflight", Reason: limiterv1.Reason_RESERVED}}
+	h := Concurrency(a, Options{Priority: func(r *http.Request) string {
+		if r.URL.Path == "/checkout" {
+			return "critical"
+		}
+		return "sheddable"
+	}, Logger: quiet})(http.HandlerFunc(okHandler))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/feed", nil))
+	if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") != "3" || a.class != "sheddable" {
+		t.Fatalf("reserved refusal: %d, Retry-After %q, class %q; want 503, 3, sheddable", rec.Code, rec.Header().Get("Retry-After"), a.class)
+	}
+	a.resp.Reason = limiterv1.Reason_REASON_LIMIT
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest("GET", "/checkout", nil))
+	if rec.Code != http.StatusTooManyRequests || rec.Header().Get("Retry-After") != "3" || a.class != "critical" {
+		t.Fatalf("limit refusal: %d, class %q; want 429, critical", rec.Code, a.class)
+	}
+	// Without the option, the class is the request context's.
+	h = Concurrency(a, Options{Logger: quiet})(http.HandlerFunc(okHandler))
+	r := httptest.NewRequest("GET", "/feed", nil)
+	h.ServeHTTP(httptest.NewRecorder(), r.WithContext(client.WithPriority(r.Context(), "default")))
+	if a.class != "default" {
+		t.Fatalf("class without the option: %q, want the context's", a.class)
+	}
+}

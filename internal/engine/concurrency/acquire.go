@@ -57,6 +57,20 @@ func NewAcquire(t *request.Table, m *metrics.Metrics) *Acquire {
 	return &Acquire{Request: request.Request{Table: t, Metrics: m, Class: t.DefaultClass()}}
 }
 
+// SetPriority gives the Acquire the priority class name, as
+// request.Request.SetPriority does a check's: its rate rules keep what the
+// class keeps of their capacity, and its concurrency rules what it keeps
+// of their limit. Errors are as Request.SetPriority's.
+func (c *Acquire) SetPriority(name string) error {
+	if err := c.Request.SetPriority(name); err != nil {
+		return err
+	}
+	for _, l := range c.held {
+		l.Keep = l.Entry.Keep(c.Class)
+	}
+	return nil
+}
+
 // Leases returns the concurrency rules of an Acquire, in the order added.
 func (c *Acquire) Leases() []*request.Item { return itemsOf(c.held) }
 
@@ -107,8 +121,9 @@ func (c *Acquire) addLease(en *request.Entry, key string) (*request.Item, error)
 		return nil, request.Invalid("attributes", "attributes: more than %d concurrency rules match: the most one Acquire holds", leaseid.MaxParts)
 	}
 	lims := en.For(key)
-	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Entry: en, Limits: lims, Against: lims.Limit}}
+	l := &heldLease{Item: &request.Item{Rule: en.Rule, Key: key, Cost: 1, Keep: en.Keep(c.Class), Entry: en, Limits: lims, Against: lims.Limit}}
 	c.held = append(c.held, l)
+	c.Leased = append(c.Leased, l.Item)
 	return l.Item, nil
 }
 

@@ -166,7 +166,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		for i, it := range items {
 			if me.Errs[i] == nil && !ds[i].Allowed {
 				it.Route = request.RouteStore
-				it.Decision = bucket.Decision{Limit: float64(it.Limits.Leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter}
+				it.Decision = bucket.Decision{Limit: float64(it.Limits.Leases.Limit), RetryAfter: ds[i].RetryAfter, ResetAfter: ds[i].RetryAfter, Reserved: ds[i].Reserved}
 				l.refused(it.Item)
 				c.notAsked()
 				return false, nil
@@ -198,7 +198,7 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 		// against: this region's or this instance's share when it was
 		// held as the rule's on_failure, as a check's is; Limit the rule's.
 		it.Decision = bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(reqs[i].Limit.Limit-d.InFlight, 0)),
-			Limit: float64(it.Limits.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter}
+			Limit: float64(it.Limits.Leases.Limit), RetryAfter: d.RetryAfter, ResetAfter: d.RetryAfter, Reserved: d.Reserved}
 		if reqs[i].Limit.Adaptive.On() {
 			// The key's limit now, as the store holds it.
 			it.Decision.Remaining = float64(max(d.Limit-d.InFlight, 0))
@@ -219,8 +219,9 @@ func (l *Leases) takeLeases(ctx context.Context, c *Acquire, items []*heldLease,
 	return all, nil
 }
 
+// partRequest is the lease request of it, keeping what its class keeps.
 func (l *Leases) partRequest(it *heldLease, id *leaseid.ID, fleet int) bucket.LeaseRequest {
-	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: leaseLimit(it.Limits, id.Parts[it.part].Flags, fleet)}
+	return bucket.LeaseRequest{Rule: it.Rule.ID, Key: it.Key, Limit: leaseLimit(it.Limits, id.Parts[it.part].Flags, fleet), Keep: it.Keep}
 }
 
 // giveLeasesBack releases the leases an Acquire took here when a later

@@ -12,6 +12,7 @@ package request
 import (
 	"errors"
 	"math"
+	"slices"
 	"time"
 
 	"fmt"
@@ -113,6 +114,9 @@ type Request struct {
 	// Enforce and Shadow are its enforced and shadow rate rules.
 	Enforce []*Item
 	Shadow  []*Item
+	// Leased are an Acquire's concurrency rules (nil for a check), which
+	// internal/engine/concurrency holds: Reserved reads their decisions.
+	Leased []*Item
 	// Peer is the region that forwarded this request to its keys' home:
 	// pinned rules are decided here, never forwarded again.
 	Peer string
@@ -139,10 +143,15 @@ func (c *Request) ClassName() string { return c.Table.Classes.Names()[c.Class] }
 // Reserved reports whether the decided request was refused only for the
 // reserves its class keeps: at least one rule refused it, and each that
 // did would have allowed it as the most important class
-// (bucket.Decision.Reserved). Such a refusal is the service shedding
-// load, not the client's doing: front doors answer it as unavailable
-// (503), not as over the limit (429).
-func (c *Request) Reserved() bool { return Reserved(c.Enforce) }
+// (bucket.Decision.Reserved, of an Acquire's leases too). Such a refusal
+// is the service shedding load, not the client's doing: front doors
+// answer it as unavailable (503), not as over the limit (429).
+func (c *Request) Reserved() bool {
+	if len(c.Leased) == 0 {
+		return Reserved(c.Enforce)
+	}
+	return Reserved(append(slices.Clip(c.Leased), c.Enforce...))
+}
 
 // Reserved reports whether items, a decided request's enforced rules,
 // refused it only for the reserves its class keeps (Request.Reserved).

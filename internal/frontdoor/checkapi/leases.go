@@ -14,11 +14,15 @@ import (
 )
 
 // Acquire takes the leases of the concurrency rules a request names or
-// matches and spends its rate rules, all or nothing.
+// matches and spends its rate rules, all or nothing, as its priority
+// class.
 func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*limiterv1.AcquireResponse, error) {
 	start := time.Now()
 	defer func() { s.e.Observe(time.Since(start).Seconds()) }()
 	c := s.e.NewAcquire()
+	if err := c.SetPriority(req.GetPriority()); err != nil {
+		return nil, Status(err)
+	}
 	statuses := false
 	if a := req.GetAttributes(); a != nil {
 		if req.GetRuleId() != "" || req.GetKey() != "" {
@@ -40,7 +44,7 @@ func (s *Service) Acquire(ctx context.Context, req *limiterv1.AcquireRequest) (*
 	check := Response(items, c.Shadows(), allowed, statuses)
 	resp := &limiterv1.AcquireResponse{
 		Allowed: allowed, RetryAfterMs: check.RetryAfterMs, RuleId: check.RuleId,
-		Remaining: check.Remaining, Limit: check.Limit, Statuses: check.Statuses,
+		Remaining: check.Remaining, Limit: check.Limit, Statuses: check.Statuses, Reason: check.Reason,
 	}
 	if l != nil {
 		resp.LeaseId, resp.ExpiresAtUnixMs, resp.LeaseTtlMs = l.ID, l.Expires.UnixMilli(), l.TTL.Milliseconds()

@@ -1,8 +1,10 @@
 // Command overload is `make overload`: it drives a model backend on
 // loopback past its capacity, open loop, with a mix of priority classes,
 // through limiterd (a process of ./cmd/limiterd, built first, on the
-// embedded memory store) and pkg/httplimit, under three configurations: no shedding, a reserve
-// (priority load shedding) and an adaptive concurrency limit. It reports
+// embedded memory store) and pkg/httplimit, under four configurations: no
+// shedding, a reserve (priority load shedding), an adaptive concurrency
+// limit, and the adaptive limit with a reserve (its Acquire carrying the
+// request's class). It reports
 // each class's goodput, p99 latency and errors at 1x and 2x load, as a
 // Markdown table and an SVG chart.
 package main
@@ -40,8 +42,28 @@ var (
 	shares  = []float64{0.2, 0.5, 0.3}
 )
 
-// Configurations compared, in order.
-var Configs = []string{"none", "reserve", "adaptive"}
+// Configs are the configurations compared, in order.
+var Configs = []string{"none", "reserve", "adaptive", "adaptive+reserve"}
+
+// parseConfigs reads a comma-separated list of Configs; "" is all of them.
+func parseConfigs(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return slices.Clone(Configs), nil
+	}
+	var out []string
+	for c := range strings.SplitSeq(s, ",") {
+		c = strings.TrimSpace(c)
+		if !slices.Contains(Configs, c) {
+			return nil, fmt.Errorf("no configuration %q (the configurations are %s)", c, strings.Join(Configs, ", "))
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// leased reports whether cfg's rule is a concurrency rule: its requests
+// go through httplimit.Concurrency (an Acquire) rather than Middleware.
+func leased(cfg string) bool { return strings.HasPrefix(cfg, "adaptive") }
 
 // Options are the experiment's parameters: the model backend and the
 // load.
@@ -60,13 +82,16 @@ type Options struct {
 	// request (a later answer is an error).
 	Warmup, Duration, Timeout time.Duration
 	Seed                      uint64
+	// Configs are the configurations run, in order (of Configs).
+	Configs []string
 }
 
 // DefaultOptions: a backend that serves at most 250 requests/s (20 in
 // flight at 80 ms), 30 ms at 150/s, failing past 80 in flight.
 func DefaultOptions() Options {
 	return Options{Base: 20 * time.Millisecond, Capacity: 20, Exponent: 2, Ceiling: 80,
-		Rate: 150, Loads: []float64{1, 2}, Warmup: 3 * time.Second, Duration: 10 * time.Second, Timeout: time.Second, Seed: 1}
+		Rate: 150, Loads: []float64{1, 2}, Warmup: 3 * time.Second, Duration: 10 * time.Second, Timeout: time.Second, Seed: 1,
+		Configs: slices.Clone(Configs)}
 }
 
 // Row is one class's figures in one run.
@@ -98,7 +123,13 @@ func main() {
 	flag.DurationVar(&o.Duration, "duration", o.Duration, "measured time of each run")
 	flag.DurationVar(&o.Warmup, "warmup", o.Warmup, "time before each run is measured")
 	flag.Float64Var(&o.Rate, "rate", o.Rate, "the 1x arrival rate, requests/s")
+	configs := flag.String("configs", "", "the configurations to run, comma-separated (default all: "+strings.Join(Configs, ",")+")")
 	flag.Parse()
+	var err error
+	if o.Configs, err = parseConfigs(*configs); err != nil {
+		fmt.Fprintln(os.Stderr, "overload:", err)
+		os.Exit(2)
+	}
 	rep, err := Run(context.Background(), o)
 	if err == nil {
 		err = rep.Write(*out)
@@ -122,7 +153,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Opts: o, LoadBefore: loadavg()}
-	for _, cfg := range Configs {
+	for _, cfg := range o.Configs {
 		for _, load := range o.Loads {
 			rows, err := runOne(ctx, o, bin, dir, cfg, load)
 			if err != nil {
@@ -207,13 +238,17 @@ func loadavg() string {
 // never refuses; reserve sheds at 160/s (above the 1x rate, within what
 // the backend serves in under 40 ms) keeping 20% for critical and 5% more
 // for default; adaptive holds the requests in flight to what keeps them
-// under 40 ms.
+// under 40 ms; adaptive+reserve does, keeping 20% of that limit for
+// critical and 5% more for default.
 func rulesOf(cfg string) string {
+	const adaptive = "rules:\n  - id: inflight\n    algorithm: concurrency\n    limit: 20\n    lease_ttl: 10s\n    key_by: global\n    adaptive: {min: 2, max: 200, target_latency: 40ms}\n    match: {path: /work}\n"
 	switch cfg {
 	case "reserve":
 		return "rules:\n  - id: shed\n    capacity: 32\n    refill_per_second: 160\n    key_by: global\n    reserve: {critical: 0.2, default: 0.05}\n    match: {path: /work}\n"
 	case "adaptive":
-		return "rules:\n  - id: inflight\n    algorithm: concurrency\n    limit: 20\n    lease_ttl: 10s\n    key_by: global\n    adaptive: {min: 2, max: 200, target_latency: 40ms}\n    match: {path: /work}\n"
+		return adaptive
+	case "adaptive+reserve":
+		return adaptive + "    reserve: {critical: 0.2, default: 0.05}\n"
 	}
 	return "rules:\n  - id: open\n    capacity: 1000000\n    refill_per_second: 1000000\n    key_by: global\n    match: {path: /work}\n"
 }
@@ -276,7 +311,7 @@ func runOne(ctx context.Context, o Options, bin, dir, cfg string, load float64) 
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
 	limit := httplimit.Middleware(c, hopts)
-	if cfg == "adaptive" {
+	if leased(cfg) {
 		limit = httplimit.Concurrency(c, hopts)
 	}
 	addr, err := freeAddr()

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/limiterd/limiterd/internal/rules"
 )
 
 // TestRunSmoke runs every configuration for a moment at a low rate and
@@ -58,5 +60,39 @@ func TestPick(t *testing.T) {
 		if got := pick(u); got != want {
 			t.Errorf("pick(%v) = %d, want %d", u, got, want)
 		}
+	}
+}
+
+// TestRulesOf: every configuration's rules load; adaptive+reserve is the
+// adaptive rule with the reserve rule's fractions, and goes through
+// Concurrency (its Acquire carries the class).
+func TestRulesOf(t *testing.T) {
+	for _, cfg := range Configs {
+		if _, err := rules.Parse(cfg+".yml", []byte(rulesOf(cfg))); err != nil {
+			t.Fatalf("%s: %v", cfg, err)
+		}
+	}
+	set, err := rules.Parse("ar.yml", []byte(rulesOf("adaptive+reserve")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := set.Get("inflight")
+	if r == nil || !r.Concurrent() || r.Adaptive == nil || r.Reserve["critical"] != 0.2 || r.Reserve["default"] != 0.05 {
+		t.Fatalf("adaptive+reserve's rule: %+v", r)
+	}
+	if !leased("adaptive+reserve") || !leased("adaptive") || leased("reserve") || leased("none") {
+		t.Fatal("only the adaptive configurations acquire")
+	}
+}
+
+func TestParseConfigs(t *testing.T) {
+	if got, err := parseConfigs("adaptive+reserve, none"); err != nil || strings.Join(got, ",") != "adaptive+reserve,none" {
+		t.Fatalf("parseConfigs = %v, %v", got, err)
+	}
+	if got, err := parseConfigs(""); err != nil || len(got) != len(Configs) {
+		t.Fatalf("parseConfigs of none = %v, %v; want every configuration", got, err)
+	}
+	if _, err := parseConfigs("adaptive,bogus"); err == nil {
+		t.Fatal("an unknown configuration parsed")
 	}
 }

@@ -51,7 +51,7 @@ func (rep *Report) WriteMarkdown(w io.Writer) error {
 	top := o.Loads[len(o.Loads)-1]
 	fmt.Fprintf(&b, "\nCritical at %gx (goal: at least 95%% of offered served, p99 within 2x of 1x):\n\n", top)
 	b.WriteString("| configuration | served | p99 / 1x | goal |\n|---|---|---|---|\n")
-	for _, cfg := range Configs {
+	for _, cfg := range o.Configs {
 		r, _ := rep.Find(cfg, top, Classes[0])
 		base, _ := rep.Find(cfg, o.Loads[0], Classes[0])
 		met := "met"
@@ -88,7 +88,7 @@ var classColors = []string{"#d62728", "#1f77b4", "#7f7f7f"}
 // share of what it offered, and its p99 latency against its 1x p99, per
 // configuration.
 func (rep *Report) WriteSVG(w io.Writer) error {
-	const width, height = 900, 360
+	const width, height = 1000, 360
 	top := rep.Opts.Loads[len(rep.Opts.Loads)-1]
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
@@ -108,11 +108,11 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 		v := float64(r.P99) / float64(base.P99)
 		return v, fmt.Sprintf("%.1f", v)
 	}
-	panel(&b, 40, "goodput, % of offered (goal for critical: ≥ 95)", 100, 95, good)
-	panel(&b, 480, "p99 latency ÷ p99 at 1x (goal for critical: ≤ 2)", 10, 2, p99)
+	panel(&b, 40, "goodput, % of offered (goal for critical: ≥ 95)", 100, 95, rep.Opts.Configs, good)
+	panel(&b, 540, "p99 latency ÷ p99 at 1x (goal for critical: ≤ 2)", 10, 2, rep.Opts.Configs, p99)
 	// Legend.
 	for i, c := range Classes {
-		x := 330 + i*100
+		x := width/2 - 150 + i*100
 		fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/><text x="%d" y="%d">%s</text>`+"\n", x, height-22, classColors[i], x+16, height-12, c)
 	}
 	b.WriteString("</svg>\n")
@@ -120,11 +120,12 @@ func (rep *Report) WriteSVG(w io.Writer) error {
 	return err
 }
 
-// panel draws grouped bars at x0: one group per configuration, one bar
-// per class, the value's label above its bar; top is the axis's top (a
-// value above is drawn clipped, its label true) and goal a dashed line.
-func panel(b *strings.Builder, x0 int, title string, top, goal float64, value func(cfg, class string) (float64, string)) {
-	const pw, ph, y0 = 380, 230, 60 // plot area: width, height, top
+// panel draws grouped bars at x0: one group per configuration of cfgs,
+// one bar per class, the value's label above its bar; top is the axis's
+// top (a value above is drawn clipped, its label true) and goal a dashed
+// line.
+func panel(b *strings.Builder, x0 int, title string, top, goal float64, cfgs []string, value func(cfg, class string) (float64, string)) {
+	const pw, ph, y0 = 440, 230, 60 // plot area: width, height, top
 	bottom := y0 + ph
 	y := func(v float64) float64 { return float64(bottom) - math.Min(v, top)/top*ph }
 	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle" font-size="13">%s</text>`+"\n", x0+pw/2, y0-14, html.EscapeString(title))
@@ -134,9 +135,9 @@ func panel(b *strings.Builder, x0 int, title string, top, goal float64, value fu
 		fmt.Fprintf(b, `<text x="%d" y="%.0f" text-anchor="end" font-size="10">%g</text>`+"\n", x0-4, y(t)+4, t)
 	}
 	fmt.Fprintf(b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#d62728" stroke-dasharray="5,4"/>`+"\n", x0, y(goal), x0+pw, y(goal))
-	gw := pw / len(Configs)
+	gw := pw / max(len(cfgs), 1)
 	bw := (gw - 30) / len(Classes)
-	for g, cfg := range Configs {
+	for g, cfg := range cfgs {
 		gx := x0 + g*gw + 15
 		for i, class := range Classes {
 			v, label := value(cfg, class)
@@ -144,6 +145,6 @@ func panel(b *strings.Builder, x0 int, title string, top, goal float64, value fu
 			fmt.Fprintf(b, `<rect x="%d" y="%.1f" width="%d" height="%.1f" fill="%s"/>`+"\n", x, y(v), bw-2, float64(bottom)-y(v), classColors[i])
 			fmt.Fprintf(b, `<text x="%d" y="%.1f" text-anchor="middle" font-size="10">%s</text>`+"\n", x+bw/2, y(v)-3, html.EscapeString(label))
 		}
-		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", gx+(gw-30)/2, bottom+16, cfg)
+		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle" font-size="11">%s</text>`+"\n", gx+(gw-30)/2, bottom+16, html.EscapeString(cfg))
 	}
 }

@@ -586,8 +586,15 @@ type AcquireRequest struct {
 	// Multiplies the cost of each matching rate rule (0 or unset: 1). A
 	// concurrency rule counts each request once: by rule_id, cost must be 0
 	// or 1.
-	Cost          float64     `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
-	Attributes    *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	Cost       float64     `protobuf:"fixed64,3,opt,name=cost,proto3" json:"cost,omitempty"`
+	Attributes *Attributes `protobuf:"bytes,4,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	// The request's priority class, as CheckRequest's priority: one of
+	// limiterd's --priority.classes, at most 32 bytes (a longer one is
+	// INVALID_ARGUMENT naming priority); empty or a class not configured:
+	// default. A concurrency rule's reserve keeps the last part of its limit
+	// for the classes above this one, as a rate rule's keeps part of its
+	// capacity; the rate rules the Acquire spends are checked as this class.
+	Priority      string `protobuf:"bytes,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -650,6 +657,13 @@ func (x *AcquireRequest) GetAttributes() *Attributes {
 	return nil
 }
 
+func (x *AcquireRequest) GetPriority() string {
+	if x != nil {
+		return x.Priority
+	}
+	return ""
+}
+
 type AcquireResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Whether the request may proceed; then lease_id holds its leases (empty
@@ -674,7 +688,12 @@ type AcquireResponse struct {
 	Remaining float64 `protobuf:"fixed64,7,opt,name=remaining,proto3" json:"remaining,omitempty"`
 	Limit     float64 `protobuf:"fixed64,8,opt,name=limit,proto3" json:"limit,omitempty"`
 	// One status per rule, concurrency rules included.
-	Statuses      []*RuleStatus `protobuf:"bytes,9,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	Statuses []*RuleStatus `protobuf:"bytes,9,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	// Why the Acquire was refused, as CheckResponse's reason: RESERVED when
+	// only the reserves its priority class keeps for the classes above it
+	// refused it (a lease, or a rate rule's spend): answer it as the service
+	// shedding load (HTTP 503 and Retry-After), not as over the limit (429).
+	Reason        Reason `protobuf:"varint,10,opt,name=reason,proto3,enum=limiter.v1.Reason" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -770,6 +789,13 @@ func (x *AcquireResponse) GetStatuses() []*RuleStatus {
 		return x.Statuses
 	}
 	return nil
+}
+
+func (x *AcquireResponse) GetReason() Reason {
+	if x != nil {
+		return x.Reason
+	}
+	return Reason_REASON_UNSPECIFIED
 }
 
 type ReleaseRequest struct {
@@ -1536,14 +1562,15 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\x06replay\x18\x03 \x01(\bR\x06replay\x12\x1a\n" +
 	"\bestimate\x18\x04 \x01(\x01R\bestimate\x12\x1f\n" +
 	"\vactual_cost\x18\x05 \x01(\x01R\n" +
-	"actualCost\"\x87\x01\n" +
+	"actualCost\"\xa3\x01\n" +
 	"\x0eAcquireRequest\x12\x17\n" +
 	"\arule_id\x18\x01 \x01(\tR\x06ruleId\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12\x12\n" +
 	"\x04cost\x18\x03 \x01(\x01R\x04cost\x126\n" +
 	"\n" +
 	"attributes\x18\x04 \x01(\v2\x16.limiter.v1.AttributesR\n" +
-	"attributes\"\xbc\x02\n" +
+	"attributes\x12\x1a\n" +
+	"\bpriority\x18\x05 \x01(\tR\bpriority\"\xe8\x02\n" +
 	"\x0fAcquireResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x19\n" +
 	"\blease_id\x18\x02 \x01(\tR\aleaseId\x12+\n" +
@@ -1554,7 +1581,9 @@ const file_limiter_v1_limiter_proto_rawDesc = "" +
 	"\arule_id\x18\x06 \x01(\tR\x06ruleId\x12\x1c\n" +
 	"\tremaining\x18\a \x01(\x01R\tremaining\x12\x14\n" +
 	"\x05limit\x18\b \x01(\x01R\x05limit\x122\n" +
-	"\bstatuses\x18\t \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\"y\n" +
+	"\bstatuses\x18\t \x03(\v2\x16.limiter.v1.RuleStatusR\bstatuses\x12*\n" +
+	"\x06reason\x18\n" +
+	" \x01(\x0e2\x12.limiter.v1.ReasonR\x06reason\"y\n" +
 	"\x0eReleaseRequest\x12\x19\n" +
 	"\blease_id\x18\x01 \x01(\tR\aleaseId\x12$\n" +
 	"\vduration_ms\x18\x02 \x01(\x03H\x00R\n" +
@@ -1674,29 +1703,30 @@ var file_limiter_v1_limiter_proto_depIdxs = []int32{
 	3,  // 1: limiter.v1.GetUsageResponse.usages:type_name -> limiter.v1.RuleUsage
 	15, // 2: limiter.v1.AcquireRequest.attributes:type_name -> limiter.v1.Attributes
 	17, // 3: limiter.v1.AcquireResponse.statuses:type_name -> limiter.v1.RuleStatus
-	15, // 4: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
-	18, // 5: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
-	17, // 6: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
-	0,  // 7: limiter.v1.CheckResponse.reason:type_name -> limiter.v1.Reason
-	14, // 8: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
-	8,  // 9: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
-	10, // 10: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
-	12, // 11: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
-	4,  // 12: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
-	6,  // 13: limiter.v1.Limiter.Settle:input_type -> limiter.v1.SettleRequest
-	1,  // 14: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
-	16, // 15: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
-	9,  // 16: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
-	11, // 17: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
-	13, // 18: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
-	5,  // 19: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
-	7,  // 20: limiter.v1.Limiter.Settle:output_type -> limiter.v1.SettleResponse
-	2,  // 21: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	0,  // 4: limiter.v1.AcquireResponse.reason:type_name -> limiter.v1.Reason
+	15, // 5: limiter.v1.CheckRequest.attributes:type_name -> limiter.v1.Attributes
+	18, // 6: limiter.v1.Attributes.extra:type_name -> limiter.v1.Attributes.ExtraEntry
+	17, // 7: limiter.v1.CheckResponse.statuses:type_name -> limiter.v1.RuleStatus
+	0,  // 8: limiter.v1.CheckResponse.reason:type_name -> limiter.v1.Reason
+	14, // 9: limiter.v1.Limiter.Check:input_type -> limiter.v1.CheckRequest
+	8,  // 10: limiter.v1.Limiter.Acquire:input_type -> limiter.v1.AcquireRequest
+	10, // 11: limiter.v1.Limiter.Release:input_type -> limiter.v1.ReleaseRequest
+	12, // 12: limiter.v1.Limiter.Renew:input_type -> limiter.v1.RenewRequest
+	4,  // 13: limiter.v1.Limiter.CancelReservation:input_type -> limiter.v1.CancelReservationRequest
+	6,  // 14: limiter.v1.Limiter.Settle:input_type -> limiter.v1.SettleRequest
+	1,  // 15: limiter.v1.Limiter.GetUsage:input_type -> limiter.v1.GetUsageRequest
+	16, // 16: limiter.v1.Limiter.Check:output_type -> limiter.v1.CheckResponse
+	9,  // 17: limiter.v1.Limiter.Acquire:output_type -> limiter.v1.AcquireResponse
+	11, // 18: limiter.v1.Limiter.Release:output_type -> limiter.v1.ReleaseResponse
+	13, // 19: limiter.v1.Limiter.Renew:output_type -> limiter.v1.RenewResponse
+	5,  // 20: limiter.v1.Limiter.CancelReservation:output_type -> limiter.v1.CancelReservationResponse
+	7,  // 21: limiter.v1.Limiter.Settle:output_type -> limiter.v1.SettleResponse
+	2,  // 22: limiter.v1.Limiter.GetUsage:output_type -> limiter.v1.GetUsageResponse
+	16, // [16:23] is the sub-list for method output_type
+	9,  // [9:16] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_limiter_v1_limiter_proto_init() }
