@@ -134,9 +134,13 @@ func New(opts Options, store Store, js Publisher, rs Rules, m *Metrics) *Applier
 	return &Applier{opts: opts, log: opts.Logger, store: store, js: js, rules: rs, m: m}
 }
 
-// Apply applies one message of src's spends: ApplyBatch of one.
-func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) bool {
-	return a.ApplyBatch(ctx, src, []jetstream.Msg{msg})
+// Apply applies one message of src's spends (ApplyBatch of one), then
+// acknowledges it, puts the debits that cannot be applied now in the
+// retry stream, asks for it again in a second, or rejects it.
+func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
+	if a.ApplyBatch(ctx, src, []jetstream.Msg{msg}) == 0 {
+		msg.NakWithDelay(time.Second)
+	}
 }
 
 // batchItem is one message of a batch, as ApplyBatch goes through it.
@@ -159,13 +163,14 @@ type batchItem struct {
 // their debits (per Redis node), then settles each in order: acknowledges
 // it, once its debits are applied or put in the retry stream, or rejects
 // it. A message that cannot be finished now (its record or the retry
-// stream not answering) stops the batch: it and every later one are
-// delivered again (Nak, in order; what was applied of them is marked,
-// and debits nothing again), and ApplyBatch returns false: the caller
-// waits a little before it fetches again. A later message is never
-// applied before an earlier one that failed: a client's marker would take
+// stream not answering) stops the batch: ApplyBatch returns its index,
+// done, and leaves it and every later one unsettled, for the caller to
+// have them delivered again, in order (what was applied of them is
+// marked, and debits nothing again); done is len(msgs) when every message
+// was settled. A later message is never debited for a client before an
+// earlier one's debit of the client that failed: its marker would take
 // the earlier one for a duplicate.
-func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.Msg) bool {
+func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.Msg) (done int) {
 	items := make([]*batchItem, 0, len(msgs))
 	var recs []redisstore.Record
 	var recItems []*batchItem
@@ -297,18 +302,7 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.M
 		}
 		a.ack(ctx, src.Name, it.pos.Seq, it.msg)
 	}
-	if stop == len(items) {
-		return true
-	}
-	for _, it := range items[stop:] {
-		if it.settled && it.msg == nil {
-			continue
-		}
-		if err := it.msg.Nak(); err != nil {
-			a.log.Warn("nak failed", "source", src.Name, "seq", it.pos.Seq, "err", err)
-		}
-	}
-	return false
+	return stop
 }
 
 // decode reads msg of src into a batch item: rejected (settled, msg nil),

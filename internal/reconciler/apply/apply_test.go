@@ -52,7 +52,6 @@ func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
 }
 func (m *fakeMsg) Ack() error                       { m.settled = "ack"; return nil }
 func (m *fakeMsg) NakWithDelay(time.Duration) error { m.settled = "nak"; return nil }
-func (m *fakeMsg) Nak() error                       { m.settled = "nak"; return nil }
 func (m *fakeMsg) Term() error                      { m.settled = "term"; return nil }
 
 // fakeStore answers FirstSeen with first (the position itself when
