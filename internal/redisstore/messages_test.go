@@ -219,3 +219,31 @@ func TestApplyMessagesClientOrder(t *testing.T) {
 		wantDebited(t, s, []ClientDebits{cl}, 3)
 	}
 }
+
+// TestApplyMessagesChunks: 3 messages of the same 100 clients are 300
+// client calls, sent as chunks of at most 128 in which each client's 3
+// stay together: 42 clients (126 calls), 42, then 16, 3 script calls;
+// each client is debited 3 times.
+func TestApplyMessagesChunks(t *testing.T) {
+	node := redistest.NewNode(t)
+	addrs := []string{node.Addr()}
+	s, _ := newTestStore(t, Options{Addrs: addrs, Timeout: time.Second})
+	clients := windowClients("k-", 100)
+	msgs := messagesOf(clients, 3, 100, 0)
+	resetStats(t, addrs)
+	res, err := s.ApplyMessages(context.Background(), "eu", time.Minute, msgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m, r := range res {
+		if r.Applied != 100 {
+			t.Errorf("message %d: %+v, want 100 applied", m, r)
+		}
+	}
+	if got := scriptCalls(t, addrs); got != 3 {
+		t.Errorf("300 client calls took %d script calls, want 3", got)
+	}
+	for _, cl := range clients {
+		wantDebited(t, s, []ClientDebits{cl}, 3)
+	}
+}
