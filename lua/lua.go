@@ -96,6 +96,11 @@ func DebitBatch(clock Clock) string {
 // spend message (see seen.lua); it reads no clock and no helper.
 func Seen() string { return mustRead("seen") }
 
+// SeenBatch returns the script that records the first stream sequence of
+// several spend messages whose records are on one node (see
+// seen_batch.lua).
+func SeenBatch() string { return mustRead("seen_batch") }
+
 // Multi returns the script that checks several rules of one client all or
 // nothing (see multi_main.lua).
 func Multi(clock Clock) string { return withAll(clock, "multi_main") }

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -156,8 +157,11 @@ func BenchmarkScriptCost(b *testing.B) {
 // callers over 4,000 keys. debit/clients=N: 20,000 debits through
 // ApplyDebits, one message at a time of N distinct clients, one token
 // bucket rule each; /refilled: spends of a client absent here that had
-// refilled. record: a message's flush record (FirstSeen). d/c is a
-// debit's (or a record's) cost in checks:
+// refilled. record: a message's flush record (FirstSeen).
+// message/clients=5/batch=B: a whole message of 5 clients, its record and
+// its debits, B messages per round trip (FirstSeenMany and ApplyMessages,
+// one call each per node): what a reconciler pays per message. d/c is a
+// debit's (or a record's, or a message's) cost in checks:
 //
 //	go test -run '^$' -bench DebitCost -benchtime 1x ./internal/redisstore
 //
@@ -278,6 +282,44 @@ func BenchmarkDebitCost(b *testing.B) {
 			b.ReportMetric(d, "redis-µs/debit")
 			if check > 0 {
 				b.ReportMetric(d/check, "d/c")
+			}
+		})
+	}
+	// Whole messages of 5 clients: the record and the debits, one message
+	// or 8 per round trip, 4,000 messages (20,000 debits).
+	for _, per := range []int{1, 8} {
+		b.Run(fmt.Sprintf("message/clients=5/batch=%d", per), func(b *testing.B) {
+			const clients = 5
+			msgs := ops / clients
+			var m float64
+			for range b.N {
+				m = phase(func() {
+					for done := 0; done < msgs; done += per {
+						recs := make([]Record, per)
+						batch := make([]MessageDebits, per)
+						for k := range batch {
+							seq++
+							pos := Position{Epoch: 1, Seq: seq}
+							recs[k] = Record{Instance: "bench-m" + strconv.Itoa(per), Seq: seq, Pos: pos}
+							batch[k].Pos = pos
+							for i := range clients {
+								key := "msg-" + strconv.Itoa((done+k)*clients+i)
+								batch[k].Clients = append(batch[k].Clients, ClientDebits{Key: key, Debits: []Debit{{Rule: "bench", Limit: lim, Amount: 1}}})
+							}
+						}
+						_, errs := s.FirstSeenMany(ctx, "eu.0", recs, time.Minute)
+						if err := errors.Join(errs...); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := s.ApplyMessages(ctx, "eu", time.Minute, batch); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}) * float64(ops) / float64(msgs)
+			}
+			b.ReportMetric(m, "redis-µs/message")
+			if check > 0 {
+				b.ReportMetric(m/check, "d/c")
 			}
 		})
 	}

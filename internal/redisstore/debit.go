@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -125,33 +126,112 @@ var ErrNotRecorded = errors.New("flush record unavailable")
 // stream's keeping of a message. One small key per message and copy (about
 // 180 bytes of Redis memory with its expiry, measured on Redis 7.0).
 func (s *Store) FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, pos Position, ttl time.Duration) (string, error) {
+	firsts, errs := s.FirstSeenMany(ctx, src, []Record{{Instance: instance, Seq: seq, Part: part, Pos: pos}}, ttl)
+	return firsts[0], errs[0]
+}
+
+// Record names one spend message for FirstSeenMany: part Part of flush
+// Seq of Instance, delivered at Pos.
+type Record struct {
+	Instance string
+	Seq      uint64
+	Part     uint32
+	Pos      Position
+}
+
+// FirstSeenMany is FirstSeen of several messages of src, in their order,
+// in one round trip: the records' copies are grouped by the node that
+// serves them, and each node's go in one script call (of batchClients
+// records at most), one pipeline for all. A call that fails is made again
+// record by record. It returns, per record, the position of its first
+// delivery, or an error wrapping ErrNotRecorded. A flush delivered twice
+// among recs is recorded by the first.
+func (s *Store) FirstSeenMany(ctx context.Context, src string, recs []Record, ttl time.Duration) ([]string, []error) {
+	firsts, errs := make([]string, len(recs)), make([]error, len(recs))
 	admin, err := s.nodes.Admin()
 	if err != nil {
-		return "", err
+		for i := range recs {
+			errs[i] = err
+		}
+		return firsts, errs
 	}
-	keys := recordKeys(ctx, admin, src, instance, seq, part)
-	calls := make([]pipeline.Call, len(keys))
-	for i, k := range keys {
-		calls[i] = pipeline.Call{Script: seenScript, Keys: []string{k}, Args: []any{pos.String(), strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)}}
+	ttlArg := strconv.FormatInt(max(ttl.Milliseconds(), 1), 10)
+	// One call per copy of each record, as seen.lua takes it.
+	var calls []pipeline.Call
+	var owner []int
+	for r, rec := range recs {
+		for _, k := range recordKeys(ctx, admin, src, rec.Instance, rec.Seq, rec.Part) {
+			calls = append(calls, pipeline.Call{Script: seenScript, Keys: []string{k}, Args: []any{rec.Pos.String(), ttlArg}})
+			owner = append(owner, r)
+		}
 	}
-	cmds, _ := pipeline.RunScripts(ctx, admin, calls)
-	first := ""
-	var errs []error
-	for _, cmd := range cmds {
-		v, err := cmd.Text()
-		if err != nil {
-			errs = append(errs, err)
+	replies := make([]debitReply, len(calls))
+	groups, alone := s.debitGroups(ctx, admin, calls)
+	var chunks [][]int
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(len(g), batchClients)
+			if n == 1 {
+				alone = append(alone, g[0])
+			} else {
+				chunks = append(chunks, g[:n])
+			}
+			g = g[n:]
+		}
+	}
+	if len(chunks) > 0 {
+		batch := make([]pipeline.Call, len(chunks))
+		for k, chunk := range chunks {
+			args := make([]any, 0, 1+2*len(chunk))
+			args = append(args, ttlArg)
+			for _, i := range chunk {
+				args = append(args, calls[i].Keys[0], calls[i].Args[0])
+			}
+			batch[k] = pipeline.Call{Script: seenBatchScript, Keys: calls[chunk[0]].Keys, Args: args}
+		}
+		cmds, _ := pipeline.RunScripts(ctx, admin, batch)
+		for k, chunk := range chunks {
+			out, err := cmds[k].StringSlice()
+			if err != nil || len(out) != len(chunk) {
+				alone = append(alone, chunk...)
+				continue
+			}
+			for m, i := range chunk {
+				replies[i].out = []any{out[m]}
+			}
+		}
+	}
+	if len(alone) > 0 {
+		slices.Sort(alone)
+		one := make([]pipeline.Call, len(alone))
+		for k, i := range alone {
+			one[k] = calls[i]
+		}
+		cmds, _ := pipeline.RunScripts(ctx, admin, one)
+		for k, i := range alone {
+			v, err := cmds[k].Text()
+			replies[i] = debitReply{out: []any{v}, err: err}
+		}
+	}
+	copyErrs := make([][]error, len(recs))
+	for i, r := range replies {
+		rec := owner[i]
+		if r.err != nil {
+			copyErrs[rec] = append(copyErrs[rec], r.err)
 			continue
 		}
-		if first == "" || v != pos.String() {
-			first = v
+		v, _ := r.out[0].(string)
+		if first := firsts[rec]; first == "" || v != recs[rec].Pos.String() {
+			firsts[rec] = v
 		}
 	}
-	if first == "" {
-		s.m.errors[opDebit].Inc()
-		return "", fmt.Errorf("record message: %w: %w", ErrNotRecorded, errors.Join(errs...))
+	for r := range recs {
+		if firsts[r] == "" {
+			s.m.errors[opDebit].Inc()
+			errs[r] = fmt.Errorf("record message: %w: %w", ErrNotRecorded, errors.Join(copyErrs[r]...))
+		}
 	}
-	return first, nil
+	return firsts, errs
 }
 
 // DebitResult is what ApplyDebits did.
@@ -168,83 +248,163 @@ type DebitResult struct {
 
 // ApplyDebits applies message pos of region src: per client, the debits
 // of every bucket unless the client's marker shows pos applied already.
-// The clients are grouped by the node that serves them, and each group's
+// It is ApplyMessages of one message.
+func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, markerTTL time.Duration, clients []ClientDebits) (DebitResult, error) {
+	res, err := s.ApplyMessages(ctx, src, markerTTL, []MessageDebits{{Pos: pos, Clients: clients}})
+	return res[0], err
+}
+
+// MessageDebits are the debits of the clients of one message, at its
+// position.
+type MessageDebits struct {
+	Pos     Position
+	Clients []ClientDebits
+}
+
+// ApplyMessages applies messages of region src, in their order (the
+// stream's): per message and client, the debits of every bucket unless the
+// client's marker shows the message applied already. The clients of all
+// the messages are grouped by the node that serves them, and each group's
 // clients go in chunks (batchClients, batchBytes) of one script call each;
 // the calls are pipelined, one pipeline per node, so a node that is down
-// fails only its own clients. A chunk whose call fails (its node down, a
-// slot moved since the grouping: any error) is applied again client by
-// client, one script each: the markers make the clients the failed call
-// applied before its error duplicates. Messages of one source region must
-// be applied to each client in sequence order. The error, if any, is the
-// first client's failure; the others debited are debited.
-func (s *Store) ApplyDebits(ctx context.Context, src string, pos Position, markerTTL time.Duration, clients []ClientDebits) (DebitResult, error) {
-	var res DebitResult
-	if len(clients) == 0 {
+// fails only its own clients, and several messages cost one round trip. A
+// client of several messages comes once per message, in their order, and
+// never across two chunks. A chunk whose call fails (its node down, a slot
+// moved since the grouping: any error) is applied again client by client,
+// one script each, a client's messages in their order; the markers make
+// the clients the failed call applied before its error duplicates. Once a
+// client's debit of a message fails, its debits of the later messages are
+// failed without being sent: a client's debits are applied in order, and
+// what failed goes to the retry stream in that order. Messages of one
+// source region and partition must be applied in sequence order. It
+// returns one result per message; the error, if any, is the first
+// client's failure; the others debited are debited.
+func (s *Store) ApplyMessages(ctx context.Context, src string, markerTTL time.Duration, msgs []MessageDebits) ([]DebitResult, error) {
+	res := make([]DebitResult, len(msgs))
+	var entries []debitEntry
+	for m, msg := range msgs {
+		for i := range msg.Clients {
+			entries = append(entries, debitEntry{msg: m, client: i})
+		}
+	}
+	if len(entries) == 0 {
 		return res, nil
 	}
 	admin, err := s.nodes.Admin()
-	if err == nil && pos.Epoch <= 0 {
-		err = fmt.Errorf("debit at %v: epoch must be above 0", pos)
+	for _, msg := range msgs {
+		if err == nil && msg.Pos.Epoch <= 0 {
+			err = fmt.Errorf("debit at %v: epoch must be above 0", msg.Pos)
+		}
 	}
 	if err != nil {
-		for i := range clients {
-			res.Failed = append(res.Failed, i)
+		for _, e := range entries {
+			res[e.msg].Failed = append(res[e.msg].Failed, e.client)
 		}
 		return res, err
 	}
-	seqArg := strconv.FormatUint(pos.Seq, 10)
-	epochArg := strconv.FormatInt(pos.Epoch, 10)
 	ttlArg := strconv.FormatInt(max(markerTTL.Milliseconds(), 1), 10)
-	markerRule := pos.markerRule(src)
 	limits := limitArgs{}
-	calls := make([]pipeline.Call, len(clients))
-	for i, c := range clients {
-		keys, args := debitArgs(Key(markerRule, c.Key), seqArg, ttlArg, epochArg, c, limits)
-		calls[i] = pipeline.Call{Script: debitScript, Keys: keys, Args: args}
+	calls := make([]pipeline.Call, len(entries))
+	for k, e := range entries {
+		pos, c := msgs[e.msg].Pos, msgs[e.msg].Clients[e.client]
+		keys, args := debitArgs(Key(pos.markerRule(src), c.Key), strconv.FormatUint(pos.Seq, 10), ttlArg, strconv.FormatInt(pos.Epoch, 10), c, limits)
+		calls[k] = pipeline.Call{Script: debitScript, Keys: keys, Args: args}
 	}
 	start := time.Now()
-	outs := make([]debitReply, len(clients))
+	outs := make([]debitReply, len(entries))
 	alone := s.debitBatches(ctx, admin, calls, outs)
 	if len(alone) > 0 {
-		one := make([]pipeline.Call, len(alone))
-		for k, i := range alone {
-			one[k] = calls[i]
-		}
-		cmds, _ := pipeline.RunScripts(ctx, admin, one)
-		for k, i := range alone {
-			outs[i].out, outs[i].err = cmds[k].Slice()
-		}
+		s.debitAlone(ctx, admin, calls, alone, outs)
 	}
 	s.m.debitDuration.Observe(time.Since(start).Seconds())
 	var first error
-	for i, r := range outs {
-		out, e := r.out, r.err
-		if e == nil && !validDebitReply(out, len(clients[i].Debits)) {
-			e = fmt.Errorf("debit reply %v", out)
+	failed := 0
+	for k, r := range outs {
+		e := entries[k]
+		c := msgs[e.msg].Clients[e.client]
+		out, err := r.out, r.err
+		if err == nil && !validDebitReply(out, len(c.Debits)) {
+			err = fmt.Errorf("debit reply %v", out)
 		}
+		rm := &res[e.msg]
 		switch {
-		case e != nil:
-			res.Failed = append(res.Failed, i)
+		case err != nil:
+			rm.Failed = append(rm.Failed, e.client)
+			failed++
 			if first == nil {
-				first = e
+				first = err
 			}
 		case out[0] == int64(2):
-			res.Refilled++
+			rm.Refilled++
 		case out[0] == int64(1):
-			res.Applied++
-			for j := range clients[i].Debits {
+			rm.Applied++
+			for j := range c.Debits {
 				s, _ := out[1+j].(string)
-				clients[i].Debits[j].Overshoot, _ = strconv.ParseFloat(s, 64)
+				c.Debits[j].Overshoot, _ = strconv.ParseFloat(s, 64)
 			}
 		default:
-			res.Duplicates++
+			rm.Duplicates++
 		}
 	}
-	if len(res.Failed) > 0 {
-		s.m.errors[opDebit].Add(float64(len(res.Failed)))
-		return res, fmt.Errorf("debit %d of %d clients failed: %w", len(res.Failed), len(clients), first)
+	if failed > 0 {
+		s.m.errors[opDebit].Add(float64(failed))
+		return res, fmt.Errorf("debit %d of %d clients failed: %w", failed, len(entries), first)
 	}
 	return res, nil
+}
+
+// debitEntry is one client of one message: ApplyMessages' unit.
+type debitEntry struct{ msg, client int }
+
+// errEarlierFailed fails a client's debit of a message when its debit of
+// an earlier message failed: it is not sent, so that it does not pass that
+// one.
+var errEarlierFailed = errors.New("an earlier message's debit of the client failed")
+
+// debitAlone sends the calls of alone one client each, in rounds: a
+// client's first call in the first round, its second in the next, and so
+// on, the calls of a round pipelined. A client whose call fails has its
+// later calls failed without being sent. A client's calls share their
+// marker key (calls[i].Keys[0]).
+func (s *Store) debitAlone(ctx context.Context, admin redis.UniversalClient, calls []pipeline.Call, alone []int, outs []debitReply) {
+	slices.Sort(alone) // the messages' order, which the chunks may have changed
+	byClient := map[string][]int{}
+	var order []string
+	for _, i := range alone {
+		k := calls[i].Keys[0]
+		if _, ok := byClient[k]; !ok {
+			order = append(order, k)
+		}
+		byClient[k] = append(byClient[k], i)
+	}
+	for round := 0; ; round++ {
+		var send []int
+		for _, k := range order {
+			q := byClient[k]
+			if round >= len(q) {
+				continue
+			}
+			if round > 0 && outs[q[round-1]].err != nil {
+				outs[q[round]].err = errEarlierFailed
+				continue
+			}
+			send = append(send, q[round])
+		}
+		if len(send) == 0 {
+			return
+		}
+		if s.beforeDebitRound != nil {
+			s.beforeDebitRound(round)
+		}
+		one := make([]pipeline.Call, len(send))
+		for k, i := range send {
+			one[k] = calls[i]
+		}
+		cmds, _ := pipeline.RunScripts(ctx, admin, one)
+		for k, i := range send {
+			outs[i].out, outs[i].err = cmds[k].Slice()
+		}
+	}
 }
 
 // debitReply is one client's reply to the debit script, or its error.
@@ -281,22 +441,36 @@ func (s *Store) debitBatches(ctx context.Context, admin redis.UniversalClient, c
 	groups, alone := s.debitGroups(ctx, admin, calls)
 	var chunks [][]int
 	for _, g := range groups {
-		for len(g) > 0 {
-			n, size := 0, 0
-			for n < len(g) && n < batchClients {
-				size += callBytes(calls[g[n]])
-				if n > 0 && size > batchBytes {
-					break
-				}
-				n++
+		// A client's calls (one per message) go in one chunk, in order:
+		// runs of one marker, each in one chunk, or alone when it does
+		// not fit one.
+		runs := clientRuns(calls, g)
+		var chunk []int
+		size := 0
+		flush := func() {
+			if len(chunk) == 1 {
+				alone = append(alone, chunk[0])
+			} else if len(chunk) > 1 {
+				chunks = append(chunks, chunk)
 			}
-			if n == 1 {
-				alone = append(alone, g[0])
-			} else {
-				chunks = append(chunks, g[:n])
-			}
-			g = g[n:]
+			chunk, size = nil, 0
 		}
+		for _, run := range runs {
+			n := 0
+			for _, i := range run {
+				n += callBytes(calls[i])
+			}
+			if len(run) > batchClients || len(run) > 1 && n > batchBytes {
+				alone = append(alone, run...)
+				continue
+			}
+			if len(chunk) > 0 && (len(chunk)+len(run) > batchClients || size+n > batchBytes) {
+				flush()
+			}
+			chunk = append(chunk, run...)
+			size += n
+		}
+		flush()
 	}
 	if len(chunks) == 0 {
 		return alone
@@ -343,13 +517,21 @@ func (s *Store) debitGroups(ctx context.Context, admin redis.UniversalClient, ca
 		return [][]int{all}, nil
 	}
 	index := map[string]int{}
+	// A client's calls (one per message) go to one node, whatever the
+	// slot map says meanwhile.
+	nodeOf := map[string]string{}
 	for i, c := range calls {
-		var addr string
-		if s.debitNode != nil {
+		addr, seen := nodeOf[c.Keys[0]]
+		switch {
+		case seen:
+		case s.debitNode != nil:
 			addr = s.debitNode(c.Keys[0])
-		} else if n, err := cc.MasterForKey(ctx, c.Keys[0]); err == nil {
-			addr = n.Options().Addr
+		default:
+			if n, err := cc.MasterForKey(ctx, c.Keys[0]); err == nil {
+				addr = n.Options().Addr
+			}
 		}
+		nodeOf[c.Keys[0]] = addr
 		if addr == "" {
 			unknown = append(unknown, i)
 			continue
@@ -363,6 +545,25 @@ func (s *Store) debitGroups(ctx context.Context, admin redis.UniversalClient, ca
 		groups[g] = append(groups[g], i)
 	}
 	return groups, unknown
+}
+
+// clientRuns are the calls of group g by client (their marker,
+// calls[i].Keys[0]), each client's in g's order, the clients in the order
+// of their first call.
+func clientRuns(calls []pipeline.Call, g []int) [][]int {
+	index := make(map[string]int, len(g))
+	var runs [][]int
+	for _, i := range g {
+		k := calls[i].Keys[0]
+		r, ok := index[k]
+		if !ok {
+			r = len(runs)
+			index[k] = r
+			runs = append(runs, nil)
+		}
+		runs[r] = append(runs[r], i)
+	}
+	return runs
 }
 
 // callBytes is about what a client's call sends: its keys' and arguments'
@@ -382,19 +583,20 @@ func callBytes(c pipeline.Call) int {
 
 // batchCall is the batched debit script's call for the clients chunk of
 // calls (see debit_batch_main.lua): the first client's marker routes it;
-// each client's marker, bucket count, bucket keys and arguments follow
-// the message's sequence, expiry and epoch.
+// the markers' expiry and the count of clients are followed, per client,
+// by its marker, its message's sequence and epoch, its bucket count, its
+// bucket keys and their arguments.
 func batchCall(calls []pipeline.Call, chunk []int) pipeline.Call {
 	first := calls[chunk[0]]
-	size := 4
+	size := 2
 	for _, i := range chunk {
-		size += 1 + len(calls[i].Keys) + len(calls[i].Args) - 3
+		size += 3 + len(calls[i].Keys) + len(calls[i].Args) - 3
 	}
 	args := make([]any, 0, size)
-	args = append(args, first.Args[0], first.Args[1], first.Args[2], strconv.Itoa(len(chunk)))
+	args = append(args, first.Args[1], strconv.Itoa(len(chunk)))
 	for _, i := range chunk {
 		c := calls[i]
-		args = append(args, c.Keys[0], strconv.Itoa(len(c.Keys)-1))
+		args = append(args, c.Keys[0], c.Args[0], c.Args[2], strconv.Itoa(len(c.Keys)-1))
 		for _, k := range c.Keys[1:] {
 			args = append(args, k)
 		}

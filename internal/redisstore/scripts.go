@@ -24,11 +24,14 @@ var (
 	multiScript = redis.NewScript(lua.Multi(lua.StoreClock))
 	undoScript  = redis.NewScript(lua.Undo(lua.StoreClock))
 	debitScript = redis.NewScript(lua.Debit(lua.StoreClock))
-	// debitBatchScript applies one message to several clients of a node.
+	// debitBatchScript applies one or several messages to several clients
+	// of a node.
 	debitBatchScript = redis.NewScript(lua.DebitBatch(lua.StoreClock))
 	refundScript     = redis.NewScript(lua.Refund(lua.StoreClock))
 	settleScript     = redis.NewScript(lua.Settle(lua.StoreClock))
 	seenScript       = redis.NewScript(lua.Seen())
+	// seenBatchScript records several messages on one node.
+	seenBatchScript = redis.NewScript(lua.SeenBatch())
 	// handoffScript hands pinned keys' buckets to their new home region.
 	handoffScript = redis.NewScript(lua.Handoff(lua.StoreClock))
 	// usageScript and leaseUsageScript read without writing.
@@ -55,6 +58,6 @@ func scriptIndex(a bucket.Algorithm) int {
 
 // allScripts lists every script the store keeps loaded on its nodes.
 func allScripts() []*redis.Script {
-	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, settleScript, seenScript, reserveScript, unreserveScript, handoffScript, usageScript, leaseUsageScript,
+	return append(singleScripts[:len(singleScripts):len(singleScripts)], multiScript, undoScript, debitScript, debitBatchScript, refundScript, settleScript, seenScript, seenBatchScript, reserveScript, unreserveScript, handoffScript, usageScript, leaseUsageScript,
 		leaseScripts[0], leaseScripts[1], leaseScripts[2])
 }

@@ -41,9 +41,11 @@ type Store struct {
 	beforeUndo func() // a test's hook, nil otherwise
 	// A test's hooks of ApplyDebits, nil otherwise: debitNode names the
 	// node a client's marker is grouped on instead of the slot map;
-	// beforeDebitBatch runs between the grouping and the batched calls.
+	// beforeDebitBatch runs between the grouping and the batched calls;
+	// beforeDebitRound before each round of the one-client calls.
 	debitNode        func(marker string) string
 	beforeDebitBatch func()
+	beforeDebitRound func(round int)
 	args             argsCache
 }
 

@@ -56,6 +56,10 @@ type Options struct {
 type Store interface {
 	FirstSeen(ctx context.Context, src, instance string, seq uint64, part uint32, pos redisstore.Position, ttl time.Duration) (string, error)
 	ApplyDebits(ctx context.Context, src string, pos redisstore.Position, markerTTL time.Duration, clients []redisstore.ClientDebits) (redisstore.DebitResult, error)
+	// FirstSeenMany and ApplyMessages are FirstSeen and ApplyDebits of
+	// several messages of one partition, in order, in one round trip.
+	FirstSeenMany(ctx context.Context, src string, recs []redisstore.Record, ttl time.Duration) ([]string, []error)
+	ApplyMessages(ctx context.Context, src string, markerTTL time.Duration, msgs []redisstore.MessageDebits) ([]redisstore.DebitResult, error)
 }
 
 // Publisher publishes to the retry stream.
@@ -130,14 +134,184 @@ func New(opts Options, store Store, js Publisher, rs Rules, m *Metrics) *Applier
 	return &Applier{opts: opts, log: opts.Logger, store: store, js: js, rules: rs, m: m}
 }
 
-// Apply applies one message of src's spends, then acknowledges it, puts
-// the debits that cannot be applied now in the retry stream, asks for it
-// again later, or rejects it.
+// Apply applies one message of src's spends (ApplyBatch of one), then
+// acknowledges it, puts the debits that cannot be applied now in the
+// retry stream, asks for it again in a second, or rejects it.
 func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
+	if a.ApplyBatch(ctx, src, []jetstream.Msg{msg}) == 0 {
+		msg.NakWithDelay(time.Second)
+	}
+}
+
+// batchItem is one message of a batch, as ApplyBatch goes through it.
+type batchItem struct {
+	msg     jetstream.Msg
+	pos     redisstore.Position
+	b       *gossipv1.SpendBatch
+	clients []redisstore.ClientDebits
+	entry   retryEntry
+	// settled: rejected, or with nothing to debit; replay: a flush applied
+	// already under another position.
+	settled, replay bool
+	// direct are applied now; waiting go to the retry stream.
+	direct, waiting []redisstore.ClientDebits
+	res             redisstore.DebitResult
+}
+
+// ApplyBatch applies msgs, messages of one partition of src's spends in
+// stream order, with one round trip for their flush records and one for
+// their debits (per Redis node), then settles each in order: acknowledges
+// it, once its debits are applied or put in the retry stream, or rejects
+// it. A message that cannot be finished now (its record or the retry
+// stream not answering) stops the batch: ApplyBatch returns its index,
+// done, and leaves it and every later one unsettled, for the caller to
+// have them delivered again, in order (what was applied of them is
+// marked, and debits nothing again); done is len(msgs) when every message
+// was settled. A later message is never debited for a client before an
+// earlier one's debit of the client that failed: its marker would take
+// the earlier one for a duplicate.
+func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.Msg) (done int) {
+	items := make([]*batchItem, 0, len(msgs))
+	var recs []redisstore.Record
+	var recItems []*batchItem
+	for _, msg := range msgs {
+		it := a.decode(src, msg)
+		items = append(items, it)
+		if !it.settled {
+			recs = append(recs, redisstore.Record{Instance: it.b.GetInstance(), Seq: it.b.GetSequence(), Part: it.b.GetPart(), Pos: it.pos})
+			recItems = append(recItems, it)
+		}
+	}
+	stop := len(items) // the first message not finished
+	stopAt := func(it *batchItem) {
+		if i := slices.Index(items, it); i < stop {
+			stop = i
+		}
+	}
+	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	defer cancel()
+	// A flush is applied once by its name, (instance, sequence, part),
+	// not only by its stream position: the same bytes published again are
+	// a new stream message that the clients' markers would take for a new
+	// flush.
+	var firsts []string
+	var errs []error
+	if len(recs) > 0 {
+		firsts, errs = a.store.FirstSeenMany(actx, recordSource(src.Name, src.Partition), recs, a.recordTTL())
+	}
+	// deferred are the buckets of the clients an earlier message of the
+	// batch sends to the retry stream whole: a later debit of theirs
+	// waits behind them.
+	deferred := map[int]bool{}
+	var toApply []*batchItem
+	for k, it := range recItems {
+		err := errs[k]
+		switch {
+		case errors.Is(err, redisstore.ErrNotRecorded):
+			// Both copies of the record are on nodes that are down: every
+			// client waits in the retry stream, which writes the record
+			// first.
+			it.entry.Flush = &flushName{Instance: it.b.GetInstance(), Sequence: it.b.GetSequence(), Part: it.b.GetPart()}
+			a.log.Warn("message not recorded, its debits wait in the retry stream", "source", src.Name, "seq", it.pos.Seq, "err", err)
+			it.waiting = it.clients
+			for _, c := range it.clients {
+				deferred[bucketOf(c.Key)] = true
+			}
+		case err != nil:
+			a.log.Warn("message not recorded, will retry", "source", src.Name, "seq", it.pos.Seq, "err", err)
+			stopAt(it)
+		case firsts[k] != it.pos.String():
+			it.replay = true
+			a.m.Replays.WithLabelValues(src.Name).Inc()
+			a.m.Duplicates.WithLabelValues(src.Name).Add(float64(len(it.clients)))
+			a.log.Warn("spend message replayed: applied already, skipped", "source", src.Name, "seq", it.pos.Seq,
+				"first", firsts[k], "instance", it.b.GetInstance(), "flush", it.b.GetSequence(), "part", it.b.GetPart())
+		default:
+			if len(deferred) > 0 {
+				for _, c := range it.clients {
+					if deferred[bucketOf(c.Key)] {
+						it.waiting = append(it.waiting, c)
+					} else {
+						it.direct = append(it.direct, c)
+					}
+				}
+			} else {
+				it.direct = it.clients
+			}
+			toApply = append(toApply, it)
+		}
+	}
+	toApply = slices.DeleteFunc(toApply, func(it *batchItem) bool { return slices.Index(items, it) >= stop })
+	if len(toApply) > 0 {
+		pending, err := a.pendingBuckets(ctx, src)
+		if err != nil {
+			a.log.Warn("retry stream not read, will retry", "source", src.Name, "seq", toApply[0].pos.Seq, "err", err)
+			stopAt(toApply[0])
+			toApply = nil
+		}
+		if len(pending) > 0 {
+			for _, it := range toApply {
+				direct := it.direct
+				it.direct = nil
+				for _, c := range direct {
+					if pending[bucketOf(c.Key)] {
+						it.waiting = append(it.waiting, c)
+					} else {
+						it.direct = append(it.direct, c)
+					}
+				}
+			}
+		}
+	}
+	if len(toApply) > 0 {
+		batch := make([]redisstore.MessageDebits, len(toApply))
+		for k, it := range toApply {
+			batch[k] = redisstore.MessageDebits{Pos: it.pos, Clients: it.direct}
+		}
+		res, err := a.store.ApplyMessages(actx, src.Name, a.markerTTL(), batch)
+		for k, it := range toApply {
+			it.res = res[k]
+			a.observe(src.Name, it.b.GetFirstAdmittedUnixMicros(), it.res, it.direct)
+			for _, i := range it.res.Failed {
+				it.waiting = append(it.waiting, it.direct[i])
+			}
+			if len(it.res.Failed) > 0 {
+				a.log.Warn("debits not applied, they wait in the retry stream", "source", src.Name, "seq", it.pos.Seq,
+					"applied", it.res.Applied, "failed", len(it.res.Failed), "err", err)
+			}
+		}
+	}
+	// Settle each message in order, up to the first not finished.
+	for i, it := range items {
+		if i >= stop {
+			break
+		}
+		if it.settled && it.msg == nil {
+			continue // rejected
+		}
+		if len(it.waiting) > 0 {
+			if err := a.publishRetries(ctx, it.entry, it.waiting); err != nil {
+				a.log.Warn("debits not put in the retry stream, will retry", "source", src.Name, "seq", it.pos.Seq, "err", err)
+				stop = i
+				break
+			}
+			a.m.Deferred.WithLabelValues(src.Name).Add(float64(len(it.waiting)))
+		}
+		if !it.settled && !it.replay && a.opts.BeforeAck != nil && !a.opts.BeforeAck(src.Name, it.pos.Seq) {
+			continue
+		}
+		a.ack(ctx, src.Name, it.pos.Seq, it.msg)
+	}
+	return stop
+}
+
+// decode reads msg of src into a batch item: rejected (settled, msg nil),
+// with nothing to debit (settled), or with clients to debit.
+func (a *Applier) decode(src Source, msg jetstream.Msg) *batchItem {
 	meta, err := msg.Metadata()
 	if err != nil {
 		a.Reject(msg, src.Name, err)
-		return
+		return &batchItem{settled: true}
 	}
 	b, bad, err := gossip.DecodeEntries(msg.Data(), a.opts.MaxMessageBytes)
 	if err == nil && b.GetRegion() != src.Name {
@@ -145,7 +319,7 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	}
 	if err != nil {
 		a.Reject(msg, src.Name, err)
-		return
+		return &batchItem{settled: true}
 	}
 	pos := src.position(meta.Sequence.Stream)
 	if len(bad) > 0 && meta.NumDelivered == 1 {
@@ -156,73 +330,9 @@ func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
 	if skipped > 0 && meta.NumDelivered == 1 {
 		a.m.Skipped.WithLabelValues(src.Name).Add(float64(skipped))
 	}
-	if len(clients) == 0 {
-		a.ack(ctx, src.Name, pos.Seq, msg)
-		return
-	}
-	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
-	defer cancel()
-	entry := retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, Partition: &pos.Partition,
-		FirstAdmitted: b.GetFirstAdmittedUnixMicros(), Flushed: b.GetFlushedUnixMicros()}
-	// A flush is applied once by its name, (instance, sequence, part),
-	// not only by its stream position: the same bytes published again are
-	// a new stream message that the clients' markers would take for a new
-	// flush.
-	first, err := a.store.FirstSeen(actx, recordSource(src.Name, src.Partition), b.GetInstance(), b.GetSequence(), b.GetPart(), pos, a.recordTTL())
-	switch {
-	case errors.Is(err, redisstore.ErrNotRecorded):
-		// Both copies of the record are on nodes that are down: every
-		// client waits in the retry stream, which writes the record first.
-		entry.Flush = &flushName{Instance: b.GetInstance(), Sequence: b.GetSequence(), Part: b.GetPart()}
-		a.log.Warn("message not recorded, its debits wait in the retry stream", "source", src.Name, "seq", pos.Seq, "err", err)
-		a.deferAndAck(ctx, src, msg, entry, clients)
-		return
-	case err != nil:
-		a.log.Warn("message not recorded, will retry", "source", src.Name, "seq", pos.Seq, "err", err)
-		msg.NakWithDelay(time.Second)
-		return
-	case first != pos.String():
-		a.m.Replays.WithLabelValues(src.Name).Inc()
-		a.m.Duplicates.WithLabelValues(src.Name).Add(float64(len(clients)))
-		a.log.Warn("spend message replayed: applied already, skipped", "source", src.Name, "seq", pos.Seq,
-			"first", first, "instance", b.GetInstance(), "flush", b.GetSequence(), "part", b.GetPart())
-		a.ack(ctx, src.Name, pos.Seq, msg)
-		return
-	}
-	direct, waiting := clients, []redisstore.ClientDebits(nil)
-	pending, err := a.pendingBuckets(ctx, src)
-	if err != nil {
-		a.log.Warn("retry stream not read, will retry", "source", src.Name, "seq", pos.Seq, "err", err)
-		msg.NakWithDelay(time.Second)
-		return
-	}
-	if len(pending) > 0 {
-		direct = nil
-		for _, c := range clients {
-			if pending[bucketOf(c.Key)] {
-				waiting = append(waiting, c)
-			} else {
-				direct = append(direct, c)
-			}
-		}
-	}
-	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.markerTTL(), direct)
-	a.observe(src.Name, b.GetFirstAdmittedUnixMicros(), res, direct)
-	if err != nil {
-		a.log.Warn("debits not applied, they wait in the retry stream", "source", src.Name, "seq", pos.Seq,
-			"applied", res.Applied, "failed", len(res.Failed), "err", err)
-		for _, i := range res.Failed {
-			waiting = append(waiting, direct[i])
-		}
-	}
-	if len(waiting) > 0 {
-		a.deferAndAck(ctx, src, msg, entry, waiting)
-		return
-	}
-	if a.opts.BeforeAck != nil && !a.opts.BeforeAck(src.Name, pos.Seq) {
-		return
-	}
-	a.ack(ctx, src.Name, pos.Seq, msg)
+	return &batchItem{msg: msg, pos: pos, b: b, clients: clients, settled: len(clients) == 0,
+		entry: retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, Partition: &pos.Partition,
+			FirstAdmitted: b.GetFirstAdmittedUnixMicros(), Flushed: b.GetFlushedUnixMicros()}}
 }
 
 // observe records what one application of debits did.
@@ -246,22 +356,6 @@ func (a *Applier) observe(src string, firstAdmitted int64, res redisstore.DebitR
 		lag := a.opts.Now().Sub(time.UnixMicro(firstAdmitted))
 		a.m.Lag.WithLabelValues(src).Observe(max(lag.Seconds(), 0))
 	}
-}
-
-// deferAndAck puts clients' debits of msg in the retry stream, then
-// acknowledges msg. If a publish fails, msg is delivered again: what was
-// applied is marked, and a retry entry published twice applies once.
-func (a *Applier) deferAndAck(ctx context.Context, src Source, msg jetstream.Msg, entry retryEntry, clients []redisstore.ClientDebits) {
-	if err := a.publishRetries(ctx, entry, clients); err != nil {
-		a.log.Warn("debits not put in the retry stream, will retry", "source", src.Name, "seq", entry.Seq, "err", err)
-		msg.NakWithDelay(time.Second)
-		return
-	}
-	a.m.Deferred.WithLabelValues(src.Name).Add(float64(len(clients)))
-	if a.opts.BeforeAck != nil && !a.opts.BeforeAck(src.Name, entry.Seq) {
-		return
-	}
-	a.ack(ctx, src.Name, entry.Seq, msg)
 }
 
 // ack acknowledges an applied (or skipped) message. It does not wait for

@@ -64,6 +64,7 @@ type fakeStore struct {
 	recordedAt  redisstore.Position
 	recordedSrc string
 	appliedAt   redisstore.Position
+	calls       int // FirstSeenMany and ApplyMessages calls
 }
 
 func (s *fakeStore) FirstSeen(_ context.Context, src, _ string, _ uint64, _ uint32, pos redisstore.Position, _ time.Duration) (string, error) {
@@ -92,6 +93,27 @@ func (s *fakeStore) ApplyDebits(_ context.Context, _ string, pos redisstore.Posi
 		return res, errors.New("node down")
 	}
 	return res, nil
+}
+
+func (s *fakeStore) FirstSeenMany(ctx context.Context, src string, recs []redisstore.Record, ttl time.Duration) ([]string, []error) {
+	s.calls++
+	firsts, errs := make([]string, len(recs)), make([]error, len(recs))
+	for i, r := range recs {
+		firsts[i], errs[i] = s.FirstSeen(ctx, src, r.Instance, r.Seq, r.Part, r.Pos, ttl)
+	}
+	return firsts, errs
+}
+
+func (s *fakeStore) ApplyMessages(ctx context.Context, src string, ttl time.Duration, msgs []redisstore.MessageDebits) ([]redisstore.DebitResult, error) {
+	s.calls++
+	res := make([]redisstore.DebitResult, len(msgs))
+	var errs []error
+	for i, m := range msgs {
+		var err error
+		res[i], err = s.ApplyDebits(ctx, src, m.Pos, ttl, m.Clients)
+		errs = append(errs, err)
+	}
+	return res, errors.Join(errs...)
 }
 
 // fakeJS keeps what is published to the retry stream, and reports the
