@@ -260,11 +260,11 @@ func (ns *Nodes) probe(ctx context.Context) {
 	ns.markDown(up)
 	slices.SortFunc(states, func(a, b NodeState) int { return strings.Compare(a.Addr, b.Addr) })
 	if len(down) == 0 {
-		ns.health.Store(&health{nodes: states})
+		ns.setHealthNodes(nil, states)
 		return
 	}
 	slices.Sort(down)
-	ns.health.Store(&health{err: fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")), nodes: states})
+	ns.setHealthNodes(fmt.Errorf("redis nodes not answering: %s", strings.Join(down, "; ")), states)
 }
 
 // detectMode asks the one address whether it is a cluster node.
@@ -284,8 +284,12 @@ func (ns *Nodes) detectMode(ctx context.Context) (cluster bool, err error) {
 	return strings.Contains(info, "cluster_enabled:1"), nil
 }
 
-func (ns *Nodes) setHealth(err error) {
-	ns.health.Store(&health{err: err})
+func (ns *Nodes) setHealth(err error) { ns.setHealthNodes(err, nil) }
+
+// setHealthNodes records a probe's finding, err and the primaries' states,
+// and sets the store's up gauge.
+func (ns *Nodes) setHealthNodes(err error, nodes []NodeState) {
+	ns.health.Store(&health{err: err, nodes: nodes})
 	if err == nil {
 		ns.m.up.Set(1)
 	} else {
