@@ -352,7 +352,7 @@ func TestPriorityUsage(t *testing.T) {
 		{"critical", 22, false, false},
 	} {
 		d := read(step.class, step.cost)
-		if d.Allowed != step.allowed || d.Reserved != step.reserved || math.Abs(d.Remaining-21) > 1e-6 {
+		if d.Allowed != step.allowed || d.Reserved != step.reserved || math.Abs(d.Remaining-21) > 1e-3 {
 			t.Fatalf("usage as %q of %v: %+v; want allowed %v, reserved %v, 21 left", step.class, step.cost, d, step.allowed, step.reserved)
 		}
 		if d.Allowed {
