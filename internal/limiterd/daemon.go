@@ -91,6 +91,12 @@ type Daemon struct {
 	check  *checkapi.Service
 	// peerSecret is the content of --region.peer-secret-file.
 	peerSecret []byte
+	// started names this start of this instance where instances are
+	// counted or told apart (the fleet, the shared top keys, spend
+	// message ids): --instance and the start time, so that two processes
+	// of one name, or a process restarted under its name (same host, same
+	// pid, as in a container), are never taken for one.
+	started string
 
 	grpcServer *grpc.Server
 	health     *health.Server
@@ -326,6 +332,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.stopAll()
 		}
 	}()
+	d.started = d.opts.Region.Instance + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if d.tracer, err = tracing.Start(d.opts.Tracing, "limiterd", d.opts.Region.Name, d.opts.Region.Instance); err != nil {
 		return err
 	}
@@ -340,7 +347,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 		return err
 	}
 	var fleetClient = d.redisClient()
-	if d.fleet, err = fleet.New(fleetClient, fleet.Options{Region: d.opts.Region.Name, Instance: d.opts.Region.Instance,
+	if d.fleet, err = fleet.New(fleetClient, fleet.Options{Region: d.opts.Region.Name, Instance: d.started,
 		Fixed: d.opts.Region.FleetSize, Logger: d.log.With("component", "fleet")}, d.registry); err != nil {
 		return err
 	}
@@ -395,11 +402,10 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			d.onStop(wc.Close)
 			d.rules.UseWriter(wc)
 		}
-		// The flush counter starts again at every start: the start time in
-		// the name keeps a restarted process (same host, same pid, as in a
-		// container) from reusing message ids the streams would drop.
-		instance := d.opts.Region.Instance + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-		p, err := newPublisher(nc, d.opts, instance, d.log, d.registry)
+		// The flush counter starts again at every start: d.started keeps
+		// a restarted process from reusing message ids the streams would
+		// drop.
+		p, err := newPublisher(nc, d.opts, d.started, d.log, d.registry)
 		if err != nil {
 			return err
 		}
@@ -438,7 +444,7 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 	d.mu.Lock()
 	d.engine = e
 	d.mu.Unlock()
-	top, err := topshare.New(e, d.redisClient(), d.opts.Region.Instance, d.log.With("component", "top-limited"), d.registry)
+	top, err := topshare.New(e, d.redisClient(), d.started, d.log.With("component", "top-limited"), d.registry)
 	if err != nil {
 		return err
 	}

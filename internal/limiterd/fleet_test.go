@@ -63,3 +63,20 @@ func TestFleetSharesTheFallback(t *testing.T) {
 		t.Errorf("limiter_fleet_heartbeat_errors_total: %d series, %v", n, err)
 	}
 }
+
+// TestFleetCountsEachProcessStart: two instances under one name (two
+// limiterd of one pod template given a fixed --instance, or of one process
+// and host, whose default names are alike) are two members of the fleet,
+// not one: counted as one, each would take the whole fail-open limit.
+func TestFleetCountsEachProcessStart(t *testing.T) {
+	c := redistest.NewCluster(t, 3, 0)
+	ds := []*Daemon{startDaemon(t, c.Addrs(), func(o *Options) { o.Region.Instance = "same" }),
+		startDaemon(t, c.Addrs(), func(o *Options) { o.Region.Instance = "same" })}
+	deadline := time.Now().Add(10 * time.Second)
+	for fleetSize(t, ds[0]) != 2 || fleetSize(t, ds[1]) != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("fleet sizes %v and %v after 10 s of two instances named alike, want 2 and 2", fleetSize(t, ds[0]), fleetSize(t, ds[1]))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
