@@ -230,14 +230,26 @@ func (c *Cluster) StartAll() {
 // reports master_link_status:up. Stopped nodes are otherwise ignored.
 func (c *Cluster) WaitHealthy(t testing.TB) {
 	t.Helper()
+	if err := c.Settle(t.Context()); err != nil {
+		t.Fatalf("redistest: %v\n%s", err, c.logTails())
+	}
+}
+
+// Settle is WaitHealthy for a goroutine other than the test's: it returns
+// the last problem seen after 30 s (or when ctx ends) instead of failing
+// the test. After a primary is stopped, it returns once a replica holds
+// every slot of the stopped node: a node restarted before that comes back
+// empty and still owning its slots, and its replica then copies the empty
+// data set.
+func (c *Cluster) Settle(ctx context.Context) error {
 	deadline := time.Now().Add(healthyTimeout)
 	for {
-		err := c.check(t.Context())
+		err := c.check(ctx)
 		if err == nil {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("redistest: redis cluster not healthy after %v: %v\n%s", healthyTimeout, err, c.logTails())
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("redis cluster not healthy after %v: %w", healthyTimeout, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
