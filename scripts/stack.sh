@@ -14,7 +14,8 @@
 #   scripts/stack.sh nats-auth DIR  # write the NATS identities `up` uses into DIR (for tests)
 #   scripts/stack.sh stop NAME      # stop one component by its pid (NAME as `status` shows it:
 #                                   # nats-us-east, reconciler-eu-west, limiterd-ap-south,
-#                                   # redis-us-east:7001, prometheus, alertmanager, redis-exporter)
+#                                   # redis-us-east:7001, prometheus, alertmanager, redis-exporter,
+#                                   # nats-exporter)
 #   scripts/stack.sh start NAME     # start it again as `up` did, and wait until it is healthy
 #
 # With MONITORING=1, `up` also starts a Prometheus scraping every limiterd and
@@ -23,7 +24,9 @@
 # prometheus-alertmanager; scripts/install-deps.sh installs them). Prometheus
 # also scrapes every Redis node (target label region) through one
 # redis_exporter in multi-target mode (Debian's prometheus-redis-exporter,
-# /scrape?target=redis://host:port).
+# /scrape?target=redis://host:port), and every NATS server's monitoring
+# endpoint through one natsexporter (internal/tools/natsexporter,
+# /scrape?target=host:port).
 #
 # `up` writes a random bearer token for the limiterds' admin API into
 # .stack/admin-token (mode 0600), and runs NATS locked: every daemon
@@ -93,10 +96,11 @@ wan_http=127.0.0.1:9290
 # share its server's JetStream store.
 stream_max_mib=64
 # MONITORING=1: Prometheus and Alertmanager (its cluster listener off), and
-# the exporter Prometheus reads every Redis node through.
+# the exporters Prometheus reads every Redis node and NATS server through.
 prom_addr=127.0.0.1:9090
 am_addr=127.0.0.1:9094
 redis_exporter_addr=127.0.0.1:9095
+nats_exporter_addr=127.0.0.1:9096
 cmd_dir=$state/cmd # one file per process: the command line `start NAME` runs again
 
 log() { echo "stack: $*"; }
@@ -271,6 +275,7 @@ every_port() {
 		echo "$prom_addr prometheus"
 		echo "$am_addr alertmanager"
 		echo "$redis_exporter_addr redis-exporter"
+		echo "$nats_exporter_addr nats-exporter"
 	fi
 }
 
@@ -495,11 +500,15 @@ redis_targets() {
 	for p in ${redis_ports[$1]}; do echo "redis://127.0.0.1:$p"; done
 }
 
+# nats_targets REGION: natsexporter's target of REGION's NATS server: its
+# monitoring address.
+nats_targets() { echo "${nats_mon[$1]}"; }
+
 # prometheus_conf: MONITORING_RULES by its path (POST /-/reload reads it
 # again), every limiterd and reconciler of every region, labelled
 # with the region and the pod as in Kubernetes (the alerts group by them),
-# every Redis node through redis_exporter, the rules of MONITORING_RULES
-# and the Alertmanager.
+# every Redis node through redis_exporter, every NATS server through
+# natsexporter, the rules of MONITORING_RULES and the Alertmanager.
 prometheus_conf() {
 	local r job addr rules_abs
 	rules_abs=$(readlink -f "$mon_rules")
@@ -527,6 +536,7 @@ prometheus_conf() {
 		done
 	done
 	exporter_job redis "$redis_exporter_addr" redis_targets
+	exporter_job nats "$nats_exporter_addr" nats_targets
 	cat <<-EOF
 		  - job_name: prometheus
 		    static_configs:
@@ -562,6 +572,11 @@ start_monitoring() {
 	start redis-exporter "$state/logs/redis-exporter.log" "$redis_exporter_bin" \
 		-web.listen-address "$redis_exporter_addr" -redis.addr ""
 	wait_healthy redis-exporter "$redis_exporter_addr" /health
+	local r targets=()
+	for r in "${regions[@]}"; do targets+=("${nats_mon[$r]}"); done
+	start nats-exporter "$state/logs/nats-exporter.log" "$bin/natsexporter" \
+		--listen "$nats_exporter_addr" --targets "$(IFS=,; echo "${targets[*]}")"
+	wait_healthy nats-exporter "$nats_exporter_addr" /metrics
 	start alertmanager "$state/logs/alertmanager.log" "$am_bin" \
 		--config.file "$state/alertmanager/alertmanager.yml" --storage.path "$state/alertmanager/data" \
 		--web.listen-address "$am_addr" --cluster.listen-address ""
@@ -595,8 +610,10 @@ up() {
 		[ -f "$mon_rules" ] || { err "MONITORING_RULES file $mon_rules not found"; exit 1; }
 	fi
 
-	log "building bin/limiterd, bin/reconciler, bin/natsauth, bin/wanproxy and bin/nats-server"
-	"$GO" build -o "$bin/" ./cmd/limiterd ./cmd/reconciler ./internal/tools/natsauth ./internal/tools/wanproxy
+	local tools=(./cmd/limiterd ./cmd/reconciler ./internal/tools/natsauth ./internal/tools/wanproxy)
+	if [ -n "$monitoring" ]; then tools+=(./internal/tools/natsexporter); fi
+	log "building bin/limiterd, bin/reconciler, bin/natsauth, bin/wanproxy${monitoring:+, bin/natsexporter} and bin/nats-server"
+	"$GO" build -o "$bin/" "${tools[@]}"
 	"$GO" build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
 
 	rm -rf "$state"
@@ -710,6 +727,7 @@ up() {
 		echo "  Prometheus   http://$prom_addr (alerts: http://$prom_addr/alerts, targets: http://$prom_addr/targets)"
 		echo "  Alertmanager http://$am_addr (API: http://$am_addr/api/v2/alerts)"
 		echo "  Redis        every node through redis_exporter http://$redis_exporter_addr/scrape?target=redis://127.0.0.1:7000 (job redis)"
+		echo "  NATS         every server through natsexporter http://$nats_exporter_addr/scrape?target=${nats_mon[us-east]} (job nats)"
 		echo
 	fi
 	echo "Try: make demo; stop with: make down"
@@ -725,6 +743,7 @@ health_of() {
 	prometheus) echo "$prom_addr /-/ready" ;;
 	alertmanager) echo "$am_addr /-/ready" ;;
 	redis-exporter) echo "$redis_exporter_addr /health" ;;
+	nats-exporter) echo "$nats_exporter_addr /metrics" ;;
 	wanproxy) echo "$wan_http /healthz" ;;
 	esac
 }
