@@ -48,9 +48,17 @@ var (
 // server. TestExternalMetricsExported runs both against real servers.
 // Every other metric must be exported by limiterd or the reconciler.
 var externalMetrics = map[string]string{
-	"redis_memory_used_bytes":  redisExporter,
-	"redis_memory_max_bytes":   redisExporter,
-	"redis_evicted_keys_total": redisExporter,
+	"redis_instance_info":                      redisExporter,
+	"redis_cpu_sys_seconds_total":              redisExporter,
+	"redis_cpu_user_seconds_total":             redisExporter,
+	"redis_commands_processed_total":           redisExporter,
+	"redis_memory_used_bytes":                  redisExporter,
+	"redis_memory_max_bytes":                   redisExporter,
+	"redis_evicted_keys_total":                 redisExporter,
+	"nats_cpu_percent":                         natsExporter,
+	"nats_gateway_rtt_seconds":                 natsExporter,
+	"nats_gateway_pending_bytes":               natsExporter,
+	"nats_jetstream_consumer_pending_messages": natsExporter,
 }
 
 // The exporters of externalMetrics.
