@@ -60,7 +60,7 @@ func (r *receiver) all() []receivedSpan {
 	return slices.Clone(r.spans)
 }
 
-func startReceiver(t *testing.T) (*receiver, string) {
+func startReceiver(t testing.TB) (*receiver, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
