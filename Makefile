@@ -57,13 +57,13 @@ scale: up-deps
 		-scale.regions=$(REGIONS) -scale.keys=$(KEYS) -scale.rate=$(RATE) -scale.duration=$(DURATION) -scale.warmup=$(WARMUP) \
 		-scale.wan=$(or $(WAN),spread) -scale.max-defer=$(MAX_DEFER) -scale.publishers=$(PUBLISHERS) -scale.primaries=$(PRIMARIES) -scale.affinity=$(AFFINITY)
 
-## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool), alertmanager and chromium for the status page's test (Debian packages)
+## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool), alertmanager, prometheus-redis-exporter and chromium for the status page's test (Debian packages)
 deps:
-	@GO=$(GO) scripts/install-deps.sh redis nginx cc prometheus alertmanager chromium
+	@GO=$(GO) scripts/install-deps.sh redis nginx cc prometheus alertmanager redis-exporter chromium
 
-## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli, with MONITORING=1 prometheus and alertmanager too (NATS and the daemons are built by `up`)
+## up-deps: install what the local stack runs when it is missing: redis-server and redis-cli, with MONITORING=1 prometheus, alertmanager and prometheus-redis-exporter too (NATS and the daemons are built by `up`)
 up-deps:
-	@GO=$(GO) scripts/install-deps.sh redis$(if $(filter 1 true yes,$(MONITORING)), prometheus alertmanager)
+	@GO=$(GO) scripts/install-deps.sh redis$(if $(filter 1 true yes,$(MONITORING)), prometheus alertmanager redis-exporter)
 
 ## up: start three regions on loopback (Redis Clusters, limiterd, reconcilers, a NATS server each joined by gateways); state in .stack/. MONITORING=1: Prometheus and Alertmanager too. WAN: one-way delays between the regions (default us-east/eu-west=40ms,us-east/ap-south=110ms,eu-west/ap-south=75ms; WAN=0 none)
 MONITORING ?=

@@ -43,13 +43,29 @@ var (
 )
 
 // externalMetrics are the metrics the dashboard and alerts may use that the
-// daemons do not export: redis_exporter's standard names, per Redis node.
+// daemons do not export, with the exporter that does: redis_exporter's, per
+// Redis node, and natsexporter's (internal/tools/natsexporter), per NATS
+// server. TestExternalMetricsExported runs both against real servers.
 // Every other metric must be exported by limiterd or the reconciler.
 var externalMetrics = map[string]string{
-	"redis_memory_used_bytes":  "redis_exporter",
-	"redis_memory_max_bytes":   "redis_exporter",
-	"redis_evicted_keys_total": "redis_exporter",
+	"redis_instance_info":                      redisExporter,
+	"redis_cpu_sys_seconds_total":              redisExporter,
+	"redis_cpu_user_seconds_total":             redisExporter,
+	"redis_commands_processed_total":           redisExporter,
+	"redis_memory_used_bytes":                  redisExporter,
+	"redis_memory_max_bytes":                   redisExporter,
+	"redis_evicted_keys_total":                 redisExporter,
+	"nats_cpu_percent":                         natsExporter,
+	"nats_gateway_rtt_seconds":                 natsExporter,
+	"nats_gateway_pending_bytes":               natsExporter,
+	"nats_jetstream_consumer_pending_messages": natsExporter,
 }
+
+// The exporters of externalMetrics.
+const (
+	redisExporter = "redis_exporter"
+	natsExporter  = "natsexporter"
+)
 
 // promqlExpr is one PromQL expression and where it comes from.
 type promqlExpr struct {

@@ -14,21 +14,25 @@
 #                 and the alerts' end-to-end test
 #   alertmanager  prometheus-alertmanager (package prometheus-alertmanager;
 #                 upstream's alertmanager binary will do), for the same
+#   redis-exporter  prometheus-redis-exporter (package
+#                 prometheus-redis-exporter; upstream's redis_exporter binary
+#                 will do): the local stack's monitoring scrapes every Redis
+#                 node through it, and the dashboard's test reads its metrics
 #   chromium      a headless Chromium (package chromium; chromium-browser
 #                 or google-chrome will do): the status page's browser test
 #
 # `make test` and `make deps` install them all, `make up` only redis
-# (with MONITORING=1, prometheus and alertmanager too).
+# (with MONITORING=1, prometheus, alertmanager and redis-exporter too).
 # Prints one line saying what it did.
 set -euo pipefail
 
-usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc] [prometheus] [alertmanager] [chromium]" >&2; }
+usage() { echo "usage: scripts/install-deps.sh [redis] [nginx] [cc] [prometheus] [alertmanager] [redis-exporter] [chromium]" >&2; }
 
 want=("$@")
-if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc prometheus alertmanager chromium); fi
+if [ ${#want[@]} -eq 0 ]; then want=(redis nginx cc prometheus alertmanager redis-exporter chromium); fi
 for w in "${want[@]}"; do
 	case $w in
-	redis | nginx | cc | prometheus | alertmanager | chromium) ;;
+	redis | nginx | cc | prometheus | alertmanager | redis-exporter | chromium) ;;
 	*)
 		usage
 		exit 2
@@ -47,6 +51,7 @@ have() {
 	cc) command -v "$cc" >/dev/null 2>&1 ;;
 	prometheus) command -v prometheus >/dev/null 2>&1 ;;
 	alertmanager) command -v prometheus-alertmanager >/dev/null 2>&1 || command -v alertmanager >/dev/null 2>&1 ;;
+	redis-exporter) command -v prometheus-redis-exporter >/dev/null 2>&1 || command -v redis_exporter >/dev/null 2>&1 ;;
 	chromium) command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || command -v google-chrome >/dev/null 2>&1 ;;
 	esac
 }
@@ -57,6 +62,7 @@ packages_of() {
 	cc) echo "gcc libc6-dev" ;;
 	prometheus) echo "prometheus" ;;
 	alertmanager) echo "prometheus-alertmanager" ;;
+	redis-exporter) echo "prometheus-redis-exporter" ;;
 	chromium) echo "chromium" ;;
 	esac
 }
@@ -67,6 +73,7 @@ name_of() {
 	cc) echo "a C compiler ($cc)" ;;
 	prometheus) echo "prometheus" ;;
 	alertmanager) echo "alertmanager" ;;
+	redis-exporter) echo "redis_exporter" ;;
 	chromium) echo "chromium" ;;
 	esac
 }
@@ -77,6 +84,7 @@ version_of() {
 	cc) echo "$cc $("$cc" -dumpfullversion 2>/dev/null || "$cc" -dumpversion 2>/dev/null)" ;;
 	prometheus) prometheus --version 2>&1 | sed -n '1s/^prometheus, version \([^ ]*\).*/prometheus \1/p' ;;
 	alertmanager) "$(command -v prometheus-alertmanager 2>/dev/null || echo alertmanager)" --version 2>&1 | sed -n '1s/^alertmanager, version \([^ ]*\).*/alertmanager \1/p' ;;
+	redis-exporter) "$(command -v prometheus-redis-exporter 2>/dev/null || echo redis_exporter)" --version 2>&1 | sed -n '1s/.*Redis Metrics Exporter v\{0,1\}\([0-9][0-9.]*\).*/redis_exporter \1/p' ;;
 	chromium) "$(command -v chromium 2>/dev/null || command -v chromium-browser 2>/dev/null || echo google-chrome)" --version 2>/dev/null | sed -n 's/^\(Chromium\|Google Chrome\) \([0-9][0-9.]*\).*/chromium \2/p' ;;
 	esac
 }
@@ -119,7 +127,7 @@ if [ -z "$packages" ]; then
 fi
 
 if ! command -v apt-get >/dev/null 2>&1; then
-	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race, Prometheus 2, Alertmanager and Chromium; Debian/Ubuntu: $install)" >&2
+	echo "install-deps: missing $packages and apt-get is not available; install them yourself (Redis 7, nginx with auth_request, a C compiler for go test -race, Prometheus 2, Alertmanager, redis_exporter and Chromium; Debian/Ubuntu: $install)" >&2
 	exit 1
 fi
 

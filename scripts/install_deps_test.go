@@ -21,6 +21,8 @@ var stubs = map[string]struct{ pkg, script string }{
 	"prometheus":              {"prometheus", `echo "prometheus, version 2.42.0+ds (branch: debian/sid, revision: 2.42.0+ds-5+deb12u1)"`},
 	"prometheus-alertmanager": {"prometheus-alertmanager", `echo "alertmanager, version 0.25.0 (branch: debian/sid, revision: 0.25.0-1+b4)"`},
 	"chromium":                {"chromium", `echo "Chromium 156.0.8078.114 built on Debian GNU/Linux 12 (bookworm)"`},
+	// Debian's redis_exporter logs its version to stderr.
+	"prometheus-redis-exporter": {"prometheus-redis-exporter", `echo 'time="2026-12-06T03:03:03Z" level=info msg="Redis Metrics Exporter 1.45.0-2+b4    build date: 20230409-10:15:07    sha1: debian/sid"' >&2`},
 }
 
 // TestInstallDeps runs install-deps.sh against a PATH of stubs, with an
@@ -48,7 +50,11 @@ func TestInstallDeps(t *testing.T) {
 		{name: "C compiler only", args: []string{"cc"}, missing: []string{"redis-server", "gcc"}, want: []string{"gcc", "libc6-dev"}},
 		// The alerts' end-to-end test and make up MONITORING=1.
 		{name: "no prometheus nor alertmanager", args: nil, missing: []string{"prometheus", "prometheus-alertmanager"}, want: []string{"prometheus", "prometheus-alertmanager"}},
-		{name: "monitoring of make up", args: []string{"redis", "prometheus", "alertmanager"}, missing: []string{"prometheus-alertmanager", "gcc", "nginx"}, want: []string{"prometheus-alertmanager"}},
+		{name: "monitoring of make up", args: []string{"redis", "prometheus", "alertmanager", "redis-exporter"}, missing: []string{"prometheus-alertmanager", "gcc", "nginx"}, want: []string{"prometheus-alertmanager"}},
+		// The stack's monitoring scrapes every Redis node through it.
+		{name: "no redis_exporter", args: nil, missing: []string{"prometheus-redis-exporter"}, want: []string{"prometheus-redis-exporter"}},
+		{name: "monitoring of make up, no redis_exporter", args: []string{"redis", "prometheus", "alertmanager", "redis-exporter"}, missing: []string{"prometheus-redis-exporter", "chromium"}, want: []string{"prometheus-redis-exporter"}},
+		{name: "redis only, no redis_exporter", args: []string{"redis"}, missing: []string{"prometheus-redis-exporter"}, want: nil},
 		{name: "redis only, no prometheus", args: []string{"redis"}, missing: []string{"prometheus"}, want: nil},
 		// The status page's browser test.
 		{name: "no chromium", args: nil, missing: []string{"chromium"}, want: []string{"chromium"}},

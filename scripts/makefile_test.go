@@ -10,10 +10,10 @@ import (
 
 // TestMakeInstalls holds each make target to what it installs: the tests
 // need Redis, nginx, a C compiler (for -race), Prometheus (whose package
-// brings promtool) and Alertmanager (the alerts' end-to-end test); the
-// local stack runs Redis and what it builds itself (NATS and the daemons),
-// so `make up` installs Redis only (Prometheus and Alertmanager too with
-// MONITORING=1); so does the soak, which runs the same servers. No target
+// brings promtool), Alertmanager and redis_exporter (the alerts'
+// end-to-end test); the local stack runs Redis and what it builds itself
+// (NATS and the daemons), so `make up` installs Redis only (Prometheus,
+// Alertmanager and redis_exporter too with MONITORING=1); so does the soak, which runs the same servers. No target
 // builds promtool from its Go module (minutes on a fresh machine).
 func TestMakeInstalls(t *testing.T) {
 	mk, err := exec.LookPath("make")
@@ -26,10 +26,10 @@ func TestMakeInstalls(t *testing.T) {
 		vars   []string // make's variables
 		deps   []string // install-deps.sh's arguments
 	}{
-		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager", "chromium"}},
-		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager", "chromium"}},
+		{name: "test", target: "test", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager", "redis-exporter", "chromium"}},
+		{name: "deps", target: "deps", deps: []string{"redis", "nginx", "cc", "prometheus", "alertmanager", "redis-exporter", "chromium"}},
 		{name: "up", target: "up", deps: []string{"redis"}},
-		{name: "up with monitoring", target: "up", vars: []string{"MONITORING=1"}, deps: []string{"redis", "prometheus", "alertmanager"}},
+		{name: "up with monitoring", target: "up", vars: []string{"MONITORING=1"}, deps: []string{"redis", "prometheus", "alertmanager", "redis-exporter"}},
 		{name: "soak", target: "soak", deps: []string{"redis"}},
 		// The comparison runs Redis; its peers and ghz it installs itself.
 		{name: "compare", target: "compare", deps: []string{"redis"}},

@@ -14,13 +14,19 @@
 #   scripts/stack.sh nats-auth DIR  # write the NATS identities `up` uses into DIR (for tests)
 #   scripts/stack.sh stop NAME      # stop one component by its pid (NAME as `status` shows it:
 #                                   # nats-us-east, reconciler-eu-west, limiterd-ap-south,
-#                                   # redis-us-east:7001, prometheus, alertmanager)
+#                                   # redis-us-east:7001, prometheus, alertmanager, redis-exporter,
+#                                   # nats-exporter)
 #   scripts/stack.sh start NAME     # start it again as `up` did, and wait until it is healthy
 #
 # With MONITORING=1, `up` also starts a Prometheus scraping every limiterd and
 # reconciler (target labels region, pod) with deploy/prometheus/alerts.yml, and
 # an Alertmanager as its alerting target (Debian's prometheus and
-# prometheus-alertmanager; scripts/install-deps.sh installs them).
+# prometheus-alertmanager; scripts/install-deps.sh installs them). Prometheus
+# also scrapes every Redis node (target label region) through one
+# redis_exporter in multi-target mode (Debian's prometheus-redis-exporter,
+# /scrape?target=redis://host:port), and every NATS server's monitoring
+# endpoint through one natsexporter (internal/tools/natsexporter,
+# /scrape?target=host:port).
 #
 # `up` writes a random bearer token for the limiterds' admin API into
 # .stack/admin-token (mode 0600), and runs NATS locked: every daemon
@@ -89,9 +95,12 @@ wan_http=127.0.0.1:9290
 # Each spend stream's bound (--stream.max-bytes): a region's four streams
 # share its server's JetStream store.
 stream_max_mib=64
-# MONITORING=1: Prometheus and Alertmanager (its cluster listener off).
+# MONITORING=1: Prometheus and Alertmanager (its cluster listener off), and
+# the exporters Prometheus reads every Redis node and NATS server through.
 prom_addr=127.0.0.1:9090
 am_addr=127.0.0.1:9094
+redis_exporter_addr=127.0.0.1:9095
+nats_exporter_addr=127.0.0.1:9096
 cmd_dir=$state/cmd # one file per process: the command line `start NAME` runs again
 
 log() { echo "stack: $*"; }
@@ -265,6 +274,8 @@ every_port() {
 	if [ -n "$monitoring" ]; then
 		echo "$prom_addr prometheus"
 		echo "$am_addr alertmanager"
+		echo "$redis_exporter_addr redis-exporter"
+		echo "$nats_exporter_addr nats-exporter"
 	fi
 }
 
@@ -440,23 +451,64 @@ wait_sources() {
 	log "reconciler-$r: spends flowing in from every other region"
 }
 
-# monitoring_bins: the prometheus and alertmanager binaries (Debian names
-# its alertmanager prometheus-alertmanager), resolved as /proc/PID/exe shows
-# them, or a message saying what installs them.
+# monitoring_bins: the prometheus, alertmanager and redis_exporter binaries
+# (Debian names them prometheus-alertmanager and prometheus-redis-exporter),
+# resolved as /proc/PID/exe shows them, or a message saying what installs
+# them.
 monitoring_bins() {
-	local a
+	local a x
 	prom_bin=$(command -v prometheus 2>/dev/null) ||
-		{ err "MONITORING=1: prometheus missing: run scripts/install-deps.sh prometheus alertmanager"; return 1; }
+		{ err "MONITORING=1: prometheus missing: run scripts/install-deps.sh prometheus alertmanager redis-exporter"; return 1; }
 	a=$(command -v prometheus-alertmanager 2>/dev/null || command -v alertmanager 2>/dev/null) ||
-		{ err "MONITORING=1: alertmanager (prometheus-alertmanager) missing: run scripts/install-deps.sh prometheus alertmanager"; return 1; }
+		{ err "MONITORING=1: alertmanager (prometheus-alertmanager) missing: run scripts/install-deps.sh prometheus alertmanager redis-exporter"; return 1; }
+	x=$(command -v prometheus-redis-exporter 2>/dev/null || command -v redis_exporter 2>/dev/null) ||
+		{ err "MONITORING=1: redis_exporter (prometheus-redis-exporter) missing: run scripts/install-deps.sh prometheus alertmanager redis-exporter"; return 1; }
 	prom_bin=$(readlink -f "$prom_bin")
 	am_bin=$(readlink -f "$a")
+	redis_exporter_bin=$(readlink -f "$x")
 }
+
+# exporter_job NAME EXPORTER TARGET_OF: a scrape job of a multi-target
+# exporter at EXPORTER: one target per node of every region (TARGET_OF
+# REGION prints them, a line each), labelled with the region; Prometheus
+# asks the exporter for /scrape?target=NODE, and the node is the series'
+# instance.
+exporter_job() {
+	local name=$1 exporter=$2 target_of=$3 r t
+	echo "  - job_name: $name"
+	echo "    metrics_path: /scrape"
+	echo "    static_configs:"
+	for r in "${regions[@]}"; do
+		echo "      - targets:"
+		while read -r t; do echo "          - \"$t\""; done < <("$target_of" "$r")
+		echo "        labels: {region: $r}"
+	done
+	cat <<-EOF
+		    relabel_configs:
+		      - source_labels: [__address__]
+		        target_label: __param_target
+		      - source_labels: [__param_target]
+		        target_label: instance
+		      - target_label: __address__
+		        replacement: "$exporter"
+	EOF
+}
+
+# redis_targets REGION: redis_exporter's target of each Redis node of REGION.
+redis_targets() {
+	local p
+	for p in ${redis_ports[$1]}; do echo "redis://127.0.0.1:$p"; done
+}
+
+# nats_targets REGION: natsexporter's target of REGION's NATS server: its
+# monitoring address.
+nats_targets() { echo "${nats_mon[$1]}"; }
 
 # prometheus_conf: MONITORING_RULES by its path (POST /-/reload reads it
 # again), every limiterd and reconciler of every region, labelled
 # with the region and the pod as in Kubernetes (the alerts group by them),
-# the rules of MONITORING_RULES and the Alertmanager.
+# every Redis node through redis_exporter, every NATS server through
+# natsexporter, the rules of MONITORING_RULES and the Alertmanager.
 prometheus_conf() {
 	local r job addr rules_abs
 	rules_abs=$(readlink -f "$mon_rules")
@@ -483,6 +535,8 @@ prometheus_conf() {
 			echo "        labels: {region: $r, pod: $job-$r}"
 		done
 	done
+	exporter_job redis "$redis_exporter_addr" redis_targets
+	exporter_job nats "$nats_exporter_addr" nats_targets
 	cat <<-EOF
 		  - job_name: prometheus
 		    static_configs:
@@ -513,6 +567,16 @@ start_monitoring() {
 	mkdir -p "$state/prometheus/data" "$state/alertmanager/data"
 	prometheus_conf >"$state/prometheus/prometheus.yml"
 	alertmanager_conf >"$state/alertmanager/alertmanager.yml"
+	# No --redis.addr: /metrics has the exporter's own series, and every
+	# node is read at /scrape?target=.
+	start redis-exporter "$state/logs/redis-exporter.log" "$redis_exporter_bin" \
+		-web.listen-address "$redis_exporter_addr" -redis.addr ""
+	wait_healthy redis-exporter "$redis_exporter_addr" /health
+	local r targets=()
+	for r in "${regions[@]}"; do targets+=("${nats_mon[$r]}"); done
+	start nats-exporter "$state/logs/nats-exporter.log" "$bin/natsexporter" \
+		--listen "$nats_exporter_addr" --targets "$(IFS=,; echo "${targets[*]}")"
+	wait_healthy nats-exporter "$nats_exporter_addr" /metrics
 	start alertmanager "$state/logs/alertmanager.log" "$am_bin" \
 		--config.file "$state/alertmanager/alertmanager.yml" --storage.path "$state/alertmanager/data" \
 		--web.listen-address "$am_addr" --cluster.listen-address ""
@@ -546,8 +610,10 @@ up() {
 		[ -f "$mon_rules" ] || { err "MONITORING_RULES file $mon_rules not found"; exit 1; }
 	fi
 
-	log "building bin/limiterd, bin/reconciler, bin/natsauth, bin/wanproxy and bin/nats-server"
-	"$GO" build -o "$bin/" ./cmd/limiterd ./cmd/reconciler ./internal/tools/natsauth ./internal/tools/wanproxy
+	local tools=(./cmd/limiterd ./cmd/reconciler ./internal/tools/natsauth ./internal/tools/wanproxy)
+	if [ -n "$monitoring" ]; then tools+=(./internal/tools/natsexporter); fi
+	log "building bin/limiterd, bin/reconciler, bin/natsauth, bin/wanproxy${monitoring:+, bin/natsexporter} and bin/nats-server"
+	"$GO" build -o "$bin/" "${tools[@]}"
 	"$GO" build -o "$bin/nats-server" github.com/nats-io/nats-server/v2
 
 	rm -rf "$state"
@@ -660,6 +726,8 @@ up() {
 		echo "Monitoring (scrape and evaluation every $mon_interval, rules $mon_rules, data in $state/prometheus, $state/alertmanager):"
 		echo "  Prometheus   http://$prom_addr (alerts: http://$prom_addr/alerts, targets: http://$prom_addr/targets)"
 		echo "  Alertmanager http://$am_addr (API: http://$am_addr/api/v2/alerts)"
+		echo "  Redis        every node through redis_exporter http://$redis_exporter_addr/scrape?target=redis://127.0.0.1:7000 (job redis)"
+		echo "  NATS         every server through natsexporter http://$nats_exporter_addr/scrape?target=${nats_mon[us-east]} (job nats)"
 		echo
 	fi
 	echo "Try: make demo; stop with: make down"
@@ -674,6 +742,8 @@ health_of() {
 	limiterd-*) echo "${http_addr[${1#limiterd-}]} /readyz" ;;
 	prometheus) echo "$prom_addr /-/ready" ;;
 	alertmanager) echo "$am_addr /-/ready" ;;
+	redis-exporter) echo "$redis_exporter_addr /health" ;;
+	nats-exporter) echo "$nats_exporter_addr /metrics" ;;
 	wanproxy) echo "$wan_http /healthz" ;;
 	esac
 }

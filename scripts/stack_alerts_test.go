@@ -273,8 +273,10 @@ func (f *failure) run(ctx context.Context, t *testing.T, exprs map[string]string
 
 // TestStackAlerts runs the local stack with its monitoring (make up
 // MONITORING=1, the real Prometheus and Alertmanager scraping and
-// evaluating every second) and, over it, injects each failure the alerts
-// are for, asserting through Prometheus's query API that the alert's
+// evaluating every second, every Redis node through redis_exporter and
+// every NATS server through natsexporter), checks that Prometheus has each
+// Redis primary's and NATS server's series, and, over it, injects each
+// failure the alerts are for, asserting through Prometheus's query API that the alert's
 // expression turns true during the failure and false after the heal, and
 // that alerts reach Alertmanager. It prints how long each took. The rules
 // Prometheus loads are deploy/prometheus/alerts.yml with every range
@@ -284,23 +286,25 @@ func TestStackAlerts(t *testing.T) {
 		t.Skip("starts the whole stack with Prometheus and Alertmanager")
 	}
 	var missing []string
-	for _, bins := range [][]string{{"bash"}, {"redis-server"}, {"redis-cli"}, {"prometheus"}, {"prometheus-alertmanager", "alertmanager"}} {
+	for _, bins := range [][]string{{"bash"}, {"redis-server"}, {"redis-cli"}, {"prometheus"}, {"prometheus-alertmanager", "alertmanager"}, {"prometheus-redis-exporter", "redis_exporter"}} {
 		if !slices.ContainsFunc(bins, func(b string) bool { _, err := exec.LookPath(b); return err == nil }) {
 			missing = append(missing, strings.Join(bins, " or "))
 		}
 	}
 	if len(missing) > 0 {
-		msg := fmt.Sprintf("%s missing: scripts/install-deps.sh redis prometheus alertmanager installs them", strings.Join(missing, ", "))
+		msg := fmt.Sprintf("%s missing: scripts/install-deps.sh redis prometheus alertmanager redis-exporter installs them", strings.Join(missing, ", "))
 		if inCI() {
 			t.Fatal(msg + " (CI=true: the alerts' end-to-end test must run)")
 		}
 		t.Skip(msg)
 	}
-	out, err := exec.Command("bash", "stack.sh", "ports").Output()
+	ports := exec.Command("bash", "stack.sh", "ports")
+	ports.Env = append(os.Environ(), "MONITORING=1")
+	out, err := ports.Output()
 	if err != nil {
-		t.Fatalf("stack.sh ports: %v", err)
+		t.Fatalf("MONITORING=1 stack.sh ports: %v", err)
 	}
-	for _, line := range append(strings.Split(strings.TrimSpace(string(out)), "\n"), "127.0.0.1:9090 prometheus", "127.0.0.1:9094 alertmanager") {
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		addr, what, _ := strings.Cut(line, " ")
 		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
 			c.Close()
@@ -372,17 +376,20 @@ func TestStackAlerts(t *testing.T) {
 	// Prometheus scrapes from about 5 s after it is ready (its discovery
 	// updates the targets every 5 s): a failure injected before the first
 	// scrapes would have no "before" to increase from.
+	// 20 targets: 3 limiterd, 3 reconcilers, 9 Redis nodes, 3 NATS
+	// servers, Prometheus and Alertmanager.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		res, err := promQuery(ctx, `count(count_over_time(up[10s]) >= 3 and up == 1) >= 8`)
+		res, err := promQuery(ctx, `count(count_over_time(up[10s]) >= 3 and up == 1) >= 20`)
 		if err == nil && len(res) > 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("Prometheus has not scraped the stack's 8 targets 3 times within 30 s (%v %v): see .stack/logs/prometheus.log", res, err)
+			t.Fatalf("Prometheus has not scraped the stack's 20 targets 3 times within 30 s (%v %v): see .stack/logs/prometheus.log", res, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Logf("every target scraped 3 times at %.1f s", time.Since(began).Seconds())
+	checkExporterSeries(ctx, t)
 	stackCmd := func(args ...string) func(context.Context) error {
 		return func(context.Context) error {
 			_, err := sh(90*time.Second, append([]string{"bash", "scripts/stack.sh"}, args...)...)
@@ -670,4 +677,64 @@ func TestStackAlerts(t *testing.T) {
 	slices.Sort(seen)
 	t.Logf("alerts Alertmanager received: %s", strings.Join(seen, ", "))
 	t.Logf("whole test: %.1f s", time.Since(began).Seconds())
+}
+
+// stackRedisPorts are the Redis nodes of each region of the stack, all
+// primaries (scripts/stack.sh).
+var stackRedisPorts = map[string][]int{"us-east": {7000, 7001, 7002}, "eu-west": {7100, 7101, 7102}, "ap-south": {7200, 7201, 7202}}
+
+// checkExporterSeries checks, through Prometheus's query API, what the
+// exporters of the stack's monitoring give it: redis_up 1 and the role
+// master for every Redis primary of every region (job redis, instance
+// redis://host:port), and for every region's NATS server nats_up 1 and a
+// round-trip time to each other region's gateway (job nats).
+func checkExporterSeries(ctx context.Context, t *testing.T) {
+	t.Helper()
+	type want struct {
+		expr string
+		keys []string // "region instance" or "region gateway" of each series wanted
+		key  func(m map[string]string) string
+	}
+	var redisNodes, natsServers, gateways []string
+	for r, ports := range stackRedisPorts {
+		for _, p := range ports {
+			redisNodes = append(redisNodes, fmt.Sprintf("%s redis://127.0.0.1:%d", r, p))
+		}
+		natsServers = append(natsServers, r)
+		for o := range stackRedisPorts {
+			if o != r {
+				gateways = append(gateways, r+" "+o)
+			}
+		}
+	}
+	byInstance := func(m map[string]string) string { return m["region"] + " " + m["instance"] }
+	wants := []want{
+		{`redis_up{job="redis"} == 1`, redisNodes, byInstance},
+		{`redis_instance_info{job="redis", role="master"}`, redisNodes, byInstance},
+		{`nats_up{job="nats"} == 1`, natsServers, func(m map[string]string) string { return m["region"] }},
+		{`nats_gateway_rtt_seconds{job="nats"} > 0`, gateways, func(m map[string]string) string { return m["region"] + " " + m["gateway"] }},
+	}
+	for _, w := range wants {
+		var missing []string
+		var res []map[string]string
+		var err error
+		for deadline := time.Now().Add(20 * time.Second); ; {
+			res, err = promQuery(ctx, w.expr)
+			got := map[string]bool{}
+			for _, m := range res {
+				got[w.key(m)] = true
+			}
+			missing = slices.DeleteFunc(slices.Clone(w.keys), func(k string) bool { return got[k] })
+			if err == nil && len(missing) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+		slices.Sort(missing)
+		if err != nil || len(missing) > 0 {
+			t.Errorf("%s: no series for %q (error %v, result %v): see .stack/logs/redis-exporter.log, nats-exporter.log", w.expr, missing, err, res)
+			continue
+		}
+		t.Logf("%s: %d series, one for each of %d wanted", w.expr, len(res), len(w.keys))
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -58,7 +60,7 @@ func (r *receiver) all() []receivedSpan {
 	return slices.Clone(r.spans)
 }
 
-func startReceiver(t *testing.T) (*receiver, string) {
+func startReceiver(t testing.TB) (*receiver, string) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -170,5 +172,69 @@ func TestTraceAcrossRegions(t *testing.T) {
 	}
 	if got := len(recv.all()); got != n {
 		t.Errorf("tracing off: %d spans sent", got-n)
+	}
+}
+
+// TestTraceRedisCall: with tracing on, a sampled check on a Redis store
+// has a client span of its script call, a child of the check's span in
+// the same trace, naming the primary it went to and the time it waited in
+// limiterd's queue before its pipeline was written. With tracing off the
+// daemon sends no span.
+func TestTraceRedisCall(t *testing.T) {
+	recv, endpoint := startReceiver(t)
+	cluster := redistest.NewCluster(t, 1, 0)
+	primary := cluster.Addrs()[0]
+	d := startDaemon(t, cluster.Addrs(), func(o *Options) {
+		o.Tracing = tracing.Options{Endpoint: endpoint, Insecure: true, SampleRatio: 1}
+	})
+	testenv.WaitFor(t, "the store connected", func() bool { return d.redis.Connected() })
+	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+	if resp, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "tb", Key: "traced"}); err != nil || !resp.GetAllowed() {
+		t.Fatalf("check: %v, %v", resp, err)
+	}
+	if err := d.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var check, call *tracepb.Span
+	var got []string
+	for _, s := range recv.all() {
+		got = append(got, fmt.Sprintf("%s %v", s.span.GetName(), s.span.GetKind()))
+		switch {
+		case s.span.GetName() == "limiter.v1.Limiter/Check" && s.span.GetKind() == tracepb.Span_SPAN_KIND_SERVER:
+			check = s.span
+		case s.span.GetName() == "EVALSHA" && s.span.GetKind() == tracepb.Span_SPAN_KIND_CLIENT:
+			call = s.span
+		}
+	}
+	if check == nil || call == nil {
+		t.Fatalf("want a Check server span and an EVALSHA client span; received %q", got)
+	}
+	if !slices.Equal(call.GetTraceId(), check.GetTraceId()) || !slices.Equal(call.GetParentSpanId(), check.GetSpanId()) {
+		t.Error("the Redis call's span is not a child of the check's")
+	}
+	attrs := map[string]string{}
+	for _, kv := range call.GetAttributes() {
+		v := kv.GetValue()
+		switch {
+		case v.GetStringValue() != "":
+			attrs[kv.GetKey()] = v.GetStringValue()
+		default:
+			attrs[kv.GetKey()] = fmt.Sprint(v.GetIntValue())
+		}
+	}
+	host, port, _ := net.SplitHostPort(primary)
+	for k, want := range map[string]string{"db.system.name": "redis", "server.address": host, "server.port": port, "limiter.redis.pipeline_calls": "1"} {
+		if attrs[k] != want {
+			t.Errorf("EVALSHA span: %s = %q, want %q (attributes %v)", k, attrs[k], want, attrs)
+		}
+	}
+	if w, err := strconv.ParseInt(attrs["limiter.redis.queue_wait_us"], 10, 64); err != nil || w < 0 || uint64(w) > (call.GetEndTimeUnixNano()-call.GetStartTimeUnixNano())/1000 {
+		t.Errorf("EVALSHA span: limiter.redis.queue_wait_us %q, want a wait within the span (attributes %v)", attrs["limiter.redis.queue_wait_us"], attrs)
+	}
+	if call.GetStatus().GetCode() == tracepb.Status_STATUS_CODE_ERROR {
+		t.Errorf("EVALSHA span: status %v", call.GetStatus())
+	}
+	if call.GetStartTimeUnixNano() < check.GetStartTimeUnixNano() || call.GetEndTimeUnixNano() > check.GetEndTimeUnixNano() {
+		t.Error("the Redis call's span is not within the check's")
 	}
 }

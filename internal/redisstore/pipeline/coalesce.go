@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -11,6 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -208,11 +213,14 @@ func breakerRefused(err error) bool {
 }
 
 // result is the outcome of one store call: the script's reply, or an error
-// and what it means (f).
+// and what it means (f). A coalesced call that was sent also says when its
+// pipeline was written and how many calls it carried, for its span.
 type result struct {
-	res []any
-	f   failure
-	err error
+	res   []any
+	f     failure
+	err   error
+	sent  time.Time
+	batch int
 }
 
 // Eval runs sc on the primary that serves key (coalesced into that node's
@@ -254,7 +262,17 @@ func (ns *Nodes) evalOn(ctx context.Context, key string, sc Call, send func(*nod
 }
 
 // eval sends sc: coalesced into the node's next pipeline, or on its own.
+// The call of a sampled check (a recording span in ctx, see
+// internal/tracing) is a child span of it; the others pay for one context
+// lookup.
 func (n *node) eval(ctx context.Context, sc Call, dur prometheus.Observer) result {
+	if span := trace.SpanFromContext(ctx); span.IsRecording() {
+		return n.evalTraced(ctx, span, sc, dur)
+	}
+	return n.evalUntraced(ctx, sc, dur)
+}
+
+func (n *node) evalUntraced(ctx context.Context, sc Call, dur prometheus.Observer) result {
 	if !n.ns.coalesce {
 		start := time.Now()
 		r := n.direct(ctx, sc, nil)
@@ -263,6 +281,34 @@ func (n *node) eval(ctx context.Context, sc Call, dur prometheus.Observer) resul
 	}
 	c := n.start(sc, dur)
 	return n.wait(ctx, c)
+}
+
+// tracerName names the tracer of the store calls' spans.
+const tracerName = "github.com/limiterd/limiterd/internal/redisstore/pipeline"
+
+// evalTraced is eval of a sampled check, whose span is parent: a client
+// span from the moment the call is queued to its reply, with the node, the
+// time it waited in limiterd's queue until its pipeline was written
+// (limiter.redis.queue_wait_us), the calls of that pipeline, and the error.
+func (n *node) evalTraced(ctx context.Context, parent trace.Span, sc Call, dur prometheus.Observer) result {
+	queued := time.Now()
+	host, port, _ := net.SplitHostPort(n.addr)
+	portN, _ := strconv.Atoi(port)
+	_, span := parent.TracerProvider().Tracer(tracerName).Start(ctx, "EVALSHA",
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(queued),
+		trace.WithAttributes(attribute.String("db.system.name", "redis"), attribute.String("db.operation.name", "EVALSHA"),
+			attribute.String("server.address", host), attribute.Int("server.port", portN),
+			attribute.Bool("limiter.redis.coalesced", n.ns.coalesce)))
+	r := n.evalUntraced(ctx, sc, dur)
+	if !r.sent.IsZero() {
+		span.SetAttributes(attribute.Int64("limiter.redis.queue_wait_us", r.sent.Sub(queued).Microseconds()),
+			attribute.Int("limiter.redis.pipeline_calls", r.batch))
+	}
+	if r.err != nil {
+		span.SetStatus(codes.Error, r.err.Error())
+	}
+	span.End()
+	return r
 }
 
 // isRedirect reports a reply that the key's slot is served elsewhere, or
@@ -741,11 +787,11 @@ func (n *node) run(life context.Context, w *workerConn, batch []*call) {
 		res, err := cmds[i].Slice()
 		switch {
 		case err == nil:
-			answer(c, result{res: res})
+			answer(c, result{res: res, sent: start, batch: len(live)})
 		case isReply(err):
-			answer(c, result{f: notApplied, err: err})
+			answer(c, result{f: notApplied, err: err, sent: start, batch: len(live)})
 		default:
-			answer(c, result{f: unknown, err: unknown.wrap(n.addr, err)})
+			answer(c, result{f: unknown, err: unknown.wrap(n.addr, err), sent: start, batch: len(live)})
 		}
 	}
 }
