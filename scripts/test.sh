@@ -89,17 +89,26 @@ if [ -n "$lint" ]; then
 	echo "test: lint done at $((SECONDS - start)) s"
 fi
 start=$SECONDS
+# timed NAME CMD... runs CMD and says, last in its stream's log, how long
+# it took: where phase 1's time goes.
+timed() {
+	local name=$1 t0=$SECONDS rc=0
+	shift
+	"$@" || rc=$?
+	echo "test: $name in $((SECONDS - t0)) s"
+	return "$rc"
+}
 {
 	rc=0
-	"$GO" test "${flags[@]}" -parallel 4 "${waiting[@]}" || rc=1
-	"$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
-	"$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
+	timed "${waiting[*]}" "$GO" test "${flags[@]}" -parallel 4 "${waiting[@]}" || rc=1
+	timed "./internal/limiterd (phase 1)" "$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
+	timed "the docs' benchmarks" "$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
 	exit "$rc"
 } >"$logs/waiting.log" 2>&1 &
 pids+=($!)
-"$GO" test "${flags[@]}" "${long[@]}" >"$logs/long.log" 2>&1 &
+timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" >"$logs/long.log" 2>&1 &
 pids+=($!)
-"$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
+timed "${#others[@]} other packages" "$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
 pids+=($!)
 for i in 0 1 2; do
 	rc=0
