@@ -184,24 +184,33 @@ func (s *Leases) AcquireKeeping(now int64, l LeaseLimit, keep float64, member st
 		s.held[member] = exp
 		return LeaseDecision{Allowed: true, InFlight: len(s.held), Limit: limit, Expires: time.UnixMicro(exp)}
 	}
-	d := LeaseDecision{InFlight: len(s.held), Limit: limit, Reserved: len(s.held) < limit}
-	// The retry is until the soonest lease expires; for a reserved
-	// refusal, until as many expire as the request needs to fit.
+	return s.refusal(now, len(s.held), limit, keep)
+}
+
+// refusal is the decision of an Acquire keeping keep refused at now, with
+// held leases not expired under limit: Reserved below the limit, retried
+// at the soonest expiry, or for a reserved refusal when as many leases
+// expire as the request needs to fit. The leases expired at now are
+// passed over, not dropped.
+func (s *Leases) refusal(now int64, held, limit int, keep float64) LeaseDecision {
+	d := LeaseDecision{InFlight: held, Limit: limit, Reserved: held < limit}
 	k := 0
 	if d.Reserved {
-		k = len(s.held) - leaseRoom(limit, keep)
+		k = held - leaseRoom(limit, keep)
 	}
 	var at int64
 	if k == 0 {
 		for _, e := range s.held {
-			if at == 0 || e < at {
+			if e > now && (at == 0 || e < at) {
 				at = e
 			}
 		}
 	} else {
-		exps := make([]int64, 0, len(s.held))
+		exps := make([]int64, 0, held)
 		for _, e := range s.held {
-			exps = append(exps, e)
+			if e > now {
+				exps = append(exps, e)
+			}
 		}
 		slices.Sort(exps)
 		at = exps[k]
@@ -212,7 +221,8 @@ func (s *Leases) AcquireKeeping(now int64, l LeaseLimit, keep float64, member st
 
 // leaseRoom is how many leases a request keeping keep of limit may find
 // held and still take one: limit − ⌊keep × limit⌋, at least 1 since keep
-// < 1. acquire.lua reckons it with the same float64 arithmetic.
+// < 1. acquire.lua and lease_usage.lua reckon it with the same float64
+// arithmetic.
 func leaseRoom(limit int, keep float64) int {
 	if !(keep > 0) {
 		return limit

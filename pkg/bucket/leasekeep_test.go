@@ -114,3 +114,75 @@ func TestMemoryLeasesKeep(t *testing.T) {
 		t.Fatalf("keeping nothing: %+v", d)
 	}
 }
+
+// A usage keeping a class's reserve answers what an Acquire of that class
+// would: allowed while fewer than its room are held; else refused, as
+// reserved below the limit, with the retry of the refused Acquire (until
+// as many leases expire as the class needs to fit). It changes nothing.
+func TestLeasesUsageKeeping(t *testing.T) {
+	l := LeaseLimit{Limit: 20, TTL: time.Second}
+	now := int64(1_000_000)
+	var s Leases
+	held := func(n int) {
+		for i := s.Len(); i < n; i++ {
+			s.AcquireKeeping(now+int64(i)*1000, l, 0, fmt.Sprint(i))
+		}
+	}
+	at := now + 50_000
+	for _, tc := range []struct {
+		held     int
+		keep     float64
+		allowed  bool
+		reserved bool
+	}{
+		{14, 0.25, true, false},
+		{15, 0.25, false, true}, // sheddable's room is 15: the soonest
+		{15, 0.2, true, false},
+		{18, 0.25, false, true}, // the fourth soonest
+		{18, 0.2, false, true},  // the third
+		{18, 0, true, false},
+		{20, 0, false, false}, // the limit's: the soonest
+		{20, 0.25, false, false},
+	} {
+		held(tc.held)
+		u := s.UsageKeeping(at, l, tc.keep)
+		if u.Allowed != tc.allowed || u.Reserved != tc.reserved || u.InFlight != tc.held || u.Limit != 20 ||
+			u.Expires != time.UnixMicro(now+int64(tc.held-1)*1000+1_000_000) {
+			t.Fatalf("%d held, keeping %v: %+v; want allowed %v, reserved %v", tc.held, tc.keep, u, tc.allowed, tc.reserved)
+		}
+		if s.Len() != tc.held {
+			t.Fatalf("the usage changed the set: %d held, want %d", s.Len(), tc.held)
+		}
+		if tc.allowed {
+			if u.RetryAfter != 0 {
+				t.Fatalf("%d held, keeping %v: allowed with a retry: %+v", tc.held, tc.keep, u)
+			}
+			continue
+		}
+		// The Acquire it answers for, refused, changes nothing either.
+		d := s.AcquireKeeping(at, l, tc.keep, "new")
+		if d.Allowed || d.RetryAfter != u.RetryAfter || d.Reserved != u.Reserved {
+			t.Fatalf("%d held, keeping %v: usage %+v, Acquire %+v", tc.held, tc.keep, u, d)
+		}
+	}
+	if u := s.Usage(at, l); u != s.UsageKeeping(at, l, 0) {
+		t.Fatalf("Usage %+v, UsageKeeping of 0 %+v", u, s.UsageKeeping(at, l, 0))
+	}
+}
+
+// Memory's LeaseUsage keeps each request's Keep.
+func TestMemoryLeaseUsageKeep(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	m := NewMemory(WithClock(func() time.Time { return now }))
+	ctx := context.Background()
+	l := LeaseLimit{Limit: 4, TTL: 2 * time.Second}
+	for i := range 3 {
+		if d, err := m.Acquire(ctx, []LeaseRequest{{Rule: "r", Key: "a", Limit: l}}, fmt.Sprint(i)); err != nil || !d[0].Allowed {
+			t.Fatalf("lease %d: %+v, %v", i, d, err)
+		}
+	}
+	u, err := m.LeaseUsage(ctx, []LeaseRequest{{Rule: "r", Key: "a", Limit: l, Keep: 0.25}, {Rule: "r", Key: "a", Limit: l}})
+	if err != nil || u[0].Allowed || !u[0].Reserved || u[0].InFlight != 3 || u[0].RetryAfter != 2*time.Second || !u[1].Allowed {
+		t.Fatalf("keeping a quarter of 4 with 3 held, then nothing: %+v, %v", u, err)
+	}
+}

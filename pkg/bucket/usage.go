@@ -16,7 +16,8 @@ type Usager interface {
 	// reqs.
 	Usage(ctx context.Context, reqs []Request) ([]Decision, error)
 	// LeaseUsage answers, for each request, the leases held now and
-	// whether an Acquire would be allowed (see Leases.Usage).
+	// what an Acquire keeping its Keep would see (see
+	// Leases.UsageKeeping), in the order of reqs.
 	LeaseUsage(ctx context.Context, reqs []LeaseRequest) ([]LeaseDecision, error)
 }
 
@@ -150,27 +151,35 @@ func (l *Limit) usageSlidingLog(st *State, now int64, cost float64) Decision {
 }
 
 // Usage is what an Acquire under l would see at now, without taking a
-// lease or dropping an expired one: Allowed when a new member would get a
-// lease, InFlight the leases held (not expired), RetryAfter when full the
-// time until the soonest expires, and Expires the latest expiry (the zero
-// Time when none is held). Limit is the key's: l.Limit, or its adaptive
-// limit.
+// lease or dropping an expired one: UsageKeeping keeping nothing.
 func (s *Leases) Usage(now int64, l LeaseLimit) LeaseDecision {
-	u := LeaseDecision{Limit: s.limit(now, l)}
-	var soonest, latest int64
+	return s.UsageKeeping(now, l, 0)
+}
+
+// UsageKeeping is what an Acquire of a new member keeping keep (a
+// fraction in [0, 1): see LeaseRequest.Keep) under l would see at now, as
+// AcquireKeeping decides it, without taking a lease or dropping an expired
+// one: Allowed while fewer than room(limit, keep) are held; InFlight the
+// leases held (not expired); when refused, Reserved below the limit and
+// RetryAfter the refused Acquire's (the soonest expiry, or for a reserved
+// refusal until as many expire as the class needs to fit); Expires the
+// latest expiry (the zero Time when none is held). Limit is the key's:
+// l.Limit, or its adaptive limit. The lease usage script computes the
+// same.
+func (s *Leases) UsageKeeping(now int64, l LeaseLimit, keep float64) LeaseDecision {
+	limit := s.limit(now, l)
+	held := 0
+	var latest int64
 	for _, e := range s.held {
 		if e <= now {
 			continue
 		}
-		u.InFlight++
-		if soonest == 0 || e < soonest {
-			soonest = e
-		}
+		held++
 		latest = max(latest, e)
 	}
-	u.Allowed = u.InFlight < u.Limit
+	u := LeaseDecision{Allowed: held < leaseRoom(limit, keep), InFlight: held, Limit: limit}
 	if !u.Allowed {
-		u.RetryAfter = time.Duration(soonest-now) * time.Microsecond
+		u = s.refusal(now, held, limit, keep)
 	}
 	if latest > 0 {
 		u.Expires = time.UnixMicro(latest)
@@ -197,8 +206,9 @@ func (m *Memory) Usage(_ context.Context, reqs []Request) ([]Decision, error) {
 	return out, nil
 }
 
-// LeaseUsage answers the leases each request's key holds now
-// (Leases.Usage), changing nothing. It never returns an error.
+// LeaseUsage answers the leases each request's key holds now, and what an
+// Acquire keeping its Keep would see (Leases.UsageKeeping), changing
+// nothing. It never returns an error.
 func (m *Memory) LeaseUsage(_ context.Context, reqs []LeaseRequest) ([]LeaseDecision, error) {
 	now := m.nowMicros()
 	out := make([]LeaseDecision, len(reqs))
@@ -209,7 +219,7 @@ func (m *Memory) LeaseUsage(_ context.Context, reqs []LeaseRequest) ([]LeaseDeci
 		if s == nil {
 			s = &Leases{}
 		}
-		out[i] = s.Usage(now, r.Limit)
+		out[i] = s.UsageKeeping(now, r.Limit, r.Keep)
 		sh.mu.Unlock()
 	}
 	return out, nil
