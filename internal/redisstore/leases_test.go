@@ -43,14 +43,14 @@ func newLeaseConformance(t *testing.T, client *redis.ClusterClient, name string,
 		usageScript: redis.NewScript(lua.LeaseUsage(lua.FixedClock))}
 }
 
-// usage reads the leases held at now in both, twice, and fails when they
-// differ: the steps after it hold the Lua state to the Go one, which
-// Usage does not change.
+// usage reads the leases held at now in both, for an Acquire keeping
+// c.keep, twice, and fails when they differ: the steps after it hold the
+// Lua state to the Go one, which a usage does not change.
 func (c *leaseConformance) usage(step int, now int64) bucket.LeaseDecision {
 	c.t.Helper()
-	want := c.st.Usage(now, c.lim)
+	want := c.st.UsageKeeping(now, c.lim, c.keep)
 	for range 2 {
-		args := append(LeaseUsageArgs([]bucket.LeaseRequest{{Limit: c.lim}}), strconv.FormatInt(now, 10))
+		args := append(LeaseUsageArgs([]bucket.LeaseRequest{{Limit: c.lim, Keep: c.keep}}), strconv.FormatInt(now, 10))
 		res, err := c.usageScript.Run(c.ctx, c.client, []string{c.key, c.akey}, args...).Slice()
 		if err != nil {
 			c.t.Fatalf("step %d: lease usage: %v", step, err)
@@ -156,7 +156,7 @@ func TestLeaseConformance(t *testing.T) {
 			now := time.Now().UnixMicro()
 			ttl := tc.lim.TTL.Microseconds()
 			members := 2*tc.lim.Limit + 2
-			acquired, refused, gone, full, reserved := 0, 0, 0, 0, 0
+			acquired, refused, gone, full, reserved, usageReserved := 0, 0, 0, 0, 0, 0
 			limits := map[int]bool{}
 			for step := range tc.steps {
 				if a := tc.lim.Adaptive; a.On() {
@@ -193,18 +193,23 @@ func TestLeaseConformance(t *testing.T) {
 					}
 					now += ttl // exactly the lease length: an expiry at now is gone
 				}
-				if rng.IntN(3) == 0 {
-					if u := cf.usage(step, now); !u.Allowed {
-						full++
-					}
-				}
 				if len(tc.keeps) > 0 {
 					// Phases of 200 steps: every acquire keeps nothing, no
 					// lease expires all at once (the set fills, an adaptive
-					// limit grows), then each keeps one of tc.keeps.
+					// limit grows), then each, and the usage before it,
+					// keeps one of tc.keeps.
 					cf.keep = 0
 					if (step/200)%2 == 1 {
 						cf.keep = tc.keeps[rng.IntN(len(tc.keeps))]
+					}
+				}
+				if rng.IntN(3) == 0 {
+					switch u := cf.usage(step, now); {
+					case u.Reserved:
+						usageReserved++
+						fallthrough
+					case !u.Allowed:
+						full++
 					}
 				}
 				m := fmt.Sprintf("m%d", rng.IntN(members))
@@ -229,8 +234,9 @@ func TestLeaseConformance(t *testing.T) {
 			}
 			// The limit moved both ways (only one when the steps forget it
 			// often).
-			if len(tc.keeps) > 0 && (reserved == 0 || reserved == refused) {
-				t.Fatalf("the steps did not cover both refusals: %d refused, %d of them for the reserve", refused, reserved)
+			if len(tc.keeps) > 0 && (reserved == 0 || reserved == refused || usageReserved == 0 || usageReserved == full) {
+				t.Fatalf("the steps did not cover both refusals: %d refused, %d of them for the reserve; %d usages refused, %d of them for the reserve",
+					refused, reserved, full, usageReserved)
 			}
 			if seen := slices.Sorted(maps.Keys(limits)); tc.lim.Adaptive.On() && (len(seen) < 2 || tc.lim.TTL < bucket.AdaptiveTTL && (seen[0] >= tc.lim.Limit || seen[len(seen)-1] <= tc.lim.Limit)) {
 				t.Fatalf("the adaptive limit did not move both ways from %d: %v", tc.lim.Limit, seen)

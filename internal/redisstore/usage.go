@@ -58,8 +58,9 @@ func (s *Store) Usage(ctx context.Context, reqs []bucket.Request) ([]bucket.Deci
 	return out, nil
 }
 
-// LeaseUsage answers, per request, the leases its key holds now
-// (bucket.Leases.Usage), changing nothing.
+// LeaseUsage answers, per request, the leases its key holds now and what
+// an Acquire keeping its Keep would see (bucket.Leases.UsageKeeping),
+// changing nothing.
 func (s *Store) LeaseUsage(ctx context.Context, reqs []bucket.LeaseRequest) ([]bucket.LeaseDecision, error) {
 	if len(reqs) == 0 {
 		return nil, nil
@@ -93,18 +94,23 @@ func (s *Store) LeaseUsage(ctx context.Context, reqs []bucket.LeaseRequest) ([]b
 }
 
 // LeaseUsageArgs are the lease usage script's arguments of reqs (keys of
-// one client).
+// one client): each request's limit and adaptive range, then each one's
+// Keep, in the shortest form that reads back the same float64.
 func LeaseUsageArgs(reqs []bucket.LeaseRequest) []any {
-	args := make([]any, 0, 3*len(reqs))
+	args := make([]any, 0, 4*len(reqs))
 	for _, r := range reqs {
 		args = append(args, strconv.Itoa(r.Limit.Limit), strconv.Itoa(r.Limit.Adaptive.Min), strconv.Itoa(r.Limit.Adaptive.Max))
+	}
+	for _, r := range reqs {
+		args = append(args, strconv.FormatFloat(r.Keep, 'g', -1, 64))
 	}
 	return args
 }
 
-// leaseUsage reads the lease usage script's reply for key k: allowed,
-// held, retry (µs), the latest expiry (µs since the epoch, 0 for none) and
-// the key's limit.
+// leaseUsage reads the lease usage script's reply for key k: allowed (1;
+// 0 refused at the limit, 2 refused for what the class keeps), held,
+// retry (µs), the latest expiry (µs since the epoch, 0 for none) and the
+// key's limit.
 func leaseUsage(res []any, k int) (bucket.LeaseDecision, error) {
 	var v [5]int64
 	for i := range v {
@@ -114,7 +120,7 @@ func leaseUsage(res []any, k int) (bucket.LeaseDecision, error) {
 		}
 		v[i] = n
 	}
-	d := bucket.LeaseDecision{Allowed: v[0] == 1, InFlight: int(v[1]), Limit: int(v[4]), RetryAfter: time.Duration(v[2]) * time.Microsecond}
+	d := bucket.LeaseDecision{Allowed: v[0] == 1, Reserved: v[0] == 2, InFlight: int(v[1]), Limit: int(v[4]), RetryAfter: time.Duration(v[2]) * time.Microsecond}
 	if v[3] > 0 {
 		d.Expires = time.UnixMicro(v[3])
 	}

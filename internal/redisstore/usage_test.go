@@ -91,4 +91,17 @@ func TestStoreUsage(t *testing.T) {
 	if n, _ := s.Client().Exists(ctx, LeaseKey("uc", "other")).Result(); n != 0 {
 		t.Errorf("lease usage made the key")
 	}
+	// Keeping half of a limit of 4 with 2 held: refused for the reserve,
+	// retried when the soonest expires; keeping a quarter: allowed.
+	wide := bucket.LeaseLimit{Limit: 4, TTL: time.Minute}
+	lu, err = s.LeaseUsage(ctx, []bucket.LeaseRequest{{Rule: "uc", Key: "client", Limit: wide, Keep: 0.5}, {Rule: "uc", Key: "client", Limit: wide, Keep: 0.25}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lu[0].Allowed || !lu[0].Reserved || lu[0].InFlight != 2 || lu[0].Limit != 4 || lu[0].RetryAfter <= 0 || lu[0].RetryAfter > time.Minute {
+		t.Errorf("keeping half of 4 with 2 held: %+v", lu[0])
+	}
+	if !lu[1].Allowed || lu[1].Reserved || lu[1].RetryAfter != 0 {
+		t.Errorf("keeping a quarter of 4 with 2 held: %+v", lu[1])
+	}
 }
