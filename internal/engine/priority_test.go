@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/engine/request"
+	"github.com/limiterd/limiterd/internal/engine/usage"
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -466,5 +467,135 @@ limiter_priority_decisions_total{class="sheddable",result="reserved"} 1
 	var ie *request.InvalidError
 	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &ie) || ie.Field != "priority" {
 		t.Fatalf("SetPriority of a long class = %v, want an InvalidError naming priority", err)
+	}
+}
+
+// TestPriorityLeaseUsage: a usage of a concurrency rule with a reserve
+// answers what an Acquire of its class would see: leases free out of its
+// class's room, refused as reserved where only the reserve of a more
+// important class is left, with the retry of such an Acquire; the limit
+// is the key's, adaptive or not, and the leases held whatever the class.
+func TestPriorityLeaseUsage(t *testing.T) {
+	set, err := rules.Parse("leases.yml", []byte(`
+rules:
+  - id: inflight
+    algorithm: concurrency
+    limit: 20
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+  - id: adaptive
+    algorithm: concurrency
+    limit: 10
+    key_by: global
+    adaptive: {min: 2, max: 20, target_latency: 10ms}
+    reserve: {critical: 0.2, default: 0.05}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	acquire := func(rule, class string) (bool, *request.Item, string) {
+		t.Helper()
+		c := e.NewAcquire()
+		if err := c.SetPriority(class); err != nil {
+			t.Fatal(err)
+		}
+		it, err := c.AddRule(rule, "global", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok, l, err := e.Acquire(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return false, it, ""
+		}
+		return true, it, l.ID
+	}
+	read := func(rule, class string) *usage.Item {
+		t.Helper()
+		u := e.NewUsage()
+		if class != "-" {
+			if err := u.SetPriority(class); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := u.AddRule(rule, "global", 0); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Usage(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		return u.Items()[0]
+	}
+	// 15 of inflight's 20 held: sheddable's room (20 - 5).
+	for range 15 {
+		if ok, _, _ := acquire("inflight", "sheddable"); !ok {
+			t.Fatal("sheddable lease refused below its room")
+		}
+	}
+	// 7 of adaptive's, whose limit a failure cut from 10 to 9: sheddable's
+	// room is 9 - 2.
+	var ids []string
+	for range 8 {
+		ok, _, id := acquire("adaptive", "critical")
+		if !ok {
+			t.Fatal("critical lease of the adaptive rule refused")
+		}
+		ids = append(ids, id)
+	}
+	if ok, err := e.Concurrency().Release(ctx, ids[0], &bucket.LeaseSample{Failed: true}); err != nil || !ok {
+		t.Fatalf("release of a failed request: %v, %v", ok, err)
+	}
+	for _, step := range []struct {
+		rule      string
+		class     string
+		limit     float64
+		held      int
+		remaining float64
+		allowed   bool
+		reserved  bool
+	}{
+		{"inflight", "sheddable", 20, 15, 0, false, true},
+		{"inflight", "default", 20, 15, 1, true, false},
+		{"inflight", "-", 20, 15, 1, true, false}, // no class: default
+		{"inflight", "critical", 20, 15, 5, true, false},
+		{"adaptive", "sheddable", 9, 7, 0, false, true},
+		{"adaptive", "default", 9, 7, 1, true, false},
+		{"adaptive", "critical", 9, 7, 2, true, false},
+	} {
+		it := read(step.rule, step.class)
+		d := it.Usage
+		if d.Allowed != step.allowed || d.Reserved != step.reserved || d.Limit != step.limit || d.Remaining != step.remaining || it.Held() != step.held {
+			t.Fatalf("%s as %q: %+v, %d held; want allowed %v, reserved %v, %v of %v left, %d held",
+				step.rule, step.class, d, it.Held(), step.allowed, step.reserved, step.remaining, step.limit, step.held)
+		}
+		if d.Allowed {
+			if d.RetryAfter != 0 {
+				t.Fatalf("%s as %q: allowed with a retry: %+v", step.rule, step.class, d)
+			}
+			continue
+		}
+		// An Acquire refused holds nothing: it answers as the usage did.
+		ok, lit, _ := acquire(step.rule, strings.Trim(step.class, "-"))
+		if ok || lit.Decision.Reserved != d.Reserved || (d.RetryAfter-lit.Decision.RetryAfter).Abs() > time.Millisecond || d.RetryAfter <= 0 {
+			t.Fatalf("%s: usage as %q said %+v, an Acquire then %v with %+v", step.rule, step.class, d, ok, lit.Decision)
+		}
+	}
+	// At the limit every class is refused by it, none for a reserve.
+	for range 5 {
+		if ok, _, _ := acquire("inflight", "critical"); !ok {
+			t.Fatal("critical lease refused below the limit")
+		}
+	}
+	for _, class := range []string{"critical", "sheddable"} {
+		if it := read("inflight", class); it.Usage.Allowed || it.Usage.Reserved || it.Usage.Remaining != 0 || it.Held() != 20 || it.Usage.RetryAfter <= 0 {
+			t.Fatalf("inflight full, as %q: %+v, %d held", class, it.Usage, it.Held())
+		}
 	}
 }

@@ -171,13 +171,13 @@ func (s *Leases) Acquire(now int64, l LeaseLimit, member string) LeaseDecision {
 // AcquireKeeping is Acquire for a request that keeps keep (a fraction in
 // [0, 1): see LeaseRequest.Keep) of the key's limit for more important
 // priority classes: a new member takes a lease only while fewer than
-// room(limit, keep) are held. A refusal with fewer than the limit held is
+// LeaseRoom(limit, keep) are held. A refusal with fewer than the limit held is
 // Reserved, retried when enough leases expire for it to fit.
 func (s *Leases) AcquireKeeping(now int64, l LeaseLimit, keep float64, member string) LeaseDecision {
 	s.trim(now)
 	exp := now + l.TTL.Microseconds()
 	limit := s.limit(now, l)
-	if _, ok := s.held[member]; ok || len(s.held) < leaseRoom(limit, keep) {
+	if _, ok := s.held[member]; ok || len(s.held) < LeaseRoom(limit, keep) {
 		if s.held == nil {
 			s.held = make(map[string]int64)
 		}
@@ -196,7 +196,7 @@ func (s *Leases) refusal(now int64, held, limit int, keep float64) LeaseDecision
 	d := LeaseDecision{InFlight: held, Limit: limit, Reserved: held < limit}
 	k := 0
 	if d.Reserved {
-		k = held - leaseRoom(limit, keep)
+		k = held - LeaseRoom(limit, keep)
 	}
 	var at int64
 	if k == 0 {
@@ -219,11 +219,11 @@ func (s *Leases) refusal(now int64, held, limit int, keep float64) LeaseDecision
 	return d
 }
 
-// leaseRoom is how many leases a request keeping keep of limit may find
-// held and still take one: limit − ⌊keep × limit⌋, at least 1 since keep
-// < 1. acquire.lua and lease_usage.lua reckon it with the same float64
-// arithmetic.
-func leaseRoom(limit int, keep float64) int {
+// LeaseRoom is how many leases a request keeping keep (a fraction in
+// [0, 1): see LeaseRequest.Keep) of limit may find held and still take
+// one: limit − ⌊keep × limit⌋, at least 1 since keep < 1. acquire.lua and
+// lease_usage.lua reckon it with the same float64 arithmetic.
+func LeaseRoom(limit int, keep float64) int {
 	if !(keep > 0) {
 		return limit
 	}
@@ -235,7 +235,7 @@ func leaseRoom(limit int, keep float64) int {
 func (s *Leases) admits(now int64, l LeaseLimit, keep float64, member string) bool {
 	s.trim(now)
 	_, ok := s.held[member]
-	return ok || len(s.held) < leaseRoom(s.limit(now, l), keep)
+	return ok || len(s.held) < LeaseRoom(s.limit(now, l), keep)
 }
 
 // Release drops member's lease; it reports whether it was held. When it

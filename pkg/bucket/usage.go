@@ -159,7 +159,7 @@ func (s *Leases) Usage(now int64, l LeaseLimit) LeaseDecision {
 // UsageKeeping is what an Acquire of a new member keeping keep (a
 // fraction in [0, 1): see LeaseRequest.Keep) under l would see at now, as
 // AcquireKeeping decides it, without taking a lease or dropping an expired
-// one: Allowed while fewer than room(limit, keep) are held; InFlight the
+// one: Allowed while fewer than LeaseRoom(limit, keep) are held; InFlight the
 // leases held (not expired); when refused, Reserved below the limit and
 // RetryAfter the refused Acquire's (the soonest expiry, or for a reserved
 // refusal until as many expire as the class needs to fit); Expires the
@@ -177,7 +177,7 @@ func (s *Leases) UsageKeeping(now int64, l LeaseLimit, keep float64) LeaseDecisi
 		held++
 		latest = max(latest, e)
 	}
-	u := LeaseDecision{Allowed: held < leaseRoom(limit, keep), InFlight: held, Limit: limit}
+	u := LeaseDecision{Allowed: held < LeaseRoom(limit, keep), InFlight: held, Limit: limit}
 	if !u.Allowed {
 		u = s.refusal(now, held, limit, keep)
 	}

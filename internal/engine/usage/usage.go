@@ -28,23 +28,29 @@ var ErrUnavailable = errors.New("usage not read: the store or the key's home reg
 
 // Item is one rule of a usage request: the bucket (or lease set) of Key
 // under its rule, read for a check of Cost. After Read, Usage holds what
-// such a check would see (see bucket.Limit.Usage): Remaining before any
-// spend; for a concurrency rule, Remaining is the leases free, Limit the
-// rule's limit, Allowed whether an Acquire would hold one, RetryAfter when
-// full the time until the soonest lease expires, and ResetAfter the time
-// until the latest does.
+// such a check would see (see bucket.Limit.UsageKeeping): Remaining before
+// any spend. For a concurrency rule it is what an Acquire of the request's
+// class would see (bucket.Leases.UsageKeeping): Limit is the key's limit
+// (adaptive or the rule's), Remaining the leases free out of the room its
+// class may take (bucket.LeaseRoom), Allowed whether the Acquire would
+// hold one; when not, Reserved says it is refused only for what the class
+// keeps, and RetryAfter is the time until the soonest lease expires, or
+// for a reserved refusal until as many expire as the class needs to fit;
+// ResetAfter is the time until the latest expires.
 type Item struct {
 	Entry *request.Entry
 	Key   string
 	Cost  float64
 	Usage bucket.Decision
+	// held is a concurrency rule's leases held.
+	held int
 }
 
 // Rule is the item's rule.
 func (it *Item) Rule() *rules.Rule { return it.Entry.Rule }
 
-// Held is the leases a concurrency rule's key holds (Limit less Remaining).
-func (it *Item) Held() int { return int(it.Usage.Limit - it.Usage.Remaining) }
+// Held is the leases a concurrency rule's key holds, whatever the class.
+func (it *Item) Held() int { return it.held }
 
 // Request is the rules of one usage request, by rule id or by attributes,
 // validated as a check's are. Build it with NewRequest and its Add methods.
@@ -65,9 +71,11 @@ func NewRequest(t *request.Table, m *metrics.Metrics) *Request {
 // would see it: one of the table's classes, or its default class for an
 // empty or unknown name (the default until set). A token bucket or GCRA
 // rule with a reserve then allows only what the class may spend, and its
-// retry is until the class fits (bucket.Limit.UsageKeeping). A name
-// longer than rules.MaxClassLen bytes is an *request.InvalidError naming
-// priority, counted as a check's are.
+// retry is until the class fits (bucket.Limit.UsageKeeping); a
+// concurrency rule with a reserve answers as an Acquire of the class, its
+// remaining the leases free out of the class's room
+// (bucket.Leases.UsageKeeping). A name longer than rules.MaxClassLen bytes
+// is an *request.InvalidError naming priority, counted as a check's are.
 func (u *Request) SetPriority(name string) error { return u.r.SetPriority(name) }
 
 // FromPeer marks the request as forwarded by a peer region: its keys are
@@ -218,22 +226,24 @@ func (r *Reader) Read(ctx context.Context, ts *homes.State, u *Request) error {
 	if len(conc) > 0 {
 		reqs := make([]bucket.LeaseRequest, len(conc))
 		for i, it := range conc {
-			reqs[i] = bucket.LeaseRequest{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.For(it.Key).Leases}
+			reqs[i] = bucket.LeaseRequest{Rule: it.Entry.Rule.ID, Key: it.Key, Limit: it.Entry.For(it.Key).Leases, Keep: it.Entry.Keep(u.r.Class)}
 		}
 		ds, err := r.Store.LeaseUsage(ctx, reqs)
 		if err != nil {
 			return fmt.Errorf("%w: store: %w", ErrUnavailable, err)
 		}
 		for i, it := range conc {
-			it.Usage = leaseUsage(ds[i])
+			it.Usage, it.held = leaseUsage(ds[i], reqs[i].Keep), ds[i].InFlight
 		}
 	}
 	return nil
 }
 
-// leaseUsage is a lease set's usage as a Decision (see Item).
-func leaseUsage(d bucket.LeaseDecision) bucket.Decision {
-	u := bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(d.Limit-d.InFlight, 0)), Limit: float64(d.Limit), RetryAfter: d.RetryAfter}
+// leaseUsage is a lease set's usage, for an Acquire keeping keep, as a
+// Decision (see Item).
+func leaseUsage(d bucket.LeaseDecision, keep float64) bucket.Decision {
+	u := bucket.Decision{Allowed: d.Allowed, Remaining: float64(max(bucket.LeaseRoom(d.Limit, keep)-d.InFlight, 0)), Limit: float64(d.Limit),
+		RetryAfter: d.RetryAfter, Reserved: d.Reserved}
 	if !d.Expires.IsZero() {
 		u.ResetAfter = max(time.Until(d.Expires), 0)
 	}
@@ -276,6 +286,11 @@ func (r *Reader) atHome(ctx context.Context, ts *homes.State, home string, items
 	}
 	for i, it := range items {
 		it.Usage = ds[i]
+		if it.Entry.Rule.Concurrent() {
+			// A pinned rule keeps no reserve: the home's leases free are
+			// of the whole limit.
+			it.held = int(ds[i].Limit - ds[i].Remaining)
+		}
 	}
 	return nil
 }
