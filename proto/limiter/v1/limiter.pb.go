@@ -93,7 +93,12 @@ type GetUsageRequest struct {
 	// priority: empty or not configured, default. A token bucket or GCRA
 	// rule's reserve then says allowed false where only the reserves of the
 	// classes above this one are left, and retry_after_ms is until this
-	// class fits; remaining is the bucket's, whatever the class.
+	// class fits; remaining is the bucket's, whatever the class. A
+	// concurrency rule's reserve answers as an Acquire of this class:
+	// remaining is the leases free out of what the class may hold (the
+	// limit less what it keeps), allowed false when none is, and
+	// retry_after_ms until as many leases expire as the class needs to fit;
+	// in_flight is the leases held, whatever the class.
 	Priority      string `protobuf:"bytes,5,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -217,10 +222,12 @@ type RuleUsage struct {
 	// The key the rule counts against.
 	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
 	// Whether a check of the request's cost would pass now. For a
-	// concurrency rule: whether an Acquire would hold a lease.
+	// concurrency rule: whether an Acquire of the request's priority class
+	// would hold a lease; false with in_flight below limit, it would be
+	// refused only for the reserve of the classes above it (RESERVED).
 	Allowed bool `protobuf:"varint,3,opt,name=allowed,proto3" json:"allowed,omitempty"`
 	// Tokens (or requests) left now, before any spend. For a concurrency
-	// rule: leases free.
+	// rule: leases free for the request's priority class.
 	Remaining float64 `protobuf:"fixed64,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
 	// The rule's capacity, or a concurrency rule's limit.
 	Limit float64 `protobuf:"fixed64,5,opt,name=limit,proto3" json:"limit,omitempty"`
