@@ -74,7 +74,8 @@ func TestPriorityCheck(t *testing.T) {
 // TestPriorityAcquire: over gRPC, an Acquire's priority picks what it
 // keeps of a concurrency rule's reserve: a refusal for the reserve alone
 // answers reason RESERVED with a retry, one at the limit LIMIT; a class
-// name over 32 bytes is INVALID_ARGUMENT naming priority.
+// name over 32 bytes is INVALID_ARGUMENT naming priority. GetUsage answers
+// as an Acquire of its priority: the leases free for the class.
 func TestPriorityAcquire(t *testing.T) {
 	d := startDaemon(t, nil, func(o *Options) {
 		o.Rules.File = writeRules(t, `rules:
@@ -109,6 +110,26 @@ func TestPriorityAcquire(t *testing.T) {
 			if resp.GetAllowed() != step.allowed || resp.GetReason() != step.reason || !step.allowed && resp.GetRetryAfterMs() <= 0 {
 				t.Fatalf("step %d (%q): %v; want allowed %v, reason %v", i, step.priority, resp, step.allowed, step.reason)
 			}
+		}
+	}
+	// 5 of another key's 10 held: bulk's room (10 - 3 - 2).
+	for range 5 {
+		if resp, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "other", Priority: "bulk"}); err != nil || !resp.GetAllowed() {
+			t.Fatalf("bulk lease of other: %v, %v", resp, err)
+		}
+	}
+	for _, u := range []struct {
+		priority  string
+		allowed   bool
+		remaining float64
+	}{{"bulk", false, 0}, {"", true, 2}, {"gold", true, 5}} {
+		resp, err := client.GetUsage(context.Background(), &limiterv1.GetUsageRequest{RuleId: "inflight", Key: "other", Priority: u.priority})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ru := resp.GetUsages()[0]
+		if ru.GetAllowed() != u.allowed || ru.GetRemaining() != u.remaining || ru.GetInFlight() != 5 || ru.GetLimit() != 10 || !u.allowed && ru.GetRetryAfterMs() <= 0 {
+			t.Fatalf("usage as %q: %v; want allowed %v, %v left, 5 in flight of 10", u.priority, ru, u.allowed, u.remaining)
 		}
 	}
 	_, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "all", Priority: strings.Repeat("g", 33)})
