@@ -164,3 +164,60 @@ func TestCountRefusals(t *testing.T) {
 		t.Errorf("top refused keys of api %v, want %v", keys, want)
 	}
 }
+
+// TestCountAcquires: an Acquire is counted by its class as a check is:
+// allowed; limited when a lease or a rate rule refused it at a limit;
+// reserved when what refused it was only its class's reserve, of a lease
+// or of a rate rule.
+func TestCountAcquires(t *testing.T) {
+	ta, tb, _ := newTally(t, tallyRules+`  - id: inflight
+    algorithm: concurrency
+    limit: 10
+    reserve: {critical: 0.2, default: 0.05}
+`, 1, false)
+	lease := func(allowed, reserved bool) *request.Item {
+		it := item(tb, "inflight", "k", 1, request.RouteStore, allowed)
+		it.Decision.Reserved = reserved
+		return it
+	}
+	rate := func(allowed, reserved bool) []*request.Item {
+		it := item(tb, "api", "k", 1, request.RouteStore, allowed)
+		it.Decision.Reserved = reserved
+		return []*request.Item{it}
+	}
+	for _, c := range []struct {
+		class   string
+		leased  *request.Item
+		enforce []*request.Item
+		allowed bool
+	}{
+		{"sheddable", lease(true, false), nil, true},
+		{"sheddable", lease(true, false), rate(true, false), true},
+		{"sheddable", lease(false, true), nil, false},
+		{"sheddable", lease(true, false), rate(false, true), false},
+		{"default", lease(false, false), nil, false},
+		{"default", lease(true, false), rate(false, false), false},
+		{"critical", lease(true, false), nil, true},
+	} {
+		req := &request.Request{Table: tb, Metrics: ta.Metrics, Leased: []*request.Item{c.leased}, Enforce: c.enforce}
+		if err := req.SetPriority(c.class); err != nil {
+			t.Fatal(err)
+		}
+		ta.Count(req, c.allowed)
+	}
+	for _, want := range []struct {
+		class, result string
+		n             float64
+	}{
+		{"sheddable", metrics.PriorityAllowed, 2},
+		{"sheddable", metrics.PriorityReserved, 2},
+		{"sheddable", metrics.PriorityLimited, 0},
+		{"default", metrics.PriorityLimited, 2},
+		{"default", metrics.PriorityReserved, 0},
+		{"critical", metrics.PriorityAllowed, 1},
+	} {
+		if got := testutil.ToFloat64(ta.Metrics.PriorityDecisions.WithLabelValues(want.class, want.result)); got != want.n {
+			t.Errorf("limiter_priority_decisions_total{class=%q,result=%q} = %v, want %v", want.class, want.result, got, want.n)
+		}
+	}
+}
