@@ -91,7 +91,7 @@ func TestPriorityReserve(t *testing.T) {
 		}
 	}
 	want := `
-# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
 # TYPE limiter_priority_decisions_total counter
 limiter_priority_decisions_total{class="critical",result="allowed"} 1
 limiter_priority_decisions_total{class="critical",result="limited"} 1
@@ -295,7 +295,7 @@ rules:
 		t.Fatal("critical refused with 20 left")
 	}
 	want := `
-# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
 # TYPE limiter_priority_decisions_total counter
 limiter_priority_decisions_total{class="critical",result="allowed"} 2
 limiter_priority_decisions_total{class="critical",result="limited"} 0
@@ -448,7 +448,7 @@ rules:
 	}
 	// A lease refused for the reserve counts as reserved.
 	want := `
-# HELP limiter_priority_decisions_total Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
 # TYPE limiter_priority_decisions_total counter
 limiter_priority_decisions_total{class="critical",result="allowed"} 85
 limiter_priority_decisions_total{class="critical",result="limited"} 1

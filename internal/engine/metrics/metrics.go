@@ -94,13 +94,14 @@ type Metrics struct {
 	Paced         *prometheus.CounterVec
 	PacedWait     *prometheus.HistogramVec
 	Settlements   *prometheus.CounterVec
-	// PriorityDecisions count decided checks by priority class and
-	// result (PriorityResults).
+	// PriorityDecisions count decided checks and Acquires by priority
+	// class and result (PriorityResults).
 	PriorityDecisions *prometheus.CounterVec
 }
 
-// Results of limiter_priority_decisions_total: a check allowed, refused
-// by a limit, or refused only for the reserves its class keeps.
+// Results of limiter_priority_decisions_total: a check or an Acquire
+// allowed, refused by a limit, or refused only for the reserves its class
+// keeps (of a rate rule, or of a concurrency rule's leases).
 const (
 	PriorityAllowed  = "allowed"
 	PriorityLimited  = "limited"
@@ -111,7 +112,7 @@ const (
 var PriorityResults = []string{PriorityAllowed, PriorityLimited, PriorityReserved}
 
 // Classes makes the series of limiter_priority_decisions_total for the
-// configured classes, so that each reads 0 before its first check: its
+// configured classes, so that each reads 0 before its first decision: its
 // class label takes no other values.
 func (m *Metrics) Classes(names []string) {
 	for _, c := range names {
@@ -222,7 +223,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		Handoffs: newHandoffMetric(),
 		PriorityDecisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "limiter_priority_decisions_total",
-			Help: "Checks decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).",
+			Help: "Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).",
 		}, []string{"class", "result"}),
 		Duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_check_duration_seconds",

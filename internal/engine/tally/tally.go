@@ -2,8 +2,8 @@
 // where they were decided (this region's store, a home region, a token
 // lease, the fallback, the deny cache), paced checks and their waits, the
 // keys refused most (topkeys), and the spends reconciled rules admitted,
-// for the other regions (SpendRecorder). The engine counts each check
-// once it is decided (Tally.Count).
+// for the other regions (SpendRecorder). The engine counts each check and
+// each Acquire once it is decided (Tally.Count).
 package tally
 
 import (
@@ -21,8 +21,8 @@ type SpendRecorder interface {
 	Add(rule, key string, cost, budget float64, admittedMicros int64)
 }
 
-// Tally counts decided checks. Metrics, Top and Fleet are required;
-// Spends, when nil, records nothing.
+// Tally counts decided checks and Acquires. Metrics, Top and Fleet are
+// required; Spends, when nil, records nothing.
 type Tally struct {
 	Metrics *metrics.Metrics
 	Top     *topkeys.Tracker
@@ -35,8 +35,11 @@ type Tally struct {
 	KeyAffinity bool
 }
 
-// Count updates the metrics of c, decided (allowed or not), and records
-// what it admitted for the other regions.
+// Count updates the metrics of c, a check or an Acquire decided (allowed
+// or not), and records what it admitted for the other regions: its class
+// and result in limiter_priority_decisions_total (reserved when only the
+// reserves its class keeps refused it, of a lease or a rate rule), and
+// each rate rule's decision.
 func (t *Tally) Count(c *request.Request, allowed bool) {
 	result := metrics.PriorityAllowed
 	switch {
