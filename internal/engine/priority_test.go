@@ -3,7 +3,10 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/limiterd/limiterd/internal/engine/concurrency"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/usage"
 	"github.com/limiterd/limiterd/internal/rules"
@@ -30,14 +34,41 @@ rules:
     window: 1h
 `
 
-func priorityEngine(t *testing.T, opts Options) (*Engine, *prometheus.Registry) {
+// leaseRules are concurrency rules with a reserve, one adaptive, and a
+// rate rule with one, each matching its own path.
+const leaseRules = `
+rules:
+  - id: inflight
+    algorithm: concurrency
+    limit: 20
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /search}
+  - id: adaptive
+    algorithm: concurrency
+    limit: 10
+    key_by: global
+    adaptive: {min: 2, max: 20, target_latency: 10ms}
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /adaptive}
+  - id: shed
+    capacity: 100
+    refill_per_second: 0.001
+    key_by: global
+    reserve: {critical: 0.2, default: 0.05}
+    match: {path: /rate}
+`
+
+// classEngine is an engine of region local on a memory store under the
+// rules of yaml and opts, and its metrics' registry.
+func classEngine(t *testing.T, yaml string, opts Options) (*Engine, *prometheus.Registry) {
 	t.Helper()
-	set, err := rules.Parse("priority.yml", []byte(priorityRules))
+	set, err := rules.Parse("priority.yml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	opts.Store, opts.Logger = newFaultStore(), quietLogger()
+	opts.Store, opts.Region, opts.Logger = newFaultStore(), "local", quietLogger()
 	e, err := New(opts, set, reg)
 	if err != nil {
 		t.Fatal(err)
@@ -45,18 +76,32 @@ func priorityEngine(t *testing.T, opts Options) (*Engine, *prometheus.Registry) 
 	return e, reg
 }
 
-// priorityCheck checks rules shed and plain for key by class.
-func priorityCheck(t *testing.T, e *Engine, class string, cost float64) (*request.Check, bool) {
+// setClass sets the priority class of a check, an Acquire or a usage;
+// "-" leaves it unset.
+func setClass(t *testing.T, r interface{ SetPriority(string) error }, class string) {
+	t.Helper()
+	if class == "-" {
+		return
+	}
+	if err := r.SetPriority(class); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkAs decides a check as class ("-": none set) of rule shed at cost
+// and of each rule of also at 1, for key global (shed's key of an
+// Acquire, keyed by global).
+func checkAs(t *testing.T, e *Engine, class string, cost float64, also ...string) (*request.Check, bool) {
 	t.Helper()
 	c := e.NewCheck()
-	if err := c.SetPriority(class); err != nil {
+	setClass(t, c, class)
+	if _, err := c.AddRule("shed", "global", cost); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.AddRule("shed", "all", cost); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.AddRule("plain", "all", 1); err != nil {
-		t.Fatal(err)
+	for _, rule := range also {
+		if _, err := c.AddRule(rule, "global", 1); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ok, err := e.Decide(context.Background(), c)
 	if err != nil {
@@ -65,18 +110,90 @@ func priorityCheck(t *testing.T, e *Engine, class string, cost float64) (*reques
 	return c, ok
 }
 
+// priorityCheck checks rules shed and plain by class.
+func priorityCheck(t *testing.T, e *Engine, class string, cost float64) (*request.Check, bool) {
+	t.Helper()
+	return checkAs(t, e, class, cost, "plain")
+}
+
+// acquireAs decides an Acquire as class ("-": none set) of the rules
+// matching path; an allowed one holds its leases until released.
+func acquireAs(t *testing.T, e *Engine, class, path string) (bool, *concurrency.Acquire, *concurrency.Lease) {
+	t.Helper()
+	c := e.NewAcquire()
+	setClass(t, c, class)
+	if _, _, err := c.AddAttributes(&rules.Attributes{Path: path}, 1); err != nil {
+		t.Fatal(err)
+	}
+	ok, l, err := e.Acquire(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok, c, l
+}
+
+// usageAs reads rule's usage of key as class ("-": none set) for a check
+// of cost.
+func usageAs(t *testing.T, e *Engine, class, rule, key string, cost float64) *usage.Item {
+	t.Helper()
+	u := e.NewUsage()
+	setClass(t, u, class)
+	if _, err := u.AddRule(rule, key, cost); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Usage(context.Background(), u); err != nil {
+		t.Fatal(err)
+	}
+	return u.Items()[0]
+}
+
+// wantDecisions holds limiter_priority_decisions_total, its help
+// included, to want: per class, its allowed, limited and reserved
+// decisions.
+func wantDecisions(t *testing.T, reg *prometheus.Registry, want map[string][3]int) {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString(`
+# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
+# TYPE limiter_priority_decisions_total counter
+`)
+	for _, class := range slices.Sorted(maps.Keys(want)) {
+		for i, result := range []string{"allowed", "limited", "reserved"} {
+			fmt.Fprintf(&b, "limiter_priority_decisions_total{class=%q,result=%q} %d\n", class, result, want[class][i])
+		}
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(b.String()), "limiter_priority_decisions_total"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// checkStep is a check of shed at cost, and of plain, as class: allowed
+// or not, and refused only for a reserve or not.
+type checkStep struct {
+	class    string
+	cost     float64
+	allowed  bool
+	reserved bool
+}
+
+// checkSteps decides steps in order through priorityCheck.
+func checkSteps(t *testing.T, e *Engine, steps []checkStep) {
+	t.Helper()
+	for _, step := range steps {
+		c, ok := priorityCheck(t, e, step.class, step.cost)
+		if ok != step.allowed || c.Reserved() != step.reserved {
+			t.Fatalf("%q cost %v: allowed %v, reserved %v; want %v, %v", step.class, step.cost, ok, c.Reserved(), step.allowed, step.reserved)
+		}
+	}
+}
+
 // TestPriorityReserve: each class spends the shared bucket down to what
 // it keeps for the classes above it; a refusal for the reserve only is
 // Reserved and counted as such by class; the deny cache does not hold it
 // against a more important class.
 func TestPriorityReserve(t *testing.T) {
-	e, reg := priorityEngine(t, Options{})
-	for _, step := range []struct {
-		class    string
-		cost     float64
-		allowed  bool
-		reserved bool
-	}{
+	e, reg := classEngine(t, priorityRules, Options{})
+	checkSteps(t, e, []checkStep{
 		{"sheddable", 75, true, false},
 		{"sheddable", 1, false, true},
 		{"", 5, true, false},              // default
@@ -84,28 +201,8 @@ func TestPriorityReserve(t *testing.T) {
 		{"sheddable", 1, false, true},
 		{"critical", 20, true, false},
 		{"critical", 1, false, false}, // empty: refused by the limit
-	} {
-		c, ok := priorityCheck(t, e, step.class, step.cost)
-		if ok != step.allowed || c.Reserved() != step.reserved {
-			t.Fatalf("%q cost %v: allowed %v, reserved %v; want %v, %v", step.class, step.cost, ok, c.Reserved(), step.allowed, step.reserved)
-		}
-	}
-	want := `
-# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
-# TYPE limiter_priority_decisions_total counter
-limiter_priority_decisions_total{class="critical",result="allowed"} 1
-limiter_priority_decisions_total{class="critical",result="limited"} 1
-limiter_priority_decisions_total{class="critical",result="reserved"} 0
-limiter_priority_decisions_total{class="default",result="allowed"} 1
-limiter_priority_decisions_total{class="default",result="limited"} 0
-limiter_priority_decisions_total{class="default",result="reserved"} 1
-limiter_priority_decisions_total{class="sheddable",result="allowed"} 1
-limiter_priority_decisions_total{class="sheddable",result="limited"} 0
-limiter_priority_decisions_total{class="sheddable",result="reserved"} 2
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
-		t.Fatal(err)
-	}
+	})
+	wantDecisions(t, reg, map[string][3]int{"critical": {1, 1, 0}, "default": {1, 0, 1}, "sheddable": {1, 0, 2}})
 }
 
 // TestPriorityClassesConfigured: the classes and their order come from
@@ -115,18 +212,14 @@ func TestPriorityClassesConfigured(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, _ := priorityEngine(t, Options{Classes: classes})
+	e, _ := classEngine(t, priorityRules, Options{Classes: classes})
 	// Default keeps the reserves of the classes above it: gold's (none)
 	// and critical's (0.2).
-	if _, ok := priorityCheck(t, e, "", 80); !ok {
-		t.Fatal("default could not spend down to 20%")
-	}
-	if c, ok := priorityCheck(t, e, "", 1); ok || !c.Reserved() {
-		t.Fatal("default spent into critical's reserve")
-	}
-	if _, ok := priorityCheck(t, e, "gold", 20); !ok {
-		t.Fatal("gold could not spend the rest")
-	}
+	checkSteps(t, e, []checkStep{
+		{"", 80, true, false},     // down to 20%
+		{"", 1, false, true},      // into critical's reserve
+		{"gold", 20, true, false}, // the rest
+	})
 	set, err := rules.Parse("r.yml", []byte("rules:\n  - id: a\n    capacity: 1\n    refill_per_second: 1\n    reserve: {sheddable: 0.5}\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -138,13 +231,14 @@ func TestPriorityClassesConfigured(t *testing.T) {
 }
 
 // TestPriorityInvalid: an over-long class name is invalid, naming
-// priority.
+// priority, for a check and for an Acquire.
 func TestPriorityInvalid(t *testing.T) {
-	e, _ := priorityEngine(t, Options{})
-	c := e.NewCheck()
-	var inv *request.InvalidError
-	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &inv) || inv.Field != "priority" {
-		t.Fatalf("SetPriority(33 bytes) = %v, want an InvalidError naming priority", err)
+	e, _ := classEngine(t, priorityRules, Options{})
+	for name, r := range map[string]interface{ SetPriority(string) error }{"check": e.NewCheck(), "Acquire": e.NewAcquire()} {
+		var inv *request.InvalidError
+		if err := r.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &inv) || inv.Field != "priority" {
+			t.Fatalf("%s: SetPriority(33 bytes) = %v, want an InvalidError naming priority", name, err)
+		}
 	}
 }
 
@@ -155,39 +249,28 @@ func TestPriorityInvalid(t *testing.T) {
 // check keeps nothing and waits as any paced check does. The class may
 // be set before or after the pacing.
 func TestPriorityPaced(t *testing.T) {
-	set, err := rules.Parse("paced.yml", []byte(`
+	e, _ := classEngine(t, `
 rules:
   - id: shed
     capacity: 100
     refill_per_second: 10
     key_by: global
     reserve: {critical: 0.2, default: 0.05}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Options{Store: newFaultStore(), Logger: quietLogger()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+`, Options{})
 	paced := func(class string, cost float64, classFirst bool) (*request.Check, bool) {
 		t.Helper()
 		c := e.NewCheck()
 		if classFirst {
-			if err := c.SetPriority(class); err != nil {
-				t.Fatal(err)
-			}
+			setClass(t, c, class)
 		}
-		if _, err := c.AddRule("shed", "all", cost); err != nil {
+		if _, err := c.AddRule("shed", "global", cost); err != nil {
 			t.Fatal(err)
 		}
 		if err := c.Pace(10 * time.Second); err != nil {
 			t.Fatalf("Pace as %q: %v", class, err)
 		}
 		if !classFirst {
-			if err := c.SetPriority(class); err != nil {
-				t.Fatal(err)
-			}
+			setClass(t, c, class)
 		}
 		ok, err := e.Decide(context.Background(), c)
 		if err != nil {
@@ -227,7 +310,7 @@ rules:
 // it is refused, as reserved, where a critical check still passes, and
 // counted as default.
 func TestPriorityAcquireDefault(t *testing.T) {
-	set, err := rules.Parse("acquire.yml", []byte(`
+	e, reg := classEngine(t, `
 rules:
   - id: inflight
     algorithm: concurrency
@@ -240,76 +323,25 @@ rules:
     key_by: global
     reserve: {critical: 0.2, default: 0.05}
     match: {path: /search}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acquire := func() (bool, *request.Request) {
-		t.Helper()
-		c := e.NewAcquire()
-		if _, _, err := c.AddAttributes(&rules.Attributes{Path: "/search"}, 1); err != nil {
-			t.Fatal(err)
-		}
-		ok, l, err := e.Acquire(context.Background(), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok {
-			if _, err := e.Concurrency().Release(context.Background(), l.ID, nil); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return ok, &c.Request
-	}
-	check := func(class string, cost float64) bool {
-		t.Helper()
-		c := e.NewCheck()
-		if err := c.SetPriority(class); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.AddRule("shed", "global", cost); err != nil {
-			t.Fatal(err)
-		}
-		ok, err := e.Decide(context.Background(), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ok
-	}
+`, Options{})
 	// 79 spent: 21 left, one above what default keeps for critical (20).
-	if !check("critical", 79) {
+	if _, ok := checkAs(t, e, "critical", 79); !ok {
 		t.Fatal("critical could not spend 79 of 100")
 	}
-	if ok, c := acquire(); !ok || c.ClassName() != "default" {
+	ok, c, l := acquireAs(t, e, "-", "/search")
+	if !ok || c.ClassName() != "default" {
 		t.Fatalf("Acquire with 21 left: allowed %v as %q, want allowed as default", ok, c.ClassName())
 	}
-	if ok, c := acquire(); ok || !c.Reserved() {
-		t.Fatalf("Acquire with 20 left: allowed %v, reserved %v; want refused for critical's reserve", ok, c.Reserved())
-	}
-	if !check("critical", 1) {
-		t.Fatal("critical refused with 20 left")
-	}
-	want := `
-# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
-# TYPE limiter_priority_decisions_total counter
-limiter_priority_decisions_total{class="critical",result="allowed"} 2
-limiter_priority_decisions_total{class="critical",result="limited"} 0
-limiter_priority_decisions_total{class="critical",result="reserved"} 0
-limiter_priority_decisions_total{class="default",result="allowed"} 1
-limiter_priority_decisions_total{class="default",result="limited"} 0
-limiter_priority_decisions_total{class="default",result="reserved"} 1
-limiter_priority_decisions_total{class="sheddable",result="allowed"} 0
-limiter_priority_decisions_total{class="sheddable",result="limited"} 0
-limiter_priority_decisions_total{class="sheddable",result="reserved"} 0
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
+	if _, err := e.Concurrency().Release(context.Background(), l.ID, nil); err != nil {
 		t.Fatal(err)
 	}
+	if ok, c, _ := acquireAs(t, e, "-", "/search"); ok || !c.Reserved() {
+		t.Fatalf("Acquire with 20 left: allowed %v, reserved %v; want refused for critical's reserve", ok, c.Reserved())
+	}
+	if _, ok := checkAs(t, e, "critical", 1); !ok {
+		t.Fatal("critical refused with 20 left")
+	}
+	wantDecisions(t, reg, map[string][3]int{"critical": {2, 0, 0}, "default": {1, 0, 1}, "sheddable": {0, 0, 0}})
 }
 
 // TestPriorityUsage: a usage answers what a check of its priority class
@@ -317,26 +349,10 @@ limiter_priority_decisions_total{class="sheddable",result="reserved"} 0
 // bucket has only what a more important class keeps, with the retry of
 // such a check; the remaining is the bucket's whatever the class.
 func TestPriorityUsage(t *testing.T) {
-	e, _ := priorityEngine(t, Options{})
+	e, _ := classEngine(t, priorityRules, Options{})
 	// 79 spent: 21 left.
 	if _, ok := priorityCheck(t, e, "critical", 79); !ok {
 		t.Fatal("critical could not spend 79")
-	}
-	read := func(class string, cost float64) bucket.Decision {
-		t.Helper()
-		u := e.NewUsage()
-		if class != "-" {
-			if err := u.SetPriority(class); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := u.AddRule("shed", "all", cost); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Usage(context.Background(), u); err != nil {
-			t.Fatal(err)
-		}
-		return u.Items()[0].Usage
 	}
 	for _, step := range []struct {
 		class    string
@@ -352,7 +368,7 @@ func TestPriorityUsage(t *testing.T) {
 		{"critical", 21, true, false},
 		{"critical", 22, false, false},
 	} {
-		d := read(step.class, step.cost)
+		d := usageAs(t, e, step.class, "shed", "global", step.cost).Usage
 		if d.Allowed != step.allowed || d.Reserved != step.reserved || math.Abs(d.Remaining-21) > 1e-3 {
 			t.Fatalf("usage as %q of %v: %+v; want allowed %v, reserved %v, 21 left", step.class, step.cost, d, step.allowed, step.reserved)
 		}
@@ -361,7 +377,7 @@ func TestPriorityUsage(t *testing.T) {
 		}
 		// A check refused spends nothing: it answers as the usage did,
 		// its retry a few µs of the store's clock later.
-		c, ok := priorityCheck(t, e, strings.Trim(step.class, "-"), step.cost)
+		c, ok := priorityCheck(t, e, step.class, step.cost)
 		if ok || c.Reserved() != d.Reserved || (d.RetryAfter-c.Enforce[0].Decision.RetryAfter).Abs() > time.Millisecond {
 			t.Fatalf("usage as %q of %v said %+v, a check then %v with %+v", step.class, step.cost, d, ok, c.Enforce[0].Decision)
 		}
@@ -371,103 +387,41 @@ func TestPriorityUsage(t *testing.T) {
 // TestPriorityAcquireReserve: an Acquire of a class takes a lease of a
 // concurrency rule with a reserve only while fewer than the limit less
 // what its class keeps are held, refused as reserved below the limit; the
-// rate rules it spends keep what its class keeps.
+// rate rules it spends keep what its class keeps. A lease refused for the
+// reserve counts as reserved.
 func TestPriorityAcquireReserve(t *testing.T) {
-	set, err := rules.Parse("acquire.yml", []byte(`
-rules:
-  - id: inflight
-    algorithm: concurrency
-    limit: 20
-    key_by: global
-    reserve: {critical: 0.2, default: 0.05}
-    match: {path: /search}
-  - id: shed
-    capacity: 100
-    refill_per_second: 0.001
-    key_by: global
-    reserve: {critical: 0.2, default: 0.05}
-    match: {path: /rate}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	acquire := func(class, path string) (bool, []*request.Item) {
-		t.Helper()
-		c := e.NewAcquire()
-		if err := c.SetPriority(class); err != nil {
-			t.Fatal(err)
-		}
-		if _, _, err := c.AddAttributes(&rules.Attributes{Path: path}, 1); err != nil {
-			t.Fatal(err)
-		}
-		ok, _, err := e.Acquire(context.Background(), c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return ok, append(c.Leases(), c.Enforced()...)
-	}
-	for i := range 15 {
-		if ok, _ := acquire("sheddable", "/search"); !ok {
-			t.Fatalf("sheddable lease %d refused", i+1)
+	e, reg := classEngine(t, leaseRules, Options{})
+	for _, step := range []struct {
+		class    string
+		path     string
+		n        int
+		allowed  bool
+		reserved bool
+	}{
+		{"sheddable", "/search", 15, true, false},
+		// 15 held: sheddable keeps 5 of 20, default 4.
+		{"sheddable", "/search", 1, false, true},
+		{"", "/search", 1, true, false}, // default, no class
+		{"default", "/search", 1, false, true},
+		{"critical", "/search", 4, true, false},
+		{"critical", "/search", 1, false, false}, // at the limit
+		// The rate rules: 80 spent, 20 left, what default keeps for
+		// critical.
+		{"critical", "/rate", 80, true, false},
+		{"default", "/rate", 1, false, true},
+		{"critical", "/rate", 1, true, false},
+	} {
+		for i := range step.n {
+			ok, c, _ := acquireAs(t, e, step.class, step.path)
+			if ok != step.allowed || c.Reserved() != step.reserved {
+				t.Fatalf("%q of %s, %d of %d: allowed %v, reserved %v; want %v, %v", step.class, step.path, i+1, step.n, ok, c.Reserved(), step.allowed, step.reserved)
+			}
+			if !ok && step.path == "/search" && c.Leases()[0].Decision.RetryAfter <= 0 {
+				t.Fatalf("%q of %s refused without a retry: %+v", step.class, step.path, c.Leases()[0].Decision)
+			}
 		}
 	}
-	// 15 held: sheddable keeps 5 of 20, default 4.
-	if ok, items := acquire("sheddable", "/search"); ok || !request.Reserved(items) || items[0].Decision.RetryAfter <= 0 {
-		t.Fatalf("sheddable with 15 held: allowed %v, reserved %v", ok, request.Reserved(items))
-	}
-	if ok, _ := acquire("", "/search"); !ok {
-		t.Fatal("default (no class) with 15 held refused")
-	}
-	if ok, items := acquire("default", "/search"); ok || !request.Reserved(items) {
-		t.Fatalf("default with 16 held: allowed %v, reserved %v", ok, request.Reserved(items))
-	}
-	for i := 16; i < 20; i++ {
-		if ok, _ := acquire("critical", "/search"); !ok {
-			t.Fatalf("critical lease %d refused", i+1)
-		}
-	}
-	if ok, items := acquire("critical", "/search"); ok || request.Reserved(items) {
-		t.Fatalf("critical at the limit: allowed %v, reserved %v", ok, request.Reserved(items))
-	}
-	// The rate rules: 80 spent, 20 left, what default keeps for critical.
-	for range 80 {
-		if ok, _ := acquire("critical", "/rate"); !ok {
-			t.Fatal("critical spend refused")
-		}
-	}
-	if ok, items := acquire("default", "/rate"); ok || !request.Reserved(items) {
-		t.Fatalf("default spend with 20 left: allowed %v, reserved %v", ok, request.Reserved(items))
-	}
-	if ok, _ := acquire("critical", "/rate"); !ok {
-		t.Fatal("critical spend with 20 left refused")
-	}
-	// A lease refused for the reserve counts as reserved.
-	want := `
-# HELP limiter_priority_decisions_total Checks and Acquires decided, by priority class (one of --priority.classes) and result (reserved: refused only for the reserves of the classes above it).
-# TYPE limiter_priority_decisions_total counter
-limiter_priority_decisions_total{class="critical",result="allowed"} 85
-limiter_priority_decisions_total{class="critical",result="limited"} 1
-limiter_priority_decisions_total{class="critical",result="reserved"} 0
-limiter_priority_decisions_total{class="default",result="allowed"} 1
-limiter_priority_decisions_total{class="default",result="limited"} 0
-limiter_priority_decisions_total{class="default",result="reserved"} 2
-limiter_priority_decisions_total{class="sheddable",result="allowed"} 15
-limiter_priority_decisions_total{class="sheddable",result="limited"} 0
-limiter_priority_decisions_total{class="sheddable",result="reserved"} 1
-`
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "limiter_priority_decisions_total"); err != nil {
-		t.Fatal(err)
-	}
-	c := e.NewAcquire()
-	var ie *request.InvalidError
-	if err := c.SetPriority(strings.Repeat("x", rules.MaxClassLen+1)); !errors.As(err, &ie) || ie.Field != "priority" {
-		t.Fatalf("SetPriority of a long class = %v, want an InvalidError naming priority", err)
-	}
+	wantDecisions(t, reg, map[string][3]int{"critical": {85, 1, 0}, "default": {1, 0, 2}, "sheddable": {15, 0, 1}})
 }
 
 // TestPriorityLeaseUsage: a usage of a concurrency rule with a reserve
@@ -476,80 +430,28 @@ limiter_priority_decisions_total{class="sheddable",result="reserved"} 1
 // important class is left, with the retry of such an Acquire; the limit
 // is the key's, adaptive or not, and the leases held whatever the class.
 func TestPriorityLeaseUsage(t *testing.T) {
-	set, err := rules.Parse("leases.yml", []byte(`
-rules:
-  - id: inflight
-    algorithm: concurrency
-    limit: 20
-    key_by: global
-    reserve: {critical: 0.2, default: 0.05}
-  - id: adaptive
-    algorithm: concurrency
-    limit: 10
-    key_by: global
-    adaptive: {min: 2, max: 20, target_latency: 10ms}
-    reserve: {critical: 0.2, default: 0.05}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Options{Store: newFaultStore(), Region: "local", Logger: quietLogger()}, set, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, _ := classEngine(t, leaseRules, Options{})
 	ctx := context.Background()
-	acquire := func(rule, class string) (bool, *request.Item, string) {
-		t.Helper()
-		c := e.NewAcquire()
-		if err := c.SetPriority(class); err != nil {
-			t.Fatal(err)
-		}
-		it, err := c.AddRule(rule, "global", 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ok, l, err := e.Acquire(ctx, c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !ok {
-			return false, it, ""
-		}
-		return true, it, l.ID
-	}
-	read := func(rule, class string) *usage.Item {
-		t.Helper()
-		u := e.NewUsage()
-		if class != "-" {
-			if err := u.SetPriority(class); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := u.AddRule(rule, "global", 0); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Usage(ctx, u); err != nil {
-			t.Fatal(err)
-		}
-		return u.Items()[0]
-	}
+	paths := map[string]string{"inflight": "/search", "adaptive": "/adaptive"}
 	// 15 of inflight's 20 held: sheddable's room (20 - 5).
 	for range 15 {
-		if ok, _, _ := acquire("inflight", "sheddable"); !ok {
+		if ok, _, _ := acquireAs(t, e, "sheddable", "/search"); !ok {
 			t.Fatal("sheddable lease refused below its room")
 		}
 	}
 	// 7 of adaptive's, whose limit a failure cut from 10 to 9: sheddable's
 	// room is 9 - 2.
-	var ids []string
+	var first *concurrency.Lease
 	for range 8 {
-		ok, _, id := acquire("adaptive", "critical")
+		ok, _, l := acquireAs(t, e, "critical", "/adaptive")
 		if !ok {
 			t.Fatal("critical lease of the adaptive rule refused")
 		}
-		ids = append(ids, id)
+		if first == nil {
+			first = l
+		}
 	}
-	if ok, err := e.Concurrency().Release(ctx, ids[0], &bucket.LeaseSample{Failed: true}); err != nil || !ok {
+	if ok, err := e.Concurrency().Release(ctx, first.ID, &bucket.LeaseSample{Failed: true}); err != nil || !ok {
 		t.Fatalf("release of a failed request: %v, %v", ok, err)
 	}
 	for _, step := range []struct {
@@ -569,7 +471,7 @@ rules:
 		{"adaptive", "default", 9, 7, 1, true, false},
 		{"adaptive", "critical", 9, 7, 2, true, false},
 	} {
-		it := read(step.rule, step.class)
+		it := usageAs(t, e, step.class, step.rule, "global", 0)
 		d := it.Usage
 		if d.Allowed != step.allowed || d.Reserved != step.reserved || d.Limit != step.limit || d.Remaining != step.remaining || it.Held() != step.held {
 			t.Fatalf("%s as %q: %+v, %d held; want allowed %v, reserved %v, %v of %v left, %d held",
@@ -582,19 +484,20 @@ rules:
 			continue
 		}
 		// An Acquire refused holds nothing: it answers as the usage did.
-		ok, lit, _ := acquire(step.rule, strings.Trim(step.class, "-"))
-		if ok || lit.Decision.Reserved != d.Reserved || (d.RetryAfter-lit.Decision.RetryAfter).Abs() > time.Millisecond || d.RetryAfter <= 0 {
-			t.Fatalf("%s: usage as %q said %+v, an Acquire then %v with %+v", step.rule, step.class, d, ok, lit.Decision)
+		ok, c, _ := acquireAs(t, e, step.class, paths[step.rule])
+		ld := c.Leases()[0].Decision
+		if ok || ld.Reserved != d.Reserved || (d.RetryAfter-ld.RetryAfter).Abs() > time.Millisecond || d.RetryAfter <= 0 {
+			t.Fatalf("%s: usage as %q said %+v, an Acquire then %v with %+v", step.rule, step.class, d, ok, ld)
 		}
 	}
 	// At the limit every class is refused by it, none for a reserve.
 	for range 5 {
-		if ok, _, _ := acquire("inflight", "critical"); !ok {
+		if ok, _, _ := acquireAs(t, e, "critical", "/search"); !ok {
 			t.Fatal("critical lease refused below the limit")
 		}
 	}
 	for _, class := range []string{"critical", "sheddable"} {
-		if it := read("inflight", class); it.Usage.Allowed || it.Usage.Reserved || it.Usage.Remaining != 0 || it.Held() != 20 || it.Usage.RetryAfter <= 0 {
+		if it := usageAs(t, e, class, "inflight", "global", 0); it.Usage.Allowed || it.Usage.Reserved || it.Usage.Remaining != 0 || it.Held() != 20 || it.Usage.RetryAfter <= 0 {
 			t.Fatalf("inflight full, as %q: %+v, %d held", class, it.Usage, it.Held())
 		}
 	}
