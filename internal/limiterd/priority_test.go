@@ -22,46 +22,68 @@ const priorityRules = `rules:
     match: {path: /api/**}
 `
 
-// TestPriorityCheck: over gRPC, a check's priority picks what it keeps of
-// a rule's reserve, among the classes of --priority.classes; a refusal for
-// the reserve alone answers reason RESERVED, one for the limit LIMIT; a
-// class name over 32 bytes is INVALID_ARGUMENT naming priority.
-func TestPriorityCheck(t *testing.T) {
+// classDaemon starts limiterd on its memory store with the rules of yaml
+// and the priority classes gold, default and bulk, and a client of it.
+func classDaemon(t *testing.T, yaml string) (*Daemon, limiterv1.LimiterClient) {
+	t.Helper()
 	d := startDaemon(t, nil, func(o *Options) {
-		o.Rules.File = writeRules(t, priorityRules)
+		o.Rules.File = writeRules(t, yaml)
 		o.Rules.PriorityClasses = []string{"gold", "default", "bulk"}
 	})
-	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
-	check := func(priority string, cost float64) *limiterv1.CheckResponse {
-		t.Helper()
-		resp, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "shed", Key: "all", Cost: cost, Priority: priority})
-		if err != nil {
-			t.Fatal(err)
+	return d, limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
+}
+
+// answer is limiterd's answer to a check or an Acquire.
+type answer interface {
+	GetAllowed() bool
+	GetReason() limiterv1.Reason
+	GetRetryAfterMs() int64
+}
+
+// classSteps take a rule of 10 with reserve {gold: 0.3, default: 0.2} in
+// turn, each n of it (a check's cost, or n Acquires) as its priority,
+// each answered allowed or not, with its reason.
+var classSteps = []struct {
+	priority string
+	n        int
+	allowed  bool
+	reason   limiterv1.Reason
+}{
+	{"bulk", 5, true, limiterv1.Reason_REASON_UNSPECIFIED},
+	{"bulk", 1, false, limiterv1.Reason_RESERVED},      // keeps gold's 3 and default's 2
+	{"", 2, true, limiterv1.Reason_REASON_UNSPECIFIED}, // default keeps gold's 3
+	{"critical", 1, false, limiterv1.Reason_RESERVED},  // not configured: default
+	{"gold", 3, true, limiterv1.Reason_REASON_UNSPECIFIED},
+	{"gold", 1, false, limiterv1.Reason_REASON_LIMIT},
+}
+
+// runClassSteps takes classSteps through take, which answers each step's
+// decisions, and fails on one that differs from its step; a refusal has
+// a retry.
+func runClassSteps(t *testing.T, take func(priority string, n int) []answer) {
+	t.Helper()
+	for i, step := range classSteps {
+		for _, resp := range take(step.priority, step.n) {
+			if resp.GetAllowed() != step.allowed || resp.GetReason() != step.reason || !step.allowed && resp.GetRetryAfterMs() <= 0 {
+				t.Fatalf("step %d (%q, %d): %v; want allowed %v, reason %v", i, step.priority, step.n, resp, step.allowed, step.reason)
+			}
 		}
-		return resp
 	}
-	for i, step := range []struct {
-		priority string
-		cost     float64
-		allowed  bool
-		reason   limiterv1.Reason
-	}{
-		{"bulk", 5, true, limiterv1.Reason_REASON_UNSPECIFIED},
-		{"bulk", 1, false, limiterv1.Reason_RESERVED},      // keeps gold's 3 and default's 2
-		{"", 2, true, limiterv1.Reason_REASON_UNSPECIFIED}, // default keeps gold's 3
-		{"critical", 1, false, limiterv1.Reason_RESERVED},  // not configured: default
-		{"gold", 3, true, limiterv1.Reason_REASON_UNSPECIFIED},
-		{"gold", 1, false, limiterv1.Reason_REASON_LIMIT},
-	} {
-		resp := check(step.priority, step.cost)
-		if resp.GetAllowed() != step.allowed || resp.GetReason() != step.reason || !step.allowed && resp.GetRetryAfterMs() <= 0 {
-			t.Fatalf("step %d (%q, %v): %v; want allowed %v, reason %v", i, step.priority, step.cost, resp, step.allowed, step.reason)
-		}
-	}
-	_, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "shed", Key: "all", Priority: strings.Repeat("g", 33)})
+}
+
+// wantInvalidPriority fails unless err, the answer to a class name over
+// 32 bytes, is INVALID_ARGUMENT naming priority.
+func wantInvalidPriority(t *testing.T, err error) {
+	t.Helper()
 	if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "priority") {
 		t.Fatalf("an over-long class: %v, want INVALID_ARGUMENT naming priority", err)
 	}
+}
+
+// wantClassSeries fails unless d's metrics count classSteps' refusals by
+// class: bulk's and default's for the reserve, gold's for the limit.
+func wantClassSeries(t *testing.T, d *Daemon) {
+	t.Helper()
 	body := scrape(t, d)
 	for _, series := range []string{`limiter_priority_decisions_total{class="bulk",result="reserved"} 1`,
 		`limiter_priority_decisions_total{class="default",result="reserved"} 1`, `limiter_priority_decisions_total{class="gold",result="limited"} 1`} {
@@ -71,14 +93,31 @@ func TestPriorityCheck(t *testing.T) {
 	}
 }
 
+// TestPriorityCheck: over gRPC, a check's priority picks what it keeps of
+// a rule's reserve, among the classes of --priority.classes; a refusal for
+// the reserve alone answers reason RESERVED, one for the limit LIMIT; a
+// class name over 32 bytes is INVALID_ARGUMENT naming priority.
+func TestPriorityCheck(t *testing.T) {
+	d, client := classDaemon(t, priorityRules)
+	runClassSteps(t, func(priority string, n int) []answer {
+		resp, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "shed", Key: "all", Cost: float64(n), Priority: priority})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []answer{resp}
+	})
+	_, err := client.Check(context.Background(), &limiterv1.CheckRequest{RuleId: "shed", Key: "all", Priority: strings.Repeat("g", 33)})
+	wantInvalidPriority(t, err)
+	wantClassSeries(t, d)
+}
+
 // TestPriorityAcquire: over gRPC, an Acquire's priority picks what it
 // keeps of a concurrency rule's reserve: a refusal for the reserve alone
 // answers reason RESERVED with a retry, one at the limit LIMIT; a class
 // name over 32 bytes is INVALID_ARGUMENT naming priority. GetUsage answers
 // as an Acquire of its priority: the leases free for the class.
 func TestPriorityAcquire(t *testing.T) {
-	d := startDaemon(t, nil, func(o *Options) {
-		o.Rules.File = writeRules(t, `rules:
+	d, client := classDaemon(t, `rules:
   - id: inflight
     algorithm: concurrency
     limit: 10
@@ -86,36 +125,23 @@ func TestPriorityAcquire(t *testing.T) {
     reserve: {gold: 0.3, default: 0.2}
     match: {path: /api/**}
 `)
-		o.Rules.PriorityClasses = []string{"gold", "default", "bulk"}
-	})
-	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
-	for i, step := range []struct {
-		priority string
-		n        int
-		allowed  bool
-		reason   limiterv1.Reason
-	}{
-		{"bulk", 5, true, limiterv1.Reason_REASON_UNSPECIFIED},
-		{"bulk", 1, false, limiterv1.Reason_RESERVED},      // keeps gold's 3 and default's 2
-		{"", 2, true, limiterv1.Reason_REASON_UNSPECIFIED}, // default keeps gold's 3
-		{"critical", 1, false, limiterv1.Reason_RESERVED},  // not configured: default
-		{"gold", 3, true, limiterv1.Reason_REASON_UNSPECIFIED},
-		{"gold", 1, false, limiterv1.Reason_REASON_LIMIT},
-	} {
-		for range step.n {
-			resp, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "all", Priority: step.priority})
+	acquire := func(priority, key string, n int) []answer {
+		t.Helper()
+		out := make([]answer, n)
+		for i := range out {
+			resp, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: key, Priority: priority})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if resp.GetAllowed() != step.allowed || resp.GetReason() != step.reason || !step.allowed && resp.GetRetryAfterMs() <= 0 {
-				t.Fatalf("step %d (%q): %v; want allowed %v, reason %v", i, step.priority, resp, step.allowed, step.reason)
-			}
+			out[i] = resp
 		}
+		return out
 	}
+	runClassSteps(t, func(priority string, n int) []answer { return acquire(priority, "all", n) })
 	// 5 of another key's 10 held: bulk's room (10 - 3 - 2).
-	for range 5 {
-		if resp, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "other", Priority: "bulk"}); err != nil || !resp.GetAllowed() {
-			t.Fatalf("bulk lease of other: %v, %v", resp, err)
+	for _, resp := range acquire("bulk", "other", 5) {
+		if !resp.GetAllowed() {
+			t.Fatalf("bulk lease of other: %v", resp)
 		}
 	}
 	for _, u := range []struct {
@@ -133,16 +159,8 @@ func TestPriorityAcquire(t *testing.T) {
 		}
 	}
 	_, err := client.Acquire(context.Background(), &limiterv1.AcquireRequest{RuleId: "inflight", Key: "all", Priority: strings.Repeat("g", 33)})
-	if status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "priority") {
-		t.Fatalf("an over-long class: %v, want INVALID_ARGUMENT naming priority", err)
-	}
-	body := scrape(t, d)
-	for _, series := range []string{`limiter_priority_decisions_total{class="bulk",result="reserved"} 1`,
-		`limiter_priority_decisions_total{class="default",result="reserved"} 1`, `limiter_priority_decisions_total{class="gold",result="limited"} 1`} {
-		if !strings.Contains(body, series) {
-			t.Errorf("metrics lack %s", series)
-		}
-	}
+	wantInvalidPriority(t, err)
+	wantClassSeries(t, d)
 }
 
 // TestPriorityForwardAuth: forward-auth reads the class from the proxy's
