@@ -3,19 +3,14 @@ package admin
 import (
 	"bytes"
 	"errors"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/limiterd/limiterd/internal/rules"
-	"github.com/limiterd/limiterd/internal/rulesource"
 )
 
 const fuzzToken = "fuzz-admin-token-0123456789"
@@ -24,20 +19,7 @@ const fuzzToken = "fuzz-admin-token-0123456789"
 // a rule that passes every check is then refused only for the missing
 // store (409).
 func newFuzzAdmin(t testing.TB) http.Handler {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "rules.yml")
-	if err := os.WriteFile(file, []byte("rules:\n  - id: from-file\n    capacity: 1\n    refill_per_second: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tok := filepath.Join(dir, "token")
-	if err := os.WriteFile(tok, []byte(fuzzToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	src, err := rulesource.New(rulesource.Options{File: file, MaxRules: 2, Logger: log}, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, tok, log := testSource(t, "rules:\n  - id: from-file\n    capacity: 1\n    refill_per_second: 1\n")
 	a, err := New(src, Options{TokenFile: tok, Logger: log}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

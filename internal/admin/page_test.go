@@ -2,18 +2,13 @@ package admin
 
 import (
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/limiterd/limiterd/internal/rulesource"
 )
 
 // TestPage: a page for browsers is open when no admin authentication is
@@ -21,16 +16,7 @@ import (
 // it as a Basic password or a bearer token, and refuses (and counts) a
 // wrong one.
 func TestPage(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "rules.yml")
-	if err := os.WriteFile(file, []byte("rules:\n  - id: api\n    capacity: 1\n    refill_per_second: 1\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	src, err := rulesource.New(rulesource.Options{File: file, MaxRules: 2, Logger: log}, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, tok, log := testSource(t, "rules:\n  - id: api\n    capacity: 1\n    refill_per_second: 1\n")
 	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "the page") })
 	get := func(a *Admin, set func(*http.Request)) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(http.MethodGet, "/", nil)
@@ -50,10 +36,6 @@ func TestPage(t *testing.T) {
 		t.Errorf("no admin authentication configured: %d, want the page", rec.Code)
 	}
 
-	tok := filepath.Join(dir, "token")
-	if err := os.WriteFile(tok, []byte(fuzzToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	a, err := New(src, Options{TokenFile: tok, Logger: log}, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)

@@ -4,12 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -19,7 +15,6 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/limiterd/limiterd/internal/rulesource"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
 
@@ -34,21 +29,8 @@ func (f resetFunc) ResetKey(ctx context.Context, ruleID, key string) (bool, erro
 // both front doors, and each outcome is counted once per call; a
 // concurrency rule never reaches the Resetter.
 func TestResetOutcomes(t *testing.T) {
-	dir := t.TempDir()
-	file := filepath.Join(dir, "rules.yml")
-	if err := os.WriteFile(file, []byte("rules:\n  - id: api\n    capacity: 1\n    refill_per_second: 1\n"+
-		"  - id: held\n    algorithm: concurrency\n    limit: 1\n    lease_ttl: 1s\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tok := filepath.Join(dir, "token")
-	if err := os.WriteFile(tok, []byte(fuzzToken), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	src, err := rulesource.New(rulesource.Options{File: file, MaxRules: 2, Logger: log}, prometheus.NewRegistry())
-	if err != nil {
-		t.Fatal(err)
-	}
+	src, tok, log := testSource(t, "rules:\n  - id: api\n    capacity: 1\n    refill_per_second: 1\n"+
+		"  - id: held\n    algorithm: concurrency\n    limit: 1\n    lease_ttl: 1s\n")
 	var answer error
 	var asked []string
 	a, err := New(src, Options{TokenFile: tok, Logger: log, Resetter: resetFunc(func(_ context.Context, rule, key string) (bool, error) {
