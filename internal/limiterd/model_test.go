@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -636,7 +637,9 @@ func replicaBehind(c *redistest.Cluster, p *redis.Client) string {
 		for line := range strings.Lines(info) {
 			line = strings.TrimSpace(line)
 			if v, ok := strings.CutPrefix(line, field+":"); ok {
-				fmt.Sscan(v, &n)
+				if x, err := strconv.ParseInt(v, 10, 64); err == nil {
+					n = x
+				}
 			}
 			if v, ok := strings.CutPrefix(line, "master_port:"); ok {
 				port = v
