@@ -123,7 +123,7 @@ proto:
 docs:
 	$(GO) run ./internal/tools/apidoc --proto proto --out docs/api.md
 
-## lint: gofmt, then golangci-lint (.golangci.yml: go vet's analyzers, staticcheck, errcheck, errorlint, misspell, godot, the package map's import rules), built at its pinned version into bin/ when missing; LINT_FLAGS='--concurrency 1' for more
+## lint: gofmt, then golangci-lint (.golangci.yml: go vet's analyzers, staticcheck, errcheck, errorlint, misspell, godot, the package map's import rules), built at its pinned version into ~/.cache/limiterd/bin when missing; LINT_FLAGS='--concurrency 1' for more
 # The pinned version is in scripts/lint.sh.
 LINT_FLAGS ?=
 lint:
