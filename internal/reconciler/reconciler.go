@@ -447,7 +447,7 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		return fmt.Errorf("--nats.url: %w", err)
 	}
 	r.applier = apply.New(apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
-		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeAck: r.beforeAckHook},
+		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeDone: r.beforeAckHook},
 		store, r.js, r.rules, r.m.apply)
 	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
 		r.nc.Close()
@@ -990,7 +990,15 @@ func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream
 				msg.Nak()
 				break
 			}
-			r.applier.Apply(ctx, as, msg)
+			// A message finished (applied, deferred or rejected) is
+			// acknowledged; one that is not is asked for again.
+			if r.applier.ApplyBatch(ctx, as, []apply.Message{msg}) == 1 {
+				if err := msg.Ack(); err != nil {
+					r.log.Warn("ack failed", "source", as.Name, "err", err)
+				}
+			} else {
+				msg.NakWithDelay(time.Second)
+			}
 		}
 		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
 			r.pause(ctx, "apply fetch", err)
