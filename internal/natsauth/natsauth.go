@@ -140,8 +140,11 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		for _, stream := range []string{local, spends, in, retry} {
 			pub = append(pub, api+"STREAM.INFO."+stream, api+"STREAM.CREATE."+stream, api+"STREAM.UPDATE."+stream)
 		}
-		// The inbound stream's consumers are listed (their backlogs).
-		pub = append(pub, api+"CONSUMER.LIST."+in)
+		// The inbound stream's consumers are listed (their backlogs). Its
+		// apply consumers are ephemeral, named by their reader: pulled,
+		// never acknowledged (the position is kept in Redis), their info
+		// read, never deleted (they go once idle).
+		pub = append(pub, api+"CONSUMER.LIST."+in, api+"CONSUMER.INFO."+in+".*", api+"CONSUMER.MSG.NEXT."+in+".*")
 		pub = append(pub, consumer(local, "relay", "")...)
 		for _, src := range regions {
 			if src != self {
@@ -150,9 +153,11 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				// stream may be set up again now; and a message get by
 				// start time finds the sequence a source added starts at.
 				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src), api+"STREAM.MSG.GET."+gossip.RegionStream(src))
-				// One in-order consumer per partition, as many as any
+				// Apply consumers of one partition each, as many as any
 				// --apply.partitions allows.
 				for p := range gossip.MaxPartitions {
+					pub = append(pub, api+"CONSUMER.CREATE."+in+".*."+gossip.PartitionSubject(src, p))
+					// The durable one of earlier releases, until they are gone.
 					apply := "apply-" + self + "-from-" + src + "-p" + strconv.Itoa(p)
 					pub = append(pub, consumer(in, apply, gossip.PartitionSubject(src, p))...)
 				}

@@ -136,7 +136,9 @@ func TestReconcilerLooksUpOtherSpendsStreams(t *testing.T) {
 
 // TestReconcilerRelaysPartitionsOnly: a reconciler publishes its region's
 // spends on the partitions' subjects alone, and each apply consumer it may
-// make on its inbound stream reads one partition of one other region.
+// make on its inbound stream reads one partition of one other region:
+// ephemeral, under any name (a partition's reader is made again at each
+// lease and each position it reads from), pulled, never acknowledged.
 func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	p := natsauth.PermissionsFor(natsauth.RoleReconciler, "us-east", []string{"us-east", "eu-west", "ap-south"})
 	if !slices.Contains(p.PublishAllow, "limiter.relay.us-east.*") {
@@ -145,14 +147,13 @@ func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	if slices.Contains(p.PublishAllow, "limiter.relay.us-east") {
 		t.Error("reconciler of us-east may publish limiter.relay.us-east, no partition's subject")
 	}
-	applies := regexp.MustCompile(`^\$JS\.API\.CONSUMER\.CREATE\.LIMITER_IN_US_EAST\.apply-us-east-from-(eu-west|ap-south)-p([0-9]+)\.limiter\.relay\.(eu-west|ap-south)\.([0-9]+)$`)
+	applies := regexp.MustCompile(`^\$JS\.API\.CONSUMER\.CREATE\.LIMITER_IN_US_EAST\.\*\.limiter\.relay\.(eu-west|ap-south)\.([0-9]+)$`)
 	n := 0
 	for _, s := range p.PublishAllow {
-		if !strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.") {
+		if !strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.*.") {
 			continue
 		}
-		m := applies.FindStringSubmatch(s)
-		if m == nil || m[1] != m[3] || m[2] != m[4] {
+		if applies.FindStringSubmatch(s) == nil {
 			t.Errorf("reconciler of us-east may make %s, not one partition's apply consumer", s)
 			continue
 		}
@@ -160,6 +161,11 @@ func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	}
 	if want := 2 * gossip.MaxPartitions; n != want {
 		t.Errorf("reconciler of us-east may make %d apply consumers, want %d (2 regions x %d partitions)", n, want, gossip.MaxPartitions)
+	}
+	for _, s := range []string{"$JS.API.CONSUMER.MSG.NEXT.LIMITER_IN_US_EAST.*", "$JS.API.CONSUMER.INFO.LIMITER_IN_US_EAST.*"} {
+		if !slices.Contains(p.PublishAllow, s) {
+			t.Errorf("reconciler of us-east may not publish %s", s)
+		}
 	}
 }
 
