@@ -101,17 +101,9 @@ func Seen() string { return mustRead("seen") }
 // seen_batch.lua).
 func SeenBatch() string { return mustRead("seen_batch") }
 
-// PartitionLease returns the script that claims, renews, releases or reads
-// the lease of a partition a reconciler applies (see partition_lease.lua).
-func PartitionLease() string { return mustRead("partition_lease") }
-
 // PartitionPosition returns the script that moves a partition's applied
-// position forward under its lease (see partition_position.lua).
+// position forward, never back (see partition_position.lua).
 func PartitionPosition() string { return mustRead("partition_position") }
-
-// PartitionMembers returns the script that keeps a region's applying
-// reconcilers by heartbeat (see partition_members.lua).
-func PartitionMembers() string { return mustRead("partition_members") }
 
 // Multi returns the script that checks several rules of one client all or
 // nothing (see multi_main.lua).

@@ -1,60 +1,71 @@
 // Package lease spreads the partitions of the other regions' spends over a
 // region's live reconcilers, each partition applied by one of them at a
 // time under a lease, and keeps the position each partition is applied up
-// to, all in the region's Redis.
+// to.
 //
-// Why Redis, not a NATS KV bucket: the leases and the positions sit beside
-// the debits they guard, in the store every reconciler already writes, and
-// the region's Redis Cluster fails over in a few seconds without a
-// JetStream meta leader (which may be in another region) in the way. A
-// lease lives under its partition's own hash tag, with the partition's
-// positions: a primary down holds back the partitions whose leases it
-// serves, not the others, and a position is written under the lease in
-// one script.
+// The leases and the members are in a NATS key-value bucket of the region
+// (gossip.ApplyBucket), the positions in the region's Redis. Why not the
+// leases in Redis too: applying reads the inbound stream, so it needs NATS
+// anyway, and a lease there adds no failure a partition's loop does not
+// have already; a lease in Redis would live on one primary, whose failure
+// would stop every partition leased there until a replica took over, where
+// the debits hold back only the keys of that primary (the retry stream).
+// The bucket is placed in the region's JetStream cluster, as its streams,
+// so a claim or a renewal is one publish to its leader, with no meta
+// leader (which may be in another region) in the way; it adds no
+// dependency. A position sits in Redis beside the markers it goes with; a
+// primary down leaves its positions unwritten, which only makes the next
+// holder read a little again.
 //
 // The protocol:
 //
-//   - Members. Each reconciler beats every Options.TTL/4 in one sorted set
-//     of the region, under its token; a token whose heartbeat is older than
-//     the TTL is dropped.
+//   - Members. Each reconciler writes, every Options.TTL/4, when its
+//     heartbeat ends into the bucket's list of members; a member whose
+//     heartbeat ended is dropped from it.
 //   - Placement. Every member computes the same placement from the members
 //     it reads: each partition goes to the member its rendezvous hash
 //     ranks first among those below their share, so members get as many
 //     within one, and a member joining or leaving moves few partitions.
-//   - Leases. A member claims the free leases of its partitions (SET NX
-//     with the TTL), renews those it holds, and releases those placed
-//     elsewhere once its loop on them has stopped. A lease seen free at
-//     two ticks in a row is claimed by anyone: its member is gone or has
-//     not seen itself placed there.
+//   - Leases. A lease is a key of the bucket holding its holder's token,
+//     expired by the bucket's TTL unless rewritten. A member claims the
+//     free leases of its partitions (a create), renews those it holds (an
+//     update at the revision it last wrote), and releases those placed
+//     elsewhere once its loop on them has stopped (a delete at that
+//     revision). A lease seen free at two ticks in a row is claimed by
+//     anyone: its member is gone or has not seen itself placed there.
 //   - Validity. A holder counts its lease valid until the renewal's send
 //     time plus the TTL less a fifth of it (Held.Until). The loop on a
 //     partition starts a batch only with a tick's time left, and writes
 //     with that instant as its deadline; so it has stopped before the
-//     lease could have expired in Redis and another member taken it.
-//     A renewal that finds another holder cancels the loop at once.
+//     lease could have expired and another member taken it. A renewal
+//     that finds the lease rewritten by another cancels the loop at once.
 //   - Positions. A partition's loop stores the sequence it applied up to
-//     after each batch, under its lease, never lower than the one stored;
-//     the next holder reads on from there.
+//     after each batch, never lower than the one stored; the next holder
+//     reads on from there.
 package lease
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/lua"
+	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
 // DefaultTTL is how long a lease lives without a renewal: how long a
@@ -67,18 +78,11 @@ const (
 	MaxTTL = time.Minute
 )
 
-// ErrNotHeld is SetPosition's answer when the token does not hold the
-// partition's lease: the position was not written.
-var ErrNotHeld = errors.New("lease not held")
+// errNotConnected is an operation's error before the store, or the
+// bucket, can be reached.
+var errNotConnected = errors.New("not connected")
 
-// errNotConnected is an operation's error before the store has connected.
-var errNotConnected = errors.New("redis not connected")
-
-var (
-	leaseScript    = redis.NewScript(lua.PartitionLease())
-	positionScript = redis.NewScript(lua.PartitionPosition())
-	membersScript  = redis.NewScript(lua.PartitionMembers())
-)
+var positionScript = redis.NewScript(lua.PartitionPosition())
 
 // Item is one partition of one source region's spends.
 type Item struct {
@@ -88,22 +92,26 @@ type Item struct {
 
 func (it Item) String() string { return it.Source + "." + strconv.Itoa(it.Partition) }
 
-// tag is the hash tag of the item's keys in region: its lease and its
-// positions share a slot. No rule id starts with '~', so no bucket or
-// marker key ends as these do.
-func tag(region string, it Item) string { return "rl:{~apply/" + region + "/" + it.String() + "}" }
+// leaseKey is the item's key in the bucket.
+func leaseKey(it Item) string { return "partition." + it.String() }
 
-// LeaseKey is the key of the item's lease in region's Redis.
-func LeaseKey(region string, it Item) string { return tag(region, it) + ":~lease" }
+// membersKey is the bucket's key of the members.
+const membersKey = "members"
 
 // PositionKey is the key of the item's applied position in region's
-// Redis, in the inbound stream made at epoch (µs).
+// Redis, in the inbound stream made at epoch (µs). No rule id starts with
+// '~', so no bucket or marker key ends as it does.
 func PositionKey(region string, it Item, epoch int64) string {
-	return tag(region, it) + ":~pos:" + strconv.FormatInt(epoch, 10)
+	return "rl:{~apply/" + region + "/" + it.String() + "}:~pos:" + strconv.FormatInt(epoch, 10)
 }
 
-// MembersKey is the key of region's applying reconcilers.
-func MembersKey(region string) string { return "rl:{~apply/" + region + "}:~members" }
+// BucketConfig is the configuration of region's bucket, made with a TTL
+// of ttl, replicas replicas and placement (nil: none) when it is missing.
+// A bucket that exists keeps its own TTL: the members read it.
+func BucketConfig(region string, ttl time.Duration, replicas int, placement *jetstream.Placement) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: gossip.ApplyBucket(region), Description: "which reconciler of " + region + " applies each partition",
+		TTL: ttl, History: 1, Storage: jetstream.FileStorage, Replicas: replicas, Placement: placement}
+}
 
 // Redis gives the client of the region's Redis: a *redisstore.Store. Its
 // Client is nil until the store has connected.
@@ -111,14 +119,21 @@ type Redis interface {
 	Client() redis.UniversalClient
 }
 
+// Bucket gives the region's bucket once it is made (nil before), and its
+// TTL, read when it was looked up.
+type Bucket interface {
+	Bucket() (jetstream.KeyValue, time.Duration)
+}
+
 // Options configure a Manager.
 type Options struct {
-	// Region is the region applying, whose Redis holds the leases.
+	// Region is the region applying.
 	Region string
 	// Token names this member; empty: a random one. Each process needs its
 	// own.
 	Token string
-	// TTL is a lease's and a heartbeat's life (DefaultTTL when 0).
+	// TTL is how often leases are renewed: every quarter of it. A lease's
+	// life is the bucket's TTL (Options.TTL when it was made).
 	TTL time.Duration
 	// PositionTTL is how long a position lives after its last write: as
 	// long as the stream keeps a message, so that a position gone means
@@ -131,10 +146,11 @@ type Options struct {
 // Manager holds this member's leases. Make it with New; Run it once. Its
 // methods are safe for concurrent use.
 type Manager struct {
-	opts  Options
-	redis Redis
-	log   *slog.Logger
-	m     *Metrics
+	opts   Options
+	bucket Bucket
+	redis  Redis
+	log    *slog.Logger
+	m      *Metrics
 
 	// run's state, touched by its goroutine alone: the leases held, the
 	// members last read, and per item the ticks it was seen free in a row
@@ -147,10 +163,13 @@ type Manager struct {
 	mu       sync.Mutex
 	dropping map[Item]bool
 	drops    sync.WaitGroup
+	// abandon: Run ends without releasing the leases or leaving.
+	abandon atomic.Bool
 }
 
-// New returns a Manager of opts' leases in r, recording in m (nil: none).
-func New(opts Options, r Redis, m *Metrics) *Manager {
+// New returns a Manager of opts' leases in b, with positions in r,
+// recording in m (nil: none).
+func New(opts Options, b Bucket, r Redis, m *Metrics) *Manager {
 	if opts.TTL == 0 {
 		opts.TTL = DefaultTTL
 	}
@@ -162,22 +181,30 @@ func New(opts Options, r Redis, m *Metrics) *Manager {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Manager{opts: opts, redis: r, log: opts.Logger, m: m,
+	return &Manager{opts: opts, bucket: b, redis: r, log: opts.Logger, m: m,
 		held: map[Item]*Held{}, free: map[Item]int{}, dropping: map[Item]bool{}}
 }
+
+// Abandon makes Run end as a process killed would: its leases and its
+// heartbeat are left to expire.
+func (m *Manager) Abandon() { m.abandon.Store(true) }
 
 // Token is this member's token.
 func (m *Manager) Token() string { return m.opts.Token }
 
-// TTL is a lease's life.
-func (m *Manager) TTL() time.Duration { return m.opts.TTL }
+// Tick is how often leases are renewed and claimed: a quarter of the
+// TTL, or of the bucket's when it is shorter.
+func (m *Manager) Tick() time.Duration {
+	ttl := m.opts.TTL
+	if _, b := m.bucket.Bucket(); b > 0 {
+		ttl = min(ttl, b)
+	}
+	return ttl / 4
+}
 
-// Tick is how often leases are renewed and claimed: a quarter of the TTL.
-func (m *Manager) Tick() time.Duration { return m.opts.TTL / 4 }
-
-// margin is how long before a lease's expiry, counted from its renewal's
-// send time, its holder stops writing.
-func (m *Manager) margin() time.Duration { return m.opts.TTL / 5 }
+// valid is how long after a write's send time the lease it wrote counts
+// as valid: the bucket's TTL less a fifth of it.
+func valid(ttl time.Duration) time.Duration { return ttl - ttl/5 }
 
 // Held is a lease this member holds. Its methods are safe for concurrent
 // use.
@@ -185,13 +212,15 @@ type Held struct {
 	Item Item
 	// until is when the lease stops being valid (Unix ns).
 	until atomic.Int64
+	// rev is the lease's revision this member last wrote.
+	rev uint64
 	// cancel stops the loop; done is closed when it returned.
 	cancel context.CancelFunc
 	done   chan struct{}
 }
 
 // Until is the instant the lease stops being valid for its holder: the
-// last renewal's send time plus the TTL less a margin. Every write of the
+// last renewal's send time plus the TTL less a fifth. Every write of the
 // partition's loop must be over by then.
 func (h *Held) Until() time.Time { return time.Unix(0, h.until.Load()) }
 
@@ -219,15 +248,14 @@ func (h *Held) WaitValid(ctx context.Context, need time.Duration) (time.Time, er
 // tick. When ctx ends, Run stops every start, waits for them, releases
 // the leases and leaves the members.
 func (m *Manager) Run(ctx context.Context, items func() []Item, start func(ctx context.Context, h *Held)) {
-	t := time.NewTicker(m.Tick())
-	defer t.Stop()
 	for {
+		began := time.Now()
 		m.tick(ctx, items(), start)
 		select {
 		case <-ctx.Done():
 			m.leave()
 			return
-		case <-t.C:
+		case <-time.After(m.Tick() - time.Since(began)):
 		}
 	}
 }
@@ -235,37 +263,147 @@ func (m *Manager) Run(ctx context.Context, items func() []Item, start func(ctx c
 // opTimeout bounds one lease or heartbeat call: a tick's time.
 func (m *Manager) opTimeout() time.Duration { return m.Tick() }
 
-// client is the Redis client, or an error before the store connected.
-func (m *Manager) client() (redis.UniversalClient, error) {
-	c := m.redis.Client()
-	if c == nil {
-		return nil, errNotConnected
+// kv is the bucket and its TTL, or an error before it is made.
+func (m *Manager) kv() (jetstream.KeyValue, time.Duration, error) {
+	kv, ttl := m.bucket.Bucket()
+	if kv == nil || ttl <= 0 {
+		return nil, 0, fmt.Errorf("bucket %s: %w", gossip.ApplyBucket(m.opts.Region), errNotConnected)
 	}
-	return c, nil
+	return kv, ttl, nil
 }
 
-// lease runs op on the item's lease and returns its holder after it
-// (empty when free).
-func (m *Manager) lease(ctx context.Context, op string, it Item) (string, error) {
-	c, err := m.client()
+// claim takes the item's lease when it is free, or this member's already
+// (its earlier claim's reply lost), and returns the revision written; or
+// the holder when another holds it.
+func (m *Manager) claim(ctx context.Context, it Item) (rev uint64, holder string, err error) {
+	kv, _, err := m.kv()
+	if err != nil {
+		return 0, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.opTimeout())
+	defer cancel()
+	token := []byte(m.opts.Token)
+	rev, err = kv.Create(ctx, leaseKey(it), token)
+	if !errors.Is(err, jetstream.ErrKeyExists) {
+		return rev, m.opts.Token, err
+	}
+	e, err := kv.Get(ctx, leaseKey(it))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, "", nil // expired meanwhile: the next tick claims it
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	if string(e.Value()) != m.opts.Token {
+		return 0, string(e.Value()), nil
+	}
+	rev, err = kv.Update(ctx, leaseKey(it), token, e.Revision())
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, "", nil
+	}
+	return rev, m.opts.Token, err
+}
+
+// errTaken is renew's error for a lease rewritten since this member's last
+// write: it expired, and another member may hold it.
+var errTaken = errors.New("lease rewritten by another")
+
+// renew rewrites h's lease at the revision this member last wrote, and
+// returns the new one.
+func (m *Manager) renew(ctx context.Context, h *Held) (uint64, error) {
+	kv, _, err := m.kv()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.opTimeout())
+	defer cancel()
+	rev, err := kv.Update(ctx, leaseKey(h.Item), []byte(m.opts.Token), h.rev)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		return 0, errTaken
+	}
+	return rev, err
+}
+
+// release deletes h's lease if this member wrote it last.
+func (m *Manager) release(ctx context.Context, h *Held) error {
+	kv, _, err := m.kv()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.opTimeout())
+	defer cancel()
+	return kv.Delete(ctx, leaseKey(h.Item), jetstream.LastRevision(h.rev))
+}
+
+// holder reads who holds the item's lease: empty when it is free.
+func (m *Manager) holder(ctx context.Context, it Item) (string, error) {
+	kv, _, err := m.kv()
 	if err != nil {
 		return "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opTimeout())
 	defer cancel()
-	return leaseScript.Run(ctx, c, []string{LeaseKey(m.opts.Region, it)}, op, m.opts.Token, m.opts.TTL.Milliseconds()).Text()
+	e, err := kv.Get(ctx, leaseKey(it))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	return string(e.Value()), nil
 }
 
-// beat writes this member's heartbeat (op "beat") or removes it ("leave"),
-// and returns the members.
-func (m *Manager) beat(ctx context.Context, op string) ([]string, error) {
-	c, err := m.client()
+// beat writes when this member's heartbeat ends into the members (leave:
+// removes it), drops those whose heartbeat ended, and returns the members
+// left. The members are one key, a map from token to the end of its
+// heartbeat (Unix ms on its writer's clock: placement tolerates the skew
+// between the region's hosts), rewritten at its revision.
+func (m *Manager) beat(ctx context.Context, leave bool) ([]string, error) {
+	kv, ttl, err := m.kv()
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.opTimeout())
 	defer cancel()
-	return membersScript.Run(ctx, c, []string{MembersKey(m.opts.Region)}, op, m.opts.Token, m.opts.TTL.Milliseconds()).StringSlice()
+	for {
+		var rev uint64
+		members := map[string]int64{}
+		e, err := kv.Get(ctx, membersKey)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err != nil:
+			return nil, err
+		default:
+			rev = e.Revision()
+			if err := json.Unmarshal(e.Value(), &members); err != nil {
+				m.log.Warn("apply members unreadable: written again", "err", err)
+				members = map[string]int64{}
+			}
+		}
+		now := time.Now().UnixMilli()
+		maps.DeleteFunc(members, func(_ string, end int64) bool { return end <= now })
+		if leave {
+			delete(members, m.opts.Token)
+		} else {
+			members[m.opts.Token] = now + ttl.Milliseconds()
+		}
+		data, err := json.Marshal(members)
+		if err != nil {
+			return nil, err
+		}
+		if rev == 0 {
+			_, err = kv.Create(ctx, membersKey, data)
+		} else {
+			_, err = kv.Update(ctx, membersKey, data, rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			continue // another member wrote meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
+		return slices.Sorted(maps.Keys(members)), nil
+	}
 }
 
 // tick is one round of Run.
@@ -273,7 +411,11 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 	if ctx.Err() != nil {
 		return
 	}
-	if members, err := m.beat(ctx, "beat"); err != nil {
+	_, ttl, err := m.kv()
+	if err != nil {
+		return // not set up yet
+	}
+	if members, err := m.beat(ctx, false); err != nil {
 		m.log.Warn("apply leases: heartbeat not written, placing with the members last read", "err", err)
 	} else {
 		m.members = members
@@ -284,14 +426,15 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 	}
 	place := Assign(want, members)
 	now := time.Now()
-	// Held leases: dropped when no longer wanted here, lost when their
-	// validity ran out with no renewal, else renewed.
+	// Held leases: dropped when no longer placed here, lost when their
+	// validity ran out with no renewal (past it by a fifth of the TTL:
+	// surely expired), else renewed.
 	var renew []*Held
 	for it, h := range m.held {
 		switch {
 		case place[it] != m.opts.Token:
 			m.drop(h, false, "no longer placed here")
-		case now.After(h.Until().Add(m.margin())):
+		case now.After(h.Until().Add(ttl / 5)):
 			m.drop(h, true, "not renewed in time")
 		default:
 			renew = append(renew, h)
@@ -310,6 +453,7 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 		}
 	}
 	type answer struct {
+		rev    uint64
 		holder string
 		err    error
 		sent   time.Time
@@ -319,44 +463,43 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 	for i, h := range renew {
 		wg.Go(func() {
 			renewed[i].sent = time.Now()
-			renewed[i].holder, renewed[i].err = m.lease(ctx, "renew", h.Item)
+			renewed[i].rev, renewed[i].err = m.renew(ctx, h)
 		})
 	}
 	for i, it := range claim {
 		wg.Go(func() {
 			claimed[i].sent = time.Now()
-			claimed[i].holder, claimed[i].err = m.lease(ctx, "claim", it)
+			claimed[i].rev, claimed[i].holder, claimed[i].err = m.claim(ctx, it)
 		})
 	}
 	for i, it := range look {
-		wg.Go(func() { looked[i].holder, looked[i].err = m.lease(ctx, "read", it) })
+		wg.Go(func() { looked[i].holder, looked[i].err = m.holder(ctx, it) })
 	}
 	wg.Wait()
 	for i, h := range renew {
 		a := renewed[i]
 		switch {
+		case errors.Is(a.err, errTaken):
+			m.drop(h, true, a.err.Error())
 		case a.err != nil:
 			m.log.Debug("apply lease not renewed", "partition", h.Item.String(), "err", a.err)
-		case a.holder != m.opts.Token:
-			m.drop(h, true, "held by another: "+a.holder)
 		default:
-			h.until.Store(a.sent.Add(m.opts.TTL - m.margin()).UnixNano())
+			h.rev = a.rev
+			h.until.Store(a.sent.Add(valid(ttl)).UnixNano())
 			if isDone(h.done) && ctx.Err() == nil {
 				m.launch(ctx, h, start)
 			}
 		}
 	}
 	for i, it := range look {
-		if looked[i].err == nil && looked[i].holder == "" {
-			m.free[it]++
-			if m.free[it] >= 2 {
-				claim = append(claim, it)
-				a := answer{sent: time.Now()}
-				a.holder, a.err = m.lease(ctx, "claim", it)
-				claimed = append(claimed, a)
-			}
-		} else {
+		if looked[i].err != nil || looked[i].holder != "" {
 			delete(m.free, it)
+			continue
+		}
+		if m.free[it]++; m.free[it] >= 2 {
+			a := answer{sent: time.Now()}
+			a.rev, a.holder, a.err = m.claim(ctx, it)
+			claim, claimed = append(claim, it), append(claimed, a)
 		}
 	}
 	for i, it := range claim {
@@ -368,8 +511,8 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 			continue
 		}
 		delete(m.free, it)
-		h := &Held{Item: it}
-		h.until.Store(a.sent.Add(m.opts.TTL - m.margin()).UnixNano())
+		h := &Held{Item: it, rev: a.rev}
+		h.until.Store(a.sent.Add(valid(ttl)).UnixNano())
 		m.held[it] = h
 		m.m.held(it.Source, 1)
 		m.log.Info("apply lease claimed", "partition", it.String())
@@ -408,7 +551,7 @@ func (m *Manager) isDropping(it Item) bool {
 }
 
 // drop forgets h: it stops its loop and, once the loop returned, releases
-// the lease (if it is still this member's). Until then the item is not
+// the lease (if this member wrote it last). Until then the item is not
 // claimed again. lost says the lease was lost while applying.
 func (m *Manager) drop(h *Held, lost bool, why string) {
 	delete(m.held, h.Item)
@@ -427,9 +570,10 @@ func (m *Manager) drop(h *Held, lost bool, why string) {
 			h.cancel()
 			<-h.done
 		}
-		// Compare and delete: a lease another member holds now stays.
-		if _, err := m.lease(context.Background(), "release", h.Item); err != nil {
-			m.log.Debug("apply lease not released: it expires", "partition", h.Item.String(), "err", err)
+		if !m.abandon.Load() {
+			if err := m.release(context.Background(), h); err != nil {
+				m.log.Debug("apply lease not released: it expires", "partition", h.Item.String(), "err", err)
+			}
 		}
 		m.mu.Lock()
 		delete(m.dropping, h.Item)
@@ -438,19 +582,31 @@ func (m *Manager) drop(h *Held, lost bool, why string) {
 }
 
 // leave drops every lease, waits for their loops and releases, and
-// removes this member's heartbeat.
+// removes this member's heartbeat; abandoned, it only stops the loops.
 func (m *Manager) leave() {
 	for _, h := range m.held {
 		m.drop(h, false, "stopping")
 	}
 	m.drops.Wait()
-	if _, err := m.beat(context.Background(), "leave"); err != nil {
+	if m.abandon.Load() {
+		return
+	}
+	if _, err := m.beat(context.Background(), true); err != nil {
 		m.log.Debug("apply members: not left, the heartbeat expires", "err", err)
 	}
 }
 
-// Position is the position it is applied up to in the inbound stream made
-// at epoch: 0 when none is stored.
+// client is the Redis client, or an error before the store connected.
+func (m *Manager) client() (redis.UniversalClient, error) {
+	c := m.redis.Client()
+	if c == nil {
+		return nil, fmt.Errorf("redis: %w", errNotConnected)
+	}
+	return c, nil
+}
+
+// Position is the position the item is applied up to in the inbound
+// stream made at epoch: 0 when none is stored.
 func (m *Manager) Position(ctx context.Context, it Item, epoch int64) (uint64, error) {
 	c, err := m.client()
 	if err != nil {
@@ -472,31 +628,26 @@ func ReadPosition(ctx context.Context, c redis.UniversalClient, region string, i
 	return v, nil
 }
 
-// SetPosition stores that it is applied up to seq in the inbound stream
-// made at epoch, unless a later position is stored, and returns the
-// position after. It writes nothing and returns ErrNotHeld when this
-// member does not hold the item's lease.
+// SetPosition stores that the item is applied up to seq in the inbound
+// stream made at epoch, unless a later position is stored, and returns
+// the position after.
 func (m *Manager) SetPosition(ctx context.Context, it Item, epoch int64, seq uint64) (uint64, error) {
 	c, err := m.client()
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{PositionKey(m.opts.Region, it, epoch), LeaseKey(m.opts.Region, it)}
-	v, err := positionScript.Run(ctx, c, keys, strconv.FormatUint(seq, 10), max(m.opts.PositionTTL.Milliseconds(), 1), m.opts.Token).Int64()
+	v, err := positionScript.Run(ctx, c, []string{PositionKey(m.opts.Region, it, epoch)}, strconv.FormatUint(seq, 10), max(m.opts.PositionTTL.Milliseconds(), 1)).Uint64()
 	if err != nil {
 		return 0, fmt.Errorf("store position of %s: %w", it, err)
 	}
-	if v < 0 {
-		return 0, fmt.Errorf("store position of %s: %w", it, ErrNotHeld)
-	}
-	return uint64(v), nil
+	return v, nil
 }
 
 // Assign places items over members: each item, in a fixed order, goes to
 // the member its rendezvous hash ranks first among those below their
-// share, so that loads differ by one at most. Every member computes the same placement
-// from the same members. It returns each item's member; none with no
-// members.
+// share, so that loads differ by one at most. Every member computes the
+// same placement from the same members. It returns each item's member;
+// none with no members.
 func Assign(items []Item, members []string) map[Item]string {
 	out := make(map[Item]string, len(items))
 	if len(members) == 0 {

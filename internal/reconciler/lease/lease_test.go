@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
@@ -89,75 +92,128 @@ func TestAssign(t *testing.T) {
 }
 
 // cluster is a 3-primary Redis Cluster and a client of it.
-func cluster(t *testing.T) (*redistest.Cluster, *redis.ClusterClient) {
+func cluster(t *testing.T) *redis.ClusterClient {
 	t.Helper()
 	c := redistest.NewCluster(t, 3, 0)
 	rc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { rc.Close() })
-	return c, rc
+	return rc
 }
 
-// switchable is a Redis that stops answering once cut: a member whose
-// connection to Redis is gone, its loops still running.
-type switchable struct {
-	c   redis.UniversalClient
+// redisOf is a Redis of c.
+type redisOf struct{ c redis.UniversalClient }
+
+func (r redisOf) Client() redis.UniversalClient { return r.c }
+
+// bucket is a member's view of the region's bucket, which it stops
+// reaching once cut: a member whose NATS is gone, its loops still running.
+type bucket struct {
+	kv  jetstream.KeyValue
+	ttl time.Duration
 	cut atomic.Bool
 }
 
-func (s *switchable) Client() redis.UniversalClient {
-	if s.cut.Load() {
-		return nil
+func (b *bucket) Bucket() (jetstream.KeyValue, time.Duration) {
+	if b.cut.Load() {
+		return nil, 0
 	}
-	return s.c
+	return b.kv, b.ttl
 }
 
-// TestLeaseAndPosition: a lease is claimed by one token at a time,
-// renewed and released by its holder only; a position moves only forward,
-// and only under the lease.
-func TestLeaseAndPosition(t *testing.T) {
-	_, rc := cluster(t)
+// newBucket starts a NATS server and makes eu-west's bucket on it, with
+// leases that live ttl.
+func newBucket(t *testing.T, ttl time.Duration) jetstream.KeyValue {
+	t.Helper()
+	srv := natstest.NewServer(t)
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.CreateKeyValue(ctx, BucketConfig("eu-west", ttl, 1, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// TestLeases: a lease is claimed by one member at a time, renewed and
+// released by the member that wrote it last only, and expires unless
+// renewed; a position moves only forward.
+func TestLeases(t *testing.T) {
+	const ttl = 2 * time.Second
+	kv := newBucket(t, ttl)
+	rc := cluster(t)
 	ctx := context.Background()
 	it := Item{"us-east", 3}
-	a := New(Options{Region: "eu-west", Token: "a", TTL: 2 * time.Second, PositionTTL: time.Minute}, &switchable{c: rc}, nil)
-	b := New(Options{Region: "eu-west", Token: "b", TTL: 2 * time.Second, PositionTTL: time.Minute}, &switchable{c: rc}, nil)
-	step := func(m *Manager, op, want string) {
+	newMember := func(token string) *Manager {
+		return New(Options{Region: "eu-west", Token: token, TTL: ttl, PositionTTL: time.Minute, Logger: quiet()}, &bucket{kv: kv, ttl: ttl}, redisOf{rc}, nil)
+	}
+	a, b := newMember("a"), newMember("b")
+	claim := func(m *Manager, want string) uint64 {
 		t.Helper()
-		got, err := m.lease(ctx, op, it)
-		if err != nil || got != want {
-			t.Fatalf("%s %s: holder %q, %v; want %q", m.Token(), op, got, err, want)
+		rev, holder, err := m.claim(ctx, it)
+		if err != nil || holder != want {
+			t.Fatalf("%s claims: holder %q, %v; want %q", m.Token(), holder, err, want)
+		}
+		return rev
+	}
+	holder := func(want string) {
+		t.Helper()
+		if got, err := a.holder(ctx, it); got != want || err != nil {
+			t.Fatalf("holder %q, %v; want %q", got, err, want)
 		}
 	}
-	step(a, "read", "")
-	step(a, "claim", "a")
-	step(b, "claim", "a")
-	step(a, "claim", "a") // again: held
-	step(b, "renew", "a")
-	step(b, "release", "a")
-	step(a, "renew", "a")
-	if ttl := rc.PTTL(ctx, LeaseKey("eu-west", it)).Val(); ttl <= time.Second || ttl > 2*time.Second {
-		t.Errorf("lease lives %v after a renewal, want about 2s", ttl)
+	holder("")
+	rev := claim(a, "a")
+	claim(b, "a")
+	if again := claim(a, "a"); again <= rev {
+		t.Errorf("a's claim of its own lease wrote revision %d, after %d", again, rev)
+	} else {
+		rev = again
 	}
-	for _, c := range []struct {
-		m    *Manager
-		seq  uint64
-		want uint64
-		err  error
-	}{{a, 10, 10, nil}, {a, 7, 10, nil}, {a, 12, 12, nil}, {b, 20, 0, ErrNotHeld}} {
-		got, err := c.m.SetPosition(ctx, it, 42, c.seq)
-		if !errors.Is(err, c.err) || got != c.want {
-			t.Errorf("%s sets %d: %d, %v; want %d, %v", c.m.Token(), c.seq, got, err, c.want, c.err)
+	if _, err := b.renew(ctx, &Held{Item: it, rev: rev - 1}); !errors.Is(err, errTaken) {
+		t.Errorf("a renewal at an old revision: %v, want errTaken", err)
+	}
+	if err := b.release(ctx, &Held{Item: it, rev: rev - 1}); err == nil {
+		t.Error("a release at an old revision deleted the lease")
+	}
+	holder("a")
+	h := &Held{Item: it, rev: rev}
+	if h.rev, _ = a.renew(ctx, h); h.rev <= rev {
+		t.Fatalf("a's renewal wrote revision %d, after %d", h.rev, rev)
+	}
+	if err := a.release(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	holder("")
+	rev = claim(b, "b")
+	time.Sleep(ttl + 500*time.Millisecond) // b does not renew
+	holder("")
+	if _, err := b.renew(ctx, &Held{Item: it, rev: rev}); !errors.Is(err, errTaken) {
+		t.Errorf("a renewal of an expired lease: %v, want errTaken", err)
+	}
+	claim(a, "a")
+
+	for _, c := range []struct{ seq, want uint64 }{{10, 10}, {7, 10}, {12, 12}} {
+		if got, err := b.SetPosition(ctx, it, 42, c.seq); err != nil || got != c.want {
+			t.Errorf("sets %d: %d, %v; want %d", c.seq, got, err, c.want)
 		}
 	}
-	if got, err := b.Position(ctx, it, 42); got != 12 || err != nil {
+	if got, err := a.Position(ctx, it, 42); got != 12 || err != nil {
 		t.Errorf("position %d, %v; want 12", got, err)
 	}
-	if got, err := b.Position(ctx, it, 43); got != 0 || err != nil {
+	if got, err := a.Position(ctx, it, 43); got != 0 || err != nil {
 		t.Errorf("position of another epoch %d, %v; want 0", got, err)
 	}
-	step(a, "release", "")
-	step(b, "claim", "b")
-	if _, err := a.SetPosition(ctx, it, 42, 30); !errors.Is(err, ErrNotHeld) {
-		t.Errorf("a set a position under b's lease: %v", err)
+	if ttl := rc.PTTL(ctx, PositionKey("eu-west", it, 42)).Val(); ttl <= 50*time.Second {
+		t.Errorf("a position lives %v, want about a minute", ttl)
 	}
 }
 
@@ -241,17 +297,17 @@ func (w *writes) loop(member string) func(ctx context.Context, h *Held) {
 
 // TestMembersSplitAndTakeOver: two members split 16 partitions evenly;
 // when one is stopped the other takes them all, and when the other loses
-// its Redis (its loops still running) the first takes them all after the
-// TTL; no partition is ever written by one member while another counts
-// its lease valid.
+// NATS (its loops still running) the first takes them all after the TTL;
+// no partition is ever written by one member while another counts its
+// lease valid, and none counts a lease valid after it expired.
 func TestMembersSplitAndTakeOver(t *testing.T) {
-	_, rc := cluster(t)
 	const ttl = 2 * time.Second
+	kv := newBucket(t, ttl)
 	all := items([]string{"us-east", "ap-south"}, 8)
 	w := newWrites()
-	start := func(token string) (*Manager, *switchable, context.CancelFunc, chan struct{}) {
-		r := &switchable{c: rc}
-		m := New(Options{Region: "eu-west", Token: token, TTL: ttl, PositionTTL: time.Minute, Logger: quiet()}, r, nil)
+	start := func(token string) (*Manager, *bucket, context.CancelFunc, chan struct{}) {
+		b := &bucket{kv: kv, ttl: ttl}
+		m := New(Options{Region: "eu-west", Token: token, TTL: ttl, PositionTTL: time.Minute, Logger: quiet()}, b, redisOf{}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		go func() {
@@ -259,7 +315,7 @@ func TestMembersSplitAndTakeOver(t *testing.T) {
 			m.Run(ctx, func() []Item { return all }, w.loop(token))
 		}()
 		t.Cleanup(func() { cancel(); <-done })
-		return m, r, cancel, done
+		return m, b, cancel, done
 	}
 	// settled waits until the members' loops have written want items
 	// each, over a tick.
@@ -294,16 +350,17 @@ func TestMembersSplitAndTakeOver(t *testing.T) {
 	settled(map[string]int{"a": 16})
 	t.Logf("a stopped member's partitions taken over in %v", time.Since(began).Round(10*time.Millisecond))
 
-	_, rc2, _, _ := start("c")
+	_, bc, _, _ := start("c")
 	settled(map[string]int{"a": 8, "c": 8})
 	began = time.Now()
-	rc2.cut.Store(true) // c keeps looping, without Redis
-	// When each of c's leases expires in Redis, read right after the cut.
+	bc.cut.Store(true) // c keeps looping, without NATS
+	// When each of c's leases expires, read right after the cut: its last
+	// write, on the server's clock (the same host's), and the TTL.
 	expires := map[Item]time.Time{}
 	for _, it := range all {
-		ctx := context.Background()
-		if rc.Get(ctx, LeaseKey("eu-west", it)).Val() == "c" {
-			expires[it] = time.Now().Add(rc.PTTL(ctx, LeaseKey("eu-west", it)).Val())
+		e, err := kv.Get(context.Background(), leaseKey(it))
+		if err == nil && string(e.Value()) == "c" {
+			expires[it] = e.Created().Add(ttl)
 		}
 	}
 	settled(map[string]int{"a": 16, "c": 0})
@@ -315,7 +372,7 @@ func TestMembersSplitAndTakeOver(t *testing.T) {
 	}
 	for it, exp := range expires {
 		if u := w.last["c"][it]; !u.Before(exp) {
-			t.Errorf("c counted its lease of %s valid until %v after it expired in Redis", it, u.Sub(exp))
+			t.Errorf("c counted its lease of %s valid until %v after it expired", it, u.Sub(exp))
 		}
 	}
 	for _, o := range w.overlap {
