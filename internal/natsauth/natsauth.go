@@ -116,6 +116,18 @@ func destructive(regions []string) []string {
 	return out
 }
 
+// otherBuckets are the writes of the buckets a reconciler of self does not
+// write: the rules bucket and the other regions' apply leases.
+func otherBuckets(self string, regions []string) []string {
+	out := []string{"$KV." + rulesource.DefaultBucket + ".>"}
+	for _, r := range regions {
+		if r != self {
+			out = append(out, "$KV."+gossip.ApplyBucket(r)+".>")
+		}
+	}
+	return out
+}
+
 // inbox is where the replies to identity come (JetStream API answers,
 // publish acks, messages fetched from a pull consumer): its own inbox
 // prefix alone, so no identity reads another's.
@@ -146,6 +158,11 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		// read, never deleted (they go once idle).
 		pub = append(pub, api+"CONSUMER.LIST."+in, api+"CONSUMER.INFO."+in+".*", api+"CONSUMER.MSG.NEXT."+in+".*")
 		pub = append(pub, consumer(local, "relay", "")...)
+		// The region's bucket of apply leases: made, read (directly) and
+		// written; its own alone.
+		bucket := gossip.ApplyBucket(self)
+		pub = append(pub, "$KV."+bucket+".>", api+"STREAM.INFO.KV_"+bucket, api+"STREAM.CREATE.KV_"+bucket,
+			api+"DIRECT.GET.KV_"+bucket, api+"DIRECT.GET.KV_"+bucket+".>", api+"STREAM.MSG.GET.KV_"+bucket)
 		for _, src := range regions {
 			if src != self {
 				// The other regions' spends streams are looked up (never
@@ -166,7 +183,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		}
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
-			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive(regions)...),
+			PublishDeny:    append(append([]string{gossip.LocalSubjectPrefix + ">"}, otherBuckets(self, regions)...), destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:
