@@ -269,7 +269,7 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []Message) (d
 		for k, it := range toApply {
 			batch[k] = redisstore.MessageDebits{Pos: it.pos, Clients: it.direct}
 		}
-		res, err := a.store.ApplyMessages(actx, src.Name, a.markerTTL(), batch)
+		res, err := a.store.ApplyMessages(actx, src.Name, a.MarkerTTL(), batch)
 		for k, it := range toApply {
 			it.res = res[k]
 			a.observe(src.Name, it.b.GetFirstAdmittedUnixMicros(), it.res, it.direct)
@@ -374,13 +374,13 @@ func (a *Applier) ack(_ context.Context, src string, seq uint64, msg jetstream.M
 	}
 }
 
-// markerTTL is how long a client's marker lives: as long as a message can
-// be delivered again, which is as long as the stream keeps it, with ten ack
-// waits as a margin for a redelivery near the end of it.
-func (a *Applier) markerTTL() time.Duration { return a.opts.StreamMaxAge + 10*a.opts.AckWait }
+// MarkerTTL is how long a client's marker lives: as long as a message can
+// be read again, which is as long as the stream keeps it, with ten ack
+// waits as a margin for one read again near the end of it.
+func (a *Applier) MarkerTTL() time.Duration { return a.opts.StreamMaxAge + 10*a.opts.AckWait }
 
 // recordTTL is how long a flush's record lives: as long as a marker.
-func (a *Applier) recordTTL() time.Duration { return a.markerTTL() }
+func (a *Applier) recordTTL() time.Duration { return a.MarkerTTL() }
 
 // debits groups spends by client, with this region's limits; spends of
 // rules this region does not have or does not reconcile are skipped. An
