@@ -155,7 +155,9 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		// The inbound stream's consumers are listed (their backlogs). Its
 		// apply consumers are ephemeral, named by their reader: pulled,
 		// never acknowledged (the position is kept in Redis), their info
-		// read, never deleted (they go once idle).
+		// read (and the ack floor of a durable one of an earlier release,
+		// where a partition with no position starts), never deleted (they
+		// go once idle).
 		pub = append(pub, api+"CONSUMER.LIST."+in, api+"CONSUMER.INFO."+in+".*", api+"CONSUMER.MSG.NEXT."+in+".*")
 		pub = append(pub, consumer(local, "relay", "")...)
 		// The region's bucket of apply leases: made, read (directly) and
@@ -174,9 +176,6 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				// --apply.partitions allows.
 				for p := range gossip.MaxPartitions {
 					pub = append(pub, api+"CONSUMER.CREATE."+in+".*."+gossip.PartitionSubject(src, p))
-					// The durable one of earlier releases, until they are gone.
-					apply := "apply-" + self + "-from-" + src + "-p" + strconv.Itoa(p)
-					pub = append(pub, consumer(in, apply, gossip.PartitionSubject(src, p))...)
 				}
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)
 			}

@@ -156,7 +156,7 @@ func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	applies := regexp.MustCompile(`^\$JS\.API\.CONSUMER\.CREATE\.LIMITER_IN_US_EAST\.\*\.limiter\.relay\.(eu-west|ap-south)\.([0-9]+)$`)
 	n := 0
 	for _, s := range p.PublishAllow {
-		if !strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.*.") {
+		if !strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.") {
 			continue
 		}
 		if applies.FindStringSubmatch(s) == nil {
@@ -171,6 +171,11 @@ func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	for _, s := range []string{"$JS.API.CONSUMER.MSG.NEXT.LIMITER_IN_US_EAST.*", "$JS.API.CONSUMER.INFO.LIMITER_IN_US_EAST.*"} {
 		if !slices.Contains(p.PublishAllow, s) {
 			t.Errorf("reconciler of us-east may not publish %s", s)
+		}
+	}
+	for _, s := range p.PublishAllow {
+		if strings.HasPrefix(s, "$JS.ACK.LIMITER_IN_US_EAST.") || strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.apply-") {
+			t.Errorf("reconciler of us-east may publish %s: its apply consumers are ephemeral and take no acks", s)
 		}
 	}
 }
