@@ -302,7 +302,7 @@ func New(opts Options) (*Reconciler, error) {
 	r.sources = otherRegions(topo.Active(), opts.Region)
 	r.registry = reg
 	r.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if r.m, err = newMetrics(r.registry, r.sources); err != nil {
+	if r.m, err = newMetrics(r.registry, r.sources, opts.Partitions); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -1164,6 +1164,8 @@ func partitionBacklog(readers []*jetstream.ConsumerInfo, self, src string, parti
 type metrics struct {
 	apply        *apply.Metrics
 	leases       *lease.Metrics
+	partitions   float64
+	partitionsOf *prometheus.GaugeVec
 	batches      prometheus.Histogram
 	relayed      prometheus.Counter
 	retryBacklog *prometheus.GaugeVec
@@ -1174,7 +1176,7 @@ type metrics struct {
 	sourceResets *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, sources []string, partitions int) (*metrics, error) {
 	am, err := apply.NewMetrics(reg)
 	if err != nil {
 		return nil, err
@@ -1184,8 +1186,13 @@ func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 		return nil, err
 	}
 	m := &metrics{
-		apply:  am,
-		leases: lm,
+		apply:      am,
+		leases:     lm,
+		partitions: float64(partitions),
+		partitionsOf: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_apply_partitions",
+			Help: "Partitions of a source region's spends this region applies (--apply.partitions): the region's reconcilers hold as many leases of them between them when every partition is applied.",
+		}, []string{"source_region"}),
 		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "limiter_apply_batch_messages",
 			Help:    "Spend messages of a partition applied together, in one round trip per Redis node.",
@@ -1220,7 +1227,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 			Help: "Times this reconciler reset a stalled source of the inbound stream (removed and added back) once the source region's spends stream answered, cutting short nats-server's retry backoff.",
 		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.batches, m.relayed, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
+	for _, c := range []prometheus.Collector{m.batches, m.partitionsOf, m.relayed, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -1234,6 +1241,8 @@ func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 // addSource makes the series of a source region.
 func (m *metrics) addSource(src string) {
 	m.apply.AddSource(src)
+	m.partitionsOf.WithLabelValues(src).Set(m.partitions)
+	m.leases.Held.WithLabelValues(src)
 	m.retryBacklog.WithLabelValues(src)
 	m.backlog.WithLabelValues(src)
 	m.sourceStalls.WithLabelValues(src)
@@ -1241,8 +1250,10 @@ func (m *metrics) addSource(src string) {
 }
 
 // removeSource drops the gauges of a source region no longer applied (its
-// counters stay, as counted).
+// counters stay, as counted; its partitions held fall to 0 as their
+// leases are released).
 func (m *metrics) removeSource(src string) {
+	m.partitionsOf.DeleteLabelValues(src)
 	m.retryBacklog.DeleteLabelValues(src)
 	m.backlog.DeleteLabelValues(src)
 	m.sourceActive.DeleteLabelValues(src)
