@@ -30,9 +30,13 @@ import (
 
 const (
 	// applyBatch is the most messages applied in one batch, and
-	// applyBatchBytes the most bytes (a first message larger goes alone).
+	// applyBatchBytes the most bytes (a first message larger goes alone):
+	// 64 messages of a few clients, or about 10,000 clients of large
+	// messages, some tens of ms of Redis work, well within a lease's
+	// validity left when a batch starts (a quarter of the TTL at least),
+	// which is the deadline of its writes.
 	applyBatch      = 64
-	applyBatchBytes = 1 << 20
+	applyBatchBytes = 256 << 10
 	// applyLinger is how long a batch waits for one more message already
 	// on its way once it has one.
 	applyLinger = time.Millisecond
