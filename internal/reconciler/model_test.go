@@ -117,18 +117,18 @@ func modelRun(t *testing.T, seed uint64) {
 			}
 			data := batchOf(t, "us-east", "model", uint64(f+1), spends...)
 			// Published once: again under the same id until the stream
-			// says it has it (a NATS restart in between).
-			for {
+			// says it has it (a NATS restart in between; a publish whose
+			// ack was lost may be stored already, so it is not given up).
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				_, err := js.Publish(ctx, gossip.LocalSubject("us-east"), data, jetstream.WithMsgID(fmt.Sprintf("model-%d", f)))
 				cancel()
 				if err == nil {
 					break
 				}
-				select {
-				case <-stop:
-					return // not published: not in the model
-				case <-time.After(100 * time.Millisecond):
+				if time.Now().After(deadline) {
+					t.Errorf("flush %d not published within 30s: %v", f, err)
+					return
 				}
 			}
 			mu.Lock()
