@@ -210,8 +210,9 @@ func valid(ttl time.Duration) time.Duration { return ttl - ttl/5 }
 // use.
 type Held struct {
 	Item Item
-	// until is when the lease stops being valid (Unix ns).
-	until atomic.Int64
+	// until is when the lease stops being valid, on the monotonic clock
+	// (a wall clock stepped meanwhile does not move it).
+	until atomic.Pointer[time.Time]
 	// rev is the lease's revision this member last wrote.
 	rev uint64
 	// cancel stops the loop; done is closed when it returned.
@@ -222,7 +223,18 @@ type Held struct {
 // Until is the instant the lease stops being valid for its holder: the
 // last renewal's send time plus the TTL less a fifth. Every write of the
 // partition's loop must be over by then.
-func (h *Held) Until() time.Time { return time.Unix(0, h.until.Load()) }
+func (h *Held) Until() time.Time {
+	if u := h.until.Load(); u != nil {
+		return *u
+	}
+	return time.Time{}
+}
+
+// setUntil records a write of the lease sent at sent, to a bucket of ttl.
+func (h *Held) setUntil(sent time.Time, ttl time.Duration) {
+	u := sent.Add(valid(ttl))
+	h.until.Store(&u)
+}
 
 // WaitValid waits until the lease is valid for at least need more, and
 // returns until when, or ctx's error.
@@ -485,7 +497,7 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 			m.log.Debug("apply lease not renewed", "partition", h.Item.String(), "err", a.err)
 		default:
 			h.rev = a.rev
-			h.until.Store(a.sent.Add(valid(ttl)).UnixNano())
+			h.setUntil(a.sent, ttl)
 			if isDone(h.done) && ctx.Err() == nil {
 				m.launch(ctx, h, start)
 			}
@@ -512,7 +524,7 @@ func (m *Manager) tick(ctx context.Context, want []Item, start func(context.Cont
 		}
 		delete(m.free, it)
 		h := &Held{Item: it, rev: a.rev}
-		h.until.Store(a.sent.Add(valid(ttl)).UnixNano())
+		h.setUntil(a.sent, ttl)
 		m.held[it] = h
 		m.m.held(it.Source, 1)
 		m.log.Info("apply lease claimed", "partition", it.String())
