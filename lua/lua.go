@@ -101,6 +101,10 @@ func Seen() string { return mustRead("seen") }
 // seen_batch.lua).
 func SeenBatch() string { return mustRead("seen_batch") }
 
+// PartitionPosition returns the script that moves a partition's applied
+// position forward, never back (see partition_position.lua).
+func PartitionPosition() string { return mustRead("partition_position") }
+
 // Multi returns the script that checks several rules of one client all or
 // nothing (see multi_main.lua).
 func Multi(clock Clock) string { return withAll(clock, "multi_main") }

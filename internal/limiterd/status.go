@@ -95,9 +95,9 @@ func (d *Daemon) currentEngine() interface{ TopLimitedRules() []string } {
 	return d.engine
 }
 
-// reconcileLag reads the reconciler's consumers of this region's inbound
-// stream: per source region, the spends not yet applied and the last
-// acknowledgement. note says why there is nothing to show.
+// reconcileLag reads the readers of this region's inbound stream that the
+// reconcilers apply each partition with: per source region, the spends not
+// yet read and the last one read. note says why there is nothing to show.
 func (d *Daemon) reconcileLag(ctx context.Context) (lags []statuspage.Lag, note string) {
 	if d.nc == nil {
 		return nil, "No NATS (--nats.url): no reconciliation."
@@ -113,11 +113,36 @@ func (d *Daemon) reconcileLag(ctx context.Context) (lags []statuspage.Lag, note 
 	if err != nil {
 		return nil, "Reconciliation: " + err.Error()
 	}
-	by := map[string]*statuspage.Lag{}
+	var infos []*jetstream.ConsumerInfo
 	list := stream.ListConsumers(ctx)
 	for info := range list.Info() {
-		rest, ok := strings.CutPrefix(info.Config.FilterSubject, gossip.RelaySubjectPrefix)
-		if !ok {
+		infos = append(infos, info)
+	}
+	if err := list.Err(); err != nil {
+		return nil, "Reconciliation: " + err.Error()
+	}
+	if lags = lagOf(infos); len(lags) == 0 {
+		return nil, "No reconciler reads this region's inbound stream yet."
+	}
+	return lags, ""
+}
+
+// lagOf is the lag of each source region, sorted by name, from the
+// consumers of the inbound stream: its partitions' readers, ephemeral
+// consumers filtered to one partition's subject. A partition counts its
+// reader furthest on (the current one's: a reader left by a reconciler
+// gone falls behind); a durable consumer (an earlier release's) is not a
+// reader.
+func lagOf(infos []*jetstream.ConsumerInfo) []statuspage.Lag {
+	type partition struct {
+		pending uint64
+		last    time.Time
+	}
+	parts := map[string]*partition{} // by subject
+	for _, info := range infos {
+		subject := info.Config.FilterSubject
+		rest, ok := strings.CutPrefix(subject, gossip.RelaySubjectPrefix)
+		if !ok || info.Config.Durable != "" {
 			continue
 		}
 		i := strings.LastIndexByte(rest, '.')
@@ -127,28 +152,35 @@ func (d *Daemon) reconcileLag(ctx context.Context) (lags []statuspage.Lag, note 
 		if _, err := strconv.Atoi(rest[i+1:]); err != nil {
 			continue
 		}
-		src := rest[:i]
+		p := parts[subject]
+		if p == nil || info.NumPending < p.pending {
+			p = &partition{pending: info.NumPending}
+			parts[subject] = p
+		}
+		if last := info.Delivered.Last; last != nil && last.After(p.last) {
+			p.last = *last
+		}
+	}
+	by := map[string]*statuspage.Lag{}
+	for subject, p := range parts {
+		rest := strings.TrimPrefix(subject, gossip.RelaySubjectPrefix)
+		src := rest[:strings.LastIndexByte(rest, '.')]
 		l := by[src]
 		if l == nil {
 			l = &statuspage.Lag{Source: src}
 			by[src] = l
 		}
-		l.Pending += info.NumPending + uint64(max(info.NumAckPending, 0))
-		if last := info.AckFloor.Last; last != nil && last.After(l.LastApplied) {
-			l.LastApplied = *last
+		l.Pending += p.pending
+		if p.last.After(l.LastApplied) {
+			l.LastApplied = p.last
 		}
 	}
-	if err := list.Err(); err != nil {
-		return nil, "Reconciliation: " + err.Error()
-	}
+	var lags []statuspage.Lag
 	for _, l := range by {
 		lags = append(lags, *l)
 	}
 	slices.SortFunc(lags, func(a, b statuspage.Lag) int { return strings.Compare(a.Source, b.Source) })
-	if len(lags) == 0 {
-		return nil, "No reconciler consumes this region's inbound stream yet."
-	}
-	return lags, ""
+	return lags
 }
 
 // tryCheck answers the status page's form: a check, or its usage.

@@ -116,6 +116,18 @@ func destructive(regions []string) []string {
 	return out
 }
 
+// otherBuckets are the writes of the buckets a reconciler of self does not
+// write: the rules bucket and the other regions' apply leases.
+func otherBuckets(self string, regions []string) []string {
+	out := []string{"$KV." + rulesource.DefaultBucket + ".>"}
+	for _, r := range regions {
+		if r != self {
+			out = append(out, "$KV."+gossip.ApplyBucket(r)+".>")
+		}
+	}
+	return out
+}
+
 // inbox is where the replies to identity come (JetStream API answers,
 // publish acks, messages fetched from a pull consumer): its own inbox
 // prefix alone, so no identity reads another's.
@@ -140,9 +152,19 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		for _, stream := range []string{local, spends, in, retry} {
 			pub = append(pub, api+"STREAM.INFO."+stream, api+"STREAM.CREATE."+stream, api+"STREAM.UPDATE."+stream)
 		}
-		// The inbound stream's consumers are listed (their backlogs).
-		pub = append(pub, api+"CONSUMER.LIST."+in)
+		// The inbound stream's consumers are listed (their backlogs). Its
+		// apply consumers are ephemeral, named by their reader: pulled,
+		// never acknowledged (the position is kept in Redis), their info
+		// read (and the ack floor of a durable one of an earlier release,
+		// where a partition with no position starts), never deleted (they
+		// go once idle).
+		pub = append(pub, api+"CONSUMER.LIST."+in, api+"CONSUMER.INFO."+in+".*", api+"CONSUMER.MSG.NEXT."+in+".*")
 		pub = append(pub, consumer(local, "relay", "")...)
+		// The region's bucket of apply leases: made, read (directly) and
+		// written; its own alone.
+		bucket := gossip.ApplyBucket(self)
+		pub = append(pub, "$KV."+bucket+".>", api+"STREAM.INFO.KV_"+bucket, api+"STREAM.CREATE.KV_"+bucket,
+			api+"DIRECT.GET.KV_"+bucket, api+"DIRECT.GET.KV_"+bucket+".>", api+"STREAM.MSG.GET.KV_"+bucket)
 		for _, src := range regions {
 			if src != self {
 				// The other regions' spends streams are looked up (never
@@ -150,18 +172,17 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 				// stream may be set up again now; and a message get by
 				// start time finds the sequence a source added starts at.
 				pub = append(pub, api+"STREAM.INFO."+gossip.RegionStream(src), api+"STREAM.MSG.GET."+gossip.RegionStream(src))
-				// One in-order consumer per partition, as many as any
+				// Apply consumers of one partition each, as many as any
 				// --apply.partitions allows.
 				for p := range gossip.MaxPartitions {
-					apply := "apply-" + self + "-from-" + src + "-p" + strconv.Itoa(p)
-					pub = append(pub, consumer(in, apply, gossip.PartitionSubject(src, p))...)
+					pub = append(pub, api+"CONSUMER.CREATE."+in+".*."+gossip.PartitionSubject(src, p))
 				}
 				pub = append(pub, consumer(retry, "retry-"+self+"-from-"+src, gossip.RetrySubjectPrefix+self+"."+src+".>")...)
 			}
 		}
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
-			PublishDeny:    append([]string{"$KV.>", gossip.LocalSubjectPrefix + ">"}, destructive(regions)...),
+			PublishDeny:    append(append([]string{gossip.LocalSubjectPrefix + ">"}, otherBuckets(self, regions)...), destructive(regions)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:

@@ -37,7 +37,8 @@ func TestGenerateRefusesBadRegions(t *testing.T) {
 
 // TestLimiterdMayNotWrite: the allow lists of the read-only identities hold
 // no subject that writes rules or destroys a stream, and the deny lists
-// name them, whatever an allow list holds.
+// name them, whatever an allow list holds. (A reconciler writes its
+// region's bucket of apply leases, and no other bucket.)
 func TestLimiterdMayNotWrite(t *testing.T) {
 	regions := []string{"us-east", "eu-west", "ap-south"}
 	for _, role := range []natsauth.Role{natsauth.RoleLimiterd, natsauth.RoleReconciler} {
@@ -45,7 +46,8 @@ func TestLimiterdMayNotWrite(t *testing.T) {
 		for _, s := range p.PublishAllow {
 			for _, bad := range []string{"$KV.", "DELETE", "PURGE"} {
 				// A watch of the rules deletes its own ephemeral consumer.
-				if strings.Contains(s, bad) && s != "$JS.API.CONSUMER.DELETE.KV_limiter_rules.>" {
+				if strings.Contains(s, bad) && s != "$JS.API.CONSUMER.DELETE.KV_limiter_rules.>" &&
+					(role != natsauth.RoleReconciler || s != "$KV.LIMITER_APPLY_US_EAST.>") {
 					t.Errorf("%s may publish %s", role, s)
 				}
 			}
@@ -54,8 +56,12 @@ func TestLimiterdMayNotWrite(t *testing.T) {
 				t.Errorf("%s of us-east may publish %s", role, s)
 			}
 		}
-		for _, deny := range []string{"$KV.>", "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.CONSUMER.DELETE.LIMITER_SPENDS_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_IN_EU_WEST.>",
-			"$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_AP_SOUTH.>"} {
+		kv := []string{"$KV.>"}
+		if role == natsauth.RoleReconciler {
+			kv = []string{"$KV.limiter_rules.>", "$KV.LIMITER_APPLY_EU_WEST.>", "$KV.LIMITER_APPLY_AP_SOUTH.>"}
+		}
+		for _, deny := range append(kv, "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.CONSUMER.DELETE.LIMITER_SPENDS_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_IN_EU_WEST.>",
+			"$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_AP_SOUTH.>") {
 			if !slices.Contains(p.PublishDeny, deny) {
 				t.Errorf("%s: %s not denied", role, deny)
 			}
@@ -136,7 +142,9 @@ func TestReconcilerLooksUpOtherSpendsStreams(t *testing.T) {
 
 // TestReconcilerRelaysPartitionsOnly: a reconciler publishes its region's
 // spends on the partitions' subjects alone, and each apply consumer it may
-// make on its inbound stream reads one partition of one other region.
+// make on its inbound stream reads one partition of one other region:
+// ephemeral, under any name (a partition's reader is made again at each
+// lease and each position it reads from), pulled, never acknowledged.
 func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	p := natsauth.PermissionsFor(natsauth.RoleReconciler, "us-east", []string{"us-east", "eu-west", "ap-south"})
 	if !slices.Contains(p.PublishAllow, "limiter.relay.us-east.*") {
@@ -145,14 +153,13 @@ func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	if slices.Contains(p.PublishAllow, "limiter.relay.us-east") {
 		t.Error("reconciler of us-east may publish limiter.relay.us-east, no partition's subject")
 	}
-	applies := regexp.MustCompile(`^\$JS\.API\.CONSUMER\.CREATE\.LIMITER_IN_US_EAST\.apply-us-east-from-(eu-west|ap-south)-p([0-9]+)\.limiter\.relay\.(eu-west|ap-south)\.([0-9]+)$`)
+	applies := regexp.MustCompile(`^\$JS\.API\.CONSUMER\.CREATE\.LIMITER_IN_US_EAST\.\*\.limiter\.relay\.(eu-west|ap-south)\.([0-9]+)$`)
 	n := 0
 	for _, s := range p.PublishAllow {
 		if !strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.") {
 			continue
 		}
-		m := applies.FindStringSubmatch(s)
-		if m == nil || m[1] != m[3] || m[2] != m[4] {
+		if applies.FindStringSubmatch(s) == nil {
 			t.Errorf("reconciler of us-east may make %s, not one partition's apply consumer", s)
 			continue
 		}
@@ -160,6 +167,33 @@ func TestReconcilerRelaysPartitionsOnly(t *testing.T) {
 	}
 	if want := 2 * gossip.MaxPartitions; n != want {
 		t.Errorf("reconciler of us-east may make %d apply consumers, want %d (2 regions x %d partitions)", n, want, gossip.MaxPartitions)
+	}
+	for _, s := range []string{"$JS.API.CONSUMER.MSG.NEXT.LIMITER_IN_US_EAST.*", "$JS.API.CONSUMER.INFO.LIMITER_IN_US_EAST.*"} {
+		if !slices.Contains(p.PublishAllow, s) {
+			t.Errorf("reconciler of us-east may not publish %s", s)
+		}
+	}
+	for _, s := range p.PublishAllow {
+		if strings.HasPrefix(s, "$JS.ACK.LIMITER_IN_US_EAST.") || strings.HasPrefix(s, "$JS.API.CONSUMER.CREATE.LIMITER_IN_US_EAST.apply-") {
+			t.Errorf("reconciler of us-east may publish %s: its apply consumers are ephemeral and take no acks", s)
+		}
+	}
+}
+
+// TestReconcilerLeasesInItsBucket: a reconciler makes, reads and writes its
+// own region's bucket of apply leases, and no other region's.
+func TestReconcilerLeasesInItsBucket(t *testing.T) {
+	p := natsauth.PermissionsFor(natsauth.RoleReconciler, "us-east", []string{"us-east", "eu-west", "ap-south"})
+	for _, s := range []string{"$KV.LIMITER_APPLY_US_EAST.>", "$JS.API.STREAM.INFO.KV_LIMITER_APPLY_US_EAST", "$JS.API.STREAM.CREATE.KV_LIMITER_APPLY_US_EAST",
+		"$JS.API.DIRECT.GET.KV_LIMITER_APPLY_US_EAST", "$JS.API.DIRECT.GET.KV_LIMITER_APPLY_US_EAST.>"} {
+		if !slices.Contains(p.PublishAllow, s) {
+			t.Errorf("reconciler of us-east may not publish %s", s)
+		}
+	}
+	for _, s := range p.PublishAllow {
+		if strings.Contains(s, "LIMITER_APPLY_") && !strings.Contains(s, "LIMITER_APPLY_US_EAST") {
+			t.Errorf("reconciler of us-east may publish %s", s)
+		}
 	}
 }
 

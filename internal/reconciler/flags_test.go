@@ -36,7 +36,7 @@ func TestFlagDefaults(t *testing.T) {
 	var zero Options
 	err = zero.validate()
 	for _, f := range []string{"--gossip.interval:", "--gossip.ack-wait:", "--stream.max-age:", "--stream.max-bytes:", "--stream.replicas:",
-		"--rules.max-rules:", "--gossip.max-message-bytes:", "--apply.partitions:", "--http.listen-address: required"} {
+		"--rules.max-rules:", "--gossip.max-message-bytes:", "--apply.partitions:", "--apply.lease-ttl:", "--http.listen-address: required"} {
 		if err == nil || !strings.Contains(err.Error(), f) {
 			t.Errorf("zero Options: %v; want it to name %s", err, f)
 		}

@@ -318,14 +318,10 @@ func (s *stack) streamReport(region string) string {
 		if from == region {
 			continue
 		}
-		for p := range DefaultPartitions {
-			if c, err := js.Consumer(ctx, info.Config.Name, partitionConsumer(region, from, p)); err != nil {
-				fmt.Fprintf(&b, "; consumer from %s p%d: %v", from, p, err)
-			} else {
-				ci := c.CachedInfo()
-				fmt.Fprintf(&b, "; consumer from %s p%d: delivered %d, ack floor %d, pending %d, ack pending %d", from, p,
-					ci.Delivered.Stream, ci.AckFloor.Stream, ci.NumPending, ci.NumAckPending)
-			}
+		if behind, err := s.partitionsBehind(ctx, js, region, from); err != nil {
+			fmt.Fprintf(&b, "; partitions of %s: %v", from, err)
+		} else {
+			fmt.Fprintf(&b, "; partitions of %s behind: %v", from, behind)
 		}
 		if src, err := js.Stream(ctx, gossip.RegionStream(from)); err != nil {
 			fmt.Fprintf(&b, "; stream %s: %v", gossip.RegionStream(from), err)
@@ -410,26 +406,33 @@ func TestNATSOutage(t *testing.T) {
 }
 
 // TestReconcilerDies: a reconciler dies after applying a message and before
-// acknowledging it, another (a second one in the same region) gets the
-// message again and skips it; a reconciler stopped and replaced mid-stream
-// loses nothing. The counts end exact.
+// storing its position; another (a second one in the same region) takes
+// its partitions, reads the message again and skips it; a reconciler
+// stopped and replaced mid-stream loses nothing. The counts end exact.
 func TestReconcilerDies(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	var died atomic.Bool
+	var victim atomic.Int64 // which of eu-west's two died
 	s.startReconciler("us-east")
-	// eu-west's first reconciler dies at its first ack.
-	s.startReconciler("eu-west", func(victim *Reconciler) {
-		victim.beforeAck = func(src string, seq uint64) bool {
-			if died.CompareAndSwap(false, true) {
-				go victim.Stop()
-				return false
+	// The first of eu-west's two reconcilers to finish a message dies
+	// then: the other one shares the work, and takes its partitions.
+	die := func(i int) func(*Reconciler) {
+		return func(r *Reconciler) {
+			r.beforeDone = func(src string, seq uint64) bool {
+				if died.Load() && victim.Load() == int64(i) {
+					return false // dead
+				}
+				if died.CompareAndSwap(false, true) {
+					victim.Store(int64(i))
+					go r.Stop()
+					return false
+				}
+				return true
 			}
-			return true
 		}
-	})
-	// A second reconciler in eu-west shares the work.
-	second := s.startReconciler("eu-west")
+	}
+	eu := []*Reconciler{s.startReconciler("eu-west", die(0)), s.startReconciler("eu-west", die(1))}
 	s.waitReady()
 
 	var wg sync.WaitGroup
@@ -462,14 +465,15 @@ func TestReconcilerDies(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	if !died.Load() {
-		t.Fatal("the eu-west reconciler never reached an ack")
+		t.Fatal("no eu-west reconciler ever finished a message")
 	}
 	want := float64(sent["us-east"].Load() + sent["eu-west"].Load())
 	s.converge("k", want)
+	second := eu[1-victim.Load()]
 	dups := testutil.ToFloat64(second.m.apply.Duplicates.WithLabelValues("us-east"))
 	t.Logf("sent %v + %v; duplicates skipped by the surviving reconciler: %v", sent["us-east"].Load(), sent["eu-west"].Load(), dups)
 	if dups < 1 {
-		t.Errorf("the message the dead reconciler applied was not caught as a duplicate (duplicates %v)", dups)
+		t.Errorf("the message the dead reconciler applied was not caught as a duplicate by the other (duplicates %v)", dups)
 	}
 }
 

@@ -2,8 +2,10 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,8 +13,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/limiterd/limiterd/internal/reconciler/apply"
+	"github.com/limiterd/limiterd/internal/reconciler/lease"
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
@@ -20,14 +25,14 @@ import (
 // TestPartitionsApplyInParallel: two reconcilers of eu-west apply the
 // partitions of us-east's spends side by side, and every spend is applied
 // exactly once (each key's count is the sum sent), although one of them
-// dies mid-run between applying messages and acknowledging them, and a
+// dies mid-run between applying messages and storing their position, and a
 // partition message is replayed (the same flush part published again as a
 // new stream message).
 func TestPartitionsApplyInParallel(t *testing.T) {
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
 	s.startReconciler("us-east")
 	// in[i] counts the messages reconciler i holds between applying and
-	// acknowledging; overlap records that both held one at once.
+	// finishing; overlap records that both held one at once.
 	var in [2]atomic.Int64
 	var overlap atomic.Bool
 	var acked atomic.Int64
@@ -35,9 +40,9 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 	died := make(chan struct{})
 	hook := func(i int) func(*Reconciler) {
 		return func(r *Reconciler) {
-			r.beforeAck = func(string, uint64) bool {
+			r.beforeDone = func(string, uint64) bool {
 				if i == 1 && dying.Load() {
-					return false // dead: applied, never acknowledged
+					return false // dead: applied, its position never stored
 				}
 				in[i].Add(1)
 				defer in[i].Add(-1)
@@ -96,7 +101,7 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 	select {
 	case <-died:
 	case <-ctx.Done():
-		t.Fatal("the second reconciler acknowledged fewer than 15 messages")
+		t.Fatal("the second reconciler finished fewer than 15 messages")
 	}
 	if err := b.Stop(); err != nil {
 		t.Logf("stop: %v", err)
@@ -139,8 +144,8 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	// Past several ack waits: the dead reconciler's messages were
-	// delivered again, and nothing more was applied.
+	// Past several lease lives: the dead reconciler's messages were read
+	// again, and nothing more was applied.
 	time.Sleep(3 * time.Second)
 	for key, sum := range want {
 		if got := s.count("eu-west", key); got != sum {
@@ -162,7 +167,7 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 		t.Errorf("replays counted %v, want at least the one published", replays)
 	}
 	if dups <= float64(len(replayedKeys)) {
-		t.Errorf("duplicates %v: the dead reconciler's unacknowledged messages were not seen applied", dups)
+		t.Errorf("duplicates %v: the dead reconciler's messages were not seen applied when read again", dups)
 	}
 }
 
@@ -210,7 +215,7 @@ func TestRemovedWhilePartitionsBusy(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 		}
-		r.beforeAck = func(src string, _ uint64) bool {
+		r.beforeDone = func(src string, _ uint64) bool {
 			if src == "eu-west" && r.topo.Active().Generation() >= 2 {
 				late.Add(1)
 			}
@@ -237,5 +242,328 @@ func TestRemovedWhilePartitionsBusy(t *testing.T) {
 	s.waitGeneration("us-east", 2)
 	if n := late.Load(); n != 0 {
 		t.Errorf("us-east applied %d of eu-west's messages after the switch that removed eu-west was in force, want 0", n)
+	}
+}
+
+// partitionsBehind lists src's partitions whose position stored in dst's
+// Redis is behind their last message in dst's inbound stream, each with
+// both.
+func (s *stack) partitionsBehind(ctx context.Context, js jetstream.JetStream, dst, src string) ([]string, error) {
+	st, err := js.Stream(ctx, gossip.InStream(dst))
+	if err != nil {
+		return nil, err
+	}
+	epoch := max(st.CachedInfo().Created.UnixMicro(), 1)
+	var left []string
+	for p := range DefaultPartitions {
+		last, err := st.GetLastMsgForSubject(ctx, gossip.PartitionSubject(src, p))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		pos, err := lease.ReadPosition(ctx, s.regions[dst].redis, dst, lease.Item{Source: src, Partition: p}, epoch)
+		if err != nil {
+			return nil, err
+		}
+		if pos < last.Sequence {
+			left = append(left, fmt.Sprintf("%s p%d: applied up to %d of %d", src, p, pos, last.Sequence))
+		}
+	}
+	return left, nil
+}
+
+// crash stops r as a process killed would: its leases and its heartbeat
+// are left to expire, not released.
+func crash(r *Reconciler) {
+	r.leases.Abandon()
+	r.Stop()
+}
+
+// held is how many of src's partitions r holds the lease of.
+func held(r *Reconciler, src string) int {
+	return int(testutil.ToFloat64(r.m.leases.Held.WithLabelValues(src)))
+}
+
+// waitHeld waits until each of recs holds want[i] of us-east's partitions,
+// and returns how long that took.
+func waitHeld(t *testing.T, recs []*Reconciler, want []int) time.Duration {
+	t.Helper()
+	began := time.Now()
+	deadline := began.Add(20 * time.Second)
+	for {
+		ok := true
+		var got []int
+		for i, r := range recs {
+			got = append(got, held(r, "us-east"))
+			ok = ok && got[i] == want[i]
+		}
+		if ok {
+			return time.Since(began)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the reconcilers hold %v of us-east's partitions after 20s, want %v", got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// scripts counts the script calls (EVALSHA and EVAL) region's primaries
+// have run.
+func (s *stack) scripts(region string) int {
+	s.t.Helper()
+	var n atomic.Int64 // the primaries are asked side by side
+	err := s.regions[region].redis.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.Lines(info) {
+			for _, cmd := range []string{"cmdstat_evalsha:calls=", "cmdstat_eval:calls="} {
+				if rest, ok := strings.CutPrefix(line, cmd); ok {
+					v, _, _ := strings.Cut(rest, ",")
+					c, err := strconv.Atoi(v)
+					if err != nil {
+						return err
+					}
+					n.Add(int64(c))
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return int(n.Load())
+}
+
+// TestPartitionsApplyBatched: messages waiting in a partition are applied
+// several at a time, in one round trip per Redis node: 200 messages of 5
+// clients each, held back until all are in the inbound stream, take a
+// few batches and far fewer script calls than messages (one at a time,
+// each took a record call and a debit call at least), and every client is
+// debited once.
+func TestPartitionsApplyBatched(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
+	s.startReconciler("us-east")
+	var hold atomic.Bool
+	hold.Store(true)
+	holding := make(chan struct{}, 1)
+	eu := s.startReconciler("eu-west", func(r *Reconciler) {
+		r.beforeApply = func(ctx context.Context, src apply.Source) {
+			for hold.Load() && ctx.Err() == nil {
+				select {
+				case holding <- struct{}{}:
+				default:
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+	})
+	s.waitReady()
+	const messages, clients = 200, 5
+	subject := gossip.PartitionSubject("us-east", 0)
+	js, err := jetstream.New(s.connectAs("reconciler-us-east"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(m int) {
+		spends := make([]gossip.Spend, clients)
+		for k := range spends {
+			spends[k] = gossip.Spend{Rule: "quota", Key: fmt.Sprintf("b%d-%d", m, k), Cost: 1}
+		}
+		if _, err := js.PublishAsync(subject, batchOf(t, "us-east", "batched", uint64(m+1), spends...), jetstream.WithMsgID(fmt.Sprintf("batched-%d", m))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(0)
+	select {
+	case <-holding:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first message was not read within 20s")
+	}
+	for m := 1; m < messages; m++ {
+		send(m)
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(20 * time.Second):
+		t.Fatal("not published within 20s")
+	}
+	// Every message in eu-west's inbound stream, then let the loop go.
+	ops, err := jetstream.New(s.connectAs("ops"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, "every message in eu-west's inbound stream", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		st, err := ops.Stream(ctx, gossip.InStream("eu-west"))
+		return err == nil && st.CachedInfo().State.Msgs >= messages
+	})
+	scriptsBefore, countBefore := s.scripts("eu-west"), histCount(t, eu)
+	hold.Store(false)
+	for m := range messages {
+		for k := range clients {
+			s.waitCount("eu-west", fmt.Sprintf("b%d-%d", m, k), 1)
+		}
+	}
+	batches := histCount(t, eu) - countBefore
+	calls := s.scripts("eu-west") - scriptsBefore
+	t.Logf("%d messages of %d clients applied in %d batches, %d script calls on eu-west's 3 primaries", messages, clients, batches, calls)
+	if batches == 0 || batches > messages/8 {
+		t.Errorf("%d batches for %d messages, want at most %d (8 messages a batch)", batches, messages, messages/8)
+	}
+	if calls >= messages {
+		t.Errorf("%d script calls for %d messages, want fewer than one a message", calls, messages)
+	}
+}
+
+// histCount is how many batches r has applied.
+func histCount(t *testing.T, r *Reconciler) uint64 {
+	t.Helper()
+	count, _ := testenv.Histogram(t, r.registry, "limiter_apply_batch_messages")
+	return count
+}
+
+// TestPartitionsSplitAndTakeOver: two reconcilers of a region hold half
+// of a source's partitions each; when one dies without releasing them,
+// the other takes them all once their leases expire, and applies their
+// spends.
+func TestPartitionsSplitAndTakeOver(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
+	s.startReconciler("us-east")
+	a, b := s.startReconciler("eu-west"), s.startReconciler("eu-west")
+	s.waitReady()
+	t.Logf("split in %v", waitHeld(t, []*Reconciler{a, b}, []int{DefaultPartitions / 2, DefaultPartitions / 2}).Round(time.Millisecond))
+	keys := map[int]string{} // a key of each partition
+	for i := 0; len(keys) < DefaultPartitions; i++ {
+		k := fmt.Sprintf("s%d", i)
+		if _, ok := keys[gossip.PartitionOf(k, DefaultPartitions)]; !ok {
+			keys[gossip.PartitionOf(k, DefaultPartitions)] = k
+		}
+	}
+	for _, k := range keys {
+		s.send("us-east", k, 1)
+	}
+	for _, k := range keys {
+		s.waitCount("eu-west", k, 1)
+	}
+	for i, r := range []*Reconciler{a, b} {
+		if n := testutil.ToFloat64(r.m.apply.Applied.WithLabelValues("us-east")); n == 0 {
+			t.Errorf("reconciler %d applied nothing", i)
+		}
+	}
+	crash(b)
+	took := waitHeld(t, []*Reconciler{a}, []int{DefaultPartitions})
+	t.Logf("the survivor holds every partition %v after the other died (lease TTL %v)", took.Round(time.Millisecond), s.reconcilerOptions("eu-west").LeaseTTL)
+	for _, k := range keys {
+		s.send("us-east", k, 1)
+	}
+	for _, k := range keys {
+		s.waitCount("eu-west", k, 2)
+	}
+}
+
+// TestPartitionsFailover: a reconciler of two dies (its leases left to
+// expire) in the middle of a batch, between applying its messages and
+// storing their position, while a source's spends flow; the other takes
+// its partitions, reads the batch again, and every spend is applied
+// exactly once.
+func TestPartitionsFailover(t *testing.T) {
+	t.Parallel()
+	s := newStack(t, quotaRules, 100*time.Millisecond, 0)
+	s.startReconciler("us-east")
+	var done atomic.Int64
+	var dead atomic.Bool
+	died := make(chan struct{})
+	a := s.startReconciler("eu-west")
+	b := s.startReconciler("eu-west", func(r *Reconciler) {
+		r.beforeDone = func(string, uint64) bool {
+			if dead.Load() {
+				return false
+			}
+			if done.Add(1) == 40 {
+				dead.Store(true)
+				close(died)
+				go crash(r)
+				return false // applied, its position not stored
+			}
+			return true
+		}
+	})
+	s.waitReady()
+	waitHeld(t, []*Reconciler{a, b}, []int{DefaultPartitions / 2, DefaultPartitions / 2})
+	want := s.flood(t, "f", 80, 200, 2000, 10*time.Millisecond)
+	select {
+	case <-died:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the second reconciler finished %d messages, not 40", done.Load())
+	}
+	s.exact(t, "eu-west", want)
+	dups := testutil.ToFloat64(a.m.apply.Duplicates.WithLabelValues("us-east"))
+	t.Logf("duplicates skipped by the survivor: %v (the dead one's batch, read again)", dups)
+	if dups == 0 {
+		t.Error("the survivor read nothing the dead reconciler had applied")
+	}
+}
+
+// flood publishes flushes flushes of perFlush spends of keys keys named
+// prefix-N as us-east's limiterd, one every gap, and returns what each key
+// was spent.
+func (s *stack) flood(t *testing.T, prefix string, flushes, perFlush, keys int, gap time.Duration) map[string]float64 {
+	t.Helper()
+	js, err := jetstream.New(s.connectAs("limiterd-us-east"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(uint64(flushes), uint64(keys)))
+	want := map[string]float64{}
+	for f := range flushes {
+		spends := make([]gossip.Spend, perFlush)
+		for i := range spends {
+			spends[i] = gossip.Spend{Rule: "quota", Key: fmt.Sprintf("%s-%d", prefix, rng.IntN(keys)), Cost: float64(1 + rng.IntN(5))}
+			want[spends[i].Key] += spends[i].Cost
+		}
+		data := batchOf(t, "us-east", prefix, uint64(f+1), spends...)
+		if _, err := js.Publish(ctx, gossip.LocalSubject("us-east"), data, jetstream.WithMsgID(fmt.Sprintf("%s-%d", prefix, f))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(gap)
+	}
+	return want
+}
+
+// exact waits until region counts what want says of each key, then makes
+// sure it stays so: nothing lost, nothing applied twice.
+func (s *stack) exact(t *testing.T, region string, want map[string]float64) {
+	t.Helper()
+	deadline := time.Now().Add(45 * time.Second)
+	for key, sum := range want {
+		for {
+			got := s.count(region, key)
+			if got > sum {
+				t.Fatalf("%s counts %v for %s, more than the %v sent: a spend applied twice", region, got, key, sum)
+			}
+			if got == sum {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s counts %v for %s, want %v; %s", region, got, key, sum, s.streamReport(region))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	time.Sleep(2 * time.Second)
+	for key, sum := range want {
+		if got := s.count(region, key); got != sum {
+			t.Fatalf("%s counts %v for %s later, want %v", region, got, key, sum)
+		}
 	}
 }

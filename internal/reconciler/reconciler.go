@@ -3,25 +3,34 @@
 // JetStream cluster, and applies every other region's spends, sourced into
 // the region's inbound stream, to this region's buckets, at most once each.
 //
-// Concurrency: one relay loop, and per other region one apply loop per
-// partition (gossip.PartitionSubject: the relay splits each flush by key
-// into Options.Partitions) and one retry loop. Each apply loop reads a
-// durable consumer that delivers one message at a time, in stream order, so
-// each partition of a region's spends is applied in sequence, and the
-// partitions side by side; that order, and a client's marker per partition,
-// are what let the debit script tell a redelivery from a new message. A
-// client whose Redis node fails is not waited for: its debits go to the
-// retry stream, in order, under a subject of its slot's bucket, and until
-// that bucket's retries are applied every later debit of a client of the
-// bucket follows them there; the retry loop applies them in the same order
-// with the same markers. Several reconcilers of one region share the durable
-// consumers: the partitions are spread over them, and when one dies its
-// unacknowledged messages go to others after the ack wait. A topology switch
-// that removes a region stops all of its loops, and waits for them, before
-// the new topology is in force.
-// Package apply applies each message and each retry entry, and package
-// streamsrc follows the inbound stream's sources; this package sets up
-// the streams and consumers, runs the loops and follows the topology.
+// Concurrency: one relay loop; per other region one retry loop; and one
+// apply loop per partition (gossip.PartitionSubject: the relay splits each
+// flush by key into Options.Partitions) that this reconciler holds the
+// lease of. The region's reconcilers spread the partitions among them, one
+// reconciler per partition at a time (package lease, in the region's
+// Redis). A partition's loop reads it in stream order from the position
+// stored beside its lease, with an ephemeral consumer and no acks, applies
+// up to 64 messages in one round trip per Redis node, and stores the
+// position reached (partition.go). So each partition of a region's spends
+// is applied in sequence, and the partitions side by side; that order, and
+// a client's marker per partition, are what let the debit script tell a
+// message read again from a new one. More reconcilers apply more
+// partitions at once, up to one per partition. When one dies, its
+// partitions go to the others once their leases expire (--apply.lease-ttl),
+// read from the positions stored: what it applied after them is read again
+// and known by the markers and flush records. A client whose Redis node
+// fails is not waited for: its debits go to the retry stream, in order,
+// under a subject of its slot's bucket, and until that bucket's retries are
+// applied every later debit of a client of the bucket follows them there;
+// the retry loop applies them in the same order with the same markers. The
+// region's reconcilers share each source's durable retry consumer, which
+// hands out one entry at a time: it needs no lease. A topology switch that
+// removes a region stops all of its loops, and waits for them, before the
+// new topology is in force.
+// Package apply applies each batch of messages and each retry entry,
+// package lease places the partitions, and package streamsrc follows the
+// inbound stream's sources; this package sets up the streams and
+// consumers, runs the loops and follows the topology.
 package reconciler
 
 import (
@@ -33,7 +42,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +56,7 @@ import (
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/opshttp"
 	"github.com/limiterd/limiterd/internal/reconciler/apply"
+	"github.com/limiterd/limiterd/internal/reconciler/lease"
 	"github.com/limiterd/limiterd/internal/reconciler/streamsrc"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
@@ -97,8 +106,9 @@ type Options struct {
 	// Interval is the longest a loop waits for a message before it looks
 	// again; limiterd flushes at its own --gossip.interval.
 	Interval time.Duration
-	// AckWait is how long a message may stay unacknowledged before it is
-	// delivered again (to this or another reconciler).
+	// AckWait is how long a message of the relay's or the retry stream's
+	// consumers may stay unacknowledged before it is delivered again (to
+	// this or another reconciler).
 	AckWait time.Duration
 	// StreamMaxAge and StreamMaxBytes bound the streams: the backlog a
 	// partition can build before the oldest spends are dropped. A client's
@@ -117,11 +127,15 @@ type Options struct {
 	// other region's that many, each with its own in-order consumer. It
 	// must be the same in every region: a partition of another region's
 	// beyond this region's count is not applied here (its spends wait in
-	// the inbound stream, and an error is logged), and below it a
-	// consumer reads nothing. Changing it is safe for the spends already
+	// the inbound stream), and below it a loop reads nothing. Changing it is safe for the spends already
 	// relayed once every region's reconcilers have the new count: each
 	// partition's subject keeps its own order and markers.
 	Partitions int
+	// LeaseTTL is how long a reconciler's lease of a partition lives
+	// without a renewal (--apply.lease-ttl, lease.MinTTL to lease.MaxTTL):
+	// how long a dead reconciler's partitions wait for another. A lease is
+	// renewed every quarter of it.
+	LeaseTTL time.Duration
 	// ClockAllowance is how far another region's clock may run behind
 	// this region's Redis clock (--apply.clock-allowance, 0 to
 	// MaxClockAllowance): a spend counts as admitted that much later than
@@ -160,6 +174,7 @@ type Reconciler struct {
 
 	store   *redisstore.Store
 	applier *apply.Applier
+	leases  *lease.Manager
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	httpLis net.Listener
@@ -168,13 +183,21 @@ type Reconciler struct {
 	wg      sync.WaitGroup
 	ready   atomic.Bool
 
-	// beforeAck, when set by a test, runs after a message's debits are
-	// applied and before its ack; returning false skips the ack, as a
-	// reconciler that dies at that moment would.
-	beforeAck func(src string, seq uint64) bool
-	// beforeApply, when set by a test, runs in an apply loop before each
-	// message fetched is applied.
+	// beforeDone, when set by a test, runs after a message's debits are
+	// applied and before it counts as done; returning false stops the
+	// batch there (its position is not stored), as a reconciler that dies
+	// at that moment would: the message is read again.
+	beforeDone func(src string, seq uint64) bool
+	// beforeApply, when set by a test, runs in a partition's loop before
+	// each batch read is applied.
 	beforeApply func(ctx context.Context, src apply.Source)
+	// afterApply, when set by a test, runs in a partition's loop after
+	// each batch that beforeApply saw, once its position is stored (or
+	// not: stopped before it began).
+	afterApply func(src apply.Source)
+	// bucket is the region's bucket of apply leases and its TTL, once
+	// set up.
+	bucket atomic.Pointer[applyBucket]
 	// beforeSourceAdded, when set by a test, runs in setup before the
 	// inbound stream that exists is updated with the sources added, named.
 	beforeSourceAdded func(ctx context.Context, added []string)
@@ -188,7 +211,7 @@ func DefaultOptions() Options {
 		TopologyPoll: topowatch.DefaultPoll, MaxRules: rulesource.DefaultMaxRules, NATSAuth: natsconn.Auth{Prefix: natsconn.FlagPrefix},
 		Interval: gossip.DefaultInterval, AckWait: DefaultAckWait,
 		StreamMaxAge: DefaultStreamMaxAge, StreamMaxBytes: DefaultStreamMaxBytes, StreamReplicas: 1,
-		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, ClockAllowance: DefaultClockAllowance,
+		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, LeaseTTL: lease.DefaultTTL, ClockAllowance: DefaultClockAllowance,
 		HTTPAddress: DefaultHTTPAddress,
 	}
 }
@@ -241,6 +264,9 @@ func (o *Options) validate() error {
 	if o.Partitions < 1 || o.Partitions > gossip.MaxPartitions {
 		errs = append(errs, fmt.Errorf("--apply.partitions: must be 1 to %d, got %d", gossip.MaxPartitions, o.Partitions))
 	}
+	if o.LeaseTTL < lease.MinTTL || o.LeaseTTL > lease.MaxTTL {
+		errs = append(errs, fmt.Errorf("--apply.lease-ttl: must be in [%v, %v], got %v", lease.MinTTL, lease.MaxTTL, o.LeaseTTL))
+	}
 	if o.ClockAllowance < 0 || o.ClockAllowance > MaxClockAllowance {
 		errs = append(errs, fmt.Errorf("--apply.clock-allowance: must be 0 to %v, got %v", MaxClockAllowance, o.ClockAllowance))
 	}
@@ -276,7 +302,7 @@ func New(opts Options) (*Reconciler, error) {
 	r.sources = otherRegions(topo.Active(), opts.Region)
 	r.registry = reg
 	r.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if r.m, err = newMetrics(r.registry, r.sources); err != nil {
+	if r.m, err = newMetrics(r.registry, r.sources, opts.Partitions); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -354,10 +380,16 @@ func (r *Reconciler) switchTopology(_, next *region.Topology) error {
 	return nil
 }
 
-// sourceLoops are the loops of one source region, stopped together.
+// sourceLoops are the loops of one source region, stopped together: its
+// retry loop, and the loops of the partitions whose lease this reconciler
+// holds, which join wg as they start (applyPartition).
 type sourceLoops struct {
 	name string
+	src  *source
+	ctx  context.Context
 	stop context.CancelFunc
+	// lost sends the reconciler back to setting up its streams.
+	lost context.CancelFunc
 	wg   sync.WaitGroup
 }
 
@@ -366,22 +398,34 @@ func (l *sourceLoops) stopAndWait() {
 	l.wg.Wait()
 }
 
-// startLoops starts src's apply and retry loops under ctx, unless src is
-// no longer a source (a switch removed it since the set-up) or its loops
-// run already.
-func (r *Reconciler) startLoops(ctx context.Context, src *source) {
+// startLoops starts src's retry loop under ctx, and lets the loops of its
+// partitions held start, unless src is no longer a source (a switch
+// removed it since the set-up) or its loops run already. lost sends the
+// reconciler back to setting up its streams.
+func (r *Reconciler) startLoops(ctx context.Context, src *source, lost context.CancelFunc) {
 	r.srcMu.Lock()
 	defer r.srcMu.Unlock()
 	if !slices.Contains(r.sources, src.name) || r.loops[src.name] != nil {
 		return
 	}
 	sctx, stop := context.WithCancel(ctx)
-	l := &sourceLoops{name: src.name, stop: stop}
+	l := &sourceLoops{name: src.name, src: src, ctx: sctx, stop: stop, lost: lost}
 	r.loops[src.name] = l
-	for p, c := range src.parts {
-		l.wg.Go(func() { r.applyLoop(sctx, src.partition(p), c) })
-	}
 	l.wg.Go(func() { r.retryLoop(sctx, src) })
+}
+
+// leaseItems are the partitions this region applies: each partition of
+// each source.
+func (r *Reconciler) leaseItems() []lease.Item {
+	r.srcMu.Lock()
+	defer r.srcMu.Unlock()
+	items := make([]lease.Item, 0, len(r.sources)*r.opts.Partitions)
+	for _, src := range r.sources {
+		for p := range r.opts.Partitions {
+			items = append(items, lease.Item{Source: src, Partition: p})
+		}
+	}
+	return items
 }
 
 // stopLoops stops every source's loops and waits for them.
@@ -402,9 +446,54 @@ func (r *Reconciler) currentSources() ([]string, map[string]time.Time) {
 	return slices.Clone(r.sources), maps.Clone(r.added)
 }
 
-// beforeAckHook runs beforeAck, when a test set it, else lets the ack go.
-func (r *Reconciler) beforeAckHook(src string, seq uint64) bool {
-	return r.beforeAck == nil || r.beforeAck(src, seq)
+// beforeDoneHook runs beforeDone, when a test set it, else lets the
+// message be done.
+func (r *Reconciler) beforeDoneHook(src string, seq uint64) bool {
+	return r.beforeDone == nil || r.beforeDone(src, seq)
+}
+
+// applyBucket is the region's bucket of apply leases, as set up.
+type applyBucket struct {
+	kv  jetstream.KeyValue
+	ttl time.Duration
+}
+
+// leaseBucket is the region's bucket of apply leases and its TTL, once set
+// up (nil before), as the leases read it.
+type leaseBucket struct{ r *Reconciler }
+
+func (b leaseBucket) Bucket() (jetstream.KeyValue, time.Duration) {
+	if ab := b.r.bucket.Load(); ab != nil {
+		return ab.kv, ab.ttl
+	}
+	return nil, 0
+}
+
+// setupBucket makes the region's bucket of apply leases when it is
+// missing. One that exists keeps its TTL, which the leases then live.
+func (r *Reconciler) setupBucket(ctx context.Context) error {
+	name := gossip.ApplyBucket(r.opts.Region)
+	kv, err := r.js.KeyValue(ctx, name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		var placement *jetstream.Placement
+		if cluster := r.nc.ConnectedClusterName(); cluster != "" {
+			placement = &jetstream.Placement{Cluster: cluster}
+		}
+		kv, err = r.js.CreateKeyValue(ctx, lease.BucketConfig(r.opts.Region, r.opts.LeaseTTL, r.opts.StreamReplicas, placement))
+	}
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", name, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("bucket %s: %w", name, err)
+	}
+	if st.TTL() != r.opts.LeaseTTL && (r.bucket.Load() == nil || r.bucket.Load().ttl != st.TTL()) {
+		r.log.Warn("the bucket of apply leases was made with another --apply.lease-ttl: its leases live as long as it says", "bucket", name,
+			"bucket_ttl", st.TTL(), "lease_ttl", r.opts.LeaseTTL)
+	}
+	r.bucket.Store(&applyBucket{kv: kv, ttl: st.TTL()})
+	return nil
 }
 
 // Registry is the reconciler's metrics registry.
@@ -447,8 +536,10 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		return fmt.Errorf("--nats.url: %w", err)
 	}
 	r.applier = apply.New(apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
-		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeAck: r.beforeAckHook},
+		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeDone: r.beforeDoneHook},
 		store, r.js, r.rules, r.m.apply)
+	r.leases = lease.New(lease.Options{Region: r.opts.Region, TTL: r.opts.LeaseTTL, PositionTTL: r.applier.MarkerTTL(),
+		Logger: r.log.With("component", "leases")}, leaseBucket{r}, store, r.m.leases)
 	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
 		r.nc.Close()
 		store.Close()
@@ -468,13 +559,14 @@ func (r *Reconciler) Start(ctx context.Context) error {
 	r.wg.Go(func() { r.rules.Run(lctx) })
 	r.wg.Go(func() { r.topo.Run(lctx) })
 	r.wg.Go(func() { r.run(lctx) })
+	r.wg.Go(func() { r.leases.Run(lctx, r.leaseItems, r.applyPartition) })
 	sources, _ := r.currentSources()
-	r.log.Info("reconciler started", "sources", strings.Join(sources, ","), "interval", r.opts.Interval)
+	r.log.Info("reconciler started", "sources", strings.Join(sources, ","), "interval", r.opts.Interval, "lease_token", r.leases.Token())
 	return nil
 }
 
-// Stop ends the loops (a message being applied is finished first) and
-// closes the connections.
+// Stop ends the loops (a batch being applied is finished first), releases
+// the leases and closes the connections.
 func (r *Reconciler) Stop() error {
 	if r.cancel == nil {
 		return nil
@@ -550,11 +642,11 @@ func (r *Reconciler) run(ctx context.Context) {
 		var wg sync.WaitGroup
 		wg.Go(func() { r.relayLoop(lctx, st.relay) })
 		for _, src := range st.current() {
-			r.startLoops(lctx, src)
+			r.startLoops(lctx, src, lost)
 		}
 		wg.Go(func() { r.backlogLoop(lctx, st, lost) })
 		wg.Go(func() { r.watchSources(st).Run(lctx, r.opts.Interval) })
-		r.follow(lctx, st)
+		r.follow(lctx, st, lost)
 		wg.Wait()
 		r.stopLoops()
 		lost()
@@ -566,9 +658,10 @@ func (r *Reconciler) run(ctx context.Context) {
 
 // follow waits for ctx, setting the streams up again at each change of the
 // sources: the loops of a source added start, and the others go on
-// undisturbed. (A removed source's loops are stopped by the switch itself;
-// its consumers stay: the reconciler may not delete them.)
-func (r *Reconciler) follow(ctx context.Context, st *streams) {
+// undisturbed. (A removed source's loops are stopped by the switch itself,
+// and its leases released; its retry consumer stays: the reconciler may
+// not delete it.)
+func (r *Reconciler) follow(ctx context.Context, st *streams, lost context.CancelFunc) {
 	var retry <-chan time.Time
 	for {
 		select {
@@ -595,7 +688,7 @@ func (r *Reconciler) follow(ctx context.Context, st *streams) {
 			}
 			// Started again when a switch removed it and the next
 			// brought it back before this round.
-			r.startLoops(ctx, old)
+			r.startLoops(ctx, old, lost)
 			srcs = append(srcs, old)
 		}
 		st.set(srcs)
@@ -656,9 +749,8 @@ func (st *streams) find(name string) *source {
 // source is what this region reads of one other region.
 type source struct {
 	name string
-	// parts read each partition of the source's spends in this region's
-	// inbound stream, whose creation (µs) is epoch.
-	parts []jetstream.Consumer
+	// epoch is the creation (µs) of the inbound stream its partitions are
+	// read from.
 	epoch int64
 	// retry reads this region's debits of the source to apply again, from
 	// the retry stream, whose counts retryStream reads.
@@ -700,8 +792,9 @@ func (r *Reconciler) streamConfig(name string, retention jetstream.RetentionPoli
 	return cfg
 }
 
-// setup creates this region's streams and the durable consumers, or
-// updates those whose configuration differs; every reconciler of the region
+// setup creates this region's streams and the durable consumers (the
+// relay's, each source's retry consumer), or updates those whose
+// configuration differs; every reconciler of the region
 // runs it, and it is idempotent: a matching stream is not rewritten. This
 // region's streams are its local stream (limiterd's flushes), its spends
 // stream (the flushes relayed, read by the other regions), its inbound
@@ -730,6 +823,7 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			return err
 		})
 	}
+	g.Go(func() error { return r.setupBucket(gctx) })
 	g.Go(func() error {
 		s, err := r.js.Stream(gctx, in.Name)
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -809,9 +903,9 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	// The consumers are made side by side. Each create, even of a
 	// consumer that exists as asked, is a proposal to the JetStream meta
 	// leader, which on a supercluster may be in another region: made one
-	// after another (nine per source at 8 partitions) they took a WAN round
-	// trip or two each, and under load outlasted the set-up's timeout,
-	// after which the set-up began again with as many.
+	// after another they took a WAN round trip or two each, and under load
+	// outlasted the set-up's timeout, after which the set-up began again
+	// with as many.
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(maxConsumerCreates)
 	create := func(dst *jetstream.Consumer, stream string, c jetstream.ConsumerConfig) {
@@ -832,30 +926,25 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 		MaxDeliver:    -1,
 	})
 	for _, name := range sources {
-		src := &source{name: name, retryStream: apply.StreamPending{NC: r.nc, Name: retry.Name}, parts: make([]jetstream.Consumer, r.opts.Partitions)}
-		// One message at a time, in order: see the package comment.
-		inOrder := jetstream.ConsumerConfig{
+		src := &source{name: name, retryStream: apply.StreamPending{NC: r.nc, Name: retry.Name}}
+		// One entry at a time, in order: see the package comment.
+		create(&src.retry, retry.Name, jetstream.ConsumerConfig{
+			Durable:       retryConsumer(self, name),
+			FilterSubject: gossip.RetrySubjects(self, name),
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       r.opts.AckWait,
 			MaxAckPending: 1,
 			MaxDeliver:    -1,
-		}
-		for p := range src.parts {
-			c := inOrder
-			c.Durable, c.FilterSubject = partitionConsumer(self, name, p), gossip.PartitionSubject(name, p)
-			create(&src.parts[p], in.Name, c)
-		}
-		c := inOrder
-		c.Durable, c.FilterSubject = retryConsumer(self, name), gossip.RetrySubjects(self, name)
-		create(&src.retry, retry.Name, c)
+		})
 		st.sources = append(st.sources, src)
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	// The epoch is read after the consumers are made: a stream made again
-	// since would have taken them with it, and the loops would come back here.
+	// The epoch is read after the consumers are made (and each partition's
+	// reader checks it again after it is made): a stream made again since
+	// would have taken them with it, and the loops would come back here.
 	info, err := r.js.Stream(ctx, in.Name)
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", in.Name, err)
@@ -890,11 +979,6 @@ func (r *Reconciler) sourceStart(added time.Time) *time.Time {
 const maxConsumerCreates = 32
 
 func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
-
-// partitionConsumer is the apply consumer of partition p of src's spends.
-func partitionConsumer(self, src string, p int) string {
-	return "apply-" + self + "-from-" + src + "-p" + strconv.Itoa(p)
-}
 
 // relayLoop forwards this region's limiterd flushes to the region's spends
 // stream, each split by key into the partitions (gossip.SplitPartitions),
@@ -967,41 +1051,6 @@ func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts []
 	return nil
 }
 
-// applyLoop applies the spends c reads, one message at a time, in order:
-// one partition of a source's.
-func (r *Reconciler) applyLoop(ctx context.Context, as apply.Source, c jetstream.Consumer) {
-	for ctx.Err() == nil {
-		// The consumer delivers one message at a time whatever the batch
-		// (MaxAckPending 1): one pull request serves up to applyBatch
-		// messages, each delivered once the one before is acknowledged,
-		// rather than a request per message.
-		batch, err := c.Fetch(applyBatch, jetstream.FetchMaxWait(r.opts.Interval))
-		if err != nil {
-			r.pause(ctx, "apply fetch", err)
-			continue
-		}
-		for msg := range batch.Messages() {
-			if r.beforeApply != nil {
-				r.beforeApply(ctx, as)
-			}
-			if ctx.Err() != nil {
-				// Stopped (a switch removed the source, or the
-				// reconciler stops): not begun, so delivered again.
-				msg.Nak()
-				break
-			}
-			r.applier.Apply(ctx, as, msg)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
-			r.pause(ctx, "apply fetch", err)
-		}
-	}
-}
-
-// applyBatch is how many messages one pull request of an apply loop asks
-// for: they come one at a time, in order, as each is acknowledged.
-const applyBatch = 64
-
 // retryLoop applies src's retry entries, one at a time, in order.
 func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
 	as := src.applied()
@@ -1040,9 +1089,10 @@ func gone(err error) bool {
 	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrStreamNotFound)
 }
 
-// backlogLoop exports how many messages wait, per consumer, every
-// interval; a consumer found gone calls lost, which sends the reconciler
-// back to setting up its streams.
+// backlogLoop exports how many messages wait, per source, every interval;
+// the relay's or a retry consumer found gone, or the inbound stream, or the
+// bucket of apply leases, calls lost, which sends the reconciler back to
+// setting up its streams.
 func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.CancelFunc) {
 	t := time.NewTicker(r.opts.Interval)
 	defer t.Stop()
@@ -1058,29 +1108,23 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
 		}
 		missing := gone(err)
-		// The inbound stream's consumers, every partition's of every
+		// The inbound stream's readers, every partition's of every
 		// source, in one listing rather than a call each.
-		in := map[string]*jetstream.ConsumerInfo{}
+		var readers []*jetstream.ConsumerInfo
 		list := st.in.ListConsumers(ictx)
 		for ci := range list.Info() {
-			in[ci.Name] = ci
+			readers = append(readers, ci)
 		}
 		listErr := list.Err()
 		missing = missing || gone(listErr)
+		if b := r.bucket.Load(); b != nil {
+			_, err := b.kv.Status(ictx)
+			missing = missing || gone(err) || errors.Is(err, jetstream.ErrBucketNotFound)
+		}
 		for _, src := range st.current() {
-			var n float64
-			for _, c := range src.parts {
-				if listErr != nil {
-					break
-				}
-				ci := in[c.CachedInfo().Name]
-				if ci == nil {
-					missing = true
-					continue
-				}
-				n += float64(ci.NumPending + uint64(ci.NumAckPending))
+			if listErr == nil {
+				r.m.backlog.WithLabelValues(src.name).Set(float64(partitionBacklog(readers, r.opts.Region, src.name, r.opts.Partitions)))
 			}
-			r.m.backlog.WithLabelValues(src.name).Set(n)
 			if info, err := src.retry.Info(ictx); err == nil {
 				r.m.retryBacklog.WithLabelValues(src.name).Set(float64(info.NumPending + uint64(info.NumAckPending)))
 			} else {
@@ -1095,8 +1139,34 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 	}
 }
 
+// partitionBacklog is how many messages of src's partitions wait to be
+// read in self's inbound stream, from its readers' infos: per partition,
+// the fewest of its readers (the current one's: a reader left by a
+// reconciler gone falls behind). A partition with no reader counts none.
+func partitionBacklog(readers []*jetstream.ConsumerInfo, self, src string, partitions int) uint64 {
+	var n uint64
+	for p := range partitions {
+		prefix, subject := readerPrefix(self, src, p), gossip.PartitionSubject(src, p)
+		least, found := uint64(0), false
+		for _, ci := range readers {
+			if !strings.HasPrefix(ci.Name, prefix) || ci.Config.FilterSubject != subject {
+				continue
+			}
+			if !found || ci.NumPending < least {
+				least, found = ci.NumPending, true
+			}
+		}
+		n += least
+	}
+	return n
+}
+
 type metrics struct {
 	apply        *apply.Metrics
+	leases       *lease.Metrics
+	partitions   float64
+	partitionsOf *prometheus.GaugeVec
+	batches      prometheus.Histogram
 	relayed      prometheus.Counter
 	retryBacklog *prometheus.GaugeVec
 	backlog      *prometheus.GaugeVec
@@ -1106,13 +1176,28 @@ type metrics struct {
 	sourceResets *prometheus.CounterVec
 }
 
-func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, sources []string, partitions int) (*metrics, error) {
 	am, err := apply.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
+	lm, err := lease.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	m := &metrics{
-		apply: am,
+		apply:      am,
+		leases:     lm,
+		partitions: float64(partitions),
+		partitionsOf: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "limiter_apply_partitions",
+			Help: "Partitions of a source region's spends this region applies (--apply.partitions): the region's reconcilers hold as many leases of them between them when every partition is applied.",
+		}, []string{"source_region"}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "limiter_apply_batch_messages",
+			Help:    "Spend messages of a partition applied together, in one round trip per Redis node.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64},
+		}),
 		relayed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_spends_published_total",
 			Help: "Spend entries of this region relayed to the other regions.",
@@ -1123,7 +1208,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 		}, []string{"source_region"}),
 		backlog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_reconcile_backlog_messages",
-			Help: "Spend messages of a source region waiting to be applied here.",
+			Help: "Spend messages of a source region waiting to be read by the readers of its partitions here (a partition nobody holds counts none).",
 		}, []string{"source_region"}),
 		relayBacklog: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "limiter_relay_backlog_messages",
@@ -1142,7 +1227,7 @@ func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 			Help: "Times this reconciler reset a stalled source of the inbound stream (removed and added back) once the source region's spends stream answered, cutting short nats-server's retry backoff.",
 		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.relayed, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
+	for _, c := range []prometheus.Collector{m.batches, m.partitionsOf, m.relayed, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -1156,6 +1241,8 @@ func newMetrics(reg prometheus.Registerer, sources []string) (*metrics, error) {
 // addSource makes the series of a source region.
 func (m *metrics) addSource(src string) {
 	m.apply.AddSource(src)
+	m.partitionsOf.WithLabelValues(src).Set(m.partitions)
+	m.leases.Held.WithLabelValues(src)
 	m.retryBacklog.WithLabelValues(src)
 	m.backlog.WithLabelValues(src)
 	m.sourceStalls.WithLabelValues(src)
@@ -1163,8 +1250,10 @@ func (m *metrics) addSource(src string) {
 }
 
 // removeSource drops the gauges of a source region no longer applied (its
-// counters stay, as counted).
+// counters stay, as counted; its partitions held fall to 0 as their
+// leases are released).
 func (m *metrics) removeSource(src string) {
+	m.partitionsOf.DeleteLabelValues(src)
 	m.retryBacklog.DeleteLabelValues(src)
 	m.backlog.DeleteLabelValues(src)
 	m.sourceActive.DeleteLabelValues(src)

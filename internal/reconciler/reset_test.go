@@ -96,7 +96,7 @@ func batchOf(t *testing.T, region, instance string, seq uint64, spends ...gossip
 
 // TestResetAppliedOnce: a flush that resets a key then spends on it,
 // through the real relay, inbound stream and debit script: delivered again
-// (its ack lost) it resets nothing again, and replayed as a new stream
+// (its position not stored) it resets nothing again, and replayed as a new stream
 // message after later spends it neither resets again nor loses them. The
 // key ends as full minus what was spent after the reset.
 func TestResetAppliedOnce(t *testing.T) {
@@ -105,9 +105,9 @@ func TestResetAppliedOnce(t *testing.T) {
 	s.startReconciler("us-east")
 	var skip, skipped atomic.Bool
 	s.startReconciler("eu-west", func(r *Reconciler) {
-		r.beforeAck = func(string, uint64) bool {
-			// The armed message's first ack is lost: it is delivered again
-			// after the ack wait.
+		r.beforeDone = func(string, uint64) bool {
+			// The armed message's position is not stored the first time:
+			// it is read again.
 			if skip.CompareAndSwap(true, false) {
 				skipped.Store(true)
 				return false
@@ -127,7 +127,7 @@ func TestResetAppliedOnce(t *testing.T) {
 	s.publish("reconciler-us-east", subject, batchOf(t, "us-east", "resetter", 3, gossip.Spend{Rule: "quota", Key: "r", Cost: 1}), "resetter-3-0")
 	s.waitCount("eu-west", "r", 3)
 	if !skipped.Load() {
-		t.Fatal("no ack was lost")
+		t.Fatal("no position was lost")
 	}
 
 	// The reset replayed after the spends that followed it, without its
@@ -137,7 +137,7 @@ func TestResetAppliedOnce(t *testing.T) {
 	s.publish("reconciler-us-east", subject, reset, "resetter-2-0-after-the-window")
 	s.publish("reconciler-us-east", subject, batchOf(t, "us-east", "resetter", 4, gossip.Spend{Rule: "quota", Key: "r", Cost: 1}), "resetter-4-0")
 	s.waitCount("eu-west", "r", 4)
-	time.Sleep(2 * time.Second) // past the ack wait: any redelivery is in
+	time.Sleep(2 * time.Second) // any message read again is in
 	if got := s.count("eu-west", "r"); got != 4 {
 		t.Fatalf("eu-west counts %v, want 4: 2 + 1 + 1 spent after the reset", got)
 	}
@@ -146,6 +146,6 @@ func TestResetAppliedOnce(t *testing.T) {
 		t.Errorf("replays counted: %v, want 2", got)
 	}
 	if got := testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east")); got < 1 {
-		t.Errorf("duplicates counted: %v, want the redelivered reset among them", got)
+		t.Errorf("duplicates counted: %v, want the reset read again among them", got)
 	}
 }

@@ -2,7 +2,10 @@ package reconciler
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -57,10 +60,10 @@ func TestOversizedSpendSkipped(t *testing.T) {
 	}
 }
 
-// TestRedeliveredAfterOldMarkerTTL: a message applied and not acknowledged
-// for longer than the markers used to live (10 s, the shortest the old
-// --gossip.marker-ttl allowed with a 1 s ack wait) is redelivered many
-// times and applied once.
+// TestRedeliveredAfterOldMarkerTTL: a message applied and not done (its
+// position not stored) for longer than the markers used to live (10 s, the
+// shortest the old --gossip.marker-ttl allowed with a 1 s ack wait) is read
+// again many times and applied once.
 func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
 	t.Parallel()
 	s := newStack(t, quotaRules, 200*time.Millisecond, 0)
@@ -70,7 +73,7 @@ func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
 	var first atomic.Pointer[time.Time]
 	var deliveries atomic.Int64
 	hold12s := func(r *Reconciler) {
-		r.beforeAck = func(src string, seq uint64) bool {
+		r.beforeDone = func(src string, seq uint64) bool {
 			deliveries.Add(1)
 			now := time.Now()
 			first.CompareAndSwap(nil, &now)
@@ -83,9 +86,9 @@ func TestRedeliveredAfterOldMarkerTTL(t *testing.T) {
 	s.send("us-east", "k", 5)
 	s.waitCount("eu-west", "k", 5)
 	// The count is written before the hook runs: wait for its first call.
-	testenv.WaitFor(t, "the first delivery to reach its ack", func() bool { return first.Load() != nil })
+	testenv.WaitFor(t, "the first delivery to be applied", func() bool { return first.Load() != nil })
 	start := *first.Load()
-	// Held unacknowledged, redelivered every ack wait; then acknowledged.
+	// Held not done, read again and again; then done.
 	for time.Since(start) <= hold+time.Second {
 		time.Sleep(100 * time.Millisecond)
 		if got := s.count("eu-west", "k"); got != 5 {
@@ -285,30 +288,48 @@ func TestStreamDeletedWhileRunning(t *testing.T) {
 	})
 }
 
-// TestConsumerDeletedWhileRunning: an operator deletes one apply consumer
-// (the partition of the key's)
-// (not its stream) while the reconciler runs. The reconciler makes it
-// again; the new consumer reads the inbound stream from its start, and
-// every flush it had applied already is known by the clients' markers and
-// skipped: the counts stay exact and the duplicates are counted.
+// TestConsumerDeletedWhileRunning: an operator deletes the reader of one
+// partition (the key's; not its stream) while the reconciler runs. The
+// reconciler makes another, which reads on from the position stored:
+// the counts stay exact.
 func TestConsumerDeletedWhileRunning(t *testing.T) {
 	t.Parallel()
-	var rec *Reconciler
-	var dupsBefore float64
-	_, js := deletedWhileRunning(t, "c", func(s *stack) {
-		rec = s.regions["eu-west"].recs[0]
-		dupsBefore = testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east"))
-	}, func(ctx context.Context, js jetstream.JetStream) error {
-		return js.DeleteConsumer(ctx, applyStream("eu-west"), partitionConsumer("eu-west", "us-east", gossip.PartitionOf("c", DefaultPartitions)))
+	p := gossip.PartitionOf("c", DefaultPartitions)
+	var deleted []string
+	_, js := deletedWhileRunning(t, "c", nil, func(ctx context.Context, js jetstream.JetStream) error {
+		st, err := js.Stream(ctx, applyStream("eu-west"))
+		if err != nil {
+			return err
+		}
+		l := st.ListConsumers(ctx)
+		for ci := range l.Info() {
+			if strings.HasPrefix(ci.Name, readerPrefix("eu-west", "us-east", p)) {
+				if err := js.DeleteConsumer(ctx, applyStream("eu-west"), ci.Name); err != nil {
+					return err
+				}
+				deleted = append(deleted, ci.Name)
+			}
+		}
+		if len(deleted) == 0 {
+			return errors.New("no reader of the key's partition")
+		}
+		return l.Err()
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := js.Consumer(ctx, applyStream("eu-west"), partitionConsumer("eu-west", "us-east", gossip.PartitionOf("c", DefaultPartitions))); err != nil {
-		t.Fatalf("the apply consumer was not made again: %v", err)
+	st, err := js.Stream(ctx, applyStream("eu-west"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if dups := testutil.ToFloat64(rec.m.apply.Duplicates.WithLabelValues("us-east")) - dupsBefore; dups < 1 {
-		t.Errorf("%v duplicates counted after the consumer was made again; want the debits applied before it skipped", dups)
-	} else {
-		t.Logf("%v debits read again by the new consumer and skipped", dups)
+	l := st.ListConsumers(ctx)
+	var now []string
+	for ci := range l.Info() {
+		if strings.HasPrefix(ci.Name, readerPrefix("eu-west", "us-east", p)) && !slices.Contains(deleted, ci.Name) {
+			now = append(now, ci.Name)
+		}
 	}
+	if len(now) == 0 {
+		t.Fatalf("no reader of partition %d made again (deleted %v)", p, deleted)
+	}
+	t.Logf("deleted %v; reading now: %v", deleted, now)
 }

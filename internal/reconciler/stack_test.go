@@ -266,6 +266,8 @@ func (s *stack) reconcilerOptions(region string) Options {
 	o.Region, o.TopologyFile, o.TopologyPoll, o.RulesFile = region, s.topologyFile(region), 100*time.Millisecond, filepath.Join(s.dir, "rules.yml")
 	o.NATSURL, o.Redis, o.Interval, o.StreamReplicas = s.natsURL(region), redisstore.Conn{Addrs: s.regions[region].cluster.Addrs()}, s.interval, s.replicas
 	o.AckWait, o.StreamMaxBytes, o.HTTPAddress = time.Second, 64<<20, "127.0.0.1:0"
+	// A partition of a reconciler that dies goes to another within 2 s.
+	o.LeaseTTL = 2 * time.Second
 	o.NATSAuth = s.auth("reconciler-" + region)
 	o.Logger = quiet().With("component", "reconciler", "region", region)
 	return o

@@ -279,9 +279,9 @@ func (s *stack) waitApplied(dst, key string, tr *traffic, src string, since time
 }
 
 // waitDrained waits until dst's reconcilers have applied every spend of
-// src that has reached dst: each of dst's consumers of src's spends (in
-// the inbound stream and in the retry stream) has nothing pending and
-// nothing unacknowledged.
+// src that has reached dst: each partition's stored position is at its
+// last message in the inbound stream, and dst's retry consumer of src has
+// nothing pending and nothing unacknowledged.
 func (s *stack) waitDrained(dst, src string, limit time.Duration) {
 	s.t.Helper()
 	js := s.opsJetStream(s.t, dst)
@@ -298,29 +298,31 @@ func (s *stack) waitDrained(dst, src string, limit time.Duration) {
 	}
 }
 
-// undrained lists dst's consumers of src's spends with messages pending or
-// unacknowledged.
+// undrained lists what dst has not applied of src's spends: the partitions
+// whose stored position is behind their last message, and the retry
+// consumer with entries pending or unacknowledged.
 func (s *stack) undrained(js jetstream.JetStream, dst, src string) ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	var left []string
-	for _, stream := range []string{gossip.InStream(dst), gossip.RetryStream(dst)} {
-		st, err := js.Stream(ctx, stream)
-		if err != nil {
-			return nil, err
+	left, err := s.partitionsBehind(ctx, js, dst, src)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, gossip.RetryStream(dst))
+	if err != nil {
+		return nil, err
+	}
+	l := st.ListConsumers(ctx)
+	for ci := range l.Info() {
+		if !strings.Contains(ci.Name, "-from-"+src) {
+			continue
 		}
-		l := st.ListConsumers(ctx)
-		for ci := range l.Info() {
-			if !strings.Contains(ci.Name, "-from-"+src) {
-				continue
-			}
-			if ci.NumPending > 0 || ci.NumAckPending > 0 {
-				left = append(left, fmt.Sprintf("%s: %d pending, %d unacknowledged", ci.Name, ci.NumPending, ci.NumAckPending))
-			}
+		if ci.NumPending > 0 || ci.NumAckPending > 0 {
+			left = append(left, fmt.Sprintf("%s: %d pending, %d unacknowledged", ci.Name, ci.NumPending, ci.NumAckPending))
 		}
-		if err := l.Err(); err != nil {
-			return nil, err
-		}
+	}
+	if err := l.Err(); err != nil {
+		return nil, err
 	}
 	return left, nil
 }

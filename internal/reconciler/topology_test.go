@@ -91,15 +91,8 @@ func TestRegionAddedAtRunTime(t *testing.T) {
 				if src == r {
 					continue
 				}
-				for p := range DefaultPartitions {
-					c, err := st.Consumer(context.Background(), partitionConsumer(r, src, p))
-					if err != nil {
-						t.Logf("  consumer %s: %v", partitionConsumer(r, src, p), err)
-						continue
-					}
-					ci := c.CachedInfo()
-					t.Logf("  consumer %s: delivered %+v ack floor %+v pending %d ack pending %d", ci.Name, ci.Delivered, ci.AckFloor, ci.NumPending, ci.NumAckPending)
-				}
+				behind, err := s.partitionsBehind(context.Background(), js, r, src)
+				t.Logf("  partitions of %s behind: %v %v", src, behind, err)
 			}
 		}
 	})

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/limiterd/limiterd/internal/reconciler"
+	"github.com/limiterd/limiterd/internal/reconciler/lease"
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/spendpub"
 	"github.com/limiterd/limiterd/pkg/gossip"
@@ -265,28 +266,29 @@ func (s *stack) pending(js jetstream.JetStream) string {
 				return fmt.Sprintf("%s holds %d of the %d messages of %s", gossip.InStream(name), got, spends.State.Msgs, gossip.RegionStream(src))
 			}
 		}
+		// Every partition (the reconcilers run with the default
+		// --apply.partitions) is applied up to its last message: the
+		// position its reconciler stored is there.
+		epoch := max(info.Created.UnixMicro(), 1)
 		for _, src := range regions {
 			if src == name {
 				continue
 			}
-			// One per partition (the reconcilers run with the default
-			// --apply.partitions).
-			prefix, seen := "apply-"+name+"-from-"+src+"-p", 0
-			cs := in.ListConsumers(ctx)
-			for ci := range cs.Info() {
-				if !strings.HasPrefix(ci.Name, prefix) {
+			for p := range reconciler.DefaultPartitions {
+				last, err := in.GetLastMsgForSubject(ctx, gossip.PartitionSubject(src, p))
+				if errors.Is(err, jetstream.ErrMsgNotFound) {
 					continue
 				}
-				seen++
-				if ci.NumPending != 0 || ci.NumAckPending != 0 {
-					return fmt.Sprintf("%s: %d pending, %d unacknowledged", ci.Name, ci.NumPending, ci.NumAckPending)
+				if err != nil {
+					return fmt.Sprintf("%s, last of %s: %v", gossip.InStream(name), gossip.PartitionSubject(src, p), err)
 				}
-			}
-			if err := cs.Err(); err != nil {
-				return fmt.Sprintf("consumers of %s: %v", gossip.InStream(name), err)
-			}
-			if seen != reconciler.DefaultPartitions {
-				return fmt.Sprintf("%s: %d apply consumers of %s, want one per partition (%d)", gossip.InStream(name), seen, src, reconciler.DefaultPartitions)
+				pos, err := lease.ReadPosition(ctx, r.rc, name, lease.Item{Source: src, Partition: p}, epoch)
+				if err != nil {
+					return fmt.Sprintf("%s: %v", name, err)
+				}
+				if pos < last.Sequence {
+					return fmt.Sprintf("%s: partition %d of %s applied up to %d of %d", name, p, src, pos, last.Sequence)
+				}
 			}
 		}
 	}

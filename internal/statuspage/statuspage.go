@@ -66,9 +66,9 @@ type Region struct {
 // Lag is the reconciler's backlog of one source region's spends here.
 type Lag struct {
 	Source string
-	// Pending are the messages not yet applied (delivered or not).
+	// Pending are the messages its partitions' readers have not read yet.
 	Pending uint64
-	// LastApplied is the last acknowledgement's time; zero: none yet.
+	// LastApplied is when its readers last read a message; zero: none yet.
 	LastApplied time.Time
 	Err         string
 }

@@ -59,6 +59,10 @@ const (
 	LocalStreamPrefix = "LIMITER_LOCAL_"
 	// LocalSubjectPrefix + region is the subject limiterd publishes to.
 	LocalSubjectPrefix = "limiter.local."
+	// ApplyBucketPrefix + REGION is the key-value bucket of a region's
+	// reconcilers: which one applies each partition of the other regions'
+	// spends.
+	ApplyBucketPrefix = "LIMITER_APPLY_"
 )
 
 // LocalSubject is the subject of region's limiterd flushes.
@@ -75,6 +79,9 @@ func InStream(region string) string { return InStreamPrefix + upper(region) }
 
 // RetryStream is the name of region's stream of debits to apply again.
 func RetryStream(region string) string { return RetryStreamPrefix + upper(region) }
+
+// ApplyBucket is the name of region's bucket of apply leases.
+func ApplyBucket(region string) string { return ApplyBucketPrefix + upper(region) }
 
 // RetrySubjects is the subject filter of self's debits from src to apply
 // again.

@@ -1,9 +1,9 @@
-// Package apply applies a message of another region's spends to this
-// region's buckets: it validates the message, turns its spends into debits
+// Package apply applies messages of another region's spends to this
+// region's buckets: it validates each message, turns its spends into debits
 // with this region's rules, runs them through the store at most once each,
 // observes the lag and the overshoot, and defers the debits of clients
-// whose Redis node fails to the retry stream, before it acknowledges or
-// rejects the message.
+// whose Redis node fails to the retry stream. It tells its caller how far
+// it got, in stream order; it acknowledges only the retry stream's entries.
 package apply
 
 import (
@@ -46,10 +46,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock the lag is measured on (nil: time.Now).
 	Now func() time.Time
-	// BeforeAck, when set, runs after a message's debits are applied (or
-	// deferred) and before its ack; returning false skips the ack, as a
-	// reconciler that dies at that moment would.
-	BeforeAck func(src string, seq uint64) bool
+	// BeforeDone, when set, runs after a message's debits are applied (or
+	// deferred) and before the message counts as done; returning false
+	// stops the batch there, as a reconciler that dies before storing its
+	// position would: the message is read again.
+	BeforeDone func(src string, seq uint64) bool
 }
 
 // Store applies debits at most once each, by their stream position.
@@ -111,8 +112,8 @@ func recordSource(src string, p int) string {
 }
 
 // Applier applies messages of spends. Its zero value is not usable: make
-// it with New. It is safe for concurrent use; each consumer gives it one
-// message at a time, in stream order.
+// it with New. It is safe for concurrent use; each partition's loop gives
+// it its messages in stream order, a batch at a time.
 type Applier struct {
 	opts  Options
 	log   *slog.Logger
@@ -134,18 +135,16 @@ func New(opts Options, store Store, js Publisher, rs Rules, m *Metrics) *Applier
 	return &Applier{opts: opts, log: opts.Logger, store: store, js: js, rules: rs, m: m}
 }
 
-// Apply applies one message of src's spends (ApplyBatch of one), then
-// acknowledges it, puts the debits that cannot be applied now in the
-// retry stream, asks for it again in a second, or rejects it.
-func (a *Applier) Apply(ctx context.Context, src Source, msg jetstream.Msg) {
-	if a.ApplyBatch(ctx, src, []jetstream.Msg{msg}) == 0 {
-		msg.NakWithDelay(time.Second)
-	}
+// Message is a spend message as ApplyBatch reads it: a jetstream.Msg, of
+// which it uses no acknowledgement.
+type Message interface {
+	Data() []byte
+	Subject() string
+	Metadata() (*jetstream.MsgMetadata, error)
 }
 
 // batchItem is one message of a batch, as ApplyBatch goes through it.
 type batchItem struct {
-	msg     jetstream.Msg
 	pos     redisstore.Position
 	b       *gossipv1.SpendBatch
 	clients []redisstore.ClientDebits
@@ -160,17 +159,19 @@ type batchItem struct {
 
 // ApplyBatch applies msgs, messages of one partition of src's spends in
 // stream order, with one round trip for their flush records and one for
-// their debits (per Redis node), then settles each in order: acknowledges
-// it, once its debits are applied or put in the retry stream, or rejects
-// it. A message that cannot be finished now (its record or the retry
-// stream not answering) stops the batch: ApplyBatch returns its index,
-// done, and leaves it and every later one unsettled, for the caller to
-// have them delivered again, in order (what was applied of them is
-// marked, and debits nothing again); done is len(msgs) when every message
-// was settled. A later message is never debited for a client before an
-// earlier one's debit of the client that failed: its marker would take
-// the earlier one for a duplicate.
-func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.Msg) (done int) {
+// their debits (per Redis node), then finishes each in order: it is done
+// once its debits are applied or put in the retry stream, or it is
+// rejected (malformed or misaddressed: counted, logged and passed). A
+// message that cannot be finished now (its record or the retry stream not
+// answering) stops the batch: ApplyBatch returns its index, done, and
+// leaves it and every later one for the caller to read again, in order
+// (what was applied of them is marked, and debits nothing again); done is
+// len(msgs) when every message was finished. A later message is never
+// debited for a client before an earlier one's debit of the client that
+// failed: its marker would take the earlier one for a duplicate. The store
+// calls take their deadline from ctx (DefaultTimeout when it has none),
+// and are not cut short by its cancellation: a batch begun is finished.
+func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []Message) (done int) {
 	items := make([]*batchItem, 0, len(msgs))
 	var recs []redisstore.Record
 	var recItems []*batchItem
@@ -188,7 +189,7 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.M
 			stop = i
 		}
 	}
-	actx, cancel := context.WithTimeout(context.Background(), DefaultTimeout)
+	actx, cancel := storeContext(ctx)
 	defer cancel()
 	// A flush is applied once by its name, (instance, sequence, part),
 	// not only by its stream position: the same bytes published again are
@@ -243,7 +244,7 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.M
 	}
 	toApply = slices.DeleteFunc(toApply, func(it *batchItem) bool { return slices.Index(items, it) >= stop })
 	if len(toApply) > 0 {
-		pending, err := a.pendingBuckets(ctx, src)
+		pending, err := a.pendingBuckets(actx, src)
 		if err != nil {
 			a.log.Warn("retry stream not read, will retry", "source", src.Name, "seq", toApply[0].pos.Seq, "err", err)
 			stopAt(toApply[0])
@@ -268,7 +269,7 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.M
 		for k, it := range toApply {
 			batch[k] = redisstore.MessageDebits{Pos: it.pos, Clients: it.direct}
 		}
-		res, err := a.store.ApplyMessages(actx, src.Name, a.markerTTL(), batch)
+		res, err := a.store.ApplyMessages(actx, src.Name, a.MarkerTTL(), batch)
 		for k, it := range toApply {
 			it.res = res[k]
 			a.observe(src.Name, it.b.GetFirstAdmittedUnixMicros(), it.res, it.direct)
@@ -281,36 +282,40 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []jetstream.M
 			}
 		}
 	}
-	// Settle each message in order, up to the first not finished.
+	// Finish each message in order, up to the first that cannot be.
 	for i, it := range items {
 		if i >= stop {
 			break
 		}
-		if it.settled && it.msg == nil {
-			continue // rejected
-		}
 		if len(it.waiting) > 0 {
-			if err := a.publishRetries(ctx, it.entry, it.waiting); err != nil {
+			if err := a.publishRetries(actx, it.entry, it.waiting); err != nil {
 				a.log.Warn("debits not put in the retry stream, will retry", "source", src.Name, "seq", it.pos.Seq, "err", err)
-				stop = i
-				break
+				return i
 			}
 			a.m.Deferred.WithLabelValues(src.Name).Add(float64(len(it.waiting)))
 		}
-		if !it.settled && !it.replay && a.opts.BeforeAck != nil && !a.opts.BeforeAck(src.Name, it.pos.Seq) {
-			continue
+		if !it.settled && !it.replay && a.opts.BeforeDone != nil && !a.opts.BeforeDone(src.Name, it.pos.Seq) {
+			return i
 		}
-		a.ack(ctx, src.Name, it.pos.Seq, it.msg)
 	}
 	return stop
 }
 
-// decode reads msg of src into a batch item: rejected (settled, msg nil),
-// with nothing to debit (settled), or with clients to debit.
-func (a *Applier) decode(src Source, msg jetstream.Msg) *batchItem {
+// storeContext is ctx for the store's calls: its deadline (DefaultTimeout
+// from now when it has none), without its cancellation.
+func storeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(context.WithoutCancel(ctx), d)
+	}
+	return context.WithTimeout(context.WithoutCancel(ctx), DefaultTimeout)
+}
+
+// decode reads msg of src into a batch item: rejected or with nothing to
+// debit (settled), or with clients to debit.
+func (a *Applier) decode(src Source, msg Message) *batchItem {
 	meta, err := msg.Metadata()
 	if err != nil {
-		a.Reject(msg, src.Name, err)
+		a.reject(msg, src.Name, err)
 		return &batchItem{settled: true}
 	}
 	b, bad, err := gossip.DecodeEntries(msg.Data(), a.opts.MaxMessageBytes)
@@ -318,7 +323,7 @@ func (a *Applier) decode(src Source, msg jetstream.Msg) *batchItem {
 		err = fmt.Errorf("%w: region: %q on %s's subject", gossip.ErrInvalidBatch, b.GetRegion(), src.Name)
 	}
 	if err != nil {
-		a.Reject(msg, src.Name, err)
+		a.reject(msg, src.Name, err)
 		return &batchItem{settled: true}
 	}
 	pos := src.position(meta.Sequence.Stream)
@@ -330,7 +335,7 @@ func (a *Applier) decode(src Source, msg jetstream.Msg) *batchItem {
 	if skipped > 0 && meta.NumDelivered == 1 {
 		a.m.Skipped.WithLabelValues(src.Name).Add(float64(skipped))
 	}
-	return &batchItem{msg: msg, pos: pos, b: b, clients: clients, settled: len(clients) == 0,
+	return &batchItem{pos: pos, b: b, clients: clients, settled: len(clients) == 0,
 		entry: retryEntry{Source: src.Name, Epoch: pos.Epoch, Seq: pos.Seq, Partition: &pos.Partition,
 			FirstAdmitted: b.GetFirstAdmittedUnixMicros(), Flushed: b.GetFlushedUnixMicros()}}
 }
@@ -358,9 +363,9 @@ func (a *Applier) observe(src string, firstAdmitted int64, res redisstore.DebitR
 	}
 }
 
-// ack acknowledges an applied (or skipped) message. It does not wait for
-// the server's confirmation, a round trip per message: the consumer
-// delivers the next message once the ack is in, and an ack lost is a
+// ack acknowledges an applied (or skipped) retry entry. It does not wait
+// for the server's confirmation, a round trip per entry: the consumer
+// delivers the next entry once the ack is in, and an ack lost is a
 // redelivery after the ack wait, a duplicate the markers and records
 // catch.
 func (a *Applier) ack(_ context.Context, src string, seq uint64, msg jetstream.Msg) {
@@ -369,13 +374,13 @@ func (a *Applier) ack(_ context.Context, src string, seq uint64, msg jetstream.M
 	}
 }
 
-// markerTTL is how long a client's marker lives: as long as a message can
-// be delivered again, which is as long as the stream keeps it, with ten ack
-// waits as a margin for a redelivery near the end of it.
-func (a *Applier) markerTTL() time.Duration { return a.opts.StreamMaxAge + 10*a.opts.AckWait }
+// MarkerTTL is how long a client's marker lives: as long as a message can
+// be read again, which is as long as the stream keeps it, with ten ack
+// waits as a margin for one read again near the end of it.
+func (a *Applier) MarkerTTL() time.Duration { return a.opts.StreamMaxAge + 10*a.opts.AckWait }
 
 // recordTTL is how long a flush's record lives: as long as a marker.
-func (a *Applier) recordTTL() time.Duration { return a.markerTTL() }
+func (a *Applier) recordTTL() time.Duration { return a.MarkerTTL() }
 
 // debits groups spends by client, with this region's limits; spends of
 // rules this region does not have or does not reconcile are skipped. An
@@ -415,11 +420,17 @@ func (a *Applier) debits(spends []*gossipv1.Spend, flushed int64) (clients []red
 	return clients, skipped
 }
 
-// Reject terminates a message that can never be applied (or relayed): it
+// Reject terminates a message of a consumer with acknowledgements (the
+// relay's, the retry stream's) that can never be applied or relayed: it
 // is counted and logged, and the stream moves on. where names the
 // consumer.
 func (a *Applier) Reject(msg jetstream.Msg, where string, err error) {
+	a.reject(msg, where, err)
+	msg.Term()
+}
+
+// reject counts and logs a message that can never be applied.
+func (a *Applier) reject(msg Message, where string, err error) {
 	a.m.Rejected.Inc()
 	a.log.Warn("spend message rejected", "from", where, "subject", msg.Subject(), "err", err)
-	msg.Term()
 }

@@ -43,6 +43,8 @@ type fakeMsg struct {
 	seq       uint64
 	delivered uint64
 	settled   string // "ack", "nak" or "term"
+	// terminated records a Term, which a batch's message never gets.
+	terminated bool
 }
 
 func (m *fakeMsg) Data() []byte    { return m.data }
@@ -50,9 +52,24 @@ func (m *fakeMsg) Subject() string { return "subject" }
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}, NumDelivered: m.delivered}, nil
 }
-func (m *fakeMsg) Ack() error                       { m.settled = "ack"; return nil }
+func (m *fakeMsg) Ack() error { m.settled = "ack"; return nil }
+
+// applyOne applies msg alone, as a partition's loop does, and records in
+// msg.settled what became of it: "ack" done, "term" rejected (done too),
+// "nak" left to be read again.
+func applyOne(a *Applier, src Source, msg *fakeMsg) {
+	rejected := testutil.ToFloat64(a.m.Rejected)
+	switch {
+	case a.ApplyBatch(context.Background(), src, []Message{msg}) == 0:
+		msg.settled = "nak"
+	case testutil.ToFloat64(a.m.Rejected) > rejected:
+		msg.settled = "term"
+	default:
+		msg.settled = "ack"
+	}
+}
 func (m *fakeMsg) NakWithDelay(time.Duration) error { m.settled = "nak"; return nil }
-func (m *fakeMsg) Term() error                      { m.settled = "term"; return nil }
+func (m *fakeMsg) Term() error                      { m.settled, m.terminated = "term", true; return nil }
 
 // fakeStore answers FirstSeen with first (the position itself when
 // empty) and fails the debits of the keys in fail.
@@ -224,7 +241,7 @@ func TestApply(t *testing.T) {
 			src := usEast
 			src.Retry = js
 			msg := &fakeMsg{data: spendBatch(t, tt.region, tt.spends...), seq: 9, delivered: 1}
-			a.Apply(context.Background(), src, msg)
+			applyOne(a, src, msg)
 			if msg.settled != tt.settled {
 				t.Errorf("message settled %q, want %q", msg.settled, tt.settled)
 			}
@@ -288,7 +305,7 @@ func TestApplyDebitsGrouped(t *testing.T) {
 	a, _, _ := newTestApplier(t, store, &fakeJS{})
 	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 2},
 		&gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 3}), seq: 1, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
 	if len(store.applied) != 1 || len(store.applied[0].Debits) != 1 {
 		t.Fatalf("applied %+v, want one client with one debit", store.applied)
 	}
@@ -305,7 +322,7 @@ func TestApplyDebitsUseOverrides(t *testing.T) {
 	a, _, _ := newTestApplier(t, store, &fakeJS{})
 	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: "tenant-acme", Cost: 2},
 		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 3}), seq: 1, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
 	limits := map[string]float64{}
 	for _, c := range store.applied {
 		for _, d := range c.Debits {
@@ -331,7 +348,7 @@ func TestApplyWaitsBehindRetries(t *testing.T) {
 	}
 	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: waiting, Cost: 1},
 		&gossipv1.Spend{RuleId: "quota", Key: other, Cost: 1}), seq: 3, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
 	if len(store.applied) != 1 || store.applied[0].Key != other {
 		t.Errorf("applied %+v, want only %s", store.applied, other)
 	}
@@ -353,7 +370,7 @@ func TestApplyWaitsBehindRetries(t *testing.T) {
 func TestApplyObservesLag(t *testing.T) {
 	a, m, reg := newTestApplier(t, &fakeStore{}, &fakeJS{})
 	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 1}), seq: 1, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -386,7 +403,7 @@ func TestApplyReset(t *testing.T) {
 	msg := &fakeMsg{data: spendBatch(t, "us-east", &gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 2},
 		&gossipv1.Spend{RuleId: "quota", Key: "a", ResetBefore: true}, &gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 3},
 		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 1}), seq: 1, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: &fakeJS{}}, msg)
 	if len(store.applied) != 2 {
 		t.Fatalf("applied %+v, want two clients", store.applied)
 	}

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/protobuf/proto"
 
@@ -34,12 +34,18 @@ func flushMsg(t *testing.T, seq uint64, flushed time.Time, keys ...string) *fake
 	return &fakeMsg{data: data, seq: seq, delivered: 1}
 }
 
-func asMsgs(ms []*fakeMsg) []jetstream.Msg {
-	out := make([]jetstream.Msg, len(ms))
+// applyBatch applies ms as one batch and records each message done as
+// "ack" in its settled.
+func applyBatch(ctx context.Context, a *Applier, src Source, ms []*fakeMsg) int {
+	in := make([]Message, len(ms))
 	for i, m := range ms {
-		out[i] = m
+		in[i] = m
 	}
-	return out
+	done := a.ApplyBatch(ctx, src, in)
+	for _, m := range ms[:done] {
+		m.settled = "ack"
+	}
+	return done
 }
 
 // seqStore is a fakeStore whose records answer per stream sequence:
@@ -92,7 +98,7 @@ func TestApplyBatch(t *testing.T) {
 		a, _, reg := newTestApplier(t, store, js)
 		src := Source{Name: "us-east", Epoch: 42, Retry: js}
 		ms := batch()
-		if done := a.ApplyBatch(context.Background(), src, asMsgs(ms)); done != len(ms) {
+		if done := applyBatch(context.Background(), a, src, ms); done != len(ms) {
 			t.Fatalf("ApplyBatch stopped at %d", done)
 		}
 		if store.calls != 2 {
@@ -119,7 +125,7 @@ func TestApplyBatch(t *testing.T) {
 		a, _, _ := newTestApplier(t, store, js)
 		src := Source{Name: "us-east", Epoch: 42, Retry: js}
 		ms := batch()
-		if done := a.ApplyBatch(context.Background(), src, asMsgs(ms)); done != 3 {
+		if done := applyBatch(context.Background(), a, src, ms); done != 3 {
 			t.Fatalf("ApplyBatch stopped at %d, want 3 (message 4)", done)
 		}
 		if got := settled(ms); !equal(got, []string{"ack", "ack", "ack", "", "", ""}) {
@@ -140,7 +146,7 @@ func TestApplyBatch(t *testing.T) {
 		a, _, _ := newTestApplier(t, store, js)
 		src := Source{Name: "us-east", Epoch: 42, Retry: js}
 		ms := batch()
-		if done := a.ApplyBatch(context.Background(), src, asMsgs(ms)); done != len(ms) {
+		if done := applyBatch(context.Background(), a, src, ms); done != len(ms) {
 			t.Fatalf("ApplyBatch stopped at %d", done)
 		}
 		if got := settled(ms); !equal(got, []string{"ack", "ack", "ack", "ack", "ack", "ack"}) {
@@ -164,6 +170,39 @@ func TestApplyBatch(t *testing.T) {
 		}
 		if len(store.applied) != 5 {
 			t.Errorf("%d clients applied, want 5 (k0, k2 to k5)", len(store.applied))
+		}
+	})
+	t.Run("rejected passed", func(t *testing.T) {
+		store := &seqStore{fakeStore: fakeStore{}}
+		js := &fakeJS{}
+		a, m, _ := newTestApplier(t, store, js)
+		src := Source{Name: "us-east", Epoch: 42, Retry: js}
+		ms := batch()
+		ms[2].data = []byte("not a spend message")
+		if done := applyBatch(context.Background(), a, src, ms); done != len(ms) {
+			t.Fatalf("ApplyBatch stopped at %d, want the rejected message passed", done)
+		}
+		for _, msg := range ms {
+			if msg.terminated {
+				t.Errorf("message %d terminated: the batch's messages are not acknowledged", msg.seq)
+			}
+		}
+		if got := testutil.ToFloat64(m.Rejected); got != 1 {
+			t.Errorf("rejected = %v, want 1", got)
+		}
+		if len(store.applied) != 10 {
+			t.Errorf("%d clients applied, want 10: 2 of each message but the rejected one", len(store.applied))
+		}
+	})
+	t.Run("stopped before done", func(t *testing.T) {
+		store := &seqStore{fakeStore: fakeStore{}}
+		js := &fakeJS{}
+		a, _, _ := newTestApplier(t, store, js)
+		a.opts.BeforeDone = func(_ string, seq uint64) bool { return seq != 4 }
+		src := Source{Name: "us-east", Epoch: 42, Retry: js}
+		ms := batch()
+		if done := applyBatch(context.Background(), a, src, ms); done != 3 {
+			t.Fatalf("ApplyBatch stopped at %d, want 3: message 4 is not done", done)
 		}
 	})
 }
@@ -247,7 +286,7 @@ func TestApplyBatchNodeDownOnRedis(t *testing.T) {
 		}
 	}
 	// The flush records' copies are on two primaries: one answers.
-	if done := a.ApplyBatch(ctx, src, asMsgs(ms)); done != len(ms) {
+	if done := applyBatch(ctx, a, src, ms); done != len(ms) {
 		t.Fatalf("ApplyBatch stopped at %d", done)
 	}
 	for i, m := range ms {
@@ -289,7 +328,7 @@ func TestApplyBatchNodeDownOnRedis(t *testing.T) {
 	for _, m := range ms {
 		m.settled, m.delivered = "", 2
 	}
-	if done := a.ApplyBatch(ctx, src, asMsgs(ms)); done != len(ms) {
+	if done := applyBatch(ctx, a, src, ms); done != len(ms) {
 		t.Fatalf("delivered again, ApplyBatch stopped at %d", done)
 	}
 	if u := used(); u[0] != 8 || u[1] != 8 {

@@ -28,7 +28,7 @@ func TestApplyOverrideOnRedis(t *testing.T) {
 	a, _, _ := newTestApplier(t, store, js)
 	msg := &fakeMsg{data: spendBatchAt(t, "us-east", time.Now(), &gossipv1.Spend{RuleId: "quota", Key: "tenant-acme", Cost: 300},
 		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 300}), seq: 1, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
 	if msg.settled != "ack" {
 		t.Fatalf("message settled %q, want ack", msg.settled)
 	}

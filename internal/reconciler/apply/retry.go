@@ -292,7 +292,7 @@ func (a *Applier) Retry(ctx context.Context, src Source, msg jetstream.Msg) {
 		}
 	}
 	clients, _ := a.debits(spends, e.Flushed)
-	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.markerTTL(), clients)
+	res, err := a.store.ApplyDebits(actx, src.Name, pos, a.MarkerTTL(), clients)
 	a.observe(src.Name, e.FirstAdmitted, res, clients)
 	if err != nil {
 		a.log.Warn("retry: debits not applied, will retry", "source", src.Name, "seq", e.Seq, "failed", len(res.Failed), "err", err)

@@ -190,7 +190,7 @@ func TestDebitAsOfLastAdmission(t *testing.T) {
 		&gossipv1.Spend{RuleId: "quota", Key: "b", Cost: 1},
 		&gossipv1.Spend{RuleId: "quota", Key: "a", Cost: 2, LastAdmittedMsBeforeFlush: 1500},
 		&gossipv1.Spend{RuleId: "quota", Key: "down", Cost: 3, LastAdmittedMsBeforeFlush: 2000}), seq: 1, delivered: 1}
-	a.Apply(context.Background(), Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
+	applyOne(a, Source{Name: "us-east", Epoch: 1, Retry: js}, msg)
 	if msg.settled != "ack" {
 		t.Fatalf("message settled %q, want ack (the failed client deferred)", msg.settled)
 	}
