@@ -2,22 +2,18 @@
 # Runs every package's tests with the race detector, in two phases, and a
 # smoke run of the docs' benchmarks:
 #
-#  0. the lint (scripts/lint.sh) beside the compile of every package;
-#  1. four streams side by side, one package at a time in each (the
-#     figures are a warm run's):
-#     - internal/reconciler (whose tests mostly wait, on NATS gateways cut
-#       for tens of seconds, on stream sources; they run four at a time),
-#       then every `go test -bench` command the docs quote, once
-#       (-benchtime 1x -short, two at a time; scripts/docbench_test.go,
-#       so that a figure's command that no longer runs fails here): 200 s;
-#     - internal/limiterd but its tests of phase 2, then the NATS
-#       clusters' and the image build's packages: 170 s;
-#     - scripts (the local stack's bring-ups): 150-190 s;
-#     - every other package but those of phase 2, two at a time: most
-#       take a second or two.
-#     Phase 1 waits more than it computes, so its wall time is about its
-#     longest stream's: with the limiterd tests after the reconciler's,
-#     and every other package one at a time, it was 322 s;
+#  0. the lint (scripts/lint.sh) beside the compile of every test binary;
+#  1. two streams side by side, one package at a time in each:
+#     internal/reconciler (whose tests mostly wait, on NATS gateways cut
+#     for tens of seconds, on stream sources; they run four at a time),
+#     then internal/limiterd but its tests of phase 2, then every
+#     `go test -bench` command the docs quote, once (-benchtime 1x -short,
+#     two at a time; scripts/docbench_test.go, so that a figure's command
+#     that no longer runs fails here); beside them every other package but
+#     those of phase 2, in two more streams: the long ones (the local
+#     stack's bring-ups, the image build, the NATS clusters) and the rest.
+#     Phase 1 waits more than it computes (load 1.3-4 on 2 cores with two
+#     streams), so a third cuts its wall time to about the longest stream;
 #  2. what is measured under its own load, one package at a time and
 #     alone: the tests of internal/limiterd named in limiterd_alone
 #     (exactly 10 of 50 client processes on busy cores, the model tests,
@@ -37,10 +33,8 @@ flags=(-race -count=1 -p 1 -timeout 20m)
 
 alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
-# Phase 1's longest other packages: the local stack's, in a stream of its
-# own, and two after internal/limiterd's.
-stack=(./scripts)
-long=(./internal/testenv/natstest ./internal/ociimage)
+# Phase 1's longest other packages, in a stream of their own.
+long=(./scripts ./internal/ociimage ./internal/testenv/natstest)
 # The tests of internal/limiterd whose guarantees are measured under their
 # own load; its others run in phase 1. scripts/testsh_test.go checks that
 # each is a test of the package.
@@ -58,7 +52,7 @@ others=()
 for p in $("$GO" list ./...); do
 	p=./${p#"$mod"/}
 	[ "$p" = "./$mod" ] && p=.
-	case " ${alone[*]} ${waiting[*]} ${stack[*]} ${long[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
+	case " ${alone[*]} ${waiting[*]} ${long[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
 	others+=("$p")
 done
 
@@ -111,29 +105,23 @@ timed() {
 {
 	rc=0
 	timed "${waiting[*]}" "$GO" test "${flags[@]}" -parallel 4 "${waiting[@]}" || rc=1
+	timed "./internal/limiterd (phase 1)" "$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
 	timed "the docs' benchmarks" "$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
 	exit "$rc"
 } >"$logs/waiting.log" 2>&1 &
 pids+=($!)
-{
+timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" >"$logs/long.log" 2>&1 &
+pids+=($!)
+timed "${#others[@]} other packages" "$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
+pids+=($!)
+for i in 0 1 2; do
 	rc=0
-	timed "./internal/limiterd (phase 1)" "$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
-	timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" || rc=1
-	exit "$rc"
-} >"$logs/long.log" 2>&1 &
-pids+=($!)
-timed "${stack[*]}" "$GO" test "${flags[@]}" "${stack[@]}" >"$logs/stack.log" 2>&1 &
-pids+=($!)
-timed "${#others[@]} other packages" "$GO" test -race -count=1 -p 2 -timeout 20m "${others[@]}" >"$logs/others.log" 2>&1 &
-pids+=($!)
-for pid in "${pids[@]}"; do
-	rc=0
-	wait "$pid" || rc=$?
+	wait "${pids[$i]}" || rc=$?
 	[ "$rc" -eq 0 ] || failed=1
 done
 pids=()
-cat "$logs/others.log" "$logs/stack.log" "$logs/long.log" "$logs/waiting.log"
-echo "test: phase 1 (${waiting[*]} and the docs' benchmarks, ./internal/limiterd but ${#limiterd_alone[@]} tests and ${long[*]}, ${stack[*]}, and ${#others[@]} other packages) in $((SECONDS - start)) s"
+cat "$logs/others.log" "$logs/long.log" "$logs/waiting.log"
+echo "test: phase 1 (${waiting[*]}, ./internal/limiterd but ${#limiterd_alone[@]} tests and the docs' benchmarks beside ${long[*]} and $((${#others[@]})) other packages) in $((SECONDS - start)) s"
 t1=$SECONDS
 # The other packages first: what phase 1 started has ended by then (the
 # pacers' proof, first, failed twice on a fresh clone right after it).
