@@ -1,7 +1,9 @@
 // Package tracing sends the daemons' spans to an OpenTelemetry collector
 // over OTLP/gRPC: off unless an endpoint is named, sampled at a ratio,
 // and following the caller's decision when the caller sent a trace
-// context (a check forwarded from another region keeps its trace).
+// context (a check forwarded from another region keeps its trace). A
+// message carries a span context in its headers (InjectHeader,
+// SpanContextFromHeader).
 //
 // With tracing off nothing is installed: no stats handler on the gRPC
 // server or clients, and the engine's SpanFromContext finds no span.
