@@ -1,9 +1,11 @@
 package tracing
 
 import (
+	"context"
 	"strings"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -62,5 +64,35 @@ func TestHeader(t *testing.T) {
 	InjectHeader(empty, trace.SpanContext{})
 	if len(empty) != 0 || SpanContextFromHeader(empty).IsValid() || TraceHeader(empty) != nil || SpanContextFromHeader(nil).IsValid() {
 		t.Errorf("no span context: headers %v", empty)
+	}
+}
+
+// TestSampleLinked: at a ratio of 0, a new root span is sampled only when
+// it links to a sampled span; a child follows its parent.
+func TestSampleLinked(t *testing.T) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSampler(sampler(0)))
+	defer func() { _ = tp.Shutdown(context.Background()) }()
+	tr := tp.Tracer("test")
+	sampled := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled, Remote: true})
+	unsampled := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{2}, SpanID: trace.SpanID{2}, Remote: true})
+	for _, c := range []struct {
+		name  string
+		links []trace.Link
+		want  bool
+	}{
+		{"no link", nil, false},
+		{"linked to an unsampled span", []trace.Link{{SpanContext: unsampled}}, false},
+		{"linked to a sampled span", []trace.Link{{SpanContext: unsampled}, {SpanContext: sampled}}, true},
+	} {
+		ctx, span := tr.Start(context.Background(), "apply", trace.WithNewRoot(), trace.WithLinks(c.links...))
+		if got := span.SpanContext().IsSampled(); got != c.want {
+			t.Errorf("%s: sampled %v, want %v", c.name, got, c.want)
+		}
+		_, child := tr.Start(ctx, "child")
+		if child.SpanContext().IsSampled() != c.want {
+			t.Errorf("%s: its child not sampled as its parent", c.name)
+		}
+		child.End()
+		span.End()
 	}
 }
