@@ -41,6 +41,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -62,6 +63,7 @@ import (
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/topowatch"
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
@@ -144,6 +146,9 @@ type Options struct {
 	ClockAllowance time.Duration
 	// HTTPAddress serves /metrics, /healthz and /readyz.
 	HTTPAddress string
+	// Trace sends spans to an OpenTelemetry collector (--trace.*, as
+	// limiterd's); off by default.
+	Trace tracing.Options
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -172,6 +177,8 @@ type Reconciler struct {
 	// made (zero before its first set-up): one made again sources from it.
 	inSince time.Time
 
+	// tracer sends the apply's spans; nil: tracing off.
+	tracer  *tracing.Tracer
 	store   *redisstore.Store
 	applier *apply.Applier
 	leases  *lease.Manager
@@ -212,7 +219,7 @@ func DefaultOptions() Options {
 		Interval: gossip.DefaultInterval, AckWait: DefaultAckWait,
 		StreamMaxAge: DefaultStreamMaxAge, StreamMaxBytes: DefaultStreamMaxBytes, StreamReplicas: 1,
 		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, LeaseTTL: lease.DefaultTTL, ClockAllowance: DefaultClockAllowance,
-		HTTPAddress: DefaultHTTPAddress,
+		HTTPAddress: DefaultHTTPAddress, Trace: tracing.Default(),
 	}
 }
 
@@ -269,6 +276,9 @@ func (o *Options) validate() error {
 	}
 	if o.ClockAllowance < 0 || o.ClockAllowance > MaxClockAllowance {
 		errs = append(errs, fmt.Errorf("--apply.clock-allowance: must be 0 to %v, got %v", MaxClockAllowance, o.ClockAllowance))
+	}
+	if err := o.Trace.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -505,11 +515,20 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // Start connects to Redis and NATS, creates or updates the streams and the
 // consumers, and starts the loops. NATS may be unreachable at start: the
 // loops wait for it.
-func (r *Reconciler) Start(ctx context.Context) error {
+func (r *Reconciler) Start(ctx context.Context) (err error) {
 	ro, err := r.opts.Redis.Options(r.log)
 	if err != nil {
 		return err
 	}
+	host, _ := os.Hostname()
+	if r.tracer, err = tracing.Start(r.opts.Trace, "reconciler", r.opts.Region, fmt.Sprintf("%s-%d", host, os.Getpid())); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = r.tracer.Shutdown(0) // nothing was traced yet
+		}
+	}()
 	ro.Timeout = DefaultApplyTimeout
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	store, err := redisstore.New(cctx, ro, r.registry)
@@ -576,7 +595,8 @@ func (r *Reconciler) Stop() error {
 	r.nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return errors.Join(r.httpSrv.Shutdown(ctx), r.store.Close())
+	// Last of all: the spans of the last batches go out.
+	return errors.Join(r.httpSrv.Shutdown(ctx), r.store.Close(), r.tracer.Shutdown(2*time.Second))
 }
 
 // Run starts a reconciler and runs it until ctx ends.
