@@ -1026,7 +1026,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				r.applier.Reject(msg, "relay", err)
 				continue
 			}
-			if err := r.relay(ctx, b, parts); err != nil {
+			if err := r.relay(ctx, b, parts, msg.Headers()); err != nil {
 				r.log.Warn("relay publish failed, will retry", "err", err)
 				msg.NakWithDelay(r.opts.Interval)
 				continue
@@ -1043,8 +1043,9 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 }
 
 // relay publishes the partitions of flush part b, all at once, and waits
-// for every ack.
-func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte) error {
+// for every ack. Each carries the trace context of the flush's headers,
+// when it has one (a sampled check's: see package spendpub).
+func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte, header nats.Header) error {
 	pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
 	defer cancel()
 	var acks []jetstream.PubAckFuture
@@ -1053,7 +1054,9 @@ func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts []
 			continue
 		}
 		id := fmt.Sprintf("%s-%d-%d-p%d", b.GetInstance(), b.GetSequence(), b.GetPart(), p)
-		f, err := r.js.PublishAsync(gossip.PartitionSubject(r.opts.Region, p), data, jetstream.WithMsgID(id))
+		// Headers of its own: the publish writes the id there.
+		m := &nats.Msg{Subject: gossip.PartitionSubject(r.opts.Region, p), Data: data, Header: tracing.TraceHeader(header)}
+		f, err := r.js.PublishMsgAsync(m, jetstream.WithMsgID(id))
 		if err != nil {
 			return err
 		}
