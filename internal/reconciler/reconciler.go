@@ -554,9 +554,12 @@ func (r *Reconciler) Start(ctx context.Context) (err error) {
 		store.Close()
 		return fmt.Errorf("--nats.url: %w", err)
 	}
-	r.applier = apply.New(apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
-		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeDone: r.beforeDoneHook},
-		store, r.js, r.rules, r.m.apply)
+	aopts := apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
+		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeDone: r.beforeDoneHook}
+	if r.tracer != nil {
+		aopts.TracerProvider = r.tracer.Provider()
+	}
+	r.applier = apply.New(aopts, store, r.js, r.rules, r.m.apply)
 	r.leases = lease.New(lease.Options{Region: r.opts.Region, TTL: r.opts.LeaseTTL, PositionTTL: r.applier.MarkerTTL(),
 		Logger: r.log.With("component", "leases")}, leaseBucket{r}, store, r.m.leases)
 	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
