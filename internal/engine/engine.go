@@ -160,6 +160,9 @@ type Options struct {
 	Leases bucket.LeaseStore
 	// Spends, when set, receives what reconciled rules admit.
 	Spends tally.SpendRecorder
+	// SpendSpans, when set, receives the span context of each sampled
+	// check whose spends Spends received.
+	SpendSpans tally.SpanRecorder
 	// Resets, when set, receives the keys of reconciled rules reset here
 	// (ResetKey), for the other regions.
 	Resets ResetRecorder
@@ -271,7 +274,7 @@ func New(opts Options, set *rules.Set, reg prometheus.Registerer) (*Engine, erro
 		}
 	}
 	e.topo.Store(ts)
-	e.tally = tally.Tally{Metrics: m, Top: e.top, Spends: opts.Spends, Fleet: e.fleet, KeyAffinity: opts.KeyAffinity}
+	e.tally = tally.Tally{Metrics: m, Top: e.top, Spends: opts.Spends, Spans: opts.SpendSpans, Fleet: e.fleet, KeyAffinity: opts.KeyAffinity}
 	e.fwd = homes.Forwarder{Timeout: e.fwdTO, Detached: e.detached, Refunds: m.Refunds, Log: e.log}
 	for name := range opts.Homes {
 		m.Stale.WithLabelValues(name)

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/limiterd/limiterd/internal/engine/homes"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/pkg/bucket"
@@ -60,7 +62,11 @@ func (e *Engine) decideUnder(ctx context.Context, c *request.Request, p *plan, s
 	if err != nil {
 		return false, err
 	}
-	e.tally.Count(c, allowed)
+	if e.tally.Count(c, allowed) && p.traced {
+		// The flush that carries its spends names it (only a sampled
+		// call pays for the lookup).
+		e.tally.Sampled(trace.SpanContextFromContext(ctx))
+	}
 	if !allowed {
 		for _, it := range c.Enforce {
 			if !it.Decision.Allowed || it.Route == request.RouteNone {

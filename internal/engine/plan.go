@@ -42,6 +42,9 @@ type plan struct {
 	leases concurrency.Hold
 
 	undo []undoStep
+
+	// traced: the call's span records (it is sampled; see runStages).
+	traced bool
 }
 
 // stage is one step of a call: it decides some of the plan's items and
@@ -181,6 +184,7 @@ func (e *Engine) runStages(ctx context.Context, c *request.Request, p *plan, sta
 	// stage, with its time; the rest pay for one context lookup.
 	span := trace.SpanFromContext(ctx)
 	traced := span.IsRecording()
+	p.traced = traced
 	var began time.Time
 	for _, st := range stages {
 		if traced {

@@ -410,6 +410,10 @@ func (d *Daemon) Start(ctx context.Context) (err error) {
 			return err
 		}
 		eopts.Spends, eopts.Resets = p.Accumulator(), p.Accumulator()
+		if d.tracer != nil {
+			// A sampled check's flush carries its span context.
+			eopts.SpendSpans = p
+		}
 		spends = p
 	}
 	if d.opts.Region.PeerSecretFile != "" {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/testenv/otlptest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/internal/tracing"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
@@ -33,7 +34,7 @@ func BenchmarkCheckTracing(b *testing.B) {
 	if err := os.WriteFile(rulesFile, []byte(traceCostRules), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	_, endpoint := startReceiver(b)
+	_, endpoint := otlptest.Start(b)
 	var redisAddrs []string
 	for _, store := range []string{"memory", "redis"} {
 		if store == "redis" {

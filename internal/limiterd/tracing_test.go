@@ -9,70 +9,18 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/grpc"
 
 	"github.com/limiterd/limiterd/internal/testenv"
+	"github.com/limiterd/limiterd/internal/testenv/otlptest"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/region"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
-
-// receiver is an OTLP/gRPC trace collector in the test's process: it
-// keeps every span it is sent, with its resource's attributes.
-type receiver struct {
-	coltracepb.UnimplementedTraceServiceServer
-	mu    sync.Mutex
-	spans []receivedSpan
-}
-
-type receivedSpan struct {
-	service, region string
-	span            *tracepb.Span
-}
-
-func (r *receiver) Export(_ context.Context, req *coltracepb.ExportTraceServiceRequest) (*coltracepb.ExportTraceServiceResponse, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, rs := range req.GetResourceSpans() {
-		attrs := map[string]string{}
-		for _, kv := range rs.GetResource().GetAttributes() {
-			attrs[kv.GetKey()] = kv.GetValue().GetStringValue()
-		}
-		for _, ss := range rs.GetScopeSpans() {
-			for _, s := range ss.GetSpans() {
-				r.spans = append(r.spans, receivedSpan{attrs["service.name"], attrs["cloud.region"], s})
-			}
-		}
-	}
-	return &coltracepb.ExportTraceServiceResponse{}, nil
-}
-
-func (r *receiver) all() []receivedSpan {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.spans)
-}
-
-func startReceiver(t testing.TB) (*receiver, string) {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &receiver{}
-	srv := grpc.NewServer()
-	coltracepb.RegisterTraceServiceServer(srv, r)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	return r, lis.Addr().String()
-}
 
 // TestTraceAcrossRegions: with tracing on, a check of a pinned rule sent
 // to a region that is not its key's home is one trace over both limiterd:
@@ -80,7 +28,7 @@ func startReceiver(t testing.TB) (*receiver, string) {
 // the home b, whose span is a child of a's. a's Check span carries an
 // event per stage of the check. With tracing off nothing is sent.
 func TestTraceAcrossRegions(t *testing.T) {
-	recv, endpoint := startReceiver(t)
+	recv, endpoint := otlptest.Start(t)
 	dir := t.TempDir()
 	rulesFile := filepath.Join(dir, "rules.yml")
 	if err := os.WriteFile(rulesFile, []byte(pinRules), 0o644); err != nil {
@@ -124,16 +72,16 @@ func TestTraceAcrossRegions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	spans := recv.all()
+	spans := recv.All()
 	find := func(region, name string, kind tracepb.Span_SpanKind) *tracepb.Span {
 		for _, s := range spans {
-			if s.service == "limiterd" && s.region == region && s.span.GetName() == name && s.span.GetKind() == kind {
-				return s.span
+			if s.Service == "limiterd" && s.Region == region && s.Span.GetName() == name && s.Span.GetKind() == kind {
+				return s.Span
 			}
 		}
 		var got []string
 		for _, s := range spans {
-			got = append(got, fmt.Sprintf("%s/%s %s %v", s.service, s.region, s.span.GetName(), s.span.GetKind()))
+			got = append(got, fmt.Sprintf("%s/%s %s %v", s.Service, s.Region, s.Span.GetName(), s.Span.GetKind()))
 		}
 		t.Fatalf("no %v span %s from limiterd in %s; received %q", kind, name, region, got)
 		return nil
@@ -161,7 +109,7 @@ func TestTraceAcrossRegions(t *testing.T) {
 	}
 
 	// Off: a daemon without an endpoint sends nothing.
-	n := len(recv.all())
+	n := len(recv.All())
 	addrs["a"] = testenv.FreeAddr(t)
 	off := startDaemon(t, nil, func(o *Options) { o.Rules.File = rulesFile; o.Tracing.Endpoint = "" })
 	if _, err := limiterv1.NewLimiterClient(dial(t, off.GRPCAddr())).Check(context.Background(), &limiterv1.CheckRequest{RuleId: "pin", Key: key}); err != nil {
@@ -170,7 +118,7 @@ func TestTraceAcrossRegions(t *testing.T) {
 	if err := off.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(recv.all()); got != n {
+	if got := len(recv.All()); got != n {
 		t.Errorf("tracing off: %d spans sent", got-n)
 	}
 }
@@ -181,7 +129,7 @@ func TestTraceAcrossRegions(t *testing.T) {
 // limiterd's queue before its pipeline was written. With tracing off the
 // daemon sends no span.
 func TestTraceRedisCall(t *testing.T) {
-	recv, endpoint := startReceiver(t)
+	recv, endpoint := otlptest.Start(t)
 	cluster := redistest.NewCluster(t, 1, 0)
 	primary := cluster.Addrs()[0]
 	d := startDaemon(t, cluster.Addrs(), func(o *Options) {
@@ -197,13 +145,13 @@ func TestTraceRedisCall(t *testing.T) {
 	}
 	var check, call *tracepb.Span
 	var got []string
-	for _, s := range recv.all() {
-		got = append(got, fmt.Sprintf("%s %v", s.span.GetName(), s.span.GetKind()))
+	for _, s := range recv.All() {
+		got = append(got, fmt.Sprintf("%s %v", s.Span.GetName(), s.Span.GetKind()))
 		switch {
-		case s.span.GetName() == "limiter.v1.Limiter/Check" && s.span.GetKind() == tracepb.Span_SPAN_KIND_SERVER:
-			check = s.span
-		case s.span.GetName() == "EVALSHA" && s.span.GetKind() == tracepb.Span_SPAN_KIND_CLIENT:
-			call = s.span
+		case s.Span.GetName() == "limiter.v1.Limiter/Check" && s.Span.GetKind() == tracepb.Span_SPAN_KIND_SERVER:
+			check = s.Span
+		case s.Span.GetName() == "EVALSHA" && s.Span.GetKind() == tracepb.Span_SPAN_KIND_CLIENT:
+			call = s.Span
 		}
 	}
 	if check == nil || call == nil {

@@ -27,4 +27,5 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.LeaseTTL, "apply.lease-ttl", d.LeaseTTL, "how long a reconciler's lease of a partition lives unrenewed: how long a dead reconciler's partitions wait for another; the TTL of the region's bucket of leases when this reconciler makes it")
 	fs.DurationVar(&o.ClockAllowance, "apply.clock-allowance", d.ClockAllowance, "how far another region's clock may run behind this region's Redis: a spend counts as admitted that much later, so a debit is skipped as refilled only when it surely refilled")
 	fs.StringVar(&o.HTTPAddress, "http.listen-address", d.HTTPAddress, "address serving /metrics, /healthz and /readyz")
+	o.Trace.RegisterFlags(fs)
 }

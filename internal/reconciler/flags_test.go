@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/limiterd/limiterd/internal/tracing"
 )
 
 // TestFlagDefaults: the flags parsed with no arguments are DefaultOptions,
@@ -40,5 +42,32 @@ func TestFlagDefaults(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), f) {
 			t.Errorf("zero Options: %v; want it to name %s", err, f)
 		}
+	}
+}
+
+// TestTraceFlags: the reconciler has limiterd's --trace.* flags, as
+// package tracing defines them, and refuses a bad one naming it.
+func TestTraceFlags(t *testing.T) {
+	var o Options
+	fs := flag.NewFlagSet("reconciler", flag.ContinueOnError)
+	o.RegisterFlags(fs)
+	var want tracing.Options
+	tfs := flag.NewFlagSet("tracing", flag.ContinueOnError)
+	want.RegisterFlags(tfs)
+	tfs.VisitAll(func(f *flag.Flag) {
+		got := fs.Lookup(f.Name)
+		if got == nil || got.DefValue != f.DefValue || got.Usage != f.Usage {
+			t.Errorf("--%s: %+v, want %+v", f.Name, got, f)
+		}
+	})
+	if err := fs.Parse([]string{"--trace.otlp-endpoint", "collector:4317", "--trace.insecure", "--trace.sample-ratio", "0.5"}); err != nil {
+		t.Fatal(err)
+	}
+	if w := (tracing.Options{Endpoint: "collector:4317", Insecure: true, SampleRatio: 0.5}); o.Trace != w {
+		t.Errorf("parsed %+v, want %+v", o.Trace, w)
+	}
+	o.Trace.SampleRatio = 2
+	if err := o.validate(); err == nil || !strings.Contains(err.Error(), "--trace.sample-ratio") {
+		t.Errorf("a ratio of 2: %v, want an error naming --trace.sample-ratio", err)
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -62,6 +63,7 @@ import (
 	"github.com/limiterd/limiterd/internal/rules"
 	"github.com/limiterd/limiterd/internal/rulesource"
 	"github.com/limiterd/limiterd/internal/topowatch"
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
@@ -144,6 +146,9 @@ type Options struct {
 	ClockAllowance time.Duration
 	// HTTPAddress serves /metrics, /healthz and /readyz.
 	HTTPAddress string
+	// Trace sends spans to an OpenTelemetry collector (--trace.*, as
+	// limiterd's); off by default.
+	Trace tracing.Options
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -172,6 +177,8 @@ type Reconciler struct {
 	// made (zero before its first set-up): one made again sources from it.
 	inSince time.Time
 
+	// tracer sends the apply's spans; nil: tracing off.
+	tracer  *tracing.Tracer
 	store   *redisstore.Store
 	applier *apply.Applier
 	leases  *lease.Manager
@@ -212,7 +219,7 @@ func DefaultOptions() Options {
 		Interval: gossip.DefaultInterval, AckWait: DefaultAckWait,
 		StreamMaxAge: DefaultStreamMaxAge, StreamMaxBytes: DefaultStreamMaxBytes, StreamReplicas: 1,
 		MaxMessageBytes: gossip.DefaultMaxMessageBytes, Partitions: DefaultPartitions, LeaseTTL: lease.DefaultTTL, ClockAllowance: DefaultClockAllowance,
-		HTTPAddress: DefaultHTTPAddress,
+		HTTPAddress: DefaultHTTPAddress, Trace: tracing.Default(),
 	}
 }
 
@@ -269,6 +276,9 @@ func (o *Options) validate() error {
 	}
 	if o.ClockAllowance < 0 || o.ClockAllowance > MaxClockAllowance {
 		errs = append(errs, fmt.Errorf("--apply.clock-allowance: must be 0 to %v, got %v", MaxClockAllowance, o.ClockAllowance))
+	}
+	if err := o.Trace.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -505,11 +515,20 @@ func (r *Reconciler) HTTPAddr() string { return r.httpLis.Addr().String() }
 // Start connects to Redis and NATS, creates or updates the streams and the
 // consumers, and starts the loops. NATS may be unreachable at start: the
 // loops wait for it.
-func (r *Reconciler) Start(ctx context.Context) error {
+func (r *Reconciler) Start(ctx context.Context) (err error) {
 	ro, err := r.opts.Redis.Options(r.log)
 	if err != nil {
 		return err
 	}
+	host, _ := os.Hostname()
+	if r.tracer, err = tracing.Start(r.opts.Trace, "reconciler", r.opts.Region, fmt.Sprintf("%s-%d", host, os.Getpid())); err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = r.tracer.Shutdown(0) // nothing was traced yet
+		}
+	}()
 	ro.Timeout = DefaultApplyTimeout
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	store, err := redisstore.New(cctx, ro, r.registry)
@@ -535,9 +554,12 @@ func (r *Reconciler) Start(ctx context.Context) error {
 		store.Close()
 		return fmt.Errorf("--nats.url: %w", err)
 	}
-	r.applier = apply.New(apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
-		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeDone: r.beforeDoneHook},
-		store, r.js, r.rules, r.m.apply)
+	aopts := apply.Options{Region: r.opts.Region, AckWait: r.opts.AckWait, StreamMaxAge: r.opts.StreamMaxAge,
+		MaxMessageBytes: r.opts.MaxMessageBytes, ClockAllowance: r.opts.ClockAllowance, Logger: r.log, BeforeDone: r.beforeDoneHook}
+	if r.tracer != nil {
+		aopts.TracerProvider = r.tracer.Provider()
+	}
+	r.applier = apply.New(aopts, store, r.js, r.rules, r.m.apply)
 	r.leases = lease.New(lease.Options{Region: r.opts.Region, TTL: r.opts.LeaseTTL, PositionTTL: r.applier.MarkerTTL(),
 		Logger: r.log.With("component", "leases")}, leaseBucket{r}, store, r.m.leases)
 	if r.httpLis, err = net.Listen("tcp", r.opts.HTTPAddress); err != nil {
@@ -576,7 +598,8 @@ func (r *Reconciler) Stop() error {
 	r.nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	return errors.Join(r.httpSrv.Shutdown(ctx), r.store.Close())
+	// Last of all: the spans of the last batches go out.
+	return errors.Join(r.httpSrv.Shutdown(ctx), r.store.Close(), r.tracer.Shutdown(2*time.Second))
 }
 
 // Run starts a reconciler and runs it until ctx ends.
@@ -1006,7 +1029,7 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 				r.applier.Reject(msg, "relay", err)
 				continue
 			}
-			if err := r.relay(ctx, b, parts); err != nil {
+			if err := r.relay(ctx, b, parts, msg.Headers()); err != nil {
 				r.log.Warn("relay publish failed, will retry", "err", err)
 				msg.NakWithDelay(r.opts.Interval)
 				continue
@@ -1023,8 +1046,9 @@ func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
 }
 
 // relay publishes the partitions of flush part b, all at once, and waits
-// for every ack.
-func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte) error {
+// for every ack. Each carries the trace context of the flush's headers,
+// when it has one (a sampled check's: see package spendpub).
+func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte, header nats.Header) error {
 	pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
 	defer cancel()
 	var acks []jetstream.PubAckFuture
@@ -1033,7 +1057,9 @@ func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts []
 			continue
 		}
 		id := fmt.Sprintf("%s-%d-%d-p%d", b.GetInstance(), b.GetSequence(), b.GetPart(), p)
-		f, err := r.js.PublishAsync(gossip.PartitionSubject(r.opts.Region, p), data, jetstream.WithMsgID(id))
+		// Headers of its own: the publish writes the id there.
+		m := &nats.Msg{Subject: gossip.PartitionSubject(r.opts.Region, p), Data: data, Header: tracing.TraceHeader(header)}
+		f, err := r.js.PublishMsgAsync(m, jetstream.WithMsgID(id))
 		if err != nil {
 			return err
 		}

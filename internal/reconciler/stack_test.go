@@ -46,6 +46,9 @@ type stack struct {
 	addrs    map[string]string // each region's limiterd
 	// recOpts, when set, changes each reconciler's options before New.
 	recOpts func(*Options)
+	// limOpts, when set (by the function that starts NATS, which runs
+	// first), changes each limiterd's options before New.
+	limOpts func(*limiterd.Options)
 	// wan, when set (newWANStack), is the one-way delay between each pair
 	// of regions, both orders; peers[viewer][region] is the proxy that
 	// region's limiterd is reached through from viewer's, with that delay.
@@ -233,6 +236,9 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		o.NATS.Auth, o.Admin.NATSAuth = s.auth("limiterd-"+name), admin
 		o.Admin.TokenFile = filepath.Join(s.dir, "admin-token")
 		o.Logger = quiet().With("component", "limiterd")
+		if s.limOpts != nil {
+			s.limOpts(&o)
+		}
 		d, err := limiterd.New(o)
 		if err != nil {
 			t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -33,7 +34,7 @@ type sentMsg struct {
 	batch *gossipv1.SpendBatch
 }
 
-func (s *sink) send(_ context.Context, data []byte, _ string) error {
+func (s *sink) send(_ context.Context, data []byte, _ string, _ nats.Header) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.tries++

@@ -2,7 +2,9 @@
 // to its region's local spends stream, for the reconcilers to relay to the
 // other regions: every gossip interval, within BudgetTick for a key whose
 // spend reached its rule's accuracy budget, and, for a key still under its
-// budget, at the interval its wait reaches the max-defer bound.
+// budget, at the interval its wait reaches the max-defer bound. A flush
+// carries the span context of the last sampled check whose spends were
+// recorded since the flush before, in its headers (W3C traceparent).
 package spendpub
 
 import (
@@ -15,12 +17,15 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -66,9 +71,13 @@ type Publisher struct {
 	subject    string
 	nc         *nats.Conn
 	js         jetstream.JetStream
-	// send publishes one message to the local stream with its id.
-	send func(ctx context.Context, data []byte, id string) error
+	// send publishes one message to the local stream with its id and
+	// headers (nil: none).
+	send func(ctx context.Context, data []byte, id string, header nats.Header) error
 	log  *slog.Logger
+	// sampled is the span context of the last sampled check whose spends
+	// were recorded since the last flush (SampledSpend); nil: none.
+	sampled atomic.Pointer[trace.SpanContext]
 
 	seq     uint64
 	backlog []pendingFlush
@@ -83,6 +92,10 @@ type Publisher struct {
 type pendingFlush struct {
 	id   string
 	data []byte
+	// trace is the span context of a sampled check whose spends the flush
+	// carries; invalid: none (always, for a flush read back from the
+	// spool at a start).
+	trace trace.SpanContext
 	// file is where the flush is spooled, once a publish of it failed;
 	// "" while it is in memory only.
 	file string
@@ -106,8 +119,8 @@ func New(nc *nats.Conn, region, instance string, interval, maxDefer time.Duratio
 		return nil, err
 	}
 	p.nc, p.js = nc, js
-	p.send = func(ctx context.Context, data []byte, id string) error {
-		_, err := js.Publish(ctx, p.subject, data, jetstream.WithMsgID(id))
+	p.send = func(ctx context.Context, data []byte, id string, header nats.Header) error {
+		_, err := js.PublishMsg(ctx, &nats.Msg{Subject: p.subject, Data: data, Header: header}, jetstream.WithMsgID(id))
 		return err
 	}
 	return p, nil
@@ -321,6 +334,10 @@ func (p *Publisher) queue(spends []gossip.Spend, first int64, msgs prometheus.Co
 		return
 	}
 	p.seq++
+	var sc trace.SpanContext
+	if last := p.sampled.Swap(nil); last != nil {
+		sc = *last
+	}
 	parts, err := gossip.Split(gossip.Header{
 		Region: p.region, Instance: p.instance, Sequence: p.seq,
 		FirstAdmitted: first, Flushed: time.Now().UnixMicro(),
@@ -329,7 +346,7 @@ func (p *Publisher) queue(spends []gossip.Spend, first int64, msgs prometheus.Co
 		p.log.Error("spends not encoded", "err", err)
 	}
 	for i, data := range parts {
-		p.backlog = append(p.backlog, pendingFlush{id: fmt.Sprintf("%s-%d-%d", p.instance, p.seq, i), data: data})
+		p.backlog = append(p.backlog, pendingFlush{id: fmt.Sprintf("%s-%d-%d", p.instance, p.seq, i), data: data, trace: sc})
 	}
 	p.published.Add(float64(len(spends)))
 	msgs.Add(float64(len(parts)))
@@ -347,7 +364,7 @@ func (p *Publisher) publish(ctx context.Context) {
 	sent := 0
 	for _, f := range p.backlog {
 		pctx, cancel := context.WithTimeout(ctx, max(p.interval, time.Second))
-		err := p.send(pctx, f.data, f.id)
+		err := p.send(pctx, f.data, f.id, f.header())
 		cancel()
 		if err != nil {
 			p.failures.Inc()
@@ -363,6 +380,23 @@ func (p *Publisher) publish(ctx context.Context) {
 	p.spoolBacklog()
 	p.backlogGauge.Set(float64(len(p.backlog)))
 }
+
+// header is f's message headers: its span context, when it has one (a
+// map of its own each time: a publish writes its id there).
+func (f pendingFlush) header() nats.Header {
+	if !f.trace.IsValid() {
+		return nil
+	}
+	h := nats.Header{}
+	tracing.InjectHeader(h, f.trace)
+	return h
+}
+
+// SampledSpend keeps sc, the span context of a sampled check whose spends
+// the Accumulator just recorded, for the next flush: the flush names the
+// last such check (one of its keys may be held for a later flush, by
+// --gossip.max-defer). Unsampled checks do not call it.
+func (p *Publisher) SampledSpend(sc trace.SpanContext) { p.sampled.Store(&sc) }
 
 // Accumulator collects what this instance admits, for the next flush.
 func (p *Publisher) Accumulator() *gossip.Accumulator { return &p.acc }

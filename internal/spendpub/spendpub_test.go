@@ -11,9 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/limiterd/limiterd/internal/natsconn"
 	"github.com/limiterd/limiterd/internal/testenv/natstest"
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/gossip"
 )
 
@@ -94,5 +96,53 @@ func TestSpoolSurvivesACrashDuringAnOutage(t *testing.T) {
 	batch, err := gossip.Decode(b.Data, gossip.DefaultMaxMessageBytes)
 	if err != nil || batch.GetInstance() != "i1" {
 		t.Fatalf("the published flush: %v, %v; want i1's", batch, err)
+	}
+}
+
+// TestFlushCarriesASampledCheck: a flush with the spend of a sampled check
+// carries its span context in the message's headers (W3C traceparent); the
+// next flush, of an unsampled check's spend, carries no trace header.
+func TestFlushCarriesASampledCheck(t *testing.T) {
+	srv := natstest.NewServer(t)
+	ctx := t.Context()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := natsconn.EnsureStream(ctx, js, jetstream.StreamConfig{Name: gossip.LocalStream("us-east"),
+		Subjects: []string{gossip.LocalSubject("us-east")}, Storage: jetstream.FileStorage, Duplicates: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(nc, "us-east", "i1", time.Second, 0, "", slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{0xaa, 1}, SpanID: trace.SpanID{0xbb, 2}, TraceFlags: trace.FlagsSampled})
+	p.Accumulator().Add("r", "sampled", 1, 0, time.Now().UnixMicro())
+	p.SampledSpend(sc)
+	p.flush(ctx)
+	p.Accumulator().Add("r", "unsampled", 1, 0, time.Now().UnixMicro())
+	p.flush(ctx)
+	for seq, want := range map[uint64]trace.SpanContext{1: sc, 2: {}} {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := tracing.SpanContextFromHeader(m.Header)
+		if !got.Equal(want.WithRemote(want.IsValid())) {
+			t.Errorf("flush %d: span context %v in headers %v, want %v", seq, got, m.Header, want)
+		}
+		if want.IsValid() && m.Header.Get("traceparent") != "00-aa010000000000000000000000000000-bb02000000000000-01" {
+			t.Errorf("flush %d: traceparent %q", seq, m.Header.Get("traceparent"))
+		}
+		if !want.IsValid() && (m.Header.Get("traceparent") != "" || m.Header.Get("tracestate") != "") {
+			t.Errorf("flush %d of an unsampled check: trace headers %v", seq, m.Header)
+		}
 	}
 }

@@ -1,7 +1,10 @@
 // Package tracing sends the daemons' spans to an OpenTelemetry collector
 // over OTLP/gRPC: off unless an endpoint is named, sampled at a ratio,
 // and following the caller's decision when the caller sent a trace
-// context (a check forwarded from another region keeps its trace).
+// context (a check forwarded from another region keeps its trace). A
+// message carries a span context in its headers (InjectHeader,
+// SpanContextFromHeader), and a new root span linked to a sampled span is
+// sampled (the reconciler's apply of a sampled check's spends).
 //
 // With tracing off nothing is installed: no stats handler on the gRPC
 // server or clients, and the engine's SpanFromContext finds no span.
@@ -105,9 +108,34 @@ func Start(o Options, service, region, instance string) (*Tracer, error) {
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SampleRatio))),
+		sdktrace.WithSampler(sampler(o.SampleRatio)),
 	)
 	return &Tracer{provider: tp, prop: propagation.TraceContext{}}, nil
+}
+
+// sampler follows the parent's decision; a new root is sampled at ratio,
+// or always when it links to a sampled span (the apply of a sampled
+// check's spends: its own trace, found from the check's by the link).
+func sampler(ratio float64) sdktrace.Sampler {
+	return sdktrace.ParentBased(linkSampler{sdktrace.TraceIDRatioBased(ratio)})
+}
+
+// linkSampler samples a span linked to a sampled span, and the others as
+// its Sampler does.
+type linkSampler struct{ sdktrace.Sampler }
+
+func (s linkSampler) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	for _, l := range p.Links {
+		if l.SpanContext.IsSampled() {
+			return sdktrace.SamplingResult{Decision: sdktrace.RecordAndSample,
+				Tracestate: trace.SpanContextFromContext(p.ParentContext).TraceState()}
+		}
+	}
+	return s.Sampler.ShouldSample(p)
+}
+
+func (s linkSampler) Description() string {
+	return "LinkedOr{" + s.Sampler.Description() + "}"
 }
 
 // ServerHandler is the stats handler for a gRPC server, nil when off.

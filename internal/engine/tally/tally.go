@@ -9,6 +9,8 @@ package tally
 import (
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
@@ -21,12 +23,21 @@ type SpendRecorder interface {
 	Add(rule, key string, cost, budget float64, admittedMicros int64)
 }
 
+// SpanRecorder keeps the span context of a sampled check whose spends
+// were recorded, for the flush that carries them to the other regions
+// (spendpub.Publisher).
+type SpanRecorder interface {
+	SampledSpend(sc trace.SpanContext)
+}
+
 // Tally counts decided checks and Acquires. Metrics, Top and Fleet are
-// required; Spends, when nil, records nothing.
+// required; Spends, when nil, records nothing, and Spans, when nil,
+// nothing of the sampled checks.
 type Tally struct {
 	Metrics *metrics.Metrics
 	Top     *topkeys.Tracker
 	Spends  SpendRecorder
+	Spans   SpanRecorder
 	// Fleet returns the live number of instances in this region: each
 	// holds its share of a key's spend budget.
 	Fleet func() int
@@ -39,8 +50,8 @@ type Tally struct {
 // or not), and records what it admitted for the other regions: its class
 // and result in limiter_priority_decisions_total (reserved when only the
 // reserves its class keeps refused it, of a lease or a rate rule), and
-// each rate rule's decision.
-func (t *Tally) Count(c *request.Request, allowed bool) {
+// each rate rule's decision. It reports whether it recorded a spend.
+func (t *Tally) Count(c *request.Request, allowed bool) (spent bool) {
 	result := metrics.PriorityAllowed
 	switch {
 	case allowed:
@@ -126,7 +137,17 @@ func (t *Tally) Count(c *request.Request, allowed bool) {
 				budget = it.Rule.Overshoot() * it.Limits.Limit.Capacity
 			}
 			t.Spends.Add(it.Rule.ID, it.Key, spend, budget*share, now)
+			spent = true
 		}
+	}
+	return spent
+}
+
+// Sampled tells Spans of sc, the span context of a check whose spends
+// Count recorded, when it is sampled.
+func (t *Tally) Sampled(sc trace.SpanContext) {
+	if t.Spans != nil && sc.IsSampled() {
+		t.Spans.SampledSpend(sc)
 	}
 }
 

@@ -4,6 +4,8 @@
 // observes the lag and the overshoot, and defers the debits of clients
 // whose Redis node fails to the retry stream. It tells its caller how far
 // it got, in stream order; it acknowledges only the retry stream's entries.
+// With a tracer, a message that carries a sampled check's span context
+// (package spendpub) is applied in a span linked to it.
 package apply
 
 import (
@@ -15,10 +17,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/limiterd/limiterd/internal/redisstore"
 	"github.com/limiterd/limiterd/internal/rules"
+	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
@@ -51,6 +58,9 @@ type Options struct {
 	// stops the batch there, as a reconciler that dies before storing its
 	// position would: the message is read again.
 	BeforeDone func(src string, seq uint64) bool
+	// TracerProvider, when set, traces the apply of each message that
+	// carries a span context (see ApplyBatch).
+	TracerProvider trace.TracerProvider
 }
 
 // Store applies debits at most once each, by their stream position.
@@ -121,6 +131,8 @@ type Applier struct {
 	js    Publisher
 	rules Rules
 	m     *Metrics
+	// tracer traces the messages that carry a span context; nil: none.
+	tracer trace.Tracer
 }
 
 // New returns an Applier of store, publishing retries with js, debiting
@@ -132,7 +144,11 @@ func New(opts Options, store Store, js Publisher, rs Rules, m *Metrics) *Applier
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Applier{opts: opts, log: opts.Logger, store: store, js: js, rules: rs, m: m}
+	a := &Applier{opts: opts, log: opts.Logger, store: store, js: js, rules: rs, m: m}
+	if opts.TracerProvider != nil {
+		a.tracer = opts.TracerProvider.Tracer(tracerName)
+	}
+	return a
 }
 
 // Message is a spend message as ApplyBatch reads it: a jetstream.Msg, of
@@ -141,6 +157,7 @@ type Message interface {
 	Data() []byte
 	Subject() string
 	Metadata() (*jetstream.MsgMetadata, error)
+	Headers() nats.Header
 }
 
 // batchItem is one message of a batch, as ApplyBatch goes through it.
@@ -155,6 +172,9 @@ type batchItem struct {
 	// direct are applied now; waiting go to the retry stream.
 	direct, waiting []redisstore.ClientDebits
 	res             redisstore.DebitResult
+	// link is the span context the message carries, read with a tracer
+	// only; invalid: none.
+	link trace.SpanContext
 }
 
 // ApplyBatch applies msgs, messages of one partition of src's spends in
@@ -171,12 +191,23 @@ type batchItem struct {
 // failed: its marker would take the earlier one for a duplicate. The store
 // calls take their deadline from ctx (DefaultTimeout when it has none),
 // and are not cut short by its cancellation: a batch begun is finished.
+//
+// With a tracer, each message done that carries a span context (a sampled
+// check's, in its headers) gets a span from the batch's start to its end:
+// a new root, linked to that context (the check returned long before).
 func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []Message) (done int) {
+	var began time.Time
+	if a.tracer != nil {
+		began = time.Now()
+	}
 	items := make([]*batchItem, 0, len(msgs))
 	var recs []redisstore.Record
 	var recItems []*batchItem
 	for _, msg := range msgs {
 		it := a.decode(src, msg)
+		if a.tracer != nil {
+			it.link = tracing.SpanContextFromHeader(msg.Headers())
+		}
 		items = append(items, it)
 		if !it.settled {
 			recs = append(recs, redisstore.Record{Instance: it.b.GetInstance(), Seq: it.b.GetSequence(), Part: it.b.GetPart(), Pos: it.pos})
@@ -297,8 +328,28 @@ func (a *Applier) ApplyBatch(ctx context.Context, src Source, msgs []Message) (d
 		if !it.settled && !it.replay && a.opts.BeforeDone != nil && !a.opts.BeforeDone(src.Name, it.pos.Seq) {
 			return i
 		}
+		if it.link.IsValid() {
+			a.traceDone(src, it, began)
+		}
 	}
 	return stop
+}
+
+// tracerName names the tracer of the apply's spans.
+const tracerName = "github.com/limiterd/limiterd/internal/reconciler/apply"
+
+// traceDone records the apply of it, a message of src done, from began to
+// now, in a span linked to the span context it carries.
+func (a *Applier) traceDone(src Source, it *batchItem, began time.Time) {
+	_, span := a.tracer.Start(context.Background(), "apply", trace.WithNewRoot(), trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithTimestamp(began), trace.WithLinks(trace.Link{SpanContext: it.link}),
+		trace.WithAttributes(attribute.String("limiter.apply.source_region", src.Name), attribute.Int("limiter.apply.partition", src.Partition),
+			attribute.Int64("limiter.apply.stream_seq", int64(it.pos.Seq)), attribute.Int("limiter.apply.clients_debited", it.res.Applied),
+			attribute.Int("limiter.apply.clients_deferred", len(it.waiting)), attribute.Bool("limiter.apply.replay", it.replay)))
+	if it.b == nil {
+		span.SetStatus(codes.Error, "rejected")
+	}
+	span.End()
 }
 
 // storeContext is ctx for the store's calls: its deadline (DefaultTimeout

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -40,6 +41,7 @@ const testRules = `rules:
 type fakeMsg struct {
 	jetstream.Msg
 	data      []byte
+	header    nats.Header
 	seq       uint64
 	delivered uint64
 	settled   string // "ack", "nak" or "term"
@@ -47,8 +49,9 @@ type fakeMsg struct {
 	terminated bool
 }
 
-func (m *fakeMsg) Data() []byte    { return m.data }
-func (m *fakeMsg) Subject() string { return "subject" }
+func (m *fakeMsg) Data() []byte         { return m.data }
+func (m *fakeMsg) Subject() string      { return "subject" }
+func (m *fakeMsg) Headers() nats.Header { return m.header }
 func (m *fakeMsg) Metadata() (*jetstream.MsgMetadata, error) {
 	return &jetstream.MsgMetadata{Sequence: jetstream.SequencePair{Stream: m.seq}, NumDelivered: m.delivered}, nil
 }
