@@ -9,10 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -153,7 +155,18 @@ func TestStackNATSIdentities(t *testing.T) {
 		}
 		return 0
 	}
-	waitFor(t, "eu-west applies us-east's spend", func() bool { return applied() >= 1 })
+	if !waitUntil(func() bool { return applied() >= 1 }) {
+		// What each daemon saw: the spend published, relayed, its
+		// partition held and read.
+		var seen []string
+		for r, rec := range recs {
+			seen = append(seen, metricsWithPrefix(t, "reconciler-"+r, rec.Registry(), "limiter_apply_", "limiter_reconcile_", "limiter_relay", "limiter_spends_"))
+		}
+		for r, d := range lims {
+			seen = append(seen, metricsWithPrefix(t, "limiterd-"+r, d.Registry(), "limiter_spend", "limiter_gossip"))
+		}
+		t.Fatalf("eu-west applies us-east's spend: not after 30s\n%s", strings.Join(seen, "\n"))
+	}
 
 	// Rules: written by us-east's admin writer, read by everyone.
 	rule := "id: burst\ncapacity: 5\nrefill_per_second: 1\n"
@@ -209,11 +222,45 @@ func waitOK(t *testing.T, what, url string) {
 // waitFor polls ok until it holds, for at most 30 s.
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
+	if !waitUntil(ok) {
+		t.Fatalf("%s: not after 30s", what)
+	}
+}
+
+// waitUntil polls ok for up to 30 s and reports whether it held.
+func waitUntil(ok func() bool) bool {
 	deadline := time.Now().Add(30 * time.Second)
 	for !ok() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after 30s", what)
+			return false
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return true
+}
+
+// metricsWithPrefix prints the series of reg whose names start with one
+// of prefixes, under name: what a failed wait names.
+func metricsWithPrefix(t *testing.T, name string, reg prometheus.Gatherer, prefixes ...string) string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		return name + ": " + err.Error()
+	}
+	var b strings.Builder
+	b.WriteString(name + ":")
+	for _, mf := range mfs {
+		if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(mf.GetName(), p) }) {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, l.GetName()+"="+l.GetValue())
+			}
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			fmt.Fprintf(&b, " %s{%s}=%v", mf.GetName(), strings.Join(labels, ","), v)
+		}
+	}
+	return b.String()
 }
