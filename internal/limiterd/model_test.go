@@ -607,9 +607,9 @@ func TestModelBoundedUnderStoreFaults(t *testing.T) {
 				var by []string
 				for i, d := range s.eastDs {
 					for _, r := range []string{"allowed", "fallback_allowed", "uncertain_allowed", "limited", "fallback_limited"} {
-						by = append(by, fmt.Sprintf("%d/%s=%v", i, r, sumRuleSeries(t, d, "limiter_decisions_total", b.rule, r)))
+						by = append(by, fmt.Sprintf("%d/%s=%v", i, r, sumSeries(t, d, "limiter_decisions_total", "rule", b.rule, "result", r)))
 					}
-					by = append(by, fmt.Sprintf("%d/fleet=%v", i, gaugeValue(t, d, "limiter_fleet_instances")))
+					by = append(by, fmt.Sprintf("%d/fleet=%v", i, fleetSize(t, d)))
 				}
 				t.Errorf("run %d (seed %d): %v admitted %d, bound %d; rule's decisions (cumulative) %v", run, seed, b, n, bound, by)
 			}
@@ -660,8 +660,9 @@ func replicaBehind(c *redistest.Cluster, p *redis.Client) string {
 	return "?"
 }
 
-// sumSeries sums a metric's series whose label has value.
-func sumSeries(t *testing.T, d *Daemon, name, label, value string) float64 {
+// sumSeries sums a metric's series that have every label=value of
+// labels, given as name, value pairs.
+func sumSeries(t *testing.T, d *Daemon, name string, labels ...string) float64 {
 	t.Helper()
 	total := 0.0
 	for _, mf := range mustGather(t, d) {
@@ -669,43 +670,18 @@ func sumSeries(t *testing.T, d *Daemon, name, label, value string) float64 {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			matched := 0
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					total += m.GetCounter().GetValue()
+				for i := 0; i+1 < len(labels); i += 2 {
+					if l.GetName() == labels[i] && l.GetValue() == labels[i+1] {
+						matched++
+					}
 				}
 			}
-		}
-	}
-	return total
-}
-
-func sumRuleSeries(t *testing.T, d *Daemon, name, rule, result string) float64 {
-	t.Helper()
-	total := 0.0
-	for _, mf := range mustGather(t, d) {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			var r1, r2 bool
-			for _, l := range m.GetLabel() {
-				r1 = r1 || (l.GetName() == "rule" && l.GetValue() == rule)
-				r2 = r2 || (l.GetName() == "result" && l.GetValue() == result)
-			}
-			if r1 && r2 {
+			if matched == len(labels)/2 {
 				total += m.GetCounter().GetValue()
 			}
 		}
 	}
 	return total
-}
-
-func gaugeValue(t *testing.T, d *Daemon, name string) float64 {
-	t.Helper()
-	for _, mf := range mustGather(t, d) {
-		if mf.GetName() == name && len(mf.GetMetric()) > 0 {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return -1
 }
