@@ -103,13 +103,21 @@ func rulesReader() []string {
 // stream or its messages, deleting the durable consumers of the spend
 // streams of regions, and the server and cluster calls. (A rules reader
 // deletes the ephemeral consumer of a watch it stops.)
-func destructive(regions []string) []string {
+func destructive(regions []string) []string { return destructiveBut(regions, "") }
+
+// destructiveBut is destructive without the deletes of the consumers of
+// keep's local stream: the reconcilers of region keep delete their relay's
+// consumers there.
+func destructiveBut(regions []string, keep string) []string {
 	out := []string{
 		api + "STREAM.DELETE.>", api + "STREAM.PURGE.>", api + "STREAM.MSG.DELETE.>",
 		api + "ACCOUNT.PURGE.>", api + "SERVER.>", api + "META.>",
 	}
 	for _, r := range regions {
 		for _, stream := range []string{gossip.LocalStream(r), gossip.RegionStream(r), gossip.InStream(r), gossip.RetryStream(r)} {
+			if r == keep && stream == gossip.LocalStream(r) {
+				continue
+			}
 			out = append(out, api+"CONSUMER.DELETE."+stream+".>")
 		}
 	}
@@ -159,7 +167,13 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		// where a partition with no position starts), never deleted (they
 		// go once idle).
 		pub = append(pub, api+"CONSUMER.LIST."+in, api+"CONSUMER.INFO."+in+".*", api+"CONSUMER.MSG.NEXT."+in+".*")
-		pub = append(pub, consumer(local, "relay", "")...)
+		// The relay's consumers of the local stream: one per holding of
+		// the relay's lease, named by it; a holder deletes the others
+		// (and the durable "relay" of earlier releases). The relay reads
+		// each partition's last message of the spends stream.
+		pub = append(pub, consumer(local, "*", "")...)
+		pub = append(pub, api+"CONSUMER.NAMES."+local, api+"CONSUMER.DELETE."+local+".*",
+			api+"STREAM.MSG.GET."+spends, api+"DIRECT.GET."+spends, api+"DIRECT.GET."+spends+".>")
 		// The region's bucket of apply leases: made, read (directly) and
 		// written; its own alone.
 		bucket := gossip.ApplyBucket(self)
@@ -182,7 +196,7 @@ func PermissionsFor(role Role, self string, regions []string) Permissions {
 		}
 		return Permissions{
 			PublishAllow:   append(pub, rulesReader()...),
-			PublishDeny:    append(append([]string{gossip.LocalSubjectPrefix + ">"}, otherBuckets(self, regions)...), destructive(regions)...),
+			PublishDeny:    append(append([]string{gossip.LocalSubjectPrefix + ">"}, otherBuckets(self, regions)...), destructiveBut(regions, self)...),
 			SubscribeAllow: inbox(natsconn.IdentityName(string(role), self)),
 		}
 	case RoleAdmin:

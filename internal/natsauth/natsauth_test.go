@@ -46,8 +46,10 @@ func TestLimiterdMayNotWrite(t *testing.T) {
 		for _, s := range p.PublishAllow {
 			for _, bad := range []string{"$KV.", "DELETE", "PURGE"} {
 				// A watch of the rules deletes its own ephemeral consumer.
+				// A reconciler deletes the relay consumers of its
+				// region's local stream, and no other stream's.
 				if strings.Contains(s, bad) && s != "$JS.API.CONSUMER.DELETE.KV_limiter_rules.>" &&
-					(role != natsauth.RoleReconciler || s != "$KV.LIMITER_APPLY_US_EAST.>") {
+					(role != natsauth.RoleReconciler || (s != "$KV.LIMITER_APPLY_US_EAST.>" && s != "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.*")) {
 					t.Errorf("%s may publish %s", role, s)
 				}
 			}
@@ -60,8 +62,14 @@ func TestLimiterdMayNotWrite(t *testing.T) {
 		if role == natsauth.RoleReconciler {
 			kv = []string{"$KV.limiter_rules.>", "$KV.LIMITER_APPLY_EU_WEST.>", "$KV.LIMITER_APPLY_AP_SOUTH.>"}
 		}
-		for _, deny := range append(kv, "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.CONSUMER.DELETE.LIMITER_SPENDS_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_IN_EU_WEST.>",
-			"$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_AP_SOUTH.>") {
+		deny := append(kv, "$JS.API.STREAM.DELETE.>", "$JS.API.STREAM.PURGE.>", "$JS.API.CONSUMER.DELETE.LIMITER_SPENDS_US_EAST.>", "$JS.API.CONSUMER.DELETE.LIMITER_IN_EU_WEST.>",
+			"$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_AP_SOUTH.>")
+		if role == natsauth.RoleLimiterd {
+			deny = append(deny, "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.>")
+		} else if slices.Contains(p.PublishDeny, "$JS.API.CONSUMER.DELETE.LIMITER_LOCAL_US_EAST.>") {
+			t.Errorf("%s may not delete its relay's consumers", role)
+		}
+		for _, deny := range deny {
 			if !slices.Contains(p.PublishDeny, deny) {
 				t.Errorf("%s: %s not denied", role, deny)
 			}

@@ -77,7 +77,6 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 	const flushes, perFlush, keys = 60, 300, 1000
 	want := map[string]float64{}
 	rng := rand.New(rand.NewPCG(1, 2))
-	var first []byte
 	for f := range flushes {
 		spends := make([]gossip.Spend, perFlush)
 		for i := range spends {
@@ -93,9 +92,6 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 		if _, err := js.Publish(ctx, gossip.LocalSubject("us-east"), data[0], jetstream.WithMsgID(fmt.Sprintf("load-%d", f))); err != nil {
 			t.Fatal(err)
 		}
-		if f == 0 {
-			first = data[0]
-		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	select {
@@ -106,20 +102,20 @@ func TestPartitionsApplyInParallel(t *testing.T) {
 	if err := b.Stop(); err != nil {
 		t.Logf("stop: %v", err)
 	}
-	// A replay: partition 0's message of the first flush, published again
+	// A replay: the first message the relay published, published again
 	// with another message id (past the stream's duplicate window).
-	_, parts, err := gossip.SplitPartitions(first, DefaultPartitions, gossip.DefaultMaxMessageBytes)
+	spends, err := relay.Stream(ctx, gossip.RegionStream("us-east"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := 0
-	for parts[p] == nil {
-		p++
-	}
-	if _, err := relay.Publish(ctx, gossip.PartitionSubject("us-east", p), parts[p], jetstream.WithMsgID("replayed")); err != nil {
+	firstMsg, err := spends.GetMsg(ctx, 1)
+	if err != nil {
 		t.Fatal(err)
 	}
-	replayed, err := gossip.Decode(parts[p], gossip.DefaultMaxMessageBytes)
+	if _, err := relay.Publish(ctx, firstMsg.Subject, firstMsg.Data, jetstream.WithMsgID("replayed")); err != nil {
+		t.Fatal(err)
+	}
+	replayed, err := gossip.Decode(firstMsg.Data, gossip.DefaultMaxMessageBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,24 +282,27 @@ func held(r *Reconciler, src string) int {
 	return int(testutil.ToFloat64(r.m.leases.Held.WithLabelValues(src)))
 }
 
-// waitHeld waits until each of recs holds want[i] of us-east's partitions,
-// and returns how long that took.
-func waitHeld(t *testing.T, recs []*Reconciler, want []int) time.Duration {
+// waitHeld waits until recs, reconcilers of eu-west, hold every one of
+// us-east's partitions between them and eu-west's relay lease once, their
+// leases spread within one of each other, and returns how long that took.
+func waitHeld(t *testing.T, recs []*Reconciler) time.Duration {
 	t.Helper()
 	began := time.Now()
 	deadline := began.Add(20 * time.Second)
 	for {
-		ok := true
-		var got []int
-		for i, r := range recs {
-			got = append(got, held(r, "us-east"))
-			ok = ok && got[i] == want[i]
+		var parts, relays []int
+		lo, hi, sum, relay := 1<<30, 0, 0, 0
+		for _, r := range recs {
+			p, rl := held(r, "us-east"), held(r, "eu-west")
+			parts, relays = append(parts, p), append(relays, rl)
+			lo, hi, sum, relay = min(lo, p+rl), max(hi, p+rl), sum+p, relay+rl
 		}
-		if ok {
+		if sum == DefaultPartitions && relay == 1 && hi-lo <= 1 {
 			return time.Since(began)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the reconcilers hold %v of us-east's partitions after 20s, want %v", got, want)
+			t.Fatalf("the reconcilers hold %v of us-east's partitions and %v relay leases after 20s, want all %d and one, within one of each other",
+				parts, relays, DefaultPartitions)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -439,7 +438,7 @@ func TestPartitionsSplitAndTakeOver(t *testing.T) {
 	s.startReconciler("us-east")
 	a, b := s.startReconciler("eu-west"), s.startReconciler("eu-west")
 	s.waitReady()
-	t.Logf("split in %v", waitHeld(t, []*Reconciler{a, b}, []int{DefaultPartitions / 2, DefaultPartitions / 2}).Round(time.Millisecond))
+	t.Logf("split in %v", waitHeld(t, []*Reconciler{a, b}).Round(time.Millisecond))
 	keys := map[int]string{} // a key of each partition
 	for i := 0; len(keys) < DefaultPartitions; i++ {
 		k := fmt.Sprintf("s%d", i)
@@ -459,7 +458,7 @@ func TestPartitionsSplitAndTakeOver(t *testing.T) {
 		}
 	}
 	crash(b)
-	took := waitHeld(t, []*Reconciler{a}, []int{DefaultPartitions})
+	took := waitHeld(t, []*Reconciler{a})
 	t.Logf("the survivor holds every partition %v after the other died (lease TTL %v)", took.Round(time.Millisecond), s.reconcilerOptions("eu-west").LeaseTTL)
 	for _, k := range keys {
 		s.send("us-east", k, 1)
@@ -497,7 +496,7 @@ func TestPartitionsFailover(t *testing.T) {
 		}
 	})
 	s.waitReady()
-	waitHeld(t, []*Reconciler{a, b}, []int{DefaultPartitions / 2, DefaultPartitions / 2})
+	waitHeld(t, []*Reconciler{a, b})
 	want := s.flood(t, "f", 80, 200, 2000, 10*time.Millisecond)
 	select {
 	case <-died:

@@ -3,22 +3,25 @@
 // JetStream cluster, and applies every other region's spends, sourced into
 // the region's inbound stream, to this region's buckets, at most once each.
 //
-// Concurrency: one relay loop; per other region one retry loop; and one
-// apply loop per partition (gossip.PartitionSubject: the relay splits each
-// flush by key into Options.Partitions) that this reconciler holds the
-// lease of. The region's reconcilers spread the partitions among them, one
-// reconciler per partition at a time (package lease, in the region's
-// Redis). A partition's loop reads it in stream order from the position
-// stored beside its lease, with an ephemeral consumer and no acks, applies
+// Concurrency: one relay loop, in the reconciler that holds the region's
+// relay lease (relay.go: it merges the flushes it reads in one go into one
+// message per partition, gossip.PartitionSubject); per other region one
+// retry loop; and one apply loop per partition that this reconciler holds
+// the lease of. The region's reconcilers spread the relay and the
+// partitions among them, one reconciler per lease at a time (package
+// lease, in the region's NATS key-value bucket). A partition's loop reads
+// it in stream order from the position
+// stored in Redis, with an ephemeral consumer and no acks, applies
 // up to 64 messages in one round trip per Redis node, and stores the
 // position reached (partition.go). So each partition of a region's spends
 // is applied in sequence, and the partitions side by side; that order, and
 // a client's marker per partition, are what let the debit script tell a
 // message read again from a new one. More reconcilers apply more
 // partitions at once, up to one per partition. When one dies, its
-// partitions go to the others once their leases expire (--apply.lease-ttl),
-// read from the positions stored: what it applied after them is read again
-// and known by the markers and flush records. A client whose Redis node
+// leases go to the others once they expire (--apply.lease-ttl):
+// partitions are read from the positions stored (what it applied after
+// them is read again and known by the markers and flush records), and the
+// relay from the partitions' last messages. A client whose Redis node
 // fails is not waited for: its debits go to the retry stream, in order,
 // under a subject of its slot's bucket, and until that bucket's retries are
 // applied every later debit of a client of the bucket follows them there;
@@ -66,7 +69,6 @@ import (
 	"github.com/limiterd/limiterd/internal/tracing"
 	"github.com/limiterd/limiterd/pkg/gossip"
 	"github.com/limiterd/limiterd/pkg/region"
-	gossipv1 "github.com/limiterd/limiterd/proto/gossip/v1"
 )
 
 // Defaults of the flags.
@@ -208,6 +210,13 @@ type Reconciler struct {
 	// beforeSourceAdded, when set by a test, runs in setup before the
 	// inbound stream that exists is updated with the sources added, named.
 	beforeSourceAdded func(ctx context.Context, added []string)
+	// beforeRelayPublish, when set by a test, runs before the relay
+	// publishes a round's messages, the last flush in them at local
+	// sequence last; returning false stops the relay there, as a relay
+	// that dies then would. beforeRelayAck does the same between the
+	// publishes and the acknowledgements.
+	beforeRelayPublish func(last uint64) bool
+	beforeRelayAck     func() bool
 }
 
 // DefaultOptions are the reconciler's defaults, the one place they are
@@ -429,7 +438,8 @@ func (r *Reconciler) startLoops(ctx context.Context, src *source, lost context.C
 func (r *Reconciler) leaseItems() []lease.Item {
 	r.srcMu.Lock()
 	defer r.srcMu.Unlock()
-	items := make([]lease.Item, 0, len(r.sources)*r.opts.Partitions)
+	items := make([]lease.Item, 0, 1+len(r.sources)*r.opts.Partitions)
+	items = append(items, r.relayItem())
 	for _, src := range r.sources {
 		for p := range r.opts.Partitions {
 			items = append(items, lease.Item{Source: src, Partition: p})
@@ -581,7 +591,7 @@ func (r *Reconciler) Start(ctx context.Context) (err error) {
 	r.wg.Go(func() { r.rules.Run(lctx) })
 	r.wg.Go(func() { r.topo.Run(lctx) })
 	r.wg.Go(func() { r.run(lctx) })
-	r.wg.Go(func() { r.leases.Run(lctx, r.leaseItems, r.applyPartition) })
+	r.wg.Go(func() { r.leases.Run(lctx, r.leaseItems, r.holdLease) })
 	sources, _ := r.currentSources()
 	r.log.Info("reconciler started", "sources", strings.Join(sources, ","), "interval", r.opts.Interval, "lease_token", r.leases.Token())
 	return nil
@@ -663,7 +673,6 @@ func (r *Reconciler) run(ctx context.Context) {
 		r.ready.Store(true)
 		lctx, lost := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		wg.Go(func() { r.relayLoop(lctx, st.relay) })
 		for _, src := range st.current() {
 			r.startLoops(lctx, src, lost)
 		}
@@ -739,7 +748,7 @@ func (r *Reconciler) watchSources(st *streams) *streamsrc.Watcher {
 
 // streams are the consumers a reconciler reads, made by setup.
 type streams struct {
-	relay jetstream.Consumer
+	local jetstream.Stream
 	in    jetstream.Stream
 	mu    sync.Mutex // guards sources, changed by follow
 	// sources are the regions applied here.
@@ -815,8 +824,8 @@ func (r *Reconciler) streamConfig(name string, retention jetstream.RetentionPoli
 	return cfg
 }
 
-// setup creates this region's streams and the durable consumers (the
-// relay's, each source's retry consumer), or updates those whose
+// setup creates this region's streams and the durable consumers (each
+// source's retry consumer), or updates those whose
 // configuration differs; every reconciler of the region
 // runs it, and it is idempotent: a matching stream is not rewritten. This
 // region's streams are its local stream (limiterd's flushes), its spends
@@ -842,7 +851,10 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	for _, cfg := range []jetstream.StreamConfig{local, spends, retry} {
 		g.Go(func() error {
-			_, err := natsconn.EnsureStream(gctx, r.js, cfg)
+			s, err := natsconn.EnsureStream(gctx, r.js, cfg)
+			if cfg.Name == local.Name {
+				st.local = s
+			}
 			return err
 		})
 	}
@@ -941,13 +953,6 @@ func (r *Reconciler) setup(ctx context.Context) (*streams, error) {
 			return nil
 		})
 	}
-	create(&st.relay, local.Name, jetstream.ConsumerConfig{
-		Durable:       "relay",
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       r.opts.AckWait,
-		MaxAckPending: 1024,
-		MaxDeliver:    -1,
-	})
 	for _, name := range sources {
 		src := &source{name: name, retryStream: apply.StreamPending{NC: r.nc, Name: retry.Name}}
 		// One entry at a time, in order: see the package comment.
@@ -1003,80 +1008,6 @@ const maxConsumerCreates = 32
 
 func retryConsumer(self, src string) string { return "retry-" + self + "-from-" + src }
 
-// relayLoop forwards this region's limiterd flushes to the region's spends
-// stream, each split by key into the partitions (gossip.SplitPartitions),
-// one message per partition that has entries. The split is done here, not
-// by limiterd, so that limiterd needs no partition count and the flushes
-// of every limiterd release are split alike. A message id is the flush's
-// own (instance, sequence, part) and the partition, so a relay that dies
-// between publishing and acknowledging makes duplicates that the stream
-// drops (and, past its duplicate window, that the applying regions' flush
-// records skip). Invalid entries are relayed as they are: each region that
-// applies the batch skips them.
-func (r *Reconciler) relayLoop(ctx context.Context, c jetstream.Consumer) {
-	for ctx.Err() == nil {
-		batch, err := c.Fetch(256, jetstream.FetchMaxWait(r.opts.Interval))
-		if err != nil {
-			r.pause(ctx, "relay fetch", err)
-			continue
-		}
-		for msg := range batch.Messages() {
-			b, parts, err := gossip.SplitPartitions(msg.Data(), r.opts.Partitions, r.opts.MaxMessageBytes)
-			if err == nil && b.GetRegion() != r.opts.Region {
-				err = fmt.Errorf("%w: region: %q on %s's local stream", gossip.ErrInvalidBatch, b.GetRegion(), r.opts.Region)
-			}
-			if err != nil {
-				r.applier.Reject(msg, "relay", err)
-				continue
-			}
-			if err := r.relay(ctx, b, parts, msg.Headers()); err != nil {
-				r.log.Warn("relay publish failed, will retry", "err", err)
-				msg.NakWithDelay(r.opts.Interval)
-				continue
-			}
-			r.m.relayed.Add(float64(len(b.GetSpends())))
-			if err := msg.Ack(); err != nil {
-				r.log.Warn("relay ack failed: the flush comes again, published under the same id", "err", err)
-			}
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && ctx.Err() == nil {
-			r.pause(ctx, "relay fetch", err)
-		}
-	}
-}
-
-// relay publishes the partitions of flush part b, all at once, and waits
-// for every ack. Each carries the trace context of the flush's headers,
-// when it has one (a sampled check's: see package spendpub).
-func (r *Reconciler) relay(ctx context.Context, b *gossipv1.SpendBatch, parts [][]byte, header nats.Header) error {
-	pctx, cancel := context.WithTimeout(ctx, r.opts.AckWait/2)
-	defer cancel()
-	var acks []jetstream.PubAckFuture
-	for p, data := range parts {
-		if data == nil {
-			continue
-		}
-		id := fmt.Sprintf("%s-%d-%d-p%d", b.GetInstance(), b.GetSequence(), b.GetPart(), p)
-		// Headers of its own: the publish writes the id there.
-		m := &nats.Msg{Subject: gossip.PartitionSubject(r.opts.Region, p), Data: data, Header: tracing.TraceHeader(header)}
-		f, err := r.js.PublishMsgAsync(m, jetstream.WithMsgID(id))
-		if err != nil {
-			return err
-		}
-		acks = append(acks, f)
-	}
-	for _, f := range acks {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			return err
-		case <-pctx.Done():
-			return pctx.Err()
-		}
-	}
-	return nil
-}
-
 // retryLoop applies src's retry entries, one at a time, in order.
 func (r *Reconciler) retryLoop(ctx context.Context, src *source) {
 	as := src.applied()
@@ -1116,7 +1047,7 @@ func gone(err error) bool {
 }
 
 // backlogLoop exports how many messages wait, per source, every interval;
-// the relay's or a retry consumer found gone, or the inbound stream, or the
+// the local stream or a retry consumer found gone, or the inbound stream, or the
 // bucket of apply leases, calls lost, which sends the reconciler back to
 // setting up its streams.
 func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.CancelFunc) {
@@ -1129,9 +1060,10 @@ func (r *Reconciler) backlogLoop(ctx context.Context, st *streams, lost context.
 		case <-t.C:
 		}
 		ictx, cancel := context.WithTimeout(ctx, r.opts.Interval)
-		info, err := st.relay.Info(ictx)
+		// The local stream is a work queue: a flush stays until relayed.
+		info, err := st.local.Info(ictx)
 		if err == nil {
-			r.m.relayBacklog.Set(float64(info.NumPending + uint64(info.NumAckPending)))
+			r.m.relayBacklog.Set(float64(info.State.Msgs))
 		}
 		missing := gone(err)
 		// The inbound stream's readers, every partition's of every
@@ -1194,6 +1126,8 @@ type metrics struct {
 	partitionsOf *prometheus.GaugeVec
 	batches      prometheus.Histogram
 	relayed      prometheus.Counter
+	relayMsgs    prometheus.Counter
+	relayReplays prometheus.Counter
 	retryBacklog *prometheus.GaugeVec
 	backlog      *prometheus.GaugeVec
 	relayBacklog prometheus.Gauge
@@ -1228,6 +1162,14 @@ func newMetrics(reg prometheus.Registerer, sources []string, partitions int) (*m
 			Name: "limiter_spends_published_total",
 			Help: "Spend entries of this region relayed to the other regions.",
 		}),
+		relayMsgs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_relay_messages_total",
+			Help: "Messages this region's relay published to its spends stream: the flushes of a round merged, one message per partition.",
+		}),
+		relayReplays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_relay_replays_total",
+			Help: "limiterd flushes published again under a new local sequence (from a spool, past the duplicate window) that the relay found relayed already and dropped.",
+		}),
 		retryBacklog: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "limiter_retry_backlog_messages",
 			Help: "Entries of the retry stream of a source region waiting to be applied here.",
@@ -1253,7 +1195,7 @@ func newMetrics(reg prometheus.Registerer, sources []string, partitions int) (*m
 			Help: "Times this reconciler reset a stalled source of the inbound stream (removed and added back) once the source region's spends stream answered, cutting short nats-server's retry backoff.",
 		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.batches, m.partitionsOf, m.relayed, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
+	for _, c := range []prometheus.Collector{m.batches, m.partitionsOf, m.relayed, m.relayMsgs, m.relayReplays, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

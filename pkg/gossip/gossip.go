@@ -535,8 +535,14 @@ func validateEntry(i int, s *gossipv1.Spend) error {
 	return nil
 }
 
-// decodeHeader reads a batch of at most maxBytes and validates its header;
-// its entries are not checked. Errors wrap ErrInvalidBatch.
+// DecodeHeader reads a batch of at most maxBytes and validates its header;
+// its entries are not checked (each applying region checks them). Errors
+// wrap ErrInvalidBatch.
+func DecodeHeader(data []byte, maxBytes int) (*gossipv1.SpendBatch, error) {
+	return decodeHeader(data, maxBytes)
+}
+
+// decodeHeader is DecodeHeader.
 func decodeHeader(data []byte, maxBytes int) (*gossipv1.SpendBatch, error) {
 	if len(data) > maxBytes {
 		return nil, fmt.Errorf("%w: %d bytes, the maximum is %d", ErrInvalidBatch, len(data), maxBytes)
