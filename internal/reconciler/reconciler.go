@@ -1128,6 +1128,7 @@ type metrics struct {
 	relayed      prometheus.Counter
 	relayMsgs    prometheus.Counter
 	relayReplays prometheus.Counter
+	relayClients prometheus.Counter
 	retryBacklog *prometheus.GaugeVec
 	backlog      *prometheus.GaugeVec
 	relayBacklog prometheus.Gauge
@@ -1166,6 +1167,10 @@ func newMetrics(reg prometheus.Registerer, sources []string, partitions int) (*m
 			Name: "limiter_relay_messages_total",
 			Help: "Messages this region's relay published to its spends stream: the flushes of a round merged, one message per partition.",
 		}),
+		relayClients: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "limiter_relay_clients_total",
+			Help: "Clients (distinct keys) in the messages this region's relay published: each costs one debit script in every region that applies them.",
+		}),
 		relayReplays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "limiter_relay_replays_total",
 			Help: "limiterd flushes published again under a new local sequence (from a spool, past the duplicate window) that the relay found relayed already and dropped.",
@@ -1195,7 +1200,7 @@ func newMetrics(reg prometheus.Registerer, sources []string, partitions int) (*m
 			Help: "Times this reconciler reset a stalled source of the inbound stream (removed and added back) once the source region's spends stream answered, cutting short nats-server's retry backoff.",
 		}, []string{"source_region"}),
 	}
-	for _, c := range []prometheus.Collector{m.batches, m.partitionsOf, m.relayed, m.relayMsgs, m.relayReplays, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
+	for _, c := range []prometheus.Collector{m.batches, m.partitionsOf, m.relayed, m.relayMsgs, m.relayClients, m.relayReplays, m.retryBacklog, m.backlog, m.relayBacklog, m.sourceActive, m.sourceStalls, m.sourceResets} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

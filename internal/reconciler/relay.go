@@ -293,7 +293,6 @@ func (rd *relayRound) relay(ctx context.Context, round []jetstream.Msg) error {
 		if tracing.SpanContextFromHeader(f.msg.Headers()).IsValid() {
 			header = f.msg.Headers()
 		}
-		r.m.relayed.Add(float64(len(b.GetSpends())))
 		last = f.seq
 	}
 	if rd.merger.Len() > 0 {
@@ -323,11 +322,11 @@ func (rd *relayRound) publish(ctx context.Context, last uint64, header nats.Head
 	}
 	var acks []pending
 	relayed := strconv.FormatInt(rd.epoch, 10) + " " + strconv.FormatUint(last, 10)
-	for p, data := range parts {
-		if data == nil {
+	for p, part := range parts {
+		if part.Data == nil {
 			continue
 		}
-		m := &nats.Msg{Subject: gossip.PartitionSubject(r.opts.Region, p), Data: data, Header: tracing.TraceHeader(header)}
+		m := &nats.Msg{Subject: gossip.PartitionSubject(r.opts.Region, p), Data: part.Data, Header: tracing.TraceHeader(header)}
 		if m.Header == nil {
 			m.Header = nats.Header{}
 		}
@@ -345,6 +344,8 @@ func (rd *relayRound) publish(ctx context.Context, last uint64, header nats.Head
 		case ack := <-a.f.Ok():
 			rd.tails[a.p] = relayTail{seq: ack.Sequence, through: last}
 			r.m.relayMsgs.Inc()
+			r.m.relayed.Add(float64(parts[a.p].Entries))
+			r.m.relayClients.Add(float64(parts[a.p].Clients))
 		case err := <-a.f.Err():
 			failed = errors.Join(failed, fmt.Errorf("relay publish to partition %d: %w", a.p, err))
 		case <-ctx.Done():

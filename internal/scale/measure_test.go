@@ -113,6 +113,10 @@ type recMetrics struct {
 	// from is applied and refilled by source region.
 	from map[string]float64
 	lag  map[float64]float64
+	// relayed are this region's spend entries relayed, relayClients the
+	// clients in the messages they were merged into: what every other
+	// region debits or finds refilled.
+	relayed, relayClients float64
 }
 
 func scrape(ctx context.Context, addr string) (recMetrics, error) {
@@ -144,6 +148,13 @@ func scrape(ctx context.Context, addr string) (recMetrics, error) {
 				if l.GetName() == "source_region" {
 					m.from[l.GetValue()] += s.GetCounter().GetValue()
 				}
+			}
+		}
+	}
+	for name, v := range map[string]*float64{"limiter_spends_published_total": &m.relayed, "limiter_relay_clients_total": &m.relayClients} {
+		if mf := mfs[name]; mf != nil {
+			for _, s := range mf.GetMetric() {
+				*v += s.GetCounter().GetValue()
 			}
 		}
 	}

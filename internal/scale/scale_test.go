@@ -589,23 +589,40 @@ func (m *model) stopPublishers() {
 	}
 }
 
-// waitApplied waits until each region has handled, exactly, every entry
-// the other regions published (one rule: an entry is a client debited,
-// or found refilled). It returns an error when a region handled more, or
-// when a minute passes without a region's count moving.
+// waitApplied waits until each region has handled, exactly, every client
+// of the messages the other regions relayed (a client debited, or found
+// refilled). It returns an error when a region handled more, or when a
+// minute passes without a region's count moving.
 func (m *model) waitApplied() error {
 	t := m.t
 	ctx := context.Background()
-	published := map[string]float64{}
+	// Each region's relay first relays every entry its publishers flushed;
+	// the clients of the messages it merged them into are then what every
+	// other region debits or finds refilled.
+	clients := map[string]float64{}
 	total := 0.0
 	for _, name := range m.names {
+		flushed := 0.0
 		for _, reg := range m.reg[name].regs {
-			published[name] += testenv.MetricValue(t, reg, "limiter_spends_flushed_total")
+			flushed += testenv.MetricValue(t, reg, "limiter_spends_flushed_total")
 		}
-		total += published[name]
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			got, err := scrape(ctx, m.reg[name].recHTTP)
+			if err != nil {
+				return err
+			}
+			if got.relayed == flushed {
+				clients[name] = got.relayClients
+				break
+			}
+			if got.relayed > flushed || time.Now().After(deadline) {
+				return fmt.Errorf("%s relayed %v spend entries of the %v its publishers flushed\n%s", name, got.relayed, flushed, m.streams(name))
+			}
+		}
+		total += clients[name]
 	}
 	for _, name := range m.names {
-		want := total - published[name]
+		want := total - clients[name]
 		last, moved := -1.0, time.Now()
 		for {
 			got, err := scrape(ctx, m.reg[name].recHTTP)
@@ -616,13 +633,13 @@ func (m *model) waitApplied() error {
 			switch {
 			case handled == want:
 			case handled > want:
-				return fmt.Errorf("%s debited %v clients and found %v refilled, more than the %v entries the other regions published", name, got.applied, got.refilled, want)
+				return fmt.Errorf("%s debited %v clients and found %v refilled, more than the %v clients the other regions relayed", name, got.applied, got.refilled, want)
 			case handled != last:
 				last, moved = handled, time.Now()
 				time.Sleep(100 * time.Millisecond)
 				continue
 			case time.Since(moved) > time.Minute:
-				return fmt.Errorf("%s debited %v clients and found %v refilled of the %v entries the other regions published, and no more for a minute: by source %v of %v\n%s", name, got.applied, got.refilled, want, got.from, published, m.streams(name))
+				return fmt.Errorf("%s debited %v clients and found %v refilled of the %v clients the other regions relayed, and no more for a minute: by source %v of %v\n%s", name, got.applied, got.refilled, want, got.from, clients, m.streams(name))
 			default:
 				time.Sleep(100 * time.Millisecond)
 				continue

@@ -119,21 +119,32 @@ func (m *Merger) Add(b *gossipv1.SpendBatch, skip func(p int) bool) bool {
 	return true
 }
 
+// Part is one partition's merged message: its encoding, its entries, and
+// its clients, the distinct keys in it (one debit script each where it is
+// applied).
+type Part struct {
+	Data             []byte
+	Entries, Clients int
+}
+
 // Messages returns the merged message of each partition that has entries
-// (out[p] nil: none), named by instance and seq: the relay's own name for
-// them, a flush of one part. Each entry's offset is its last admission's
-// distance from the latest flush instant, rounded down to the millisecond,
-// so an entry is never read as admitted earlier than it was.
-func (m *Merger) Messages(instance string, seq uint64) ([][]byte, error) {
-	out := make([][]byte, m.n)
+// (out[p].Data nil: none), named by instance and seq: the relay's own name
+// for them, a flush of one part. Each entry's offset is its last
+// admission's distance from the latest flush instant, rounded down to the
+// millisecond, so an entry is never read as admitted earlier than it was.
+func (m *Merger) Messages(instance string, seq uint64) ([]Part, error) {
+	out := make([]Part, m.n)
+	keys := make(map[string]struct{})
 	for p, entries := range m.parts {
 		if len(entries) == 0 {
 			continue
 		}
+		clear(keys)
 		b := &gossipv1.SpendBatch{Region: m.region, Instance: instance, Sequence: seq, Part: 0, Parts: 1,
 			FirstAdmittedUnixMicros: m.first, FlushedUnixMicros: m.flushed, Spends: make([]*gossipv1.Spend, len(entries))}
 		for i, e := range entries {
 			s := e.s
+			keys[s.GetKey()] = struct{}{}
 			if e.at != 0 {
 				ms := min(max(m.flushed-e.at, 0)/1000, MaxAdmittedBeforeFlush.Milliseconds())
 				if uint32(ms) != s.GetLastAdmittedMsBeforeFlush() {
@@ -143,10 +154,11 @@ func (m *Merger) Messages(instance string, seq uint64) ([][]byte, error) {
 			}
 			b.Spends[i] = s
 		}
-		var err error
-		if out[p], err = proto.Marshal(b); err != nil {
+		data, err := proto.Marshal(b)
+		if err != nil {
 			return nil, err
 		}
+		out[p] = Part{Data: data, Entries: len(entries), Clients: len(keys)}
 	}
 	return out, nil
 }

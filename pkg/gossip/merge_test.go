@@ -46,26 +46,31 @@ func TestMergerKeepsEveryEntry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if out[3] != nil {
+	if out[3].Data != nil {
 		t.Error("partition 3, skipped, has a message")
 	}
 	got := map[string][]entry{}
-	for p, data := range out {
-		if data == nil {
+	for p, part := range out {
+		if part.Data == nil {
 			continue
 		}
-		b, err := gossip.Decode(data, gossip.DefaultMaxMessageBytes)
+		b, err := gossip.Decode(part.Data, gossip.DefaultMaxMessageBytes)
 		if err != nil {
 			t.Fatalf("partition %d: %v", p, err)
 		}
 		if b.GetInstance() != "relay-us-east-42" || b.GetSequence() != 20 || b.GetFirstAdmittedUnixMicros() > base {
 			t.Errorf("partition %d: header %v", p, b)
 		}
+		keys := map[string]bool{}
 		for _, s := range b.GetSpends() {
+			keys[s.GetKey()] = true
 			if gossip.PartitionOf(s.GetKey(), n) != p {
 				t.Errorf("key %s in partition %d", s.GetKey(), p)
 			}
 			got[s.GetKey()] = append(got[s.GetKey()], entry{s.GetCost(), gossip.LastAdmitted(s, b.GetFlushedUnixMicros())})
+		}
+		if part.Clients != len(keys) || part.Entries != len(b.GetSpends()) {
+			t.Errorf("partition %d: %d clients and %d entries counted, %d keys and %d entries in it", p, part.Clients, part.Entries, len(keys), len(b.GetSpends()))
 		}
 	}
 	if len(got) != len(want) {
