@@ -75,27 +75,30 @@ func TestDebitRefilled(t *testing.T) {
 	ctx := context.Background()
 	tb := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 100.0 / 60}
 	fixed := bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 100, Window: time.Second}
-	now := time.Now().UnixMicro()
+	// A window long enough that the instant a case reads now falls in
+	// the window of the script's own clock, milliseconds later.
+	hour := bucket.Limit{Algorithm: bucket.FixedWindow, Capacity: 100, Window: time.Hour}
 	sec := int64(time.Second / time.Microsecond)
+	const unknown = -1 // the spend's instant is not known: at 0
 	tests := []struct {
 		name    string
 		lim     bucket.Limit
 		amount  float64
-		at      int64
-		present bool // a check here wrote the bucket first
+		ago     int64 // µs before the apply the spend was admitted
+		present bool  // a check here wrote the bucket first
 		applied bool
 	}{
 		// 1 token refills in 0.6 s.
-		{"absent, refilled", tb, 1, now - 2*sec, false, false},
-		{"absent, admitted just now", tb, 1, now, false, true},
-		{"absent, not yet refilled", tb, 3, now - sec, false, true},
-		{"absent, unknown instant", tb, 1, 0, false, true},
+		{"absent, refilled", tb, 1, 2 * sec, false, false},
+		{"absent, admitted just now", tb, 1, 0, false, true},
+		{"absent, not yet refilled", tb, 3, sec, false, true},
+		{"absent, unknown instant", tb, 1, unknown, false, true},
 		// 20 tokens refill in 12 s: longer than an absent key is known full
 		// (10 s), however long ago they were admitted.
-		{"absent, beyond what an absent key tells", tb, 20, now - 30*sec, false, true},
-		{"present, spent here after it", tb, 1, now - 2*sec, true, true},
-		{"window ended", fixed, 5, now - 2*sec, false, false},
-		{"window current", fixed, 5, now, false, true},
+		{"absent, beyond what an absent key tells", tb, 20, 30 * sec, false, true},
+		{"present, spent here after it", tb, 1, 2 * sec, true, true},
+		{"window ended", fixed, 5, 2 * sec, false, false},
+		{"window current", hour, 5, 0, false, true},
 	}
 	for batch := range 2 {
 		for i, tt := range tests {
@@ -109,7 +112,13 @@ func TestDebitRefilled(t *testing.T) {
 					t.Fatalf("%s: Take = %+v, %v", tt.name, d, err)
 				}
 			}
-			clients := []ClientDebits{{Key: key, Debits: []Debit{{Rule: rule, Limit: tt.lim, Amount: tt.amount, At: tt.at}}}}
+			// The instant is taken as each case runs: one taken once for all
+			// would age past a case's margin on a slow machine.
+			var at int64
+			if tt.ago != unknown {
+				at = time.Now().UnixMicro() - tt.ago
+			}
+			clients := []ClientDebits{{Key: key, Debits: []Debit{{Rule: rule, Limit: tt.lim, Amount: tt.amount, At: at}}}}
 			if batch == 1 {
 				// A batch: a client in the same slot beside it.
 				clients = append(clients, ClientDebits{Key: key + "-other", Debits: []Debit{{Rule: rule, Limit: tt.lim, Amount: 1}}})
