@@ -24,8 +24,9 @@
 //     heartbeat ended is dropped from it.
 //   - Placement. Every member computes the same placement from the members
 //     it reads: each partition goes to the member its rendezvous hash
-//     ranks first among those below their share, so members get as many
-//     within one, and a member joining or leaving moves few partitions.
+//     ranks first among those below their share of its source's, so
+//     members get as many of each source's, and of all, within one, and a
+//     member joining or leaving moves few partitions.
 //   - Leases. A lease is a key of the bucket holding its holder's token,
 //     expired by the bucket's TTL unless rewritten. A member claims the
 //     free leases of its partitions (a create), renews those it holds (an
@@ -56,6 +57,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -655,11 +657,13 @@ func (m *Manager) SetPosition(ctx context.Context, it Item, epoch int64, seq uin
 	return v, nil
 }
 
-// Assign places items over members: each item, in a fixed order, goes to
-// the member its rendezvous hash ranks first among those below their
-// share, so that loads differ by one at most. Every member computes the
-// same placement from the same members. It returns each item's member;
-// none with no members.
+// Assign places items over members: the items of each source in turn
+// (in name order), so that each source's items spread over the members
+// within one, and so do all items: a source's extra items go to the
+// members least loaded so far. Each item goes to the member its
+// rendezvous hash ranks first among those with room. Every member
+// computes the same placement from the same members. It returns each
+// item's member; none with no members.
 func Assign(items []Item, members []string) map[Item]string {
 	out := make(map[Item]string, len(items))
 	if len(members) == 0 {
@@ -670,47 +674,65 @@ func Assign(items []Item, members []string) map[Item]string {
 	members = slices.Compact(members)
 	items = slices.Clone(items)
 	slices.SortFunc(items, func(a, b Item) int {
-		if a.Source != b.Source {
-			if a.Source < b.Source {
-				return -1
-			}
-			return 1
+		if c := strings.Compare(a.Source, b.Source); c != 0 {
+			return c
 		}
 		return a.Partition - b.Partition
 	})
 	items = slices.Compact(items)
-	// Each member takes floor items, and extra of them one more.
-	floor, extra := len(items)/len(members), len(items)%len(members)
 	load := make(map[string]int, len(members))
-	ranked := make([]string, len(members))
-	for _, it := range items {
-		copy(ranked, members)
-		key := it.String()
+	ranked := slices.Clone(members)
+	for len(items) > 0 {
+		n := 1
+		for n < len(items) && items[n].Source == items[0].Source {
+			n++
+		}
+		group := items[:n]
+		items = items[n:]
+		// Each member takes floor of the source's items; the extra ones go
+		// to the least loaded members, ties broken by the source's hash.
+		floor, extra := len(group)/len(members), len(group)%len(members)
+		room := make(map[string]int, len(members))
+		src := group[0].Source
 		slices.SortFunc(ranked, func(a, b string) int {
-			ha, hb := score(a, key), score(b, key)
-			switch {
-			case ha > hb:
-				return -1
-			case ha < hb:
-				return 1
+			if load[a] != load[b] {
+				return load[a] - load[b]
 			}
-			if a < b {
-				return -1
-			}
-			return 1
+			return byScore(src, a, b)
 		})
-		for _, mem := range ranked {
-			if load[mem] < floor || (load[mem] == floor && extra > 0) {
-				if load[mem] == floor {
-					extra--
+		for i, mem := range ranked {
+			room[mem] = floor
+			if i < extra {
+				room[mem]++
+			}
+		}
+		for _, it := range group {
+			key := it.String()
+			slices.SortFunc(ranked, func(a, b string) int { return byScore(key, a, b) })
+			for _, mem := range ranked {
+				if room[mem] > 0 {
+					room[mem]--
+					out[it] = mem
+					load[mem]++
+					break
 				}
-				out[it] = mem
-				load[mem]++
-				break
 			}
 		}
 	}
 	return out
+}
+
+// byScore orders members a and b by their rendezvous hash for key, the
+// highest first, then by name.
+func byScore(key, a, b string) int {
+	ha, hb := score(a, key), score(b, key)
+	switch {
+	case ha > hb:
+		return -1
+	case ha < hb:
+		return 1
+	}
+	return strings.Compare(a, b)
 }
 
 // score is the rendezvous hash of member for item.

@@ -38,11 +38,14 @@ func items(sources []string, partitions int) []Item {
 	return out
 }
 
-// TestAssign: every item is placed, members get as many within one, the
+// TestAssign: every item is placed, members get as many within one, both
+// of all items and of each source's (the applying of one source spreads
+// whatever the others' items, the region's own relay among them), the
 // placement does not depend on the order given, and a member joining
 // moves few items.
 func TestAssign(t *testing.T) {
-	all := items([]string{"eu-west", "ap-south"}, 8)
+	// Two sources' partitions and the relay's item, the region's own.
+	all := append(items([]string{"eu-west", "ap-south"}, 8), Item{Source: "us-east"})
 	for _, n := range []int{1, 2, 3, 4, 5, 16, 20} {
 		var members []string
 		for i := range n {
@@ -63,6 +66,21 @@ func TestAssign(t *testing.T) {
 		}
 		if want := (len(all) + n - 1) / n; hi > want || hi-lo > 1 {
 			t.Errorf("%d members: loads %v, want at most %d each, within one", n, load, want)
+		}
+		for _, src := range []string{"eu-west", "ap-south"} {
+			of := map[string]int{}
+			for _, it := range all {
+				if it.Source == src {
+					of[place[it]]++
+				}
+			}
+			lo, hi := len(all), 0
+			for _, m := range members {
+				lo, hi = min(lo, of[m]), max(hi, of[m])
+			}
+			if hi-lo > 1 {
+				t.Errorf("%d members: %s's partitions %v, want as many within one", n, src, of)
+			}
 		}
 		shuffled, rev := append([]Item(nil), all...), append([]string(nil), members...)
 		rand.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
