@@ -25,6 +25,9 @@ const (
 	paceRate    = 100 // calls per second
 	paceBurst   = 2   // the rule's capacity
 	paceSending = 12 * time.Second
+	// A call the partner receives later than this after it was sent was
+	// delivered late: loopback takes well under it on an idle machine.
+	lateDelivery = time.Millisecond
 )
 
 // pacerBinary builds testdata/pacer once per test binary, without the race
@@ -94,14 +97,16 @@ func TestPacerProof(t *testing.T) {
 	}
 	c := redistest.NewCluster(t, 3, 0)
 	var mu sync.Mutex
-	var arrived []int64
+	var arrived, delivery []int64
 	partner := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		at := time.Now().UnixNano()
 		if r.URL.Path == "/warm" {
 			return
 		}
+		sent, _ := strconv.ParseInt(r.URL.Query().Get("sent"), 10, 64)
 		mu.Lock()
 		arrived = append(arrived, at)
+		delivery = append(delivery, at-sent)
 		mu.Unlock()
 	}))
 	t.Cleanup(partner.Close)
@@ -165,11 +170,21 @@ func TestPacerProof(t *testing.T) {
 	}
 	mu.Lock()
 	got := slices.Clone(arrived)
+	delays := slices.Clone(delivery)
 	mu.Unlock()
+	// A call the test's loaded process took long to deliver may join the
+	// next at the partner: the pacer's bound is on the calls it sent, and
+	// the partner's on those plus the calls delivered late.
+	slices.Sort(delays)
+	onTime, _ := slices.BinarySearch(delays, int64(lateDelivery)+1)
+	late := len(delays) - onTime
 	s, a := figures(sent), figures(got)
 	t.Logf("sent: %d calls at %.3f/s; worst 1 s window %d (at +%v); largest 10 ms burst %d (at +%v)", s.n, s.rate, s.worstSecond, s.worstSecondStart, s.worst10ms, s.worst10msStart)
 	t.Logf("partner: %d calls at %.3f/s; worst 1 s window %d (at +%v); largest 10 ms burst %d (at +%v)", a.n, a.rate, a.worstSecond, a.worstSecondStart, a.worst10ms, a.worst10msStart)
 	t.Logf("slots given up, too late to keep within 9 ms: %d", missed)
+	if len(delays) > 0 {
+		t.Logf("delivery to the partner: p50 %v, p99 %v, max %v; %d calls later than %v", time.Duration(delays[len(delays)/2]), time.Duration(delays[len(delays)*99/100]), time.Duration(delays[len(delays)-1]), late, lateDelivery)
+	}
 	t.Logf("limiterd: %s", strings.Join(metricLines(t, httpAddr, "limiter_paced_checks_total", "limiter_paced_wait_seconds_count", "limiter_paced_wait_seconds_sum"), "; "))
 	if os.Getenv("PACE_DEBUG") != "" {
 		slices.Sort(sent)
@@ -185,8 +200,11 @@ func TestPacerProof(t *testing.T) {
 	if want := int(paceSending.Seconds()*paceRate) * 9 / 10; a.n < want {
 		t.Errorf("the partner saw %d calls in %v, want at least %d: the pacers did not keep the rule busy", a.n, paceSending, want)
 	}
-	if a.worstSecond > paceRate+1 {
-		t.Errorf("a 1 s window at the partner holds %d calls, want at most %d", a.worstSecond, paceRate+1)
+	if s.worstSecond > paceRate+1 {
+		t.Errorf("a 1 s window of the calls sent holds %d, want at most %d", s.worstSecond, paceRate+1)
+	}
+	if a.worstSecond > paceRate+1+late {
+		t.Errorf("a 1 s window at the partner holds %d calls, want at most %d (+%d delivered late)", a.worstSecond, paceRate+1, late)
 	}
 	// The rule's rate is the slots it granted: the calls the partner saw
 	// and the slots a pacer gave up because its timer woke too late to
@@ -200,7 +218,10 @@ func TestPacerProof(t *testing.T) {
 	if a.rate > paceRate*1.01 || a.rate < paceRate*0.95 {
 		t.Errorf("long-run rate at the partner %.3f/s, want at most 1%% above %d/s and at most 5%% below", a.rate, paceRate)
 	}
-	if a.worst10ms > paceBurst {
-		t.Errorf("a 10 ms window at the partner holds %d calls, want at most the burst, %d", a.worst10ms, paceBurst)
+	if s.worst10ms > paceBurst {
+		t.Errorf("a 10 ms window of the calls sent holds %d, want at most the burst, %d", s.worst10ms, paceBurst)
+	}
+	if a.worst10ms > paceBurst+late {
+		t.Errorf("a 10 ms window at the partner holds %d calls, want at most the burst, %d (+%d delivered late)", a.worst10ms, paceBurst, late)
 	}
 }

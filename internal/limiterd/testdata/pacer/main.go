@@ -2,7 +2,8 @@
 // (TestPacerProof in internal/limiterd): paceWorkers goroutines share one
 // client.Pacer of the rule partner and send, after each Wait, a GET to the
 // partner (LIMITERD_PARTNER) until the instant on the go line; then it
-// prints one "sent <unix ns>" line per call, and "done". It is built
+// prints one "sent <unix ns>" line per call, and "done". Each call names
+// its instant (?sent=) so that the partner can tell its delivery time. It is built
 // without the race detector, as users run a pacing process.
 package main
 
@@ -80,7 +81,7 @@ func main() {
 					return
 				}
 				at := time.Now().UnixNano()
-				resp, err := partner.Get(os.Getenv("LIMITERD_PARTNER"))
+				resp, err := partner.Get(os.Getenv("LIMITERD_PARTNER") + "/?sent=" + strconv.FormatInt(at, 10))
 				mu.Lock()
 				sent = append(sent, at)
 				if err != nil {
