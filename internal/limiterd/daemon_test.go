@@ -167,8 +167,16 @@ func TestStoreDown(t *testing.T) {
 	d := startDaemon(t, c.Addrs(), func(o *Options) { o.RedisTuning.Timeout = 200 * time.Millisecond })
 	client := limiterv1.NewLimiterClient(dial(t, d.GRPCAddr()))
 	ctx := context.Background()
-	if _, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"}); err != nil {
-		t.Fatal(err)
+	// The first check dials the nodes and loads the scripts: on a loaded
+	// machine that may take longer than the 200 ms timeout of the test.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, err := client.Check(ctx, &limiterv1.CheckRequest{RuleId: "closed", Key: "k"})
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store still failing 10 s after it started: %v", err)
+		}
 	}
 	c.StopAll()
 	// Once the store's probe has seen it down: a check on a connection
