@@ -275,7 +275,11 @@ const docbenchParallel = 2
 // multi-region stack per sub-benchmark (a minute and more at 1x) to one of
 // them: the smoke run is to show the command still runs, not to take the
 // figures.
-var smokeNarrow = map[string]string{"Overshoot": "Overshoot/shape=fast/interval=1s/wan=ref"}
+var smokeNarrow = map[string]string{
+	"Overshoot": "Overshoot/shape=fast/interval=1s/wan=ref",
+	// Two reconcilers: the partitions must spread over them first.
+	"ApplyThroughput": "ApplyThroughput/partitions=8/reconcilers=2",
+}
 
 // smokeArgs is c's command run once: -benchtime 1x, the race detector, no
 // test but the benchmarks, -count=1, and -short, which a benchmark whose
