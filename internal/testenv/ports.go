@@ -25,17 +25,19 @@ func inStackBand(p int) bool { return p >= stackPortsLo && p <= stackPortsHi }
 
 // reserved holds every port handed out in this process, so that two servers
 // started in parallel never pick the same one. Ports are never returned:
-// a stopped server keeps its port for a restart.
+// a stopped server keeps its port for a restart. Across the machine's test
+// processes, a lock on the port (claimPort) does the same.
 var reserved struct {
 	sync.Mutex
 	ports map[int]bool
 }
 
 // ReservePort returns a loopback port that is free now and was not handed
-// out before in this process.
+// out before in this process, nor is held by another test process.
 //
-// Another process may still take the port before the server binds it; the
-// callers detect that and ask again.
+// A process that does not reserve its ports (a server asked for port 0)
+// may still take the port before the server binds it; the callers detect
+// that and ask again.
 func ReservePort() (int, error) { return reservePort(0) }
 
 // ReservePortPair is ReservePort for a server that also binds port+offset
@@ -58,6 +60,14 @@ func reservePort(offset int) (int, error) {
 			continue
 		}
 		if offset > 0 && (reserved.ports[p+offset] || inStackBand(p+offset) || !CanListen(p+offset)) {
+			continue
+		}
+		// Another test process may hold it, its server stopped for now.
+		if !claimPort(p) {
+			continue
+		}
+		if offset > 0 && !claimPort(p+offset) {
+			unclaimPort(p)
 			continue
 		}
 		reserved.ports[p] = true
