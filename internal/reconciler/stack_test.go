@@ -229,7 +229,10 @@ func buildStackLate(t testing.TB, names []string, topos map[string][]string, lat
 		o.RedisTuning.Timeout, o.RedisTuning.MaxQueueWait = time.Second, time.Second
 		o.RedisTuning.ReplyDeadline, o.RedisTuning.DialTimeout = 5*time.Second, 2*time.Second
 		o.Server.GRPCAddress, o.Server.HTTPAddress = addrs[name], "127.0.0.1:0"
-		o.Region.TopologyFile, o.Region.TopologyPoll, o.Region.ForwardTimeout, o.Region.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, time.Second, secret
+		// A forward's deadline as generous, under the checks' own 2 s: in
+		// make test's phase 1 a forward over a 220 ms round trip took
+		// over 1 s.
+		o.Region.TopologyFile, o.Region.TopologyPoll, o.Region.ForwardTimeout, o.Region.PeerSecretFile = s.topologyFile(name), 100*time.Millisecond, 1500*time.Millisecond, secret
 		o.Rules.File, o.Redis.Addrs = filepath.Join(s.dir, "rules.yml"), r.cluster.Addrs()
 		o.Region.Name, o.NATS.URL, o.NATS.GossipInterval, o.Region.Instance = name, s.natsURL(name), interval, "limiterd-"+name
 		o.NATS.GossipMaxDefer = 0 // each spend published at its interval, as the tests expect
