@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/limiterd/limiterd/internal/rules"
@@ -278,7 +279,14 @@ func applyThroughput(b *testing.B, partitions, reconcilers, messages, keys int) 
 	}
 	for applied() < float64(messages*keys) {
 		if time.Since(start) > 2*time.Minute {
-			b.Fatal("not applied after 2 minutes")
+			// Where the clients went, to tell a stalled partition from a
+			// slow machine.
+			for i, rec := range recs {
+				v := func(c *prometheus.CounterVec) float64 { return testutil.ToFloat64(c.WithLabelValues("us-east")) }
+				b.Logf("reconciler %d: holds %d partitions; applied %v, deferred %v, retried %v, duplicates %v, refilled %v",
+					i, held(rec, "us-east"), v(rec.m.apply.Applied), v(rec.m.apply.Deferred), v(rec.m.apply.Retried), v(rec.m.apply.Duplicates), v(rec.m.apply.Refilled))
+			}
+			b.Fatalf("not applied after 2 minutes: %v of %d clients", applied(), messages*keys)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
