@@ -96,7 +96,10 @@ func TestImages(t *testing.T) {
 		}
 		t.Skipf("no CA bundle on this machine (%v): apt-get install ca-certificates", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	// The first build compiles both daemons for the image's platform,
+	// without the race detector: on a fresh machine, beside the other
+	// tests, about 4 minutes. Each --help has its own 30 s after it.
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	version, err := ReadVersion(moduleDir)
 	if err != nil {
