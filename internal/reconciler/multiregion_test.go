@@ -142,7 +142,7 @@ func (s *stack) hammer(run, period time.Duration, rules ...string) *hammered {
 }
 
 // hammerInFlight bounds the checks a hammer has waiting per region.
-const hammerInFlight = 16
+const hammerInFlight = 64
 
 // offeredAbove fails t when the hammer sent fewer than factor times limit
 // checks of rule: the run did not press the rule hard enough to judge it.
