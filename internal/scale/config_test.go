@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,7 +20,7 @@ var (
 	flagRegions    = flag.Int("scale.regions", 3, "regions, 2 to 16")
 	flagKeys       = flag.Int("scale.keys", 3000, "clients in the population every region draws from (Zipf), 1 to 10,000,000")
 	flagRate       = flag.Int("scale.rate", 100, "admitted checks per second in each region, 1 to 200,000")
-	flagZipf       = flag.Float64("scale.zipf", 1.1, "Zipf exponent of the clients' traffic, above 1 and at most 3")
+	flagZipf       = flag.Float64("scale.zipf", 1.1, "Zipf exponent of the clients' traffic, above 1 and at most 3; 0: every client alike (uniform)")
 	flagPublishers = flag.Int("scale.publishers", 2, "limiterd instances (synthetic publishers) per region, each check to one at random, 1 to 64")
 	flagDuration   = flag.Duration("scale.duration", 3*time.Second, "traffic measured, up to 10m")
 	flagWarmup     = flag.Duration("scale.warmup", 2*time.Second, "traffic before the measurement, up to 10m (max-defer + an interval reaches the steady state)")
@@ -28,6 +29,7 @@ var (
 	flagWAN        = flag.String("scale.wan", "0", "one-way delay between every two regions: 0, a duration up to 1s, or spread (50 ms between neighbours in the list to 150 ms between its ends)")
 	flagPrimaries  = flag.Int("scale.primaries", 1, "Redis primaries per region, 1 to 6")
 	flagAffinity   = flag.Bool("scale.affinity", false, "each client's checks go to one publisher (a hash of the key), which holds the client's whole budget, as limiterd with --gossip.key-affinity; false: to one at random, each holding budget / publishers")
+	flagHome       = flag.Bool("scale.home", false, "each client checks in one region only, the design's shape: every region draws from its own population of -scale.keys clients; false: every region draws from one population")
 	flagCheckCalls = flag.Int("scale.check-calls", 20_000, "check scripts run on the first region's Redis to measure what a check costs it, 1,000 to 1,000,000")
 )
 
@@ -35,7 +37,7 @@ var (
 type config struct {
 	regions, keys, rate, publishers, primaries, checkCalls int
 	zipf                                                   float64
-	affinity                                               bool
+	affinity, home                                         bool
 	duration, warmup, interval, maxDefer                   time.Duration
 	wan                                                    string
 }
@@ -45,7 +47,7 @@ func configFromFlags() config {
 		regions: *flagRegions, keys: *flagKeys, rate: *flagRate, publishers: *flagPublishers,
 		primaries: *flagPrimaries, checkCalls: *flagCheckCalls, zipf: *flagZipf,
 		duration: *flagDuration, warmup: *flagWarmup, interval: *flagInterval, maxDefer: *flagMaxDefer,
-		wan: *flagWAN, affinity: *flagAffinity,
+		wan: *flagWAN, affinity: *flagAffinity, home: *flagHome,
 	}
 }
 
@@ -68,8 +70,8 @@ func (c config) validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be %d to %d, got %d", f.flag, f.l, f.h, f.v))
 		}
 	}
-	if !(c.zipf > 1 && c.zipf <= 3) {
-		errs = append(errs, fmt.Errorf("-scale.zipf: must be above 1 and at most 3, got %v", c.zipf))
+	if c.zipf != 0 && !(c.zipf > 1 && c.zipf <= 3) {
+		errs = append(errs, fmt.Errorf("-scale.zipf: must be 0 or above 1 and at most 3, got %v", c.zipf))
 	}
 	if c.duration <= 0 || c.duration > 10*time.Minute {
 		errs = append(errs, fmt.Errorf("-scale.duration: must be in (0, 10m], got %v", c.duration))
@@ -87,6 +89,17 @@ func (c config) validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// client is the key of the client of rank (in the population's draw)
+// that checks in region i: c<rank>, one population shared by every
+// region, or with -scale.home c<i>-<rank>, each region's clients its own,
+// as the design's clients each check in one region.
+func (c config) client(i, rank uint64) string {
+	if c.home {
+		return "c" + strconv.FormatUint(i, 10) + "-" + strconv.FormatUint(rank, 10)
+	}
+	return "c" + strconv.FormatUint(rank, 10)
 }
 
 // regionNames are n region names: the reference deployment's three, then
@@ -151,6 +164,7 @@ func TestConfigRejects(t *testing.T) {
 		{"too many primaries", func(c *config) { c.primaries = 7 }, "-scale.primaries"},
 		{"few check calls", func(c *config) { c.checkCalls = 10 }, "-scale.check-calls"},
 		{"zipf 1", func(c *config) { c.zipf = 1 }, "-scale.zipf"},
+		{"zipf negative", func(c *config) { c.zipf = -2 }, "-scale.zipf"},
 		{"no duration", func(c *config) { c.duration = 0 }, "-scale.duration"},
 		{"an hour", func(c *config) { c.duration = time.Hour }, "-scale.duration"},
 		{"negative warm-up", func(c *config) { c.warmup = -time.Second }, "-scale.warmup"},
@@ -167,6 +181,14 @@ func TestConfigRejects(t *testing.T) {
 				t.Fatalf("err = %v, want one naming %s", err, tt.flag)
 			}
 		})
+	}
+	shared, home := good, good
+	shared.home, home.home = false, true
+	if a, b := shared.client(0, 7), shared.client(1, 7); a != b {
+		t.Errorf("one population: region 0's client of rank 7 is %s, region 1's %s", a, b)
+	}
+	if a, b := home.client(0, 7), home.client(1, 7); a == b || home.client(1, 70) == home.client(11, 0) {
+		t.Errorf("-scale.home: regions 0 and 1 share the client %s of rank 7, or 1/70 and 11/0 collide", a)
 	}
 	d, err := wanDelays("spread", regionNames(4))
 	if err != nil {

@@ -390,7 +390,7 @@ func (m *model) traffic(ctx context.Context, r *region, seed uint64) {
 		case now := <-tk.C:
 			due := int(float64(m.cfg.rate) * now.Sub(start).Seconds())
 			for ; done < due; done++ {
-				key := "c" + strconv.FormatUint(zipf(), 10)
+				key := m.cfg.client(seed, zipf())
 				n := len(r.pubs)
 				if m.cfg.affinity {
 					r.check(key, int(fnv32(key)%uint32(n)), n, 1)
@@ -409,8 +409,12 @@ func fnv32(key string) uint32 {
 	return h.Sum32()
 }
 
-// newZipf draws ranks in [0, n) with P(k) ∝ 1/(k+1)^s.
+// newZipf draws ranks in [0, n) with P(k) ∝ 1/(k+1)^s; s 0 draws every
+// rank alike.
 func newZipf(rng *rand.Rand, s float64, n int) func() uint64 {
+	if s == 0 {
+		return func() uint64 { return rng.Uint64N(uint64(n)) }
+	}
 	z := rand.NewZipf(rng, s, 1, uint64(n-1))
 	return z.Uint64
 }
@@ -704,8 +708,8 @@ func (m *model) report(before, after map[string]snapshot, idle map[string]float6
 	t := m.t
 	var b strings.Builder
 	c := m.cfg
-	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region (key affinity %v), interval %v, max-defer %v, wan %s, %d Redis primaries per region; %v measured after %v\n",
-		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.affinity, c.interval, c.maxDefer, c.wan, c.primaries, c.duration, c.warmup)
+	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region (key affinity %v), interval %v, max-defer %v, wan %s, %d Redis primaries per region, clients of one region each %v; %v measured after %v\n",
+		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.affinity, c.interval, c.maxDefer, c.wan, c.primaries, c.home, c.duration, c.warmup)
 	fmt.Fprintf(&b, "a check costs Redis %.1f µs (the token bucket script, %d calls, 64 callers)\n", checkUS, c.checkCalls)
 	b.WriteString("| region | checks/s | entries/s | checks per entry | debits/s applied | refilled/s | scripts/s | Redis ms/s (idle) | in scripts ms/s | checks' Redis ms/s | reconciliation / checks | at the published rate | Redis µs per client | reconciler ms/s | reconciler µs per client | NATS ms/s | msgs/s per link | bytes/s per link | lag p50 | lag p99 | held max (budgets) | checks over budget |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
