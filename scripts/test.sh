@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every package's tests with the race detector, in two phases, and a
-# smoke run of the docs' benchmarks:
+# Runs every package's tests with the race detector (but ./deploy's: see
+# norace), in two phases, and a smoke run of the docs' benchmarks:
 #
 #  0. the lint (scripts/lint.sh) beside the compile of every test binary;
 #  1. two streams side by side, one package at a time in each:
@@ -29,12 +29,18 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
-flags=(-race -count=1 -p 1 -timeout 20m)
+flags=(-race -count=1 -p 1 -timeout 20m) # -race first: "${flags[@]:1}" drops it
 
 alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
 # Phase 1's longest other packages, in a stream of their own.
 long=(./scripts ./internal/ociimage ./internal/testenv/natstest)
+# Packages tested without the race detector: ./deploy renders the Helm
+# chart and the kustomize overlays and reads the manifests, code of ours
+# that runs no goroutines, through the Helm and Kubernetes modules (430
+# packages no other test imports). Compiled with -race, they cost a fresh
+# machine minutes. It runs last in the long stream.
+norace=(./deploy)
 # The tests of internal/limiterd whose guarantees are measured under their
 # own load; its others run in phase 1. scripts/testsh_test.go checks that
 # each is a test of the package.
@@ -52,7 +58,7 @@ others=()
 for p in $("$GO" list ./...); do
 	p=./${p#"$mod"/}
 	[ "$p" = "./$mod" ] && p=.
-	case " ${alone[*]} ${waiting[*]} ${long[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
+	case " ${alone[*]} ${waiting[*]} ${long[*]} ${norace[*]} ./internal/limiterd " in *" $p "*) continue ;; esac
 	others+=("$p")
 done
 
@@ -79,7 +85,8 @@ if [ "${LIMITER_TEST_LINT:-1}" != 0 ]; then
 	GO=$GO scripts/lint.sh >"$logs/lint.log" 2>&1 &
 	lint=$!
 fi
-"$GO" list -race -test -export -deps -f '{{.Export}}' ./... >/dev/null
+"$GO" list -race -test -export -deps -f '{{.Export}}' "${alone[@]}" "${waiting[@]}" "${long[@]}" ./internal/limiterd "${others[@]}" >/dev/null
+"$GO" list -test -export -deps -f '{{.Export}}' "${norace[@]}" >/dev/null
 echo "test: packages compiled in $((SECONDS - start)) s"
 if [ -n "$lint" ]; then
 	rc=0
@@ -110,7 +117,12 @@ timed() {
 	exit "$rc"
 } >"$logs/waiting.log" 2>&1 &
 pids+=($!)
-timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" >"$logs/long.log" 2>&1 &
+{
+	rc=0
+	timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" || rc=1
+	timed "${norace[*]} (no -race)" "$GO" test "${flags[@]:1}" "${norace[@]}" || rc=1
+	exit "$rc"
+} >"$logs/long.log" 2>&1 &
 pids+=($!)
 timed "${#others[@]} other packages" "$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
 pids+=($!)
