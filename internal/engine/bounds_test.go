@@ -262,7 +262,7 @@ func TestTrackedLeasesSweptIncrementally(t *testing.T) {
 // budgetRecorder records the budget each spend was given with.
 type budgetRecorder struct{ budgets []float64 }
 
-func (b *budgetRecorder) Add(_, _ string, _, budget float64, _ int64) {
+func (b *budgetRecorder) AddPaced(_, _ string, _, budget, _ float64, _ int64) {
 	b.budgets = append(b.budgets, budget)
 }
 

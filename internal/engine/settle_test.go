@@ -37,7 +37,7 @@ type spendRecorder struct {
 	sum map[string]float64
 }
 
-func (r *spendRecorder) Add(rule, key string, cost, _ float64, _ int64) {
+func (r *spendRecorder) AddPaced(rule, key string, cost, _, _ float64, _ int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.sum == nil {

@@ -20,7 +20,7 @@ func (r *spanRecorder) SampledSpend(sc trace.SpanContext) { r.got = append(r.got
 // nopSpends records no spend.
 type nopSpends struct{}
 
-func (nopSpends) Add(string, string, float64, float64, int64) {}
+func (nopSpends) AddPaced(string, string, float64, float64, float64, int64) {}
 
 // TestSampledSpendNamesItsSpan: a sampled check whose spend is recorded
 // for the other regions tells the span recorder its span context; an

@@ -366,7 +366,7 @@ func (r *region) check(key string, i, publishers int, share float64) {
 		r.seenChecks++
 	}
 	r.mu.Unlock()
-	r.pubs[i].Accumulator().Add(ruleID, key, 1, budget*share, time.Now().UnixMicro())
+	r.pubs[i].Accumulator().AddPaced(ruleID, key, 1, budget*share, refill, time.Now().UnixMicro())
 	r.checks.Add(1)
 }
 

@@ -170,6 +170,13 @@ type pending struct {
 	hot  bool
 	// reset: the key was reset before cost was admitted.
 	reset bool
+	// rate and full pace the entry (see AddPaced): full is the instant
+	// (µs) a bucket of rate tokens a second, full before the entry's
+	// first spend, is full again after its spends; unpaced says an add
+	// had no rate, another rate or a cost not above 0.
+	rate    float64
+	full    float64
+	unpaced bool
 }
 
 // taken reports whether e was taken by DrainHot (an emptied entry left in
@@ -177,7 +184,18 @@ type pending struct {
 func (e *pending) taken() bool { return e.cost == 0 && !e.reset }
 
 func (e *pending) spend() Spend {
-	return Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost, Reset: e.reset, Last: e.last}
+	return Spend{Rule: e.id.rule, Key: e.id.key, Cost: e.cost, Reset: e.reset, Last: e.paced()}
+}
+
+// paced is the instant the entry goes out as of: its last admission, or
+// for a paced entry the instant as of which spending its whole cost at
+// once leaves the bucket full again when its spends did, one by one, at
+// their own instants: full - cost/rate, never after the last admission.
+func (e *pending) paced() int64 {
+	if e.unpaced || e.rate <= 0 || e.cost <= 0 {
+		return e.last
+	}
+	return min(int64(math.Ceil(e.full-e.cost/e.rate*1e6)), e.last)
 }
 
 // Add records cost admitted under rule for key at now (µs since the epoch).
@@ -186,6 +204,23 @@ func (e *pending) spend() Spend {
 // Once the key's sum since it was last taken reaches budget (> 0; 0 never
 // does), the key is hot until it is taken.
 func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
+	a.AddPaced(rule, key, cost, budget, 0, now)
+}
+
+// AddPaced is Add for a rule whose bucket refills at rate tokens a second
+// (a token bucket or GCRA; 0 for another algorithm, as Add). The entry
+// then goes out as of an instant between its first and last admission
+// (Spend.Last): spent at once as of then, its cost leaves a full bucket
+// where the spends, each at its own instant, left it. A client that spends
+// slowly leaves a debit that refills sooner where it is applied, often
+// one that refilled before it arrived and writes nothing.
+//
+// It never debits less than the spends made: for a bucket in any state,
+// spending the cost as of that instant ends at least as low as spending
+// each part at its own instant (pkg/bucket's TestPacedDebitBounds). An
+// entry whose adds are not all paced alike (rate 0 or another rate, or a
+// cost not above 0) goes out as of its last admission.
+func (a *Accumulator) AddPaced(rule, key string, cost, budget, rate float64, now int64) {
 	id := spendID{rule, key}
 	a.mu.Lock()
 	i, ok := a.idx[id]
@@ -206,6 +241,16 @@ func (a *Accumulator) Add(rule, key string, cost, budget float64, now int64) {
 		e.first = now
 	}
 	e.last = max(e.last, now)
+	switch {
+	case e.unpaced:
+	case rate <= 0 || cost <= 0 || (e.rate != 0 && e.rate != rate):
+		e.unpaced = true
+	default:
+		// The instants may come a little out of order from concurrent
+		// checks: folded out of order, full only ends later.
+		e.rate = rate
+		e.full = max(e.full, float64(now)) + cost/rate*1e6
+	}
 	e.cost += cost
 	e.budget = budget
 	if !e.hot && budget > 0 && e.cost >= budget {
@@ -239,6 +284,7 @@ func (a *Accumulator) Reset(rule, key string, now int64) {
 	}
 	e := &a.ents[i]
 	e.cost, e.reset, e.first, e.last = 0, true, now, now
+	e.rate, e.full, e.unpaced = 0, 0, false
 	if !e.hot {
 		e.hot = true
 		a.hot = append(a.hot, i)

@@ -14,13 +14,17 @@ import (
 	"github.com/limiterd/limiterd/internal/engine/metrics"
 	"github.com/limiterd/limiterd/internal/engine/request"
 	"github.com/limiterd/limiterd/internal/engine/topkeys"
+	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
 // SpendRecorder collects the tokens admitted for reconciled rules, for the
 // other regions (gossip.Accumulator). budget is the rule's spend per key
-// past which the key is published at once (rules.Rule.SpendBudget).
+// past which the key is published at once (rules.Rule.SpendBudget); rate
+// the key's refill rate (tokens a second) for a token bucket or GCRA, by
+// which its spends are paced, and 0 for the other algorithms and for a
+// settlement's change (see gossip.Accumulator.AddPaced).
 type SpendRecorder interface {
-	Add(rule, key string, cost, budget float64, admittedMicros int64)
+	AddPaced(rule, key string, cost, budget, rate float64, admittedMicros int64)
 }
 
 // SpanRecorder keeps the span context of a sampled check whose spends
@@ -136,7 +140,7 @@ func (t *Tally) Count(c *request.Request, allowed bool) (spent bool) {
 				// An override's budget is its own capacity's share.
 				budget = it.Rule.Overshoot() * it.Limits.Limit.Capacity
 			}
-			t.Spends.Add(it.Rule.ID, it.Key, spend, budget*share, now)
+			t.Spends.AddPaced(it.Rule.ID, it.Key, spend, budget*share, pacedRate(it.Limits.Limit), now)
 			spent = true
 		}
 	}
@@ -167,5 +171,15 @@ func (t *Tally) Settled(en *request.Entry, key string, delta float64) {
 	if !t.KeyAffinity {
 		share = 1 / float64(max(1, t.Fleet()))
 	}
-	t.Spends.Add(en.Rule.ID, key, delta, en.SpendBudget*share, time.Now().UnixMicro())
+	t.Spends.AddPaced(en.Rule.ID, key, delta, en.SpendBudget*share, 0, time.Now().UnixMicro())
+}
+
+// pacedRate is the rate a spend under l is paced by: its refill rate for a
+// token bucket or GCRA, whose debits are applied as of an instant; 0 for
+// the windows, whose debits count in the window of the last admission.
+func pacedRate(l bucket.Limit) float64 {
+	if l.Algorithm == bucket.TokenBucket || l.Algorithm == bucket.GCRA {
+		return l.RefillPerSecond
+	}
+	return 0
 }

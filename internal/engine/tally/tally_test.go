@@ -15,16 +15,16 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
-// spend is one SpendRecorder.Add.
+// spend is one SpendRecorder.AddPaced.
 type spend struct {
-	rule, key    string
-	cost, budget float64
+	rule, key          string
+	cost, budget, rate float64
 }
 
 type recorder struct{ got []spend }
 
-func (r *recorder) Add(rule, key string, cost, budget float64, admittedMicros int64) {
-	r.got = append(r.got, spend{rule, key, cost, budget})
+func (r *recorder) AddPaced(rule, key string, cost, budget, rate float64, admittedMicros int64) {
+	r.got = append(r.got, spend{rule, key, cost, budget, rate})
 }
 
 // newTally returns a Tally over the rules of yaml, its table and its
@@ -89,7 +89,7 @@ func TestCountRecordsSpends(t *testing.T) {
 				item(tb, "api", "fallback", 1, request.RouteFallback, true),
 			}}
 			ta.Count(req, true)
-			want := []spend{{"api", "a", 2, c.budget}, {"api", "b", 5, c.budget}, {"api", "fallback", 1, c.budget}}
+			want := []spend{{"api", "a", 2, c.budget, 10}, {"api", "b", 5, c.budget, 10}, {"api", "fallback", 1, c.budget, 10}}
 			if len(rec.got) != len(want) {
 				t.Fatalf("recorded %v, want %v", rec.got, want)
 			}
@@ -218,6 +218,40 @@ func TestCountAcquires(t *testing.T) {
 	} {
 		if got := testutil.ToFloat64(ta.Metrics.PriorityDecisions.WithLabelValues(want.class, want.result)); got != want.n {
 			t.Errorf("limiter_priority_decisions_total{class=%q,result=%q} = %v, want %v", want.class, want.result, got, want.n)
+		}
+	}
+}
+
+// TestCountPacesBuckets: a token bucket's or GCRA's spend is recorded with
+// its refill rate, for the accumulator to pace it; a window's, and a
+// settlement's change, with none.
+func TestCountPacesBuckets(t *testing.T) {
+	ta, tb, rec := newTally(t, `rules:
+  - id: tb
+    capacity: 100
+    refill_per_second: 10
+  - id: gcra
+    algorithm: gcra
+    capacity: 10
+    refill_per_second: 2.5
+  - id: win
+    algorithm: fixed_window
+    limit: 100
+    window: 1m
+`, 1, false)
+	ta.Count(&request.Request{Table: tb, Metrics: ta.Metrics, Enforce: []*request.Item{
+		item(tb, "tb", "a", 1, request.RouteStore, true),
+		item(tb, "gcra", "a", 1, request.RouteStore, true),
+		item(tb, "win", "a", 1, request.RouteStore, true),
+	}}, true)
+	ta.Settled(tb.ByID["tb"], "a", -0.5)
+	want := []float64{10, 2.5, 0, 0}
+	if len(rec.got) != len(want) {
+		t.Fatalf("recorded %v, want %d spends", rec.got, len(want))
+	}
+	for i, w := range want {
+		if rec.got[i].rate != w {
+			t.Errorf("spend %d (%s, cost %v): rate %v, want %v", i, rec.got[i].rule, rec.got[i].cost, rec.got[i].rate, w)
 		}
 	}
 }
