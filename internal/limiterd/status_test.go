@@ -117,13 +117,20 @@ func TestStatusPageInBrowser(t *testing.T) {
 	if err := chromedp.Do(ctx, chromedp.Navigate(page), chromedp.WaitVisible(chromedp.ID("rules"))); err != nil {
 		t.Fatalf("load the page: %v", err)
 	}
+	// The page redraws its live part every half second: a node found
+	// may be replaced before its text is read ("No node with given id
+	// found"). Read again then.
 	text := func(id string) string {
 		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.ID(id)))
-		if err != nil {
-			t.Fatalf("read #%s: %v", id, err)
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			s, err := chromedp.Run(ctx, chromedp.Text(chromedp.ID(id)))
+			if err == nil {
+				return s
+			}
+			if !strings.Contains(err.Error(), "No node with given id") || time.Now().After(deadline) {
+				t.Fatalf("read #%s: %v", id, err)
+			}
 		}
-		return s
 	}
 	if got := text("rules"); !strings.Contains(got, "tb") || !strings.Contains(got, "10, +0.000001/s") {
 		t.Errorf("rules table %q: the file's rule tb (10, +0.000001/s) missing", got)
