@@ -41,7 +41,7 @@ SOAK_FLAGS ?=
 soak: up-deps
 	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestSoak$$' -timeout $(SOAK_TIMEOUT) ./internal/soak -args -soak.duration=$(SOAK_DURATION) $(SOAK_FLAGS)
 
-## scale: the scale model (internal/scale): synthetic publishers of REGIONS (3) regions x KEYS (60000 = 10 s x REGIONS x RATE, as the design's 10M clients a minute at 1M checks/s) Zipf clients at RATE (2000) checks/s each, PUBLISHERS (4) per region, real reconcilers, NATS and Redis; DURATION (20s) measured after WARMUP (12s); WAN: one-way delay between regions (empty: spread, 50-150 ms; 0: none; or a duration); MAX_DEFER: the publishers' --gossip.max-defer (10s; 0 off); AFFINITY=true: each client to one publisher, as --gossip.key-affinity; CLIENT_HOME=true: each client checks in one region only, the design's shape; ZIPF: the clients' Zipf exponent (1.1; 0: every client alike); the report per region in the test log
+## scale: the scale model (internal/scale): synthetic publishers of REGIONS (3) regions x KEYS (60000 = 10 s x REGIONS x RATE, as the design's 10M clients a minute at 1M checks/s) Zipf clients at RATE (2000) checks/s each, PUBLISHERS (4) per region, real reconcilers, NATS and Redis; DURATION (20s) measured after WARMUP (12s); WAN: one-way delay between regions (empty: spread, 50-150 ms; 0: none; or a duration); MAX_DEFER: the publishers' --gossip.max-defer (10s; 0 off); AFFINITY=true: each client to one publisher, as --gossip.key-affinity; CLIENT_HOME=true: each client checks in one region only, the design's shape; ZIPF: the clients' Zipf exponent (1.1; 0: every client alike); PACED=false: entries as of their last admission, not paced by the refill rate; the report per region in the test log
 REGIONS ?= 3
 KEYS ?= 60000
 RATE ?= 2000
@@ -53,12 +53,13 @@ PRIMARIES ?= 1
 AFFINITY ?= false
 CLIENT_HOME ?= false
 ZIPF ?= 1.1
+PACED ?= true
 SCALE_TIMEOUT ?= 20m
 scale: up-deps
 	LIMITER_NATS_SERVER="$(NATS_SERVER)" $(GO) test -count=1 -v -run '^TestScale$$' -timeout $(SCALE_TIMEOUT) ./internal/scale -args \
 		-scale.regions=$(REGIONS) -scale.keys=$(KEYS) -scale.rate=$(RATE) -scale.duration=$(DURATION) -scale.warmup=$(WARMUP) \
 		-scale.wan=$(or $(WAN),spread) -scale.max-defer=$(MAX_DEFER) -scale.publishers=$(PUBLISHERS) -scale.primaries=$(PRIMARIES) -scale.affinity=$(AFFINITY) \
-		-scale.home=$(CLIENT_HOME) -scale.zipf=$(ZIPF)
+		-scale.home=$(CLIENT_HOME) -scale.zipf=$(ZIPF) -scale.paced=$(PACED)
 
 ## deps: install what the tests need when it is missing: redis-server, nginx, gcc for -race, prometheus (with promtool), alertmanager, prometheus-redis-exporter and chromium for the status page's test (Debian packages)
 deps:

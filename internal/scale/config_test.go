@@ -30,6 +30,7 @@ var (
 	flagPrimaries  = flag.Int("scale.primaries", 1, "Redis primaries per region, 1 to 6")
 	flagAffinity   = flag.Bool("scale.affinity", false, "each client's checks go to one publisher (a hash of the key), which holds the client's whole budget, as limiterd with --gossip.key-affinity; false: to one at random, each holding budget / publishers")
 	flagHome       = flag.Bool("scale.home", false, "each client checks in one region only, the design's shape: every region draws from its own population of -scale.keys clients; false: every region draws from one population")
+	flagPaced      = flag.Bool("scale.paced", true, "the publishers pace each entry by the rule's refill rate, as limiterd does (gossip.Accumulator.AddPaced); false: each entry as of its last admission")
 	flagCheckCalls = flag.Int("scale.check-calls", 20_000, "check scripts run on the first region's Redis to measure what a check costs it, 1,000 to 1,000,000")
 )
 
@@ -37,7 +38,7 @@ var (
 type config struct {
 	regions, keys, rate, publishers, primaries, checkCalls int
 	zipf                                                   float64
-	affinity, home                                         bool
+	affinity, home, paced                                  bool
 	duration, warmup, interval, maxDefer                   time.Duration
 	wan                                                    string
 }
@@ -47,7 +48,7 @@ func configFromFlags() config {
 		regions: *flagRegions, keys: *flagKeys, rate: *flagRate, publishers: *flagPublishers,
 		primaries: *flagPrimaries, checkCalls: *flagCheckCalls, zipf: *flagZipf,
 		duration: *flagDuration, warmup: *flagWarmup, interval: *flagInterval, maxDefer: *flagMaxDefer,
-		wan: *flagWAN, affinity: *flagAffinity, home: *flagHome,
+		wan: *flagWAN, affinity: *flagAffinity, home: *flagHome, paced: *flagPaced,
 	}
 }
 

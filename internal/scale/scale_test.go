@@ -59,6 +59,9 @@ type region struct {
 	pubs    []*spendpub.Publisher
 	regs    []*prometheus.Registry
 	checks  atomic.Int64
+	// rate paces the publishers' entries: the rule's refill, or 0 with
+	// -scale.paced=false.
+	rate float64
 
 	// unpub[key][i] is what publisher i admitted of key and has not
 	// published yet, from the checks given to it and the messages seen on
@@ -156,6 +159,9 @@ func newModel(t *testing.T, cfg config) *model {
 	for _, name := range m.names {
 		c := redistest.NewCluster(t, cfg.primaries, 0)
 		r := &region{name: name, cluster: c, recHTTP: testenv.FreeAddr(t), unpub: map[string][]float64{}}
+		if cfg.paced {
+			r.rate = refill
+		}
 		for _, n := range c.Nodes() {
 			rc := redis.NewClient(&redis.Options{Addr: n.Addr()})
 			t.Cleanup(func() { rc.Close() })
@@ -366,7 +372,7 @@ func (r *region) check(key string, i, publishers int, share float64) {
 		r.seenChecks++
 	}
 	r.mu.Unlock()
-	r.pubs[i].Accumulator().AddPaced(ruleID, key, 1, budget*share, refill, time.Now().UnixMicro())
+	r.pubs[i].Accumulator().AddPaced(ruleID, key, 1, budget*share, r.rate, time.Now().UnixMicro())
 	r.checks.Add(1)
 }
 
@@ -708,8 +714,8 @@ func (m *model) report(before, after map[string]snapshot, idle map[string]float6
 	t := m.t
 	var b strings.Builder
 	c := m.cfg
-	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region (key affinity %v), interval %v, max-defer %v, wan %s, %d Redis primaries per region, clients of one region each %v; %v measured after %v\n",
-		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.affinity, c.interval, c.maxDefer, c.wan, c.primaries, c.home, c.duration, c.warmup)
+	fmt.Fprintf(&b, "scale model: %d regions, %d clients (Zipf %v), %d checks/s and %d publishers per region (key affinity %v), interval %v, max-defer %v, wan %s, %d Redis primaries per region, clients of one region each %v, paced %v; %v measured after %v\n",
+		c.regions, c.keys, c.zipf, c.rate, c.publishers, c.affinity, c.interval, c.maxDefer, c.wan, c.primaries, c.home, c.paced, c.duration, c.warmup)
 	fmt.Fprintf(&b, "a check costs Redis %.1f µs (the token bucket script, %d calls, 64 callers)\n", checkUS, c.checkCalls)
 	b.WriteString("| region | checks/s | entries/s | checks per entry | debits/s applied | refilled/s | scripts/s | Redis ms/s (idle) | in scripts ms/s | checks' Redis ms/s | reconciliation / checks | at the published rate | Redis µs per client | reconciler ms/s | reconciler µs per client | NATS ms/s | msgs/s per link | bytes/s per link | lag p50 | lag p99 | held max (budgets) | checks over budget |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
