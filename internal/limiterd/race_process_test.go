@@ -166,6 +166,7 @@ func limiterdProcess(t *testing.T, args ...string) (grpcAddr, httpAddr string) {
 		cmd.Wait()
 		close(done)
 	}()
+	w := cmd.Stderr.(*syncWriter)
 	t.Cleanup(func() {
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -173,6 +174,17 @@ func limiterdProcess(t *testing.T, args ...string) (grpcAddr, httpAddr string) {
 		case <-time.After(15 * time.Second):
 			cmd.Process.Kill()
 			<-done
+		}
+		// A failed test shows what the daemon warned of: a store error
+		// names its cause there (a stalled node, a reply deadline).
+		if t.Failed() {
+			w.mu.Lock()
+			out := logs.String()
+			w.mu.Unlock()
+			if len(out) > 8000 {
+				out = "...\n" + out[len(out)-8000:]
+			}
+			t.Logf("limiterd %s (%v) logged:\n%s", grpcAddr, args, out)
 		}
 	})
 	for deadline := time.Now().Add(20 * time.Second); ; {
