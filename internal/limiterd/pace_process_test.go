@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/limiterd/limiterd/internal/testenv"
 	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	limiterv1 "github.com/limiterd/limiterd/proto/limiter/v1"
 )
@@ -44,7 +45,7 @@ func pacerProcess(t *testing.T, env ...string) (stdin io.WriteCloser, stdout *bu
 	t.Helper()
 	cmd := exec.Command(pacerBinary(t))
 	cmd.Env = append(os.Environ(), env...)
-	return startPiped(t, cmd)
+	return testenv.StartPiped(t, cmd)
 }
 
 // paceFigures are the figures of one series of instants (ns), sorted.

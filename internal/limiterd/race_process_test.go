@@ -106,40 +106,7 @@ func helper(t *testing.T, kind string, env ...string) (stdin io.WriteCloser, std
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), append(env, helperEnv+"="+kind)...)
-	return startPiped(t, cmd)
-}
-
-// startPiped starts cmd with pipes to its stdin and from its stdout, and
-// ends it when the test ends: its stdin closed first, then, after 5 s, a
-// kill of its own pid.
-func startPiped(t *testing.T, cmd *exec.Cmd) (stdin io.WriteCloser, stdout *bufio.Reader) {
-	t.Helper()
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		in.Close()
-		done := make(chan struct{})
-		go func() {
-			cmd.Wait()
-			close(done)
-		}()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	})
-	return in, bufio.NewReader(out)
+	return testenv.StartPiped(t, cmd)
 }
 
 // limiterdBinary builds cmd/limiterd once per test binary, without the race

@@ -30,18 +30,7 @@ func TestPortHeldByAnotherProcess(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPortHeldByAnotherProcess$")
 	cmd.Env = append(os.Environ(), "TESTENV_HOLD_PORT=1")
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	in, out := StartPiped(t, cmd)
 	var p int
 	for sc := bufio.NewScanner(out); sc.Scan(); {
 		if n, ok := strings.CutPrefix(sc.Text(), "port "); ok {
