@@ -3,17 +3,19 @@
 # norace), in two phases, and a smoke run of the docs' benchmarks:
 #
 #  0. the lint (scripts/lint.sh) beside the compile of every test binary;
-#  1. two streams side by side, one package at a time in each:
+#  1. two streams side by side, one package at a time in each: one runs
 #     internal/reconciler (whose tests mostly wait, on NATS gateways cut
-#     for tens of seconds, on stream sources; they run four at a time),
-#     then internal/limiterd but its tests of phase 2, then every
-#     `go test -bench` command the docs quote, once (-benchtime 1x -short,
-#     two at a time; scripts/docbench_test.go, so that a figure's command
-#     that no longer runs fails here); beside them every other package but
-#     those of phase 2, in two more streams: the long ones (the local
-#     stack's bring-ups, the image build, the NATS clusters) and the rest.
-#     Phase 1 waits more than it computes (load 1.3-4 on 2 cores with two
-#     streams), so a third cuts its wall time to about the longest stream;
+#     for tens of seconds, on stream sources; they run four at a time,
+#     on about 1.3 cores), then the long packages (the local stack's
+#     bring-ups, the image build, the NATS clusters; about half a core),
+#     then ./deploy; the other runs every other package but those of
+#     phase 2 (about 0.6 cores), then internal/limiterd but its tests of
+#     phase 2, then every `go test -bench` command the docs quote, once
+#     (-benchtime 1x -short, two at a time; scripts/docbench_test.go, so
+#     that a figure's command that no longer runs fails here). A third
+#     stream, the reconciler's stacks beside the local stack's and the
+#     rest, kept 2 cores at a load of 7-9: checks waited past their
+#     deadlines in both stacks;
 #  2. what is measured under its own load, one package at a time and
 #     alone: the tests of internal/limiterd named in limiterd_alone
 #     (exactly 10 of 50 client processes on busy cores, the model tests,
@@ -33,13 +35,13 @@ flags=(-race -count=1 -p 1 -timeout 20m) # -race first: "${flags[@]:1}" drops it
 
 alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
 waiting=(./internal/reconciler)
-# Phase 1's longest other packages, in a stream of their own.
+# Phase 1's longest other packages, after internal/reconciler.
 long=(./scripts ./internal/ociimage ./internal/testenv/natstest)
 # Packages tested without the race detector: ./deploy renders the Helm
 # chart and the kustomize overlays and reads the manifests, code of ours
 # that runs no goroutines, through the Helm and Kubernetes modules (430
 # packages no other test imports). Compiled with -race, they cost a fresh
-# machine minutes. It runs last in the long stream.
+# machine minutes. It runs last in the first stream.
 norace=(./deploy)
 # The tests of internal/limiterd whose guarantees are measured under their
 # own load; its others run in phase 1. scripts/testsh_test.go checks that
@@ -112,28 +114,27 @@ timed() {
 {
 	rc=0
 	timed "${waiting[*]}" "$GO" test "${flags[@]}" -parallel 4 "${waiting[@]}" || rc=1
-	timed "./internal/limiterd (phase 1)" "$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
-	timed "the docs' benchmarks" "$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
+	timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" || rc=1
+	timed "${norace[*]} (no -race)" "$GO" test "${flags[@]:1}" "${norace[@]}" || rc=1
 	exit "$rc"
 } >"$logs/waiting.log" 2>&1 &
 pids+=($!)
 {
 	rc=0
-	timed "${long[*]}" "$GO" test "${flags[@]}" "${long[@]}" || rc=1
-	timed "${norace[*]} (no -race)" "$GO" test "${flags[@]:1}" "${norace[@]}" || rc=1
+	timed "${#others[@]} other packages" "$GO" test "${flags[@]}" "${others[@]}" || rc=1
+	timed "./internal/limiterd (phase 1)" "$GO" test "${flags[@]}" -skip "$limiterd_re" ./internal/limiterd || rc=1
+	timed "the docs' benchmarks" "$GO" test -count=1 -timeout 20m -run '^TestDocBenchmarks$' ./scripts -args -docbench.run || rc=1
 	exit "$rc"
-} >"$logs/long.log" 2>&1 &
+} >"$logs/others.log" 2>&1 &
 pids+=($!)
-timed "${#others[@]} other packages" "$GO" test "${flags[@]}" "${others[@]}" >"$logs/others.log" 2>&1 &
-pids+=($!)
-for i in 0 1 2; do
+for i in 0 1; do
 	rc=0
 	wait "${pids[$i]}" || rc=$?
 	[ "$rc" -eq 0 ] || failed=1
 done
 pids=()
-cat "$logs/others.log" "$logs/long.log" "$logs/waiting.log"
-echo "test: phase 1 (${waiting[*]}, ./internal/limiterd but ${#limiterd_alone[@]} tests and the docs' benchmarks beside ${long[*]} and $((${#others[@]})) other packages) in $((SECONDS - start)) s"
+cat "$logs/others.log" "$logs/waiting.log"
+echo "test: phase 1 (${waiting[*]} ${long[*]} ${norace[*]} beside ${#others[@]} other packages, ./internal/limiterd but ${#limiterd_alone[@]} tests and the docs' benchmarks) in $((SECONDS - start)) s"
 t1=$SECONDS
 # The other packages first: what phase 1 started has ended by then (the
 # pacers' proof, first, failed twice on a fresh clone right after it).
