@@ -107,10 +107,11 @@ func (n *node) refusedError() error {
 }
 
 // stalled reports that the node answered no pipeline since queued (ns since
-// the Unix epoch) while some are in flight: a check queued then waited for
-// the node.
+// the Unix epoch) while some are in flight, and this process was scheduled
+// on time meanwhile (see schedWatch): a check queued then waited for the
+// node.
 func (n *node) stalled(queued int64) bool {
-	return n.inFlight.Load() > 0 && n.answered.Load() < queued
+	return n.inFlight.Load() > 0 && n.answered.Load() < queued && !n.ns.sched.starvedSince(queued, time.Now())
 }
 
 // nodeFor returns the node of the primary serving key.
@@ -534,7 +535,8 @@ func (n *node) wait(ctx context.Context, c *call) result {
 // overloaded is the result of a check taken back unsent from the queue,
 // which it joined at queued (ns since the Unix epoch): limiterd's overload,
 // unless the node answered nothing meanwhile while pipelines to it were in
-// flight; then the node is stalled, a store failure like a node down.
+// flight and limiterd was scheduled on time; then the node is stalled, a
+// store failure like a node down.
 func (n *node) overloaded(cause error, queued int64) result {
 	if n.stalled(queued) {
 		err := fmt.Errorf("redis %s: %w: waited %v in its queue and no pipeline to it was answered meanwhile; nothing sent",

@@ -143,6 +143,7 @@ type Nodes struct {
 	nodesMu                  sync.RWMutex
 	nodes                    map[string]*node
 	refused                  map[string]error // under nodesMu
+	sched                    *schedWatch
 }
 
 // New returns the Nodes of opts, with their metrics registered on reg,
@@ -162,7 +163,7 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer, scripts [
 		opts: opts, scripts: scripts, m: m, timeout: opts.Timeout, maxQueueWait: opts.MaxQueueWait, dialTimeout: opts.DialTimeout,
 		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode, linger: opts.Linger,
 		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node), refused: make(map[string]error),
-		up: make(map[string]bool),
+		up: make(map[string]bool), sched: newSchedWatch(time.Now()),
 	}
 	if ns.timeout <= 0 {
 		ns.timeout = DefaultTimeout
@@ -194,6 +195,7 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer, scripts [
 	ns.probe(pctx)
 	cancel()
 	ns.workers.Go(func() { ns.run(ns.life) })
+	ns.workers.Go(func() { ns.sched.run(ns.life) })
 	return ns, nil
 }
 
