@@ -41,6 +41,7 @@ var faultLimits = map[string]bucket.Limit{
 // by a failover is Redis's asynchronous replication, not the debits'.
 // DEBIT_FAULTS_SEED replays a run.
 func TestApplyDebitsFaults(t *testing.T) {
+	t.Parallel() // its own cluster; the package's two longest tests overlap
 	c := redistest.NewCluster(t, 3, 1)
 	s, reg := newTestStore(t, Options{Addrs: c.Addrs(), Timeout: time.Second})
 	seed := time.Now().UnixNano()

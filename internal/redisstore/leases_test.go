@@ -124,6 +124,7 @@ func (c *leaseConformance) step(step int, op string, now int64, member string) b
 }
 
 func TestLeaseConformance(t *testing.T) {
+	t.Parallel() // its own cluster; the package's two longest tests overlap
 	c := redistest.NewCluster(t, 3, 0)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
 	t.Cleanup(func() { client.Close() })
