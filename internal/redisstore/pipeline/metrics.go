@@ -18,6 +18,7 @@ type metrics struct {
 	breakersOpen       prometheus.Gauge
 	breakerTransitions *prometheus.CounterVec
 	tryAgain           prometheus.Counter
+	lateWakes          prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -50,7 +51,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Name: "limiter_store_try_again_total",
 		Help: "Store calls sent again after a short pause because their node answered TRYAGAIN (a slot being migrated).",
 	})
-	for _, c := range []prometheus.Collector{slow, up, batch, linger, open, trans, tryAgain} {
+	late := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "limiter_sched_late_wakes_total",
+		Help: "Times the process went unscheduled for 15 ms or more (a goroutine woke that late): a host whose CPUs are all busy. A check that waited its queue wait then is overload, not a stalled Redis node.",
+	})
+	for _, c := range []prometheus.Collector{slow, up, batch, linger, open, trans, tryAgain, late} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register store metrics: %w", err)
 		}
@@ -61,6 +66,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	return &metrics{
 		slowReplies: slow, up: up,
 		batchSize: batch, lingerExpired: linger, breakersOpen: open, breakerTransitions: trans,
-		tryAgain: tryAgain,
+		tryAgain: tryAgain, lateWakes: late,
 	}, nil
 }

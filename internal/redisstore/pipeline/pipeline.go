@@ -163,7 +163,7 @@ func New(ctx context.Context, opts Options, reg prometheus.Registerer, scripts [
 		opts: opts, scripts: scripts, m: m, timeout: opts.Timeout, maxQueueWait: opts.MaxQueueWait, dialTimeout: opts.DialTimeout,
 		coalesce: !opts.NoCoalesce, maxBatch: opts.MaxBatch, pipelines: opts.PipelinesPerNode, linger: opts.Linger,
 		breakerOpen: opts.BreakerOpen, nodes: make(map[string]*node), refused: make(map[string]error),
-		up: make(map[string]bool), sched: newSchedWatch(time.Now()),
+		up: make(map[string]bool), sched: newSchedWatch(time.Now(), m.lateWakes),
 	}
 	if ns.timeout <= 0 {
 		ns.timeout = DefaultTimeout

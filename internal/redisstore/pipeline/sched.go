@@ -4,6 +4,8 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A check that waited its whole queue wait while its node's pipelines got
@@ -24,10 +26,12 @@ type schedWatch struct {
 	// woke is when the watch last woke, and late when it last woke
 	// schedLate late or more (ns since the Unix epoch; 0: never).
 	woke, late atomic.Int64
+	// lateWakes counts the late wakes (nil: not counted).
+	lateWakes prometheus.Counter
 }
 
-func newSchedWatch(now time.Time) *schedWatch {
-	w := &schedWatch{}
+func newSchedWatch(now time.Time, lateWakes prometheus.Counter) *schedWatch {
+	w := &schedWatch{lateWakes: lateWakes}
 	w.woke.Store(now.UnixNano())
 	return w
 }
@@ -51,6 +55,9 @@ func (w *schedWatch) observe(now time.Time) {
 	ns := now.UnixNano()
 	if ns-w.woke.Swap(ns) >= int64(schedEvery+schedLate) {
 		w.late.Store(ns)
+		if w.lateWakes != nil {
+			w.lateWakes.Inc()
+		}
 	}
 }
 

@@ -3,6 +3,9 @@ package pipeline
 import (
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestSchedWatch: a wake schedLate late or more marks the process starved
@@ -12,7 +15,8 @@ import (
 func TestSchedWatch(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	w := newSchedWatch(t0)
+	lateWakes := prometheus.NewCounter(prometheus.CounterOpts{Name: "late"})
+	w := newSchedWatch(t0, lateWakes)
 	for i := 1; i <= 10; i++ {
 		w.observe(at(time.Duration(i) * (schedEvery + schedLate/2)))
 	}
@@ -30,5 +34,8 @@ func TestSchedWatch(t *testing.T) {
 	}
 	if w.starvedSince(at(late+time.Millisecond).UnixNano(), at(late+schedEvery)) {
 		t.Fatal("a check queued after a late wake, with a wake on time since: starved")
+	}
+	if got := testutil.ToFloat64(lateWakes); got != 1 {
+		t.Errorf("late wakes counted %v, want 1", got)
 	}
 }
