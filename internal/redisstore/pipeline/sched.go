@@ -26,7 +26,7 @@ type schedWatch struct {
 	// woke is when the watch last woke, and late when it last woke
 	// schedLate late or more (ns since the Unix epoch; 0: never).
 	woke, late atomic.Int64
-	// lateWakes counts the late wakes (nil: not counted).
+	// lateWakes counts the late wakes.
 	lateWakes prometheus.Counter
 }
 
@@ -55,9 +55,7 @@ func (w *schedWatch) observe(now time.Time) {
 	ns := now.UnixNano()
 	if ns-w.woke.Swap(ns) >= int64(schedEvery+schedLate) {
 		w.late.Store(ns)
-		if w.lateWakes != nil {
-			w.lateWakes.Inc()
-		}
+		w.lateWakes.Inc()
 	}
 }
 
