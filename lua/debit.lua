@@ -22,7 +22,9 @@
 -- An amount that is not above 0 spends nothing. Each returns the overshoot
 -- it finds: by how much the admissions this region knows of, its own and
 -- the others', exceed the limit right after the debit (the debt; 0 when the
--- bucket had room), and whether it wrote anything. Mirrors Limit.DebitAt
+-- bucket had room), and whether it wrote anything; a token bucket's or
+-- GCRA's also how far (ns) it left the bucket from full, and the
+-- capacity's ns, for its hold (hold.lua). Mirrors Limit.DebitAt
 -- in pkg/bucket.
 
 local function overshoot(amount, room)
@@ -77,8 +79,9 @@ local function debit_instant(key, cap, rate, amount, now, at, tag, v)
   local over = overshoot(amount, cap - start * rate / 1e9)
   local d = start + spend_ns(amount, rate)
   if d <= 0 then return over, false end
-  bucket_write(key, now, math.min(d, most), full)
-  return over, true
+  d = math.min(d, most)
+  bucket_write(key, now, d, full)
+  return over, true, d, full
 end
 
 local function debit_sliding_window(key, cap, w, amount, now, at)

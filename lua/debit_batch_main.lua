@@ -11,8 +11,9 @@
 -- ARGV[1]: the markers' expiry (ms); ARGV[2]: the count of clients; then
 -- per client: its marker, its message's stream sequence, the stream's
 -- epoch (its creation, µs), the count n of its buckets, the n buckets'
--- keys, then five per bucket: algorithm, capacity, rate (tokens/s) or
--- window (µs), amount, the instant (µs) it is debited as of.
+-- keys, then six per bucket: algorithm, capacity, rate (tokens/s) or
+-- window (µs), amount, the instant (µs) it is debited as of, the last
+-- admission (µs, the source's clock; 0: unknown).
 -- Replies per client, in order, what debit_main.lua replies for it.
 local now = now_us()
 local out = {}
@@ -20,6 +21,6 @@ local j = 3
 for c = 1, tonumber(ARGV[2]) do
   local n = tonumber(ARGV[j + 3])
   out[c] = debit_client(ARGV[j], ARGV[j + 1], ARGV[j + 2], ARGV[1], now, n, ARGV, j + 4, ARGV, j + 4 + n)
-  j = j + 4 + 6 * n
+  j = j + 4 + 7 * n
 end
 return out

@@ -13,10 +13,12 @@ end
 -- the position of the last message applied; seq, epoch: the message's
 -- stream sequence and the stream's epoch (its creation, µs), as strings;
 -- ttl: the marker's expiry (ms); now: the instant (µs); n: the count of
--- the client's buckets, whose keys are keys[k..k+n-1] and whose five
+-- the client's buckets, whose keys are keys[k..k+n-1] and whose six
 -- arguments each (algorithm, capacity, rate (tokens/s) or window (µs),
--- amount, and the instant (µs) as of which it is debited: see debit.lua;
--- not a number or 0 is now) are args[a..a+5n-1]. An algorithm prefixed
+-- amount, the instant (µs) as of which it is debited: see debit.lua;
+-- not a number or 0 is now; and the last admission (µs, the source's
+-- clock, 0 when unknown), which a token bucket's or GCRA's hold records:
+-- see hold.lua) are args[a..a+6n-1]. An algorithm prefixed
 -- with '!' says the
 -- source region reset the key before it admitted amount: the bucket is
 -- deleted (full again), then debited. The reset is applied at most once
@@ -42,7 +44,7 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
   local states = {}
   local quiet = true
   for i = 0, n - 1 do
-    local j = a + i * 5
+    local j = a + i * 6
     local alg, amount = args[j], tonumber(args[j + 3])
     if not (amount and amount > 0) then
       quiet = false
@@ -80,7 +82,7 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
   local out = {1}
   local wrote = false
   for i = 0, n - 1 do
-    local j = a + i * 5
+    local j = a + i * 6
     local alg = args[j]
     if string.byte(alg, 1) == 33 then -- '!': reset before the amount
       redis.call('DEL', keys[k + i])
@@ -94,7 +96,9 @@ local function debit_client(marker, seq, epoch, ttl, now, n, keys, k, args, a)
     if amount and amount < 0 then
       credit(alg, keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), -amount, now)
     elseif debit and amount and amount > 0 then
-      over, w = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now), tag, states[i])
+      local d, full
+      over, w, d, full = debit(keys[k + i], tonumber(args[j + 1]), tonumber(args[j + 2]), amount, now, debit_at(args[j + 4], now), tag, states[i])
+      if d then hold_record(keys[k + i], marker, amount, tonumber(args[j + 5]), d, full, now) end
     end
     wrote = wrote or w
     out[#out + 1] = string.format('%.17g', over or 0)

@@ -3,9 +3,10 @@
 -- KEYS[1]: the client's marker for that source region and stream;
 -- KEYS[2..]: the client's buckets.
 -- ARGV[1]: the message's stream sequence; ARGV[2]: the marker's expiry (ms);
--- ARGV[3]: the stream's epoch (its creation, µs); then five per bucket:
+-- ARGV[3]: the stream's epoch (its creation, µs); then six per bucket:
 -- algorithm, capacity, rate (tokens/s) or window (µs), amount, the instant
--- (µs) it is debited as of.
+-- (µs) it is debited as of, the last admission (µs, the source's clock;
+-- 0: unknown).
 -- Replies {1, overshoot of each bucket (strings)} when applied, {0} for a
 -- duplicate, {2} when every spend had refilled (nothing written).
 return debit_client(KEYS[1], ARGV[1], ARGV[3], ARGV[2], now_us(), #KEYS - 1, KEYS, 2, ARGV, 4)

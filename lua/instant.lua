@@ -94,6 +94,7 @@ local function instant_usage(key, cap, rate, cost, now, keep)
   local s = spend_ns(cost, rate)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
+  room = hold_room(key, rate, full, d, s, room, now)
   if d + s <= room then
     return 1, d, 0, (d + 999) / 1000
   end
@@ -111,13 +112,16 @@ end
 -- (x + 999) / 1000 is x ns in µs rounded up, so a refusal never says 0.
 -- keep (a fraction of the capacity in [0, 1), or nil) is the reserve the
 -- request must leave for the priority classes above its own: its spend
--- must fit in full less floor(keep * full) ns. Mirrors takeInstant in
--- pkg/bucket.
+-- must fit in full less floor(keep * full) ns, and less the hold of the
+-- other regions' spends in flight when it leaves the bucket near empty
+-- (hold.lua). Mirrors takeInstant in pkg/bucket, where there is no hold:
+-- only a reconciler's debits write one.
 local function instant_take(key, cap, rate, cost, now, keep)
   local d, full = bucket_debt(key, cap, rate, now)
   local s = spend_ns(cost, rate)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
+  room = hold_room(key, rate, full, d, s, room, now)
   if d + s <= room then
     d = d + s
     return 1, d, 0, (d + 999) / 1000, function()

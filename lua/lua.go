@@ -60,8 +60,8 @@ func Single(algorithm string, clock Clock) (string, error) {
 // defines each of its functions again on every call, so the check scripts
 // hold only their own.
 var helpers = map[string][]string{
-	"token_bucket":   {"instant"},
-	"gcra":           {"instant"},
+	"token_bucket":   {"hold", "instant"},
+	"gcra":           {"hold", "instant"},
 	"sliding_window": {"window"},
 	"fixed_window":   {"window"},
 }
@@ -128,6 +128,7 @@ func withAll(clock Clock, main string) string {
 	var b strings.Builder
 	b.WriteString(mustRead(clockFile(clock)))
 	b.WriteString(mustRead("lib"))
+	b.WriteString(mustRead("hold"))
 	b.WriteString(mustRead("instant"))
 	b.WriteString(mustRead("window"))
 	for _, a := range Algorithms {
@@ -145,9 +146,10 @@ func Reserve(clock Clock) string { return withInstant(clock, "reserve_main") }
 // back while nothing was spent after it (see unreserve.lua).
 func Unreserve(clock Clock) string { return withInstant(clock, "unreserve") }
 
-// withInstant is a clock, lib, the token bucket's helpers, then main.
+// withInstant is a clock, lib, the token bucket's helpers (its hold
+// among them), then main.
 func withInstant(clock Clock, main string) string {
-	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("instant") + mustRead(main)
+	return mustRead(clockFile(clock)) + mustRead("lib") + mustRead("hold") + mustRead("instant") + mustRead(main)
 }
 
 // Refund returns the script that gives leased tokens back to a token

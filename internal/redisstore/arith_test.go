@@ -162,7 +162,7 @@ func TestScriptArithmetic(t *testing.T) {
 		key := Key("huge-"+string(alg), "c")
 		a := scriptArgs(lim, 1e12)
 		if err := debit.Run(context.Background(), client, []string{PartitionMarkerKey("c", "huge-"+string(alg), 0), key},
-			"1", "60000", "7", string(alg), a[0], a[1], a[2], "0", strconv.FormatInt(now, 10)).Err(); err != nil {
+			"1", "60000", "7", string(alg), a[0], a[1], a[2], "0", "0", strconv.FormatInt(now, 10)).Err(); err != nil {
 			t.Fatal(err)
 		}
 		// 10 + 100*10 tokens of debt: cost 1 waits (1 + 1010) / 100 s.

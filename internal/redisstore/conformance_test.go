@@ -254,7 +254,7 @@ func (cf *conformance) run(t *testing.T, name string, start int64, lim bucket.Li
 			}
 			cf.seq++
 			a := scriptArgs(lim, amount)
-			args := []any{strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(at, 10), strconv.FormatInt(now, 10)}
+			args := []any{strconv.Itoa(cf.seq), "60000", "7", string(lim.Algorithm), a[0], a[1], a[2], strconv.FormatInt(at, 10), "0", strconv.FormatInt(now, 10)}
 			res, err := cf.debit.Run(ctx, client, []string{marker, key}, args...).Slice()
 			if !changed {
 				// Refilled before it arrived: nothing written, not even

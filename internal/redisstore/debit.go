@@ -29,6 +29,13 @@ type Debit struct {
 	// added. 0, or an instant after the store's now, is now. A spend that
 	// has refilled by now writes nothing (see bucket.Limit.DebitAt).
 	At int64
+	// Seen is the last admission (µs since the epoch, on the source's
+	// clock, without the allowance), or 0 when unknown. A token bucket's
+	// or GCRA's debit that leaves it near empty records, with Seen, how
+	// much the source spends and how late its spends arrive: a check near
+	// the limit leaves that much for the spends still in flight (the hold,
+	// lua/hold.lua). A debit with Seen 0 records nothing.
+	Seen int64
 	// Overshoot is set by ApplyDebits: by how much the admissions this
 	// region knows of exceed the limit right after the debit.
 	Overshoot float64
@@ -611,7 +618,7 @@ func batchCall(calls []pipeline.Call, chunk []int) pipeline.Call {
 func debitArgs(marker, seq, ttl, epoch string, c ClientDebits, limits limitArgs) ([]string, []any) {
 	keys := make([]string, 1, 1+len(c.Debits))
 	keys[0] = marker
-	args := make([]any, 3, 3+5*len(c.Debits))
+	args := make([]any, 3, 3+6*len(c.Debits))
 	args[0], args[1], args[2] = seq, ttl, epoch
 	for _, d := range c.Debits {
 		keys = append(keys, Key(d.Rule, c.Key))
@@ -625,7 +632,7 @@ func debitArgs(marker, seq, ttl, epoch string, c ClientDebits, limits limitArgs)
 		if d.Reset {
 			alg = resetPrefix + alg
 		}
-		args = append(args, alg, l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64), strconv.FormatInt(max(d.At, 0), 10))
+		args = append(args, alg, l[0], l[1], strconv.FormatFloat(d.Amount, 'g', -1, 64), strconv.FormatInt(max(d.At, 0), 10), strconv.FormatInt(max(d.Seen, 0), 10))
 	}
 	return keys, args
 }

@@ -453,9 +453,10 @@ func (a *Applier) debits(spends []*gossipv1.Spend, flushed int64) (clients []red
 			clients = append(clients, redisstore.ClientDebits{Key: s.GetKey()})
 		}
 		d := &clients[i]
-		var at int64 // unknown: now
+		var at, seen int64 // unknown: now, and no hold
 		if flushed > 0 {
-			at = gossip.LastAdmitted(s, flushed) + a.opts.ClockAllowance.Microseconds()
+			seen = gossip.LastAdmitted(s, flushed)
+			at = seen + a.opts.ClockAllowance.Microseconds()
 		}
 		if j := slices.IndexFunc(d.Debits, func(x redisstore.Debit) bool { return x.Rule == rule.ID }); j >= 0 {
 			if s.GetResetBefore() {
@@ -464,9 +465,10 @@ func (a *Applier) debits(spends []*gossipv1.Spend, flushed int64) (clients []red
 			}
 			d.Debits[j].Amount += s.GetCost()
 			d.Debits[j].At = max(d.Debits[j].At, at)
+			d.Debits[j].Seen = max(d.Debits[j].Seen, seen)
 			continue
 		}
-		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost(), Reset: s.GetResetBefore(), At: at})
+		d.Debits = append(d.Debits, redisstore.Debit{Rule: rule.ID, Limit: rule.BucketFor(s.GetKey()), Amount: s.GetCost(), Reset: s.GetResetBefore(), At: at, Seen: seen})
 	}
 	return clients, skipped
 }
