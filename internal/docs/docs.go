@@ -151,3 +151,48 @@ func Broken(path string) ([]string, error) {
 }
 
 var scheme = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9+.-]*:`)
+
+// Ragged returns the rows of the Markdown text's tables whose cell count
+// is not their header's: a code host shows a row's extra cells nowhere,
+// and a short row leaves its last columns empty. A table is a header
+// line, then a delimiter line of dashes, then its rows; pipes inside code
+// spans or escaped with a backslash do not part cells. Lines inside fenced
+// code blocks are not tables.
+func Ragged(text string) []string {
+	var out []string
+	lines := strings.Split(text, "\n")
+	fenced := false
+	header := -1
+	for i, l := range lines {
+		t := strings.TrimSpace(l)
+		if strings.HasPrefix(t, "```") {
+			fenced = !fenced
+			header = -1
+			continue
+		}
+		if fenced || !strings.HasPrefix(t, "|") {
+			header = -1
+			continue
+		}
+		if header >= 0 {
+			if n := cells(t); n != header {
+				out = append(out, fmt.Sprintf("line %d: %d cells, its header %d", i+1, n, header))
+			}
+			continue
+		}
+		if i+1 < len(lines) && tableDelimiter.MatchString(strings.TrimSpace(lines[i+1])) {
+			header = cells(t)
+		}
+	}
+	return out
+}
+
+var tableDelimiter = regexp.MustCompile(`^\|(\s*:?-+:?\s*\|)+$`)
+
+// cells counts the cells of a table row.
+func cells(row string) int {
+	row = codeSpan.ReplaceAllString(row, "x")
+	row = strings.ReplaceAll(row, `\|`, "x")
+	row = strings.TrimSuffix(strings.TrimPrefix(row, "|"), "|")
+	return strings.Count(row, "|") + 1
+}

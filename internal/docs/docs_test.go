@@ -71,6 +71,30 @@ func TestLinksResolve(t *testing.T) {
 	}
 }
 
+// TestRaggedTables finds the rows of every page's tables with more or
+// fewer cells than their header, and holds Ragged to a case of each.
+func TestRaggedTables(t *testing.T) {
+	text := "| a | b |\n|---|---|\n| 1 | 2 |\n| 1 | 2 | 3 |\n| `x|y` | 2 |\n| 1 |\n\n```\n| a |\n|---|\n| 1 | 2 |\n```\n"
+	want := []string{"line 4: 3 cells, its header 2", "line 6: 1 cells, its header 2"}
+	if got := Ragged(text); !slices.Equal(got, want) {
+		t.Errorf("Ragged: %q, want %q", got, want)
+	}
+	pages, err := filepath.Glob("../../docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, "../../README.md", "../../CONTRIBUTING.md", "../../deploy/README.md")
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range Ragged(string(b)) {
+			t.Errorf("%s: %s", p, r)
+		}
+	}
+}
+
 // TestPackageMap holds the package map of docs/architecture.md to the
 // code: every package of the module has a row, every row is a package,
 // and each row's imports are the package's imports of this module, as
