@@ -94,7 +94,9 @@ local function instant_usage(key, cap, rate, cost, now, keep)
   local s = spend_ns(cost, rate)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
-  room = hold_room(key, rate, full, d, s, room, now)
+  if d + s <= room and d + s > room - math.floor(HOLD_MAX * full) then
+    room = room - hold_ns(key, rate, full, now)
+  end
   if d + s <= room then
     return 1, d, 0, (d + 999) / 1000
   end
@@ -121,7 +123,9 @@ local function instant_take(key, cap, rate, cost, now, keep)
   local s = spend_ns(cost, rate)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
-  room = hold_room(key, rate, full, d, s, room, now)
+  if d + s <= room and d + s > room - math.floor(HOLD_MAX * full) then
+    room = room - hold_ns(key, rate, full, now)
+  end
   if d + s <= room then
     d = d + s
     return 1, d, 0, (d + 999) / 1000, function()

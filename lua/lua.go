@@ -80,7 +80,7 @@ func Settle(clock Clock) string {
 // Debit returns the script that applies one source region's spends for one
 // client at most once (see debit_main.lua for its keys and arguments).
 func Debit(clock Clock) string {
-	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("debit_client") + mustRead("debit_main")
+	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("hold_record") + mustRead("debit_client") + mustRead("debit_main")
 }
 
 // DebitBatch returns the script that applies one source region's spends
@@ -89,7 +89,7 @@ func Debit(clock Clock) string {
 // functions again on every call: one call for many clients pays that
 // once.
 func DebitBatch(clock Clock) string {
-	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("debit_client") + mustRead("debit_batch_main")
+	return withAll(clock, "debit") + mustRead("undo_lib") + mustRead("hold_record") + mustRead("debit_client") + mustRead("debit_batch_main")
 }
 
 // Seen returns the script that records the first stream sequence of a

@@ -68,7 +68,8 @@ func BenchmarkStoreTake(b *testing.B) {
 }
 
 // BenchmarkScriptCost is each lease script's Redis CPU per call next to
-// the token bucket check's: usec_per_call of EVALSHA in INFO commandstats,
+// the token bucket check's (far from the limit; near it, where it reads
+// the key's hold, absent; and with a hold of two sources): usec_per_call of EVALSHA in INFO commandstats,
 // reset before each phase, on one quiet standalone node. Each phase makes
 // 20,000 calls in pipelines of 100 (the server's time per call does not
 // depend on it) over 4,000 keys:
@@ -124,6 +125,25 @@ func BenchmarkScriptCost(b *testing.B) {
 	for range b.N {
 		phase("token_bucket", func(p redis.Pipeliner, i int) {
 			singleScripts[0].EvalSha(ctx, p, []string{Key("bench", key(i))}, a[0], a[1], a[2])
+		})
+		// Near the limit: a spend of 60 of 100 leaves less than half, so
+		// the check reads the key's hold (lua/hold.lua); the bucket refills
+		// between calls, so each passes. Without a hold, then with one.
+		near := bucket.Limit{Algorithm: bucket.TokenBucket, Capacity: 100, RefillPerSecond: 1e9}
+		an := scriptArgs(near, 60)
+		phase("token_bucket_near_limit", func(p redis.Pipeliner, i int) {
+			singleScripts[0].EvalSha(ctx, p, []string{Key("near", key(i))}, an[0], an[1], an[2])
+		})
+		now := time.Now().UnixMicro()
+		for i := range keys {
+			hold := fmt.Sprintf("10 %d %d 95000 10", now, now-100_000)
+			if err := c.HSet(ctx, Key("held", key(i))+"~h", PartitionMarkerKey(key(i), "eu-west", 0), hold,
+				PartitionMarkerKey(key(i), "ap-south", 0), hold).Err(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		phase("token_bucket_held", func(p redis.Pipeliner, i int) {
+			singleScripts[0].EvalSha(ctx, p, []string{Key("held", key(i))}, an[0], an[1], an[2])
 		})
 		// 5 leases per key, each granted: the sets hold 1 to 5.
 		phase("acquire", func(p redis.Pipeliner, i int) {
