@@ -162,7 +162,7 @@ func TestSoak(t *testing.T) {
 			t.Logf("no %s in this run: too short for it after the others (the order of the first faults comes from the seed)", k)
 		}
 	}
-	t.Logf("errors, by code and by the fault active in their region when they were sent: %s", errorsByFault(in.answers, d.faults))
+	t.Logf("errors, by code and by the fault active in their region (or a pinned key's home) when they were sent: %s", errorsByFault(in.answers, d.faults, in.home))
 	t.Logf("flushes in the spends streams: %s", strings.Join(flushLog, "; "))
 	fmt.Println(b.String())
 
@@ -671,24 +671,45 @@ func quantileBound(h *dto.Histogram, q float64) string {
 	return "+Inf"
 }
 
+// afterFault is how long after a fault's end errors count as after it.
+const afterFault = 5 * time.Second
+
 // errorsByFault counts the answers that are errors by code and by the
 // kinds of fault active in their region (or across it, for a cut) when
-// they were sent: "none" outside every fault.
-func errorsByFault(answers []answer, faults []*fault) string {
+// they were sent, or in the home region of a pinned key (home), which
+// decides it; else of the faults that ended there within afterFault;
+// "none" outside every fault, by rule.
+func errorsByFault(answers []answer, faults []*fault, home func(key string) string) string {
 	n := map[string]int{}
 	for _, a := range answers {
 		if a.code == 0 {
 			continue
 		}
+		in := []string{regions[a.region]}
+		if int(a.rule) == rulePinned {
+			if h := home(keyName(rulePinned, regions[a.region], int(a.key))); h != in[0] {
+				in = append(in, h)
+			}
+		}
 		var kinds []string
 		for _, f := range faults {
-			r := regions[a.region]
-			if (f.region == r || f.other == r) && a.sent >= f.start && a.sent <= f.end && !slices.Contains(kinds, f.kind) {
+			if (slices.Contains(in, f.region) || slices.Contains(in, f.other)) && a.sent >= f.start && a.sent <= f.end && !slices.Contains(kinds, f.kind) {
 				kinds = append(kinds, f.kind)
 			}
 		}
 		if len(kinds) == 0 {
-			kinds = []string{"none"}
+			// Within afterFault of a fault's end: clients reconnect, a
+			// cluster's map is read again.
+			for _, f := range faults {
+				if (slices.Contains(in, f.region) || slices.Contains(in, f.other)) && a.sent > f.end && a.sent <= f.end+afterFault.Nanoseconds() &&
+					!slices.Contains(kinds, "after "+f.kind) {
+					kinds = append(kinds, "after "+f.kind)
+				}
+			}
+		}
+		if len(kinds) == 0 {
+			// Outside every fault: by rule, to tell where to look.
+			kinds = []string{"none, rule " + ruleIDs[a.rule]}
 		}
 		slices.Sort(kinds)
 		n[codes.Code(a.code).String()+" during "+strings.Join(kinds, "+")]++
