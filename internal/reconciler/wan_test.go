@@ -32,10 +32,7 @@ const wanMargin = 1200 * time.Millisecond
 // on their gateways and Peer links: a spend admitted in one region is
 // applied in each other region no sooner than the one-way delay between
 // them, and within delay + interval + margin; a pinned key's check
-// forwarded to its home takes the round trip; a key of 100 a minute
-// hammered in all three goes at most 10% over capacity + rate * 1 s, at
-// any instant, though the other regions admit more than that within one
-// delay (the hold, lua/hold.lua).
+// forwarded to its home takes the round trip.
 func TestWANDelays(t *testing.T) {
 	t.Parallel()
 	const interval = 200 * time.Millisecond
@@ -44,9 +41,6 @@ func TestWANDelays(t *testing.T) {
     refill_per_second: 0.000001
     home: pinned
     on_failure: closed
-  - id: seed
-    capacity: 100
-    refill_per_second: 1.6666666666666667
 `, interval)
 	t.Logf("spends flowing between every pair of regions after %v", s.waitSpendsFlow("quota").Round(time.Millisecond))
 	delay := func(a, b string) time.Duration { return s.wan[[2]string{a, b}] }
@@ -128,18 +122,31 @@ func TestWANDelays(t *testing.T) {
 		}
 	})
 
-	t.Run("hold", func(t *testing.T) {
-		s.t = t
-		defer func() { s.t = t }()
-		const capacity, rate = 100, 100.0 / 60
-		h := s.hammer(2*time.Second, 10*time.Millisecond, "seed")
-		h.offeredAbove(t, "seed", capacity, 3)
-		peak, at := h.peak("seed", capacity, rate)
-		most := 0.1 * (capacity + rate)
-		remote := h.remoteWindow("seed", delay("us-east", "ap-south"))
-		if peak > most {
-			t.Errorf("peak excess %+.1f at t=%v, over 10%% of capacity + rate x 1 s (%.2f); the other regions admitted %d within 110 ms", peak, at.Round(time.Millisecond), most, remote)
-		}
-		t.Logf("peak excess %+.1f at t=%v (at most %.2f); the other regions admitted %d within 110 ms", peak, at.Round(time.Millisecond), most, remote)
-	})
+}
+
+// TestHoldAcrossTheWAN hammers a key of 100 a minute from the three regions
+// at the reference deployment's delays: at any instant the regions
+// together admit at most 10% over capacity + rate * 1 s, though the other
+// regions admit more than that within one delay (the hold, lua/hold.lua).
+// It wants the machine to itself (make test runs it in its second phase):
+// on a loaded one the spends arrive after the key is drained, and nothing
+// holds a region back.
+func TestHoldAcrossTheWAN(t *testing.T) {
+	const interval = 200 * time.Millisecond
+	const capacity, rate = 100, 100.0 / 60
+	s := newWANStack(t, superRegions, wanDelays, fmt.Sprintf(`rules:
+  - id: seed
+    capacity: %v
+    refill_per_second: %v
+`, capacity, rate), interval)
+	t.Logf("spends flowing between every pair of regions after %v", s.waitSpendsFlow("seed").Round(time.Millisecond))
+	h := s.hammer(2*time.Second, 10*time.Millisecond, "seed")
+	h.offeredAbove(t, "seed", capacity, 3)
+	peak, at := h.peak("seed", capacity, rate)
+	most := 0.1 * (capacity + rate)
+	remote := h.remoteWindow("seed", s.wan[[2]string{"us-east", "ap-south"}])
+	if peak > most {
+		t.Errorf("peak excess %+.1f at t=%v, over 10%% of capacity + rate x 1 s (%.2f); the other regions admitted %d within 110 ms", peak, at.Round(time.Millisecond), most, remote)
+	}
+	t.Logf("peak excess %+.1f at t=%v (at most %.2f); the other regions admitted %d within 110 ms", peak, at.Round(time.Millisecond), most, remote)
 }
