@@ -22,9 +22,9 @@
 -- An amount that is not above 0 spends nothing. Each returns the overshoot
 -- it finds: by how much the admissions this region knows of, its own and
 -- the others', exceed the limit right after the debit (the debt; 0 when the
--- bucket had room), and whether it wrote anything; a token bucket's or
--- GCRA's also how far (ns) it left the bucket from full, and the
--- capacity's ns, for its hold (hold.lua). Mirrors Limit.DebitAt
+-- bucket had room), and whether it wrote anything; a token bucket's,
+-- GCRA's or window's also how far it left the key from full, and full, in
+-- the same unit (ns of refill; tokens), for its hold (hold_record.lua). Mirrors Limit.DebitAt
 -- in pkg/bucket.
 
 local function overshoot(amount, room)
@@ -91,8 +91,9 @@ local function debit_sliding_window(key, cap, w, amount, now, at)
   cur, prev, idx, now = sliding_window_at(key, w, now)
   local f = (now - idx * w) / w
   local over = overshoot(amount, micro(cap) - (prev * (1 - f) + cur))
-  sliding_window_write(key, idx, w, math.min(micro(cur + amount), window_most(cap, w)), prev, now)
-  return over, true
+  local n = math.min(micro(cur + amount), window_most(cap, w))
+  sliding_window_write(key, idx, w, n, prev, now)
+  return over, true, prev * (1 - f) + n, cap
 end
 
 local function debit_fixed_window(key, cap, w, amount, now, at)
@@ -100,8 +101,9 @@ local function debit_fixed_window(key, cap, w, amount, now, at)
   if debit_refilled('fixed_window', key, cap, w, amount, now, at) then return 0, false end
   local count, fresh, idx = fixed_window_at(key, w, now)
   local over = overshoot(amount, micro(cap) - count)
-  fixed_window_write(key, idx, w, math.min(micro(count + amount), window_most(cap, w)), fresh)
-  return over, true
+  local n = math.min(micro(count + amount), window_most(cap, w))
+  fixed_window_write(key, idx, w, n, fresh)
+  return over, true, n, cap
 end
 
 local function debit_sliding_log(key, cap, w, amount, now, at, tag)

@@ -17,7 +17,7 @@ end
 -- arguments each (algorithm, capacity, rate (tokens/s) or window (µs),
 -- amount, the instant (µs) as of which it is debited: see debit.lua;
 -- not a number or 0 is now; and the last admission (µs, the source's
--- clock, 0 when unknown), which a token bucket's or GCRA's hold records:
+-- clock, 0 when unknown), which a bucket's or window's hold records:
 -- see hold.lua) are args[a..a+6n-1]. An algorithm prefixed
 -- with '!' says the
 -- source region reset the key before it admitted amount: the bucket is

@@ -51,7 +51,7 @@ local function fixed_window(key, cap, w, cost, now)
   cap, cost = micro(cap), window_cost(cost)
   local ends = (idx + 1) * w - now
   local nxt = micro(count + cost)
-  if nxt <= cap then
+  if nxt <= window_held(key, cap, nxt, now) then
     return 1, string.format('%.17g', math.max(micro(cap - nxt), 0)), 0, ends, function()
       fixed_window_write(key, idx, w, nxt, fresh)
     end
@@ -69,7 +69,8 @@ local function fixed_window_usage(key, cap, w, cost, now)
   local reset = 0
   if count > 0 then reset = ends end
   local left = string.format('%.17g', math.max(micro(cap - count), 0))
-  if micro(count + cost) <= cap then
+  local nxt = micro(count + cost)
+  if nxt <= window_held(key, cap, nxt, now) then
     return 1, left, 0, reset
   end
   return 0, left, ends, reset

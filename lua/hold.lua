@@ -1,7 +1,8 @@
--- The hold: what the other regions have admitted of a token bucket or GCRA
--- and this region has not heard of yet, estimated from their debits. A
--- check near the limit leaves it in the bucket, so the regions' spends in
--- flight do not take the key past its limit when they land.
+-- The hold: what the other regions have admitted of a token bucket, GCRA,
+-- sliding or fixed window and this region has not heard of yet, estimated
+-- from their debits. A check near the limit leaves it in the bucket, so
+-- the regions' spends in flight do not take the key past its limit when
+-- they land.
 --
 -- A bucket's hold lives in a hash beside it (its key and '~h'), one field
 -- per source region and partition (the debit's marker), each
@@ -17,15 +18,15 @@
 -- The source's rate is received over the decayed time it was heard for
 -- (at least 0.1 s); the hold from it is rate * lag + batch / 2, decaying
 -- once it stops. hold_record.lua writes it. A check script defines every
--- function on each call: this file keeps the checks' part to one.
+-- function on each call: this file keeps the checks' part to one. A check
+-- holds at most HOLD_MAX of the capacity.
 
 -- A hold never keeps more than this fraction of the capacity: a check
 -- whose spend leaves more than that in the bucket reads no hold.
 local HOLD_MAX = 0.5
 
--- The hold of the bucket key (ns of its refill at rate), read at now, at
--- most HOLD_MAX of full (the capacity's ns).
-local function hold_ns(key, rate, full, now)
+-- The tokens held for the bucket key, read at now (not bounded).
+local function hold_tokens(key, now)
   local vals = redis.call('HVALS', key .. '~h')
   local tokens = 0
   for i = 1, #vals do
@@ -38,8 +39,5 @@ local function hold_ns(key, rate, full, now)
       if held == held and held > 0 then tokens = tokens + held end
     end
   end
-  local ns = math.floor(tokens * 1e9 / rate)
-  local most = math.floor(HOLD_MAX * full)
-  if ns > most then ns = most end
-  return ns
+  return tokens
 end

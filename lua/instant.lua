@@ -95,7 +95,7 @@ local function instant_usage(key, cap, rate, cost, now, keep)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
   if d + s <= room and d + s > room - math.floor(HOLD_MAX * full) then
-    room = room - hold_ns(key, rate, full, now)
+    room = room - math.min(math.floor(hold_tokens(key, now) * 1e9 / rate), math.floor(HOLD_MAX * full))
   end
   if d + s <= room then
     return 1, d, 0, (d + 999) / 1000
@@ -124,7 +124,7 @@ local function instant_take(key, cap, rate, cost, now, keep)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
   if d + s <= room and d + s > room - math.floor(HOLD_MAX * full) then
-    room = room - hold_ns(key, rate, full, now)
+    room = room - math.min(math.floor(hold_tokens(key, now) * 1e9 / rate), math.floor(HOLD_MAX * full))
   end
   if d + s <= room then
     d = d + s

@@ -62,8 +62,8 @@ func Single(algorithm string, clock Clock) (string, error) {
 var helpers = map[string][]string{
 	"token_bucket":   {"hold", "instant"},
 	"gcra":           {"hold", "instant"},
-	"sliding_window": {"window"},
-	"fixed_window":   {"window"},
+	"sliding_window": {"hold", "window"},
+	"fixed_window":   {"hold", "window"},
 }
 
 // Handoff returns the script that hands a pinned key's buckets to its new

@@ -42,13 +42,16 @@ local function sliding_window_at(key, w, now)
 end
 
 -- A refusal's retry (µs from now) and the reset of counts cur and prev of
--- window idx read at now, for cost under cap.
+-- window idx read at now, for cost under cap (the limit less any hold). A
+-- cost above a held limit in an empty window fits in the next one.
 local function sliding_window_refusal(cur, prev, idx, w, cap, cost, now)
   local at
-  if micro(cur + cost) <= cap then
+  if micro(cur + cost) <= cap and prev > 0 then
     at = idx * w + math.ceil((1 - (cap - cost - cur) / prev) * w)
-  else
+  elseif cur > 0 then
     at = (idx + 1) * w + math.ceil((1 - (cap - cost) / cur) * w)
+  else
+    at = (idx + 1) * w
   end
   local reset = 0
   if cur > 0 then
@@ -71,12 +74,13 @@ local function sliding_window(key, cap, w, cost, now)
   cap, cost = micro(cap), window_cost(cost)
   local est = prev * (1 - f) + cur
   local nxt = micro(est + cost)
-  if nxt <= cap then
+  local held = window_held(key, cap, nxt, now)
+  if nxt <= held then
     return 1, string.format('%.17g', math.max(micro(cap - nxt), 0)), 0, (idx + 2) * w - now, function()
       sliding_window_write(key, idx, w, micro(cur + cost), prev, now)
     end
   end
-  local retry, reset = sliding_window_refusal(cur, prev, idx, w, cap, cost, now)
+  local retry, reset = sliding_window_refusal(cur, prev, idx, w, held, cost, now)
   return 0, string.format('%.17g', math.max(micro(cap - est), 0)), retry, reset, nil
 end
 
@@ -88,8 +92,10 @@ local function sliding_window_usage(key, cap, w, cost, now)
   cap, cost = micro(cap), window_cost(cost)
   local est = prev * (1 - f) + cur
   local left = string.format('%.17g', math.max(micro(cap - est), 0))
-  local retry, reset = sliding_window_refusal(cur, prev, idx, w, cap, cost, now)
-  if micro(est + cost) <= cap then
+  local nxt = micro(est + cost)
+  local held = window_held(key, cap, nxt, now)
+  local retry, reset = sliding_window_refusal(cur, prev, idx, w, held, cost, now)
+  if nxt <= held then
     return 1, left, 0, reset
   end
   return 0, left, retry, reset

@@ -34,3 +34,16 @@ local function window_now(a, now, w)
   if a and a * w > now then return a * w end
   return now
 end
+
+-- The limit a window's check of a count leaving nxt (both micro) has: cap,
+-- less the tokens held for the other regions' spends in flight
+-- (hold.lua) when nxt is within HOLD_MAX of the limit, at most HOLD_MAX
+-- of it. A check the hold refused is told to retry when the count would
+-- fit under the held limit: when the spends in flight have landed, that
+-- is when there is room.
+local function window_held(key, cap, nxt, now)
+  if nxt <= cap and nxt > cap * (1 - HOLD_MAX) then
+    return micro(cap - math.min(hold_tokens(key, now), HOLD_MAX * cap))
+  end
+  return cap
+end

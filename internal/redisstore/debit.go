@@ -30,8 +30,8 @@ type Debit struct {
 	// has refilled by now writes nothing (see bucket.Limit.DebitAt).
 	At int64
 	// Seen is the last admission (µs since the epoch, on the source's
-	// clock, without the allowance), or 0 when unknown. A token bucket's
-	// or GCRA's debit that leaves it near empty records, with Seen, how
+	// clock, without the allowance), or 0 when unknown. A token bucket's,
+	// GCRA's or window's debit that leaves it near empty records, with Seen, how
 	// much the source spends and how late its spends arrive: a check near
 	// the limit leaves that much for the spends still in flight (the hold,
 	// lua/hold.lua). A debit with Seen 0 records nothing.

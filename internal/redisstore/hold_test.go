@@ -14,10 +14,11 @@ import (
 )
 
 // TestHold holds the hold (lua/hold.lua) to its arithmetic, at fixed
-// instants on a real Redis: a debit that leaves a bucket near empty
-// records how much its source spends and how late, and a check near the
-// limit leaves that much for the spends still in flight. The cases use
-// a capacity of 100 at 1 token/s, and a debit whose last admission was
+// instants on a real Redis: a debit that leaves a bucket or window near
+// empty records how much its source spends and how late, and a check
+// near the limit leaves that much for the spends still in flight. The
+// cases use a capacity of 100 at 1 token/s (a window: 100 a minute), and
+// a debit whose last admission was
 // 95 ms before it landed: its source spends 10 tokens per 0.1 s (the
 // least window), so 9.5 tokens are in flight, and half a batch (5) waits
 // there unpublished: 14.5 tokens held.
@@ -52,8 +53,15 @@ func TestHold(t *testing.T) {
 		}
 		return n == 1
 	}
-	for _, alg := range []bucket.Algorithm{bucket.TokenBucket, bucket.GCRA} {
+	for _, alg := range []bucket.Algorithm{bucket.TokenBucket, bucket.GCRA, bucket.FixedWindow, bucket.SlidingWindow} {
 		lim := bucket.Limit{Algorithm: alg, Capacity: 100, RefillPerSecond: 1}
+		// refilled is what 0.8 s gives back: a window of a minute, begun
+		// at now, gives back nothing.
+		refilled := 1
+		if alg == bucket.FixedWindow || alg == bucket.SlidingWindow {
+			lim = bucket.Limit{Algorithm: alg, Capacity: 100, Window: time.Minute}
+			refilled = 0
+		}
 		// setup spends local of a fresh bucket here, then debits each of
 		// remote from its own source.
 		setup := func(name string, local float64, seen int64, remote ...float64) string {
@@ -81,9 +89,9 @@ func TestHold(t *testing.T) {
 			{"unknown-lag", 70, 0, []float64{10}, 0, 20, false},
 			// Two sources of 5: 7.25 each.
 			{"two-sources", 70, now - lag, []float64{5, 5}, 0, 5, true},
-			// 0.8 s later: 20.8 left, the source silent since: its hold
-			// decays to 1.47.
-			{"decayed", 70, now - lag, []float64{10}, 800_000, 19, true},
+			// 0.8 s later: 20.8 left (a bucket; a window 20), the source
+			// silent since: its hold decays to 1.47.
+			{"decayed", 70, now - lag, []float64{10}, 800_000, 18 + refilled, true},
 			// A second of lag and 25 tokens: 262.5 held, at most half the
 			// capacity: 60 left, 10 pass.
 			{"at-most-half", 15, now - 2_000_000, []float64{25}, 0, 10, true},
@@ -95,8 +103,14 @@ func TestHold(t *testing.T) {
 			if got := held(key); got != c.hold {
 				t.Errorf("%s %s: hold recorded %v, want %v", alg, c.name, got, c.hold)
 			}
-			if got := countAllowed(s.take(s.single[alg], key, lim, 1, repeatInstant(now+c.at, c.want+20))); got != c.want {
+			ds := s.take(s.single[alg], key, lim, 1, repeatInstant(now+c.at, c.want+20))
+			if got := countAllowed(ds); got != c.want {
 				t.Errorf("%s %s: %d checks of 1 pass, want %d", alg, c.name, got, c.want)
+			}
+			// A check the hold refused says when to come back: soon, and
+			// never at once.
+			if last := ds[len(ds)-1]; last.Allowed || last.RetryAfter <= 0 || last.RetryAfter > 2*time.Minute {
+				t.Errorf("%s %s: the last check %+v, want refused with a retry within 2 minutes", alg, c.name, last)
 			}
 		}
 
