@@ -273,8 +273,9 @@ const docbenchParallel = 2
 
 // smokeNarrow narrows a quoted pattern whose benchmark starts a new
 // multi-region stack per sub-benchmark (a minute and more at 1x) to one of
-// them: the smoke run is to show the command still runs, not to take the
-// figures.
+// them, whatever sub-benchmarks the quote names ("Overshoot/shape=seed"
+// too): the smoke run is to show the command still runs, not to take the
+// figures. The narrowed commands then run once.
 var smokeNarrow = map[string]string{
 	"Overshoot": "Overshoot/shape=fast/interval=1s/wan=ref",
 	// Two reconcilers: the partitions must spread over them first.
@@ -298,9 +299,31 @@ func smokeArgs(c benchCommand) []string {
 		}
 	}
 	pattern := c.pattern
-	if n, ok := smokeNarrow[pattern]; ok {
-		pattern = n
+	if top, _, _ := strings.Cut(pattern, "/"); smokeNarrow[top] != "" {
+		pattern = smokeNarrow[top]
 	}
 	args = append(args, "-run", "^$", "-bench", pattern, "-benchtime", "1x")
 	return append(args, c.pkgs...)
+}
+
+// TestSmokeArgs holds the smoke runs to one stack per multi-region
+// benchmark, whatever sub-benchmarks a quote names.
+func TestSmokeArgs(t *testing.T) {
+	for pattern, want := range map[string]string{
+		"Overshoot":                        smokeNarrow["Overshoot"],
+		"Overshoot/shape=.*/interval=1s":   smokeNarrow["Overshoot"],
+		"ApplyThroughput/small/":           smokeNarrow["ApplyThroughput"],
+		"ScriptCost":                       "ScriptCost",
+		"OvershootElsewhere/shape=seed":    "OvershootElsewhere/shape=seed",
+		"StoreTake|ScriptCost/phase=check": "StoreTake|ScriptCost/phase=check",
+	} {
+		args := smokeArgs(benchCommand{pattern: pattern, pkgs: []string{"./x"}, args: []string{"-bench", pattern, "-count", "3"}})
+		i := slices.Index(args, "-bench")
+		if i < 0 || args[i+1] != want {
+			t.Errorf("%q: smoke args %q, want -bench %q", pattern, args, want)
+		}
+		if slices.Contains(args, "3") {
+			t.Errorf("%q: smoke args %q keep the quote's -count", pattern, args)
+		}
+	}
 }
