@@ -162,7 +162,9 @@ func TestSoak(t *testing.T) {
 			t.Logf("no %s in this run: too short for it after the others (the order of the first faults comes from the seed)", k)
 		}
 	}
-	t.Logf("errors, by code and by the fault active in their region (or a pinned key's home) when they were sent: %s", errorsByFault(in.answers, d.faults, in.home))
+	byFault, outside := errorsByFault(in.answers, d.faults, in.home)
+	t.Logf("errors, by code and by the fault active in their region (or a pinned key's home) when they were sent: %s", byFault)
+	t.Logf("errors outside every fault, by region and 10 s of the run: %s", outside)
 	t.Logf("flushes in the spends streams: %s", strings.Join(flushLog, "; "))
 	fmt.Println(b.String())
 
@@ -679,8 +681,11 @@ const afterFault = 5 * time.Second
 // they were sent, or in the home region of a pinned key (home), which
 // decides it; else of the faults that ended there within afterFault;
 // "none" outside every fault, by rule.
-func errorsByFault(answers []answer, faults []*fault, home func(key string) string) string {
+// The second result counts the errors outside every fault by region and
+// 10 s slot of the run, to tell a burst from a trickle.
+func errorsByFault(answers []answer, faults []*fault, home func(key string) string) (string, string) {
 	n := map[string]int{}
+	outside := map[string]int{}
 	for _, a := range answers {
 		if a.code == 0 {
 			continue
@@ -710,13 +715,18 @@ func errorsByFault(answers []answer, faults []*fault, home func(key string) stri
 		if len(kinds) == 0 {
 			// Outside every fault: by rule, to tell where to look.
 			kinds = []string{"none, rule " + ruleIDs[a.rule]}
+			slot := a.sent / int64(10*time.Second) * 10
+			outside[fmt.Sprintf("%s %03d-%03ds", regions[a.region], slot, slot+10)]++
 		}
 		slices.Sort(kinds)
 		n[codes.Code(a.code).String()+" during "+strings.Join(kinds, "+")]++
 	}
-	var out []string
+	var out, slots []string
 	for _, k := range sortedKeys(n) {
 		out = append(out, fmt.Sprintf("%s: %d", k, n[k]))
 	}
-	return strings.Join(out, "; ")
+	for _, k := range sortedKeys(outside) {
+		slots = append(slots, fmt.Sprintf("%s: %d", k, outside[k]))
+	}
+	return strings.Join(out, "; "), strings.Join(slots, "; ")
 }
