@@ -16,6 +16,16 @@ import (
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
 
+// nodeClient starts a standalone Redis node for t and returns a client of
+// it, closed when t ends.
+func nodeClient(t *testing.T) *redis.Client {
+	t.Helper()
+	node := redistest.NewNode(t)
+	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
+	t.Cleanup(func() { client.Close() })
+	return client
+}
+
 // scriptTaker runs the check scripts of one node with the fixed clock,
 // pipelined: the cases below make thousands of checks.
 type scriptTaker struct {
@@ -95,9 +105,7 @@ func repeatInstant(now int64, n int) []int64 {
 // sustained rate is the rule's; 0.1 + ... + 0.1 is 3 in a window; a huge
 // debit is kept up to capacity + rate*DebtHorizon.
 func TestScriptArithmetic(t *testing.T) {
-	node := redistest.NewNode(t)
-	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
-	t.Cleanup(func() { client.Close() })
+	client := nodeClient(t)
 	s := newScriptTaker(t, client)
 	// A minute ahead of the real clock, on a whole minute: window
 	// boundaries are known and real expiry never takes state early.
@@ -202,9 +210,7 @@ func previousScript(t *testing.T, client *redis.Client, alg bucket.Algorithm) *r
 // the past), never as a debt that would lock the key out; windows keep
 // one format.
 func TestStateAcrossUpgrade(t *testing.T) {
-	node := redistest.NewNode(t)
-	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
-	t.Cleanup(func() { client.Close() })
+	client := nodeClient(t)
 	ctx := context.Background()
 	s := newScriptTaker(t, client)
 	now := (time.Now().UnixMicro()/60e6 + 1) * 60e6

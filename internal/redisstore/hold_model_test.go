@@ -10,8 +10,6 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/limiterd/limiterd/internal/testenv/redistest"
 )
 
 // holdModel is a reference of lua/hold.lua and lua/hold_record.lua in Go:
@@ -64,9 +62,7 @@ func (m holdModel) tokens(now float64) float64 {
 // reads it at random instants, against holdModel: 20 seeds of 300 steps,
 // the scripts' own functions called at fixed instants on a real Redis.
 func TestHoldModel(t *testing.T) {
-	node := redistest.NewNode(t)
-	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
-	t.Cleanup(func() { client.Close() })
+	client := nodeClient(t)
 	ctx := context.Background()
 	read := func(name string) string {
 		b, err := os.ReadFile("../../lua/" + name + ".lua")

@@ -8,7 +8,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -23,9 +22,7 @@ import (
 // least window), so 9.5 tokens are in flight, and half a batch (5) waits
 // there unpublished: 14.5 tokens held.
 func TestHold(t *testing.T) {
-	node := redistest.NewNode(t)
-	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
-	t.Cleanup(func() { client.Close() })
+	client := nodeClient(t)
 	ctx := context.Background()
 	s := newScriptTaker(t, client)
 	debit := redis.NewScript(lua.Debit(lua.FixedClock))

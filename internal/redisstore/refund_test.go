@@ -8,7 +8,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -18,9 +17,7 @@ import (
 // capacity + rate*DebtHorizon of debt), not to the part of the old state no
 // check sees.
 func TestRefundAfterLoweredCapacity(t *testing.T) {
-	node := redistest.NewNode(t)
-	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
-	t.Cleanup(func() { client.Close() })
+	client := nodeClient(t)
 	ctx := context.Background()
 	refund := redis.NewScript(lua.Refund(lua.FixedClock))
 	const sec = int64(time.Second / time.Microsecond)

@@ -8,7 +8,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/limiterd/limiterd/internal/testenv/redistest"
 	"github.com/limiterd/limiterd/lua"
 	"github.com/limiterd/limiterd/pkg/bucket"
 )
@@ -18,9 +17,7 @@ import (
 // the spend counted in (reported by the multi script), and nothing when that
 // window is gone; it never takes from the window of another request.
 func TestUndoAcrossBoundary(t *testing.T) {
-	node := redistest.NewNode(t)
-	client := redis.NewClient(&redis.Options{Addr: node.Addr()})
-	t.Cleanup(func() { client.Close() })
+	client := nodeClient(t)
 	ctx := context.Background()
 	multi := redis.NewScript(lua.Multi(lua.FixedClock))
 	undo := redis.NewScript(lua.Undo(lua.FixedClock))
