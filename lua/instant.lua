@@ -87,6 +87,18 @@ local function bucket_debt(key, cap, rate, now)
   return d, full
 end
 
+-- The room (ns) a spend of s on a debt of d has: room, less the tokens held
+-- for the other regions' spends in flight (hold.lua) when the spend would
+-- leave less than HOLD_MAX of the capacity (full ns), at most that much.
+-- The bucket's counterpart of window_held.
+local function instant_held(key, rate, full, d, s, room, now)
+  local most = math.floor(HOLD_MAX * full)
+  if d + s <= room and d + s > room - most then
+    return room - math.min(math.floor(hold_tokens(key, now) * 1e9 / rate), most)
+  end
+  return room
+end
+
 -- What a check of cost would see now (usage.lua), changing nothing: the
 -- debt is read clamped, and not written back.
 local function instant_usage(key, cap, rate, cost, now, keep)
@@ -94,9 +106,7 @@ local function instant_usage(key, cap, rate, cost, now, keep)
   local s = spend_ns(cost, rate)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
-  if d + s <= room and d + s > room - math.floor(HOLD_MAX * full) then
-    room = room - math.min(math.floor(hold_tokens(key, now) * 1e9 / rate), math.floor(HOLD_MAX * full))
-  end
+  room = instant_held(key, rate, full, d, s, room, now)
   if d + s <= room then
     return 1, d, 0, (d + 999) / 1000
   end
@@ -123,9 +133,7 @@ local function instant_take(key, cap, rate, cost, now, keep)
   local s = spend_ns(cost, rate)
   local room = full
   if keep and keep > 0 then room = full - math.floor(keep * full) end
-  if d + s <= room and d + s > room - math.floor(HOLD_MAX * full) then
-    room = room - math.min(math.floor(hold_tokens(key, now) * 1e9 / rate), math.floor(HOLD_MAX * full))
-  end
+  room = instant_held(key, rate, full, d, s, room, now)
   if d + s <= room then
     d = d + s
     return 1, d, 0, (d + 999) / 1000, function()
