@@ -24,7 +24,8 @@
 #     saw spends arrive after the key drained), the chaos soak, the scale model's smoke
 #     run (real reconcilers, NATS and Redis under load, which beside phase
 #     1 slowed its latency tests tenfold), the pacers, the stores' memory
-#     bounds.
+#     bounds, and the Redis store (its TTL, expiry and breaker assertions
+#     failed three times in four clean-clone runs beside phase 1).
 #
 # Each stream's output is printed when it ends; the script fails when any
 # package failed.
@@ -42,7 +43,7 @@ flags=(-race -count=1 -p 1 -timeout 20m -vet=off) # -race first: "${flags[@]:1}"
 # a time. A race is still reported, and fails its test, when it happens.
 export GORACE=${GORACE:-atexit_sleep_ms=0}
 
-alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client)
+alone=(./internal/soak ./internal/scale ./internal/engine ./pkg/bucket ./pkg/client ./internal/redisstore)
 waiting=(./internal/reconciler)
 # Phase 1's longest other packages, after internal/reconciler.
 long=(./scripts ./internal/ociimage ./internal/testenv/natstest)
